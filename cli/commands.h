@@ -1,0 +1,17 @@
+// The subcommands of the `hetplan` binary. Each registers its options on the
+// CLI11 app and runs when chosen; all input errors surface as InputError.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace hetplan::cli {
+
+// Registers a subcommand; returns the function that runs it (exit code).
+using Runner = std::function<int()>;
+
+Runner add_search_command(CLI::App& app);
+Runner add_gen_hostfile_command(CLI::App& app);
+Runner add_gen_profiles_command(CLI::App& app);
+
+}  // namespace hetplan::cli

@@ -1,0 +1,143 @@
+// `hetplan gen-hostfile` and `hetplan gen-profiles`: inputs for the search.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "sim/analytic_profiles.h"
+#include "sim/cluster.h"
+#include "sim/input_error.h"
+#include "sim/synthetic_profiles.h"
+
+namespace hetplan::cli {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+struct HostfileArgs {
+  int n = 0;
+  std::string out = "hostfile";
+  std::string types = "V100,A100";
+  std::string clusterfile;
+  int slots = 4;
+};
+
+int run_gen_hostfile(const HostfileArgs& a) {
+  if (a.n < a.slots)
+    throw InputError("gen-hostfile: N must be at least --slots (" + std::to_string(a.slots) + "), got " +
+                     std::to_string(a.n));
+  if (a.n % a.slots != 0)
+    std::cerr << "hetplan: note: N=" << a.n << " is not a multiple of --slots=" << a.slots << "; writing "
+              << a.n / a.slots * a.slots << " GPUs per type\n";
+  // Device type -> ip: from the clusterfile if given, else Metis's sample clusterfile layout.
+  std::vector<ClusterfileEntry> entries;
+  if (!a.clusterfile.empty()) {
+    entries = parse_clusterfile(a.clusterfile);
+  } else {
+    entries = {{"0.0.0.1", "V100", 10, 50, 16}, {"0.0.0.2", "P100", 10, 50, 15}, {"0.0.0.3", "T4", 10, 50, 15},
+               {"0.0.0.4", "A100", 10, 46, 80}, {"0.0.0.5", "H100", 50, 450, 80}, {"0.0.0.6", "H200", 50, 450, 141}};
+  }
+  std::vector<std::string> ips;
+  for (const std::string& type : split_list(a.types)) {
+    std::string ip;
+    for (const auto& e : entries)
+      if (e.instance_type == type) {
+        ip = e.ip;
+        break;
+      }
+    if (ip.empty()) {
+      std::string known;
+      for (const auto& e : entries) known += (known.empty() ? "" : ", ") + e.instance_type;
+      throw InputError((a.clusterfile.empty() ? std::string("gen-hostfile") : a.clusterfile) +
+                       ": no node of device type '" + type + "' (known: " + known + ")");
+    }
+    ips.push_back(ip);
+  }
+  std::ofstream out(a.out, std::ios::trunc);
+  if (!out) throw InputError(a.out + ": cannot write hostfile");
+  out << make_hostfile(a.n, ips, a.slots);
+  std::cout << "wrote " << a.out << ": " << a.n / a.slots * static_cast<int>(ips.size()) << " nodes of " << a.slots
+            << " GPUs (" << a.types << ")\n";
+  return 0;
+}
+
+struct ProfilesArgs {
+  int layers = 0, max_bs = 0;
+  std::string samples, out;
+  bool analytic = false;
+  AnalyticOptions analytic_options;
+  std::string types = "A100,V100";
+};
+
+int run_gen_profiles(ProfilesArgs a) {
+  if (a.out.empty()) throw InputError("gen-profiles: --out DIR is required");
+  std::vector<std::string> written;
+  if (a.analytic) {
+    a.analytic_options.model.num_layers = a.layers;
+    a.analytic_options.max_bs = a.max_bs;
+    a.analytic_options.device_types = split_list(a.types);
+    written = generate_analytic_profiles(a.analytic_options, a.out);
+  } else {
+    if (a.samples.empty())
+      throw InputError("gen-profiles: --samples DIR is required (Metis's A100 sample profiles), or use --analytic");
+    written = generate_synthetic_profiles(a.samples, a.out, a.layers, a.max_bs);
+  }
+  std::cout << "wrote " << written.size() << " profiles to " << a.out << (a.analytic ? " (roofline estimates)" : "")
+            << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Runner add_gen_hostfile_command(CLI::App& app) {
+  auto a = std::make_shared<HostfileArgs>();
+  CLI::App* s = app.add_subcommand(
+      "gen-hostfile",
+      "Write a hostfile of N GPUs of each device type, --slots per node (the reference's gen_hostfile.py N:\n"
+      "N/4 lines of '0.0.0.1 slots=4' (V100) then N/4 of '0.0.0.4 slots=4' (A100)).");
+  s->add_option("N", a->n, "GPUs per device type")->required();
+  s->add_option("--out,-o", a->out, "Output path")->capture_default_str();
+  s->add_option("--types", a->types, "Device types, in hostfile order")->capture_default_str();
+  s->add_option("--slots", a->slots, "GPUs per node")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--clusterfile", a->clusterfile,
+                "Clusterfile to find each type's ip in (default: Metis's sample layout, 0.0.0.1 = V100, "
+                "0.0.0.4 = A100)");
+  return [a] { return run_gen_hostfile(*a); };
+}
+
+Runner add_gen_profiles_command(CLI::App& app) {
+  auto a = std::make_shared<ProfilesArgs>();
+  CLI::App* s = app.add_subcommand(
+      "gen-profiles",
+      "Make a profile set. By default: the reference's gen_synth_data.py LAYERS MAX_BS from Metis's A100\n"
+      "samples (--samples), with V100 = A100 x 3.5. With --analytic: roofline estimates from GPU datasheet\n"
+      "numbers (A100, V100, H100, H200), needing no input data.");
+  s->add_option("LAYERS", a->layers, "Layers, embedding and head included")->required();
+  s->add_option("MAX_BS", a->max_bs, "Largest micro-batch size (and, for synthetic sets, tp)")->required();
+  s->add_option("--samples", a->samples, "Folder with Metis's DeviceType.A100_tp{1,2,4}_bs{1,2,4}.json samples");
+  s->add_option("--out,-o", a->out, "Output folder (created; existing files of the same name are overwritten)")
+      ->required();
+  s->add_flag("--analytic", a->analytic, "Roofline estimates instead of scaled samples");
+  auto& m = a->analytic_options.model;
+  s->add_option("--types", a->types, "[--analytic] Device types")->capture_default_str();
+  s->add_option("--max-tp", a->analytic_options.max_tp, "[--analytic] Largest tp")->capture_default_str();
+  s->add_option("--hidden-size", m.hidden_size, "[--analytic] Hidden size")->capture_default_str();
+  s->add_option("--seq-len", m.sequence_length, "[--analytic] Sequence length")->capture_default_str();
+  s->add_option("--vocab-size", m.vocab_size, "[--analytic] Vocabulary size")->capture_default_str();
+  s->add_option("--heads", m.attention_heads, "[--analytic] Attention heads")->capture_default_str();
+  s->add_option("--compute-efficiency", a->analytic_options.compute_efficiency,
+                "[--analytic] Achieved fraction of peak FLOP/s")
+      ->capture_default_str();
+  return [a] { return run_gen_profiles(*a); };
+}
+
+}  // namespace hetplan::cli

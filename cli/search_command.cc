@@ -1,0 +1,168 @@
+// `hetplan search`: the Metis search (the reference's cost_het_cluster.py).
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "planner/plan_json.h"
+#include "planner/search.h"
+#include "sim/input_error.h"
+
+namespace hetplan::cli {
+
+namespace {
+
+struct SearchArgs {
+  std::string hostfile, clusterfile, profile_dir, json_out, log_path, home_dir;
+  ModelConfig model;
+  int gbs = 0;
+  int max_tp = 0, max_bs = 0;  // 0: the largest found in the profiles
+  double variance = 1;
+  int max_permute_len = 128;
+  int trials = 1;
+  bool use_strat = false;
+  int top = 1;
+  int threads = 0;
+  bool progress = false, quiet = false;
+};
+
+int run_search(const SearchArgs& a) {
+  const Cluster cluster = Cluster::load(a.hostfile, a.clusterfile);
+  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
+
+  SearchOptions o;
+  o.model = a.model;
+  o.gbs = a.gbs;
+  o.max_profiled_tp = a.max_tp;
+  o.max_profiled_bs = a.max_bs;
+  if (o.max_profiled_tp <= 0 || o.max_profiled_bs <= 0) {
+    int tp = 0, bs = 0;
+    for (const auto& e : profiles.entries()) {
+      tp = std::max(tp, e.tp);
+      bs = std::max(bs, e.bs);
+    }
+    if (o.max_profiled_tp <= 0) o.max_profiled_tp = tp;
+    if (o.max_profiled_bs <= 0) o.max_profiled_bs = bs;
+  }
+  o.min_group_scale_variance = a.variance;
+  o.max_permute_len = a.max_permute_len;
+  o.use_strat = a.use_strat;
+  o.top_k = a.top;
+  o.threads = a.threads;
+  const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
+  if (show_progress)
+    o.progress = [](long long done, long long total) {
+      std::cerr << "\rsearching: " << done << " / " << total << " inter-stage plans" << std::flush;
+    };
+
+  const MetisSearch search(cluster, profiles, o);
+  SearchResult result;
+  double total_ms = 0;
+  for (int t = 0; t < a.trials; ++t) {
+    result = search.run();
+    total_ms += result.seconds * 1000.0;
+  }
+  if (show_progress && result.seconds >= 1.0) std::cerr << "\n";
+  const double average_ms = total_ms / a.trials;
+
+  if (result.skipped > 0)
+    std::cerr << "hetplan: note: " << result.skipped << " candidate plan(s) not costed (the reference prints a "
+              << "KeyError for each); first: " << result.first_skip_reason << "\n";
+
+  if (result.top.empty()) {
+    std::string why;
+    if (result.inter_stage_plans == 0)
+      why = "no way to split " + std::to_string(cluster.num_devices()) +
+            " GPUs into power-of-two device groups of at most min(GPUs, --num_layers) stages";
+    else if (result.candidates == 0)
+      why = "no (dp, tp) strategy of any of the " + std::to_string(result.inter_stage_plans) +
+            " device layouts fits in GPU memory with the given --gbs and profiled limits";
+    else
+      why = "every candidate lacked a profile the cost model needs; first: " + result.first_skip_reason;
+    throw InputError(a.hostfile + ": no plan exists for this cluster (" + std::to_string(cluster.num_devices()) +
+                     " GPUs): " + why);
+  }
+
+  std::cout << "Average time: " << python_float(average_ms) << " ms\n";
+  std::cout << "count: " << result.count << "\n";
+  std::cout << "rank, cost, node_sequence, device_groups, strategies(dp_deg, tp_deg), batches(number of batch), "
+               "layer_partition\n";
+  for (std::size_t i = 0; i < result.top.size(); ++i)
+    std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i]) << "\n";
+
+  if (!a.json_out.empty()) {
+    ordered_json j = search_result_to_json(result, average_ms, a.trials);
+    ordered_json model;
+    model["model_name"] = a.model.name;
+    model["model_size"] = a.model.size;
+    model["num_layers"] = a.model.num_layers;
+    model["hidden_size"] = a.model.hidden_size;
+    model["sequence_length"] = a.model.sequence_length;
+    model["vocab_size"] = a.model.vocab_size;
+    model["attention_heads"] = a.model.attention_heads;
+    j["model"] = model;
+    j["gbs"] = a.gbs;
+    j["use_strat"] = a.use_strat;
+    j["hostfile"] = a.hostfile;
+    j["clusterfile"] = a.clusterfile;
+    j["profile_dir"] = a.profile_dir;
+    write_json_file(a.json_out, j);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_search_command(CLI::App& app) {
+  auto a = std::make_shared<SearchArgs>();
+  CLI::App* s = app.add_subcommand(
+      "search",
+      "Find the cheapest heterogeneous plan with the Metis search (same results as the Python reference's\n"
+      "cost_het_cluster.py). It enumerates node orders, device groups per pipeline stage and micro-batch\n"
+      "counts, then walks (dp, tp) per stage, balancing layers and data, and costs each plan that fits memory.");
+  s->add_option("--hostfile_path,--hostfile-path,--hostfile", a->hostfile, "Hostfile: '<ip> slots=<N>' per node")
+      ->required();
+  s->add_option("--clusterfile_path,--clusterfile-path,--clusterfile", a->clusterfile,
+                "Clusterfile JSON: ip -> instance_type, inter_bandwidth, intra_bandwidth, memory")
+      ->required();
+  s->add_option("--profile_data_path,--profile-data-path,--profiles", a->profile_dir,
+                "Folder of DeviceType.<TYPE>_tp<T>_bs<B>.json profiles")
+      ->required();
+  s->add_option("--num_layers,--num-layers", a->model.num_layers, "Layers, embedding and head included")->required();
+  s->add_option("--gbs", a->gbs, "Global batch size")->required();
+  s->add_option("--hidden_size,--hidden-size", a->model.hidden_size, "Hidden size")->capture_default_str();
+  s->add_option("--sequence_length,--sequence-length", a->model.sequence_length, "Sequence length")
+      ->capture_default_str();
+  s->add_option("--vocab_size,--vocab-size", a->model.vocab_size, "Vocabulary size")->capture_default_str();
+  s->add_option("--attention_head_size,--attention-head-size,--heads", a->model.attention_heads,
+                "Attention heads (not used by the Metis cost model)")
+      ->capture_default_str();
+  s->add_option("--model_name,--model-name", a->model.name, "Model name, for the record")->capture_default_str();
+  s->add_option("--model_size,--model-size", a->model.size, "Model size label, for the record")
+      ->capture_default_str();
+  s->add_option("--max_profiled_tp_degree,--max-profiled-tp-degree", a->max_tp,
+                "Largest tp the search may use (default: the largest profiled)");
+  s->add_option("--max_profiled_batch_size,--max-profiled-batch-size", a->max_bs,
+                "Largest micro-batch the search may use (default: the largest profiled)");
+  s->add_option("--min_group_scale_variance,--min-group-scale-variance", a->variance,
+                "Smallest device group allowed, as a multiple of GPUs/stages")
+      ->capture_default_str();
+  s->add_option("--max_permute_len,--max-permute-len", a->max_permute_len,
+                "Most device groups permuted independently; smaller groups are merged beyond it")
+      ->capture_default_str();
+  s->add_option("--trials", a->trials, "Repeat the search and report the average time (the reference defaults to 10)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_flag("--use_strat,--use-strat,!--no-use_strat,!--no-use-strat", a->use_strat,
+              "Stratified pruning: steer the DFS by the first out-of-memory state (livingshade/Metis)");
+  s->add_option("--json", a->json_out, "Write the results as JSON to this file");
+  s->add_option("--top", a->top, "Report the K cheapest plans")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  s->add_flag("--progress", a->progress, "Show progress on stderr even when it is not a terminal");
+  s->add_flag("--quiet,-q", a->quiet, "No progress output");
+  s->add_option("--log_path,--home_dir", a->log_path, "Accepted for compatibility with the reference; unused");
+  return [a] { return run_search(*a); };
+}
+
+}  // namespace hetplan::cli

@@ -1,0 +1,18 @@
+// JSON and text forms of search results: the `--json` file, the plan file
+// that replay and simulate read, and the reference's one-line summary.
+#pragma once
+
+#include <string>
+
+#include "planner/search.h"
+#include "sim/json_util.h"
+
+namespace hetplan {
+
+ordered_json plan_to_json(const PlanResult& plan);
+ordered_json search_result_to_json(const SearchResult& result, double average_ms, int trials);
+
+// "1, <cost>, (A100, V100), [32], [(1, 32)], 1, [0, 10]" as the reference prints it.
+std::string reference_plan_line(int rank, const PlanResult& plan);
+
+}  // namespace hetplan

@@ -1,0 +1,235 @@
+#include "planner/search.h"
+
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "planner/inter_stage.h"
+#include "planner/intra_stage.h"
+#include "sim/input_error.h"
+#include "sim/metis_cost.h"
+#include "sim/rank_layout.h"
+
+namespace hetplan {
+
+namespace {
+
+// A candidate's place in the reference's result list: ties in cost keep the
+// earlier one.
+struct RankKey {
+  double cost;
+  long long plan;
+  int candidate;
+  bool operator<(const RankKey& o) const {
+    if (cost != o.cost) return cost < o.cost;
+    if (plan != o.plan) return plan < o.plan;
+    return candidate < o.candidate;
+  }
+};
+
+struct Ranked {
+  RankKey key;
+  PlanResult plan;
+};
+
+// The K best candidates seen, kept sorted.
+class TopK {
+ public:
+  explicit TopK(int k) : k_(k) {}
+  bool wants(const RankKey& key) const { return static_cast<int>(items_.size()) < k_ || key < items_.back().key; }
+  void insert(Ranked r) {
+    auto it = std::upper_bound(items_.begin(), items_.end(), r.key,
+                               [](const RankKey& k, const Ranked& x) { return k < x.key; });
+    items_.insert(it, std::move(r));
+    if (static_cast<int>(items_.size()) > k_) items_.pop_back();
+  }
+  std::vector<Ranked>& items() { return items_; }
+
+ private:
+  int k_;
+  std::vector<Ranked> items_;
+};
+
+struct Worker {
+  Worker(const ProfileSet& profiles, const IntraStageOptions& o, int k) : search(profiles, o), top(k) {}
+  IntraStageSearch search;
+  TopK top;
+  long long count = 0, candidates = 0, skipped = 0;
+  long long first_skip_plan = -1;
+  std::string first_skip_reason;
+  long long first_error_plan = -1;
+  std::string first_error;
+};
+
+}  // namespace
+
+MetisSearch::MetisSearch(const Cluster& cluster, const ProfileSet& profiles, SearchOptions options)
+    : cluster_(&cluster), profiles_(&profiles), opt_(std::move(options)) {
+  if (opt_.gbs <= 0) throw InputError("--gbs: expected a positive global batch size");
+  if (opt_.model.num_layers < 2) throw InputError("--num_layers: expected at least 2 (embedding and head)");
+  if (opt_.max_permute_len <= 0) throw InputError("--max_permute_len: expected a positive integer");
+  if (opt_.top_k <= 0) throw InputError("--top: expected a positive integer");
+  for (std::size_t t = 0; t < cluster.device_types().size(); ++t) {
+    const std::string& name = cluster.device_types()[t];
+    const int p = profiles.type_index(name);
+    if (p < 0) {
+      std::string found;
+      for (const auto& n : profiles.device_types()) found += (found.empty() ? "" : ", ") + n;
+      std::string where = cluster.clusterfile_path();
+      for (const auto& e : cluster.clusterfile())
+        if (e.instance_type == name) {
+          where += ": key '" + e.ip + ".instance_type'";
+          break;
+        }
+      throw InputError(where + ": unknown device type '" + name + "': " + profiles.dir() +
+                       " has no DeviceType." + name + "_tp<T>_bs<B>.json profiles (it has: " + found + ")");
+    }
+    profile_type_.push_back(p);
+  }
+  if (profiles.num_layers() != opt_.model.num_layers)
+    throw InputError(profiles.model().path + ": profiles have " + std::to_string(profiles.num_layers()) +
+                     " layers, but --num_layers is " + std::to_string(opt_.model.num_layers));
+}
+
+SearchResult MetisSearch::run() const {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Cluster& cluster = *cluster_;
+  const ProfileSet& profiles = *profiles_;
+
+  InterStageOptions io;
+  io.num_device_types = static_cast<int>(cluster.device_types().size());
+  io.num_devices = cluster.num_devices();
+  io.gbs = opt_.gbs;
+  io.num_layers = opt_.model.num_layers;
+  io.variance = opt_.min_group_scale_variance;
+  io.max_permute_len = opt_.max_permute_len;
+  InterStagePlanGenerator generator(io);
+  const std::vector<InterStagePlan> plans = generator.all();
+
+  // Per node sequence: where each rank sits, and its profile type.
+  std::vector<RankLayout> layouts;
+  std::vector<std::vector<int>> rank_ptypes;
+  for (const auto& ns : generator.node_sequences()) {
+    layouts.emplace_back(cluster, ns);
+    std::vector<int> pt;
+    for (int t : layouts.back().rank_types()) pt.push_back(profile_type_[t]);
+    rank_ptypes.push_back(std::move(pt));
+  }
+
+  const MetisCostModel cost_model(profiles, opt_.model, profile_type_, opt_.max_profiled_bs);
+  IntraStageOptions so{opt_.max_profiled_tp, opt_.max_profiled_bs, opt_.use_strat};
+  tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(profiles, so, opt_.top_k); });
+
+  std::optional<tbb::global_control> limit;
+  if (opt_.threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, opt_.threads);
+
+  // Optional progress reporting from a side thread.
+  std::atomic<long long> done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  std::thread reporter;
+  if (opt_.progress) {
+    reporter = std::thread([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (!cv.wait_for(lock, std::chrono::seconds(1), [&] { return finished; }))
+        opt_.progress(done.load(), static_cast<long long>(plans.size()));
+    });
+  }
+
+  std::atomic<long long> first_error_plan{-1};
+  auto body = [&](const tbb::blocked_range<std::size_t>& range) {
+    Worker& w = workers.local();
+    for (std::size_t i = range.begin(); i != range.end(); ++i) {
+      const long long fe = first_error_plan.load(std::memory_order_relaxed);
+      if (fe >= 0 && static_cast<long long>(i) > fe) break;  // the reference would have stopped
+      const InterStagePlan& plan = plans[i];
+      const RankLayout& layout = layouts[plan.ns_idx];
+      int candidate = 0;
+      try {
+        w.search.run(plan, layout, rank_ptypes[plan.ns_idx], [&](const IntraStageCandidate& c) {
+          w.count += c.count;
+          ++w.candidates;
+          CostTerms terms;
+          SkippedPlan skip;
+          const int idx = candidate++;
+          if (!cost_model.cost(plan, layout, c.strategies->data(), c.partition->layer_partition.data(), &terms,
+                               &skip)) {
+            ++w.skipped;
+            if (w.first_skip_plan < 0 || static_cast<long long>(i) < w.first_skip_plan) {
+              w.first_skip_plan = static_cast<long long>(i);
+              w.first_skip_reason = profiles.expected_path(skip.type, skip.tp, skip.bs) + ": " + skip.reason;
+            }
+            return;
+          }
+          const RankKey key{terms.total, static_cast<long long>(i), idx};
+          if (!w.top.wants(key)) return;
+          PlanResult r;
+          for (int t : layout.node_sequence()) r.node_sequence.push_back(cluster.device_types()[t]);
+          r.device_groups = *plan.device_groups;
+          r.strategies = *c.strategies;
+          r.batches = plan.batches;
+          r.layer_partition = c.partition->layer_partition;
+          r.num_repartition = c.partition->num_repartition;
+          r.cost = terms.total;
+          w.top.insert(Ranked{key, std::move(r)});
+        });
+      } catch (const std::exception& e) {
+        if (w.first_error_plan < 0 || static_cast<long long>(i) < w.first_error_plan) {
+          w.first_error_plan = static_cast<long long>(i);
+          w.first_error = e.what();
+        }
+        long long cur = first_error_plan.load();
+        while ((cur < 0 || static_cast<long long>(i) < cur) &&
+               !first_error_plan.compare_exchange_weak(cur, static_cast<long long>(i))) {
+        }
+      }
+      done.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, plans.size(), 8), body);
+
+  if (reporter.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      finished = true;
+    }
+    cv.notify_all();
+    reporter.join();
+  }
+
+  SearchResult result;
+  result.inter_stage_plans = static_cast<long long>(plans.size());
+  TopK top(opt_.top_k);
+  long long err_plan = -1, skip_plan = -1;
+  std::string err;
+  for (Worker& w : workers) {
+    if (w.first_error_plan >= 0 && (err_plan < 0 || w.first_error_plan < err_plan)) {
+      err_plan = w.first_error_plan;
+      err = w.first_error;
+    }
+    if (w.first_skip_plan >= 0 && (skip_plan < 0 || w.first_skip_plan < skip_plan)) {
+      skip_plan = w.first_skip_plan;
+      result.first_skip_reason = w.first_skip_reason;
+    }
+    result.count += w.count;
+    result.candidates += w.candidates;
+    result.skipped += w.skipped;
+    for (Ranked& r : w.top.items()) top.insert(std::move(r));
+  }
+  if (err_plan >= 0) throw InputError(err);
+  for (Ranked& r : top.items()) result.top.push_back(std::move(r.plan));
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace hetplan

@@ -1,0 +1,63 @@
+// MetisSearch: the whole Metis search over a heterogeneous cluster, in
+// parallel, with results identical to the Python reference.
+//
+// Inter-stage plans are enumerated up front (cheap) and walked in parallel
+// with TBB; each worker keeps its own scratch space. Results are merged by
+// (cost, enumeration order), so ties keep the plan the reference would list
+// first and nothing depends on the thread count.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sim/cluster.h"
+#include "sim/model_config.h"
+#include "sim/plan.h"
+#include "sim/profile.h"
+
+namespace hetplan {
+
+struct SearchOptions {
+  ModelConfig model;
+  int gbs = 128;
+  int max_profiled_tp = 4;
+  int max_profiled_bs = 4;
+  double min_group_scale_variance = 1;
+  int max_permute_len = 4;
+  bool use_strat = false;
+  int top_k = 1;
+  int threads = 0;  // 0: TBB's default
+  // Called about once a second with (inter-stage plans done, total), if set.
+  std::function<void(long long, long long)> progress;
+};
+
+struct SearchResult {
+  long long count = 0;                // the reference's search-step count
+  long long inter_stage_plans = 0;
+  long long candidates = 0;           // plans that fit memory (costed or skipped)
+  long long skipped = 0;              // candidates the cost model could not cost
+  std::string first_skip_reason;      // for the earliest skipped candidate
+  std::vector<PlanResult> top;        // cheapest first
+  double seconds = 0;
+};
+
+class MetisSearch {
+ public:
+  // Validates that every device type of the cluster has profiles and that
+  // the model matches them. Throws InputError.
+  MetisSearch(const Cluster& cluster, const ProfileSet& profiles, SearchOptions options);
+
+  SearchResult run() const;
+
+  const Cluster& cluster() const { return *cluster_; }
+  const std::vector<int>& profile_type() const { return profile_type_; }
+
+ private:
+  const Cluster* cluster_;
+  const ProfileSet* profiles_;
+  SearchOptions opt_;
+  std::vector<int> profile_type_;  // cluster type index -> profile type index
+};
+
+}  // namespace hetplan

@@ -1,0 +1,146 @@
+#include "sim/cluster.h"
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "sim/input_error.h"
+#include "sim/json_util.h"
+
+namespace hetplan {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open hostfile");
+  std::vector<std::pair<std::string, int>> hosts;
+  std::string raw;
+  int line_no = 0;
+  while (std::getline(in, raw)) {
+    ++line_no;
+    std::string line = trim(raw.substr(0, raw.find('#')));
+    if (line.empty()) continue;
+    std::istringstream ss(line);
+    std::string ip, slots_tok, extra;
+    ss >> ip >> slots_tok;
+    const std::string where = path + ":" + std::to_string(line_no) + ": ";
+    if (slots_tok.rfind("slots=", 0) != 0 || (ss >> extra))
+      throw InputError(where + "expected '<ip> slots=<N>', got '" + line + "'");
+    const std::string digits = slots_tok.substr(6);
+    if (digits.empty() || digits.size() > 6 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+      throw InputError(where + "expected a positive integer after 'slots=', got '" + slots_tok + "'");
+    const int slots = std::stoi(digits);
+    if (slots <= 0) throw InputError(where + "expected slots >= 1, got " + digits);
+    hosts.emplace_back(ip, slots);
+  }
+  if (hosts.empty()) throw InputError(path + ": hostfile lists no nodes (expected lines '<ip> slots=<N>')");
+  return hosts;
+}
+
+std::vector<ClusterfileEntry> parse_clusterfile(const std::string& path) {
+  const ordered_json j = read_json_file(path);
+  if (!j.is_object()) throw InputError(path + ": expected a JSON object keyed by node ip");
+  std::vector<ClusterfileEntry> out;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    ClusterfileEntry e;
+    e.ip = it.key();
+    const ordered_json& v = it.value();
+    const ordered_json& type = require_key(v, "instance_type", path, e.ip);
+    if (!type.is_string()) throw InputError(path + ": key '" + e.ip + ".instance_type' must be a string");
+    e.instance_type = type.get<std::string>();
+    e.inter_bandwidth = require_number(v, "inter_bandwidth", path, e.ip);
+    e.intra_bandwidth = require_number(v, "intra_bandwidth", path, e.ip);
+    e.memory_gb = require_number(v, "memory", path, e.ip);
+    if (e.inter_bandwidth <= 0 || e.intra_bandwidth <= 0 || e.memory_gb <= 0)
+      throw InputError(path + ": node '" + e.ip + "' needs positive inter_bandwidth, intra_bandwidth and memory");
+    out.push_back(e);
+  }
+  return out;
+}
+
+Cluster Cluster::load(const std::string& hostfile_path, const std::string& clusterfile_path) {
+  return from_parts(parse_hostfile(hostfile_path), parse_clusterfile(clusterfile_path), hostfile_path,
+                    clusterfile_path);
+}
+
+Cluster Cluster::from_parts(const std::vector<std::pair<std::string, int>>& hosts,
+                            const std::vector<ClusterfileEntry>& clusterfile, const std::string& hostfile_name,
+                            const std::string& clusterfile_name) {
+  Cluster c;
+  c.hostfile_path_ = hostfile_name;
+  c.clusterfile_path_ = clusterfile_name;
+  c.clusterfile_ = clusterfile;
+  std::map<std::string, const ClusterfileEntry*> by_ip;
+  for (const auto& e : clusterfile) by_ip[e.ip] = &e;
+
+  std::vector<std::string> types;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    auto it = by_ip.find(hosts[i].first);
+    if (it == by_ip.end()) {
+      std::string known;
+      for (const auto& e : clusterfile) known += (known.empty() ? "" : ", ") + e.ip;
+      throw InputError(hostfile_name + ":" + std::to_string(i + 1) + ": host '" + hosts[i].first +
+                       "' is not in clusterfile " + clusterfile_name + " (it lists: " + known + ")");
+    }
+    types.push_back(it->second->instance_type);
+  }
+  std::sort(types.begin(), types.end());
+  types.erase(std::unique(types.begin(), types.end()), types.end());
+  c.device_types_ = types;
+
+  const std::size_t nt = types.size();
+  c.devices_of_type_.assign(nt, 0);
+  c.first_intra_bw_.assign(nt, -1);
+  c.min_intra_bw_.assign(nt, std::numeric_limits<double>::infinity());
+  c.min_inter_bw_.assign(nt, std::numeric_limits<double>::infinity());
+  c.memory_mb_.assign(nt, -1);
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    const ClusterfileEntry& e = *by_ip[hosts[i].first];
+    ClusterNode n;
+    n.ip = e.ip;
+    n.type = c.type_index(e.instance_type);
+    n.num_devices = hosts[i].second;
+    n.intra_bandwidth = e.intra_bandwidth;
+    n.inter_bandwidth = e.inter_bandwidth;
+    n.hostfile_line = static_cast<int>(i + 1);
+    c.nodes_.push_back(n);
+    c.num_devices_ += n.num_devices;
+    c.devices_of_type_[n.type] += n.num_devices;
+    if (c.first_intra_bw_[n.type] < 0) c.first_intra_bw_[n.type] = n.intra_bandwidth;
+    c.min_intra_bw_[n.type] = std::min(c.min_intra_bw_[n.type], n.intra_bandwidth);
+    c.min_inter_bw_[n.type] = std::min(c.min_inter_bw_[n.type], n.inter_bandwidth);
+  }
+  for (const auto& e : clusterfile) {
+    const int t = c.type_index(e.instance_type);
+    if (t >= 0 && c.memory_mb_[t] < 0) c.memory_mb_[t] = e.memory_gb * 1024;
+  }
+  return c;
+}
+
+int Cluster::type_index(const std::string& name) const {
+  auto it = std::lower_bound(device_types_.begin(), device_types_.end(), name);
+  if (it == device_types_.end() || *it != name) return -1;
+  return static_cast<int>(it - device_types_.begin());
+}
+
+std::string make_hostfile(int n, const std::vector<std::string>& ips, int slots) {
+  std::string out;
+  const int reps = n / slots;  // floor, as gen_hostfile.py's n // 4
+  for (const auto& ip : ips)
+    for (int i = 0; i < reps; ++i) out += ip + " slots=" + std::to_string(slots) + "\n";
+  return out;
+}
+
+}  // namespace hetplan

@@ -1,0 +1,84 @@
+// Cluster: the GPUs a plan may use, read from a hostfile and a clusterfile.
+//
+// The hostfile lists nodes ("<ip> slots=<N>", one per line, in order); the
+// clusterfile maps each ip to its instance type, bandwidths (GB/s, as Metis
+// writes them) and per-GPU memory (GB). Device types are kept sorted by name,
+// and a type is referred to by its index in that order everywhere else.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hetplan {
+
+struct ClusterNode {
+  std::string ip;
+  int type = 0;         // index into Cluster::device_types()
+  int num_devices = 0;  // the hostfile's slots
+  double intra_bandwidth = 0;
+  double inter_bandwidth = 0;
+  int hostfile_line = 0;
+};
+
+struct ClusterfileEntry {
+  std::string ip;
+  std::string instance_type;
+  double inter_bandwidth = 0;
+  double intra_bandwidth = 0;
+  double memory_gb = 0;
+};
+
+class Cluster {
+ public:
+  // Throws InputError naming the file and line or key on malformed input.
+  static Cluster load(const std::string& hostfile_path, const std::string& clusterfile_path);
+
+  // Builds a cluster from parsed parts (used by tests and generators).
+  static Cluster from_parts(const std::vector<std::pair<std::string, int>>& hosts,
+                            const std::vector<ClusterfileEntry>& clusterfile, const std::string& hostfile_name = "",
+                            const std::string& clusterfile_name = "");
+
+  const std::vector<std::string>& device_types() const { return device_types_; }
+  const std::vector<ClusterNode>& nodes() const { return nodes_; }
+  const std::vector<ClusterfileEntry>& clusterfile() const { return clusterfile_; }
+  int num_devices() const { return num_devices_; }
+  int num_devices_of(int type) const { return devices_of_type_[type]; }
+  int type_index(const std::string& name) const;  // -1 if absent
+
+  // Per-GPU memory in MB of the first clusterfile entry of this type, in file
+  // order (Metis reads it that way, whatever node the GPU sits in).
+  double memory_mb(int type) const { return memory_mb_[type]; }
+  // intra_bandwidth of the first hostfile node of this type.
+  double first_intra_bandwidth(int type) const { return first_intra_bw_[type]; }
+  // Smallest intra_bandwidth over the hostfile nodes of this type. Metis's
+  // "inter-node" bandwidth is this number: its get_inter_bandwidth reads the
+  // intra_bandwidth key (a reference bug the metis cost model keeps).
+  double min_intra_bandwidth(int type) const { return min_intra_bw_[type]; }
+  // Smallest real inter_bandwidth over the hostfile nodes of this type.
+  double min_inter_bandwidth(int type) const { return min_inter_bw_[type]; }
+
+  const std::string& hostfile_path() const { return hostfile_path_; }
+  const std::string& clusterfile_path() const { return clusterfile_path_; }
+
+ private:
+  std::vector<std::string> device_types_;
+  std::vector<ClusterNode> nodes_;
+  std::vector<ClusterfileEntry> clusterfile_;
+  std::vector<int> devices_of_type_;
+  std::vector<double> memory_mb_, first_intra_bw_, min_intra_bw_, min_inter_bw_;
+  int num_devices_ = 0;
+  std::string hostfile_path_, clusterfile_path_;
+};
+
+// Parses a hostfile: "<ip> slots=<N>" per line; blank lines and '#' comments
+// are skipped. N may have several digits (the reference reads one).
+std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path);
+
+std::vector<ClusterfileEntry> parse_clusterfile(const std::string& path);
+
+// A hostfile of N GPUs per ip: for each ip in order, N/slots lines of
+// "<ip> slots=<slots>". With ips {0.0.0.1, 0.0.0.4} and slots 4 this is the
+// file the reference's gen_hostfile.py N writes.
+std::string make_hostfile(int n, const std::vector<std::string>& ips, int slots);
+
+}  // namespace hetplan

@@ -1,0 +1,27 @@
+// DataLoadBalancer: splits a stage's micro-batch over its data-parallel
+// replicas in proportion to each replica's speed, as Metis does.
+//
+// Replica i's speed is 1 / (sum of its device type's tp<tp>_bs1 layer times);
+// each replica gets floor(bs * share) samples and the remainder goes, one by
+// one, to the replicas with the largest fractional parts (ties: lower index).
+#pragma once
+
+#include <vector>
+
+#include "sim/plan.h"
+#include "sim/profile.h"
+
+namespace hetplan {
+
+// `replica_types[i]` is the profile type index of replica i's first rank.
+// Writes strategy.dp sample counts to `out`. Returns false, with `missing_type`
+// set, when a tp<tp>_bs1 profile is absent.
+bool partition_data(const ProfileSet& profiles, const int* replica_types, Strategy strategy, int bs, int* out,
+                    int* missing_type = nullptr);
+
+// Convenience form over a per-rank list of profile type indices (the whole
+// group, dp * tp ranks or more): replica i starts at rank i * (n / dp).
+std::vector<int> partition_data(const ProfileSet& profiles, const std::vector<int>& rank_types, Strategy strategy,
+                                int bs);
+
+}  // namespace hetplan

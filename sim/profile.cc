@@ -1,0 +1,152 @@
+#include "sim/profile.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+
+#include "sim/input_error.h"
+#include "sim/json_util.h"
+
+namespace hetplan {
+
+namespace fs = std::filesystem;
+
+SliceSums::SliceSums(const std::vector<double>& values) : n_(static_cast<int>(values.size())) {
+  table_.assign(static_cast<std::size_t>(n_ + 1) * (n_ + 1), 0.0);
+  for (int s = 0; s < n_; ++s) {
+    double acc = 0.0;  // Python's sum() starts from int 0; 0 + x == x exactly
+    for (int e = s; e < n_; ++e) {
+      acc += values[e];
+      table_[static_cast<std::size_t>(s) * (n_ + 1) + e + 1] = acc;
+    }
+  }
+}
+
+namespace {
+
+double left_sum(const std::vector<double>& v) {
+  double acc = 0.0;
+  for (double x : v) acc += x;
+  return acc;
+}
+
+}  // namespace
+
+int ProfileSet::type_index(const std::string& name) const {
+  auto it = std::lower_bound(types_.begin(), types_.end(), name);
+  if (it == types_.end() || *it != name) return -1;
+  return static_cast<int>(it - types_.begin());
+}
+
+std::string ProfileSet::expected_path(int type, int tp, int bs) const {
+  const std::string name = "DeviceType." + (type >= 0 && type < static_cast<int>(types_.size()) ? types_[type] : "?") +
+                           "_tp" + std::to_string(tp) + "_bs" + std::to_string(bs) + ".json";
+  return dir_.empty() ? name : (fs::path(dir_) / name).string();
+}
+
+void ProfileSet::add(const std::string& type, LayerProfile p) {
+  p.fb_sync_ms = p.forward_backward_ms - left_sum(p.layer_ms);
+  p.total_layer_ms = left_sum(p.layer_ms);
+  p.time = SliceSums(p.layer_ms);
+  p.memory = SliceSums(p.memory_mb);
+  if (std::find(types_.begin(), types_.end(), type) == types_.end()) {
+    types_.push_back(type);
+    std::sort(types_.begin(), types_.end());
+  }
+  entry_types_.push_back(type);
+  entries_.push_back(std::move(p));
+  index_.clear();  // rebuilt by finalize()
+}
+
+void ProfileSet::rebuild_index() {
+  max_tp_ = max_bs_ = 0;
+  for (const auto& e : entries_) {
+    max_tp_ = std::max(max_tp_, e.tp);
+    max_bs_ = std::max(max_bs_, e.bs);
+  }
+  index_.assign(types_.size() * (max_tp_ + 1) * (max_bs_ + 1), -1);
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const int t = type_index(entry_types_[i]);
+    index_[(static_cast<std::size_t>(t) * (max_tp_ + 1) + entries_[i].tp) * (max_bs_ + 1) + entries_[i].bs] =
+        static_cast<int>(i);
+  }
+}
+
+void ProfileSet::finalize(const std::string& model_path, double optimizer_time_ms, double batch_generator_ms,
+                          std::vector<double> parameters_per_layer_bytes) {
+  rebuild_index();
+  model_.path = model_path;
+  model_.optimizer_ms = optimizer_time_ms * 2;
+  model_.batch_generator_ms = batch_generator_ms;
+  model_.parameters_per_layer_bytes = std::move(parameters_per_layer_bytes);
+  const LayerProfile* first = find(0, 1, 1);
+  if (!first) throw InputError("profiles: no tp1_bs1 file for the first device type");
+  const double total = left_sum(first->layer_ms);
+  model_.norm_layer_duration.clear();
+  for (double d : first->layer_ms) model_.norm_layer_duration.push_back(d / total);
+  num_layers_ = static_cast<int>(first->layer_ms.size());
+}
+
+ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
+  if (!fs::is_directory(dir)) throw InputError(dir + ": profile folder does not exist");
+  static const std::regex name_re(R"(DeviceType\.([A-Za-z0-9]+)_tp(\d+)_bs(\d+)\.json)");
+  std::vector<std::string> names;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    if (f.is_regular_file()) names.push_back(f.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+
+  ProfileSet set;
+  set.dir_ = dir;
+  struct Pending {
+    std::string type, path;
+    ordered_json json;
+  };
+  std::vector<Pending> loaded;
+  for (const auto& name : names) {
+    std::smatch m;
+    if (!std::regex_match(name, m, name_re)) continue;  // other files (READMEs, notes) are not profiles
+    const std::string path = (fs::path(dir) / name).string();
+    ordered_json j = read_json_file(path);
+    LayerProfile p;
+    p.path = path;
+    p.tp = std::stoi(m[2]);
+    p.bs = std::stoi(m[3]);
+    const ordered_json& et = require_key(j, "execution_time", path, "");
+    p.layer_ms = require_number_list(et, "layer_compute_total_ms", path, "execution_time");
+    p.forward_backward_ms = require_number(et, "forward_backward_time_ms", path, "execution_time");
+    const ordered_json& em = require_key(j, "execution_memory", path, "");
+    p.memory_mb = require_number_list(em, "layer_memory_total_mb", path, "execution_memory");
+    if (p.layer_ms.empty()) throw InputError(path + ": 'execution_time.layer_compute_total_ms' is empty");
+    if (num_layers > 0 && static_cast<int>(p.layer_ms.size()) != num_layers)
+      throw InputError(path + ": expected " + std::to_string(num_layers) +
+                       " entries in 'execution_time.layer_compute_total_ms' (--num_layers), found " +
+                       std::to_string(p.layer_ms.size()));
+    set.add(m[1], std::move(p));
+    loaded.push_back({m[1], path, std::move(j)});
+  }
+  if (set.entries_.empty())
+    throw InputError(dir + ": no profile files (expected files named DeviceType.<TYPE>_tp<T>_bs<B>.json)");
+
+  set.rebuild_index();
+  const std::string first_type = set.types_.front();
+  const LayerProfile* first = set.find(0, 1, 1);
+  if (!first)
+    throw InputError(set.expected_path(0, 1, 1) +
+                     ": missing; the model-level values come from the tp1_bs1 file of the first device type (" +
+                     first_type + ")");
+  for (const auto& p : loaded) {
+    if (p.path != first->path) continue;
+    const ordered_json& et = require_key(p.json, "execution_time", p.path, "");
+    const double opt = require_number(et, "optimizer_time_ms", p.path, "execution_time");
+    const double bg = require_number(et, "batch_generator_time_ms", p.path, "execution_time");
+    const ordered_json& params = require_key(require_key(p.json, "model", p.path, ""), "parameters", p.path, "model");
+    std::vector<double> per_layer = require_number_list(params, "parameters_per_layer_bytes", p.path, "model.parameters");
+    if (per_layer.size() < 2)
+      throw InputError(p.path + ": 'model.parameters.parameters_per_layer_bytes' needs at least 2 entries");
+    set.finalize(p.path, opt, bg, std::move(per_layer));
+  }
+  return set;
+}
+
+}  // namespace hetplan

@@ -1,0 +1,97 @@
+// ProfileSet: per-layer forward+backward times and memory of one model, for
+// each device type, tensor-parallel degree (tp) and micro-batch size (bs).
+//
+// It is read once from a folder of Metis-format files named
+// DeviceType.<TYPE>_tp<T>_bs<B>.json and then answers lookups from plain
+// arrays. Slice sums are precomputed left to right, so that a sum over layers
+// [s, e) is the same double Python's sum(list[s:e]) gives.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hetplan {
+
+// Left-to-right partial sums of a list, for every slice [s, e).
+class SliceSums {
+ public:
+  SliceSums() = default;
+  explicit SliceSums(const std::vector<double>& values);
+  // Python's sum(values[s:e]) for 0 <= s, e (clipped to the list, empty if s >= e).
+  double operator()(int s, int e) const {
+    if (e > n_) e = n_;
+    if (s >= e) return 0.0;
+    return table_[static_cast<std::size_t>(s) * (n_ + 1) + e];
+  }
+  int size() const { return n_; }
+
+ private:
+  int n_ = 0;
+  std::vector<double> table_;
+};
+
+struct LayerProfile {
+  std::string path;
+  int tp = 0, bs = 0;
+  std::vector<double> layer_ms;   // execution_time.layer_compute_total_ms
+  double forward_backward_ms = 0;  // execution_time.forward_backward_time_ms
+  double fb_sync_ms = 0;           // forward_backward_ms - sum(layer_ms): time outside the layers
+  std::vector<double> memory_mb;   // execution_memory.layer_memory_total_mb
+  double total_layer_ms = 0;       // sum(layer_ms)
+  SliceSums time, memory;
+};
+
+// Model-level values. Metis takes them from one file; we take them from
+// DeviceType.<first type by name>_tp1_bs1.json, so they never depend on the
+// order a folder is listed in.
+struct ModelProfile {
+  std::string path;
+  double optimizer_ms = 0;  // 2 x execution_time.optimizer_time_ms, as Metis counts it
+  double batch_generator_ms = 0;
+  std::vector<double> parameters_per_layer_bytes;
+  std::vector<double> norm_layer_duration;  // that file's layer times, each over their sum
+};
+
+class ProfileSet {
+ public:
+  // Reads every DeviceType.*_tp*_bs*.json in `dir`. `num_layers` > 0 checks
+  // that every file has that many layer times. Throws InputError.
+  static ProfileSet load(const std::string& dir, int num_layers = 0);
+
+  const std::string& dir() const { return dir_; }
+  const std::vector<std::string>& device_types() const { return types_; }
+  int type_index(const std::string& name) const;  // -1 if absent
+  const ModelProfile& model() const { return model_; }
+  int num_layers() const { return num_layers_; }
+  const std::vector<LayerProfile>& entries() const { return entries_; }
+
+  // nullptr if there is no file for (type, tp, bs).
+  const LayerProfile* find(int type, int tp, int bs) const {
+    if (type < 0 || tp < 0 || bs < 0 || tp > max_tp_ || bs > max_bs_ || index_.empty()) return nullptr;
+    const int idx = index_[(static_cast<std::size_t>(type) * (max_tp_ + 1) + tp) * (max_bs_ + 1) + bs];
+    return idx < 0 ? nullptr : &entries_[idx];
+  }
+  // The file name a (type, tp, bs) lookup expects, for error messages.
+  std::string expected_path(int type, int tp, int bs) const;
+
+  // Adds one profile (used by the loader and by tests that build sets in
+  // memory); lookups see it after finalize().
+  void add(const std::string& type, LayerProfile p);
+  // Chooses the model-level profile (first type by name, tp1_bs1). Throws if absent.
+  void finalize(const std::string& model_path, double optimizer_time_ms, double batch_generator_ms,
+                std::vector<double> parameters_per_layer_bytes);
+
+ private:
+  void rebuild_index();
+
+  std::string dir_;
+  std::vector<std::string> types_;
+  std::vector<std::string> entry_types_;
+  std::vector<LayerProfile> entries_;
+  std::vector<int> index_;
+  int max_tp_ = -1, max_bs_ = -1;
+  int num_layers_ = 0;
+  ModelProfile model_;
+};
+
+}  // namespace hetplan
