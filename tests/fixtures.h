@@ -1,0 +1,57 @@
+// Shared test fixtures: the Table-1 inputs, built from Metis's sample
+// profiles in ../shared/metis-samples (never copied into the project).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <unistd.h>
+
+#include "sim/cluster.h"
+#include "sim/profile.h"
+#include "sim/synthetic_profiles.h"
+
+namespace hetplan::test {
+
+inline std::string shared_dir() {
+  if (const char* env = std::getenv("HETPLAN_SHARED")) return env;
+  return std::string(HETPLAN_SOURCE_DIR) + "/../shared";
+}
+
+inline std::string samples_dir() { return shared_dir() + "/metis-samples"; }
+inline std::string sample_clusterfile() { return samples_dir() + "/clusterfile.json"; }
+
+// A scratch folder unique to this test process.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("hetplan-test-" + std::to_string(::getpid())) / name;
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+// The synthetic profile set of gen_synth_data.py LAYERS 128, generated once per process.
+inline const ProfileSet& synthetic_profiles(int layers) {
+  static std::map<int, std::unique_ptr<ProfileSet>> cache;
+  auto& slot = cache[layers];
+  if (!slot) {
+    const auto dir = scratch_dir("syn" + std::to_string(layers));
+    generate_synthetic_profiles(samples_dir(), dir.string(), layers, 128);
+    slot = std::make_unique<ProfileSet>(ProfileSet::load(dir.string(), layers));
+  }
+  return *slot;
+}
+
+inline std::string synthetic_dir(int layers) {
+  synthetic_profiles(layers);
+  return scratch_dir("syn" + std::to_string(layers)).string();
+}
+
+// gen_hostfile.py N: N/4 V100 nodes (0.0.0.1) then N/4 A100 nodes (0.0.0.4), 4 GPUs each.
+inline Cluster table1_cluster(int n) {
+  std::vector<std::pair<std::string, int>> hosts;
+  for (int i = 0; i < n / 4; ++i) hosts.emplace_back("0.0.0.1", 4);
+  for (int i = 0; i < n / 4; ++i) hosts.emplace_back("0.0.0.4", 4);
+  return Cluster::from_parts(hosts, parse_clusterfile(sample_clusterfile()), "hostfile", sample_clusterfile());
+}
+
+}  // namespace hetplan::test
