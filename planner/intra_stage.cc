@@ -68,7 +68,7 @@ void IntraStageSearch::compute_share(const InterStagePlan& plan, const std::vect
   const ProfileSet& prof = *profiles_;
   auto missing = [&](int type, int tp, int bs) {
     return MissingProfileError(type, tp, bs,
-                               prof.expected_path(type, tp, bs) + ": missing profile needed for a stage's compute time");
+                               prof.missing_message(type, tp, bs, "a stage's compute time"));
   };
   double total = 0.0;
   int begin = 0;

@@ -204,8 +204,7 @@ void LayerLoadBalancer::stage_memory_demand(const InterStagePlan& plan, const st
       const LayerProfile* p = profiles_->find(type0, st.tp, bs);
       if (!p)
         throw MissingProfileError(type0, st.tp, bs,
-                                  profiles_->expected_path(type0, st.tp, bs) +
-                                      ": missing profile needed for a stage's memory demand");
+                                  profiles_->missing_message(type0, st.tp, bs, "a stage's memory demand"));
       d += p->memory(start_layer, end_layer) * kMemCoef;
     } else {
       const std::vector<int> hetero_bs = partition_data(*profiles_, rank_types, st, plan.gbs / plan.batches);
@@ -216,8 +215,7 @@ void LayerLoadBalancer::stage_memory_demand(const InterStagePlan& plan, const st
           const LayerProfile* p = profiles_->find(type0, st.tp, slice);
           if (!p)
             throw MissingProfileError(type0, st.tp, slice,
-                                      profiles_->expected_path(type0, st.tp, slice) +
-                                          ": missing profile needed for a mixed stage's memory demand");
+                                      profiles_->missing_message(type0, st.tp, slice, "a mixed stage's memory demand"));
           d += p->memory(start_layer, end_layer) * kMemCoef;
         }
       }

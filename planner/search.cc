@@ -90,8 +90,8 @@ MetisSearch::MetisSearch(const Cluster& cluster, const ProfileSet& profiles, Sea
           where += ": key '" + e.ip + ".instance_type'";
           break;
         }
-      throw InputError(where + ": unknown device type '" + name + "': " + profiles.dir() +
-                       " has no DeviceType." + name + "_tp<T>_bs<B>.json profiles (it has: " + found + ")");
+      throw InputError(where + ": unknown device type '" + name + "': expected profiles DeviceType." + name +
+                       "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + found);
     }
     profile_type_.push_back(p);
   }

@@ -51,7 +51,7 @@ std::vector<int> partition_data(const ProfileSet& profiles, const std::vector<in
   for (int i = 0; i < strategy.dp; ++i) replica_types[i] = rank_types[i * group];
   int missing = -1;
   if (!partition_data(profiles, replica_types.data(), strategy, bs, out.data(), &missing))
-    throw InputError(profiles.expected_path(missing, strategy.tp, 1) + ": missing profile needed by the data load balancer");
+    throw InputError(profiles.missing_message(missing, strategy.tp, 1, "the data load balancer"));
   return out;
 }
 

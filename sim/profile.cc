@@ -44,6 +44,13 @@ std::string ProfileSet::expected_path(int type, int tp, int bs) const {
   return dir_.empty() ? name : (fs::path(dir_) / name).string();
 }
 
+std::string ProfileSet::missing_message(int type, int tp, int bs, const std::string& why) const {
+  const std::string name = type >= 0 && type < static_cast<int>(types_.size()) ? types_[type] : "?";
+  return expected_path(type, tp, bs) + ": missing profile (device " + name + ", tp " + std::to_string(tp) + ", bs " +
+         std::to_string(bs) + "), needed for " + why +
+         "; profile it, or lower --max_profiled_tp_degree / --max_profiled_batch_size";
+}
+
 void ProfileSet::add(const std::string& type, LayerProfile p) {
   p.fb_sync_ms = p.forward_backward_ms - left_sum(p.layer_ms);
   p.total_layer_ms = left_sum(p.layer_ms);

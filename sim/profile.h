@@ -73,6 +73,8 @@ class ProfileSet {
   }
   // The file name a (type, tp, bs) lookup expects, for error messages.
   std::string expected_path(int type, int tp, int bs) const;
+  // "<path>: missing profile (device V100, tp 4, bs 2), needed for <why>; ..."
+  std::string missing_message(int type, int tp, int bs, const std::string& why) const;
 
   // Adds one profile (used by the loader and by tests that build sets in
   // memory); lookups see it after finalize().

@@ -1,0 +1,122 @@
+// Bad input reaches the user as one clear line on stderr, naming the file,
+// the line or key, and what was expected, with a non-zero exit and no crash.
+// These tests run the real `hetplan` binary.
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/fixtures.h"
+
+namespace fs = std::filesystem;
+using namespace hetplan;
+
+namespace {
+
+struct Run {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+Run run_hetplan(const std::string& args) {
+  const std::string cmd = std::string(HETPLAN_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+void write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+// A search over `hostfile` with the 10-layer synthetic set in `profiles`.
+Run search(const fs::path& hostfile, const std::string& profiles, const std::string& extra = "") {
+  return run_hetplan("search -q --hostfile_path " + hostfile.string() + " --clusterfile_path " +
+                     test::sample_clusterfile() + " --profile_data_path " + profiles + " --num_layers 10 --gbs 128 " +
+                     extra);
+}
+
+void expect_one_line_error(const Run& r, const std::vector<std::string>& parts) {
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(count_lines(r.output) == 1);
+  CHECK(r.output.rfind("hetplan: error: ", 0) == 0);
+  for (const auto& p : parts) CHECK(r.output.find(p) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("malformed hostfile", "[errors]") {
+  const auto dir = test::scratch_dir("err-hostfile");
+  write(dir / "hostfile", "0.0.0.1 slots=4\n0.0.0.4 slot=4\n");
+  expect_one_line_error(search(dir / "hostfile", test::synthetic_dir(10)),
+                        {(dir / "hostfile").string() + ":2:", "expected '<ip> slots=<N>'", "0.0.0.4 slot=4"});
+  write(dir / "hostfile2", "0.0.0.1 slots=x4\n");
+  expect_one_line_error(search(dir / "hostfile2", test::synthetic_dir(10)),
+                        {"hostfile2:1:", "expected a positive integer after 'slots='"});
+  write(dir / "hostfile3", "0.0.0.9 slots=4\n");
+  expect_one_line_error(search(dir / "hostfile3", test::synthetic_dir(10)),
+                        {"hostfile3:1:", "'0.0.0.9' is not in clusterfile"});
+}
+
+TEST_CASE("unknown device type", "[errors]") {
+  const auto dir = test::scratch_dir("err-type");
+  write(dir / "hostfile", "0.0.0.2 slots=4\n0.0.0.4 slots=4\n");  // 0.0.0.2 is a P100 in the clusterfile
+  expect_one_line_error(search(dir / "hostfile", test::synthetic_dir(10)),
+                        {"clusterfile.json", "key '0.0.0.2.instance_type'", "unknown device type 'P100'",
+                         "DeviceType.P100_tp<T>_bs<B>.json", "A100, V100"});
+}
+
+TEST_CASE("missing profile that the search needs", "[errors]") {
+  const auto dir = test::scratch_dir("err-missing");
+  fs::copy(test::synthetic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+  fs::remove(dir / "p" / "DeviceType.V100_tp4_bs2.json");
+  write(dir / "hostfile", "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.1 slots=4\n"
+                          "0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n");
+  expect_one_line_error(search(dir / "hostfile", (dir / "p").string()),
+                        {"DeviceType.V100_tp4_bs2.json: missing profile (device V100, tp 4, bs 2)"});
+  // The model-level file itself.
+  fs::remove(dir / "p" / "DeviceType.A100_tp1_bs1.json");
+  expect_one_line_error(search(dir / "hostfile", (dir / "p").string()),
+                        {"DeviceType.A100_tp1_bs1.json: missing", "first device type (A100)"});
+}
+
+TEST_CASE("non-JSON profile and missing keys", "[errors]") {
+  const auto dir = test::scratch_dir("err-json");
+  fs::copy(test::synthetic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+  write(dir / "p" / "DeviceType.A100_tp2_bs2.json", "{\"model\": [1, 2\n");
+  write(dir / "hostfile", "0.0.0.4 slots=4\n");
+  expect_one_line_error(search(dir / "hostfile", (dir / "p").string()),
+                        {"DeviceType.A100_tp2_bs2.json: not valid JSON at line 2"});
+  write(dir / "p" / "DeviceType.A100_tp2_bs2.json", "{\"execution_time\": {\"forward_backward_time_ms\": 1}}");
+  expect_one_line_error(search(dir / "hostfile", (dir / "p").string()),
+                        {"DeviceType.A100_tp2_bs2.json: missing key 'execution_time.layer_compute_total_ms'"});
+}
+
+TEST_CASE("a GPU count for which no plan exists", "[errors]") {
+  const auto dir = test::scratch_dir("err-noplan");
+  // 5 GPUs and 2 layers: no split into power-of-two groups of at most 2 stages.
+  const Run gen = run_hetplan("gen-profiles 2 4 --samples " + test::samples_dir() + " --out " + (dir / "p2").string());
+  REQUIRE(gen.exit_code == 0);
+  write(dir / "five", "0.0.0.1 slots=5\n");
+  expect_one_line_error(run_hetplan("search --hostfile_path " + (dir / "five").string() + " --clusterfile_path " +
+                                    test::sample_clusterfile() + " --profile_data_path " + (dir / "p2").string() +
+                                    " --num_layers 2 --gbs 8"),
+                        {"five: no plan exists for this cluster (5 GPUs)", "power-of-two device groups"});
+  // 1 V100 (16 GB): nothing fits in memory.
+  write(dir / "one", "0.0.0.1 slots=1\n");
+  expect_one_line_error(search(dir / "one", test::synthetic_dir(10)),
+                        {"no plan exists for this cluster (1 GPUs)", "fits in GPU memory"});
+}
+
+TEST_CASE("help and good runs exit 0", "[errors]") {
+  CHECK(run_hetplan("--help").exit_code == 0);
+  CHECK(run_hetplan("search --help").output.find("--use_strat") != std::string::npos);
+  CHECK(run_hetplan("nonsense").exit_code != 0);
+}
