@@ -25,6 +25,7 @@ struct SearchArgs {
   int top = 1;
   int threads = 0;
   bool progress = false, quiet = false;
+  bool reject_dropped_layers = false;
 };
 
 int run_search(const SearchArgs& a) {
@@ -50,6 +51,7 @@ int run_search(const SearchArgs& a) {
   o.use_strat = a.use_strat;
   o.top_k = a.top;
   o.threads = a.threads;
+  o.reject_dropped_layers = a.reject_dropped_layers;
   const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
   if (show_progress)
     o.progress = [](long long done, long long total) {
@@ -70,6 +72,12 @@ int run_search(const SearchArgs& a) {
     std::cerr << "hetplan: note: " << result.skipped << " candidate plan(s) not costed (the reference prints a "
               << "KeyError for each); first: " << result.first_skip_reason << "\n";
 
+  if (result.dropped_layers > 0)
+    std::cerr << "hetplan: note: " << result.dropped_layers << " candidate plan(s) had a layer partition that drops "
+              << "layers (Metis's layer balancer does this); "
+              << (a.reject_dropped_layers ? "they were not costed" : "they were costed as the reference does; "
+                                                                      "--reject-dropped-layers leaves them out")
+              << "\n";
   if (result.top.empty()) {
     std::string why;
     if (result.inter_stage_plans == 0)
@@ -156,6 +164,8 @@ Runner add_search_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   s->add_flag("--use_strat,--use-strat,!--no-use_strat,!--no-use-strat", a->use_strat,
               "Stratified pruning: steer the DFS by the first out-of-memory state (livingshade/Metis)");
+  s->add_flag("--reject-dropped-layers,--reject_dropped_layers", a->reject_dropped_layers,
+              "Do not cost plans whose layer partition drops layers (a reference bug, kept by default)");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
   s->add_option("--top", a->top, "Report the K cheapest plans")->capture_default_str()->check(CLI::PositiveNumber);
   s->add_option("--threads", a->threads, "Worker threads (default: all cores)");

@@ -29,6 +29,7 @@ ordered_json search_result_to_json(const SearchResult& r, double average_ms, int
   j["inter_stage_plans"] = r.inter_stage_plans;
   j["candidates"] = r.candidates;
   j["skipped"] = r.skipped;
+  j["dropped_layers"] = r.dropped_layers;
   return j;
 }
 

@@ -63,7 +63,7 @@ struct Worker {
   Worker(const ProfileSet& profiles, const IntraStageOptions& o, int k) : search(profiles, o), top(k) {}
   IntraStageSearch search;
   TopK top;
-  long long count = 0, candidates = 0, skipped = 0;
+  long long count = 0, candidates = 0, skipped = 0, dropped_layers = 0;
   long long first_skip_plan = -1;
   std::string first_skip_reason;
   long long first_error_plan = -1;
@@ -162,6 +162,10 @@ SearchResult MetisSearch::run() const {
           CostTerms terms;
           SkippedPlan skip;
           const int idx = candidate++;
+          if (c.partition->layer_partition.back() != opt_.model.num_layers) {
+            ++w.dropped_layers;
+            if (opt_.reject_dropped_layers) return;
+          }
           if (!cost_model.cost(plan, layout, c.strategies->data(), c.partition->layer_partition.data(), &terms,
                                &skip)) {
             ++w.skipped;
@@ -224,6 +228,7 @@ SearchResult MetisSearch::run() const {
     result.count += w.count;
     result.candidates += w.candidates;
     result.skipped += w.skipped;
+    result.dropped_layers += w.dropped_layers;
     for (Ranked& r : w.top.items()) top.insert(std::move(r));
   }
   if (err_plan >= 0) throw InputError(err);

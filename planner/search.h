@@ -28,6 +28,10 @@ struct SearchOptions {
   bool use_strat = false;
   int top_k = 1;
   int threads = 0;  // 0: TBB's default
+  // Off (the reference): a layer partition that drops layers (the layer
+  // balancer's majority vote can leave a layer to no stage) is costed on the
+  // layers it keeps. On: such candidates are not costed.
+  bool reject_dropped_layers = false;
   // Called about once a second with (inter-stage plans done, total), if set.
   std::function<void(long long, long long)> progress;
 };
@@ -37,6 +41,7 @@ struct SearchResult {
   long long inter_stage_plans = 0;
   long long candidates = 0;           // plans that fit memory (costed or skipped)
   long long skipped = 0;              // candidates the cost model could not cost
+  long long dropped_layers = 0;       // candidates whose partition misses layers
   std::string first_skip_reason;      // for the earliest skipped candidate
   std::vector<PlanResult> top;        // cheapest first
   double seconds = 0;

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs hetplan's build dependencies from Debian's packages, if missing.
+#   scripts/install_deps.sh            planner, simulator and tests
+#   scripts/install_deps.sh --torch    also CPU LibTorch 1.13 and the Gloo headers (profiler, executor)
+set -euo pipefail
+
+pkgs=(cmake ninja-build g++ libtbb-dev libboost-graph-dev nlohmann-json3-dev libcli11-dev catch2)
+if [[ "${1:-}" == "--torch" ]]; then pkgs+=(libtorch-dev libgloo-dev); fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all present (${pkgs[*]})"
+  exit 0
+fi
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
+echo "install_deps: installing ${missing[*]}"
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
