@@ -81,9 +81,8 @@ void IntraStageSearch::compute_share(const InterStagePlan& plan, const std::vect
       if (!p) throw missing(rank_types[begin], st.tp, bs);
       share[s] = 1.0 / p->total_layer_ms;
     } else {
-      int replica_types[1024], hetero_bs[1024];
-      const int group = groups[s] / st.dp;
-      for (int i = 0; i < st.dp; ++i) replica_types[i] = rank_types[begin + i * group];
+      int replica_types[kMaxReplicas], hetero_bs[kMaxReplicas];
+      replica_types_of(rank_types.data(), begin, groups[s], st.dp, replica_types);
       int missing_type = -1;
       if (!partition_data(prof, replica_types, st, plan.gbs / plan.batches, hetero_bs, &missing_type))
         throw missing(missing_type, st.tp, 1);

@@ -207,8 +207,13 @@ void LayerLoadBalancer::stage_memory_demand(const InterStagePlan& plan, const st
                                   profiles_->missing_message(type0, st.tp, bs, "a stage's memory demand"));
       d += p->memory(start_layer, end_layer) * kMemCoef;
     } else {
-      const std::vector<int> hetero_bs = partition_data(*profiles_, rank_types, st, plan.gbs / plan.batches);
-      for (int h : hetero_bs) {
+      int replica_types[kMaxReplicas], hetero_bs[kMaxReplicas];
+      replica_types_of(rank_types.data(), 0, static_cast<int>(rank_types.size()), st.dp, replica_types);
+      int missing = -1;
+      if (!partition_data(*profiles_, replica_types, st, plan.gbs / plan.batches, hetero_bs, &missing))
+        throw MissingProfileError(missing, st.tp, 1, profiles_->missing_message(missing, st.tp, 1, "the data load balancer"));
+      for (int i = 0; i < st.dp; ++i) {
+        const int h = hetero_bs[i];
         for (int bit = 30; bit >= 0; --bit) {
           const int slice = 1 << bit;
           if (!(h & slice)) continue;

@@ -1,16 +1,24 @@
 #include "sim/data_load_balancer.h"
 
+#include <stdexcept>
+
 #include "sim/input_error.h"
 
 namespace hetplan {
 
+void replica_types_of(const int* rank_types, int begin, int size, int dp, int* replica_types) {
+  if (dp > kMaxReplicas) throw std::length_error("data load balancer: more than 4096 data-parallel replicas");
+  const int group = size / dp;
+  for (int i = 0; i < dp; ++i) replica_types[i] = rank_types[begin + i * group];
+}
+
 bool partition_data(const ProfileSet& profiles, const int* replica_types, Strategy strategy, int bs, int* out,
                     int* missing_type) {
   const int dp = strategy.dp;
-  double share[1024];
-  int order[1024];
-  double remainder_ratio[1024];
-  if (dp > 1024) return false;
+  if (dp > kMaxReplicas) throw std::length_error("data load balancer: more than 4096 data-parallel replicas");
+  double share[kMaxReplicas];
+  int order[kMaxReplicas];
+  double remainder_ratio[kMaxReplicas];
   double total = 0.0;
   for (int i = 0; i < dp; ++i) {
     const LayerProfile* p = profiles.find(replica_types[i], strategy.tp, 1);
@@ -46,9 +54,8 @@ bool partition_data(const ProfileSet& profiles, const int* replica_types, Strate
 
 std::vector<int> partition_data(const ProfileSet& profiles, const std::vector<int>& rank_types, Strategy strategy,
                                 int bs) {
-  const int group = static_cast<int>(rank_types.size()) / strategy.dp;
   std::vector<int> replica_types(strategy.dp), out(strategy.dp);
-  for (int i = 0; i < strategy.dp; ++i) replica_types[i] = rank_types[i * group];
+  replica_types_of(rank_types.data(), 0, static_cast<int>(rank_types.size()), strategy.dp, replica_types.data());
   int missing = -1;
   if (!partition_data(profiles, replica_types.data(), strategy, bs, out.data(), &missing))
     throw InputError(profiles.missing_message(missing, strategy.tp, 1, "the data load balancer"));

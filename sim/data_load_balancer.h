@@ -13,6 +13,15 @@
 
 namespace hetplan {
 
+// Most data-parallel replicas a mixed stage may have (callers keep
+// per-replica arrays of this size on the stack).
+constexpr int kMaxReplicas = 4096;
+
+// The profile type of each data-parallel replica of the `size` ranks from
+// `begin`: replica i starts at rank begin + i * (size / dp). Throws
+// std::length_error beyond kMaxReplicas.
+void replica_types_of(const int* rank_types, int begin, int size, int dp, int* replica_types);
+
 // `replica_types[i]` is the profile type index of replica i's first rank.
 // Writes strategy.dp sample counts to `out`. Returns false, with `missing_type`
 // set, when a tp<tp>_bs1 profile is absent.

@@ -1,6 +1,7 @@
 #include "sim/metis_cost.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "sim/data_load_balancer.h"
 
@@ -73,7 +74,8 @@ bool MetisCostModel::cost(const InterStagePlan& plan, const RankLayout& layout, 
       if (!p) return skip(skipped, type, st.tp, mbs, "no profile for the stage's micro-batch");
       lens = p->time(start, end);
     } else {
-      int replica_types[1024], hetero_bs[1024];
+      int replica_types[kMaxReplicas], hetero_bs[kMaxReplicas];
+      if (st.dp > kMaxReplicas) throw std::length_error("cost model: more than 4096 data-parallel replicas");
       const int group = size / st.dp;
       for (int i = 0; i < st.dp; ++i) replica_types[i] = profile_type_[layout.type_of(begin + i * group)];
       int missing = -1;

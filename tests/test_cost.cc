@@ -25,6 +25,9 @@ using namespace hetplan;
 
 namespace {
 
+// Failure messages print doubles with enough digits to tell them apart.
+[[maybe_unused]] const bool kFullPrecision = (Catch::StringMaker<double>::precision = 17, true);
+
 // Per costed stage: the inputs of its dp and pp terms.
 struct StageTerms {
   int mbs;

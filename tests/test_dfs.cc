@@ -35,6 +35,9 @@ using namespace hetplan;
 
 namespace {
 
+// Failure messages print doubles with enough digits to tell them apart.
+[[maybe_unused]] const bool kFullPrecision = (Catch::StringMaker<double>::precision = 17, true);
+
 // What the reference's has_next/next pair yields; count is generator.count
 // after the has_next that returned True.
 struct Yield {
