@@ -100,21 +100,14 @@ int run_search(const SearchArgs& a) {
     std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i]) << "\n";
 
   if (!a.json_out.empty()) {
-    ordered_json j = search_result_to_json(result, average_ms, a.trials);
-    ordered_json model;
-    model["model_name"] = a.model.name;
-    model["model_size"] = a.model.size;
-    model["num_layers"] = a.model.num_layers;
-    model["hidden_size"] = a.model.hidden_size;
-    model["sequence_length"] = a.model.sequence_length;
-    model["vocab_size"] = a.model.vocab_size;
-    model["attention_heads"] = a.model.attention_heads;
-    j["model"] = model;
-    j["gbs"] = a.gbs;
+    PlanFile context;
+    context.model = a.model;
+    context.gbs = a.gbs;
+    context.hostfile = a.hostfile;
+    context.clusterfile = a.clusterfile;
+    context.profile_dir = a.profile_dir;
+    ordered_json j = search_result_to_json(result, average_ms, a.trials, context);
     j["use_strat"] = a.use_strat;
-    j["hostfile"] = a.hostfile;
-    j["clusterfile"] = a.clusterfile;
-    j["profile_dir"] = a.profile_dir;
     write_json_file(a.json_out, j);
   }
   return 0;

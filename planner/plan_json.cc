@@ -3,33 +3,29 @@
 
 namespace hetplan {
 
-ordered_json plan_to_json(const PlanResult& p) {
-  ordered_json j;
-  j["cost"] = p.cost;
-  j["node_sequence"] = p.node_sequence;
-  j["device_groups"] = p.device_groups;
-  ordered_json st = ordered_json::array();
-  for (const Strategy& s : p.strategies) st.push_back({s.dp, s.tp});
-  j["strategies"] = st;
-  j["batches"] = p.batches;
-  j["layer_partition"] = p.layer_partition;
-  j["num_repartition"] = p.num_repartition;
-  return j;
-}
-
-ordered_json search_result_to_json(const SearchResult& r, double average_ms, int trials) {
+ordered_json search_result_to_json(const SearchResult& r, double average_ms, int trials, const PlanFile& context) {
+  auto entry = [&](const PlanResult& p) {
+    PlanFile f = context;
+    f.plan = p;
+    return plan_file_to_json(f);
+  };
   ordered_json j;
   j["count"] = r.count;
   j["average_ms"] = average_ms;
   j["trials"] = trials;
-  j["best"] = r.top.empty() ? ordered_json(nullptr) : plan_to_json(r.top.front());
+  j["best"] = r.top.empty() ? ordered_json(nullptr) : entry(r.top.front());
   ordered_json top = ordered_json::array();
-  for (const auto& p : r.top) top.push_back(plan_to_json(p));
+  for (const auto& p : r.top) top.push_back(entry(p));
   j["top"] = top;
   j["inter_stage_plans"] = r.inter_stage_plans;
   j["candidates"] = r.candidates;
   j["skipped"] = r.skipped;
   j["dropped_layers"] = r.dropped_layers;
+  j["model"] = model_to_json(context.model);
+  j["gbs"] = context.gbs;
+  j["hostfile"] = context.hostfile;
+  j["clusterfile"] = context.clusterfile;
+  j["profile_dir"] = context.profile_dir;
   return j;
 }
 

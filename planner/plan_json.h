@@ -6,11 +6,14 @@
 
 #include "planner/search.h"
 #include "sim/json_util.h"
+#include "sim/plan_file.h"
 
 namespace hetplan {
 
-ordered_json plan_to_json(const PlanResult& plan);
-ordered_json search_result_to_json(const SearchResult& result, double average_ms, int trials);
+// The `--json` document. Each plan entry carries `context`'s model, gbs and
+// paths, so that any entry is a plan file (sim/plan_file.h) on its own.
+ordered_json search_result_to_json(const SearchResult& result, double average_ms, int trials,
+                                   const PlanFile& context);
 
 // "1, <cost>, (A100, V100), [32], [(1, 32)], 1, [0, 10]" as the reference prints it.
 std::string reference_plan_line(int rank, const PlanResult& plan);

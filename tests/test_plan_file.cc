@@ -1,0 +1,68 @@
+// Plan files: every entry of `search --json` is a plan that simulate and
+// replay read back unchanged; inconsistent plans are refused with the key.
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "planner/plan_json.h"
+#include "planner/search.h"
+#include "sim/input_error.h"
+#include "tests/fixtures.h"
+
+using namespace hetplan;
+
+TEST_CASE("search --json entries round-trip as plan files", "[plan_file]") {
+  SearchOptions o;
+  o.model.num_layers = 10;
+  o.gbs = 128;
+  o.max_profiled_tp = 128;
+  o.max_profiled_bs = 128;
+  o.max_permute_len = 128;
+  o.top_k = 3;
+  const SearchResult r = MetisSearch(test::table1_cluster(16), test::synthetic_profiles(10), o).run();
+  PlanFile context;
+  context.model = o.model;
+  context.gbs = 128;
+  context.clusterfile = "c.json";
+  const ordered_json j = search_result_to_json(r, 1.0, 1, context);
+  REQUIRE(j["top"].size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const PlanFile f = plan_file_from_json(j["top"][i], "top");
+    CHECK(f.plan.cost == r.top[i].cost);
+    CHECK(f.plan.device_groups == r.top[i].device_groups);
+    CHECK(f.plan.strategies == r.top[i].strategies);
+    CHECK(f.plan.layer_partition == r.top[i].layer_partition);
+    CHECK(f.plan.node_sequence == r.top[i].node_sequence);
+    CHECK(f.gbs == 128);
+    CHECK(f.model.num_layers == 10);
+    CHECK(f.clusterfile == "c.json");
+  }
+  // The whole document reads as its best plan.
+  CHECK(plan_file_from_json(j, "doc").plan.cost == r.top[0].cost);
+}
+
+TEST_CASE("inconsistent plan files are refused", "[plan_file][errors]") {
+  ordered_json p = {{"node_sequence", {"A100"}}, {"device_groups", {4, 4}}, {"strategies", {{2, 2}, {4, 1}}},
+                    {"batches", 4}, {"layer_partition", {0, 5, 10}}, {"gbs", 32},
+                    {"model", {{"num_layers", 10}, {"hidden_size", 64}, {"sequence_length", 16}, {"vocab_size", 100}}}};
+  CHECK_NOTHROW(plan_file_from_json(p, "plan.json"));
+  auto bad = [&](ordered_json q, const std::string& what) {
+    try {
+      plan_file_from_json(q, "plan.json");
+      FAIL("accepted: " << q.dump());
+    } catch (const InputError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("plan.json") && Catch::Contains(what));
+    }
+  };
+  ordered_json q = p;
+  q["strategies"][1] = {2, 1};
+  bad(q, "dp * tp = group size");
+  q = p;
+  q["layer_partition"] = {0, 10};
+  bad(q, "expected stages + 1");
+  q = p;
+  q["batches"] = 3;
+  bad(q, "'batches' >= 1 dividing 'gbs'");
+  q = p;
+  q.erase("model");
+  bad(q, "missing key 'model'");
+}
