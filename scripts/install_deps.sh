@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs hetplan's build dependencies from Debian's packages, if missing.
-#   scripts/install_deps.sh            planner, simulator and tests
-#   scripts/install_deps.sh --torch    also CPU LibTorch 1.13 and the Gloo headers (profiler, executor)
+# Installs hetplan's build dependencies from Debian's packages, if missing:
+# the toolchain, TBB, Boost.Graph, nlohmann-json, CLI11, Catch2, and CPU
+# LibTorch 1.13 with the Gloo headers (profiler). --no-torch skips LibTorch
+# (the planner and simulator build without it).
 set -euo pipefail
 
 pkgs=(cmake ninja-build g++ libtbb-dev libboost-graph-dev nlohmann-json3-dev libcli11-dev catch2)
-if [[ "${1:-}" == "--torch" ]]; then pkgs+=(libtorch-dev libgloo-dev); fi
+if [[ "${1:-}" != "--no-torch" ]]; then pkgs+=(libtorch-dev libgloo-dev); fi
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,249 @@
+// `hetplan profile`: measure per-layer time and memory of a GPT with LibTorch
+// and write Metis-format profiles that `hetplan search` reads.
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "profiler/device_meter.h"
+#include "profiler/distributed.h"
+#include "profiler/layer_profiler.h"
+#include "sim/input_error.h"
+#include "sim/json_util.h"
+
+namespace hetplan::cli {
+
+namespace fs = std::filesystem;
+using namespace hetplan::profiler;
+
+namespace {
+
+struct ProfileArgs {
+  int64_t hidden = 4096, layers = 10, seq = 1024, vocab = 51200, heads = 32;
+  std::string tp = "1", bs = "1,2,4", device_type, dtype = "bf16", device = "auto", out;
+  int warmup = 3, iters = 10, timeout_s = 600;
+  int64_t cpu_memory_limit_mb = 0;
+  uint64_t seed = 1234;
+  std::vector<std::string> argv;  // as given, to start ranks with
+};
+
+std::vector<int> parse_ints(const std::string& s, const std::string& flag) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const int v = std::stoi(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw InputError(flag + ": expected a comma-separated list of positive integers, got '" + s + "'");
+    }
+  }
+  if (out.empty()) throw InputError(flag + ": expected at least one value");
+  return out;
+}
+
+torch::Dtype parse_dtype(const std::string& s) {
+  if (s == "bf16") return torch::kBFloat16;
+  if (s == "fp16") return torch::kFloat16;
+  if (s == "fp32") return torch::kFloat32;
+  throw InputError("--dtype: expected bf16, fp16 or fp32, got '" + s + "'");
+}
+
+// "NVIDIA H200" -> "H200"; the CPU -> "CPU".
+std::string default_device_type(torch::Device d) {
+  std::string name = device_description(d);
+  if (!d.is_cuda()) return "CPU";
+  for (const char* known : {"H200", "H100", "A100", "V100", "L40S", "A10G", "T4"})
+    if (name.find(known) != std::string::npos) return known;
+  std::string out;
+  for (char c : name)
+    if (std::isalnum(static_cast<unsigned char>(c))) out += c;
+  return out.empty() ? "GPU" : out;
+}
+
+std::string status_path(const std::string& out, int tp) {
+  return (fs::path(out) / (".hetplan-profile-tp" + std::to_string(tp) + ".jsonl")).string();
+}
+
+ordered_json outcome_json(int tp, const BatchOutcome& o) {
+  return {{"tp", tp},        {"bs", o.bs},         {"ok", o.ok},
+          {"error", o.error}, {"path", o.path},     {"block_ms", o.block_ms},
+          {"block_tflops", o.block_tflops}, {"block_spread", o.block_spread}};
+}
+
+void print_outcome(int tp, const BatchOutcome& o) {
+  std::cout << "tp " << tp << " bs " << std::setw(4) << o.bs << ": ";
+  if (!o.ok) {
+    std::cout << "skipped (" << o.error << ")\n";
+  } else {
+    std::cout << "block " << std::fixed << std::setprecision(3) << o.block_ms << " ms, " << std::setprecision(1)
+              << o.block_tflops << " TFLOP/s, spread " << std::setprecision(1) << 100 * o.block_spread << "%"
+              << (o.path.empty() ? "" : "  -> " + o.path) << "\n";
+  }
+  std::cout.unsetf(std::ios::fixed);
+  std::cout << std::flush;
+}
+
+ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
+  ProfileRequest r;
+  r.model.hidden_size = a.hidden;
+  r.model.num_layers = a.layers;
+  r.model.seq_len = a.seq;
+  r.model.vocab_size = a.vocab;
+  r.model.num_heads = a.heads;
+  r.model.seed = a.seed;
+  r.batch_sizes = parse_ints(a.bs, "--bs");
+  r.warmup = a.warmup;
+  r.iters = a.iters;
+  r.device = device;
+  r.dtype = parse_dtype(a.dtype);
+  r.dtype_name = a.dtype;
+  r.device_type = a.device_type.empty() ? default_device_type(device) : a.device_type;
+  r.out_dir = a.out;
+  return r;
+}
+
+torch::Device pick_device(const std::string& d, int local_rank) {
+  if (d == "cpu") return torch::Device(torch::kCPU);
+  if (d == "cuda" || (d == "auto" && torch::cuda::is_available())) {
+    if (!torch::cuda::is_available()) throw InputError("--device cuda: no CUDA device is visible");
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  }
+  if (d != "auto") throw InputError("--device: expected auto, cpu or cuda, got '" + d + "'");
+  return torch::Device(torch::kCPU);
+}
+
+// One rank of a tp group started by us or by torchrun.
+int run_worker(const ProfileArgs& a, const DistEnv& env) {
+  const torch::Device device = pick_device(a.device, env.local_rank);
+  const ProfileRequest req = make_request(a, device);
+  auto collectives = make_collectives(env, device, std::chrono::seconds(a.timeout_s));
+  const TensorParallelGroup group(env.rank, env.world_size, collectives);
+  const std::string status = status_path(a.out, env.world_size);
+  profile_batch_sizes(req, group, [&](const BatchOutcome& o) {
+    if (env.rank == 0 || !o.ok) {
+      std::ofstream(status, std::ios::app) << outcome_json(env.world_size, o).dump() << "\n";
+    }
+    // After an out-of-memory error the ranks may be in different collectives:
+    // leave, and let the launcher stop the group.
+    if (!o.ok) std::_Exit(42);
+  });
+  return 0;
+}
+
+int run_profile(ProfileArgs a) {
+  if (a.out.empty()) throw InputError("--out: required (the folder for the profile files)");
+  if (a.cpu_memory_limit_mb > 0 && !DeviceMeter::set_cpu_memory_limit(a.cpu_memory_limit_mb * 1024 * 1024))
+    throw InputError("--cpu-memory-limit-mb: not supported with this LibTorch version");
+  fs::create_directories(a.out);
+  if (const auto env = DistEnv::from_env()) return run_worker(a, *env);
+
+  const std::vector<int> tps = parse_ints(a.tp, "--tp");
+  const torch::Device device = pick_device(a.device, 0);
+  const ProfileRequest probe = make_request(a, device);  // validates the flags
+  const int gpus = device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  for (int tp : tps) {
+    if (device.is_cuda() && tp > gpus)
+      throw InputError("--tp " + std::to_string(tp) + ": needs " + std::to_string(tp) + " GPUs, but " +
+                       std::to_string(gpus) + " are visible");
+    if (a.heads % tp != 0 || a.vocab % tp != 0)
+      throw InputError("--tp " + std::to_string(tp) + ": --heads (" + std::to_string(a.heads) + ") and --vocab-size (" +
+                       std::to_string(a.vocab) + ") must divide by it");
+  }
+  std::cout << "profiling GPT h=" << a.hidden << " layers=" << a.layers << " seq=" << a.seq << " vocab=" << a.vocab
+            << " heads=" << a.heads << " " << a.dtype << " on " << device_description(device) << " as "
+            << probe.device_type << "\n";
+
+  ordered_json summary = ordered_json::array();
+  for (int tp : tps) {
+    if (tp == 1) {
+      const auto outcomes =
+          profile_batch_sizes(probe, TensorParallelGroup(), [&](const BatchOutcome& o) { print_outcome(1, o); });
+      for (const auto& o : outcomes) summary.push_back(outcome_json(1, o));
+      continue;
+    }
+    const std::string status = status_path(a.out, tp);
+    fs::remove(status);
+    const LaunchResult r = launch_local_ranks(a.argv, tp, free_local_port(), std::chrono::seconds(20),
+                                              std::chrono::seconds(a.timeout_s * 4));
+    std::set<int> seen;
+    std::ifstream in(status);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      ordered_json j = ordered_json::parse(line);
+      BatchOutcome o;
+      o.bs = j["bs"];
+      if (!seen.insert(o.bs).second) continue;
+      o.ok = j["ok"];
+      o.error = j["error"];
+      o.path = j["path"];
+      o.block_ms = j["block_ms"];
+      o.block_tflops = j["block_tflops"];
+      o.block_spread = j["block_spread"];
+      print_outcome(tp, o);
+      summary.push_back(outcome_json(tp, o));
+    }
+    fs::remove(status);
+    for (int bs : probe.batch_sizes) {
+      if (seen.count(bs)) continue;
+      BatchOutcome o;
+      o.bs = bs;
+      o.error = r.ok() ? "not run" : "not run: the tp group stopped at a smaller batch size";
+      print_outcome(tp, o);
+      summary.push_back(outcome_json(tp, o));
+    }
+    bool oom = false;
+    for (const auto& s : summary)
+      if (s["tp"] == tp && !s["ok"].get<bool>() && s["error"].get<std::string>().rfind("out of memory", 0) == 0)
+        oom = true;
+    if (!r.ok() && !oom) {
+      std::string codes;
+      for (int c : r.exit_codes) codes += (codes.empty() ? "" : ",") + std::to_string(c);
+      throw InputError("profile: the tp=" + std::to_string(tp) + " ranks failed (exit codes " + codes + ")");
+    }
+  }
+  write_json_file((fs::path(a.out) / "profile_run.json").string(), summary);
+  std::cout << "wrote " << (fs::path(a.out) / "profile_run.json").string() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Runner add_profile_command(CLI::App& app, int argc, char** argv) {
+  auto a = std::make_shared<ProfileArgs>();
+  for (int i = 1; i < argc; ++i) a->argv.push_back(argv[i]);
+  CLI::App* s = app.add_subcommand(
+      "profile",
+      "Measure per-layer forward+backward time and memory of a GPT (embedding, blocks, head, as Metis counts\n"
+      "layers) with LibTorch, for each tp and micro-batch size, and write DeviceType.<TYPE>_tp<T>_bs<B>.json\n"
+      "files for `hetplan search`. tp > 1 starts one process per rank (NCCL on GPUs, Gloo on the CPU); under\n"
+      "torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) each process is one rank of tp = WORLD_SIZE.");
+  s->add_option("--hidden-size", a->hidden, "Hidden size")->capture_default_str();
+  s->add_option("--num-layers", a->layers, "Metis layers: embedding + transformer blocks + head")->capture_default_str();
+  s->add_option("--seq-len", a->seq, "Sequence length")->capture_default_str();
+  s->add_option("--vocab-size", a->vocab, "Vocabulary size")->capture_default_str();
+  s->add_option("--heads", a->heads, "Attention heads")->capture_default_str();
+  s->add_option("--tp", a->tp, "Tensor-parallel degrees, e.g. 1,2,4")->capture_default_str();
+  s->add_option("--bs", a->bs, "Micro-batch sizes, e.g. 1,2,4,8")->capture_default_str();
+  s->add_option("--device-type", a->device_type, "Device type name in the file names (default: from the GPU name)");
+  s->add_option("--dtype", a->dtype, "bf16, fp16 or fp32")->capture_default_str();
+  s->add_option("--device", a->device, "auto, cuda or cpu")->capture_default_str();
+  s->add_option("--warmup", a->warmup, "Unmeasured iterations first")->capture_default_str();
+  s->add_option("--iters", a->iters, "Measured iterations (the median is reported)")->capture_default_str();
+  s->add_option("--out,-o", a->out, "Output folder")->required();
+  s->add_option("--timeout-s", a->timeout_s, "Bound on each collective, in seconds")->capture_default_str();
+  s->add_option("--cpu-memory-limit-mb", a->cpu_memory_limit_mb,
+                "CPU runs: treat allocations past this many MB as out of memory (emulates a device's capacity)");
+  s->add_option("--seed", a->seed, "Weight initialisation seed")->capture_default_str();
+  return [a] { return run_profile(*a); };
+}
+
+}  // namespace hetplan::cli

@@ -1,0 +1,52 @@
+// DeviceMeter: wall time and memory of work on one device, measured the way
+// the device allows. On CUDA, time comes from CUDA events on the current
+// stream and memory from the caching allocator's peak statistics. On the CPU,
+// time is the steady clock, and memory comes from a counting allocator that
+// wraps LibTorch's CPU allocator (LibTorch < 2.3) and can also enforce a
+// memory limit, so that a CPU run can emulate a device's capacity.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hetplan::profiler {
+
+class DeviceMeter {
+ public:
+  explicit DeviceMeter(torch::Device device);
+  ~DeviceMeter();
+
+  // Timing: mark() records a point in the device's work; after sync(),
+  // elapsed_ms(a, b) is the time between two marks.
+  int mark();
+  void sync();
+  double elapsed_ms(int a, int b) const;
+  void clear_marks();
+
+  // Memory: bytes live now, and the highest since reset_peak().
+  bool has_memory_stats() const;
+  int64_t allocated() const;
+  int64_t peak() const;
+  void reset_peak();
+  void release_cached();  // return cached blocks after an out-of-memory
+
+  // CPU only: refuse allocations past `bytes` (0: no limit).
+  static bool set_cpu_memory_limit(int64_t bytes);
+
+ private:
+  torch::Device device_;
+  struct Impl;
+  Impl* impl_;
+};
+
+// True for the errors LibTorch raises when memory runs out.
+bool is_out_of_memory(const std::exception& e);
+
+// "H200", "NVIDIA H200", ... for the device, for the profile's record.
+std::string device_description(torch::Device device);
+
+}  // namespace hetplan::profiler

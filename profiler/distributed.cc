@@ -1,0 +1,179 @@
+#include "profiler/distributed.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#if defined(HETPLAN_TORCH_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace hetplan::profiler {
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+template <typename PG>
+class C10dCollectives : public TensorParallelGroup::Collectives {
+ public:
+  explicit C10dCollectives(c10::intrusive_ptr<PG> pg) : pg_(std::move(pg)) {}
+  void all_reduce(torch::Tensor& t) override {
+    std::vector<torch::Tensor> v{t};
+    pg_->allreduce(v)->wait();
+  }
+  void all_gather(std::vector<torch::Tensor>& out, torch::Tensor& in) override {
+    std::vector<std::vector<torch::Tensor>> o{out};
+    std::vector<torch::Tensor> i{in};
+    pg_->allgather(o, i)->wait();
+  }
+
+ private:
+  c10::intrusive_ptr<PG> pg_;
+};
+
+c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                     std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+
+}  // namespace
+
+std::optional<DistEnv> DistEnv::from_env() {
+  if (!std::getenv("RANK") || !std::getenv("WORLD_SIZE")) return std::nullopt;
+  DistEnv e;
+  e.rank = env_int("RANK", 0);
+  e.world_size = env_int("WORLD_SIZE", 1);
+  e.local_rank = env_int("LOCAL_RANK", e.rank);
+  if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
+  e.master_port = env_int("MASTER_PORT", 29500);
+  return e;
+}
+
+std::shared_ptr<TensorParallelGroup::Collectives> make_collectives(const DistEnv& env, torch::Device device,
+                                                                   std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(env.master_port);
+  so.isServer = env.rank == 0;
+  so.numWorkers = env.world_size;
+  so.timeout = timeout;
+  auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+#if defined(HETPLAN_TORCH_CUDA)
+  if (device.is_cuda()) {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, opts);
+    return std::make_shared<C10dCollectives<c10d::ProcessGroupNCCL>>(pg);
+  }
+#endif
+  if (!device.is_cpu()) throw std::runtime_error("tensor parallelism on this device needs a CUDA build of LibTorch");
+  return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(make_gloo(store, env.rank, env.world_size, timeout));
+}
+
+std::shared_ptr<TensorParallelGroup::Collectives> make_thread_gloo_collectives(const std::string& store_id, int rank,
+                                                                               int size) {
+  static std::mutex mu;
+  static std::map<std::string, c10::intrusive_ptr<c10d::Store>> stores;
+  c10::intrusive_ptr<c10d::Store> store;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& s = stores[store_id];
+    if (!s) s = c10::make_intrusive<c10d::HashStore>();
+    store = s;
+  }
+  return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(
+      make_gloo(store, rank, size, std::chrono::milliseconds(60000)));
+}
+
+int free_local_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = 29500;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+bool LaunchResult::ok() const {
+  for (int c : exit_codes)
+    if (c != 0) return false;
+  return true;
+}
+
+LaunchResult launch_local_ranks(const std::vector<std::string>& args, int world, int port, std::chrono::seconds grace,
+                                std::chrono::seconds timeout) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("launch: fork failed");
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<char*> argv;
+      static std::string self = "hetplan";
+      argv.push_back(self.data());
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv("/proc/self/exe", argv.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  LaunchResult result;
+  result.exit_codes.assign(world, -1);
+  int running = world;
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> failed_at;
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < world; ++r) {
+        if (pids[r] != pid) continue;
+        result.exit_codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        --running;
+        if (result.exit_codes[r] != 0 && !failed_at) failed_at = std::chrono::steady_clock::now();
+      }
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    const bool grace_over = failed_at && now - *failed_at > grace;
+    const bool timed_out = timeout.count() > 0 && now - start > timeout;
+    if (grace_over || timed_out) {
+      for (int r = 0; r < world; ++r)
+        if (result.exit_codes[r] == -1) kill(pids[r], SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return result;
+}
+
+}  // namespace hetplan::profiler

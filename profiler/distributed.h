@@ -1,0 +1,53 @@
+// Process groups and local launching, with c10d only (no home-made transport).
+//
+// A worker learns its place from the torchrun environment (RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and meets the others through a c10d
+// TCPStore served by rank 0. Collectives run on NCCL for CUDA tensors and on
+// Gloo for CPU tensors. On one host, launch_local_ranks() starts the ranks
+// itself: copies of this executable with that environment set. If one rank
+// fails, the others are stopped after a grace period, so nothing hangs.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "profiler/tensor_parallel.h"
+
+namespace hetplan::profiler {
+
+struct DistEnv {
+  int rank = 0, world_size = 1, local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // From the torchrun variables; nullopt when RANK or WORLD_SIZE is unset.
+  static std::optional<DistEnv> from_env();
+};
+
+// Collectives for a group of all world_size ranks: Gloo if `device` is the
+// CPU, NCCL if it is CUDA. `timeout` bounds every collective.
+std::shared_ptr<TensorParallelGroup::Collectives> make_collectives(const DistEnv& env, torch::Device device,
+                                                                   std::chrono::milliseconds timeout);
+
+// Gloo collectives over an in-process store, for ranks that are threads of
+// one process (tests). All `size` threads must call it with the same store id.
+std::shared_ptr<TensorParallelGroup::Collectives> make_thread_gloo_collectives(const std::string& store_id, int rank,
+                                                                               int size);
+
+// A TCP port that was free a moment ago on 127.0.0.1.
+int free_local_port();
+
+struct LaunchResult {
+  std::vector<int> exit_codes;  // per rank; 128 + signal if killed
+  bool ok() const;
+};
+
+// Runs `args` (argv after the program name) as `world` local ranks of this
+// executable. When a rank exits non-zero, the others get `grace` to finish
+// and are then killed. `timeout` (0: none) bounds the whole run.
+LaunchResult launch_local_ranks(const std::vector<std::string>& args, int world, int port,
+                                std::chrono::seconds grace, std::chrono::seconds timeout);
+
+}  // namespace hetplan::profiler

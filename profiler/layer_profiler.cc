@@ -1,0 +1,266 @@
+#include "profiler/layer_profiler.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "profiler/device_meter.h"
+#include "sim/json_util.h"
+
+namespace hetplan::profiler {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double spread(const std::vector<double>& v) {
+  const double m = median(v);
+  if (m <= 0) return 0;
+  return (*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end())) / m;
+}
+
+int64_t tensor_bytes(const std::vector<torch::Tensor>& ts) {
+  int64_t b = 0;
+  for (const auto& t : ts) b += t.numel() * static_cast<int64_t>(t.element_size());
+  return b;
+}
+
+void drop_grads(const std::vector<torch::Tensor>& params) {
+  for (auto p : params) p.mutable_grad() = torch::Tensor();
+}
+
+struct Measurement {
+  std::vector<std::vector<double>> layer_ms;  // [layer][iteration]
+  std::vector<double> fb_ms, optimizer_ms, batch_ms;
+  std::vector<double> layer_mb;
+};
+
+// One measured configuration: all layers, `iters` times after `warmup`.
+Measurement measure(GPT& model, const ProfileRequest& req, int bs, DeviceMeter& meter) {
+  const GPTConfig& c = model.config();
+  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(req.device);
+  auto& layers = model.layers();
+  const std::size_t L = layers.size();
+  std::vector<torch::Tensor> params = model.parameters();
+  torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-4));
+  Measurement m;
+  m.layer_ms.assign(L, {});
+
+  for (int it = 0; it < req.warmup + req.iters; ++it) {
+    const bool record = it >= req.warmup;
+    meter.clear_marks();
+    const int b0 = meter.mark();
+    const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
+    const torch::Tensor targets = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
+    const int b1 = meter.mark();
+    model.head().set_targets(targets);
+
+    // Layer by layer, inputs detached at the boundaries.
+    std::vector<torch::Tensor> inputs(L), outputs(L);
+    std::vector<int> fwd_start(L), fwd_end(L), bwd_start(L), bwd_end(L);
+    for (std::size_t i = 0; i < L; ++i) {
+      inputs[i] = i == 0 ? ids : outputs[i - 1].detach().requires_grad_(true);
+      fwd_start[i] = meter.mark();
+      outputs[i] = layers[i]->forward(inputs[i]);
+      fwd_end[i] = meter.mark();
+    }
+    torch::Tensor upstream;
+    for (std::size_t k = L; k-- > 0;) {
+      bwd_start[k] = meter.mark();
+      if (k == L - 1) {
+        outputs[k].backward();
+      } else {
+        outputs[k].backward(upstream);
+      }
+      bwd_end[k] = meter.mark();
+      if (k > 0) upstream = inputs[k].grad();
+    }
+    inputs.clear();
+    outputs.clear();
+    upstream = torch::Tensor();
+
+    // The whole model, and the optimizer step.
+    adam.zero_grad();
+    const int f0 = meter.mark();
+    model.loss(ids, targets).backward();
+    const int f1 = meter.mark();
+    adam.step();
+    const int f2 = meter.mark();
+    adam.zero_grad();
+    meter.sync();
+    if (!record) continue;
+    for (std::size_t i = 0; i < L; ++i)
+      m.layer_ms[i].push_back(meter.elapsed_ms(fwd_start[i], fwd_end[i]) + meter.elapsed_ms(bwd_start[i], bwd_end[i]));
+    m.batch_ms.push_back(meter.elapsed_ms(b0, b1));
+    m.fb_ms.push_back(meter.elapsed_ms(f0, f1));
+    m.optimizer_ms.push_back(meter.elapsed_ms(f1, f2));
+  }
+
+  // Memory, one layer at a time: what its forward and backward add on top of
+  // what is live, plus its weights, gradients and Adam state.
+  const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
+  model.head().set_targets(torch::randint(c.vocab_size, {bs, c.seq_len}, opts));
+  torch::Tensor x = ids;
+  for (std::size_t i = 0; i < L; ++i) {
+    torch::Tensor in = x;
+    {
+      drop_grads(params);
+      if (i > 0) in = x.detach().requires_grad_(true);
+      meter.sync();
+      const int64_t base = meter.allocated();
+      meter.reset_peak();
+      torch::Tensor out = layers[i]->forward(in);
+      if (i + 1 == L) {
+        out.backward();
+      } else {
+        out.backward(torch::ones_like(out));
+      }
+      meter.sync();
+      const int64_t activations = meter.peak() - base;
+      const std::vector<torch::Tensor> lp = layers[i]->parameters();
+      int64_t numel = 0;
+      for (const auto& p : lp) numel += p.numel();
+      const int64_t weights = tensor_bytes(lp);
+      // Mixed-precision Adam keeps an fp32 master copy (when the weights are
+      // not fp32) and fp32 first and second moments.
+      const int64_t adam_state = numel * 4 * (req.dtype == torch::kFloat32 ? 2 : 3);
+      // Gradients were allocated during the backward, so the peak holds them.
+      m.layer_mb.push_back(static_cast<double>(weights + adam_state + activations) / (1024.0 * 1024.0));
+      x = out.detach();
+    }
+  }
+  drop_grads(params);
+  return m;
+}
+
+ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& g, int bs, const Measurement& m,
+                          const DeviceMeter& meter) {
+  const GPTConfig& c = req.model;
+  const std::size_t L = m.layer_ms.size();
+  ordered_json j;
+  ordered_json model;
+  model["model_name"] = "GPT";
+  model["num_layers"] = c.num_layers;
+  model["hidden_size"] = c.hidden_size;
+  model["num_heads"] = c.num_heads;
+  model["sequence_length"] = c.seq_len;
+  model["vocab_size"] = c.vocab_size;
+  ordered_json per_layer = ordered_json::array();
+  int64_t total = 0;
+  const int64_t elem = torch::elementSize(req.dtype);
+  for (int64_t n : gpt_parameters_per_layer(c)) {
+    per_layer.push_back(n * elem);
+    total += n * elem;
+  }
+  model["parameters"] = {{"total_parameters_bytes", total}, {"parameters_per_layer_bytes", per_layer}};
+  j["model"] = model;
+
+  ordered_json et;
+  std::vector<double> layer_median;
+  ordered_json layer_ms = ordered_json::array(), layer_spread = ordered_json::array();
+  for (std::size_t i = 0; i < L; ++i) {
+    layer_median.push_back(median(m.layer_ms[i]));
+    layer_ms.push_back(layer_median.back());
+    layer_spread.push_back(spread(m.layer_ms[i]));
+  }
+  const double fb = median(m.fb_ms), opt = median(m.optimizer_ms), batch = median(m.batch_ms);
+  et["total_time_ms"] = fb + opt + batch;
+  et["forward_backward_time_ms"] = fb;
+  et["batch_generator_time_ms"] = batch;
+  // No sequence parallelism and untied embeddings: neither all-reduce occurs.
+  et["layernorm_grads_all_reduce_time_ms"] = 0.0;
+  et["embedding_grads_all_reduce_time_ms"] = 0.0;
+  et["optimizer_time_ms"] = opt;
+  et["layer_compute_total_ms"] = layer_ms;
+  et["layer_compute_spread"] = layer_spread;
+  et["forward_backward_spread"] = spread(m.fb_ms);
+  j["execution_time"] = et;
+
+  ordered_json mem;
+  ordered_json layer_mb = ordered_json::array();
+  double total_mb = 0;
+  for (double v : m.layer_mb) {
+    const double mb = std::round(v * 1000.0) / 1000.0;  // MB, to the KB
+    layer_mb.push_back(mb);
+    total_mb += mb;
+  }
+  mem["total_memory"] = total_mb;
+  mem["layer_memory_total_mb"] = layer_mb;
+  mem["source"] = meter.has_memory_stats() ? "allocator peak statistics" : "not measured";
+  j["execution_memory"] = mem;
+
+  ordered_json prof;
+  prof["tool"] = "hetplan profile";
+  prof["device"] = device_description(req.device);
+  prof["device_type"] = req.device_type;
+  prof["dtype"] = req.dtype_name;
+  prof["tp"] = g.size();
+  prof["micro_batch_size"] = bs;
+  prof["warmup"] = req.warmup;
+  prof["iters"] = req.iters;
+  prof["statistic"] = "median; spread = (max - min) / median";
+  prof["timer"] = req.device.is_cuda() ? "CUDA events" : "steady clock";
+  prof["libtorch"] = TORCH_VERSION;
+  if (L > 2) {
+    const double ms = layer_median[1];
+    prof["block_tflops"] = block_flops(c, bs, g.size()) / (ms * 1e-3) / 1e12;
+  }
+  j["profiler"] = prof;
+  return j;
+}
+
+}  // namespace
+
+double block_flops(const GPTConfig& c, int bs, int tp) {
+  const double b = bs, s = c.seq_len, h = c.hidden_size;
+  return 3.0 * (24.0 * b * s * h * h + 4.0 * b * s * s * h) / tp;
+}
+
+std::vector<BatchOutcome> profile_batch_sizes(const ProfileRequest& req, const TensorParallelGroup& group,
+                                              const std::function<void(const BatchOutcome&)>& on_outcome) {
+  GPT model(req.model, group);
+  model.to(req.device, req.dtype);
+  DeviceMeter meter(req.device);
+  std::vector<BatchOutcome> outcomes;
+  for (int bs : req.batch_sizes) {
+    BatchOutcome o;
+    o.bs = bs;
+    try {
+      const Measurement m = measure(model, req, bs, meter);
+      const ordered_json j = profile_json(req, group, bs, m, meter);
+      o.ok = true;
+      o.block_ms = j["execution_time"]["layer_compute_total_ms"].size() > 2
+                       ? j["execution_time"]["layer_compute_total_ms"][1].get<double>()
+                       : 0.0;
+      o.block_spread = j["execution_time"]["layer_compute_spread"].size() > 2
+                           ? j["execution_time"]["layer_compute_spread"][1].get<double>()
+                           : 0.0;
+      o.block_tflops = j["profiler"].contains("block_tflops") ? j["profiler"]["block_tflops"].get<double>() : 0.0;
+      if (group.rank() == 0) {
+        fs::create_directories(req.out_dir);
+        o.path = (fs::path(req.out_dir) / ("DeviceType." + req.device_type + "_tp" + std::to_string(group.size()) +
+                                           "_bs" + std::to_string(bs) + ".json"))
+                     .string();
+        write_json_file(o.path, j);
+      }
+    } catch (const std::exception& e) {
+      if (!is_out_of_memory(e)) throw;
+      o.error = std::string("out of memory: ") + e.what();
+      o.error = o.error.substr(0, o.error.find('\n'));
+      meter.release_cached();
+    }
+    outcomes.push_back(o);
+    if (on_outcome) on_outcome(o);
+  }
+  return outcomes;
+}
+
+}  // namespace hetplan::profiler

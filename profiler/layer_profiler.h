@@ -1,0 +1,55 @@
+// LayerProfiler: measures each Metis layer's forward+backward time and memory
+// for one tensor-parallel group and a list of micro-batch sizes, and writes
+// one DeviceType.<TYPE>_tp<T>_bs<B>.json per batch size (rank 0 writes).
+//
+// Timing: layers are run one at a time with their inputs detached, so each
+// layer's forward and backward can be bracketed by device events; the whole
+// model's forward+backward and the Adam step are timed too. After `warmup`
+// iterations, `iters` are measured and the median is reported, with the
+// spread (max - min over median) in extra fields.
+// Memory: per layer, weights + gradients + Adam state (fp32 master, m, v) +
+// the allocator's peak over that layer's forward and backward.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "profiler/gpt.h"
+
+namespace hetplan::profiler {
+
+struct ProfileRequest {
+  GPTConfig model;
+  std::vector<int> batch_sizes;
+  int warmup = 3;
+  int iters = 10;
+  torch::Device device = torch::kCPU;
+  torch::Dtype dtype = torch::kFloat32;
+  std::string dtype_name = "fp32";
+  std::string device_type = "CPU";  // the DeviceType name written into file names
+  std::string out_dir;
+};
+
+struct BatchOutcome {
+  int bs = 0;
+  bool ok = false;
+  std::string error;        // why it was skipped
+  std::string path;         // the file written (rank 0)
+  double block_ms = 0;      // median fwd+bwd of one transformer block
+  double block_tflops = 0;  // achieved by that block
+  double block_spread = 0;  // (max - min) / median over iterations
+};
+
+// Profiles every batch size in order. An out-of-memory error skips that
+// batch size and goes on; `on_outcome` sees each result as it comes.
+std::vector<BatchOutcome> profile_batch_sizes(const ProfileRequest& req, const TensorParallelGroup& group,
+                                              const std::function<void(const BatchOutcome&)>& on_outcome);
+
+// FLOPs of one transformer block's forward+backward (3x forward, no recompute)
+// per rank: 3 (24 b s h^2 + 4 b s^2 h) / tp.
+double block_flops(const GPTConfig& c, int bs, int tp);
+
+}  // namespace hetplan::profiler

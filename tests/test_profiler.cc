@@ -1,0 +1,170 @@
+// The LibTorch profiler on the CPU: Megatron tensor parallelism over Gloo
+// matches the single-GPU model, profile runs write files the planner reads,
+// and running out of memory skips a (tp, bs) without ending the run.
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <thread>
+
+#include "planner/search.h"
+#include "profiler/distributed.h"
+#include "profiler/gpt.h"
+#include "sim/json_util.h"
+#include "tests/fixtures.h"
+
+namespace fs = std::filesystem;
+using namespace hetplan;
+using namespace hetplan::profiler;
+
+namespace {
+
+GPTConfig tiny() {
+  GPTConfig c;
+  c.num_layers = 4;  // embedding, 2 blocks, head
+  c.hidden_size = 32;
+  c.num_heads = 4;
+  c.seq_len = 8;
+  c.vocab_size = 64;
+  c.seed = 7;
+  return c;
+}
+
+struct LayerTrace {
+  std::vector<torch::Tensor> outputs, input_grads;
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> param_grads;
+};
+
+// Runs the model layer by layer with detached boundaries, as the profiler does.
+LayerTrace trace(GPT& model, const torch::Tensor& ids, const torch::Tensor& targets) {
+  auto& layers = model.layers();
+  model.head().set_targets(targets);
+  const std::size_t L = layers.size();
+  std::vector<torch::Tensor> in(L), out(L);
+  for (std::size_t i = 0; i < L; ++i) {
+    in[i] = i == 0 ? ids : out[i - 1].detach().requires_grad_(true);
+    out[i] = layers[i]->forward(in[i]);
+  }
+  LayerTrace t;
+  t.input_grads.resize(L);
+  torch::Tensor upstream;
+  for (std::size_t k = L; k-- > 0;) {
+    if (k == L - 1) out[k].backward(); else out[k].backward(upstream);
+    if (k > 0) upstream = t.input_grads[k] = in[k].grad();
+  }
+  for (std::size_t i = 0; i < L; ++i) {
+    t.outputs.push_back(out[i].detach());
+    std::vector<std::pair<std::string, torch::Tensor>> g;
+    for (const auto& p : layers[i]->named_parameters()) g.emplace_back(p.key(), p.value().grad().clone());
+    t.param_grads.push_back(g);
+  }
+  return t;
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+int run(const std::string& args) {
+  const int status = std::system((std::string(HETPLAN_BINARY) + " " + args + " > /dev/null 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("tp=2 on Gloo equals tp=1: per-layer outputs and gradients within 1e-5", "[profiler][tp]") {
+  torch::manual_seed(0);
+  const GPTConfig c = tiny();
+  const torch::Tensor ids = torch::randint(c.vocab_size, {2, c.seq_len}, torch::kLong);
+  const torch::Tensor targets = torch::randint(c.vocab_size, {2, c.seq_len}, torch::kLong);
+
+  GPT single(c, TensorParallelGroup());
+  const LayerTrace want = trace(single, ids, targets);
+
+  std::vector<LayerTrace> got(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      GPT model(c, TensorParallelGroup(r, 2, make_thread_gloo_collectives("tp-test", r, 2)));
+      got[r] = trace(model, ids, targets);
+    });
+  }
+  for (auto& t : ranks) t.join();
+
+  for (int r = 0; r < 2; ++r) {
+    for (std::size_t i = 0; i < want.outputs.size(); ++i) {
+      INFO("rank " << r << " layer " << i);
+      CHECK(max_abs_diff(got[r].outputs[i], want.outputs[i]) <= 1e-5);
+      if (i > 0) CHECK(max_abs_diff(got[r].input_grads[i], want.input_grads[i]) <= 1e-5);
+      REQUIRE(got[r].param_grads[i].size() == want.param_grads[i].size());
+      for (std::size_t p = 0; p < want.param_grads[i].size(); ++p) {
+        const auto& [name, g] = got[r].param_grads[i][p];
+        torch::Tensor full = want.param_grads[i][p].second;
+        INFO("parameter " << name);
+        REQUIRE(name == want.param_grads[i][p].first);
+        // A sharded parameter is this rank's slice of the full one.
+        for (int64_t d = 0; d < full.dim(); ++d)
+          if (full.size(d) != g.size(d)) full = full.narrow(d, r * g.size(d), g.size(d));
+        CHECK(max_abs_diff(g, full) <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
+  const auto dir = test::scratch_dir("profile-run");
+  fs::remove_all(dir);
+  REQUIRE(run("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
+              "--tp 1,2 --bs 1,2 --dtype fp32 --warmup 1 --iters 3 --device-type CPU --out " + dir.string()) == 0);
+  const ProfileSet profiles = ProfileSet::load(dir.string(), 4);
+  REQUIRE(profiles.device_types() == std::vector<std::string>{"CPU"});
+  for (int tp : {1, 2})
+    for (int bs : {1, 2}) {
+      const LayerProfile* p = profiles.find(0, tp, bs);
+      REQUIRE(p != nullptr);
+      CHECK(p->layer_ms.size() == 4);
+      for (double ms : p->layer_ms) CHECK(ms > 0);
+      for (double mb : p->memory_mb) CHECK(mb > 0);
+    }
+  const ordered_json f = read_json_file((dir / "DeviceType.CPU_tp2_bs2.json").string());
+  CHECK(f["profiler"]["tp"] == 2);
+  CHECK(f["execution_time"]["layer_compute_spread"].size() == 4);
+  CHECK(f["model"]["parameters"]["parameters_per_layer_bytes"][1] == (12 * 32 * 32 + 13 * 32) * 4);
+
+  // The planner searches a 2-GPU "CPU" cluster on them.
+  const Cluster cluster = Cluster::from_parts({{"h", 2}}, {{"h", "CPU", 10, 50, 1}});
+  SearchOptions o;
+  o.model.num_layers = 4;
+  o.model.hidden_size = 32;
+  o.model.sequence_length = 8;
+  o.model.vocab_size = 64;
+  o.gbs = 4;
+  o.max_profiled_tp = 2;
+  o.max_profiled_bs = 2;
+  const SearchResult r = MetisSearch(cluster, profiles, o).run();
+  REQUIRE(!r.top.empty());
+  CHECK(r.top[0].cost > 0);
+}
+
+TEST_CASE("running out of memory skips that (tp, bs) and the run goes on", "[profiler][oom]") {
+  const auto dir = test::scratch_dir("profile-oom");
+  fs::remove_all(dir);
+  // 6 MB emulates a small device: bs 1 fits, bs 256 does not, for tp 1 and tp 2.
+  REQUIRE(run("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
+              "--tp 1,2 --bs 1,256 --dtype fp32 --warmup 1 --iters 2 --device-type CPU "
+              "--cpu-memory-limit-mb 6 --out " + dir.string()) == 0);
+  CHECK(fs::exists(dir / "DeviceType.CPU_tp1_bs1.json"));
+  CHECK(fs::exists(dir / "DeviceType.CPU_tp2_bs1.json"));
+  CHECK_FALSE(fs::exists(dir / "DeviceType.CPU_tp1_bs256.json"));
+  CHECK_FALSE(fs::exists(dir / "DeviceType.CPU_tp2_bs256.json"));
+  const ordered_json summary = read_json_file((dir / "profile_run.json").string());
+  int oom = 0;
+  for (const auto& s : summary) {
+    if (s["bs"] == 256) {
+      CHECK_FALSE(s["ok"].get<bool>());
+      CHECK(s["error"].get<std::string>().rfind("out of memory", 0) == 0);
+      ++oom;
+    } else {
+      CHECK(s["ok"].get<bool>());
+    }
+  }
+  CHECK(oom == 2);
+}
