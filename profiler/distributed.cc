@@ -6,8 +6,12 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// PyPI's LibTorch ships no Gloo headers; there, only NCCL (CUDA) is used.
+#if __has_include(<gloo/algorithm.h>)
+#define HETPLAN_HAVE_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 #include <unistd.h>
 
 #include <cstdlib>
@@ -48,11 +52,17 @@ class C10dCollectives : public TensorParallelGroup::Collectives {
   c10::intrusive_ptr<PG> pg_;
 };
 
+#if defined(HETPLAN_HAVE_GLOO)
 c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                      std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+#endif
+
+[[noreturn]] void no_gloo() {
+  throw std::runtime_error("tensor parallelism on the CPU needs LibTorch's Gloo headers (Debian: libgloo-dev)");
 }
 
 }  // namespace
@@ -85,7 +95,11 @@ std::shared_ptr<TensorParallelGroup::Collectives> make_collectives(const DistEnv
   }
 #endif
   if (!device.is_cpu()) throw std::runtime_error("tensor parallelism on this device needs a CUDA build of LibTorch");
+#if defined(HETPLAN_HAVE_GLOO)
   return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(make_gloo(store, env.rank, env.world_size, timeout));
+#else
+  no_gloo();
+#endif
 }
 
 std::shared_ptr<TensorParallelGroup::Collectives> make_thread_gloo_collectives(const std::string& store_id, int rank,
@@ -99,8 +113,12 @@ std::shared_ptr<TensorParallelGroup::Collectives> make_thread_gloo_collectives(c
     if (!s) s = c10::make_intrusive<c10d::HashStore>();
     store = s;
   }
+#if defined(HETPLAN_HAVE_GLOO)
   return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(
       make_gloo(store, rank, size, std::chrono::milliseconds(60000)));
+#else
+  no_gloo();
+#endif
 }
 
 int free_local_port() {
