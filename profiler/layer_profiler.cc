@@ -260,6 +260,7 @@ std::vector<BatchOutcome> profile_batch_sizes(const ProfileRequest& req, const T
     outcomes.push_back(o);
     if (on_outcome) on_outcome(o);
   }
+  meter.release_cached();  // the next tp group's ranks may share this GPU
   return outcomes;
 }
 

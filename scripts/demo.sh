@@ -16,4 +16,10 @@ mkdir -p "$out"
   --clusterfile_path hostfiles/clusterfile.json \
   --profile_data_path "$out/profiles" \
   --num_layers 10 --gbs 64 --top 5 --reject-dropped-layers --json "$out/plan.json" | tee "$out/search.txt"
-echo "demo: results in $out/search.txt and $out/plan.json"
+# Profiles measured on H200 GPUs (profiles/H200), on one 4-GPU node.
+./build/hetplan search \
+  --hostfile_path hostfiles/h200_4.hostfile \
+  --clusterfile_path hostfiles/clusterfile.json \
+  --profile_data_path profiles/H200 \
+  --num_layers 10 --gbs 64 --top 3 --json "$out/plan_h200.json" | tee "$out/search_h200.txt"
+echo "demo: results in $out/search.txt, $out/plan.json and $out/*_h200.*"
