@@ -13,5 +13,7 @@ using Runner = std::function<int()>;
 Runner add_search_command(CLI::App& app);
 Runner add_gen_hostfile_command(CLI::App& app);
 Runner add_gen_profiles_command(CLI::App& app);
+Runner add_simulate_command(CLI::App& app);
+Runner add_whatif_command(CLI::App& app);
 
 }  // namespace hetplan::cli
