@@ -150,3 +150,36 @@ TEST_CASE("whatif table: rows, JSON and memory ordering", "[cli][whatif]") {
   CHECK(e.exit_code == 2);
   CHECK(e.output.find("broken-llama.json: missing key") != std::string::npos);
 }
+
+TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simulate", "[cli][search-sim]") {
+  const auto dir = test::scratch_dir("search-sim");
+  std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n";
+  const std::string common = "search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
+                             test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
+                             " --num_layers 10 --gbs 128 --top 5 ";
+  const Run r = run_hetplan(common + "--cost-model sim --json " + (dir / "sim.json").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const ordered_json plans = read_json_file((dir / "sim.json").string());
+  // Cheapest first.
+  double prev = 0;
+  for (const auto& p : plans["top"]) {
+    CHECK(p["cost"].get<double>() >= prev);
+    prev = p["cost"].get<double>();
+  }
+  // The best plan's cost is the iteration time `simulate` reports for it, and it fits.
+  write_json_file((dir / "best.json").string(), plans["best"]);
+  const Run s = run_hetplan("simulate --plan " + (dir / "best.json").string() + " --json " + (dir / "b.json").string());
+  REQUIRE(s.exit_code == 0);
+  const ordered_json b = read_json_file((dir / "b.json").string());
+  CHECK(b["iteration_ms"].get<double>() == Approx(plans["best"]["cost"].get<double>()).epsilon(1e-12));
+  CHECK(b["fits"] == true);
+  // The metis model stays the default, and the same search count is reported either way.
+  const Run m = run_hetplan(common + "--json " + (dir / "metis.json").string());
+  REQUIRE(m.exit_code == 0);
+  const Run m2 = run_hetplan(common + "--cost-model metis --json " + (dir / "metis2.json").string());
+  REQUIRE(m2.exit_code == 0);
+  CHECK(read_json_file((dir / "metis.json").string())["best"] == read_json_file((dir / "metis2.json").string())["best"]);
+  CHECK(read_json_file((dir / "metis.json").string())["count"] == plans["count"]);
+  CHECK(run_hetplan(common + "--cost-model magic").exit_code == 2);
+}
