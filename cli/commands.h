@@ -13,6 +13,8 @@ using Runner = std::function<int()>;
 Runner add_search_command(CLI::App& app);
 Runner add_gen_hostfile_command(CLI::App& app);
 Runner add_gen_profiles_command(CLI::App& app);
+Runner add_simulate_command(CLI::App& app);
+Runner add_whatif_command(CLI::App& app);
 #if defined(HETPLAN_WITH_TORCH)
 Runner add_profile_command(CLI::App& app, int argc, char** argv);
 #endif

@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   reg(hetplan::cli::add_search_command(app));
   reg(hetplan::cli::add_gen_hostfile_command(app));
   reg(hetplan::cli::add_gen_profiles_command(app));
+  reg(hetplan::cli::add_simulate_command(app));
+  reg(hetplan::cli::add_whatif_command(app));
 #if defined(HETPLAN_WITH_TORCH)
   reg(hetplan::cli::add_profile_command(app, argc, argv));
 #endif

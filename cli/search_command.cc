@@ -2,11 +2,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <unistd.h>
 
 #include "cli/commands.h"
 #include "planner/plan_json.h"
 #include "planner/search.h"
+#include "planner/sim_cost.h"
 #include "sim/input_error.h"
 
 namespace hetplan::cli {
@@ -26,6 +28,9 @@ struct SearchArgs {
   int threads = 0;
   bool progress = false, quiet = false;
   bool reject_dropped_layers = false;
+  // --cost-model sim: the simulator's iteration time and per-rank memory.
+  std::string cost_model = "metis", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s";
+  int zero = 0;
 };
 
 int run_search(const SearchArgs& a) {
@@ -58,6 +63,20 @@ int run_search(const SearchArgs& a) {
       std::cerr << "\rsearching: " << done << " / " << total << " inter-stage plans" << std::flush;
     };
 
+  std::unique_ptr<PlanSimulator> simulator;
+  if (a.cost_model == "sim") {
+    SimulationOptions so;
+    so.schedule = parse_schedule(a.schedule, "--schedule");
+    so.setup.zero_stage = a.zero;
+    so.setup.recompute = parse_recompute(a.recompute, "--recompute");
+    so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
+    so.max_profiled_bs = o.max_profiled_bs;
+    simulator = std::make_unique<PlanSimulator>(cluster, profiles, shape_from_model_config(a.model),
+                                                a.model.sequence_length, so);
+    o.cost_hook = make_sim_cost_hook(*simulator);
+  } else if (a.cost_model != "metis") {
+    throw InputError("--cost-model: '" + a.cost_model + "': expected metis or sim");
+  }
   const MetisSearch search(cluster, profiles, o);
   SearchResult result;
   double total_ms = 0;
@@ -164,6 +183,16 @@ Runner add_search_command(CLI::App& app) {
   s->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   s->add_flag("--progress", a->progress, "Show progress on stderr even when it is not a terminal");
   s->add_flag("--quiet,-q", a->quiet, "No progress output");
+  s->add_option("--cost-model,--cost_model", a->cost_model,
+                "metis (default; the reference's formula, bit-exact) or sim (simulated iteration time; plans that run "
+                "a rank out of memory are left out)")
+      ->capture_default_str();
+  s->add_option("--schedule", a->schedule, "With --cost-model sim: pipeline schedule, gpipe or 1f1b")
+      ->capture_default_str();
+  s->add_option("--zero", a->zero, "With --cost-model sim: ZeRO stage (0-3)")->capture_default_str()->check(CLI::Range(0, 3));
+  s->add_option("--recompute", a->recompute, "With --cost-model sim: none, selective or full")->capture_default_str();
+  s->add_option("--bandwidth-unit", a->bandwidth_unit, "With --cost-model sim: clusterfile unit, GB/s, GiB/s or bytes/s")
+      ->capture_default_str();
   s->add_option("--log_path,--home_dir", a->log_path, "Accepted for compatibility with the reference; unused");
   return [a] { return run_search(*a); };
 }

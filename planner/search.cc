@@ -166,8 +166,19 @@ SearchResult MetisSearch::run() const {
             ++w.dropped_layers;
             if (opt_.reject_dropped_layers) return;
           }
-          if (!cost_model.cost(plan, layout, c.strategies->data(), c.partition->layer_partition.data(), &terms,
-                               &skip)) {
+          if (opt_.cost_hook) {
+            std::string why;
+            if (!opt_.cost_hook(plan, layout, c.strategies->data(), c.partition->layer_partition.data(), &terms.total,
+                                &why)) {
+              ++w.skipped;
+              if (w.first_skip_plan < 0 || static_cast<long long>(i) < w.first_skip_plan) {
+                w.first_skip_plan = static_cast<long long>(i);
+                w.first_skip_reason = why;
+              }
+              return;
+            }
+          } else if (!cost_model.cost(plan, layout, c.strategies->data(), c.partition->layer_partition.data(), &terms,
+                                      &skip)) {
             ++w.skipped;
             if (w.first_skip_plan < 0 || static_cast<long long>(i) < w.first_skip_plan) {
               w.first_skip_plan = static_cast<long long>(i);

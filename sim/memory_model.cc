@@ -1,0 +1,276 @@
+#include "sim/memory_model.h"
+
+#include <algorithm>
+
+#include "sim/input_error.h"
+
+namespace hetplan {
+
+double QuantSpec::bits_per_param() const {
+  double b = bits;
+  if (block > 0) {
+    if (second_block > 0)
+      b += second_constant_bits / block + constant_bits / (block * second_block);
+    else
+      b += constant_bits / block;
+  }
+  return b;
+}
+
+QuantSpec bf16_weights() { return QuantSpec{16, 0, 0, 0, 0}; }
+QuantSpec nf4_double_quant() { return QuantSpec{4, 64, 32, 256, 8}; }
+QuantSpec int8_blockwise() { return QuantSpec{8, 64, 32, 0, 0}; }
+
+namespace {
+
+struct PerParam {
+  double weight, grad16, grad32, master, optimizer;  // bytes per trainable parameter
+};
+
+PerParam per_param(const TrainingSetup& s) {
+  if (s.precision == Precision::kFp32) return {4, 4, 0, 0, 8};
+  // FP8 training (Transformer Engine) keeps the bf16 weights and adds an fp8 copy for the GEMMs.
+  const double w = 2 + (s.precision == Precision::kFp8 ? 1 : 0);
+  switch (s.accounting) {
+    case ZeroAccounting::kZeroPaper: return {w, 2, 0, 4, 8};
+    case ZeroAccounting::kDeepSpeed: return {w, 2, 4, 4, 8};
+    case ZeroAccounting::kMegatron: return {w, 0, 4, 4, 8};
+  }
+  return {w, 2, 0, 4, 8};
+}
+
+}  // namespace
+
+ModelStateBytes model_state_bytes(double trainable, double frozen_weight_bytes, double largest_module,
+                                  const TrainingSetup& s, int dp, int gpus_per_node) {
+  const int z = s.zero_stage;
+  const double n = std::max(dp, 1);
+  PerParam p = per_param(s);
+  if (s.finetune != Finetune::kFull) p = {4, 0, 4, 0, 8};  // PEFT adapters train in fp32: weight, grad, m, v
+
+  ModelStateBytes out;
+  // Weights: trainable compute copy plus the frozen base. A quantised
+  // compute copy (8- or 4-bit weights) replaces the 16-bit one.
+  double weight_bytes = p.weight;
+  if (s.finetune == Finetune::kFull && s.base_weights.bits < 16) weight_bytes = s.base_weights.bits_per_param() / 8;
+  double weights = trainable * weight_bytes + frozen_weight_bytes;
+  double grads16 = trainable * p.grad16;
+  double grads32 = trainable * p.grad32;
+  double master_opt = trainable * (p.master + p.optimizer);
+
+  // DeepSpeed partitions its fp32 gradients with the optimizer state from
+  // stage 1 and keeps the 16-bit gradients whole until stage 3 (memory.rst:
+  // "4 * params + 16 * params / total gpus" for ZeRO-2); the ZeRO paper and
+  // Megatron partition gradients from stage 2.
+  const bool deepspeed = s.accounting == ZeroAccounting::kDeepSpeed && s.precision != Precision::kFp32 &&
+                         s.finetune == Finetune::kFull;
+  if (z >= 1) master_opt /= n;
+  if (deepspeed) {
+    if (z >= 1) grads32 /= n;
+    if (z >= 3) grads16 = 0;
+  } else if (z >= 2) {
+    grads16 /= n;
+    grads32 /= n;
+  }
+  if (z >= 3) {
+    weights /= n;
+    // The module being computed is gathered whole, with its gradients (DeepSpeed memory.rst:
+    // largest_layer_memory = 4 * largest_layer_params for 16-bit weights and gradients).
+    out.transient = largest_module * (p.weight + (p.grad16 > 0 ? p.grad16 : p.grad32));
+  }
+  if (s.offload_optimizer) {
+    grads16 = grads32 = master_opt = 0;
+  }
+  if (s.offload_params && z >= 3) weights = 0;
+  out.weights = weights;
+  out.gradients = grads16 + grads32;
+  out.optimizer = master_opt;
+
+  // CPU memory per node, by DeepSpeed's rules (memory.rst, "General RAM"): a
+  // model built in fp32 by each of the node's processes (4 * n_gpus bytes per
+  // parameter) unless zero.Init partitions it as it is built, and the
+  // offloaded fp32 states (16 bytes; 18 with the 16-bit weights) of the
+  // node's share of the partitions.
+  const double params = trainable + frozen_weight_bytes / 2;
+  const double g = gpus_per_node;
+  const double node_share = std::min(1.0, g / n);
+  double cpu;
+  if (z <= 2) {
+    cpu = s.offload_optimizer ? params * std::max(4 * g, 16.0) : params * 4 * g;
+  } else if (s.offload_optimizer && s.offload_params) {
+    cpu = s.zero_init ? params * 18 * node_share : params * std::max(4 * g, 18 * node_share);
+  } else if (s.offload_optimizer) {
+    cpu = s.zero_init ? params * 16 * node_share : params * std::max(4 * g, 16 * node_share);
+  } else {
+    cpu = s.zero_init ? largest_module * 4 * g : params * 4 * g;
+  }
+  out.cpu_per_node = cpu * s.cpu_buffer_factor;
+  return out;
+}
+
+double layer_activation_bytes(const ModelShape& m, long long s_len, long long b_len, int tp, bool sp,
+                              Recompute recompute, bool flash, Precision precision) {
+  const double s = static_cast<double>(s_len), b = static_cast<double>(b_len), h = static_cast<double>(m.hidden_size);
+  const double t = tp;
+  const double q = static_cast<double>(m.num_heads) * m.head_dim;
+  const double kv = static_cast<double>(m.num_kv_heads) * m.head_dim;
+  const double f = static_cast<double>(m.ffn_hidden_size);
+  const double a = m.num_heads;
+  // Bytes of a stored 16-bit tensor element; GEMM inputs are kept in fp8 by FP8 training.
+  const double e = precision == Precision::kFp32 ? 4 : 2;
+  const double eg = precision == Precision::kFp8 ? 1 : e;
+  const double sb = s * b;
+
+  if (recompute == Recompute::kFull) {
+    // Only the layer's input survives (Korthikanti et al. Sec. 4.3: 2sbh, split by t with sequence parallelism).
+    return sb * h * e / (sp ? t : 1);
+  }
+  // Terms no tensor parallelism splits (sequence parallelism does): the two
+  // norm inputs, the inputs of the QKV and first MLP GEMMs, the dropout masks.
+  double replicated = sb * h * (2 * e) + sb * h * (2 * eg);
+  if (m.dropout) replicated += 2 * sb * h;  // 1-byte masks after attention and MLP
+  // Terms split by tp: Q and K for the scores, V, the output projection's input.
+  double split = sb * (q * e + kv * e) + sb * kv * e + sb * q * eg;
+  if (m.mlp == MlpKind::kGelu)
+    split += sb * f * e + sb * f * eg;  // GELU input, GELU output (the second GEMM's input)
+  else
+    split += 3 * sb * f * e + sb * f * eg;  // gate, silu(gate), up, and the product (down's input)
+  // LoRA adapters keep x A (b s r) for B's gradient; x itself is the GEMM input already counted.
+  // The attention matrix: softmax output (2 a s^2 b), its dropout mask (a s^2 b) and the dropout output
+  // (2 a s^2 b). Selective recomputation (Sec. 4.2) and flash attention store none of it.
+  double scores = 0;
+  if (recompute == Recompute::kNone && !flash) scores = a * s * s * b * (e + (m.dropout ? 1 + e : 0));
+  return (sp ? replicated / t : replicated) + (split + scores) / t;
+}
+
+double embedding_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sp) {
+  // Megatron's theoretical_memory_usage.py: token ids (8 bytes each) and the embedding dropout mask.
+  const double sb = static_cast<double>(s) * static_cast<double>(b);
+  return 8 * sb + (m.dropout ? sb * m.hidden_size / (sp ? tp : 1) : 0);
+}
+
+double head_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sp) {
+  // Final norm input and LM head input (2 bytes each), fp32 logits for the loss, split by the vocab-parallel head.
+  const double sb = static_cast<double>(s) * static_cast<double>(b);
+  return 4 * sb * m.hidden_size / (sp ? tp : 1) + 4 * sb * static_cast<double>(m.vocab_size) / tp;
+}
+
+int in_flight_microbatches(Schedule schedule, int pp, int stage, int microbatches) {
+  if (schedule == Schedule::kGpipe) return microbatches;
+  return std::max(1, std::min(pp - stage, microbatches));
+}
+
+ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const TrainingSetup& s) {
+  ShardParams out;
+  const int last = m.metis_num_layers() - 1;
+  double lora_per_block = 0;
+  for (const auto& l : m.block_linears())
+    if (s.lora_targets & l.target) lora_per_block += static_cast<double>(s.lora_rank) * (l.in + l.out);
+  double largest_linear = 0;
+  for (const auto& l : m.block_linears()) largest_linear = std::max(largest_linear, static_cast<double>(l.params()));
+  const double vh = static_cast<double>(m.vocab_size) * m.hidden_size;
+  for (int layer = first; layer < end; ++layer) {
+    if (layer == 0) {
+      out.sharded += vh;  // vocab-parallel embedding
+      out.replicated += static_cast<double>(m.embedding_params()) - vh;
+      out.largest_module = std::max(out.largest_module, vh);
+    } else if (layer == last) {
+      out.replicated += m.norm_params();
+      // Untied: the LM head. Tied with the embedding on another stage: Megatron keeps a copy here.
+      if (!m.tied_embeddings || (pp > 1 && first > 0)) {
+        out.sharded += vh;
+        out.largest_module = std::max(out.largest_module, vh);
+      }
+    } else {
+      out.sharded += static_cast<double>(m.block_sharded_params());
+      out.replicated += static_cast<double>(m.block_replicated_params());
+      double lw = 0;
+      for (const auto& l : m.block_linears()) lw += static_cast<double>(l.in) * l.out;
+      out.linear_weights += lw;
+      out.lora += lora_per_block;
+      out.largest_module = std::max(out.largest_module, largest_linear);
+    }
+  }
+  return out;
+}
+
+MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r) {
+  MemoryBreakdown out;
+  const ShardParams p = shard_params(m, r.first_layer, r.end_layer, r.pp, s);
+  const double tp = r.tp;
+  double trainable, frozen_bytes = 0;
+  if (s.finetune == Finetune::kFull) {
+    trainable = p.on_rank(r.tp);
+  } else {
+    trainable = p.lora / tp;
+    // Frozen base: block projections in the base format, everything else (embeddings, norms, head) in bf16.
+    const double base_bits = s.finetune == Finetune::kQlora ? s.base_weights.bits_per_param() : 16.0;
+    frozen_bytes = p.linear_weights / tp * base_bits / 8 + (p.on_rank(r.tp) - p.linear_weights / tp) * 2;
+  }
+  out.states = model_state_bytes(trainable, frozen_bytes, p.largest_module / tp, s, r.dp, r.gpus_per_node);
+  if (s.finetune == Finetune::kQlora && p.linear_weights > 0) {
+    // The projection being computed is dequantised to bf16 for its GEMM.
+    double largest_linear = 0;
+    for (const auto& l : m.block_linears()) largest_linear = std::max(largest_linear, static_cast<double>(l.in) * l.out);
+    out.states.transient += largest_linear / tp * 2;
+  }
+
+  const int last = m.metis_num_layers() - 1;
+  double per_mb = 0, one_layer_full = 0;
+  for (int layer = r.first_layer; layer < r.end_layer; ++layer) {
+    if (layer == 0) {
+      per_mb += embedding_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
+    } else if (layer == last) {
+      per_mb += head_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
+    } else {
+      per_mb += layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, s.recompute,
+                                       s.flash_attention, s.precision);
+      if (s.finetune != Finetune::kFull) {
+        int adapters = 0;
+        for (const auto& l : m.block_linears()) adapters += (s.lora_targets & l.target) ? 1 : 0;
+        per_mb += 2.0 * r.seq * r.micro_batch * s.lora_rank * adapters;  // x A of each adapter
+      }
+      if (s.recompute == Recompute::kFull)
+        one_layer_full = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
+                                                s.flash_attention, s.precision);
+    }
+  }
+  out.activations = per_mb * r.in_flight;
+  out.recompute_workspace = one_layer_full;
+  out.framework = s.framework_bytes;
+  return out;
+}
+
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& s, const std::string& where) {
+  if (s == "none") return Recompute::kNone;
+  if (s == "selective") return Recompute::kSelective;
+  if (s == "full") return Recompute::kFull;
+  throw InputError(where + ": '" + s + "': expected none, selective or full");
+}
+
+Precision parse_precision(const std::string& s, const std::string& where) {
+  if (s == "fp32") return Precision::kFp32;
+  if (s == "bf16") return Precision::kBf16;
+  if (s == "fp8") return Precision::kFp8;
+  throw InputError(where + ": '" + s + "': expected fp32, bf16 or fp8");
+}
+
+}  // namespace hetplan

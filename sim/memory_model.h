@@ -1,0 +1,136 @@
+// MemoryModel: bytes one rank holds while training, split into weights,
+// gradients, optimizer state, activations, transient working sets and a
+// framework constant, plus the CPU memory that offloading needs.
+//
+// Model states follow a named accounting (what each framework keeps per
+// parameter; see ZeroAccounting) and the ZeRO stage over the data-parallel
+// group. Activations per transformer layer follow Korthikanti et al. 2022,
+// "Reducing Activation Recomputation in Large Transformer Models", Sec. 4,
+// generalised to GQA, SwiGLU and models without dropout term by term; with
+// tp and sequence parallelism, and none / selective / full recomputation.
+// A pipeline stage holds the activations of its in-flight micro-batches:
+// 1F1B holds min(pp - stage, m), GPipe all m.
+#pragma once
+
+#include <string>
+
+#include "sim/model_shape.h"
+
+namespace hetplan {
+
+enum class Precision { kFp32, kBf16, kFp8 };
+enum class Recompute { kNone, kSelective, kFull };
+enum class Schedule { kGpipe, k1F1B };
+enum class Finetune { kFull, kLora, kQlora };
+
+// What a framework keeps per parameter in mixed precision (bytes):
+//   kZeroPaper:  Rajbhandari et al. 2020 (ZeRO), Sec. 3.1/5: 2 (fp16 weights) + 2 (fp16 grads) + K = 12 (fp32
+//                master, momentum, variance); stage 1 partitions K, stage 2 also the grads, stage 3 also weights.
+//   kDeepSpeed:  DeepSpeed's memory.rst estimator: 2 (16-bit weights) + 2 (16-bit grads, whole up to stage 2)
+//                + 16 (fp32 master, fp32 grads, momentum, variance) partitioned from stage 1; at stage 3 the
+//                16-bit grads exist only for the layer being computed.
+//   kMegatron:   Megatron-LM (theoretical_memory_usage.py, distributed optimizer): 2 (bf16 weights) + 4 (fp32
+//                main_grad) + 12 (fp32 master, Adam states); stage 1 = distributed optimizer.
+enum class ZeroAccounting { kZeroPaper, kDeepSpeed, kMegatron };
+
+// Weight quantisation of a frozen (or compute-only) copy: `bits` per weight
+// plus per-block constants, optionally quantised again (QLoRA's double quantisation).
+struct QuantSpec {
+  double bits = 16;
+  double block = 0;            // weights per first-level constant (0: no constants)
+  double constant_bits = 0;    // first-level constant size
+  double second_block = 0;     // first-level constants per second-level constant (0: none)
+  double second_constant_bits = 0;
+  double bits_per_param() const;
+};
+QuantSpec bf16_weights();
+// NF4 with double quantisation: Dettmers et al. 2023 (QLoRA), Sec. 3: block 64 with fp32 constants
+// quantised to 8 bits in blocks of 256 -> 4 + 8/64 + 32/(64*256) = 4.127 bits.
+QuantSpec nf4_double_quant();
+// LLM.int8()-style 8-bit weights with one fp32 absmax constant per block of 64 -> 8.5 bits.
+QuantSpec int8_blockwise();
+
+struct TrainingSetup {
+  Precision precision = Precision::kBf16;
+  ZeroAccounting accounting = ZeroAccounting::kZeroPaper;
+  int zero_stage = 0;
+  bool offload_optimizer = false;  // ZeRO-Offload: master, optimizer and fp32 grads in CPU memory
+  bool offload_params = false;     // ZeRO-3 / ZeRO-Infinity: 16-bit weights in CPU memory too
+  bool zero_init = true;           // DeepSpeed's zero.Init: the model is built already partitioned
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;
+  bool flash_attention = false;  // the a*s^2 terms are never stored (as selective recomputation)
+  Finetune finetune = Finetune::kFull;
+  int lora_rank = 16;
+  unsigned lora_targets = kTargetQ | kTargetV;
+  QuantSpec base_weights = bf16_weights();  // frozen base for LoRA/QLoRA, or the compute copy
+  double framework_bytes = 0;               // CUDA context, allocator and library workspaces
+  double cpu_buffer_factor = 1.5;           // DeepSpeed's additional_buffer_factor
+};
+
+// What one rank holds: Metis layers [first_layer, end_layer) at (tp, dp), as
+// stage `stage` of `pp`, with `in_flight` micro-batches of `micro_batch`
+// sequences of `seq` tokens.
+struct RankShard {
+  int first_layer = 0, end_layer = 0;
+  int tp = 1, dp = 1, pp = 1, stage = 0;
+  long long micro_batch = 1, seq = 1024;
+  int in_flight = 1;
+  int gpus_per_node = 8;  // for the CPU memory of offloading and model loading
+};
+
+struct ModelStateBytes {
+  double weights = 0, gradients = 0, optimizer = 0;
+  double transient = 0;  // gathered ZeRO-3 layer, dequantised QLoRA weight
+  double cpu_per_node = 0;
+  double total_gpu() const { return weights + gradients + optimizer + transient; }
+};
+
+struct MemoryBreakdown {
+  ModelStateBytes states;
+  double activations = 0;          // in-flight micro-batches
+  double recompute_workspace = 0;  // one layer's full activations while it is recomputed
+  double framework = 0;
+  double gpu_total() const { return states.total_gpu() + activations + recompute_workspace + framework; }
+  double cpu_per_node() const { return states.cpu_per_node; }
+};
+
+// Model states of a rank whose model-parallel shard has `trainable` trainable
+// parameters and `frozen_weight_bytes` of frozen weights, with ZeRO over `dp`
+// ranks. `largest_module` is the largest single module's parameter count (the
+// ZeRO-3 gather unit). CPU memory follows DeepSpeed's memory.rst rules.
+ModelStateBytes model_state_bytes(double trainable, double frozen_weight_bytes, double largest_module,
+                                  const TrainingSetup& setup, int dp, int gpus_per_node);
+
+// Bytes of activations one transformer layer keeps for one micro-batch of b
+// sequences of s tokens (the terms of Korthikanti et al. 2022, Sec. 4.1).
+double layer_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel,
+                              Recompute recompute, bool flash_attention, Precision precision);
+// The embedding stage's extra bytes per micro-batch (token ids, embedding dropout mask).
+double embedding_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel);
+// The head stage's extra bytes per micro-batch (final norm and LM head inputs, fp32 logits).
+double head_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel);
+
+// Micro-batches whose activations stage `stage` of `pp` holds at its peak.
+int in_flight_microbatches(Schedule schedule, int pp, int stage, int microbatches);
+
+// Parameters of Metis layers [first, end): split by tp where Megatron splits
+// them, and the LoRA adapters of those layers.
+struct ShardParams {
+  double sharded = 0, replicated = 0;  // before the tp split
+  double linear_weights = 0;           // of `sharded`, the block projections (what LoRA freezes and QLoRA quantises)
+  double lora = 0;                     // adapter parameters (before the tp split)
+  double largest_module = 0;
+  double on_rank(int tp) const { return sharded / tp + replicated; }
+};
+ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const TrainingSetup& setup);
+
+MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& setup, const RankShard& shard);
+
+const char* to_string(Recompute r);
+const char* to_string(Precision p);
+// Parses "none|selective|full" and "fp32|bf16|fp8"; throws InputError naming `where`.
+Recompute parse_recompute(const std::string& s, const std::string& where);
+Precision parse_precision(const std::string& s, const std::string& where);
+
+}  // namespace hetplan

@@ -1,0 +1,206 @@
+#include "sim/model_shape.h"
+
+#include <algorithm>
+
+#include "sim/input_error.h"
+#include "sim/json_util.h"
+
+namespace hetplan {
+
+std::vector<LinearShape> ModelShape::block_linears() const {
+  const long long q = static_cast<long long>(num_heads) * head_dim;
+  const long long kv = static_cast<long long>(num_kv_heads) * head_dim;
+  std::vector<LinearShape> l = {
+      {kTargetQ, hidden_size, q, attention_bias},
+      {kTargetK, hidden_size, kv, attention_bias},
+      {kTargetV, hidden_size, kv, attention_bias},
+      {kTargetO, q, hidden_size, attention_bias},
+  };
+  if (mlp == MlpKind::kSwiGlu) l.push_back({kTargetGate, hidden_size, ffn_hidden_size, mlp_bias});
+  l.push_back({kTargetUp, hidden_size, ffn_hidden_size, mlp_bias});
+  l.push_back({kTargetDown, ffn_hidden_size, hidden_size, mlp_bias});
+  return l;
+}
+
+long long ModelShape::block_sharded_params() const {
+  long long n = 0;
+  for (const auto& l : block_linears()) n += l.params();
+  return n;
+}
+
+long long ModelShape::block_params() const { return block_sharded_params() + block_replicated_params(); }
+
+long long ModelShape::embedding_params() const {
+  return vocab_size * hidden_size + (learned_positions ? max_positions * hidden_size : 0);
+}
+
+long long ModelShape::head_params() const { return norm_params() + (tied_embeddings ? 0 : vocab_size * hidden_size); }
+
+long long ModelShape::parameter_count() const {
+  return embedding_params() + static_cast<long long>(num_layers) * block_params() + head_params();
+}
+
+std::vector<long long> ModelShape::metis_layer_params() const {
+  std::vector<long long> out;
+  out.reserve(num_layers + 2);
+  out.push_back(embedding_params());
+  for (int i = 0; i < num_layers; ++i) out.push_back(block_params());
+  out.push_back(head_params());
+  return out;
+}
+
+long long ModelShape::largest_module_params() const {
+  long long m = vocab_size * hidden_size;
+  for (const auto& l : block_linears()) m = std::max(m, l.params());
+  return m;
+}
+
+double ModelShape::block_forward_flops_per_token(long long seq) const {
+  double linear = 0;
+  for (const auto& l : block_linears()) linear += 2.0 * static_cast<double>(l.in) * static_cast<double>(l.out);
+  // Scores Q K^T and the weighted sum of V: each 2 * seq * (heads * head_dim) per token.
+  const double attention = 2.0 * 2.0 * static_cast<double>(seq) * static_cast<double>(num_heads) * head_dim;
+  return linear + attention;
+}
+
+double ModelShape::training_flops(double tokens, long long seq) const {
+  const double fwd = num_layers * block_forward_flops_per_token(seq) + head_forward_flops_per_token();
+  return 3.0 * fwd * tokens;
+}
+
+void ModelShape::validate(const std::string& where) const {
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) throw InputError(where + ": " + what);
+  };
+  need(vocab_size > 0, "vocab size must be positive");
+  need(hidden_size > 0, "hidden size must be positive");
+  need(num_layers > 0, "the number of transformer layers must be positive");
+  need(num_heads > 0, "the number of attention heads must be positive");
+  need(num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+       "the number of key/value heads must divide the number of attention heads (" + std::to_string(num_heads) +
+           "), got " + std::to_string(num_kv_heads));
+  need(head_dim > 0, "head dimension must be positive");
+  need(ffn_hidden_size > 0, "ffn hidden size must be positive");
+  need(!learned_positions || max_positions > 0, "learned position embeddings need max positions > 0");
+}
+
+ModelConfig ModelShape::to_model_config(int sequence_length) const {
+  ModelConfig m;
+  m.name = name;
+  m.num_layers = num_layers + 2;
+  m.hidden_size = static_cast<int>(hidden_size);
+  m.sequence_length = sequence_length;
+  m.vocab_size = static_cast<int>(vocab_size);
+  m.attention_heads = num_heads;
+  return m;
+}
+
+ModelShape gpt2_shape(long long vocab, long long hidden, int layers, int heads, long long max_positions) {
+  ModelShape s;
+  s.name = "gpt2";
+  s.vocab_size = vocab;
+  s.hidden_size = hidden;
+  s.num_layers = layers;
+  s.num_heads = s.num_kv_heads = heads;
+  s.head_dim = heads > 0 ? hidden / heads : 0;
+  s.ffn_hidden_size = 4 * hidden;
+  s.max_positions = max_positions;
+  return s;
+}
+
+ModelShape llama_shape(long long vocab, long long hidden, int layers, int heads, int kv_heads, long long ffn,
+                       bool tied, long long max_positions) {
+  ModelShape s;
+  s.name = "llama";
+  s.vocab_size = vocab;
+  s.hidden_size = hidden;
+  s.num_layers = layers;
+  s.num_heads = heads;
+  s.num_kv_heads = kv_heads;
+  s.head_dim = heads > 0 ? hidden / heads : 0;
+  s.ffn_hidden_size = ffn;
+  s.max_positions = max_positions;
+  s.mlp = MlpKind::kSwiGlu;
+  s.norm = NormKind::kRmsNorm;
+  s.tied_embeddings = tied;
+  s.learned_positions = false;
+  s.attention_bias = s.mlp_bias = false;
+  s.dropout = false;
+  return s;
+}
+
+ModelShape shape_from_model_config(const ModelConfig& m) {
+  ModelShape s = gpt2_shape(m.vocab_size, m.hidden_size, m.num_layers - 2, m.attention_heads, m.sequence_length);
+  s.name = m.name;
+  return s;
+}
+
+namespace {
+
+long long get_int(const ordered_json& j, const char* key, const std::string& path) {
+  const double v = require_number(j, key, path, "");
+  if (v != static_cast<double>(static_cast<long long>(v)) || v <= 0)
+    throw InputError(path + ": key '" + key + "' must be a positive integer");
+  return static_cast<long long>(v);
+}
+
+long long get_int_or(const ordered_json& j, const char* key, const std::string& path, long long fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  return get_int(j, key, path);
+}
+
+bool get_bool_or(const ordered_json& j, const char* key, const std::string& path, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) throw InputError(path + ": key '" + key + "' must be true or false");
+  return j[key].get<bool>();
+}
+
+double get_number_or(const ordered_json& j, const char* key, const std::string& path, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  return require_number(j, key, path, "");
+}
+
+}  // namespace
+
+ModelShape read_hf_config(const std::string& path) {
+  const ordered_json j = read_json_file(path);
+  if (!j.is_object()) throw InputError(path + ": expected a JSON object (a Hugging Face config.json)");
+  const ordered_json& type_v = require_key(j, "model_type", path, "");
+  if (!type_v.is_string()) throw InputError(path + ": key 'model_type' must be a string");
+  const std::string type = type_v.get<std::string>();
+  ModelShape s;
+  if (type == "gpt2") {
+    // transformers' GPT2Config: n_inner null means 4 * n_embd; embeddings tied by default.
+    s = gpt2_shape(get_int(j, "vocab_size", path), get_int(j, "n_embd", path), static_cast<int>(get_int(j, "n_layer", path)),
+                   static_cast<int>(get_int(j, "n_head", path)), get_int(j, "n_positions", path));
+    s.ffn_hidden_size = get_int_or(j, "n_inner", path, 4 * s.hidden_size);
+    s.tied_embeddings = get_bool_or(j, "tie_word_embeddings", path, true);
+    s.dropout = get_number_or(j, "resid_pdrop", path, 0.1) > 0 || get_number_or(j, "attn_pdrop", path, 0.1) > 0;
+  } else if (type == "llama" || type == "mistral") {
+    // transformers' LlamaConfig: num_key_value_heads defaults to the heads,
+    // head_dim to hidden / heads; embeddings untied by default.
+    const int heads = static_cast<int>(get_int(j, "num_attention_heads", path));
+    s = llama_shape(get_int(j, "vocab_size", path), get_int(j, "hidden_size", path),
+                    static_cast<int>(get_int(j, "num_hidden_layers", path)), heads,
+                    static_cast<int>(get_int_or(j, "num_key_value_heads", path, heads)),
+                    get_int(j, "intermediate_size", path), get_bool_or(j, "tie_word_embeddings", path, false),
+                    get_int(j, "max_position_embeddings", path));
+    s.head_dim = get_int_or(j, "head_dim", path, s.hidden_size / heads);
+    s.attention_bias = get_bool_or(j, "attention_bias", path, false);
+    s.mlp_bias = get_bool_or(j, "mlp_bias", path, false);
+    s.dropout = get_number_or(j, "attention_dropout", path, 0.0) > 0;
+    if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"].get<std::string>() != "silu")
+      throw InputError(path + ": key 'hidden_act' is '" + j["hidden_act"].get<std::string>() +
+                       "': expected 'silu' for a " + type + " model");
+  } else {
+    throw InputError(path + ": key 'model_type' is '" + type + "': expected gpt2, llama or mistral");
+  }
+  if (j.contains("_name_or_path") && j["_name_or_path"].is_string() && !j["_name_or_path"].get<std::string>().empty())
+    s.name = j["_name_or_path"].get<std::string>();
+  else
+    s.name = type;
+  s.validate(path);
+  return s;
+}
+
+}  // namespace hetplan

@@ -1,0 +1,107 @@
+// ModelShape: the exact shape of a decoder-only transformer of the GPT-2 or
+// Llama families, enough to count every parameter and every FLOP.
+//
+// It promises that parameter_count() equals the count PyTorch reports for the
+// Hugging Face model (shared tensors counted once), and it splits that count
+// in Metis's layer numbering: layer 0 is the embedding, layers 1..L are the
+// transformer blocks and layer L+1 is the final norm with the LM head.
+// Shapes come from flags, from a Metis ModelConfig, or from a Hugging Face
+// config.json (InputError names the file and the missing key).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/model_config.h"
+
+namespace hetplan {
+
+enum class MlpKind { kGelu, kSwiGlu };        // GPT-2: fc -> GELU -> proj; Llama: down(silu(gate) * up)
+enum class NormKind { kLayerNorm, kRmsNorm };  // LayerNorm has a bias, RMSNorm does not
+
+// The projections LoRA may adapt, as bits of a mask.
+enum LinearTarget : unsigned {
+  kTargetQ = 1u << 0,
+  kTargetK = 1u << 1,
+  kTargetV = 1u << 2,
+  kTargetO = 1u << 3,
+  kTargetGate = 1u << 4,  // SwiGLU only; for GELU MLPs it means the fc (up) projection
+  kTargetUp = 1u << 5,
+  kTargetDown = 1u << 6,
+  kTargetAll = 0x7f,
+};
+
+// One linear projection of a transformer block: y = x W (+ b), W is in x out.
+struct LinearShape {
+  LinearTarget target;
+  long long in = 0, out = 0;
+  bool bias = false;
+  long long params() const { return in * out + (bias ? out : 0); }
+};
+
+struct ModelShape {
+  std::string name = "GPT";
+  long long vocab_size = 50257;
+  long long hidden_size = 1600;
+  int num_layers = 48;  // transformer blocks (Metis's num_layers is this + 2)
+  int num_heads = 25;
+  int num_kv_heads = 25;  // < num_heads: grouped-query attention
+  long long head_dim = 64;
+  long long ffn_hidden_size = 6400;
+  long long max_positions = 1024;
+  MlpKind mlp = MlpKind::kGelu;
+  NormKind norm = NormKind::kLayerNorm;
+  bool tied_embeddings = true;
+  bool learned_positions = true;  // GPT-2's wpe; Llama uses RoPE (no parameters)
+  bool attention_bias = true;     // q, k, v, o biases
+  bool mlp_bias = true;
+  bool dropout = true;  // GPT-2 trains with dropout (masks are stored); Llama's configs set it to 0
+
+  // --- parameter counts (exact) ---
+  long long norm_params() const { return norm == NormKind::kLayerNorm ? 2 * hidden_size : hidden_size; }
+  std::vector<LinearShape> block_linears() const;
+  long long block_params() const;
+  // The part of a block that tensor parallelism splits (the linear layers;
+  // Megatron keeps the row-parallel biases whole, a few hidden_size values
+  // we split as well); the rest (the two norms) is replicated.
+  long long block_sharded_params() const;
+  long long block_replicated_params() const { return 2 * norm_params(); }
+  long long embedding_params() const;  // token (+ learned position) embeddings
+  long long head_params() const;       // final norm + LM head (0 for the head when tied)
+  long long parameter_count() const;
+  // Parameters per Metis layer: [embedding, block x L, head]. Sums to parameter_count().
+  std::vector<long long> metis_layer_params() const;
+  int metis_num_layers() const { return num_layers + 2; }
+  // The largest single module (DeepSpeed's "largest layer params"): the
+  // embedding table, or the head when untied, or the biggest projection.
+  long long largest_module_params() const;
+
+  // --- FLOPs (a multiply-add is 2 FLOPs) ---
+  // Forward FLOPs of one token of a sequence of length `seq` through one
+  // block: its linear layers and the attention scores and weighted values
+  // (no causal-mask discount, as Narayanan et al. 2021 and MFU reports count).
+  double block_forward_flops_per_token(long long seq) const;
+  double head_forward_flops_per_token() const { return 2.0 * hidden_size * vocab_size; }
+  // Model FLOPs of forward + backward (3x forward) for `tokens` tokens.
+  double training_flops(double tokens, long long seq) const;
+
+  // Checks the shape is usable; `where` names the source for messages.
+  void validate(const std::string& where) const;
+
+  // The Metis-level config of this shape at a sequence length.
+  ModelConfig to_model_config(int sequence_length) const;
+};
+
+// GPT-2 shape with its usual defaults (ffn = 4 h, learned positions, tied).
+ModelShape gpt2_shape(long long vocab, long long hidden, int layers, int heads, long long max_positions);
+// Llama shape: SwiGLU, RMSNorm, RoPE, no biases.
+ModelShape llama_shape(long long vocab, long long hidden, int layers, int heads, int kv_heads, long long ffn,
+                       bool tied, long long max_positions);
+// The GPT shape Metis's plans describe: num_layers counts the embedding and
+// the head, ffn = 4 h, learned positions over the sequence length, tied.
+ModelShape shape_from_model_config(const ModelConfig& m);
+
+// Reads a Hugging Face config.json (model_type gpt2, llama or mistral).
+ModelShape read_hf_config(const std::string& path);
+
+}  // namespace hetplan

@@ -1,0 +1,136 @@
+#include "sim/network.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "sim/input_error.h"
+
+namespace hetplan {
+
+BandwidthUnit parse_bandwidth_unit(const std::string& s, const std::string& where) {
+  std::string k;
+  for (char c : s) k += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (k == "gb/s" || k == "gbps" || k == "gbs") return BandwidthUnit::kGBps;
+  if (k == "gib/s" || k == "gibps") return BandwidthUnit::kGiBps;
+  if (k == "bytes/s" || k == "b/s" || k == "bps" || k == "bytes") return BandwidthUnit::kBytesPerSecond;
+  throw InputError(where + ": '" + s + "': expected GB/s, GiB/s or bytes/s");
+}
+
+double bytes_per_second(double value, BandwidthUnit unit) {
+  switch (unit) {
+    case BandwidthUnit::kGBps: return value * 1e9;
+    case BandwidthUnit::kGiBps: return value * 1024.0 * 1024.0 * 1024.0;
+    case BandwidthUnit::kBytesPerSecond: return value;
+  }
+  return value;
+}
+
+namespace {
+
+// Plausible link speeds: 10 MB/s (slow Ethernet) to 10 TB/s (beyond any NVLink generation).
+constexpr double kMinBytesPerSecond = 1e7, kMaxBytesPerSecond = 1e13;
+
+void check_bandwidth(double value, BandwidthUnit unit, const std::string& file, const std::string& key) {
+  const double bps = bytes_per_second(value, unit);
+  if (std::isfinite(value) && bps >= kMinBytesPerSecond && bps <= kMaxBytesPerSecond) return;
+  std::ostringstream msg;
+  msg << file << ": key '" << key << "' = " << value << ": ";
+  if (unit == BandwidthUnit::kBytesPerSecond)
+    msg << "expected bytes/s between 1e7 and 1e13";
+  else
+    msg << "expected " << (unit == BandwidthUnit::kGBps ? "GB/s" : "GiB/s") << " between 0.01 and 10000";
+  if (unit != BandwidthUnit::kBytesPerSecond && value > 1e4) msg << " (is it bytes/s? then pass --bandwidth-unit bytes/s)";
+  if (unit == BandwidthUnit::kBytesPerSecond && value > 0 && value < 1e7)
+    msg << " (is it GB/s? then pass --bandwidth-unit GB/s)";
+  throw InputError(msg.str());
+}
+
+}  // namespace
+
+Network::Network(const Cluster& cluster, const RankLayout& layout, NetworkOptions options)
+    : layout_(&layout), opt_(options) {
+  if (!(opt_.intra_latency_s >= 0 && opt_.inter_latency_s >= 0 && opt_.intra_latency_s < 1 && opt_.inter_latency_s < 1))
+    throw InputError("network latency: expected seconds in [0, 1)");
+  const std::string file = cluster.clusterfile_path().empty() ? "clusterfile" : cluster.clusterfile_path();
+  for (const auto& e : cluster.clusterfile()) {
+    check_bandwidth(e.intra_bandwidth, opt_.unit, file, e.ip + ".intra_bandwidth");
+    check_bandwidth(e.inter_bandwidth, opt_.unit, file, e.ip + ".inter_bandwidth");
+  }
+  // Layout nodes in RankLayout's order: the node sequence's types, each in hostfile order.
+  for (int type : layout.node_sequence())
+    for (const ClusterNode& n : cluster.nodes()) {
+      if (n.type != type) continue;
+      node_intra_.push_back(bytes_per_second(n.intra_bandwidth, opt_.unit));
+      node_inter_.push_back(bytes_per_second(n.inter_bandwidth, opt_.unit));
+    }
+}
+
+double Network::link_bandwidth(int a, int b) const {
+  const int na = layout_->node_of(a), nb = layout_->node_of(b);
+  if (na == nb) return node_intra_[na];
+  return std::min(node_inter_[na], node_inter_[nb]);
+}
+
+double Network::link_latency(int a, int b) const { return same_node(a, b) ? opt_.intra_latency_s : opt_.inter_latency_s; }
+
+double Network::p2p_seconds(int from, int to, double bytes) const {
+  if (from == to || bytes <= 0) return 0.0;
+  return link_latency(from, to) + bytes / link_bandwidth(from, to);
+}
+
+void Network::ring_bottleneck(const std::vector<int>& ranks, double* bandwidth, double* latency) const {
+  double bw = std::numeric_limits<double>::infinity(), lat = 0;
+  const std::size_t n = ranks.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const int a = ranks[i], b = ranks[(i + 1) % n];
+    bw = std::min(bw, link_bandwidth(a, b));
+    lat = std::max(lat, link_latency(a, b));
+  }
+  *bandwidth = bw;
+  *latency = lat;
+}
+
+double Network::ring_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const {
+  const double n = static_cast<double>(ranks.size());
+  if (n <= 1 || bytes <= 0) return 0.0;
+  double bw, lat;
+  ring_bottleneck(ranks, &bw, &lat);
+  return 2 * (n - 1) * lat + 2 * (n - 1) / n * bytes / bw;
+}
+
+double Network::all_gather_seconds(const std::vector<int>& ranks, double bytes) const {
+  const double n = static_cast<double>(ranks.size());
+  if (n <= 1 || bytes <= 0) return 0.0;
+  double bw, lat;
+  ring_bottleneck(ranks, &bw, &lat);
+  return (n - 1) * lat + (n - 1) / n * bytes / bw;
+}
+
+double Network::hierarchical_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const {
+  if (ranks.size() <= 1 || bytes <= 0) return 0.0;
+  std::map<int, std::vector<int>> by_node;
+  for (int r : ranks) by_node[layout_->node_of(r)].push_back(r);
+  if (by_node.size() == 1) return ring_all_reduce_seconds(ranks, bytes);
+  // Phase 1 and 3: reduce-scatter and all-gather inside each node, in parallel; the slowest node sets the pace.
+  double intra = 0;
+  std::size_t per_node = 0;
+  for (const auto& [node, rs] : by_node) {
+    intra = std::max(intra, 2 * all_gather_seconds(rs, bytes));
+    per_node = std::max(per_node, rs.size());
+  }
+  // Phase 2: each node's shard (bytes / ranks per node) is all-reduced across the nodes, one ring per shard,
+  // all in parallel over the node's links.
+  std::vector<int> leaders;
+  for (const auto& [node, rs] : by_node) leaders.push_back(rs.front());
+  const double inter = ring_all_reduce_seconds(leaders, bytes / static_cast<double>(per_node));
+  return intra + inter;
+}
+
+double Network::all_reduce_seconds(const std::vector<int>& ranks, double bytes) const {
+  return std::min(ring_all_reduce_seconds(ranks, bytes), hierarchical_all_reduce_seconds(ranks, bytes));
+}
+
+}  // namespace hetplan

@@ -1,0 +1,67 @@
+// Network: how long collectives and point-to-point transfers take between
+// the ranks of a RankLayout, from the clusterfile's bandwidths.
+//
+// Two ranks on one node talk over that node's intra_bandwidth; ranks on two
+// nodes over the smaller inter_bandwidth of the two (the real key, not the
+// intra_bandwidth Metis reads). Every message also pays a per-hop latency.
+// A ring all-reduce of B bytes over n ranks moves 2 (n - 1) / n x B over its
+// slowest link in 2 (n - 1) steps; the hierarchical form reduce-scatters
+// inside each node, all-reduces the node's shard across nodes and all-gathers
+// inside the node again. all_reduce() takes the faster, as NCCL's tuner would.
+//
+// Units are explicit: clusterfile numbers are read as GB/s (1e9 bytes/s,
+// the unit Metis's clusterfiles are written in), GiB/s, or bytes/s, and
+// checked to be plausible for that unit (InputError otherwise).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/cluster.h"
+#include "sim/rank_layout.h"
+
+namespace hetplan {
+
+enum class BandwidthUnit { kGBps, kGiBps, kBytesPerSecond };
+
+// "GB/s", "GiB/s" or "bytes/s" (also gbps, gibps, bps); throws InputError naming `where`.
+BandwidthUnit parse_bandwidth_unit(const std::string& s, const std::string& where);
+double bytes_per_second(double value, BandwidthUnit unit);
+
+struct NetworkOptions {
+  BandwidthUnit unit = BandwidthUnit::kGBps;
+  double intra_latency_s = 5e-6;   // NVLink/PCIe hop, NCCL's order of magnitude
+  double inter_latency_s = 20e-6;  // InfiniBand/Ethernet hop between nodes
+};
+
+class Network {
+ public:
+  // Validates every clusterfile bandwidth against the unit. Throws InputError
+  // "<clusterfile>: key '<ip>.inter_bandwidth' = X: ..." for absurd values.
+  Network(const Cluster& cluster, const RankLayout& layout, NetworkOptions options = {});
+
+  // Bandwidth (bytes/s) and latency (s) of the link ranks a and b share.
+  double link_bandwidth(int a, int b) const;
+  double link_latency(int a, int b) const;
+  bool same_node(int a, int b) const { return layout_->node_of(a) == layout_->node_of(b); }
+
+  double p2p_seconds(int from, int to, double bytes) const;
+  double ring_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
+  double hierarchical_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
+  double all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
+  // Ring all-gather (or reduce-scatter) where every rank ends with (or
+  // starts from) `bytes` in total: (n - 1) / n x bytes over the slowest link.
+  double all_gather_seconds(const std::vector<int>& ranks, double bytes) const;
+
+  const RankLayout& layout() const { return *layout_; }
+
+ private:
+  // Slowest link and largest latency of the ring over `ranks` in order.
+  void ring_bottleneck(const std::vector<int>& ranks, double* bandwidth, double* latency) const;
+
+  const RankLayout* layout_;
+  NetworkOptions opt_;
+  std::vector<double> node_intra_, node_inter_;  // bytes/s, per layout node
+};
+
+}  // namespace hetplan

@@ -1,0 +1,78 @@
+// StageTimeline: one training iteration as a task graph (Boost.Graph),
+// scheduled with each device group as a resource.
+//
+// Tasks are the forward and backward of every micro-batch on every stage,
+// the p2p transfers of activations (stage i -> i + 1) and gradients
+// (i + 1 -> i), each stage's data-parallel gradient all-reduce and its
+// optimizer step. Edges are data dependencies plus the order each resource
+// runs its tasks in: a stage's compute follows the schedule (GPipe: all
+// forwards, then all backwards; 1F1B: pp - stage - 1 warm-up forwards, then
+// one forward one backward, then the remaining backwards), each link sends in
+// micro-batch order. A task starts when all its predecessors are done, so
+// the makespan is the longest path, computed once in topological order.
+//
+// Reports the iteration time, the bubble fraction, per-stage busy time, the
+// peak number of micro-batches each stage holds, tokens/s and MFU, and the
+// spans for a Chrome trace named "forward", "backward", "send", "recv",
+// "allreduce" and "optimizer" (the names replay's trace uses).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/json_util.h"
+#include "sim/memory_model.h"
+
+namespace hetplan {
+
+struct StageCosts {
+  std::string label;         // e.g. "stage 0: A100 x4 (dp 2, tp 2), layers [0, 5)"
+  double forward_ms = 0;     // one micro-batch
+  double backward_ms = 0;
+  double send_forward_ms = 0;   // activation p2p to the next stage (unused on the last)
+  double send_backward_ms = 0;  // gradient p2p to the previous stage (unused on the first)
+  double allreduce_ms = 0;      // data-parallel gradient all-reduce, after the stage's last backward
+  double optimizer_ms = 0;
+  double peak_flops = 0;        // sum of the stage's GPUs' peak FLOP/s (0: unknown, no MFU)
+};
+
+struct TimelineInput {
+  std::vector<StageCosts> stages;
+  int microbatches = 1;
+  Schedule schedule = Schedule::k1F1B;
+  double tokens = 0;       // tokens per iteration, for tokens/s
+  double model_flops = 0;  // model FLOPs per iteration, for MFU
+};
+
+struct Span {
+  std::string name;  // forward, backward, send, recv, allreduce, optimizer
+  int stage = 0;
+  int microbatch = -1;  // -1 for allreduce and optimizer
+  int peer = -1;        // the other stage of a send or recv
+  double start_ms = 0, end_ms = 0;
+};
+
+struct TimelineResult {
+  double iteration_ms = 0;
+  double bubble_fraction = 0;            // 1 - forward/backward busy time / (stages x iteration)
+  std::vector<double> busy_ms;           // per stage: forward + backward + optimizer
+  std::vector<int> peak_in_flight;       // per stage: most micro-batches forwarded but not yet backwarded
+  double tokens_per_s = 0;
+  double mfu = -1;                       // -1 when the peak FLOP/s are unknown
+  std::vector<Span> spans;
+};
+
+// The order in which stage `stage` of `pp` runs its forwards (+j+1) and
+// backwards (-(j+1)) of micro-batches j = 0..m-1.
+std::vector<int> stage_order(Schedule schedule, int pp, int stage, int microbatches);
+
+TimelineResult simulate_timeline(const TimelineInput& input);
+
+// Chrome trace-event JSON (opens in Perfetto and chrome://tracing): one
+// process per stage with compute and communication threads.
+ordered_json chrome_trace(const TimelineResult& result, const std::vector<StageCosts>& stages);
+
+const char* to_string(Schedule s);
+Schedule parse_schedule(const std::string& s, const std::string& where);
+
+}  // namespace hetplan
