@@ -17,6 +17,7 @@ Runner add_simulate_command(CLI::App& app);
 Runner add_whatif_command(CLI::App& app);
 #if defined(HETPLAN_WITH_TORCH)
 Runner add_profile_command(CLI::App& app, int argc, char** argv);
+Runner add_replay_command(CLI::App& app, int argc, char** argv);
 #endif
 
 }  // namespace hetplan::cli

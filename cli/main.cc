@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   reg(hetplan::cli::add_whatif_command(app));
 #if defined(HETPLAN_WITH_TORCH)
   reg(hetplan::cli::add_profile_command(app, argc, argv));
+  reg(hetplan::cli::add_replay_command(app, argc, argv));
 #endif
   try {
     app.parse(argc, argv);

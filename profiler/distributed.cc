@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 // PyPI's LibTorch ships no Gloo headers; there, only NCCL (CUDA) is used.
 #if __has_include(<gloo/algorithm.h>)
@@ -35,9 +36,18 @@ int env_int(const char* name, int fallback) {
 }
 
 template <typename PG>
-class C10dCollectives : public TensorParallelGroup::Collectives {
+class C10dCollectives : public CommGroup {
  public:
   explicit C10dCollectives(c10::intrusive_ptr<PG> pg) : pg_(std::move(pg)) {}
+  Waiter send(const torch::Tensor& t, int dst, int tag) override {
+    std::vector<torch::Tensor> v{t.contiguous()};
+    auto work = pg_->send(v, dst, tag);
+    return [work, v] { work->wait(); };
+  }
+  void recv(torch::Tensor& t, int src, int tag) override {
+    std::vector<torch::Tensor> v{t};
+    pg_->recv(v, src, tag)->wait();
+  }
   void all_reduce(torch::Tensor& t) override {
     std::vector<torch::Tensor> v{t};
     pg_->allreduce(v)->wait();
@@ -78,28 +88,43 @@ std::optional<DistEnv> DistEnv::from_env() {
   return e;
 }
 
-std::shared_ptr<TensorParallelGroup::Collectives> make_collectives(const DistEnv& env, torch::Device device,
-                                                                   std::chrono::milliseconds timeout) {
+struct Rendezvous {
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
+std::shared_ptr<Rendezvous> connect_world(const DistEnv& env, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(env.master_port);
   so.isServer = env.rank == 0;
   so.numWorkers = env.world_size;
   so.timeout = timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  auto r = std::make_shared<Rendezvous>();
+  r->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  return r;
+}
+
+std::shared_ptr<CommGroup> make_group(const std::shared_ptr<Rendezvous>& world, const std::string& name, int rank,
+                                      int size, torch::Device device, std::chrono::milliseconds timeout) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>(name, world->store);
 #if defined(HETPLAN_TORCH_CUDA)
   if (device.is_cuda()) {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
-    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, opts);
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
     return std::make_shared<C10dCollectives<c10d::ProcessGroupNCCL>>(pg);
   }
 #endif
-  if (!device.is_cpu()) throw std::runtime_error("tensor parallelism on this device needs a CUDA build of LibTorch");
+  if (!device.is_cpu()) throw std::runtime_error("distributed runs on this device need a CUDA build of LibTorch");
 #if defined(HETPLAN_HAVE_GLOO)
-  return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(make_gloo(store, env.rank, env.world_size, timeout));
+  return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(make_gloo(store, rank, size, timeout));
 #else
   no_gloo();
 #endif
+}
+
+std::shared_ptr<TensorParallelGroup::Collectives> make_collectives(const DistEnv& env, torch::Device device,
+                                                                   std::chrono::milliseconds timeout) {
+  return make_group(connect_world(env, timeout), "world", env.rank, env.world_size, device, timeout);
 }
 
 std::shared_ptr<TensorParallelGroup::Collectives> make_thread_gloo_collectives(const std::string& store_id, int rank,

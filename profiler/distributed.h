@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,26 @@ struct DistEnv {
   // From the torchrun variables; nullopt when RANK or WORLD_SIZE is unset.
   static std::optional<DistEnv> from_env();
 };
+
+// A process group of some ranks of the world: collectives for tensor
+// parallelism plus point-to-point sends (asynchronous: wait() on the
+// returned handle) and blocking receives. Ranks are positions in the group.
+class CommGroup : public TensorParallelGroup::Collectives {
+ public:
+  using Waiter = std::function<void()>;
+  virtual Waiter send(const torch::Tensor& t, int dst, int tag) = 0;
+  virtual void recv(torch::Tensor& t, int src, int tag) = 0;
+};
+
+// The world's rendezvous: a TCPStore on MASTER_ADDR:MASTER_PORT (rank 0 serves it).
+struct Rendezvous;
+std::shared_ptr<Rendezvous> connect_world(const DistEnv& env, std::chrono::milliseconds timeout);
+
+// A group named `name` of `size` ranks in which this rank is `rank`; every
+// member must call this with the same name, and every rank must create its
+// groups in one global order. NCCL for CUDA, Gloo for the CPU.
+std::shared_ptr<CommGroup> make_group(const std::shared_ptr<Rendezvous>& world, const std::string& name, int rank,
+                                      int size, torch::Device device, std::chrono::milliseconds timeout);
 
 // Collectives for a group of all world_size ranks: Gloo if `device` is the
 // CPU, NCCL if it is CUDA. `timeout` bounds every collective.

@@ -85,16 +85,26 @@ torch::Tensor HeadLayer::forward(const torch::Tensor& x) {
                                               targets_.reshape({-1}));
 }
 
-GPT::GPT(const GPTConfig& c, const TensorParallelGroup& g) : config_(c), group_(g) {
+GPT::GPT(const GPTConfig& c, const TensorParallelGroup& g) : GPT(c, g, 0, c.num_layers) {}
+
+GPT::GPT(const GPTConfig& c, const TensorParallelGroup& g, int64_t first, int64_t last)
+    : config_(c), group_(g), first_(first) {
   const int tp = g.size();
   if (c.num_layers < 3) throw std::invalid_argument("GPT: --num-layers must be at least 3 (embedding, a block, head)");
   if (c.hidden_size % c.num_heads != 0) throw std::invalid_argument("GPT: --hidden-size must divide by --heads");
   if (c.num_heads % tp != 0 || c.vocab_size % tp != 0)
     throw std::invalid_argument("GPT: --heads and --vocab-size must divide by tp=" + std::to_string(tp));
-  layers_.push_back(std::make_shared<EmbeddingLayer>(c, group_));
-  for (int64_t i = 1; i <= c.blocks(); ++i) layers_.push_back(std::make_shared<TransformerBlock>(c, group_, i));
-  head_ = std::make_shared<HeadLayer>(c, group_);
-  layers_.push_back(head_);
+  if (first < 0 || last > c.num_layers || first > last) throw std::invalid_argument("GPT: bad layer range");
+  for (int64_t i = first; i < last; ++i) {
+    if (i == 0) {
+      layers_.push_back(std::make_shared<EmbeddingLayer>(c, group_));
+    } else if (i == c.num_layers - 1) {
+      head_ = std::make_shared<HeadLayer>(c, group_);
+      layers_.push_back(head_);
+    } else {
+      layers_.push_back(std::make_shared<TransformerBlock>(c, group_, i));
+    }
+  }
 }
 
 void GPT::to(torch::Device device, torch::Dtype dtype) {

@@ -72,6 +72,11 @@ class GPT {
  public:
   // Checks that heads, 4h and the vocabulary divide by the tp degree.
   GPT(const GPTConfig& c, const TensorParallelGroup& g);
+  // Only layers [first, last) of the model (a pipeline stage); the same
+  // weights as the whole model's layers of those numbers.
+  GPT(const GPTConfig& c, const TensorParallelGroup& g, int64_t first, int64_t last);
+  int64_t first_layer() const { return first_; }
+  bool has_head() const { return head_ != nullptr; }
   const GPTConfig& config() const { return config_; }
   std::vector<std::shared_ptr<GPTLayer>>& layers() { return layers_; }
   HeadLayer& head() { return *head_; }
@@ -83,6 +88,7 @@ class GPT {
  private:
   GPTConfig config_;
   TensorParallelGroup group_;
+  int64_t first_ = 0;
   std::vector<std::shared_ptr<GPTLayer>> layers_;
   std::shared_ptr<HeadLayer> head_;
 };

@@ -3,7 +3,6 @@
 // and running out of memory skips a (tp, bs) without ending the run.
 #include <sys/wait.h>
 
-#include <catch2/catch.hpp>
 #include <filesystem>
 #include <thread>
 
@@ -12,6 +11,10 @@
 #include "profiler/gpt.h"
 #include "sim/json_util.h"
 #include "tests/fixtures.h"
+
+// After the LibTorch headers: glog defines a CHECK macro that Catch's must replace.
+#undef CHECK
+#include <catch2/catch.hpp>
 
 namespace fs = std::filesystem;
 using namespace hetplan;

@@ -1,0 +1,289 @@
+// `hetplan replay`: run a plan on this machine's GPUs (or CPU ranks), measure
+// it, and report measured against predicted.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "executor/pipeline_runtime.h"
+#include "profiler/device_meter.h"
+#include "sim/cluster.h"
+#include "sim/gpu_specs.h"
+#include "sim/input_error.h"
+#include "sim/plan_file.h"
+#include "sim/rank_layout.h"
+
+namespace hetplan::cli {
+
+namespace fs = std::filesystem;
+using namespace hetplan::executor;
+
+namespace {
+
+struct ReplayArgs {
+  std::string plan, out = "replay.json", trace, schedule = "1f1b", dtype = "bf16", device = "auto";
+  std::string profile_dir, hostfile, clusterfile, dump_dir, work_dir;
+  int iters = 10, warmup = 3, timeout_s = 300, heads = 0;
+  int64_t cpu_memory_limit_mb = 0;
+  double lr = 1e-4;
+  std::vector<std::string> argv;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+torch::Device pick_device(const std::string& d, int local_rank) {
+  if (d == "cpu") return torch::Device(torch::kCPU);
+  if (d == "cuda" || (d == "auto" && torch::cuda::is_available())) {
+    if (!torch::cuda::is_available()) throw InputError("--device cuda: no CUDA device is visible");
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  }
+  if (d != "auto") throw InputError("--device: expected auto, cpu or cuda, got '" + d + "'");
+  return torch::Device(torch::kCPU);
+}
+
+struct Prepared {
+  PlanFile plan;
+  std::unique_ptr<ProfileSet> profiles;
+  std::vector<int> rank_types;  // profile type per rank, for the data load balancer
+  std::unique_ptr<PipelineLayout> layout;
+  ReplayConfig config;
+};
+
+Prepared prepare(const ReplayArgs& a, int local_rank) {
+  Prepared p;
+  p.plan = read_plan_file(a.plan);
+  const std::string profile_dir = a.profile_dir.empty() ? p.plan.profile_dir : a.profile_dir;
+  const std::string hostfile = a.hostfile.empty() ? p.plan.hostfile : a.hostfile;
+  const std::string clusterfile = a.clusterfile.empty() ? p.plan.clusterfile : a.clusterfile;
+  if (!profile_dir.empty() && fs::is_directory(profile_dir) && !hostfile.empty() && !clusterfile.empty() &&
+      fs::exists(hostfile) && fs::exists(clusterfile)) {
+    p.profiles = std::make_unique<ProfileSet>(ProfileSet::load(profile_dir, p.plan.model.num_layers));
+    const Cluster cluster = Cluster::load(hostfile, clusterfile);
+    std::vector<int> ns;
+    for (const auto& name : p.plan.plan.node_sequence) {
+      const int t = cluster.type_index(name);
+      if (t < 0) throw InputError(a.plan + ": node_sequence names '" + name + "', which " + hostfile + " lacks");
+      ns.push_back(t);
+    }
+    const RankLayout rl(cluster, ns);
+    for (int t : rl.rank_types()) p.rank_types.push_back(p.profiles->type_index(cluster.device_types()[t]));
+  }
+  p.layout = std::make_unique<PipelineLayout>(p.plan, p.rank_types, p.profiles.get());
+
+  ReplayConfig& c = p.config;
+  c.model.num_layers = p.plan.model.num_layers;
+  c.model.hidden_size = p.plan.model.hidden_size;
+  c.model.num_heads = a.heads > 0 ? a.heads : p.plan.model.attention_heads;
+  c.model.seq_len = p.plan.model.sequence_length;
+  c.model.vocab_size = p.plan.model.vocab_size;
+  c.gbs = p.plan.gbs;
+  c.warmup = a.warmup;
+  c.iters = a.iters;
+  if (a.schedule == "gpipe") c.schedule = PipelineSchedule::kGPipe;
+  else if (a.schedule == "1f1b") c.schedule = PipelineSchedule::k1F1B;
+  else throw InputError("--schedule: expected gpipe or 1f1b, got '" + a.schedule + "'");
+  if (a.dtype == "bf16") c.dtype = torch::kBFloat16;
+  else if (a.dtype == "fp16") c.dtype = torch::kFloat16;
+  else if (a.dtype == "fp32") c.dtype = torch::kFloat32;
+  else throw InputError("--dtype: expected bf16, fp16 or fp32, got '" + a.dtype + "'");
+  c.device = pick_device(a.device, local_rank);
+  c.lr = a.lr;
+  c.timeout = std::chrono::seconds(a.timeout_s);
+  c.dump_dir = a.dump_dir;
+  for (std::size_t s = 0; s < p.plan.plan.strategies.size(); ++s) {
+    const int tp = p.plan.plan.strategies[s].tp;
+    if (c.model.num_heads % tp || c.model.vocab_size % tp)
+      throw InputError(a.plan + ": stage " + std::to_string(s) + " has tp " + std::to_string(tp) +
+                       ", which must divide the heads (" + std::to_string(c.model.num_heads) + ") and vocabulary");
+  }
+  return p;
+}
+
+std::string work_dir(const ReplayArgs& a) {
+  return a.work_dir.empty() ? (fs::path(a.out).parent_path() / (fs::path(a.out).stem().string() + ".ranks")).string()
+                            : a.work_dir;
+}
+
+int run_worker(const ReplayArgs& a, const profiler::DistEnv& env) {
+  const std::string dir = work_dir(a);
+  const std::string base = (fs::path(dir) / ("rank" + std::to_string(env.rank))).string();
+  try {
+    if (a.cpu_memory_limit_mb > 0 && !profiler::DeviceMeter::set_cpu_memory_limit(a.cpu_memory_limit_mb << 20))
+      throw InputError("--cpu-memory-limit-mb: not supported with this LibTorch version");
+    // Fault injection for tests: this rank fails as soon as it starts.
+    if (const char* f = std::getenv("HETPLAN_REPLAY_FAIL_RANK"); f && std::atoi(f) == env.rank)
+      throw std::runtime_error("injected failure (HETPLAN_REPLAY_FAIL_RANK)");
+    Prepared p = prepare(a, env.local_rank);
+    const RankReport r = run_pipeline_rank(*p.layout, p.config, env);
+    write_json_file(base + ".json", rank_report_to_json(r));
+    return 0;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    const bool oom = profiler::is_out_of_memory(e);
+    std::ofstream(base + ".error") << (oom ? "out of memory: " : "") << what << "\n";
+    std::cerr << "rank " << env.rank << ": " << what << "\n";
+    std::_Exit(oom ? 42 : 1);
+  }
+}
+
+int run_replay(const ReplayArgs& a) {
+  if (a.plan.empty()) throw InputError("--plan: required");
+  if (const auto env = profiler::DistEnv::from_env()) return run_worker(a, *env);
+
+  Prepared p = prepare(a, 0);
+  const PipelineLayout& layout = *p.layout;
+  const torch::Device device = p.config.device;
+  const int gpus = device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  if (device.is_cuda() && layout.world() > gpus)
+    throw InputError(a.plan + ": the plan needs " + std::to_string(layout.world()) + " GPUs, " + std::to_string(gpus) +
+                     " are visible");
+  const std::string local = profiler::device_description(device);
+  std::string types;
+  for (const auto& t : p.plan.plan.node_sequence) types += (types.empty() ? "" : ", ") + t;
+  std::string mapping = "all " + std::to_string(layout.world()) + " ranks run on local " + local +
+                        ", in rank order; the plan's device types (" + types + ") are not emulated";
+  std::cout << "replay: " << a.plan << ": " << layout.num_stages() << " stage(s), " << layout.batches()
+            << " micro-batches of " << layout.micro_batch() << ", " << a.schedule << ", " << a.dtype << "\n";
+  std::cout << "mapping: " << mapping << "\n";
+
+  const std::string dir = work_dir(a);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<std::string> args = a.argv;
+  args.push_back("--work-dir");
+  args.push_back(dir);
+  const auto r = profiler::launch_local_ranks(args, layout.world(), profiler::free_local_port(),
+                                              std::chrono::seconds(std::min(15, a.timeout_s)),
+                                              std::chrono::seconds(a.timeout_s * 2));
+  if (!r.ok()) {
+    std::string detail;
+    for (int rank = 0; rank < layout.world(); ++rank) {
+      std::ifstream err((fs::path(dir) / ("rank" + std::to_string(rank) + ".error")).string());
+      std::string line;
+      if (std::getline(err, line)) detail += " rank " + std::to_string(rank) + ": " + line + ";";
+    }
+    std::string codes;
+    for (int c : r.exit_codes) codes += (codes.empty() ? "" : ",") + std::to_string(c);
+    throw InputError("replay failed (exit codes " + codes + "):" + (detail.empty() ? " no rank reported why" : detail));
+  }
+
+  std::vector<RankReport> reports;
+  for (int rank = 0; rank < layout.world(); ++rank)
+    reports.push_back(rank_report_from_json(read_json_file((fs::path(dir) / ("rank" + std::to_string(rank) + ".json")).string())));
+  const std::vector<double>& iters = reports[0].iteration_ms;
+  const double med = median(iters);
+  const double spread = med > 0 ? (*std::max_element(iters.begin(), iters.end()) -
+                                   *std::min_element(iters.begin(), iters.end())) / med
+                                : 0;
+  std::vector<double> losses(iters.size(), 0.0);
+  for (const auto& rep : reports)
+    for (std::size_t k = 0; k < rep.losses.size() && k < losses.size(); ++k) losses[k] += rep.losses[k];
+
+  const auto& m = p.config.model;
+  const double tokens = static_cast<double>(p.plan.gbs) * m.seq_len;
+  const double h = m.hidden_size, V = m.vocab_size, s = m.seq_len;
+  const double params = (V * h + s * h) + (m.num_layers - 2) * (12 * h * h + 13 * h) + (V * h + V + 2 * h);
+  // 6 N per token for the weights, plus attention's 12 * blocks * s * h per token (Narayanan et al. 2021).
+  const double flops = (6 * params + 12.0 * (m.num_layers - 2) * s * h) * tokens;
+  const GpuSpec* spec = nullptr;
+  for (const auto& g : gpu_specs())
+    if (device.is_cuda() && local.find(g.name) != std::string::npos) spec = &g;
+  const double mfu = spec ? flops / (med * 1e-3) / (layout.world() * spec->peak_tflops * 1e12) : -1;
+  const double predicted = p.plan.plan.cost;
+
+  ordered_json out;
+  out["plan"] = plan_file_to_json(p.plan);
+  out["device"] = local;
+  out["mapping"] = mapping;
+  out["schedule"] = a.schedule;
+  out["dtype"] = a.dtype;
+  out["warmup"] = a.warmup;
+  out["iters"] = a.iters;
+  out["iteration_ms"] = {{"median", med},
+                         {"min", *std::min_element(iters.begin(), iters.end())},
+                         {"max", *std::max_element(iters.begin(), iters.end())},
+                         {"spread", spread},
+                         {"all", iters}};
+  out["tokens_per_s"] = tokens / (med * 1e-3);
+  out["mfu"] = mfu >= 0 ? ordered_json(mfu) : ordered_json(nullptr);
+  out["predicted_ms"] = predicted;
+  out["prediction_error"] = predicted > 0 ? ordered_json((med - predicted) / med) : ordered_json(nullptr);
+  out["losses"] = losses;
+  ordered_json ranks = ordered_json::array();
+  for (const auto& rep : reports)
+    ranks.push_back({{"rank", rep.rank}, {"stage", rep.stage}, {"replica", rep.replica}, {"tp_index", rep.tp_index},
+                     {"peak_memory_mb", rep.peak_memory_mb}});
+  out["ranks"] = ranks;
+  write_json_file(a.out, out);
+
+  // Chrome trace (Perfetto): one process per rank, spans of the last iteration.
+  const std::string trace_path = a.trace.empty() ? (fs::path(a.out).replace_extension(".trace.json")).string() : a.trace;
+  ordered_json events = ordered_json::array();
+  for (const auto& rep : reports) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rep.rank},
+                      {"args", {{"name", "rank " + std::to_string(rep.rank) + " (stage " + std::to_string(rep.stage) +
+                                             ", replica " + std::to_string(rep.replica) + ", tp " +
+                                             std::to_string(rep.tp_index) + ")"}}}});
+    for (const auto& sp : rep.trace)
+      events.push_back({{"name", sp.name}, {"ph", "X"}, {"pid", rep.rank}, {"tid", 0}, {"ts", sp.start_ms * 1000},
+                        {"dur", (sp.end_ms - sp.start_ms) * 1000}, {"args", {{"micro_batch", sp.micro_batch}}}});
+  }
+  write_json_file(trace_path, {{"traceEvents", events}, {"displayTimeUnit", "ms"}});
+
+  std::cout << std::fixed << std::setprecision(3);
+  std::cout << "iteration_ms: median " << med << " (spread " << std::setprecision(1) << 100 * spread << "% over "
+            << iters.size() << ")\n"
+            << std::setprecision(1) << "tokens_per_s: " << tokens / (med * 1e-3) << "\n";
+  if (mfu >= 0) std::cout << std::setprecision(3) << "mfu: " << mfu << "\n";
+  if (predicted > 0)
+    std::cout << std::setprecision(3) << "predicted_ms (Metis): " << predicted << ", error (measured - predicted) / "
+              << "measured: " << std::setprecision(1) << 100 * (med - predicted) / med << "%\n";
+  for (const auto& rep : reports)
+    std::cout << std::setprecision(1) << "rank " << rep.rank << " stage " << rep.stage << ": peak "
+              << rep.peak_memory_mb << " MB\n";
+  std::cout << "wrote " << a.out << " and " << trace_path << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Runner add_replay_command(CLI::App& app, int argc, char** argv) {
+  auto a = std::make_shared<ReplayArgs>();
+  for (int i = 1; i < argc; ++i) a->argv.push_back(argv[i]);
+  CLI::App* s = app.add_subcommand(
+      "replay",
+      "Run a plan (an entry of `hetplan search --json`) on this machine: one process per rank, each stage's\n"
+      "layers on its device group with its (dp, tp), activations and gradients between stages by c10d p2p,\n"
+      "gradients summed over dp, Adam. Reports the median iteration time, tokens/s, MFU, per-rank peak\n"
+      "memory and the prediction error, and writes a Chrome trace (Perfetto) of one iteration.");
+  s->add_option("--plan", a->plan, "Plan JSON (a search --json entry, or the whole file: its best plan)")->required();
+  s->add_option("--iters", a->iters, "Measured iterations")->capture_default_str();
+  s->add_option("--warmup", a->warmup, "Unmeasured iterations first")->capture_default_str();
+  s->add_option("--schedule", a->schedule, "gpipe or 1f1b")->capture_default_str();
+  s->add_option("--dtype", a->dtype, "bf16, fp16 or fp32")->capture_default_str();
+  s->add_option("--device", a->device, "auto, cuda or cpu")->capture_default_str();
+  s->add_option("--profile-dir", a->profile_dir, "Profiles, for the data load balancer (default: the plan's)");
+  s->add_option("--hostfile", a->hostfile, "Hostfile (default: the plan's)");
+  s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
+  s->add_option("--heads", a->heads, "Attention heads (default: the plan's model)");
+  s->add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
+  s->add_option("--out,-o", a->out, "Result JSON")->capture_default_str();
+  s->add_option("--trace", a->trace, "Chrome trace JSON (default: <out>.trace.json)");
+  s->add_option("--timeout-s", a->timeout_s, "Bound on each collective, in seconds")->capture_default_str();
+  s->add_option("--cpu-memory-limit-mb", a->cpu_memory_limit_mb,
+                "CPU runs: treat allocations past this many MB per rank as out of memory");
+  s->add_option("--dump-params", a->dump_dir, "Write every rank's parameters after the last step here");
+  s->add_option("--work-dir", a->work_dir, "Per-rank files (default: next to --out)");
+  return [a] { return run_replay(*a); };
+}
+
+}  // namespace hetplan::cli

@@ -1,0 +1,287 @@
+#include "executor/pipeline_runtime.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include "profiler/device_meter.h"
+#include "sim/input_error.h"
+
+namespace hetplan::executor {
+
+namespace fs = std::filesystem;
+using profiler::CommGroup;
+
+std::pair<torch::Tensor, torch::Tensor> global_batch(const ReplayConfig& c, int step) {
+  auto g1 = at::make_generator<at::CPUGeneratorImpl>(c.data_seed + 2 * step);
+  auto g2 = at::make_generator<at::CPUGeneratorImpl>(c.data_seed + 2 * step + 1);
+  const auto opts = torch::TensorOptions().dtype(torch::kLong);
+  return {at::randint(c.model.vocab_size, {c.gbs, c.model.seq_len}, g1, opts),
+          at::randint(c.model.vocab_size, {c.gbs, c.model.seq_len}, g2, opts)};
+}
+
+namespace {
+
+// The groups one rank belongs to, created in one global order on every rank.
+struct RankGroups {
+  std::shared_ptr<CommGroup> world, tp, dp;
+  std::map<std::pair<int, int>, std::shared_ptr<CommGroup>> fwd, bwd;  // keyed (src, dst)
+};
+
+RankGroups make_groups(const PipelineLayout& layout, int me, const ReplayConfig& c, const profiler::DistEnv& env) {
+  auto rv = profiler::connect_world(env, c.timeout);
+  RankGroups g;
+  g.world = profiler::make_group(rv, "world", me, layout.world(), c.device, c.timeout);
+  for (int s = 0; s < layout.num_stages(); ++s) {
+    const StageLayout& st = layout.stage(s);
+    for (int d = 0; d < st.dp; ++d)
+      for (int t = 0; t < st.tp; ++t)
+        if (st.rank(d, t) == me && st.tp > 1)
+          g.tp = profiler::make_group(rv, "tp." + std::to_string(s) + "." + std::to_string(d), t, st.tp, c.device,
+                                      c.timeout);
+    for (int t = 0; t < st.tp; ++t)
+      for (int d = 0; d < st.dp; ++d)
+        if (st.rank(d, t) == me && st.dp > 1)
+          g.dp = profiler::make_group(rv, "dp." + std::to_string(s) + "." + std::to_string(t), d, st.dp, c.device,
+                                      c.timeout);
+  }
+  // One two-rank group per pair and direction, so that activations and
+  // gradients never queue behind each other (NCCL orders a pair's p2p ops).
+  for (int s = 0; s + 1 < layout.num_stages(); ++s) {
+    for (const Transfer& x : layout.forward_transfers(s))
+      if (x.src == me || x.dst == me)
+        g.fwd[{x.src, x.dst}] = profiler::make_group(
+            rv, "fwd." + std::to_string(x.src) + "." + std::to_string(x.dst), x.src == me ? 0 : 1, 2, c.device, c.timeout);
+    for (const Transfer& x : layout.backward_transfers(s))
+      if (x.src == me || x.dst == me)
+        g.bwd[{x.src, x.dst}] = profiler::make_group(
+            rv, "bwd." + std::to_string(x.src) + "." + std::to_string(x.dst), x.src == me ? 0 : 1, 2, c.device, c.timeout);
+  }
+  return g;
+}
+
+struct MicroBatchState {
+  torch::Tensor input, output;  // output: activations, or the scaled loss on the last stage
+};
+
+}  // namespace
+
+RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env) {
+  const int me = env.rank;
+  if (env.world_size != layout.world())
+    throw InputError("replay: WORLD_SIZE is " + std::to_string(env.world_size) + " but the plan has " +
+                     std::to_string(layout.world()) + " ranks");
+  const StageLayout& st = layout.stage_of(me);
+  const int s = st.index, replica = layout.replica_of(me), t = layout.tp_index_of(me);
+  const bool first = s == 0, last = s + 1 == layout.num_stages();
+  const SampleRange mine = st.replica_samples[replica];
+  const int m = layout.batches(), mb = layout.micro_batch();
+
+  RankGroups groups = make_groups(layout, me, c, env);
+  profiler::TensorParallelGroup tp_group;
+  if (st.tp > 1) tp_group = profiler::TensorParallelGroup(t, st.tp, groups.tp);
+  profiler::GPT stage_model(c.model, tp_group, st.first_layer, st.last_layer);
+  stage_model.to(c.device, c.dtype);
+  std::vector<torch::Tensor> params = stage_model.parameters();
+  std::unique_ptr<torch::optim::Adam> adam;
+  if (!params.empty()) adam = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr));
+  const bool tokens_in = st.first_layer == 0;                 // this stage's input is token ids
+  const auto act_opts = torch::TensorOptions().dtype(c.dtype).device(c.device);
+  const auto id_opts = torch::TensorOptions().dtype(torch::kLong).device(c.device);
+
+  profiler::DeviceMeter meter(c.device);
+  RankReport report;
+  report.rank = me;
+  report.stage = s;
+  report.replica = replica;
+  report.tp_index = t;
+
+  // Incoming and outgoing pieces of this rank, in sample order.
+  std::vector<Transfer> recv_fwd, send_fwd, recv_bwd, send_bwd;
+  if (!first)
+    for (const Transfer& x : layout.forward_transfers(s - 1)) if (x.dst == me) recv_fwd.push_back(x);
+  if (!last)
+    for (const Transfer& x : layout.forward_transfers(s)) if (x.src == me) send_fwd.push_back(x);
+  if (!last)
+    for (const Transfer& x : layout.backward_transfers(s)) if (x.dst == me) recv_bwd.push_back(x);
+  if (!first)
+    for (const Transfer& x : layout.backward_transfers(s - 1)) if (x.src == me) send_bwd.push_back(x);
+
+  std::vector<CommGroup::Waiter> pending;
+  struct Mark {
+    std::string name;
+    int a, b, micro_batch;
+  };
+  std::vector<Mark> marks;
+  auto timed = [&](const std::string& name, int j, const std::function<void()>& f) {
+    const int a = meter.mark();
+    f();
+    marks.push_back({name, a, meter.mark(), j});
+  };
+  const torch::Tensor one = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(c.device));
+  auto world_barrier = [&] {
+    torch::Tensor x = one.clone();
+    groups.world->all_reduce(x);
+  };
+
+  for (int step = 0; step < c.warmup + c.iters; ++step) {
+    const bool record = step >= c.warmup;
+    const auto [ids_full, targets_full] = global_batch(c, step);
+    std::vector<MicroBatchState> mbs(m);
+    torch::Tensor loss_share = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(c.device));
+    marks.clear();
+    meter.clear_marks();
+    world_barrier();
+    meter.sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    const int origin = meter.mark();
+    if (adam) adam->zero_grad();
+
+    auto forward = [&](int j) {
+      torch::Tensor x;
+      const int row = j * mb + mine.begin;
+      if (first) {
+        x = ids_full.narrow(0, row, mine.size()).to(c.device);
+      } else {
+        std::vector<torch::Tensor> pieces;
+        for (const Transfer& in : recv_fwd) {
+          torch::Tensor buf = tokens_in ? torch::empty({in.samples.size(), c.model.seq_len}, id_opts)
+                                        : torch::empty({in.samples.size(), c.model.seq_len, c.model.hidden_size}, act_opts);
+          timed("recv", j, [&] { groups.fwd.at({in.src, in.dst})->recv(buf, 0, j); });
+          pieces.push_back(buf);
+        }
+        x = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
+        if (!tokens_in) x.requires_grad_(true);
+      }
+      torch::Tensor y = x;
+      timed("forward", j, [&] {
+        if (last) stage_model.head().set_targets(targets_full.narrow(0, row, mine.size()).to(c.device));
+        for (auto& layer : stage_model.layers()) y = layer->forward(y);
+        // The loss of this replica's samples, weighted by its share of the global batch.
+        if (last) y = y * (static_cast<double>(mine.size()) / c.gbs);
+      });
+      if (last && t == 0) loss_share += y.detach().to(torch::kFloat64);
+      for (const Transfer& out : send_fwd) {
+        timed("send", j, [&] {
+          pending.push_back(groups.fwd.at({out.src, out.dst})->send(
+              y.detach().narrow(0, out.samples.begin - mine.begin, out.samples.size()), 1, j));
+        });
+      }
+      mbs[j] = {x, y};
+    };
+    auto backward = [&](int j) {
+      MicroBatchState& mbst = mbs[j];
+      torch::Tensor grad;
+      if (!last) {
+        std::vector<torch::Tensor> pieces;
+        for (const Transfer& in : recv_bwd) {
+          torch::Tensor buf = torch::empty({in.samples.size(), c.model.seq_len, c.model.hidden_size}, act_opts);
+          timed("recv", j, [&] { groups.bwd.at({in.src, in.dst})->recv(buf, 0, j); });
+          pieces.push_back(buf);
+        }
+        if (!pieces.empty()) grad = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
+      }
+      timed("backward", j, [&] {
+        if (last) {
+          mbst.output.backward();
+        } else if (mbst.output.requires_grad() && grad.defined()) {
+          mbst.output.backward(grad);
+        }
+      });
+      if (!first && !tokens_in) {
+        const torch::Tensor g = mbst.input.grad();
+        for (const Transfer& out : send_bwd) {
+          timed("send", j, [&] {
+            pending.push_back(groups.bwd.at({out.src, out.dst})->send(
+                g.narrow(0, out.samples.begin - mine.begin, out.samples.size()), 1, j));
+          });
+        }
+      }
+      mbst = {};
+    };
+
+    if (c.schedule == PipelineSchedule::kGPipe) {
+      for (int j = 0; j < m; ++j) forward(j);
+      for (int j = 0; j < m; ++j) backward(j);
+    } else {
+      const int warm = std::min(layout.num_stages() - s - 1, m);
+      for (int j = 0; j < warm; ++j) forward(j);
+      for (int j = warm; j < m; ++j) {
+        forward(j);
+        backward(j - warm);
+      }
+      for (int j = m - warm; j < m; ++j) backward(j);
+    }
+    for (auto& w : pending) w();
+    pending.clear();
+
+    if (groups.dp) {
+      timed("allreduce", -1, [&] {
+        for (auto& p : params)
+          if (p.grad().defined()) {
+            torch::Tensor g = p.grad();
+            groups.dp->all_reduce(g);
+          }
+      });
+    }
+    if (adam) timed("optimizer", -1, [&] { adam->step(); });
+    meter.sync();
+    world_barrier();
+    meter.sync();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!record) continue;
+    report.iteration_ms.push_back(ms);
+    report.losses.push_back(loss_share.item<double>());
+    report.trace.clear();
+    for (const Mark& mk : marks)
+      report.trace.push_back({mk.name, meter.elapsed_ms(origin, mk.a), meter.elapsed_ms(origin, mk.b), mk.micro_batch});
+  }
+  report.peak_memory_mb = meter.has_memory_stats() ? meter.peak() / (1024.0 * 1024.0) : 0.0;
+
+  if (!c.dump_dir.empty()) {
+    fs::create_directories(c.dump_dir);
+    std::vector<torch::Tensor> cpu;
+    ordered_json index = ordered_json::array();
+    int64_t layer = st.first_layer;
+    for (auto& l : stage_model.layers()) {
+      for (const auto& p : l->named_parameters()) {
+        cpu.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
+        index.push_back({{"layer", layer}, {"name", p.key()}});
+      }
+      ++layer;
+    }
+    const std::string base = (fs::path(c.dump_dir) / ("rank" + std::to_string(me))).string();
+    torch::save(cpu, base + ".pt");
+    ordered_json meta = {{"rank", me}, {"stage", s}, {"replica", replica}, {"tp_index", t}, {"tp", st.tp},
+                         {"params", index}};
+    write_json_file(base + ".json", meta);
+  }
+  return report;
+}
+
+ordered_json rank_report_to_json(const RankReport& r) {
+  ordered_json spans = ordered_json::array();
+  for (const Span& s : r.trace) spans.push_back({s.name, s.start_ms, s.end_ms, s.micro_batch});
+  return {{"rank", r.rank},       {"stage", r.stage},   {"replica", r.replica},
+          {"tp_index", r.tp_index}, {"iteration_ms", r.iteration_ms}, {"losses", r.losses},
+          {"peak_memory_mb", r.peak_memory_mb}, {"trace", spans}};
+}
+
+RankReport rank_report_from_json(const ordered_json& j) {
+  RankReport r;
+  r.rank = j["rank"];
+  r.stage = j["stage"];
+  r.replica = j["replica"];
+  r.tp_index = j["tp_index"];
+  r.iteration_ms = j["iteration_ms"].get<std::vector<double>>();
+  r.losses = j["losses"].get<std::vector<double>>();
+  r.peak_memory_mb = j["peak_memory_mb"];
+  for (const auto& s : j["trace"])
+    r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>()});
+  return r;
+}
+
+}  // namespace hetplan::executor

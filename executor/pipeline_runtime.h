@@ -1,0 +1,63 @@
+// PipelineRuntime: one rank's part of a replayed plan. It builds the rank's
+// stage of the GPT (its layers, its tp shard), the process groups it belongs
+// to, and runs training iterations under a GPipe or 1F1B schedule:
+// micro-batches flow forward and gradients backward through point-to-point
+// c10d sends and receives, gradients are summed over the stage's data-
+// parallel replicas, and Adam steps. Losses are scaled by each replica's
+// share of the global batch, so the update equals single-process training
+// on the same global batch.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "executor/pipeline_layout.h"
+#include "profiler/distributed.h"
+#include "profiler/gpt.h"
+#include "sim/json_util.h"
+
+namespace hetplan::executor {
+
+enum class PipelineSchedule { kGPipe, k1F1B };
+
+struct ReplayConfig {
+  profiler::GPTConfig model;
+  int gbs = 1;
+  int warmup = 1, iters = 3;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  torch::Device device = torch::kCPU;
+  torch::Dtype dtype = torch::kFloat32;
+  double lr = 1e-3;
+  uint64_t data_seed = 42;
+  std::chrono::milliseconds timeout{300000};
+  std::string dump_dir;  // if set: parameters after the last step, for checks
+};
+
+// The global batch of iteration `step`: token ids and targets [gbs, seq],
+// the same on every rank and in the single-process reference.
+std::pair<torch::Tensor, torch::Tensor> global_batch(const ReplayConfig& c, int step);
+
+struct Span {
+  std::string name;  // forward, backward, send, recv, allreduce, optimizer
+  double start_ms, end_ms;
+  int micro_batch;
+};
+
+struct RankReport {
+  int rank = 0, stage = 0, replica = 0, tp_index = 0;
+  std::vector<double> iteration_ms;  // measured iterations
+  std::vector<double> losses;        // this rank's share of each step's loss (last stage, tp index 0)
+  double peak_memory_mb = 0;
+  std::vector<Span> trace;           // the last measured iteration
+};
+
+// Runs warmup + iters steps on this rank. Throws on errors (after which the
+// launcher stops the other ranks).
+RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& config, const profiler::DistEnv& env);
+
+ordered_json rank_report_to_json(const RankReport& r);
+RankReport rank_report_from_json(const ordered_json& j);
+
+}  // namespace hetplan::executor
