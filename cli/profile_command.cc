@@ -124,6 +124,7 @@ torch::Device pick_device(const std::string& d, int local_rank) {
 int run_worker(const ProfileArgs& a, const DistEnv& env) {
   const torch::Device device = pick_device(a.device, env.local_rank);
   const ProfileRequest req = make_request(a, device);
+  use_device(device);
   auto collectives = make_collectives(env, device, std::chrono::seconds(a.timeout_s));
   const TensorParallelGroup group(env.rank, env.world_size, collectives);
   const std::string status = status_path(a.out, env.world_size);

@@ -80,6 +80,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   const SampleRange mine = st.replica_samples[replica];
   const int m = layout.batches(), mb = layout.micro_batch();
 
+  profiler::use_device(c.device);
   RankGroups groups = make_groups(layout, me, c, env);
   profiler::TensorParallelGroup tp_group;
   if (st.tp > 1) tp_group = profiler::TensorParallelGroup(t, st.tp, groups.tp);

@@ -208,6 +208,14 @@ bool DeviceMeter::set_cpu_memory_limit(int64_t bytes) {
 #endif
 }
 
+void use_device(torch::Device device) {
+#if defined(HETPLAN_TORCH_CUDA)
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#else
+  (void)device;
+#endif
+}
+
 bool is_out_of_memory(const std::exception& e) {
   if (dynamic_cast<const std::bad_alloc*>(&e)) return true;
   const std::string what = e.what();

@@ -43,6 +43,10 @@ class DeviceMeter {
   Impl* impl_;
 };
 
+// Makes `device` the calling process's current CUDA device (no-op on the CPU),
+// so that NCCL and the caching allocator work on this rank's GPU only.
+void use_device(torch::Device device);
+
 // True for the errors LibTorch raises when memory runs out.
 bool is_out_of_memory(const std::exception& e);
 
