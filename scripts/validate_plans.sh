@@ -57,14 +57,14 @@ for plan in "$work"/plan*.json; do
 done
 
 python3 - "$work" <<'PY' | tee "$work/table.md" > logs/validate_plans.md
-import json, os, sys, glob
+import json, os, re, sys, glob
 work = sys.argv[1]
 rows, ape_metis, ape_sim = [], [], []
 print(f"## Plans on 4 x H200: predicted vs measured ({os.path.basename(work)})\n")
 print("| plan | device groups | (dp, tp) | batches | layers | Metis ms | simulated ms | measured ms (spread) | Metis error | sim error | peak MB per rank |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
-for f in sorted(glob.glob(f"{work}/plan*.json")):
-    if f.endswith((".sim.json", ".replay.json")): continue
+plans = [f for f in glob.glob(f"{work}/plan*.json") if re.fullmatch(r"plan\d+\.json", os.path.basename(f))]
+for f in sorted(plans, key=lambda f: int(re.findall(r"\d+", os.path.basename(f))[0])):
     name = os.path.basename(f)[:-5]
     p = json.load(open(f))
     sim = json.load(open(f"{work}/{name}.sim.json"))["iteration_ms"]
