@@ -130,7 +130,11 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
 
   for (int step = 0; step < c.warmup + c.iters; ++step) {
     const bool record = step >= c.warmup;
-    const auto [ids_full, targets_full] = global_batch(c, step);
+    const auto [ids_cpu, targets_cpu] = global_batch(c, step);
+    // One copy per iteration: a pageable host-to-device copy per micro-batch
+    // would make the host wait for the GPU each time and stall the pipeline.
+    const torch::Tensor ids_full = first ? ids_cpu.to(c.device) : ids_cpu;
+    const torch::Tensor targets_full = last ? targets_cpu.to(c.device) : targets_cpu;
     std::vector<MicroBatchState> mbs(m);
     torch::Tensor loss_share = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(c.device));
     marks.clear();
@@ -145,7 +149,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
       torch::Tensor x;
       const int row = j * mb + mine.begin;
       if (first) {
-        x = ids_full.narrow(0, row, mine.size()).to(c.device);
+        x = ids_full.narrow(0, row, mine.size());
       } else {
         std::vector<torch::Tensor> pieces;
         for (const Transfer& in : recv_fwd) {
@@ -159,7 +163,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
       }
       torch::Tensor y = x;
       timed("forward", j, [&] {
-        if (last) stage_model.head().set_targets(targets_full.narrow(0, row, mine.size()).to(c.device));
+        if (last) stage_model.head().set_targets(targets_full.narrow(0, row, mine.size()));
         for (auto& layer : stage_model.layers()) y = layer->forward(y);
         // The loss of this replica's samples, weighted by its share of the global batch.
         if (last) y = y * (static_cast<double>(mine.size()) / c.gbs);
