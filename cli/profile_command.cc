@@ -49,13 +49,6 @@ std::vector<int> parse_ints(const std::string& s, const std::string& flag) {
   return out;
 }
 
-torch::Dtype parse_dtype(const std::string& s) {
-  if (s == "bf16") return torch::kBFloat16;
-  if (s == "fp16") return torch::kFloat16;
-  if (s == "fp32") return torch::kFloat32;
-  throw InputError("--dtype: expected bf16, fp16 or fp32, got '" + s + "'");
-}
-
 // "NVIDIA H200" -> "H200"; the CPU -> "CPU".
 std::string default_device_type(torch::Device d) {
   std::string name = device_description(d);
@@ -110,19 +103,9 @@ ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
   return r;
 }
 
-torch::Device pick_device(const std::string& d, int local_rank) {
-  if (d == "cpu") return torch::Device(torch::kCPU);
-  if (d == "cuda" || (d == "auto" && torch::cuda::is_available())) {
-    if (!torch::cuda::is_available()) throw InputError("--device cuda: no CUDA device is visible");
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
-  }
-  if (d != "auto") throw InputError("--device: expected auto, cpu or cuda, got '" + d + "'");
-  return torch::Device(torch::kCPU);
-}
-
 // One rank of a tp group started by us or by torchrun.
 int run_worker(const ProfileArgs& a, const DistEnv& env) {
-  const torch::Device device = pick_device(a.device, env.local_rank);
+  const torch::Device device = parse_device(a.device, env.local_rank);
   const ProfileRequest req = make_request(a, device);
   use_device(device);
   auto collectives = make_collectives(env, device, std::chrono::seconds(a.timeout_s));
@@ -147,7 +130,7 @@ int run_profile(ProfileArgs a) {
   if (const auto env = DistEnv::from_env()) return run_worker(a, *env);
 
   const std::vector<int> tps = parse_ints(a.tp, "--tp");
-  const torch::Device device = pick_device(a.device, 0);
+  const torch::Device device = parse_device(a.device, 0);
   const ProfileRequest probe = make_request(a, device);  // validates the flags
   const int gpus = device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
   for (int tp : tps) {

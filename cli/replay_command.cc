@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "executor/pipeline_runtime.h"
 #include "profiler/device_meter.h"
+#include "profiler/statistics.h"
 #include "sim/cluster.h"
 #include "sim/gpu_specs.h"
 #include "sim/input_error.h"
@@ -32,22 +33,6 @@ struct ReplayArgs {
   double lr = 1e-4;
   std::vector<std::string> argv;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-torch::Device pick_device(const std::string& d, int local_rank) {
-  if (d == "cpu") return torch::Device(torch::kCPU);
-  if (d == "cuda" || (d == "auto" && torch::cuda::is_available())) {
-    if (!torch::cuda::is_available()) throw InputError("--device cuda: no CUDA device is visible");
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
-  }
-  if (d != "auto") throw InputError("--device: expected auto, cpu or cuda, got '" + d + "'");
-  return torch::Device(torch::kCPU);
-}
 
 struct Prepared {
   PlanFile plan;
@@ -90,11 +75,8 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   if (a.schedule == "gpipe") c.schedule = PipelineSchedule::kGPipe;
   else if (a.schedule == "1f1b") c.schedule = PipelineSchedule::k1F1B;
   else throw InputError("--schedule: expected gpipe or 1f1b, got '" + a.schedule + "'");
-  if (a.dtype == "bf16") c.dtype = torch::kBFloat16;
-  else if (a.dtype == "fp16") c.dtype = torch::kFloat16;
-  else if (a.dtype == "fp32") c.dtype = torch::kFloat32;
-  else throw InputError("--dtype: expected bf16, fp16 or fp32, got '" + a.dtype + "'");
-  c.device = pick_device(a.device, local_rank);
+  c.dtype = profiler::parse_dtype(a.dtype);
+  c.device = profiler::parse_device(a.device, local_rank);
   c.lr = a.lr;
   c.timeout = std::chrono::seconds(a.timeout_s);
   c.dump_dir = a.dump_dir;
@@ -180,10 +162,8 @@ int run_replay(const ReplayArgs& a) {
   for (int rank = 0; rank < layout.world(); ++rank)
     reports.push_back(rank_report_from_json(read_json_file((fs::path(dir) / ("rank" + std::to_string(rank) + ".json")).string())));
   const std::vector<double>& iters = reports[0].iteration_ms;
-  const double med = median(iters);
-  const double spread = med > 0 ? (*std::max_element(iters.begin(), iters.end()) -
-                                   *std::min_element(iters.begin(), iters.end())) / med
-                                : 0;
+  const double med = profiler::median(iters);
+  const double spread = profiler::spread(iters);
   std::vector<double> losses(iters.size(), 0.0);
   for (const auto& rep : reports)
     for (std::size_t k = 0; k < rep.losses.size() && k < losses.size(); ++k) losses[k] += rep.losses[k];

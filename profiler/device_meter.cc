@@ -17,6 +17,8 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include "sim/input_error.h"
+
 namespace hetplan::profiler {
 
 namespace {
@@ -206,6 +208,23 @@ bool DeviceMeter::set_cpu_memory_limit(int64_t bytes) {
   (void)bytes;
   return false;
 #endif
+}
+
+torch::Device parse_device(const std::string& d, int local_rank) {
+  if (d == "cpu") return torch::Device(torch::kCPU);
+  if (d == "cuda" || (d == "auto" && torch::cuda::is_available())) {
+    if (!torch::cuda::is_available()) throw InputError("--device cuda: no CUDA device is visible");
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  }
+  if (d != "auto") throw InputError("--device: expected auto, cpu or cuda, got '" + d + "'");
+  return torch::Device(torch::kCPU);
+}
+
+torch::Dtype parse_dtype(const std::string& s) {
+  if (s == "bf16") return torch::kBFloat16;
+  if (s == "fp16") return torch::kFloat16;
+  if (s == "fp32") return torch::kFloat32;
+  throw InputError("--dtype: expected bf16, fp16 or fp32, got '" + s + "'");
 }
 
 void use_device(torch::Device device) {

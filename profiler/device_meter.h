@@ -43,6 +43,12 @@ class DeviceMeter {
   Impl* impl_;
 };
 
+// The device a --device flag (auto, cuda or cpu) names for a rank; auto is
+// CUDA when a GPU is visible. Throws InputError.
+torch::Device parse_device(const std::string& flag, int local_rank);
+// bf16, fp16 or fp32. Throws InputError.
+torch::Dtype parse_dtype(const std::string& flag);
+
 // Makes `device` the calling process's current CUDA device (no-op on the CPU),
 // so that NCCL and the caching allocator work on this rank's GPU only.
 void use_device(torch::Device device);

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "profiler/device_meter.h"
+#include "profiler/statistics.h"
 #include "sim/json_util.h"
 
 namespace hetplan::profiler {
@@ -14,18 +15,6 @@ namespace hetplan::profiler {
 namespace fs = std::filesystem;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double spread(const std::vector<double>& v) {
-  const double m = median(v);
-  if (m <= 0) return 0;
-  return (*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end())) / m;
-}
 
 int64_t tensor_bytes(const std::vector<torch::Tensor>& ts) {
   int64_t b = 0;
