@@ -1,48 +1,77 @@
 // hetplan: cost simulation and planning of parallel training on
 // heterogeneous GPU clusters. One binary, one subcommand per job.
-#include <CLI/CLI.hpp>
-#include <iostream>
-#include <map>
+//
+// `profile` and `replay` need LibTorch, whose start-up costs about half a
+// second; they live in libhetplan_torch.so next to the binary and are loaded
+// only when asked for, so the planner and simulator start instantly.
+#include <dlfcn.h>
+#include <unistd.h>
 
-#include "cli/commands.h"
-#include "sim/input_error.h"
+#include <CLI/CLI.hpp>
+#include <climits>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "cli/app_runner.h"
+
+namespace {
+
+int run_torch_command(int argc, char** argv) {
+#if defined(HETPLAN_TORCH_PLUGIN)
+  std::string dir = ".";
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    dir = std::string(self).substr(0, std::string(self).rfind('/'));
+  }
+  void* lib = dlopen((dir + "/" HETPLAN_TORCH_PLUGIN).c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) lib = dlopen(HETPLAN_TORCH_PLUGIN, RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    std::cerr << "hetplan: error: cannot load " << HETPLAN_TORCH_PLUGIN << " (needed by '" << argv[1]
+              << "'): " << dlerror() << "\n";
+    return 2;
+  }
+  using Main = int (*)(int, char**);
+  auto entry = reinterpret_cast<Main>(dlsym(lib, "hetplan_torch_main"));
+  if (!entry) {
+    std::cerr << "hetplan: error: " << HETPLAN_TORCH_PLUGIN << " has no hetplan_torch_main\n";
+    return 2;
+  }
+  return entry(argc, argv);
+#else
+  std::cerr << "hetplan: error: '" << argv[1] << "' needs LibTorch, and this hetplan was built without it "
+            << "(install libtorch-dev and rebuild)\n";
+  return 2;
+#endif
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && (std::strcmp(argv[1], "profile") == 0 || std::strcmp(argv[1], "replay") == 0))
+    return run_torch_command(argc, argv);
+
   CLI::App app{
       "hetplan: plan and simulate parallel training on heterogeneous GPU clusters.\n\n"
       "Typical flow:\n"
       "  hetplan gen-hostfile 16 --out hostfile          # 16 V100 + 16 A100, 4 per node\n"
       "  hetplan gen-profiles 10 128 --samples DIR --out profiles   # Metis synthetic set\n"
       "  hetplan search --hostfile_path hostfile --clusterfile_path hostfiles/clusterfile.json \\\n"
-      "                 --profile_data_path profiles --num_layers 10 --gbs 128\n",
+      "                 --profile_data_path profiles --num_layers 10 --gbs 128\n"
+      "  hetplan simulate --plan plan.json      hetplan replay --plan plan.json\n",
       "hetplan"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "hetplan 0.1.0");
-  std::map<CLI::App*, hetplan::cli::Runner> runners;
-  auto reg = [&](hetplan::cli::Runner r) { runners[app.get_subcommands({}).back()] = std::move(r); };
-  reg(hetplan::cli::add_search_command(app));
-  reg(hetplan::cli::add_gen_hostfile_command(app));
-  reg(hetplan::cli::add_gen_profiles_command(app));
-  reg(hetplan::cli::add_simulate_command(app));
-  reg(hetplan::cli::add_whatif_command(app));
-#if defined(HETPLAN_WITH_TORCH)
-  reg(hetplan::cli::add_profile_command(app, argc, argv));
-  reg(hetplan::cli::add_replay_command(app, argc, argv));
-#endif
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  try {
-    for (auto& [sub, run] : runners)
-      if (sub->parsed()) return run();
-  } catch (const hetplan::InputError& e) {
-    std::cerr << "hetplan: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "hetplan: internal error: " << e.what() << "\n";
-    return 3;
-  }
-  return 0;
+  hetplan::cli::AppRunner runner(app);
+  runner.add(hetplan::cli::add_search_command(app));
+  runner.add(hetplan::cli::add_gen_hostfile_command(app));
+  runner.add(hetplan::cli::add_gen_profiles_command(app));
+  runner.add(hetplan::cli::add_simulate_command(app));
+  runner.add(hetplan::cli::add_whatif_command(app));
+  // Listed here for --help; run through run_torch_command above.
+  app.add_subcommand("profile", "Measure per-layer time and memory with LibTorch (see `hetplan profile --help`)");
+  app.add_subcommand("replay", "Run a plan on local GPUs and compare with its prediction (see `hetplan replay --help`)");
+  return runner.run(argc, argv);
 }
