@@ -6,13 +6,42 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <ostream>
+#include <stdexcept>
+
 #include "sim/cluster.h"
+#include "sim/plan.h"
 #include "sim/profile.h"
 #include "sim/synthetic_profiles.h"
 
+namespace hetplan {
+// For Catch's failure messages.
+inline std::ostream& operator<<(std::ostream& os, const Strategy& s) { return os << '(' << s.dp << ", " << s.tp << ')'; }
+}  // namespace hetplan
+
 namespace hetplan::test {
+
+// The real `hetplan` binary, run with `args` (and `env` assignments in front),
+// stdout and stderr together.
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+
+inline CommandResult run_hetplan(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + (env.empty() ? "" : " ") + HETPLAN_BINARY + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed: " + cmd);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
 
 inline std::string shared_dir() {
   if (const char* env = std::getenv("HETPLAN_SHARED")) return env;

@@ -23,13 +23,6 @@
 #include "sim/rank_layout.h"
 #include "tests/fixtures.h"
 
-namespace hetplan {
-// For Catch's messages (identical inline definitions in each test file).
-inline std::ostream& operator<<(std::ostream& os, const Strategy& s) {
-  return os << '(' << s.dp << ", " << s.tp << ')';
-}
-}  // namespace hetplan
-
 using namespace hetplan;
 
 namespace {

@@ -1,7 +1,6 @@
 // Bad input reaches the user as one clear line on stderr, naming the file,
 // the line or key, and what was expected, with a non-zero exit and no crash.
 // These tests run the real `hetplan` binary.
-#include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -15,34 +14,18 @@ using namespace hetplan;
 
 namespace {
 
-struct Run {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-Run run_hetplan(const std::string& args) {
-  const std::string cmd = std::string(HETPLAN_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
-
 void write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
 
 int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 
 // A search over `hostfile` with the 10-layer synthetic set in `profiles`.
-Run search(const fs::path& hostfile, const std::string& profiles, const std::string& extra = "") {
-  return run_hetplan("search -q --hostfile_path " + hostfile.string() + " --clusterfile_path " +
+test::CommandResult search(const fs::path& hostfile, const std::string& profiles, const std::string& extra = "") {
+  return test::run_hetplan("search -q --hostfile_path " + hostfile.string() + " --clusterfile_path " +
                      test::sample_clusterfile() + " --profile_data_path " + profiles + " --num_layers 10 --gbs 128 " +
                      extra);
 }
 
-void expect_one_line_error(const Run& r, const std::vector<std::string>& parts) {
+void expect_one_line_error(const test::CommandResult& r, const std::vector<std::string>& parts) {
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(count_lines(r.output) == 1);
@@ -102,10 +85,10 @@ TEST_CASE("non-JSON profile and missing keys", "[errors]") {
 TEST_CASE("a GPU count for which no plan exists", "[errors]") {
   const auto dir = test::scratch_dir("err-noplan");
   // 5 GPUs and 2 layers: no split into power-of-two groups of at most 2 stages.
-  const Run gen = run_hetplan("gen-profiles 2 4 --samples " + test::samples_dir() + " --out " + (dir / "p2").string());
+  const test::CommandResult gen = test::run_hetplan("gen-profiles 2 4 --samples " + test::samples_dir() + " --out " + (dir / "p2").string());
   REQUIRE(gen.exit_code == 0);
   write(dir / "five", "0.0.0.1 slots=5\n");
-  expect_one_line_error(run_hetplan("search --hostfile_path " + (dir / "five").string() + " --clusterfile_path " +
+  expect_one_line_error(test::run_hetplan("search --hostfile_path " + (dir / "five").string() + " --clusterfile_path " +
                                     test::sample_clusterfile() + " --profile_data_path " + (dir / "p2").string() +
                                     " --num_layers 2 --gbs 8"),
                         {"five: no plan exists for this cluster (5 GPUs)", "power-of-two device groups"});
@@ -116,7 +99,7 @@ TEST_CASE("a GPU count for which no plan exists", "[errors]") {
 }
 
 TEST_CASE("help and good runs exit 0", "[errors]") {
-  CHECK(run_hetplan("--help").exit_code == 0);
-  CHECK(run_hetplan("search --help").output.find("--use_strat") != std::string::npos);
-  CHECK(run_hetplan("nonsense").exit_code != 0);
+  CHECK(test::run_hetplan("--help").exit_code == 0);
+  CHECK(test::run_hetplan("search --help").output.find("--use_strat") != std::string::npos);
+  CHECK(test::run_hetplan("nonsense").exit_code != 0);
 }

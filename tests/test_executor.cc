@@ -2,7 +2,6 @@
 // like one process on the same global batch (losses and parameters after 2
 // Adam steps within 1e-4 relative), and a failing rank ends the run with a
 // clear error instead of a hang.
-#include <sys/wait.h>
 
 #include <chrono>
 #include <filesystem>
@@ -36,22 +35,6 @@ ordered_json plan_json(std::vector<int> groups, std::vector<std::pair<int, int>>
           {"model", {{"num_layers", kLayers}, {"hidden_size", kHidden}, {"sequence_length", kSeq},
                      {"vocab_size", kVocab}, {"attention_heads", kHeads}}}};
 }
-
-struct Run {
-  int exit_code;
-  std::string output;
-};
-
-Run run_hetplan_env(const std::string& env, const std::string& args) {
-  FILE* pipe = popen((env + " " + std::string(HETPLAN_BINARY) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-Run run_hetplan(const std::string& args) { return run_hetplan_env("", args); }
 
 ReplayConfig config() {
   ReplayConfig c;
@@ -102,7 +85,7 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
   fs::remove_all(dir);
   fs::create_directories(dir);
   write_json_file((dir / "plan.json").string(), plan);
-  const Run r = run_hetplan("replay --device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --schedule " + schedule +
+  const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --schedule " + schedule +
                             " --plan " + (dir / "plan.json").string() + " --out " + (dir / "result.json").string() +
                             " --dump-params " + (dir / "params").string());
   INFO(r.output);
@@ -202,8 +185,8 @@ TEST_CASE("a failing rank or a stage out of memory ends the replay with a clear 
   fs::create_directories(dir);
   auto timed_run = [&](const std::string& env, const std::string& plan, const std::string& extra) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Run r = run_hetplan_env(env, "replay --device cpu --dtype fp32 --iters 1 --warmup 0 --timeout-s 5 --plan " +
-                                           (dir / plan).string() + " --out " + (dir / "r.json").string() + " " + extra);
+    const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype fp32 --iters 1 --warmup 0 --timeout-s 5 --plan " +
+                                           (dir / plan).string() + " --out " + (dir / "r.json").string() + " " + extra, env);
     return std::make_pair(r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
   write_json_file((dir / "plan.json").string(), plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2));

@@ -1,7 +1,6 @@
 // The LibTorch profiler on the CPU: Megatron tensor parallelism over Gloo
 // matches the single-GPU model, profile runs write files the planner reads,
 // and running out of memory skips a (tp, bs) without ending the run.
-#include <sys/wait.h>
 
 #include <filesystem>
 #include <thread>
@@ -66,11 +65,6 @@ LayerTrace trace(GPT& model, const torch::Tensor& ids, const torch::Tensor& targ
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-int run(const std::string& args) {
-  const int status = std::system((std::string(HETPLAN_BINARY) + " " + args + " > /dev/null 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 }  // namespace
 
 TEST_CASE("tp=2 on Gloo equals tp=1: per-layer outputs and gradients within 1e-5", "[profiler][tp]") {
@@ -115,8 +109,8 @@ TEST_CASE("tp=2 on Gloo equals tp=1: per-layer outputs and gradients within 1e-5
 TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
   const auto dir = test::scratch_dir("profile-run");
   fs::remove_all(dir);
-  REQUIRE(run("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
-              "--tp 1,2 --bs 1,2 --dtype fp32 --warmup 1 --iters 3 --device-type CPU --out " + dir.string()) == 0);
+  REQUIRE(test::run_hetplan("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
+              "--tp 1,2 --bs 1,2 --dtype fp32 --warmup 1 --iters 3 --device-type CPU --out " + dir.string()).exit_code == 0);
   const ProfileSet profiles = ProfileSet::load(dir.string(), 4);
   REQUIRE(profiles.device_types() == std::vector<std::string>{"CPU"});
   for (int tp : {1, 2})
@@ -151,9 +145,9 @@ TEST_CASE("running out of memory skips that (tp, bs) and the run goes on", "[pro
   const auto dir = test::scratch_dir("profile-oom");
   fs::remove_all(dir);
   // 6 MB emulates a small device: bs 1 fits, bs 256 does not, for tp 1 and tp 2.
-  REQUIRE(run("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
+  REQUIRE(test::run_hetplan("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
               "--tp 1,2 --bs 1,256 --dtype fp32 --warmup 1 --iters 2 --device-type CPU "
-              "--cpu-memory-limit-mb 6 --out " + dir.string()) == 0);
+              "--cpu-memory-limit-mb 6 --out " + dir.string()).exit_code == 0);
   CHECK(fs::exists(dir / "DeviceType.CPU_tp1_bs1.json"));
   CHECK(fs::exists(dir / "DeviceType.CPU_tp2_bs1.json"));
   CHECK_FALSE(fs::exists(dir / "DeviceType.CPU_tp1_bs256.json"));

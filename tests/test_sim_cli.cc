@@ -1,7 +1,6 @@
 // `hetplan simulate` and `hetplan whatif` run end to end through the real
 // binary: a searched plan simulates, the trace has replay's span names, and
 // bad input ends in one line with exit code 2.
-#include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -16,22 +15,6 @@ using namespace hetplan;
 
 namespace {
 
-struct Run {
-  int exit_code;
-  std::string output;
-};
-
-Run run_hetplan(const std::string& args) {
-  const std::string cmd = std::string(HETPLAN_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
-
 std::string hf(const std::string& name) { return std::string(HETPLAN_SOURCE_DIR) + "/tests/data/hf/" + name; }
 
 // A 16-GPU (8 V100 + 8 A100) search with the 10-layer synthetic profiles; returns the plans file.
@@ -40,7 +23,7 @@ fs::path searched_plans() {
   const fs::path plans = dir / "plans.json";
   if (fs::exists(plans)) return plans;
   std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n";
-  const Run r = run_hetplan("search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
+  const test::CommandResult r = test::run_hetplan("search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
                             test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
                             " --num_layers 10 --gbs 128 --top 5 --json " + plans.string());
   REQUIRE(r.exit_code == 0);
@@ -62,7 +45,7 @@ TEST_CASE("simulate a searched plan: schedules, trace and JSON", "[cli][simulate
     }
   write_json_file((dir / "plan.json").string(), plan);
   const std::string base = "simulate --plan " + (dir / "plan.json").string();
-  const Run a = run_hetplan(base + " --schedule 1f1b --trace " + (dir / "trace.json").string() + " --json " +
+  const test::CommandResult a = test::run_hetplan(base + " --schedule 1f1b --trace " + (dir / "trace.json").string() + " --json " +
                             (dir / "sim.json").string());
   INFO(a.output);
   REQUIRE(a.exit_code == 0);
@@ -90,13 +73,13 @@ TEST_CASE("simulate a searched plan: schedules, trace and JSON", "[cli][simulate
   CHECK(backward == forward);
   CHECK(optimizer == stages);
   // GPipe and 1F1B: same compute, GPipe holds every micro-batch.
-  const Run g = run_hetplan(base + " --schedule gpipe --json " + (dir / "gpipe.json").string());
+  const test::CommandResult g = test::run_hetplan(base + " --schedule gpipe --json " + (dir / "gpipe.json").string());
   REQUIRE(g.exit_code == 0);
   const ordered_json gp = read_json_file((dir / "gpipe.json").string());
   CHECK(gp["stages"][0]["peak_in_flight"] == plan["batches"]);
   CHECK(sim["stages"][0]["peak_in_flight"].get<int>() == std::min(stages, plan["batches"].get<int>()));
   // ZeRO-3 shrinks the weights each rank holds when dp > 1.
-  const Run z = run_hetplan(base + " --zero 3 --json " + (dir / "z3.json").string());
+  const test::CommandResult z = test::run_hetplan(base + " --zero 3 --json " + (dir / "z3.json").string());
   REQUIRE(z.exit_code == 0);
   const ordered_json z3 = read_json_file((dir / "z3.json").string());
   CHECK(z3["ranks"][0]["weights"].get<double>() <= sim["ranks"][0]["weights"].get<double>());
@@ -104,21 +87,21 @@ TEST_CASE("simulate a searched plan: schedules, trace and JSON", "[cli][simulate
 
 TEST_CASE("simulate errors are one line", "[cli][simulate][errors]") {
   const fs::path plans = searched_plans();
-  Run r = run_hetplan("simulate --plan " + plans.string() + " --recompute most");
+  test::CommandResult r = test::run_hetplan("simulate --plan " + plans.string() + " --recompute most");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("--recompute: 'most': expected none, selective or full") != std::string::npos);
-  r = run_hetplan("simulate --plan " + plans.string() + " --bandwidth-unit bytes/s");
+  r = test::run_hetplan("simulate --plan " + plans.string() + " --bandwidth-unit bytes/s");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("intra_bandwidth' = ") != std::string::npos);
   CHECK(r.output.find("expected bytes/s") != std::string::npos);
-  r = run_hetplan("simulate --plan /nonexistent/plan.json");
+  r = test::run_hetplan("simulate --plan /nonexistent/plan.json");
   CHECK(r.exit_code == 2);
 }
 
 TEST_CASE("whatif table: rows, JSON and memory ordering", "[cli][whatif]") {
   const auto dir = test::scratch_dir("whatif");
   const std::string json = (dir / "w.json").string();
-  const Run r = run_hetplan("whatif --hf-config " + hf("llama-3.1-8b.json") +
+  const test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-3.1-8b.json") +
                             " --gpu H100 --gpus 8 --seq 2048 --flash-attention --json " + json);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -143,10 +126,10 @@ TEST_CASE("whatif table: rows, JSON and memory ordering", "[cli][whatif]") {
   CHECK(rows["FP8"]["assumptions"].get<std::string>().find("assumed") != std::string::npos);
   CHECK(rows["ZeRO-2+offload"]["step_ms"].get<double>() > rows["ZeRO-2"]["step_ms"].get<double>());
   // Unknown GPU and a broken config: one line, exit 2.
-  Run e = run_hetplan("whatif --gpu B300");
+  test::CommandResult e = test::run_hetplan("whatif --gpu B300");
   CHECK(e.exit_code == 2);
   CHECK(e.output.find("--gpu: 'B300'") != std::string::npos);
-  e = run_hetplan("whatif --hf-config " + hf("broken-llama.json"));
+  e = test::run_hetplan("whatif --hf-config " + hf("broken-llama.json"));
   CHECK(e.exit_code == 2);
   CHECK(e.output.find("broken-llama.json: missing key") != std::string::npos);
 }
@@ -157,7 +140,7 @@ TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simul
   const std::string common = "search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
                              test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
                              " --num_layers 10 --gbs 128 --top 5 ";
-  const Run r = run_hetplan(common + "--cost-model sim --json " + (dir / "sim.json").string());
+  const test::CommandResult r = test::run_hetplan(common + "--cost-model sim --json " + (dir / "sim.json").string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const ordered_json plans = read_json_file((dir / "sim.json").string());
@@ -169,17 +152,17 @@ TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simul
   }
   // The best plan's cost is the iteration time `simulate` reports for it, and it fits.
   write_json_file((dir / "best.json").string(), plans["best"]);
-  const Run s = run_hetplan("simulate --plan " + (dir / "best.json").string() + " --json " + (dir / "b.json").string());
+  const test::CommandResult s = test::run_hetplan("simulate --plan " + (dir / "best.json").string() + " --json " + (dir / "b.json").string());
   REQUIRE(s.exit_code == 0);
   const ordered_json b = read_json_file((dir / "b.json").string());
   CHECK(b["iteration_ms"].get<double>() == Approx(plans["best"]["cost"].get<double>()).epsilon(1e-12));
   CHECK(b["fits"] == true);
   // The metis model stays the default, and the same search count is reported either way.
-  const Run m = run_hetplan(common + "--json " + (dir / "metis.json").string());
+  const test::CommandResult m = test::run_hetplan(common + "--json " + (dir / "metis.json").string());
   REQUIRE(m.exit_code == 0);
-  const Run m2 = run_hetplan(common + "--cost-model metis --json " + (dir / "metis2.json").string());
+  const test::CommandResult m2 = test::run_hetplan(common + "--cost-model metis --json " + (dir / "metis2.json").string());
   REQUIRE(m2.exit_code == 0);
   CHECK(read_json_file((dir / "metis.json").string())["best"] == read_json_file((dir / "metis2.json").string())["best"]);
   CHECK(read_json_file((dir / "metis.json").string())["count"] == plans["count"]);
-  CHECK(run_hetplan(common + "--cost-model magic").exit_code == 2);
+  CHECK(test::run_hetplan(common + "--cost-model magic").exit_code == 2);
 }
