@@ -71,9 +71,11 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c1
 }
 #endif
 
+#if !defined(HETPLAN_HAVE_GLOO)
 [[noreturn]] void no_gloo() {
   throw std::runtime_error("tensor parallelism on the CPU needs LibTorch's Gloo headers (Debian: libgloo-dev)");
 }
+#endif
 
 }  // namespace
 
