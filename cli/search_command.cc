@@ -68,6 +68,7 @@ int run_search(const SearchArgs& a) {
     SimulationOptions so;
     so.schedule = parse_schedule(a.schedule, "--schedule");
     so.setup.zero_stage = a.zero;
+    so.setup.framework_bytes = -1;  // the profiles' measured framework constant, if they have one
     so.setup.recompute = parse_recompute(a.recompute, "--recompute");
     so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
     so.max_profiled_bs = o.max_profiled_bs;

@@ -33,6 +33,9 @@ struct SetupArgs {
   double framework_mb = 0;
 };
 
+// --framework-mb's default for simulate: take the constant the profiles measured.
+constexpr double kFrameworkFromProfiles = -1;
+
 void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
   a.framework_mb = default_framework_mb;
   s->add_option("--zero", a.zero, "ZeRO stage over each stage's data-parallel group (0-3)")
@@ -45,8 +48,12 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
       ->capture_default_str();
   s->add_flag("--sequence-parallel", a.sequence_parallel, "Megatron sequence parallelism (activations split by tp)");
   s->add_flag("--flash-attention", a.flash, "Attention scores are never stored (as selective recomputation)");
-  s->add_option("--framework-mb", a.framework_mb, "Per-GPU framework constant: CUDA context, allocator, workspaces (MiB)")
-      ->capture_default_str();
+  s->add_option("--framework-mb", a.framework_mb,
+                default_framework_mb < 0
+                    ? "Per-GPU framework constant: CUDA context, allocator, workspaces (MiB; default: the profiles' "
+                      "measured framework_mb, else 0)"
+                    : "Per-GPU framework constant: CUDA context, allocator, workspaces (MiB)");
+  if (default_framework_mb >= 0) s->get_option("--framework-mb")->capture_default_str();
   s->add_option("--bandwidth-unit", a.bandwidth_unit, "Unit of the clusterfile's bandwidths: GB/s, GiB/s or bytes/s")
       ->capture_default_str();
 }
@@ -62,8 +69,9 @@ TrainingSetup make_setup(const SetupArgs& a) {
   else throw InputError("--accounting: '" + a.accounting + "': expected zero, deepspeed or megatron");
   s.sequence_parallel = a.sequence_parallel;
   s.flash_attention = a.flash;
-  if (a.framework_mb < 0) throw InputError("--framework-mb: expected a non-negative number of MiB");
-  s.framework_bytes = a.framework_mb * 1024 * 1024;
+  if (a.framework_mb < 0 && a.framework_mb != kFrameworkFromProfiles)
+    throw InputError("--framework-mb: expected a non-negative number of MiB");
+  s.framework_bytes = a.framework_mb < 0 ? -1.0 : a.framework_mb * 1024 * 1024;
   return s;
 }
 
@@ -398,7 +406,7 @@ Runner add_simulate_command(CLI::App& app) {
   s->add_option("--hf-config", a->hf_config, "Hugging Face config.json for the model shape (default: the plan's GPT)");
   s->add_option("--trace", a->trace, "Write a Chrome trace (Perfetto) to this file");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
-  add_setup_options(s, a->setup, 0);
+  add_setup_options(s, a->setup, kFrameworkFromProfiles);
   return [a] { return run_simulate(*a); };
 }
 

@@ -194,6 +194,19 @@ void DeviceMeter::reset_peak() {
 #endif
 }
 
+int64_t DeviceMeter::framework_bytes() const {
+#if defined(HETPLAN_TORCH_CUDA)
+  if (device_.is_cuda()) {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+    const int64_t reserved =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).reserved_bytes[0].current;
+    return static_cast<int64_t>(total - free) - reserved;
+  }
+#endif
+  return -1;
+}
+
 void DeviceMeter::release_cached() {
 #if defined(HETPLAN_TORCH_CUDA)
   if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();

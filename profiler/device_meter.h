@@ -33,6 +33,9 @@ class DeviceMeter {
   int64_t peak() const;
   void reset_peak();
   void release_cached();  // return cached blocks after an out-of-memory
+  // Device memory this process holds outside PyTorch's allocator (CUDA
+  // context, cuBLAS/cuDNN/NCCL workspaces); -1 where it cannot be measured.
+  int64_t framework_bytes() const;
 
   // CPU only: refuse allocations past `bytes` (0: no limit).
   static bool set_cpu_memory_limit(int64_t bytes);

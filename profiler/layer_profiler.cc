@@ -184,6 +184,8 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   mem["total_memory"] = total_mb;
   mem["layer_memory_total_mb"] = layer_mb;
   mem["source"] = meter.has_memory_stats() ? "allocator peak statistics" : "not measured";
+  // What the process holds beyond the tensors (on a GPU it has to itself).
+  if (const int64_t fw = meter.framework_bytes(); fw >= 0) mem["framework_mb"] = std::round(fw / 1048.576) / 1000.0;
   j["execution_memory"] = mem;
 
   ordered_json prof;

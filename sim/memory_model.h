@@ -65,6 +65,7 @@ struct TrainingSetup {
   unsigned lora_targets = kTargetQ | kTargetV;
   QuantSpec base_weights = bf16_weights();  // frozen base for LoRA/QLoRA, or the compute copy
   double framework_bytes = 0;               // CUDA context, allocator and library workspaces
+                                            // (PlanSimulator: < 0 takes the profiles' framework_mb)
   double cpu_buffer_factor = 1.5;           // DeepSpeed's additional_buffer_factor
 };
 

@@ -153,7 +153,14 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
       m.rank = r;
       m.stage = i;
       m.device = cluster_->device_types()[layout.type_of(r)];
-      m.breakdown = rank_memory(shape_, setup, shard);
+      // A negative framework constant means "as the profiles measured it".
+      TrainingSetup rank_setup = setup;
+      if (rank_setup.framework_bytes < 0) {
+        const int pt = profile_type_[layout.type_of(r)];
+        const double mb = pt >= 0 ? profiles_->framework_mb(pt) : -1;
+        rank_setup.framework_bytes = mb > 0 ? mb * kMiB : 0;
+      }
+      m.breakdown = rank_memory(shape_, rank_setup, shard);
       m.capacity_bytes = cluster_->memory_mb(layout.type_of(r)) * kMiB;
       if (!m.fits() && sim.fits) {
         sim.fits = false;

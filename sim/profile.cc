@@ -124,6 +124,7 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
     p.forward_backward_ms = require_number(et, "forward_backward_time_ms", path, "execution_time");
     const ordered_json& em = require_key(j, "execution_memory", path, "");
     p.memory_mb = require_number_list(em, "layer_memory_total_mb", path, "execution_memory");
+    if (em.contains("framework_mb")) p.framework_mb = require_number(em, "framework_mb", path, "execution_memory");
     if (p.layer_ms.empty()) throw InputError(path + ": 'execution_time.layer_compute_total_ms' is empty");
     if (num_layers > 0 && static_cast<int>(p.layer_ms.size()) != num_layers)
       throw InputError(path + ": expected " + std::to_string(num_layers) +

@@ -37,6 +37,9 @@ struct LayerProfile {
   double forward_backward_ms = 0;  // execution_time.forward_backward_time_ms
   double fb_sync_ms = 0;           // forward_backward_ms - sum(layer_ms): time outside the layers
   std::vector<double> memory_mb;   // execution_memory.layer_memory_total_mb
+  // execution_memory.framework_mb: memory a rank holds outside the tensors
+  // (CUDA context, library workspaces), as `hetplan profile` measures it; -1 if absent.
+  double framework_mb = -1;
   double total_layer_ms = 0;       // sum(layer_ms)
   SliceSums time, memory;
 };
@@ -71,6 +74,13 @@ class ProfileSet {
     const int idx = index_[(static_cast<std::size_t>(type) * (max_tp_ + 1) + tp) * (max_bs_ + 1) + bs];
     return idx < 0 ? nullptr : &entries_[idx];
   }
+  // The framework constant (MB) measured for a device type (its tp1_bs1
+  // file), or -1 if its profiles do not record one.
+  double framework_mb(int type) const {
+    const LayerProfile* p = find(type, 1, 1);
+    return p ? p->framework_mb : -1;
+  }
+
   // The file name a (type, tp, bs) lookup expects, for error messages.
   std::string expected_path(int type, int tp, int bs) const;
   // "<path>: missing profile (device V100, tp 4, bs 2), needed for <why>; ..."
