@@ -170,8 +170,9 @@ int run_replay(const ReplayArgs& a) {
 
   const auto& m = p.config.model;
   const double tokens = static_cast<double>(p.plan.gbs) * m.seq_len;
-  const double h = m.hidden_size, V = m.vocab_size, s = m.seq_len;
-  const double params = (V * h + s * h) + (m.num_layers - 2) * (12 * h * h + 13 * h) + (V * h + V + 2 * h);
+  const double h = m.hidden_size, s = m.seq_len;
+  double params = 0;
+  for (int64_t n : profiler::gpt_parameters_per_layer(m)) params += static_cast<double>(n);
   // 6 N per token for the weights, plus attention's 12 * blocks * s * h per token (Narayanan et al. 2021).
   const double flops = (6 * params + 12.0 * (m.num_layers - 2) * s * h) * tokens;
   const GpuSpec* spec = nullptr;

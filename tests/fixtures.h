@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "sim/cluster.h"
+#include "planner/search.h"
 #include "sim/plan.h"
 #include "sim/profile.h"
 #include "sim/synthetic_profiles.h"
@@ -73,6 +74,20 @@ inline const ProfileSet& synthetic_profiles(int layers) {
 inline std::string synthetic_dir(int layers) {
   synthetic_profiles(layers);
   return scratch_dir("syn" + std::to_string(layers)).string();
+}
+
+// The search settings of every Table-1 row: gbs 128, max tp and bs 128,
+// variance 1, permute length 128.
+inline SearchOptions table1_search_options(int layers, bool use_strat = false) {
+  SearchOptions o;
+  o.model.num_layers = layers;
+  o.gbs = 128;
+  o.max_profiled_tp = 128;
+  o.max_profiled_bs = 128;
+  o.min_group_scale_variance = 1;
+  o.max_permute_len = 128;
+  o.use_strat = use_strat;
+  return o;
 }
 
 // gen_hostfile.py N: N/4 V100 nodes (0.0.0.1) then N/4 A100 nodes (0.0.0.4), 4 GPUs each.

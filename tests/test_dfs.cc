@@ -291,19 +291,6 @@ void check_plans(bool use_strat, const std::vector<PlanYields>& expected) {
   }
 }
 
-SearchOptions row1_search_options(bool use_strat) {
-  SearchOptions o;
-  o.model.num_layers = 10;
-  o.gbs = 128;
-  o.max_profiled_tp = 128;
-  o.max_profiled_bs = 128;
-  o.min_group_scale_variance = 1;
-  o.max_permute_len = 128;
-  o.use_strat = use_strat;
-  o.top_k = 10;
-  return o;
-}
-
 }  // namespace
 
 TEST_CASE("intra-stage DFS: yields of the first 40 row-1 plans, base mode", "[dfs]") {
@@ -350,7 +337,9 @@ TEST_CASE("MetisSearch: top 10 plans of row 1", "[dfs][search]") {
   for (const bool use_strat : {false, true}) {
     INFO((use_strat ? "use_strat" : "base"));
     const std::vector<TopPlan>& want = use_strat ? kTop10Strat : kTop10Base;
-    const MetisSearch search(cluster, profiles, row1_search_options(use_strat));
+    SearchOptions options = test::table1_search_options(10, use_strat);
+    options.top_k = 10;
+    const MetisSearch search(cluster, profiles, options);
     const SearchResult res = search.run();
     CHECK(res.count == (use_strat ? 562 : 612));
     CHECK(res.inter_stage_plans == 176);

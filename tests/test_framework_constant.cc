@@ -16,12 +16,7 @@ using namespace hetplan;
 namespace {
 
 PlanSimulation simulate_best(const ProfileSet& profiles, const Cluster& cluster) {
-  SearchOptions o;
-  o.model.num_layers = 10;
-  o.gbs = 128;
-  o.max_profiled_tp = 128;
-  o.max_profiled_bs = 128;
-  o.max_permute_len = 128;
+  const SearchOptions o = test::table1_search_options(10);
   const SearchResult r = MetisSearch(cluster, profiles, o).run();
   REQUIRE(!r.top.empty());
   SimulationOptions so;

@@ -9,21 +9,6 @@
 
 using namespace hetplan;
 
-namespace {
-
-SearchOptions table1_options(int layers, bool strat) {
-  SearchOptions o;
-  o.model.num_layers = layers;
-  o.gbs = 128;
-  o.max_profiled_tp = 128;
-  o.max_profiled_bs = 128;
-  o.min_group_scale_variance = 1;
-  o.max_permute_len = 128;
-  o.use_strat = strat;
-  return o;
-}
-
-}  // namespace
 
 TEST_CASE("Table 1 rows 1-3 equal the deterministic reference", "[integration]") {
   const ordered_json golden = read_json_file(test::shared_dir() + "/golden/table1.json");
@@ -35,7 +20,7 @@ TEST_CASE("Table 1 rows 1-3 equal the deterministic reference", "[integration]")
     const ProfileSet& profiles = test::synthetic_profiles(layers);
     for (const char* mode : {"metis", "strat"}) {
       DYNAMIC_SECTION("row " << r << " " << mode) {
-        const MetisSearch search(cluster, profiles, table1_options(layers, std::string(mode) == "strat"));
+        const MetisSearch search(cluster, profiles, test::table1_search_options(layers, std::string(mode) == "strat"));
         const SearchResult res = search.run();
         CHECK(res.count == row[mode]["count"].get<long long>());
         REQUIRE(!res.top.empty());
@@ -62,7 +47,7 @@ TEST_CASE("search results do not depend on the thread count", "[integration]") {
   const Cluster cluster = test::table1_cluster(32);
   const ProfileSet& profiles = test::synthetic_profiles(20);
   auto run = [&](int threads) {
-    SearchOptions o = table1_options(20, false);
+    SearchOptions o = test::table1_search_options(20, false);
     o.top_k = 25;
     o.threads = threads;
     return MetisSearch(cluster, profiles, o).run();

@@ -11,12 +11,7 @@
 using namespace hetplan;
 
 TEST_CASE("search --json entries round-trip as plan files", "[plan_file]") {
-  SearchOptions o;
-  o.model.num_layers = 10;
-  o.gbs = 128;
-  o.max_profiled_tp = 128;
-  o.max_profiled_bs = 128;
-  o.max_permute_len = 128;
+  SearchOptions o = test::table1_search_options(10);
   o.top_k = 3;
   const SearchResult r = MetisSearch(test::table1_cluster(16), test::synthetic_profiles(10), o).run();
   PlanFile context;
