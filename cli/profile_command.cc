@@ -137,6 +137,10 @@ int run_profile(ProfileArgs a) {
     if (device.is_cuda() && tp > gpus)
       throw InputError("--tp " + std::to_string(tp) + ": needs " + std::to_string(tp) + " GPUs, but " +
                        std::to_string(gpus) + " are visible");
+    // Gloo's all-reduce knows no 16-bit floats (LibTorch 1.13 and 2.x alike).
+    if (!device.is_cuda() && tp > 1 && probe.dtype != torch::kFloat32)
+      throw InputError("--tp " + std::to_string(tp) + " on CPU: the Gloo backend cannot all-reduce " + a.dtype +
+                       " tensors; pass --dtype fp32 (or profile tp 1 only)");
     if (a.heads % tp != 0 || a.vocab % tp != 0)
       throw InputError("--tp " + std::to_string(tp) + ": --heads (" + std::to_string(a.heads) + ") and --vocab-size (" +
                        std::to_string(a.vocab) + ") must divide by it");

@@ -30,6 +30,7 @@ struct SearchArgs {
   bool reject_dropped_layers = false;
   // --cost-model sim: the simulator's iteration time and per-rank memory.
   std::string cost_model = "metis", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s";
+  std::string collectives = "measured";
   int zero = 0;
 };
 
@@ -72,6 +73,7 @@ int run_search(const SearchArgs& a) {
     so.setup.recompute = parse_recompute(a.recompute, "--recompute");
     so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
     so.max_profiled_bs = o.max_profiled_bs;
+    so.measured_collectives = parse_collectives(a.collectives);
     simulator = std::make_unique<PlanSimulator>(cluster, profiles, shape_from_model_config(a.model),
                                                 a.model.sequence_length, so);
     o.cost_hook = make_sim_cost_hook(*simulator);
@@ -193,6 +195,9 @@ Runner add_search_command(CLI::App& app) {
   s->add_option("--zero", a->zero, "With --cost-model sim: ZeRO stage (0-3)")->capture_default_str()->check(CLI::Range(0, 3));
   s->add_option("--recompute", a->recompute, "With --cost-model sim: none, selective or full")->capture_default_str();
   s->add_option("--bandwidth-unit", a->bandwidth_unit, "With --cost-model sim: clusterfile unit, GB/s, GiB/s or bytes/s")
+      ->capture_default_str();
+  s->add_option("--collectives", a->collectives,
+                "With --cost-model sim: intra-node all-reduce bandwidth, measured (by the profiler) or clusterfile")
       ->capture_default_str();
   s->add_option("--log_path,--home_dir", a->log_path, "Accepted for compatibility with the reference; unused");
   return [a] { return run_search(*a); };

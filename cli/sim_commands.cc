@@ -79,6 +79,7 @@ TrainingSetup make_setup(const SetupArgs& a) {
 
 struct SimulateArgs {
   std::string plan, schedule = "1f1b", profiles, hostfile, clusterfile, hf_config, trace, json_out;
+  std::string collectives = "measured";
   SetupArgs setup;
 };
 
@@ -98,6 +99,7 @@ int run_simulate(const SimulateArgs& a) {
   o.schedule = parse_schedule(a.schedule, "--schedule");
   o.setup = make_setup(a.setup);
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
+  o.measured_collectives = parse_collectives(a.collectives);
   const PlanSimulator simulator(cluster, profiles, shape, pf.model.sequence_length, o);
   const PlanSimulation sim = simulator.simulate(pf.plan, pf.gbs);
   const TimelineResult& t = sim.timeline;
@@ -110,6 +112,7 @@ int run_simulate(const SimulateArgs& a) {
   std::cout << "tokens_per_s: " << fixed(t.tokens_per_s, 1) << "\n";
   std::cout << "mfu: " << (t.mfu >= 0 ? fixed(t.mfu, 4) : std::string("unknown (a GPU type without a datasheet entry)"))
             << "\n";
+  for (const auto& line : simulator.collective_sources()) std::cout << "network: " << line << "\n";
   if (pf.plan.cost > 0) std::cout << "metis_cost_ms: " << fixed(pf.plan.cost, 3) << "\n";
   std::cout << "| stage | forward ms | backward ms | busy ms | allreduce ms | in flight | peak GiB | capacity GiB |\n"
             << "|---|---|---|---|---|---|---|---|\n";
@@ -139,6 +142,7 @@ int run_simulate(const SimulateArgs& a) {
     j["schedule"] = to_string(o.schedule);
     j["zero_stage"] = o.setup.zero_stage;
     j["recompute"] = to_string(o.setup.recompute);
+    j["network"] = simulator.collective_sources();
     j["plan"] = plan_file_to_json(pf);
     write_json_file(a.json_out, j);
   }
@@ -241,8 +245,6 @@ int run_whatif(const WhatifArgs& a) {
   const TrainingSetup base = make_setup(a.setup);
   const double params = static_cast<double>(shape.parameter_count());
   const double tokens = static_cast<double>(gbs) * a.seq;
-  const double fwd_attention = 2.0 * 2.0 * a.seq * shape.num_heads * shape.head_dim * shape.num_layers;
-  const double fwd_total = shape.training_flops(1, a.seq) / 3;
 
   std::vector<Row> rows;
   auto row = [&](const std::string& name, auto edit) {
@@ -329,9 +331,7 @@ int run_whatif(const WhatifArgs& a) {
     shard.gpus_per_node = per_node;
     const MemoryBreakdown m = rank_memory(shape, r.setup, shard);
     // Compute: 3 x forward FLOPs; full recomputation adds a forward, selective the attention scores.
-    double factor = r.compute_factor;
-    if (r.setup.recompute == Recompute::kFull) factor += 1.0 / 3;
-    if (r.setup.recompute == Recompute::kSelective) factor += fwd_attention / (3 * fwd_total);
+    const double factor = r.compute_factor + recomputed_forward_fraction(shape, r.setup.recompute, a.seq) / 3;
     double compute_s = shape.training_flops(tokens, a.seq) * factor / (gpus * peak);
     if (r.setup.precision == Precision::kFp8) compute_s /= a.fp8_speedup;
     const double trainable = r.setup.finetune == Finetune::kFull ? params : shard_params(shape, 0, shard.end_layer, 1, r.setup).lora;
@@ -405,6 +405,10 @@ Runner add_simulate_command(CLI::App& app) {
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
   s->add_option("--hf-config", a->hf_config, "Hugging Face config.json for the model shape (default: the plan's GPT)");
   s->add_option("--trace", a->trace, "Write a Chrome trace (Perfetto) to this file");
+  s->add_option("--collectives", a->collectives,
+                "Intra-node all-reduce bandwidth: measured (the profiles' communication.allreduce_busbw_gbs where "
+                "present) or clusterfile (its intra_bandwidth)")
+      ->capture_default_str();
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
   add_setup_options(s, a->setup, kFrameworkFromProfiles);
   return [a] { return run_simulate(*a); };

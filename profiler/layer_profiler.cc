@@ -3,6 +3,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 
@@ -27,7 +28,9 @@ void drop_grads(const std::vector<torch::Tensor>& params) {
 }
 
 struct Measurement {
-  std::vector<std::vector<double>> layer_ms;  // [layer][iteration]
+  std::vector<std::vector<double>> layer_ms;  // [layer][iteration]: forward + backward
+  std::vector<std::vector<double>> forward_ms, accumulation_ms;  // [layer][iteration]
+  std::vector<std::vector<double>> host_ms;                       // [layer][repeat]
   std::vector<double> fb_ms, optimizer_ms, batch_ms;
   std::vector<double> layer_mb;
 };
@@ -42,6 +45,8 @@ Measurement measure(GPT& model, const ProfileRequest& req, int bs, DeviceMeter& 
   torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-4));
   Measurement m;
   m.layer_ms.assign(L, {});
+  m.forward_ms.assign(L, {});
+  m.accumulation_ms.assign(L, {});
 
   for (int it = 0; it < req.warmup + req.iters; ++it) {
     const bool record = it >= req.warmup;
@@ -76,6 +81,23 @@ Measurement measure(GPT& model, const ProfileRequest& req, int bs, DeviceMeter& 
     outputs.clear();
     upstream = torch::Tensor();
 
+    // Each layer's backward above created its gradients. A later micro-batch
+    // adds new ones into them instead (autograd's AccumulateGrad: one in-place
+    // add per parameter), which costs a pass over the gradients that the
+    // timings above do not contain: time exactly that add.
+    std::vector<int> acc_start(L), acc_end(L);
+    for (std::size_t i = 0; i < L; ++i) {
+      std::vector<torch::Tensor> grads, fresh;
+      for (const auto& p : layers[i]->parameters())
+        if (p.grad().defined()) {
+          grads.push_back(p.grad());
+          fresh.push_back(torch::zeros_like(p.grad()));
+        }
+      acc_start[i] = meter.mark();
+      for (std::size_t k = 0; k < grads.size(); ++k) grads[k].add_(fresh[k]);
+      acc_end[i] = meter.mark();
+    }
+
     // The whole model, and the optimizer step.
     adam.zero_grad();
     const int f0 = meter.mark();
@@ -86,8 +108,11 @@ Measurement measure(GPT& model, const ProfileRequest& req, int bs, DeviceMeter& 
     adam.zero_grad();
     meter.sync();
     if (!record) continue;
-    for (std::size_t i = 0; i < L; ++i)
+    for (std::size_t i = 0; i < L; ++i) {
       m.layer_ms[i].push_back(meter.elapsed_ms(fwd_start[i], fwd_end[i]) + meter.elapsed_ms(bwd_start[i], bwd_end[i]));
+      m.forward_ms[i].push_back(meter.elapsed_ms(fwd_start[i], fwd_end[i]));
+      m.accumulation_ms[i].push_back(meter.elapsed_ms(acc_start[i], acc_end[i]));
+    }
     m.batch_ms.push_back(meter.elapsed_ms(b0, b1));
     m.fb_ms.push_back(meter.elapsed_ms(f0, f1));
     m.optimizer_ms.push_back(meter.elapsed_ms(f1, f2));
@@ -95,6 +120,42 @@ Measurement measure(GPT& model, const ProfileRequest& req, int bs, DeviceMeter& 
 
   // Memory, one layer at a time: what its forward and backward add on top of
   // what is live, plus its weights, gradients and Adam state.
+  // Host time: how long the CPU takes to issue a layer's forward and
+  // backward, each layer starting from an idle device so that the CPU never
+  // waits on a full launch queue. Where it exceeds the device time (small
+  // micro-batches), a stage that never waits for its neighbours runs at the
+  // host's pace, not the device's.
+  {
+    const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
+    model.head().set_targets(torch::randint(c.vocab_size, {bs, c.seq_len}, opts));
+    std::vector<torch::Tensor> ins(L);
+    torch::Tensor x = ids;
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < L; ++i) {
+        ins[i] = x;
+        if (i + 1 < L) x = layers[i]->forward(x);
+      }
+    }
+    m.host_ms.assign(L, {});
+    for (int rep = 0; rep < 3; ++rep)
+      for (std::size_t i = 0; i < L; ++i) {
+        torch::Tensor in = i == 0 ? ins[i] : ins[i].detach().requires_grad_(true);
+        meter.sync();
+        const auto t0 = std::chrono::steady_clock::now();
+        torch::Tensor out = layers[i]->forward(in);
+        if (i + 1 == L) {
+          out.backward();
+        } else {
+          out.backward(torch::ones_like(out));
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        meter.sync();
+        m.host_ms[i].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      }
+    drop_grads(params);
+  }
+
   const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
   model.head().set_targets(torch::randint(c.vocab_size, {bs, c.seq_len}, opts));
   torch::Tensor x = ids;
@@ -131,7 +192,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, int bs, DeviceMeter& 
 }
 
 ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& g, int bs, const Measurement& m,
-                          const DeviceMeter& meter) {
+                          const DeviceMeter& meter, const ordered_json& communication) {
   const GPTConfig& c = req.model;
   const std::size_t L = m.layer_ms.size();
   ordered_json j;
@@ -170,6 +231,16 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   et["optimizer_time_ms"] = opt;
   et["layer_compute_total_ms"] = layer_ms;
   et["layer_compute_spread"] = layer_spread;
+  // hetplan's extensions (Metis reads none of them).
+  ordered_json forward = ordered_json::array(), accumulation = ordered_json::array(), host = ordered_json::array();
+  for (std::size_t i = 0; i < L; ++i) {
+    forward.push_back(median(m.forward_ms[i]));
+    accumulation.push_back(median(m.accumulation_ms[i]));
+    host.push_back(median(m.host_ms[i]));
+  }
+  et["layer_forward_ms"] = forward;
+  et["layer_grad_accumulation_ms"] = accumulation;
+  et["layer_host_ms"] = host;
   et["forward_backward_spread"] = spread(m.fb_ms);
   j["execution_time"] = et;
 
@@ -187,6 +258,7 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   // What the process holds beyond the tensors (on a GPU it has to itself).
   if (const int64_t fw = meter.framework_bytes(); fw >= 0) mem["framework_mb"] = std::round(fw / 1048.576) / 1000.0;
   j["execution_memory"] = mem;
+  if (!communication.is_null()) j["communication"] = communication;
 
   ordered_json prof;
   prof["tool"] = "hetplan profile";
@@ -208,6 +280,42 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   return j;
 }
 
+// The data-parallel gradient all-reduce as replay issues it (one all-reduce
+// per parameter tensor, no buckets), over this tp group's ranks and links:
+// its time and bus bandwidth, 2 (n - 1) / n x bytes / time (nccl-tests'
+// definition), which the simulator uses for collectives between GPUs of this
+// type on one node. Null for a group of one.
+ordered_json measure_gradient_all_reduce(GPT& model, const ProfileRequest& req, const TensorParallelGroup& g,
+                                         DeviceMeter& meter) {
+  if (g.size() < 2) return nullptr;
+  std::vector<torch::Tensor> grads;
+  int64_t bytes = 0;
+  for (const auto& p : model.parameters()) {
+    grads.push_back(torch::zeros_like(p));
+    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  std::vector<double> ms;
+  for (int it = 0; it < std::max(1, req.warmup) + std::max(3, req.iters); ++it) {
+    meter.clear_marks();
+    meter.sync();
+    const int a = meter.mark();
+    for (auto& t : grads) g.all_reduce(t);
+    const int b = meter.mark();
+    meter.sync();
+    if (it >= std::max(1, req.warmup)) ms.push_back(meter.elapsed_ms(a, b));
+  }
+  const double n = g.size(), t = median(ms);
+  ordered_json c;
+  c["gradient_allreduce_ms"] = t;
+  c["gradient_allreduce_spread"] = spread(ms);
+  c["gradient_bytes"] = bytes;
+  c["all_reduce_calls"] = grads.size();
+  c["ranks"] = g.size();
+  c["allreduce_busbw_gbs"] = 2 * (n - 1) / n * static_cast<double>(bytes) / (t * 1e-3) / 1e9;
+  c["how"] = "one all-reduce per parameter tensor of this rank's gradients, over the tp group";
+  return c;
+}
+
 }  // namespace
 
 double block_flops(const GPTConfig& c, int bs, int tp) {
@@ -220,13 +328,15 @@ std::vector<BatchOutcome> profile_batch_sizes(const ProfileRequest& req, const T
   GPT model(req.model, group);
   model.to(req.device, req.dtype);
   DeviceMeter meter(req.device);
+  const ordered_json communication = measure_gradient_all_reduce(model, req, group, meter);
+  meter.release_cached();
   std::vector<BatchOutcome> outcomes;
   for (int bs : req.batch_sizes) {
     BatchOutcome o;
     o.bs = bs;
     try {
       const Measurement m = measure(model, req, bs, meter);
-      const ordered_json j = profile_json(req, group, bs, m, meter);
+      const ordered_json j = profile_json(req, group, bs, m, meter, communication);
       o.ok = true;
       o.block_ms = j["execution_time"]["layer_compute_total_ms"].size() > 2
                        ? j["execution_time"]["layer_compute_total_ms"][1].get<double>()

@@ -6,7 +6,11 @@
 // layer's forward and backward can be bracketed by device events; the whole
 // model's forward+backward and the Adam step are timed too. After `warmup`
 // iterations, `iters` are measured and the median is reported, with the
-// spread (max - min over median) in extra fields.
+// spread (max - min over median) in extra fields. Beyond Metis's fields, each
+// file records every layer's forward alone (layer_forward_ms), the in-place
+// add that accumulates a layer's gradients over micro-batches
+// (layer_grad_accumulation_ms), and, for tp > 1, the tp group's gradient
+// all-reduce time and bus bandwidth ("communication").
 // Memory: per layer, weights + gradients + Adam state (fp32 master, m, v) +
 // the allocator's peak over that layer's forward and backward.
 #pragma once

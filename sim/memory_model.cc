@@ -241,6 +241,18 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   return out;
 }
 
+double recomputed_forward_fraction(const ModelShape& m, Recompute r, long long seq) {
+  switch (r) {
+    case Recompute::kNone: return 0.0;
+    case Recompute::kFull: return 1.0;
+    case Recompute::kSelective: {
+      const double scores = 4.0 * seq * m.num_heads * m.head_dim * m.num_layers;
+      return scores / (m.training_flops(1, seq) / 3);
+    }
+  }
+  return 0.0;
+}
+
 const char* to_string(Recompute r) {
   switch (r) {
     case Recompute::kNone: return "none";

@@ -128,6 +128,12 @@ ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const 
 
 MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& setup, const RankShard& shard);
 
+// The share of the forward's FLOPs that recomputation runs again during the
+// backward: all of it for full recomputation, the attention scores and their
+// softmax (QK^T and AV, 4 s a d FLOPs per token and layer) for selective
+// (Korthikanti et al. 2022, Sec. 5), nothing without.
+double recomputed_forward_fraction(const ModelShape& m, Recompute r, long long seq);
+
 const char* to_string(Recompute r);
 const char* to_string(Precision p);
 // Parses "none|selective|full" and "fp32|bf16|fp8"; throws InputError naming `where`.

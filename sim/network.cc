@@ -65,6 +65,9 @@ Network::Network(const Cluster& cluster, const RankLayout& layout, NetworkOption
       if (n.type != type) continue;
       node_intra_.push_back(bytes_per_second(n.intra_bandwidth, opt_.unit));
       node_inter_.push_back(bytes_per_second(n.inter_bandwidth, opt_.unit));
+      const bool measured = type < static_cast<int>(opt_.intra_collective_bytes_per_s.size()) &&
+                            opt_.intra_collective_bytes_per_s[type] > 0;
+      node_collective_.push_back(measured ? opt_.intra_collective_bytes_per_s[type] : node_intra_.back());
     }
 }
 
@@ -72,6 +75,11 @@ double Network::link_bandwidth(int a, int b) const {
   const int na = layout_->node_of(a), nb = layout_->node_of(b);
   if (na == nb) return node_intra_[na];
   return std::min(node_inter_[na], node_inter_[nb]);
+}
+
+double Network::collective_bandwidth(int a, int b) const {
+  const int na = layout_->node_of(a), nb = layout_->node_of(b);
+  return na == nb ? node_collective_[na] : link_bandwidth(a, b);
 }
 
 double Network::link_latency(int a, int b) const { return same_node(a, b) ? opt_.intra_latency_s : opt_.inter_latency_s; }
@@ -86,7 +94,7 @@ void Network::ring_bottleneck(const std::vector<int>& ranks, double* bandwidth, 
   const std::size_t n = ranks.size();
   for (std::size_t i = 0; i < n; ++i) {
     const int a = ranks[i], b = ranks[(i + 1) % n];
-    bw = std::min(bw, link_bandwidth(a, b));
+    bw = std::min(bw, collective_bandwidth(a, b));
     lat = std::max(lat, link_latency(a, b));
   }
   *bandwidth = bw;

@@ -8,6 +8,8 @@
 // slowest link in 2 (n - 1) steps; the hierarchical form reduce-scatters
 // inside each node, all-reduces the node's shard across nodes and all-gathers
 // inside the node again. all_reduce() takes the faster, as NCCL's tuner would.
+// Collectives inside a node may run at a measured bus bandwidth instead of
+// the clusterfile's (NetworkOptions::intra_collective_bytes_per_s).
 //
 // Units are explicit: clusterfile numbers are read as GB/s (1e9 bytes/s,
 // the unit Metis's clusterfiles are written in), GiB/s, or bytes/s, and
@@ -30,6 +32,11 @@ double bytes_per_second(double value, BandwidthUnit unit);
 
 struct NetworkOptions {
   BandwidthUnit unit = BandwidthUnit::kGBps;
+  // Measured bus bandwidth (bytes/s) of all-reduces among one node's GPUs,
+  // per cluster device type index (0 or absent: the clusterfile's
+  // intra_bandwidth). It covers what the datasheet does not: NCCL's protocol
+  // and per-call costs. p2p keeps the clusterfile's numbers.
+  std::vector<double> intra_collective_bytes_per_s;
   double intra_latency_s = 5e-6;   // NVLink/PCIe hop, NCCL's order of magnitude
   double inter_latency_s = 20e-6;  // InfiniBand/Ethernet hop between nodes
 };
@@ -56,12 +63,14 @@ class Network {
   const RankLayout& layout() const { return *layout_; }
 
  private:
-  // Slowest link and largest latency of the ring over `ranks` in order.
+  // Slowest link and largest latency of the ring over `ranks` in order, for a collective.
   void ring_bottleneck(const std::vector<int>& ranks, double* bandwidth, double* latency) const;
+  double collective_bandwidth(int a, int b) const;
 
   const RankLayout* layout_;
   NetworkOptions opt_;
   std::vector<double> node_intra_, node_inter_;  // bytes/s, per layout node
+  std::vector<double> node_collective_;           // bytes/s inside the node, for collectives
 };
 
 }  // namespace hetplan

@@ -1,6 +1,7 @@
 #include "sim/plan_simulator.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "sim/data_load_balancer.h"
 #include "sim/gpu_specs.h"
@@ -16,34 +17,53 @@ PlanSimulator::PlanSimulator(const Cluster& cluster, const ProfileSet& profiles,
                              SimulationOptions options)
     : cluster_(&cluster), profiles_(&profiles), shape_(std::move(shape)), seq_(sequence_length), opt_(options) {
   for (const auto& name : cluster.device_types()) profile_type_.push_back(profiles.type_index(name));
+  if (opt_.measured_collectives && opt_.network.intra_collective_bytes_per_s.empty())
+    for (int pt : profile_type_)
+      opt_.network.intra_collective_bytes_per_s.push_back(pt >= 0 ? std::max(0.0, profiles.allreduce_busbw_gbs(pt)) * 1e9
+                                                                  : 0.0);
   if (shape_.metis_num_layers() != profiles.num_layers())
     throw InputError(profiles.model().path + ": profiles have " + std::to_string(profiles.num_layers()) +
                      " layers, but the model has " + std::to_string(shape_.metis_num_layers()) +
                      " (embedding + " + std::to_string(shape_.num_layers) + " blocks + head)");
 }
 
-bool PlanSimulator::replica_ms(int type, int tp, int bs, int start, int end, double* ms, std::string* why) const {
+bool PlanSimulator::replica_cost(int type, int tp, int bs, int start, int end, ReplicaCost* out,
+                                 std::string* why) const {
+  ReplicaCost c;
   if (bs == 0) {
-    *ms = 0;
+    *out = c;
     return true;
   }
+  // A share without its own profile is costed as Metis does: the sum of its power-of-two slices.
+  std::vector<const LayerProfile*> slices;
   if (const LayerProfile* p = profiles_->find(type, tp, bs)) {
-    *ms = p->time(start, end);
-    return true;
-  }
-  // No profile for this share: Metis's sum of power-of-two slices.
-  double total = 0;
-  for (int bit = 30; bit >= 0; --bit) {
-    const int slice = 1 << bit;
-    if (!(bs & slice)) continue;
-    const LayerProfile* p = slice <= opt_.max_profiled_bs ? profiles_->find(type, tp, slice) : nullptr;
-    if (!p) {
-      if (why) *why = profiles_->missing_message(type, tp, slice, "a replica's share of the micro-batch");
-      return false;
+    slices.push_back(p);
+  } else {
+    for (int bit = 30; bit >= 0; --bit) {
+      const int slice = 1 << bit;
+      if (!(bs & slice)) continue;
+      const LayerProfile* p = slice <= opt_.max_profiled_bs ? profiles_->find(type, tp, slice) : nullptr;
+      if (!p) {
+        if (why) *why = profiles_->missing_message(type, tp, slice, "a replica's share of the micro-batch");
+        return false;
+      }
+      slices.push_back(p);
     }
-    total += p->time(start, end);
   }
-  *ms = total;
+  bool forward_known = true;
+  double forward = 0;
+  for (const LayerProfile* p : slices) {
+    c.total_ms += p->time(start, end);
+    forward_known = forward_known && p->has_forward();
+    if (p->has_forward()) forward += p->forward_time(start, end);
+  }
+  if (forward_known) c.forward_ms = forward;
+  // Accumulating gradients and the optimizer step touch the parameters
+  // once, whatever the micro-batch: any slice's file tells them.
+  const LayerProfile* any = slices.front();
+  if (any->has_grad_accumulation()) c.accumulation_ms = any->accumulation_time(start, end);
+  c.optimizer_ms = any->optimizer_ms;
+  *out = c;
   return true;
 }
 
@@ -89,12 +109,33 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
         return false;
       }
     }
-    double slowest = 0;
+    // The stage runs at its slowest replica's pace.
+    const ShardParams sp = shard_params(shape_, start, end, p, setup);
+    const double full_on_rank = sp.on_rank(st.tp);
+    const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / st.tp;
+    const double grad_bytes = trainable * (setup.precision == Precision::kFp32 ? 4 : 2);
+    const double param_share = layer_bytes(start, end) / layer_bytes(0, last_layer);
+    double slowest = 0, slowest_forward = -1, accumulation = 0, optimizer = 0;
     for (int d = 0; d < st.dp; ++d) {
-      double ms;
-      if (!replica_ms(replica_type[d], st.tp, share[d], start, end, &ms, why)) return false;
-      slowest = std::max(slowest, ms);
+      ReplicaCost rc;
+      if (!replica_cost(replica_type[d], st.tp, share[d], start, end, &rc, why)) return false;
+      if (rc.total_ms >= slowest) {
+        slowest = rc.total_ms;
+        slowest_forward = rc.forward_ms;
+      }
       max_share[i] = std::max(max_share[i], share[d]);
+      // Measured accumulation covers every parameter; LoRA accumulates only its adapters.
+      double acc = rc.accumulation_ms >= 0 ? rc.accumulation_ms * trainable / full_on_rank : -1;
+      if (acc < 0) {
+        // Not measured: read the new and the old gradient and write the sum, at the datasheet's HBM bandwidth.
+        const GpuSpec* g = find_gpu_spec(profiles_->device_types()[replica_type[d]]);
+        acc = g ? 3 * grad_bytes / (g->memory_bw_gbs * 1e9) * 1e3 : 0;
+      }
+      accumulation = std::max(accumulation, acc);
+      // The file's optimizer step is this tp's shard of the whole model; the stage steps its share of it.
+      double opt = rc.optimizer_ms >= 0 ? rc.optimizer_ms * param_share
+                                        : profiles_->model().optimizer_ms / 2 / st.tp * param_share;
+      optimizer = std::max(optimizer, opt * trainable / full_on_rank);
     }
     StageCosts c;
     const std::string type = cluster_->device_types()[layout.type_of(begin)];
@@ -107,16 +148,16 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
       if (lp) extra += std::max(0.0, lp->fb_sync_ms);
     }
     if (i == 0) extra += profiles_->model().batch_generator_ms;
-    c.forward_ms = (slowest + extra) * (1 - opt_.backward_share);
-    c.backward_ms = (slowest + extra) * opt_.backward_share;
+    const double forward = slowest_forward >= 0 ? slowest_forward : slowest * (1 - opt_.backward_share);
+    c.forward_ms = forward + extra * (1 - opt_.backward_share);
+    c.backward_ms = slowest - forward + extra * opt_.backward_share +
+                    forward * recomputed_forward_fraction(shape_, setup.recompute, seq_);
+    c.accumulation_ms = accumulation;
     // p2p over the boundary link, bf16 activations split over tp.
     const double p2p_bytes = act_bytes_per_sample * max_share[i] / st.tp;
     if (i + 1 < p) c.send_forward_ms = net.p2p_seconds(stage_begin[i + 1] - 1, stage_begin[i + 1], p2p_bytes) * 1e3;
     if (i > 0) c.send_backward_ms = net.p2p_seconds(begin, begin - 1, p2p_bytes) * 1e3;
     // Data-parallel gradient all-reduce of each tp slice; replica d holds ranks begin + t * dp + d.
-    const ShardParams sp = shard_params(shape_, start, end, p, setup);
-    const double trainable = setup.finetune == Finetune::kFull ? sp.on_rank(st.tp) : sp.lora / st.tp;
-    const double grad_bytes = trainable * (setup.precision == Precision::kFp32 ? 4 : 2);
     double ar = 0;
     for (int t = 0; t < st.tp; ++t) {
       std::vector<int> ranks;
@@ -124,8 +165,7 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
       ar = std::max(ar, net.all_reduce_seconds(ranks, grad_bytes));
     }
     c.allreduce_ms = ar * 1e3 * (setup.zero_stage >= 3 ? 1.5 : 1.0);
-    c.optimizer_ms = profiles_->model().optimizer_ms / st.tp * (static_cast<double>(end - start) / last_layer) /
-                     (setup.zero_stage >= 1 ? st.dp : 1);
+    c.optimizer_ms = optimizer / (setup.zero_stage >= 1 ? st.dp : 1);
     bool known = true;
     for (int r = begin; r < begin + size; ++r) {
       const GpuSpec* g = find_gpu_spec(cluster_->device_types()[layout.type_of(r)]);
@@ -176,6 +216,26 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
   return true;
 }
 
+std::vector<std::string> PlanSimulator::collective_sources() const {
+  std::vector<std::string> out;
+  const auto& types = cluster_->device_types();
+  const auto& measured = opt_.network.intra_collective_bytes_per_s;
+  for (std::size_t t = 0; t < types.size(); ++t) {
+    const bool m = t < measured.size() && measured[t] > 0;
+    out.push_back(types[t] + ": intra-node all-reduce at " +
+                  (m ? std::to_string(static_cast<int>(std::lround(measured[t] / 1e9))) + " GB/s bus bandwidth measured by the profiler"
+                     : std::string("the clusterfile's intra_bandwidth")));
+  }
+  return out;
+}
+
+double PlanSimulator::layer_bytes(int start, int end) const {
+  const std::vector<double>& b = profiles_->model().parameters_per_layer_bytes;
+  double sum = 0;
+  for (int l = start; l < end && l < static_cast<int>(b.size()); ++l) sum += b[l];
+  return sum;
+}
+
 PlanSimulation PlanSimulator::simulate(const PlanResult& plan, int gbs) const {
   std::vector<int> ns;
   for (const auto& name : plan.node_sequence) {
@@ -220,6 +280,7 @@ ordered_json simulation_to_json(const PlanSimulation& s) {
     stages.push_back({{"label", c.label},
                       {"forward_ms", c.forward_ms},
                       {"backward_ms", c.backward_ms},
+                      {"accumulation_ms", c.accumulation_ms},
                       {"send_forward_ms", c.send_forward_ms},
                       {"send_backward_ms", c.send_backward_ms},
                       {"allreduce_ms", c.allreduce_ms},
@@ -247,6 +308,12 @@ ordered_json simulation_to_json(const PlanSimulation& s) {
   }
   j["ranks"] = ranks;
   return j;
+}
+
+bool parse_collectives(const std::string& s) {
+  if (s == "measured") return true;
+  if (s == "clusterfile") return false;
+  throw InputError("--collectives: '" + s + "': expected measured or clusterfile");
 }
 
 }  // namespace hetplan

@@ -6,12 +6,24 @@
 // layer time for its share of the micro-batch (split by the
 // DataLoadBalancer; a share without its own profile is costed as Metis does,
 // as the sum of its power-of-two slices), split into forward and backward by
-// `backward_share`. The last stage adds the profile's time outside the layers
-// (fb_sync), stage 0 the batch generator. p2p sizes are bf16 activations,
-// split over tp (Megatron's scatter/gather); the dp all-reduce moves each
-// stage's gradients (x1.5 for ZeRO-3, Rajbhandari et al. 2020, Sec. 7.2.2)
-// over the Network; the optimizer step is the profile's, split over tp and,
-// with ZeRO, over dp.
+// the profile's layer_forward_ms where it records it, else by
+// `backward_share`. Recomputation adds the recomputed part of the forward to
+// the backward. The last stage adds the profile's time outside the layers
+// (fb_sync), stage 0 the batch generator.
+//
+// Every micro-batch after an iteration's first also adds its gradients into
+// the ones already there (the profile measures each layer's backward with
+// fresh gradients, so it misses this): the profile's
+// layer_grad_accumulation_ms where recorded, else three passes over the
+// rank's gradient bytes at the datasheet HBM bandwidth. On 4 x H200 this was
+// 1.3-4.6 ms per micro-batch, 12-20% of a micro-batch of one sample.
+//
+// p2p sizes are bf16 activations, split over tp (Megatron's scatter/gather);
+// the dp all-reduce moves each stage's gradients (x1.5 for ZeRO-3,
+// Rajbhandari et al. 2020, Sec. 7.2.2) over the Network. The optimizer step
+// is the profile's at the stage's tp (optimizer_time_ms, once: Metis counts
+// it twice), times the stage's share of the parameter bytes, over dp with
+// ZeRO.
 #pragma once
 
 #include <string>
@@ -36,6 +48,10 @@ struct SimulationOptions {
   // backward doing twice the forward's FLOPs (Narayanan et al. 2021, Sec. 5.1).
   double backward_share = 2.0 / 3.0;
   int max_profiled_bs = 1 << 30;  // largest slice a replica's share is split into
+  // All-reduces inside a node at the bus bandwidth the profiles measured for
+  // the device type (communication.allreduce_busbw_gbs), where they did;
+  // false: always the clusterfile's intra_bandwidth.
+  bool measured_collectives = true;
 };
 
 struct RankMemory {
@@ -71,10 +87,22 @@ class PlanSimulator {
   PlanSimulation simulate(const PlanResult& plan, int gbs) const;
 
   const std::vector<int>& profile_type() const { return profile_type_; }
+  // Where each cluster device type's intra-node collective bandwidth comes
+  // from, e.g. "H200: all-reduce 301.2 GB/s measured (profiles)".
+  std::vector<std::string> collective_sources() const;
 
  private:
-  // Forward+backward ms of layers [start, end) for `bs` samples on profile type `type` at tp; false if missing.
-  bool replica_ms(int type, int tp, int bs, int start, int end, double* ms, std::string* why) const;
+  // What one data-parallel replica's profiles say about layers [start, end).
+  struct ReplicaCost {
+    double total_ms = 0;          // forward + backward of its share of the micro-batch
+    double forward_ms = -1;       // of total_ms; -1 if the profile does not split it
+    double accumulation_ms = -1;  // adding a micro-batch's gradients into the iteration's; -1 if not measured
+    double optimizer_ms = -1;     // the file's whole-model optimizer step at this tp; -1 if absent
+  };
+  // For `bs` samples on profile type `type` at tp; false (with `why`) if a profile is missing.
+  bool replica_cost(int type, int tp, int bs, int start, int end, ReplicaCost* out, std::string* why) const;
+  // Parameter bytes of layers [start, end), from the profiles' model block.
+  double layer_bytes(int start, int end) const;
 
   const Cluster* cluster_;
   const ProfileSet* profiles_;
@@ -85,5 +113,8 @@ class PlanSimulator {
 };
 
 ordered_json simulation_to_json(const PlanSimulation& s);
+
+// --collectives: "measured" (true) or "clusterfile" (false); throws InputError.
+bool parse_collectives(const std::string& s);
 
 }  // namespace hetplan

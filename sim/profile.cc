@@ -38,6 +38,19 @@ int ProfileSet::type_index(const std::string& name) const {
   return static_cast<int>(it - types_.begin());
 }
 
+double ProfileSet::allreduce_busbw_gbs(int type) const {
+  int best_tp = 0;
+  double bw = -1;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const LayerProfile& e = entries_[i];
+    if (type_index(entry_types_[i]) != type || e.allreduce_busbw_gbs <= 0 || e.tp < best_tp) continue;
+    if (e.tp > best_tp) bw = -1;
+    best_tp = e.tp;
+    bw = std::max(bw, e.allreduce_busbw_gbs);  // files of one tp share one measurement
+  }
+  return bw;
+}
+
 std::string ProfileSet::expected_path(int type, int tp, int bs) const {
   const std::string name = "DeviceType." + (type >= 0 && type < static_cast<int>(types_.size()) ? types_[type] : "?") +
                            "_tp" + std::to_string(tp) + "_bs" + std::to_string(bs) + ".json";
@@ -56,6 +69,8 @@ void ProfileSet::add(const std::string& type, LayerProfile p) {
   p.total_layer_ms = left_sum(p.layer_ms);
   p.time = SliceSums(p.layer_ms);
   p.memory = SliceSums(p.memory_mb);
+  if (p.has_forward()) p.forward_time = SliceSums(p.forward_ms);
+  if (p.has_grad_accumulation()) p.accumulation_time = SliceSums(p.grad_accumulation_ms);
   if (std::find(types_.begin(), types_.end(), type) == types_.end()) {
     types_.push_back(type);
     std::sort(types_.begin(), types_.end());
@@ -125,7 +140,18 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
     const ordered_json& em = require_key(j, "execution_memory", path, "");
     p.memory_mb = require_number_list(em, "layer_memory_total_mb", path, "execution_memory");
     if (em.contains("framework_mb")) p.framework_mb = require_number(em, "framework_mb", path, "execution_memory");
+    if (et.contains("optimizer_time_ms")) p.optimizer_ms = require_number(et, "optimizer_time_ms", path, "execution_time");
     if (p.layer_ms.empty()) throw InputError(path + ": 'execution_time.layer_compute_total_ms' is empty");
+    if (j.contains("communication") && j["communication"].contains("allreduce_busbw_gbs"))
+      p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication");
+    for (const char* key : {"layer_forward_ms", "layer_grad_accumulation_ms"}) {
+      if (!et.contains(key)) continue;
+      std::vector<double> v = require_number_list(et, key, path, "execution_time");
+      if (v.size() != p.layer_ms.size())
+        throw InputError(path + ": 'execution_time." + key + "' has " + std::to_string(v.size()) +
+                         " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
+      (std::string(key) == "layer_forward_ms" ? p.forward_ms : p.grad_accumulation_ms) = std::move(v);
+    }
     if (num_layers > 0 && static_cast<int>(p.layer_ms.size()) != num_layers)
       throw InputError(path + ": expected " + std::to_string(num_layers) +
                        " entries in 'execution_time.layer_compute_total_ms' (--num_layers), found " +

@@ -40,8 +40,22 @@ struct LayerProfile {
   // execution_memory.framework_mb: memory a rank holds outside the tensors
   // (CUDA context, library workspaces), as `hetplan profile` measures it; -1 if absent.
   double framework_mb = -1;
+  // execution_time.optimizer_time_ms of this file (this tp's shard of the
+  // whole model); -1 if absent.
+  double optimizer_ms = -1;
+  // hetplan extensions, empty when a file lacks them (Metis's own files do):
+  // execution_time.layer_forward_ms, the forward part of layer_ms, and
+  // execution_time.layer_grad_accumulation_ms, the time to add a layer's new
+  // gradients into the ones an earlier micro-batch left (every micro-batch
+  // but an iteration's first pays it).
+  std::vector<double> forward_ms, grad_accumulation_ms;
+  // communication.allreduce_busbw_gbs: the bus bandwidth (GB/s) of the
+  // gradient all-reduce over this file's tp group of GPUs; -1 if absent.
+  double allreduce_busbw_gbs = -1;
   double total_layer_ms = 0;       // sum(layer_ms)
-  SliceSums time, memory;
+  SliceSums time, memory, forward_time, accumulation_time;
+  bool has_forward() const { return !forward_ms.empty(); }
+  bool has_grad_accumulation() const { return !grad_accumulation_ms.empty(); }
 };
 
 // Model-level values. Metis takes them from one file; we take them from
@@ -80,6 +94,10 @@ class ProfileSet {
     const LayerProfile* p = find(type, 1, 1);
     return p ? p->framework_mb : -1;
   }
+
+  // The gradient all-reduce bus bandwidth (GB/s) measured among GPUs of a
+  // device type: from its files of the largest tp that record one; -1 if none.
+  double allreduce_busbw_gbs(int type) const;
 
   // The file name a (type, tp, bs) lookup expects, for error messages.
   std::string expected_path(int type, int tp, int bs) const;

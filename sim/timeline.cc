@@ -65,7 +65,8 @@ TimelineResult simulate_timeline(const TimelineInput& in) {
     const StageCosts& c = in.stages[i];
     for (int j = 0; j < m; ++j) {
       fwd[i][j] = add(TaskKind::kForward, i, j, c.forward_ms);
-      bwd[i][j] = add(TaskKind::kBackward, i, j, c.backward_ms);
+      // The first backward creates the gradients; the later ones add into them.
+      bwd[i][j] = add(TaskKind::kBackward, i, j, c.backward_ms + (j > 0 ? c.accumulation_ms : 0.0));
       if (i + 1 < p) sendf[i][j] = add(TaskKind::kSendForward, i, j, c.send_forward_ms);
       if (i > 0) sendb[i][j] = add(TaskKind::kSendBackward, i, j, c.send_backward_ms);
     }

@@ -10,6 +10,8 @@
 // one forward one backward, then the remaining backwards), each link sends in
 // micro-batch order. A task starts when all its predecessors are done, so
 // the makespan is the longest path, computed once in topological order.
+// Every backward but a stage's first also pays the stage's gradient
+// accumulation (StageCosts::accumulation_ms).
 //
 // Reports the iteration time, the bubble fraction, per-stage busy time, the
 // peak number of micro-batches each stage holds, tokens/s and MFU, and the
@@ -29,6 +31,7 @@ struct StageCosts {
   std::string label;         // e.g. "stage 0: A100 x4 (dp 2, tp 2), layers [0, 5)"
   double forward_ms = 0;     // one micro-batch
   double backward_ms = 0;
+  double accumulation_ms = 0;   // added to the backward of every micro-batch but the first
   double send_forward_ms = 0;   // activation p2p to the next stage (unused on the last)
   double send_backward_ms = 0;  // gradient p2p to the previous stage (unused on the first)
   double allreduce_ms = 0;      // data-parallel gradient all-reduce, after the stage's last backward

@@ -120,11 +120,34 @@ TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
       CHECK(p->layer_ms.size() == 4);
       for (double ms : p->layer_ms) CHECK(ms > 0);
       for (double mb : p->memory_mb) CHECK(mb > 0);
+      // hetplan's extensions: each layer's forward alone (medians of the same
+      // intervals, so at most the forward+backward), its gradient accumulation,
+      // and the tp group's gradient all-reduce.
+      REQUIRE(p->forward_ms.size() == 4);
+      REQUIRE(p->grad_accumulation_ms.size() == 4);
+      for (int l = 0; l < 4; ++l) {
+        CHECK(p->forward_ms[l] > 0);
+        CHECK(p->grad_accumulation_ms[l] > 0);
+      }
+      CHECK(p->optimizer_ms > 0);
+      if (tp == 1) CHECK(p->allreduce_busbw_gbs == -1);
+      else CHECK(p->allreduce_busbw_gbs > 0);
     }
+  CHECK(profiles.allreduce_busbw_gbs(0) == profiles.find(0, 2, 1)->allreduce_busbw_gbs);
   const ordered_json f = read_json_file((dir / "DeviceType.CPU_tp2_bs2.json").string());
   CHECK(f["profiler"]["tp"] == 2);
   CHECK(f["execution_time"]["layer_compute_spread"].size() == 4);
   CHECK(f["model"]["parameters"]["parameters_per_layer_bytes"][1] == (12 * 32 * 32 + 13 * 32) * 4);
+  CHECK(f["execution_time"]["layer_host_ms"].size() == 4);
+  // The all-reduce covers every gradient tensor of one tp rank's model, once each.
+  const ordered_json& comm = f["communication"];
+  CHECK(comm["ranks"] == 2);
+  int64_t shard_bytes = 0;
+  for (const auto& b : f["model"]["parameters"]["parameters_per_layer_bytes"]) shard_bytes += b.get<int64_t>();
+  CHECK(comm["gradient_bytes"].get<int64_t>() < shard_bytes);  // sharded layers hold half their parameters
+  CHECK(comm["allreduce_busbw_gbs"].get<double>() ==
+        Approx(comm["gradient_bytes"].get<double>() / (comm["gradient_allreduce_ms"].get<double>() * 1e-3) / 1e9));
+  CHECK(read_json_file((dir / "DeviceType.CPU_tp1_bs1.json").string()).contains("communication") == false);
 
   // The planner searches a 2-GPU "CPU" cluster on them.
   const Cluster cluster = Cluster::from_parts({{"h", 2}}, {{"h", "CPU", 10, 50, 1}});

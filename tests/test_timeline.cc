@@ -64,6 +64,23 @@ TEST_CASE("all-reduce and optimizer follow the last backward", "[timeline]") {
   CHECK(r.busy_ms[0] == Approx(8 * 3 + 0.5));
 }
 
+TEST_CASE("gradient accumulation lengthens every backward but the first", "[timeline]") {
+  for (Schedule s : {Schedule::k1F1B, Schedule::kGpipe}) {
+    // One stage: m (tf + tb) + (m - 1) accumulations.
+    TimelineInput one = homogeneous(1, 8, 1, 2, s);
+    one.stages[0].accumulation_ms = 0.25;
+    CHECK(simulate_timeline(one).iteration_ms == Approx(8 * 3 + 7 * 0.25).epsilon(1e-12));
+    // p stages under 1F1B: the last stage starts after (p - 1) forwards, runs
+    // m (tf + tb) + (m - 1) acc, and the last micro-batch's backward (which
+    // accumulates) crosses p - 1 stages back: (m + p - 1)(tf + tb) + (m + p - 2) acc.
+    TimelineInput in = homogeneous(4, 8, 1, 2, s);
+    for (auto& c : in.stages) c.accumulation_ms = 0.25;
+    const TimelineResult r = simulate_timeline(in);
+    if (s == Schedule::k1F1B) CHECK(r.iteration_ms == Approx(11 * 3 + 10 * 0.25).epsilon(1e-12));
+    CHECK(r.busy_ms[0] == Approx(8 * 3 + 7 * 0.25).epsilon(1e-12));
+  }
+}
+
 TEST_CASE("heterogeneous stages: the slowest stage sets the pace", "[timeline]") {
   // Two stages, stage 1 twice as slow: (m - 1) max_i (tf + tb) + sum_i (tf + tb), Metis's execution term.
   TimelineInput in = homogeneous(2, 8, 1, 2, Schedule::k1F1B);

@@ -1,0 +1,181 @@
+// PlanSimulator's per-stage costs, from the fields `hetplan profile` adds to
+// Metis's format (layer_forward_ms, layer_grad_accumulation_ms,
+// communication.allreduce_busbw_gbs, each file's optimizer_time_ms), and the
+// fallbacks it takes for files without them (Metis's own).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+
+#include "sim/gpu_specs.h"
+#include "sim/input_error.h"
+#include "sim/json_util.h"
+#include "sim/model_shape.h"
+#include "sim/plan_simulator.h"
+#include "tests/fixtures.h"
+
+namespace fs = std::filesystem;
+using namespace hetplan;
+
+namespace {
+
+constexpr double kBusbwGbs = 100.0;
+
+// The 10-layer synthetic set, every file given forward = 1/4 of each layer's
+// time, accumulation 0.1 x (layer + 1) ms and, for tp > 1, a measured
+// all-reduce bus bandwidth of 100 GB/s.
+std::string extended_profiles() {
+  const auto dir = test::scratch_dir("stage-costs") / "p";
+  if (fs::exists(dir)) return dir.string();
+  fs::copy(test::synthetic_dir(10), dir, fs::copy_options::recursive);
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind("DeviceType.", 0) != 0) continue;
+    ordered_json j = read_json_file(f.path().string());
+    ordered_json fwd = ordered_json::array(), acc = ordered_json::array();
+    const auto& layers = j["execution_time"]["layer_compute_total_ms"];
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      fwd.push_back(layers[l].get<double>() / 4);
+      acc.push_back(0.1 * static_cast<double>(l + 1));
+    }
+    j["execution_time"]["layer_forward_ms"] = fwd;
+    j["execution_time"]["layer_grad_accumulation_ms"] = acc;
+    if (name.find("_tp1_") == std::string::npos) j["communication"] = {{"allreduce_busbw_gbs", kBusbwGbs}};
+    write_json_file(f.path().string(), j);
+  }
+  return dir.string();
+}
+
+// One node of four A100s; stage 0 = layers [0, 5) at (dp 2, tp 1), stage 1 =
+// layers [5, 10) at (dp 1, tp 2); 8 micro-batches of a global batch of 32,
+// so stage 0 runs bs 2 per replica and stage 1 bs 4.
+struct TwoStagePlan {
+  Cluster cluster = Cluster::from_parts({{"0.0.0.4", 4}}, parse_clusterfile(test::sample_clusterfile()), "hostfile",
+                                        test::sample_clusterfile());
+  std::vector<int> groups{2, 2};
+  std::vector<Strategy> strategies{{2, 1}, {1, 2}};
+  std::vector<int> partition{0, 5, 10};
+  int batches = 8, gbs = 32;
+
+  PlanSimulation run(const ProfileSet& profiles, SimulationOptions so = {}) const {
+    const SearchOptions o = test::table1_search_options(10);
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(o.model), o.model.sequence_length, so);
+    const RankLayout layout(cluster, {0});
+    PlanSimulation out;
+    std::string why;
+    REQUIRE(sim.run(layout, groups, strategies.data(), partition.data(), batches, gbs, &out, &why));
+    return out;
+  }
+};
+
+double slice(const std::vector<double>& v, int s, int e) {
+  double sum = 0;
+  for (int i = s; i < e; ++i) sum += v[i];
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[sim][profiles]") {
+  const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
+  const int a100 = profiles.type_index("A100");
+  const LayerProfile* s0 = profiles.find(a100, 1, 2);
+  const LayerProfile* s1 = profiles.find(a100, 2, 4);
+  REQUIRE(s0);
+  REQUIRE(s1);
+  REQUIRE(s0->has_forward());
+  REQUIRE(s1->has_grad_accumulation());
+  CHECK(profiles.allreduce_busbw_gbs(a100) == kBusbwGbs);
+
+  const PlanSimulation sim = TwoStagePlan().run(profiles);
+  REQUIRE(sim.stages.size() == 2);
+  const double bg = profiles.model().batch_generator_ms;
+  const double s0_layers = slice(s0->layer_ms, 0, 5), s1_layers = slice(s1->layer_ms, 5, 10);
+  // Stage 0 adds the batch generator (split 1/3 : 2/3), the last stage fb_sync.
+  CHECK(sim.stages[0].forward_ms == Approx(s0_layers / 4 + bg / 3).epsilon(1e-12));
+  CHECK(sim.stages[0].backward_ms == Approx(s0_layers * 3 / 4 + bg * 2 / 3).epsilon(1e-12));
+  CHECK(sim.stages[1].forward_ms == Approx(s1_layers / 4 + s1->fb_sync_ms / 3).epsilon(1e-12));
+  // Accumulation: 0.1 + ... + 0.5 and 0.6 + ... + 1.0, whatever the micro-batch.
+  CHECK(sim.stages[0].accumulation_ms == Approx(1.5).epsilon(1e-12));
+  CHECK(sim.stages[1].accumulation_ms == Approx(4.0).epsilon(1e-12));
+  // Optimizer: each file's own step (once, not Metis's twice) times the stage's share of the parameter bytes.
+  const auto& bytes = profiles.model().parameters_per_layer_bytes;
+  const double total = slice(bytes, 0, 10);
+  CHECK(sim.stages[0].optimizer_ms == Approx(s0->optimizer_ms * slice(bytes, 0, 5) / total).epsilon(1e-12));
+  CHECK(sim.stages[1].optimizer_ms == Approx(s1->optimizer_ms * slice(bytes, 5, 10) / total).epsilon(1e-12));
+}
+
+TEST_CASE("files without the extensions: 2/3 backward, datasheet HBM accumulation, Metis's optimizer", "[sim][profiles]") {
+  const ProfileSet& profiles = test::synthetic_profiles(10);
+  const int a100 = profiles.type_index("A100");
+  const LayerProfile* s0 = profiles.find(a100, 1, 2);
+  REQUIRE(!s0->has_forward());
+  const PlanSimulation sim = TwoStagePlan().run(profiles);
+  const double bg = profiles.model().batch_generator_ms;
+  CHECK(sim.stages[0].forward_ms == Approx((slice(s0->layer_ms, 0, 5) + bg) / 3).epsilon(1e-12));
+  // Three passes (read old, read new, write sum) over the rank's bf16 gradients at 2039 GB/s.
+  const SearchOptions o = test::table1_search_options(10);
+  const ModelShape shape = shape_from_model_config(o.model);
+  const GpuSpec* spec = find_gpu_spec("A100");
+  REQUIRE(spec);
+  const double grads0 = shard_params(shape, 0, 5, 2, TrainingSetup{}).on_rank(1) * 2;
+  const double grads1 = shard_params(shape, 5, 10, 2, TrainingSetup{}).on_rank(2) * 2;
+  CHECK(sim.stages[0].accumulation_ms == Approx(3 * grads0 / (spec->memory_bw_gbs * 1e9) * 1e3).epsilon(1e-12));
+  CHECK(sim.stages[1].accumulation_ms == Approx(3 * grads1 / (spec->memory_bw_gbs * 1e9) * 1e3).epsilon(1e-12));
+  CHECK(profiles.allreduce_busbw_gbs(a100) == -1);
+}
+
+TEST_CASE("measured all-reduce bandwidth replaces the clusterfile's inside a node", "[sim][network]") {
+  const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
+  const TwoStagePlan plan;
+  SimulationOptions clusterfile;
+  clusterfile.measured_collectives = false;
+  const PlanSimulation m = plan.run(profiles), c = plan.run(profiles, clusterfile);
+  // Stage 0's all-reduce over 2 ranks: 2 latencies + bytes / bandwidth; only the bandwidth changes.
+  const double lat = 2 * NetworkOptions{}.intra_latency_s * 1e3;
+  const double intra = plan.cluster.clusterfile()[3].intra_bandwidth * 1e9;
+  REQUIRE(plan.cluster.clusterfile()[3].instance_type == "A100");
+  CHECK((m.stages[0].allreduce_ms - lat) == Approx((c.stages[0].allreduce_ms - lat) * intra / (kBusbwGbs * 1e9)));
+  CHECK(m.stages[1].allreduce_ms == 0);  // dp 1
+  // p2p keeps the clusterfile's link.
+  CHECK(m.stages[0].send_forward_ms == c.stages[0].send_forward_ms);
+}
+
+TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][recompute]") {
+  const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
+  const TwoStagePlan plan;
+  SimulationOptions full, selective;
+  full.setup.recompute = Recompute::kFull;
+  selective.setup.recompute = Recompute::kSelective;
+  const PlanSimulation none = plan.run(profiles), f = plan.run(profiles, full), s = plan.run(profiles, selective);
+  const double layers_forward = slice(profiles.find(0, 1, 2)->layer_ms, 0, 5) / 4;
+  CHECK(f.stages[0].backward_ms - none.stages[0].backward_ms == Approx(layers_forward).epsilon(1e-12));
+  CHECK(f.stages[0].forward_ms == none.stages[0].forward_ms);
+  // Selective: the attention scores' share of the forward FLOPs, 4 s a d per token and layer.
+  const SearchOptions o = test::table1_search_options(10);
+  const ModelShape shape = shape_from_model_config(o.model);
+  const double seq = o.model.sequence_length;
+  const double share = 4 * seq * shape.num_heads * shape.head_dim * shape.num_layers / (shape.training_flops(1, seq) / 3);
+  CHECK(recomputed_forward_fraction(shape, Recompute::kSelective, o.model.sequence_length) == Approx(share));
+  CHECK(s.stages[0].backward_ms - none.stages[0].backward_ms == Approx(layers_forward * share).epsilon(1e-12));
+  CHECK(f.timeline.iteration_ms > s.timeline.iteration_ms);
+  CHECK(s.timeline.iteration_ms > none.timeline.iteration_ms);
+}
+
+TEST_CASE("a profile extension of the wrong length is an error naming file and key", "[sim][profiles][errors]") {
+  const auto dir = test::scratch_dir("stage-costs-bad") / "p";
+  fs::remove_all(dir);
+  fs::copy(test::synthetic_dir(10), dir, fs::copy_options::recursive);
+  const std::string f = (dir / "DeviceType.V100_tp1_bs2.json").string();
+  ordered_json j = read_json_file(f);
+  j["execution_time"]["layer_forward_ms"] = {1.0, 2.0};
+  write_json_file(f, j);
+  try {
+    ProfileSet::load(dir.string(), 10);
+    FAIL("expected an InputError");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    CHECK(what.find(f) != std::string::npos);
+    CHECK(what.find("execution_time.layer_forward_ms") != std::string::npos);
+    CHECK(what.find("has 2 entries, expected one per layer (10)") != std::string::npos);
+  }
+}
