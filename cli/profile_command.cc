@@ -26,6 +26,7 @@ struct ProfileArgs {
   int64_t hidden = 4096, layers = 10, seq = 1024, vocab = 51200, heads = 32;
   std::string tp = "1", bs = "1,2,4", device_type, dtype = "bf16", device = "auto", out;
   int warmup = 3, iters = 10, timeout_s = 600;
+  double sustained_seconds = -1;  // -1: 3 on GPUs, 0 on CPU
   int64_t cpu_memory_limit_mb = 0;
   uint64_t seed = 1234;
   std::vector<std::string> argv;  // as given, to start ranks with
@@ -95,6 +96,7 @@ ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
   r.batch_sizes = parse_ints(a.bs, "--bs");
   r.warmup = a.warmup;
   r.iters = a.iters;
+  r.sustained_seconds = a.sustained_seconds >= 0 ? a.sustained_seconds : (device.is_cuda() ? 3.0 : 0.0);
   r.device = device;
   r.dtype = parse_dtype(a.dtype);
   r.dtype_name = a.dtype;
@@ -226,6 +228,9 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
   s->add_option("--device", a->device, "auto, cuda or cpu")->capture_default_str();
   s->add_option("--warmup", a->warmup, "Unmeasured iterations first")->capture_default_str();
   s->add_option("--iters", a->iters, "Measured iterations (the median is reported)")->capture_default_str();
+  s->add_option("--sustained-seconds", a->sustained_seconds,
+                "Also run the whole model back to back this long and record the pace a GPU that never idles holds "
+                "under its power limit (sustained_forward_backward_ms); 0 skips it (default: 3 on GPUs, 0 on CPU)");
   s->add_option("--out,-o", a->out, "Output folder")->required();
   s->add_option("--timeout-s", a->timeout_s, "Bound on each collective, in seconds")->capture_default_str();
   s->add_option("--cpu-memory-limit-mb", a->cpu_memory_limit_mb,

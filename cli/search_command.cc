@@ -31,6 +31,7 @@ struct SearchArgs {
   // --cost-model sim: the simulator's iteration time and per-rank memory.
   std::string cost_model = "metis", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s";
   std::string collectives = "measured";
+  bool burst_clocks = false;
   int zero = 0;
 };
 
@@ -74,6 +75,7 @@ int run_search(const SearchArgs& a) {
     so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
     so.max_profiled_bs = o.max_profiled_bs;
     so.measured_collectives = parse_collectives(a.collectives);
+    so.sustained_clocks = !a.burst_clocks;
     simulator = std::make_unique<PlanSimulator>(cluster, profiles, shape_from_model_config(a.model),
                                                 a.model.sequence_length, so);
     o.cost_hook = make_sim_cost_hook(*simulator);
@@ -199,6 +201,9 @@ Runner add_search_command(CLI::App& app) {
   s->add_option("--collectives", a->collectives,
                 "With --cost-model sim: intra-node all-reduce bandwidth, measured (by the profiler) or clusterfile")
       ->capture_default_str();
+  s->add_flag("--burst-clocks", a->burst_clocks,
+              "With --cost-model sim: cost every stage at the profiles' burst timings (by default the pace-setting "
+              "stage runs at the sustained, power-limited pace the profiler measured)");
   s->add_option("--log_path,--home_dir", a->log_path, "Accepted for compatibility with the reference; unused");
   return [a] { return run_search(*a); };
 }

@@ -80,6 +80,7 @@ TrainingSetup make_setup(const SetupArgs& a) {
 struct SimulateArgs {
   std::string plan, schedule = "1f1b", profiles, hostfile, clusterfile, hf_config, trace, json_out;
   std::string collectives = "measured";
+  bool burst_clocks = false;
   SetupArgs setup;
 };
 
@@ -100,6 +101,7 @@ int run_simulate(const SimulateArgs& a) {
   o.setup = make_setup(a.setup);
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   o.measured_collectives = parse_collectives(a.collectives);
+  o.sustained_clocks = !a.burst_clocks;
   const PlanSimulator simulator(cluster, profiles, shape, pf.model.sequence_length, o);
   const PlanSimulation sim = simulator.simulate(pf.plan, pf.gbs);
   const TimelineResult& t = sim.timeline;
@@ -113,6 +115,10 @@ int run_simulate(const SimulateArgs& a) {
   std::cout << "mfu: " << (t.mfu >= 0 ? fixed(t.mfu, 4) : std::string("unknown (a GPU type without a datasheet entry)"))
             << "\n";
   for (const auto& line : simulator.collective_sources()) std::cout << "network: " << line << "\n";
+  for (const auto& st : sim.stages)
+    if (st.power_limited)
+      std::cout << "power: " << st.label << " sets the pace; at sustained clocks it computes "
+                << fixed(st.sustained_factor, 3) << "x its burst time\n";
   if (pf.plan.cost > 0) std::cout << "metis_cost_ms: " << fixed(pf.plan.cost, 3) << "\n";
   std::cout << "| stage | forward ms | backward ms | busy ms | allreduce ms | in flight | peak GiB | capacity GiB |\n"
             << "|---|---|---|---|---|---|---|---|\n";
@@ -409,6 +415,9 @@ Runner add_simulate_command(CLI::App& app) {
                 "Intra-node all-reduce bandwidth: measured (the profiles' communication.allreduce_busbw_gbs where "
                 "present) or clusterfile (its intra_bandwidth)")
       ->capture_default_str();
+  s->add_flag("--burst-clocks", a->burst_clocks,
+              "Cost every stage at the profiles' burst timings (by default the pace-setting stage runs at the "
+              "sustained, power-limited pace the profiler measured, where it did)");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
   add_setup_options(s, a->setup, kFrameworkFromProfiles);
   return [a] { return run_simulate(*a); };

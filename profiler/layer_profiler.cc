@@ -31,12 +31,14 @@ struct Measurement {
   std::vector<std::vector<double>> layer_ms;  // [layer][iteration]: forward + backward
   std::vector<std::vector<double>> forward_ms, accumulation_ms;  // [layer][iteration]
   std::vector<std::vector<double>> host_ms;                       // [layer][repeat]
+  std::vector<double> sustained_fb_ms;                            // back-to-back passes, in order
   std::vector<double> fb_ms, optimizer_ms, batch_ms;
   std::vector<double> layer_mb;
 };
 
 // One measured configuration: all layers, `iters` times after `warmup`.
-Measurement measure(GPT& model, const ProfileRequest& req, int bs, DeviceMeter& meter) {
+Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelGroup& group, int bs,
+                    DeviceMeter& meter) {
   const GPTConfig& c = model.config();
   const auto opts = torch::TensorOptions().dtype(torch::kLong).device(req.device);
   auto& layers = model.layers();
@@ -120,6 +122,35 @@ Measurement measure(GPT& model, const ProfileRequest& req, int bs, DeviceMeter& 
 
   // Memory, one layer at a time: what its forward and backward add on top of
   // what is live, plus its weights, gradients and Adam state.
+  // Sustained pace: passes back to back, no sync in between, so the GPU never
+  // idles; the power limiter settles within the first second or so, hence
+  // the median of the second half.
+  if (req.sustained_seconds > 0 && !m.fb_ms.empty()) {
+    const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
+    const torch::Tensor targets = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
+    // A pass count, not a deadline: every rank of a tp group must run the
+    // same number of passes (each holds collectives), so they agree on the
+    // mean of their own estimates.
+    torch::Tensor want = torch::full({1}, std::ceil(req.sustained_seconds * 1e3 / median(m.fb_ms)),
+                                     torch::TensorOptions().dtype(torch::kFloat32).device(req.device));
+    group.all_reduce(want);
+    const int passes = std::max(2, static_cast<int>(std::lround(want.item<double>() / group.size())));
+    meter.clear_marks();
+    meter.sync();
+    std::vector<int> marks{meter.mark()};
+    for (int pass = 0; pass < passes; ++pass) {
+      adam.zero_grad();
+      model.loss(ids, targets).backward();
+      marks.push_back(meter.mark());
+      // Keep the host at most 16 passes ahead, so the wall clock tracks the device.
+      if (marks.size() % 16 == 0) meter.sync();
+    }
+    meter.sync();
+    for (std::size_t k = marks.size() / 2; k + 1 < marks.size(); ++k)
+      m.sustained_fb_ms.push_back(meter.elapsed_ms(marks[k], marks[k + 1]));
+    adam.zero_grad();
+  }
+
   // Host time: how long the CPU takes to issue a layer's forward and
   // backward, each layer starting from an idle device so that the CPU never
   // waits on a full launch queue. Where it exceeds the device time (small
@@ -241,6 +272,11 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   et["layer_forward_ms"] = forward;
   et["layer_grad_accumulation_ms"] = accumulation;
   et["layer_host_ms"] = host;
+  if (!m.sustained_fb_ms.empty()) {
+    et["sustained_forward_backward_ms"] = median(m.sustained_fb_ms);
+    et["sustained_passes"] = m.sustained_fb_ms.size();
+    et["sustained_seconds"] = req.sustained_seconds;
+  }
   et["forward_backward_spread"] = spread(m.fb_ms);
   j["execution_time"] = et;
 
@@ -335,7 +371,7 @@ std::vector<BatchOutcome> profile_batch_sizes(const ProfileRequest& req, const T
     BatchOutcome o;
     o.bs = bs;
     try {
-      const Measurement m = measure(model, req, bs, meter);
+      const Measurement m = measure(model, req, group, bs, meter);
       const ordered_json j = profile_json(req, group, bs, m, meter, communication);
       o.ok = true;
       o.block_ms = j["execution_time"]["layer_compute_total_ms"].size() > 2

@@ -9,8 +9,14 @@
 // spread (max - min over median) in extra fields. Beyond Metis's fields, each
 // file records every layer's forward alone (layer_forward_ms), the in-place
 // add that accumulates a layer's gradients over micro-batches
-// (layer_grad_accumulation_ms), and, for tp > 1, the tp group's gradient
-// all-reduce time and bus bandwidth ("communication").
+// (layer_grad_accumulation_ms), the host time to issue each layer
+// (layer_host_ms), and, for tp > 1, the tp group's gradient all-reduce time
+// and bus bandwidth ("communication"). With sustained_seconds > 0 it also
+// runs the whole model's forward+backward back to back for about that long
+// (a pass count the tp ranks agree on) and
+// records the pace it settles at (sustained_forward_backward_ms): the burst
+// timings above leave the GPU idle between passes, so they see boost clocks
+// that a GPU busy all the time cannot hold under its power limit.
 // Memory: per layer, weights + gradients + Adam state (fp32 master, m, v) +
 // the allocator's peak over that layer's forward and backward.
 #pragma once
@@ -30,6 +36,9 @@ struct ProfileRequest {
   std::vector<int> batch_sizes;
   int warmup = 3;
   int iters = 10;
+  // Seconds of back-to-back whole-model forward+backward after the burst
+  // measurement (0: skip), for the sustained, power-limited pace.
+  double sustained_seconds = 0;
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;
   std::string dtype_name = "fp32";

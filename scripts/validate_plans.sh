@@ -5,13 +5,18 @@
 # prediction, simulation, measurement, errors and memory, saved under logs/.
 #
 #   scripts/validate_plans.sh [--profiles DIR] [--top K] [--gbs N] [--bin PATH] [--iters N]
+#   scripts/validate_plans.sh --table logs/validate/<stamp> [--resimulate] [--bin PATH]
+#
+# --table only prints the table of a saved run (plans without a replay are
+# "not measured"); with --resimulate it first re-runs `hetplan simulate` on
+# the saved plans, to score a past measurement with the current simulator.
 #
 # Default profiles: profiles/H200 (measured; run `hetplan profile` to redo
 # them). Needs python3 for the table. On the GPU machines, build first with
 # scripts/gpu_build.sh and pass --bin build-gpu/hetplan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-profiles=profiles/H200 top=6 gbs=64 bin=build/hetplan iters=10
+profiles=profiles/H200 top=6 gbs=64 bin=build/hetplan iters=10 table="" resimulate=0
 hostfile=hostfiles/h200_4.hostfile clusterfile=hostfiles/clusterfile.json
 while (($#)); do
   case "$1" in
@@ -21,10 +26,23 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --hostfile) hostfile=$2; shift 2 ;;
+    --table) table=$2; shift 2 ;;
+    --resimulate) resimulate=1; shift ;;
     *) echo "validate_plans: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 [[ -f scripts/gpu_env.sh ]] && source scripts/gpu_env.sh
+if [[ -n "$table" ]]; then
+  work=$table
+  [[ -d "$work" ]] || { echo "validate_plans: --table $work: no such run folder" >&2; exit 2; }
+  if ((resimulate)); then
+    for plan in "$work"/plan*.json; do
+      name=$(basename "$plan" .json)
+      [[ "$name" =~ ^plan[0-9]+$ ]] || continue
+      "$bin" simulate --plan "$plan" --json "$work/$name.sim.json" >/dev/null
+    done
+  fi
+else
 stamp=$(date -u +%Y%m%d-%H%M%S)
 work=logs/validate/$stamp
 mkdir -p "$work"
@@ -56,6 +74,8 @@ for plan in "$work"/plan*.json; do
     --out "$work/$name.replay.json" 2>&1 | tail -4 >&2 || echo "replay of $name failed" >&2
 done
 
+fi
+
 python3 - "$work" <<'PY' | tee "$work/table.md" > logs/validate_plans.md
 import json, os, re, sys, glob
 work = sys.argv[1]
@@ -77,7 +97,7 @@ for f in sorted(plans, key=lambda f: int(re.findall(r"\d+", os.path.basename(f))
         ape_metis.append(abs(e1)); ape_sim.append(abs(e2))
         m, s1, s2 = f"{meas:.1f} ({100*spread:.1f}%)", f"{100*e1:+.1f}%", f"{100*e2:+.1f}%"
     else:
-        m, s1, s2, mem = "failed", "", "", ""
+        m, s1, s2, mem = "not measured", "", "", ""
     st = " ".join(f"({a},{b})" for a, b in p["strategies"])
     print(f"| {name} | {p['device_groups']} | {st} | {p['batches']} | {p['layer_partition']} | {p['cost']:.1f} | {sim:.1f} | {m} | {s1} | {s2} | {mem} |")
 if ape_metis:

@@ -63,6 +63,7 @@ bool PlanSimulator::replica_cost(int type, int tp, int bs, int start, int end, R
   const LayerProfile* any = slices.front();
   if (any->has_grad_accumulation()) c.accumulation_ms = any->accumulation_time(start, end);
   c.optimizer_ms = any->optimizer_ms;
+  c.sustained_ratio = any->sustained_ratio();
   *out = c;
   return true;
 }
@@ -115,13 +116,14 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
     const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / st.tp;
     const double grad_bytes = trainable * (setup.precision == Precision::kFp32 ? 4 : 2);
     const double param_share = layer_bytes(start, end) / layer_bytes(0, last_layer);
-    double slowest = 0, slowest_forward = -1, accumulation = 0, optimizer = 0;
+    double slowest = 0, slowest_forward = -1, accumulation = 0, optimizer = 0, sustained = 1;
     for (int d = 0; d < st.dp; ++d) {
       ReplicaCost rc;
       if (!replica_cost(replica_type[d], st.tp, share[d], start, end, &rc, why)) return false;
       if (rc.total_ms >= slowest) {
         slowest = rc.total_ms;
         slowest_forward = rc.forward_ms;
+        sustained = rc.sustained_ratio;
       }
       max_share[i] = std::max(max_share[i], share[d]);
       // Measured accumulation covers every parameter; LoRA accumulates only its adapters.
@@ -153,6 +155,7 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
     c.backward_ms = slowest - forward + extra * opt_.backward_share +
                     forward * recomputed_forward_fraction(shape_, setup.recompute, seq_);
     c.accumulation_ms = accumulation;
+    c.sustained_factor = sustained;
     // p2p over the boundary link, bf16 activations split over tp.
     const double p2p_bytes = act_bytes_per_sample * max_share[i] / st.tp;
     if (i + 1 < p) c.send_forward_ms = net.p2p_seconds(stage_begin[i + 1] - 1, stage_begin[i + 1], p2p_bytes) * 1e3;
@@ -207,6 +210,22 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
         sim.first_oom_rank = r;
       }
       sim.ranks.push_back(m);
+    }
+  }
+  if (opt_.sustained_clocks) {
+    // The stage with the most compute never waits: stretch its forward and
+    // backward (not the memory-bound accumulation) to the sustained pace.
+    int pace = 0;
+    auto compute = [&](const StageCosts& c) {
+      return batches * (c.forward_ms + c.backward_ms) + (batches - 1) * c.accumulation_ms;
+    };
+    for (int i = 1; i < p; ++i)
+      if (compute(tin.stages[i]) > compute(tin.stages[pace])) pace = i;
+    StageCosts& c = tin.stages[pace];
+    if (c.sustained_factor > 1) {
+      c.forward_ms *= c.sustained_factor;
+      c.backward_ms *= c.sustained_factor;
+      c.power_limited = true;
     }
   }
   sim.timeline = simulate_timeline(tin);
@@ -281,6 +300,8 @@ ordered_json simulation_to_json(const PlanSimulation& s) {
                       {"forward_ms", c.forward_ms},
                       {"backward_ms", c.backward_ms},
                       {"accumulation_ms", c.accumulation_ms},
+                      {"sustained_factor", c.sustained_factor},
+                      {"power_limited", c.power_limited},
                       {"send_forward_ms", c.send_forward_ms},
                       {"send_backward_ms", c.send_backward_ms},
                       {"allreduce_ms", c.allreduce_ms},

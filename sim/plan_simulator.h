@@ -18,6 +18,12 @@
 // rank's gradient bytes at the datasheet HBM bandwidth. On 4 x H200 this was
 // 1.3-4.6 ms per micro-batch, 12-20% of a micro-batch of one sample.
 //
+// The pace-setting stage (most compute per iteration) runs at the sustained
+// clocks the profiler measured (SimulationOptions::sustained_clocks): on
+// 4 x H200 the bottleneck GPU of a pipeline held 1740 MHz at 683-686 W of its
+// 700 W limit while its neighbours, idle a third of the time, held 1980 MHz
+// at about 550 W.
+//
 // p2p sizes are bf16 activations, split over tp (Megatron's scatter/gather);
 // the dp all-reduce moves each stage's gradients (x1.5 for ZeRO-3,
 // Rajbhandari et al. 2020, Sec. 7.2.2) over the Network. The optimizer step
@@ -52,6 +58,12 @@ struct SimulationOptions {
   // the device type (communication.allreduce_busbw_gbs), where they did;
   // false: always the clusterfile's intra_bandwidth.
   bool measured_collectives = true;
+  // The stage that sets the pipeline's pace computes without idling, so its
+  // GPUs run at the clocks they sustain under their power limit: its forward
+  // and backward are stretched by the profiles' sustained_ratio. The other
+  // stages wait for it between micro-batches and keep burst clocks. false:
+  // every stage at burst clocks (the profiles' ordinary timings).
+  bool sustained_clocks = true;
 };
 
 struct RankMemory {
@@ -98,6 +110,7 @@ class PlanSimulator {
     double forward_ms = -1;       // of total_ms; -1 if the profile does not split it
     double accumulation_ms = -1;  // adding a micro-batch's gradients into the iteration's; -1 if not measured
     double optimizer_ms = -1;     // the file's whole-model optimizer step at this tp; -1 if absent
+    double sustained_ratio = 1;   // LayerProfile::sustained_ratio
   };
   // For `bs` samples on profile type `type` at tp; false (with `why`) if a profile is missing.
   bool replica_cost(int type, int tp, int bs, int start, int end, ReplicaCost* out, std::string* why) const;

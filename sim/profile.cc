@@ -142,6 +142,8 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
     if (em.contains("framework_mb")) p.framework_mb = require_number(em, "framework_mb", path, "execution_memory");
     if (et.contains("optimizer_time_ms")) p.optimizer_ms = require_number(et, "optimizer_time_ms", path, "execution_time");
     if (p.layer_ms.empty()) throw InputError(path + ": 'execution_time.layer_compute_total_ms' is empty");
+    if (et.contains("sustained_forward_backward_ms"))
+      p.sustained_fb_ms = require_number(et, "sustained_forward_backward_ms", path, "execution_time");
     if (j.contains("communication") && j["communication"].contains("allreduce_busbw_gbs"))
       p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication");
     for (const char* key : {"layer_forward_ms", "layer_grad_accumulation_ms"}) {

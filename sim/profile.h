@@ -7,6 +7,7 @@
 // [s, e) is the same double Python's sum(list[s:e]) gives.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,14 @@ struct LayerProfile {
   // communication.allreduce_busbw_gbs: the bus bandwidth (GB/s) of the
   // gradient all-reduce over this file's tp group of GPUs; -1 if absent.
   double allreduce_busbw_gbs = -1;
+  // execution_time.sustained_forward_backward_ms: the whole model's pace when
+  // run back to back (power-limited clocks); -1 if absent.
+  double sustained_fb_ms = -1;
+  // How much slower a GPU that never idles runs than the burst timings say
+  // (>= 1; 1 without a sustained measurement).
+  double sustained_ratio() const {
+    return sustained_fb_ms > 0 && forward_backward_ms > 0 ? std::max(1.0, sustained_fb_ms / forward_backward_ms) : 1.0;
+  }
   double total_layer_ms = 0;       // sum(layer_ms)
   SliceSums time, memory, forward_time, accumulation_time;
   bool has_forward() const { return !forward_ms.empty(); }

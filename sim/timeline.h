@@ -36,6 +36,11 @@ struct StageCosts {
   double send_backward_ms = 0;  // gradient p2p to the previous stage (unused on the first)
   double allreduce_ms = 0;      // data-parallel gradient all-reduce, after the stage's last backward
   double optimizer_ms = 0;
+  // >= 1: how much slower the stage computes when it never idles (its GPUs
+  // then run at power-limited clocks); PlanSimulator applies it to the
+  // stage that sets the pace and marks it power_limited.
+  double sustained_factor = 1;
+  bool power_limited = false;
   double peak_flops = 0;        // sum of the stage's GPUs' peak FLOP/s (0: unknown, no MFU)
 };
 

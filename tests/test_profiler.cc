@@ -110,7 +110,8 @@ TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
   const auto dir = test::scratch_dir("profile-run");
   fs::remove_all(dir);
   REQUIRE(test::run_hetplan("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
-              "--tp 1,2 --bs 1,2 --dtype fp32 --warmup 1 --iters 3 --device-type CPU --out " + dir.string()).exit_code == 0);
+              "--tp 1,2 --bs 1,2 --dtype fp32 --warmup 1 --iters 3 --sustained-seconds 0.2 --device-type CPU --out " +
+              dir.string()).exit_code == 0);
   const ProfileSet profiles = ProfileSet::load(dir.string(), 4);
   REQUIRE(profiles.device_types() == std::vector<std::string>{"CPU"});
   for (int tp : {1, 2})
@@ -139,6 +140,10 @@ TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
   CHECK(f["execution_time"]["layer_compute_spread"].size() == 4);
   CHECK(f["model"]["parameters"]["parameters_per_layer_bytes"][1] == (12 * 32 * 32 + 13 * 32) * 4);
   CHECK(f["execution_time"]["layer_host_ms"].size() == 4);
+  // The sustained pass count is agreed by the tp ranks (a deadline per rank would leave one in a collective).
+  CHECK(f["execution_time"]["sustained_passes"].get<int>() >= 1);
+  CHECK(profiles.find(0, 2, 2)->sustained_fb_ms > 0);
+  CHECK(profiles.find(0, 2, 2)->sustained_ratio() >= 1);
   // The all-reduce covers every gradient tensor of one tp rank's model, once each.
   const ordered_json& comm = f["communication"];
   CHECK(comm["ranks"] == 2);

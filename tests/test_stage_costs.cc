@@ -179,3 +179,44 @@ TEST_CASE("a profile extension of the wrong length is an error naming file and k
     CHECK(what.find("has 2 entries, expected one per layer (10)") != std::string::npos);
   }
 }
+
+TEST_CASE("the pace-setting stage computes at the sustained pace", "[sim][power]") {
+  // Copy of the extended set where every file's sustained pass ran 10% (tp 1) or 4% (tp 2) slower than its burst.
+  const auto dir = test::scratch_dir("stage-costs-sustained") / "p";
+  fs::remove_all(dir);
+  fs::copy(extended_profiles(), dir, fs::copy_options::recursive);
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind("DeviceType.", 0) != 0) continue;
+    ordered_json j = read_json_file(f.path().string());
+    const double fb = j["execution_time"]["forward_backward_time_ms"].get<double>();
+    j["execution_time"]["sustained_forward_backward_ms"] = fb * (name.find("_tp1_") != std::string::npos ? 1.10 : 1.04);
+    write_json_file(f.path().string(), j);
+  }
+  const ProfileSet profiles = ProfileSet::load(dir.string(), 10);
+  CHECK(profiles.find(0, 1, 2)->sustained_ratio() == Approx(1.10));
+  const TwoStagePlan plan;
+  SimulationOptions burst;
+  burst.sustained_clocks = false;
+  const PlanSimulation b = plan.run(profiles, burst), s = plan.run(profiles);
+  auto compute = [&](const StageCosts& c) {
+    return plan.batches * (c.forward_ms + c.backward_ms) + (plan.batches - 1) * c.accumulation_ms;
+  };
+  const int pace = compute(b.stages[1]) > compute(b.stages[0]) ? 1 : 0;
+  const double factor = pace == 0 ? 1.10 : 1.04;
+  for (int i = 0; i < 2; ++i) {
+    INFO("stage " << i << ", pace-setter " << pace);
+    CHECK(b.stages[i].power_limited == false);
+    CHECK(s.stages[i].power_limited == (i == pace));
+    const double f = i == pace ? factor : 1.0;
+    CHECK(s.stages[i].forward_ms == Approx(b.stages[i].forward_ms * f).epsilon(1e-12));
+    CHECK(s.stages[i].backward_ms == Approx(b.stages[i].backward_ms * f).epsilon(1e-12));
+    CHECK(s.stages[i].accumulation_ms == b.stages[i].accumulation_ms);  // memory-bound: not stretched
+  }
+  CHECK(s.timeline.iteration_ms > b.timeline.iteration_ms);
+  // Files without the measurement: no stretch at all.
+  const PlanSimulation plain = plan.run(ProfileSet::load(extended_profiles(), 10));
+  CHECK(plain.stages[0].forward_ms == b.stages[0].forward_ms);
+  CHECK_FALSE(plain.stages[0].power_limited);
+  CHECK_FALSE(plain.stages[1].power_limited);
+}
