@@ -32,8 +32,29 @@ struct SearchArgs {
   std::string cost_model = "metis", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s";
   std::string collectives = "measured";
   bool burst_clocks = false;
-  int zero = 0;
+  std::string zero = "0";
 };
+
+// The settings `--zero` and `--recompute` ask for: one value, or every value with "auto".
+std::vector<std::pair<int, Recompute>> search_settings(const SearchArgs& a) {
+  std::vector<int> zeros;
+  if (a.zero == "auto") {
+    zeros = {0, 1, 2, 3};
+  } else if (a.zero.size() == 1 && a.zero[0] >= '0' && a.zero[0] <= '3') {
+    zeros = {a.zero[0] - '0'};
+  } else {
+    throw InputError("--zero: '" + a.zero + "': expected 0, 1, 2, 3 or auto");
+  }
+  std::vector<Recompute> recomputes;
+  if (a.recompute == "auto")
+    recomputes = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  else
+    recomputes = {parse_recompute(a.recompute, "--recompute")};
+  std::vector<std::pair<int, Recompute>> out;
+  for (int z : zeros)
+    for (Recompute r : recomputes) out.emplace_back(z, r);
+  return out;
+}
 
 int run_search(const SearchArgs& a) {
   const Cluster cluster = Cluster::load(a.hostfile, a.clusterfile);
@@ -65,20 +86,26 @@ int run_search(const SearchArgs& a) {
       std::cerr << "\rsearching: " << done << " / " << total << " inter-stage plans" << std::flush;
     };
 
-  std::unique_ptr<PlanSimulator> simulator;
+  std::vector<std::unique_ptr<PlanSimulator>> simulators;
+  std::vector<const PlanSimulator*> simulator_ptrs;
+  std::vector<std::pair<int, Recompute>> settings;
   if (a.cost_model == "sim") {
-    SimulationOptions so;
-    so.schedule = parse_schedule(a.schedule, "--schedule");
-    so.setup.zero_stage = a.zero;
-    so.setup.framework_bytes = -1;  // the profiles' measured framework constant, if they have one
-    so.setup.recompute = parse_recompute(a.recompute, "--recompute");
-    so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
-    so.max_profiled_bs = o.max_profiled_bs;
-    so.measured_collectives = parse_collectives(a.collectives);
-    so.sustained_clocks = !a.burst_clocks;
-    simulator = std::make_unique<PlanSimulator>(cluster, profiles, shape_from_model_config(a.model),
-                                                a.model.sequence_length, so);
-    o.cost_hook = make_sim_cost_hook(*simulator);
+    settings = search_settings(a);
+    for (const auto& [zero, recompute] : settings) {
+      SimulationOptions so;
+      so.schedule = parse_schedule(a.schedule, "--schedule");
+      so.setup.zero_stage = zero;
+      so.setup.framework_bytes = -1;  // the profiles' measured framework constant, if they have one
+      so.setup.recompute = recompute;
+      so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
+      so.max_profiled_bs = o.max_profiled_bs;
+      so.measured_collectives = parse_collectives(a.collectives);
+      so.sustained_clocks = !a.burst_clocks;
+      simulators.push_back(std::make_unique<PlanSimulator>(cluster, profiles, shape_from_model_config(a.model),
+                                                           a.model.sequence_length, so));
+      simulator_ptrs.push_back(simulators.back().get());
+    }
+    o.cost_hook = make_sim_cost_hook(simulator_ptrs);
   } else if (a.cost_model != "metis") {
     throw InputError("--cost-model: '" + a.cost_model + "': expected metis or sim");
   }
@@ -122,6 +149,14 @@ int run_search(const SearchArgs& a) {
                "layer_partition\n";
   for (std::size_t i = 0; i < result.top.size(); ++i)
     std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i]) << "\n";
+  // With settings searched, say which one each listed plan was costed with.
+  std::vector<int> chosen;
+  if (settings.size() > 1)
+    for (std::size_t i = 0; i < result.top.size(); ++i) {
+      chosen.push_back(best_setting(simulator_ptrs, result.top[i], a.gbs));
+      const auto& [zero, recompute] = settings[chosen.back()];
+      std::cout << "setting " << i + 1 << ": ZeRO-" << zero << ", recompute " << to_string(recompute) << "\n";
+    }
 
   if (!a.json_out.empty()) {
     PlanFile context;
@@ -132,6 +167,19 @@ int run_search(const SearchArgs& a) {
     context.profile_dir = a.profile_dir;
     ordered_json j = search_result_to_json(result, average_ms, a.trials, context);
     j["use_strat"] = a.use_strat;
+    if (a.cost_model == "sim") {
+      j["cost_model"] = "sim";
+      // Each listed plan's training setting, for `hetplan simulate --zero/--recompute`.
+      for (std::size_t i = 0; i < result.top.size(); ++i) {
+        const auto& [zero, recompute] = settings[chosen.empty() ? 0 : chosen[i]];
+        j["top"][i]["zero_stage"] = zero;
+        j["top"][i]["recompute"] = to_string(recompute);
+        if (i == 0) {
+          j["best"]["zero_stage"] = zero;
+          j["best"]["recompute"] = to_string(recompute);
+        }
+      }
+    }
     write_json_file(a.json_out, j);
   }
   return 0;
@@ -194,8 +242,13 @@ Runner add_search_command(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--schedule", a->schedule, "With --cost-model sim: pipeline schedule, gpipe or 1f1b")
       ->capture_default_str();
-  s->add_option("--zero", a->zero, "With --cost-model sim: ZeRO stage (0-3)")->capture_default_str()->check(CLI::Range(0, 3));
-  s->add_option("--recompute", a->recompute, "With --cost-model sim: none, selective or full")->capture_default_str();
+  s->add_option("--zero", a->zero,
+                "With --cost-model sim: ZeRO stage 0-3, or auto to search every stage as a dimension (each plan "
+                "takes its fastest stage that fits memory)")
+      ->capture_default_str();
+  s->add_option("--recompute", a->recompute,
+                "With --cost-model sim: none, selective, full, or auto to search them as a dimension")
+      ->capture_default_str();
   s->add_option("--bandwidth-unit", a->bandwidth_unit, "With --cost-model sim: clusterfile unit, GB/s, GiB/s or bytes/s")
       ->capture_default_str();
   s->add_option("--collectives", a->collectives,

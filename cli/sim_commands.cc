@@ -420,7 +420,17 @@ Runner add_simulate_command(CLI::App& app) {
               "sustained, power-limited pace the profiler measured, where it did)");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
   add_setup_options(s, a->setup, kFrameworkFromProfiles);
-  return [a] { return run_simulate(*a); };
+  CLI::Option* zero = s->get_option("--zero");
+  CLI::Option* recompute = s->get_option("--recompute");
+  return [a, zero, recompute] {
+    // A plan from `search --cost-model sim --zero/--recompute auto` carries
+    // the setting it was costed with; the flags, when given, win.
+    const ordered_json j = read_json_file(a->plan);
+    const ordered_json& entry = j.contains("best") && j["best"].is_object() ? j["best"] : j;
+    if (!zero->count() && entry.contains("zero_stage")) a->setup.zero = entry["zero_stage"].get<int>();
+    if (!recompute->count() && entry.contains("recompute")) a->setup.recompute = entry["recompute"].get<std::string>();
+    return run_simulate(*a);
+  };
 }
 
 Runner add_whatif_command(CLI::App& app) {

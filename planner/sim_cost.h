@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "planner/search.h"
 #include "sim/plan_simulator.h"
@@ -13,5 +14,15 @@ namespace hetplan {
 
 // The returned hook keeps `simulator` by reference: it must outlive the search.
 decltype(SearchOptions::cost_hook) make_sim_cost_hook(const PlanSimulator& simulator);
+
+// Searches training settings as further dimensions (`search --zero auto`,
+// `--recompute auto`): one simulator per setting; a candidate costs its
+// fastest setting that fits every rank's memory. The simulators must outlive
+// the search.
+decltype(SearchOptions::cost_hook) make_sim_cost_hook(std::vector<const PlanSimulator*> simulators);
+
+// Which of `simulators` gives `plan` its cost under that hook (the fastest
+// that fits), or -1 if none fits.
+int best_setting(const std::vector<const PlanSimulator*>& simulators, const PlanResult& plan, int gbs);
 
 }  // namespace hetplan

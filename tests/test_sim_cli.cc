@@ -166,3 +166,37 @@ TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simul
   CHECK(read_json_file((dir / "metis.json").string())["count"] == plans["count"]);
   CHECK(test::run_hetplan(common + "--cost-model magic").exit_code == 2);
 }
+
+TEST_CASE("search --zero/--recompute auto searches the settings as dimensions", "[cli][search-sim]") {
+  const auto dir = test::scratch_dir("search-sim-auto");
+  std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n";
+  const std::string common = "search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
+                             test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
+                             " --num_layers 10 --gbs 128 --top 5 --cost-model sim ";
+  const test::CommandResult fixed = test::run_hetplan(common + "--json " + (dir / "fixed.json").string());
+  const test::CommandResult any = test::run_hetplan(common + "--zero auto --recompute auto --json " + (dir / "auto.json").string());
+  INFO(any.output);
+  REQUIRE(fixed.exit_code == 0);
+  REQUIRE(any.exit_code == 0);
+  const ordered_json f = read_json_file((dir / "fixed.json").string());
+  const ordered_json a = read_json_file((dir / "auto.json").string());
+  // The settings include ZeRO-0 without recomputation, so the best can only get cheaper.
+  CHECK(a["best"]["cost"].get<double>() <= f["best"]["cost"].get<double>());
+  CHECK(f["best"]["zero_stage"] == 0);
+  CHECK(f["best"]["recompute"] == "none");
+  CHECK(any.output.find("setting 1: ZeRO-") != std::string::npos);
+  // Each listed plan's cost is what `simulate` reports for it with the setting it records (read from the file).
+  for (std::size_t i = 0; i < a["top"].size(); ++i) {
+    const auto plan = dir / ("top" + std::to_string(i) + ".json");
+    write_json_file(plan.string(), a["top"][i]);
+    const test::CommandResult s = test::run_hetplan("simulate --plan " + plan.string() + " --json " + (dir / "s.json").string());
+    REQUIRE(s.exit_code == 0);
+    const ordered_json sj = read_json_file((dir / "s.json").string());
+    CHECK(sj["iteration_ms"].get<double>() == Approx(a["top"][i]["cost"].get<double>()).epsilon(1e-12));
+    CHECK(sj["zero_stage"] == a["top"][i]["zero_stage"]);
+    CHECK(sj["recompute"] == a["top"][i]["recompute"]);
+    CHECK(sj["fits"] == true);
+  }
+  CHECK(test::run_hetplan(common + "--zero 4").exit_code == 2);
+  CHECK(test::run_hetplan(common + "--recompute sometimes").exit_code == 2);
+}
