@@ -134,12 +134,21 @@ TEST_CASE("whatif table: rows, JSON and memory ordering", "[cli][whatif]") {
   CHECK(e.output.find("broken-llama.json: missing key") != std::string::npos);
 }
 
+namespace {
+
+// A 16-GPU V100+A100 search on the 10-layer synthetic profiles, its hostfile in `dir`.
+std::string search_16_gpus(const std::filesystem::path& dir) {
+  std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n";
+  return "search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
+         test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
+         " --num_layers 10 --gbs 128 --top 5 ";
+}
+
+}  // namespace
+
 TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simulate", "[cli][search-sim]") {
   const auto dir = test::scratch_dir("search-sim");
-  std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n";
-  const std::string common = "search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
-                             test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
-                             " --num_layers 10 --gbs 128 --top 5 ";
+  const std::string common = search_16_gpus(dir);
   const test::CommandResult r = test::run_hetplan(common + "--cost-model sim --json " + (dir / "sim.json").string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -169,10 +178,7 @@ TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simul
 
 TEST_CASE("search --zero/--recompute auto searches the settings as dimensions", "[cli][search-sim]") {
   const auto dir = test::scratch_dir("search-sim-auto");
-  std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n";
-  const std::string common = "search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
-                             test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
-                             " --num_layers 10 --gbs 128 --top 5 --cost-model sim ";
+  const std::string common = search_16_gpus(dir) + "--cost-model sim ";
   const test::CommandResult fixed = test::run_hetplan(common + "--json " + (dir / "fixed.json").string());
   const test::CommandResult any = test::run_hetplan(common + "--zero auto --recompute auto --json " + (dir / "auto.json").string());
   INFO(any.output);
