@@ -165,21 +165,16 @@ int run_search(const SearchArgs& a) {
     context.hostfile = a.hostfile;
     context.clusterfile = a.clusterfile;
     context.profile_dir = a.profile_dir;
-    ordered_json j = search_result_to_json(result, average_ms, a.trials, context);
-    j["use_strat"] = a.use_strat;
-    if (a.cost_model == "sim") {
-      j["cost_model"] = "sim";
-      // Each listed plan's training setting, for `hetplan simulate --zero/--recompute`.
+    // Under the sim cost model each listed plan records the training setting it was costed with.
+    std::vector<std::pair<int, std::string>> plan_settings;
+    if (a.cost_model == "sim")
       for (std::size_t i = 0; i < result.top.size(); ++i) {
         const auto& [zero, recompute] = settings[chosen.empty() ? 0 : chosen[i]];
-        j["top"][i]["zero_stage"] = zero;
-        j["top"][i]["recompute"] = to_string(recompute);
-        if (i == 0) {
-          j["best"]["zero_stage"] = zero;
-          j["best"]["recompute"] = to_string(recompute);
-        }
+        plan_settings.emplace_back(zero, to_string(recompute));
       }
-    }
+    ordered_json j = search_result_to_json(result, average_ms, a.trials, context, plan_settings);
+    j["use_strat"] = a.use_strat;
+    if (a.cost_model == "sim") j["cost_model"] = "sim";
     write_json_file(a.json_out, j);
   }
   return 0;

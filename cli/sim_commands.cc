@@ -82,10 +82,14 @@ struct SimulateArgs {
   std::string collectives = "measured";
   bool burst_clocks = false;
   SetupArgs setup;
+  bool zero_given = false, recompute_given = false;  // else the plan file's setting, if it records one
 };
 
 int run_simulate(const SimulateArgs& a) {
   const PlanFile pf = read_plan_file(a.plan);
+  SetupArgs setup_args = a.setup;
+  if (!a.zero_given && pf.zero_stage >= 0) setup_args.zero = pf.zero_stage;
+  if (!a.recompute_given && !pf.recompute.empty()) setup_args.recompute = pf.recompute;
   const std::string hostfile = a.hostfile.empty() ? pf.hostfile : a.hostfile;
   const std::string clusterfile = a.clusterfile.empty() ? pf.clusterfile : a.clusterfile;
   const std::string profile_dir = a.profiles.empty() ? pf.profile_dir : a.profiles;
@@ -98,7 +102,7 @@ int run_simulate(const SimulateArgs& a) {
 
   SimulationOptions o;
   o.schedule = parse_schedule(a.schedule, "--schedule");
-  o.setup = make_setup(a.setup);
+  o.setup = make_setup(setup_args);
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   o.measured_collectives = parse_collectives(a.collectives);
   o.sustained_clocks = !a.burst_clocks;
@@ -425,10 +429,8 @@ Runner add_simulate_command(CLI::App& app) {
   return [a, zero, recompute] {
     // A plan from `search --cost-model sim --zero/--recompute auto` carries
     // the setting it was costed with; the flags, when given, win.
-    const ordered_json j = read_json_file(a->plan);
-    const ordered_json& entry = j.contains("best") && j["best"].is_object() ? j["best"] : j;
-    if (!zero->count() && entry.contains("zero_stage")) a->setup.zero = entry["zero_stage"].get<int>();
-    if (!recompute->count() && entry.contains("recompute")) a->setup.recompute = entry["recompute"].get<std::string>();
+    a->zero_given = zero->count() > 0;
+    a->recompute_given = recompute->count() > 0;
     return run_simulate(*a);
   };
 }

@@ -1,21 +1,24 @@
 #include "planner/plan_json.h"
 
+#include <tuple>
 
 namespace hetplan {
 
-ordered_json search_result_to_json(const SearchResult& r, double average_ms, int trials, const PlanFile& context) {
-  auto entry = [&](const PlanResult& p) {
+ordered_json search_result_to_json(const SearchResult& r, double average_ms, int trials, const PlanFile& context,
+                                   const std::vector<std::pair<int, std::string>>& settings) {
+  auto entry = [&](std::size_t i) {
     PlanFile f = context;
-    f.plan = p;
+    f.plan = r.top[i];
+    if (i < settings.size()) std::tie(f.zero_stage, f.recompute) = settings[i];
     return plan_file_to_json(f);
   };
   ordered_json j;
   j["count"] = r.count;
   j["average_ms"] = average_ms;
   j["trials"] = trials;
-  j["best"] = r.top.empty() ? ordered_json(nullptr) : entry(r.top.front());
+  j["best"] = r.top.empty() ? ordered_json(nullptr) : entry(0);
   ordered_json top = ordered_json::array();
-  for (const auto& p : r.top) top.push_back(entry(p));
+  for (std::size_t i = 0; i < r.top.size(); ++i) top.push_back(entry(i));
   j["top"] = top;
   j["inter_stage_plans"] = r.inter_stage_plans;
   j["candidates"] = r.candidates;

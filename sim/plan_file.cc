@@ -1,6 +1,7 @@
 #include "sim/plan_file.h"
 
 #include "sim/input_error.h"
+#include "sim/memory_model.h"
 
 namespace hetplan {
 
@@ -52,6 +53,8 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (!f.hostfile.empty()) j["hostfile"] = f.hostfile;
   if (!f.clusterfile.empty()) j["clusterfile"] = f.clusterfile;
   if (!f.profile_dir.empty()) j["profile_dir"] = f.profile_dir;
+  if (f.zero_stage >= 0) j["zero_stage"] = f.zero_stage;
+  if (!f.recompute.empty()) j["recompute"] = f.recompute;
   return j;
 }
 
@@ -110,6 +113,16 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
   }
   if (p.batches < 1 || f.gbs < 1 || f.gbs % p.batches != 0)
     throw InputError(file + ": expected 'batches' >= 1 dividing 'gbs'");
+  if (j->contains("zero_stage")) {
+    const double z = require_number(*j, "zero_stage", file, "");
+    if (z != 0 && z != 1 && z != 2 && z != 3) throw InputError(file + ": key 'zero_stage': expected 0, 1, 2 or 3");
+    f.zero_stage = static_cast<int>(z);
+  }
+  if (j->contains("recompute")) {
+    const std::string where = file + ": key 'recompute'";
+    if (!(*j)["recompute"].is_string()) throw InputError(where + ": expected none, selective or full");
+    f.recompute = to_string(parse_recompute((*j)["recompute"].get<std::string>(), where));
+  }
   return f;
 }
 

@@ -17,6 +17,10 @@ struct PlanFile {
   ModelConfig model;
   int gbs = 0;
   std::string hostfile, clusterfile, profile_dir;  // may be empty
+  // The training setting `search --cost-model sim` costed the plan with
+  // (--zero/--recompute auto); -1 and "" when the file records none.
+  int zero_stage = -1;
+  std::string recompute;
 };
 
 ordered_json model_to_json(const ModelConfig& m);

@@ -75,6 +75,7 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
   const Network net(*cluster_, layout, opt_.network);
   const TrainingSetup& setup = opt_.setup;
   const int last_layer = shape_.metis_num_layers();
+  const double model_bytes = layer_bytes(0, last_layer);
   PlanSimulation sim;
   TimelineInput tin;
   tin.microbatches = batches;
@@ -115,7 +116,7 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
     const double full_on_rank = sp.on_rank(st.tp);
     const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / st.tp;
     const double grad_bytes = trainable * (setup.precision == Precision::kFp32 ? 4 : 2);
-    const double param_share = layer_bytes(start, end) / layer_bytes(0, last_layer);
+    const double param_share = layer_bytes(start, end) / model_bytes;
     double slowest = 0, slowest_forward = -1, accumulation = 0, optimizer = 0, sustained = 1;
     for (int d = 0; d < st.dp; ++d) {
       ReplicaCost rc;

@@ -33,6 +33,12 @@ TEST_CASE("search --json entries round-trip as plan files", "[plan_file]") {
   }
   // The whole document reads as its best plan.
   CHECK(plan_file_from_json(j, "doc").plan.cost == r.top[0].cost);
+  CHECK(plan_file_from_json(j, "doc").zero_stage == -1);  // no setting recorded without one
+  // With per-plan settings (search --cost-model sim --zero/--recompute auto) each entry carries its own.
+  const ordered_json s = search_result_to_json(r, 1.0, 1, context, {{2, "full"}, {0, "none"}, {1, "selective"}});
+  CHECK(plan_file_from_json(s, "doc").zero_stage == 2);
+  CHECK(plan_file_from_json(s["top"][2], "top").zero_stage == 1);
+  CHECK(plan_file_from_json(s["top"][2], "top").recompute == "selective");
 }
 
 TEST_CASE("inconsistent plan files are refused", "[plan_file][errors]") {
@@ -60,4 +66,12 @@ TEST_CASE("inconsistent plan files are refused", "[plan_file][errors]") {
   q = p;
   q.erase("model");
   bad(q, "missing key 'model'");
+  q = p;
+  q["zero_stage"] = 4;
+  bad(q, "key 'zero_stage': expected 0, 1, 2 or 3");
+  q = p;
+  q["recompute"] = 1;
+  bad(q, "key 'recompute'");
+  q["recompute"] = "sometimes";
+  bad(q, "key 'recompute': 'sometimes': expected none, selective or full");
 }
