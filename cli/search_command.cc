@@ -6,7 +6,12 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+
 #include "planner/plan_json.h"
+#include "planner/plan_search.h"
 #include "planner/search.h"
 #include "planner/sim_cost.h"
 #include "sim/input_error.h"
@@ -29,34 +34,20 @@ struct SearchArgs {
   bool progress = false, quiet = false;
   bool reject_dropped_layers = false;
   // --cost-model sim: the simulator's iteration time and per-rank memory.
-  std::string cost_model = "metis", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s";
+  std::string cost_model = "sim", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s";
   std::string collectives = "measured";
   bool burst_clocks = false;
   std::string zero = "0";
+  bool cross_node_tp = false;
+  double time_budget = 0;
+  int max_stages = 0;
 };
 
-// The settings `--zero` and `--recompute` ask for: one value, or every value with "auto".
-std::vector<std::pair<int, Recompute>> search_settings(const SearchArgs& a) {
-  std::vector<int> zeros;
-  if (a.zero == "auto") {
-    zeros = {0, 1, 2, 3};
-  } else if (a.zero.size() == 1 && a.zero[0] >= '0' && a.zero[0] <= '3') {
-    zeros = {a.zero[0] - '0'};
-  } else {
-    throw InputError("--zero: '" + a.zero + "': expected 0, 1, 2, 3 or auto");
-  }
-  std::vector<Recompute> recomputes;
-  if (a.recompute == "auto")
-    recomputes = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
-  else
-    recomputes = {parse_recompute(a.recompute, "--recompute")};
-  std::vector<std::pair<int, Recompute>> out;
-  for (int z : zeros)
-    for (Recompute r : recomputes) out.emplace_back(z, r);
-  return out;
-}
+// Set by SIGINT during a search: the search stops and reports what it found.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
-int run_search(const SearchArgs& a) {
+int run_metis_search(const SearchArgs& a) {
   const Cluster cluster = Cluster::load(a.hostfile, a.clusterfile);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
 
@@ -86,29 +77,6 @@ int run_search(const SearchArgs& a) {
       std::cerr << "\rsearching: " << done << " / " << total << " inter-stage plans" << std::flush;
     };
 
-  std::vector<std::unique_ptr<PlanSimulator>> simulators;
-  std::vector<const PlanSimulator*> simulator_ptrs;
-  std::vector<std::pair<int, Recompute>> settings;
-  if (a.cost_model == "sim") {
-    settings = search_settings(a);
-    for (const auto& [zero, recompute] : settings) {
-      SimulationOptions so;
-      so.schedule = parse_schedule(a.schedule, "--schedule");
-      so.setup.zero_stage = zero;
-      so.setup.framework_bytes = -1;  // the profiles' measured framework constant, if they have one
-      so.setup.recompute = recompute;
-      so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
-      so.max_profiled_bs = o.max_profiled_bs;
-      so.measured_collectives = parse_collectives(a.collectives);
-      so.sustained_clocks = !a.burst_clocks;
-      simulators.push_back(std::make_unique<PlanSimulator>(cluster, profiles, shape_from_model_config(a.model),
-                                                           a.model.sequence_length, so));
-      simulator_ptrs.push_back(simulators.back().get());
-    }
-    o.cost_hook = make_sim_cost_hook(simulator_ptrs);
-  } else if (a.cost_model != "metis") {
-    throw InputError("--cost-model: '" + a.cost_model + "': expected metis or sim");
-  }
   const MetisSearch search(cluster, profiles, o);
   SearchResult result;
   double total_ms = 0;
@@ -149,14 +117,93 @@ int run_search(const SearchArgs& a) {
                "layer_partition\n";
   for (std::size_t i = 0; i < result.top.size(); ++i)
     std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i]) << "\n";
-  // With settings searched, say which one each listed plan was costed with.
-  std::vector<int> chosen;
-  if (settings.size() > 1)
-    for (std::size_t i = 0; i < result.top.size(); ++i) {
-      chosen.push_back(best_setting(simulator_ptrs, result.top[i], a.gbs));
-      const auto& [zero, recompute] = settings[chosen.back()];
-      std::cout << "setting " << i + 1 << ": ZeRO-" << zero << ", recompute " << to_string(recompute) << "\n";
-    }
+  if (!a.json_out.empty()) {
+    PlanFile context;
+    context.model = a.model;
+    context.gbs = a.gbs;
+    context.hostfile = a.hostfile;
+    context.clusterfile = a.clusterfile;
+    context.profile_dir = a.profile_dir;
+    ordered_json j = search_result_to_json(result, average_ms, a.trials, context);
+    j["use_strat"] = a.use_strat;
+    j["cost_model"] = "metis";
+    write_json_file(a.json_out, j);
+  }
+  return 0;
+}
+
+
+// The default: the simulator's iteration time over plans that fit every rank's
+// memory, keep tp inside nodes and train every layer and sample (planner/plan_search.h).
+int run_default_search(const SearchArgs& a) {
+  const Cluster cluster = Cluster::load(a.hostfile, a.clusterfile);
+  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
+
+  SimulationOptions so;
+  so.schedule = parse_schedule(a.schedule, "--schedule");
+  so.setup.framework_bytes = -1;  // the profiles' measured framework constant, if they have one
+  so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
+  so.measured_collectives = parse_collectives(a.collectives);
+  so.sustained_clocks = !a.burst_clocks;
+  if (a.max_bs > 0) so.max_profiled_bs = a.max_bs;
+  const PlanSimulator simulator(cluster, profiles, shape_from_model_config(a.model), a.model.sequence_length, so);
+
+  PlanSearchOptions o;
+  o.gbs = a.gbs;
+  if (a.max_tp > 0) o.max_tp = a.max_tp;
+  if (a.max_stages > 0) o.max_stages = a.max_stages;
+  o.allow_cross_node_tp = a.cross_node_tp;
+  o.setups = search_setups(so.setup, a.zero, a.recompute);
+  o.top_k = a.top;
+  o.threads = a.threads;
+  o.time_budget_s = a.time_budget;
+  o.cancel = &g_interrupted;
+  const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
+  if (show_progress)
+    o.progress = [](const PlanSearchProgress& p) {
+      std::fprintf(stderr, "\rsearching: %lld/%lld units, %lld enumerated, %lld pruned, %lld costed, best %s, ETA %s   ",
+                   p.units_done, p.units_total, p.enumerated, p.pruned, p.costed,
+                   p.best_ms >= 0 ? (python_float(std::round(p.best_ms * 10) / 10) + " ms").c_str() : "-",
+                   p.eta_s >= 0 ? (std::to_string(static_cast<long long>(std::ceil(p.eta_s))) + " s").c_str() : "?");
+      std::fflush(stderr);
+    };
+
+  const PlanSearch search(cluster, profiles, simulator, o);
+  g_interrupted.store(false);
+  auto previous = std::signal(SIGINT, on_sigint);
+  PlanSearchResult result;
+  try {
+    result = search.run();
+  } catch (...) {
+    std::signal(SIGINT, previous);
+    throw;
+  }
+  std::signal(SIGINT, previous);
+  if (show_progress) std::fprintf(stderr, "\n");
+
+  if (result.cut_short)
+    std::cerr << "hetplan: note: the search was cut short (" << result.cut_reason
+              << "): the plans below are the best found so far, not necessarily the best of the space\n";
+  if (result.top.empty()) {
+    std::string why = result.cut_short ? "the search was cut short before any plan was costed"
+                                       : "no plan of the space fits every rank's memory with its profiles";
+    if (!result.first_infeasible_reason.empty()) why += "; first: " + result.first_infeasible_reason;
+    throw InputError(a.hostfile + ": no plan exists for this cluster (" + std::to_string(cluster.num_devices()) +
+                     " GPUs, gbs " + std::to_string(a.gbs) + "): " + why);
+  }
+
+  std::cout << "search: simulated iteration time (" << to_string(so.schedule) << "), " << cluster.num_devices()
+            << " GPUs, gbs " << a.gbs << ", " << profiles.num_layers() << " layers\n";
+  std::cout << "enumerated: " << result.enumerated << ", pruned: " << result.pruned << ", costed: " << result.costed
+            << ", infeasible: " << result.infeasible << ", time: " << python_float(std::round(result.seconds * 1e3) / 1e3)
+            << " s" << (result.cut_short ? " (cut short)" : "") << "\n";
+  std::cout << "rank, iteration_ms, node_sequence, device_groups, strategies(dp_deg, tp_deg), batches(number of batch), "
+               "layer_partition\n";
+  for (std::size_t i = 0; i < result.top.size(); ++i) {
+    std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i].plan) << "\n";
+    if (o.setups.size() > 1)
+      std::cout << "setting " << i + 1 << ": " << setup_label(o.setups[result.top[i].setup]) << "\n";
+  }
 
   if (!a.json_out.empty()) {
     PlanFile context;
@@ -165,19 +212,15 @@ int run_search(const SearchArgs& a) {
     context.hostfile = a.hostfile;
     context.clusterfile = a.clusterfile;
     context.profile_dir = a.profile_dir;
-    // Under the sim cost model each listed plan records the training setting it was costed with.
-    std::vector<std::pair<int, std::string>> plan_settings;
-    if (a.cost_model == "sim")
-      for (std::size_t i = 0; i < result.top.size(); ++i) {
-        const auto& [zero, recompute] = settings[chosen.empty() ? 0 : chosen[i]];
-        plan_settings.emplace_back(zero, to_string(recompute));
-      }
-    ordered_json j = search_result_to_json(result, average_ms, a.trials, context, plan_settings);
-    j["use_strat"] = a.use_strat;
-    if (a.cost_model == "sim") j["cost_model"] = "sim";
-    write_json_file(a.json_out, j);
+    write_json_file(a.json_out, plan_search_result_to_json(result, cluster, o.setups, context, to_string(so.schedule)));
   }
   return 0;
+}
+
+int run_search(const SearchArgs& a) {
+  if (a.cost_model == "metis") return run_metis_search(a);
+  if (a.cost_model == "sim") return run_default_search(a);
+  throw InputError("--cost-model: '" + a.cost_model + "': expected sim (the default) or metis");
 }
 
 }  // namespace
@@ -186,9 +229,18 @@ Runner add_search_command(CLI::App& app) {
   auto a = std::make_shared<SearchArgs>();
   CLI::App* s = app.add_subcommand(
       "search",
-      "Find the cheapest heterogeneous plan with the Metis search (same results as the Python reference's\n"
-      "cost_het_cluster.py). It enumerates node orders, device groups per pipeline stage and micro-batch\n"
-      "counts, then walks (dp, tp) per stage, balancing layers and data, and costs each plan that fits memory.");
+      "Find the training plans with the lowest simulated iteration time on a (heterogeneous) cluster.\n\n"
+      "By default (--cost-model sim) it searches node orders, micro-batch counts dividing --gbs, pipeline\n"
+      "stages of any size on real node boundaries, (dp, tp) per stage with tp inside one node, and the\n"
+      "layers of each stage, and keeps only plans that train every layer and sample and fit every rank's\n"
+      "memory. It is exact over that space (it prunes only with lower bounds) and streams, so memory stays\n"
+      "flat; --time-budget or Ctrl-C return the best plans found so far. Each plan's cost is the iteration\n"
+      "time `hetplan simulate` reports for it; --json names the host and GPU of every rank.\n\n"
+      "--cost-model metis reproduces the Metis reference (cost_het_cluster.py, livingshade/Metis@900445f)\n"
+      "bit for bit, quirks included: use it to reproduce the paper's Table 1, not to plan a cluster.\n\n"
+      "Example:\n"
+      "  hetplan search --hostfile hostfiles/a100_v100_16.hostfile --clusterfile hostfiles/clusterfile.json \\\n"
+      "                 --profiles profiles --num_layers 10 --gbs 64 --top 3 --json plans.json");
   s->add_option("--hostfile_path,--hostfile-path,--hostfile", a->hostfile, "Hostfile: '<ip> slots=<N>' per node")
       ->required();
   s->add_option("--clusterfile_path,--clusterfile-path,--clusterfile", a->clusterfile,
@@ -214,29 +266,38 @@ Runner add_search_command(CLI::App& app) {
   s->add_option("--max_profiled_batch_size,--max-profiled-batch-size", a->max_bs,
                 "Largest micro-batch the search may use (default: the largest profiled)");
   s->add_option("--min_group_scale_variance,--min-group-scale-variance", a->variance,
-                "Smallest device group allowed, as a multiple of GPUs/stages")
+                "[metis] Smallest device group allowed, as a multiple of GPUs/stages")
       ->capture_default_str();
   s->add_option("--max_permute_len,--max-permute-len", a->max_permute_len,
-                "Most device groups permuted independently; smaller groups are merged beyond it")
+                "[metis] Most device groups permuted independently; smaller groups are merged beyond it")
       ->capture_default_str();
-  s->add_option("--trials", a->trials, "Repeat the search and report the average time (the reference defaults to 10)")
+  s->add_option("--trials", a->trials, "[metis] Repeat the search and report the average time (the reference defaults to 10)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   s->add_flag("--use_strat,--use-strat,!--no-use_strat,!--no-use-strat", a->use_strat,
-              "Stratified pruning: steer the DFS by the first out-of-memory state (livingshade/Metis)");
+              "[metis] Stratified pruning: steer the DFS by the first out-of-memory state (livingshade/Metis)");
   s->add_flag("--reject-dropped-layers,--reject_dropped_layers", a->reject_dropped_layers,
-              "Do not cost plans whose layer partition drops layers (a reference bug, kept by default)");
+              "[metis] Do not cost plans whose layer partition drops layers (a reference bug, kept by default)");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
   s->add_option("--top", a->top, "Report the K cheapest plans")->capture_default_str()->check(CLI::PositiveNumber);
   s->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   s->add_flag("--progress", a->progress, "Show progress on stderr even when it is not a terminal");
   s->add_flag("--quiet,-q", a->quiet, "No progress output");
   s->add_option("--cost-model,--cost_model", a->cost_model,
-                "metis (default; the reference's formula, bit-exact) or sim (simulated iteration time; plans that run "
-                "a rank out of memory are left out)")
+                "sim (default: the simulator's iteration time, plans a practitioner can run) or metis (the Metis "
+                "reference's search and formula, bit for bit, to reproduce the paper)")
       ->capture_default_str();
   s->add_option("--schedule", a->schedule, "With --cost-model sim: pipeline schedule, gpipe or 1f1b")
       ->capture_default_str();
+  s->add_flag("--allow-cross-node-tp", a->cross_node_tp,
+              "With --cost-model sim: let tp groups span nodes (their all-reduces are then costed over the "
+              "inter-node link); by default every tp group stays inside one node and one GPU type");
+  s->add_option("--time-budget", a->time_budget,
+                "With --cost-model sim: stop after this many seconds and report the best plans found so far "
+                "(Ctrl-C does the same)")
+      ->check(CLI::NonNegativeNumber);
+  s->add_option("--max-stages", a->max_stages, "With --cost-model sim: deepest pipeline considered (default: layers)")
+      ->check(CLI::PositiveNumber);
   s->add_option("--zero", a->zero,
                 "With --cost-model sim: ZeRO stage 0-3, or auto to search every stage as a dimension (each plan "
                 "takes its fastest stage that fits memory)")

@@ -2,6 +2,9 @@
 
 #include <tuple>
 
+#include "sim/parallel_layout.h"
+#include "sim/rank_layout.h"
+
 namespace hetplan {
 
 ordered_json search_result_to_json(const SearchResult& r, double average_ms, int trials, const PlanFile& context,
@@ -24,6 +27,63 @@ ordered_json search_result_to_json(const SearchResult& r, double average_ms, int
   j["candidates"] = r.candidates;
   j["skipped"] = r.skipped;
   j["dropped_layers"] = r.dropped_layers;
+  j["model"] = model_to_json(context.model);
+  j["gbs"] = context.gbs;
+  j["hostfile"] = context.hostfile;
+  j["clusterfile"] = context.clusterfile;
+  j["profile_dir"] = context.profile_dir;
+  return j;
+}
+
+ordered_json rank_placement_json(const Cluster& cluster, const PlanResult& plan) {
+  std::vector<int> sequence;
+  for (const auto& name : plan.node_sequence) sequence.push_back(cluster.type_index(name));
+  const RankLayout layout(cluster, sequence);
+  const ParallelLayout grid(cluster, layout);
+  ordered_json ranks = ordered_json::array();
+  int begin = 0;
+  for (std::size_t i = 0; i < plan.device_groups.size(); ++i) {
+    const Strategy st = plan.strategies[i];
+    for (int r = begin; r < begin + plan.device_groups[i] && r < layout.num_ranks(); ++r)
+      ranks.push_back({{"rank", r},
+                       {"host", grid.host(r)},
+                       {"local_gpu", grid.local_gpu(r)},
+                       {"device", cluster.device_types()[layout.type_of(r)]},
+                       {"stage", static_cast<int>(i)},
+                       {"dp_index", grid_replica(begin, st, r)},
+                       {"tp_index", grid_tp_index(begin, st, r)}});
+    begin += plan.device_groups[i];
+  }
+  return ranks;
+}
+
+ordered_json plan_search_result_to_json(const PlanSearchResult& r, const Cluster& cluster,
+                                        const std::vector<TrainingSetup>& setups, const PlanFile& context,
+                                        const std::string& schedule) {
+  auto entry = [&](std::size_t i) {
+    PlanFile f = context;
+    f.plan = r.top[i].plan;
+    const TrainingSetup& s = setups[r.top[i].setup];
+    f.zero_stage = s.zero_stage;
+    f.recompute = to_string(s.recompute);
+    ordered_json j = plan_file_to_json(f);
+    j["schedule"] = schedule;
+    j["ranks"] = rank_placement_json(cluster, f.plan);
+    return j;
+  };
+  ordered_json j;
+  j["cost_model"] = "sim";
+  j["best"] = r.top.empty() ? ordered_json(nullptr) : entry(0);
+  ordered_json top = ordered_json::array();
+  for (std::size_t i = 0; i < r.top.size(); ++i) top.push_back(entry(i));
+  j["top"] = top;
+  j["enumerated"] = r.enumerated;
+  j["pruned"] = r.pruned;
+  j["costed"] = r.costed;
+  j["infeasible"] = r.infeasible;
+  j["seconds"] = r.seconds;
+  j["cut_short"] = r.cut_short;
+  if (r.cut_short) j["cut_reason"] = r.cut_reason;
   j["model"] = model_to_json(context.model);
   j["gbs"] = context.gbs;
   j["hostfile"] = context.hostfile;

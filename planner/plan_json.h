@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "planner/plan_search.h"
 #include "planner/search.h"
 #include "sim/json_util.h"
 #include "sim/plan_file.h"
@@ -18,6 +19,17 @@ namespace hetplan {
 ordered_json search_result_to_json(const SearchResult& result, double average_ms, int trials,
                                    const PlanFile& context,
                                    const std::vector<std::pair<int, std::string>>& settings = {});
+
+// The default search's `--json` document: the same shape (best, top, each a
+// plan file), plus the search's counts, whether it was cut short, each
+// plan's training setting, and `ranks`: for every global rank its host,
+// local GPU, device type, stage, dp index and tp index (sim/parallel_layout.h).
+ordered_json plan_search_result_to_json(const PlanSearchResult& result, const Cluster& cluster,
+                                        const std::vector<TrainingSetup>& setups, const PlanFile& context,
+                                        const std::string& schedule);
+
+// Where each rank of `plan` runs, as plan_search_result_to_json lists it.
+ordered_json rank_placement_json(const Cluster& cluster, const PlanResult& plan);
 
 // "1, <cost>, (A100, V100), [32], [(1, 32)], 1, [0, 10]" as the reference prints it.
 std::string reference_plan_line(int rank, const PlanResult& plan);

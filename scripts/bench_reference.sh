@@ -47,7 +47,7 @@ for row in $rows; do
   ./build/hetplan gen-hostfile "$G" --out "$work/hostfile$G" >/dev/null
   for mode in metis strat; do
     flag=""; [[ $mode == strat ]] && flag=--use_strat
-    t0=$(now); ours=$(./build/hetplan search -q $(common "$L" "$G") --trials 1 $flag 2>/dev/null); t1=$(now)
+    t0=$(now); ours=$(./build/hetplan search -q --cost-model metis $(common "$L" "$G") --trials 1 $flag 2>/dev/null); t1=$(now)
     echo "row $row $mode: running the reference..." >&2
     t2=$(now); theirs=$(/usr/bin/python3 scripts/metis_reference.py --ref "$ref" $(common "$L" "$G") --trials 1 $flag); t3=$(now)
     printf '%s\n' "$theirs" > "$work/reference_row${row}_$mode.txt"

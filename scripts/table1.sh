@@ -26,7 +26,7 @@ row_md() { # row layers gpus
     local flag=""
     [[ $mode == strat ]] && flag=--use_strat
     t0=$(now)
-    out=$(./build/hetplan search -q --num_layers "$layers" --gbs 128 --hostfile_path "$work/hostfile$gpus" \
+    out=$(./build/hetplan search -q --cost-model metis --num_layers "$layers" --gbs 128 --hostfile_path "$work/hostfile$gpus" \
       --clusterfile_path "$samples/clusterfile.json" --profile_data_path "$work/profiles$layers" \
       --max_profiled_tp_degree 128 --max_profiled_batch_size 128 --min_group_scale_variance 1 \
       --max_permute_len 128 $flag --json "$work/row${row}_$mode.json" 2>/dev/null)

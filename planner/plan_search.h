@@ -1,0 +1,127 @@
+// PlanSearch: the default planner. It finds the plans with the lowest
+// simulated iteration time (the number `hetplan simulate` reports) over a
+// space every plan of which a practitioner can run as-is:
+//
+//  * node orders: the permutations of the device types (types sorted by
+//    name, permutations in lexicographic order); ranks are handed out node by
+//    node in that order (RankLayout), so ranks sit on real node boundaries;
+//  * micro-batch counts m that divide the global batch (any gbs; every
+//    sample is trained): the micro-batch is gbs / m samples, split over each
+//    stage's data-parallel replicas as the simulator splits it;
+//  * pipelines of p = 1 .. min(layers, GPUs) stages, each a contiguous range
+//    of ranks of any size, with every layer in exactly one non-empty stage;
+//  * per stage every (dp, tp) with dp * tp = size, tp <= the largest profiled
+//    tp, every replica given at least one sample, and each tp group inside one
+//    node (and so one GPU type) unless `allow_cross_node_tp` is set, in which
+//    case the simulator charges its all-reduces to the inter-node link;
+//  * optionally several training settings (ZeRO stage, recomputation): a
+//    plan costs its fastest setting that fits memory.
+// A plan is feasible when its profiles exist and every rank fits its own
+// GPU's memory.
+//
+// The search is exact over that space: it returns the same best plans as
+// exhaustive enumeration (tests/test_plan_search.cc checks this), because it
+// only prunes a partial plan when a lower bound on every completion's
+// iteration time is already above the K-th best cost found:
+//  * a stage's own work: a stage must run all its forwards and backwards in
+//    sequence after micro-batch 0 has crossed the stages before it, and its
+//    gradients then pass back through them to stage 0's all-reduce and
+//    optimizer step;
+//  * the remaining layers on the remaining GPUs: the stage that is slowest per
+//    micro-batch is at least as slow as the remaining work (each layer at the
+//    cheapest GPU-time per sample any remaining device type's profiles
+//    record) spread over all remaining GPUs.
+// Both bounds only drop terms of the simulated time, so they never exceed it.
+// The enumeration is streamed (depth first), so memory does not grow with
+// the number of plans. Ties in cost are broken by a fixed order on plans,
+// so results do not depend on the thread count (unless a time budget or a
+// cancellation cut the search short).
+//
+// Thread-safety: run() is const and may be called from one thread at a time
+// per PlanSearch (it uses TBB inside). REQUIRES: the cluster, profiles and
+// simulator outlive the PlanSearch.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sim/cluster.h"
+#include "sim/memory_model.h"
+#include "sim/plan.h"
+#include "sim/plan_simulator.h"
+#include "sim/profile.h"
+
+namespace hetplan {
+
+struct PlanSearchOptions {
+  int gbs = 128;
+  int max_tp = 1 << 30;        // largest tp (default: every profiled tp)
+  int max_micro_batch = 1 << 30;  // largest micro-batch (gbs / m) considered
+  int max_stages = 1 << 30;    // largest pipeline depth considered
+  bool allow_cross_node_tp = false;
+  // Settings searched as dimensions; empty means the simulator's own setup.
+  std::vector<TrainingSetup> setups;
+  int top_k = 1;
+  int threads = 0;  // 0: TBB's default
+  // Off only for tests: no bound is used, every plan of the space is costed.
+  bool exhaustive = false;
+  // Stop after this many seconds (0: no limit) and return the best plans
+  // found so far, marked cut short.
+  double time_budget_s = 0;
+  // Set to true from anywhere (a SIGINT handler) to stop the same way.
+  const std::atomic<bool>* cancel = nullptr;
+  // Called about once a second with the progress so far, if set.
+  std::function<void(const struct PlanSearchProgress&)> progress;
+};
+
+struct PlanSearchProgress {
+  long long units_done = 0, units_total = 0;  // (node order, m, p, first stage) work units
+  long long enumerated = 0, pruned = 0, costed = 0;
+  double elapsed_s = 0, eta_s = -1;  // -1: not known yet
+  double best_ms = -1;
+};
+
+struct SearchedPlan {
+  PlanResult plan;     // cost = simulated iteration time (ms)
+  int setup = 0;       // index into PlanSearchOptions::setups (0 without settings)
+};
+
+struct PlanSearchResult {
+  std::vector<SearchedPlan> top;  // cheapest first
+  long long enumerated = 0;  // partial and complete plans the search visited
+  long long pruned = 0;      // partial plans left out by a lower bound
+  long long costed = 0;      // complete plans whose iteration time was computed
+  long long infeasible = 0;  // stages left out: memory or a missing profile
+  std::string first_infeasible_reason;
+  bool cut_short = false;    // time budget or cancellation
+  std::string cut_reason;
+  double seconds = 0;
+};
+
+// The settings `--zero` ("0".."3" or "auto") and `--recompute` ("none",
+// "selective", "full" or "auto") ask for, each a copy of `base` with that
+// ZeRO stage and recomputation; "auto" searches every value as a dimension.
+// Throws InputError naming the flag.
+std::vector<TrainingSetup> search_setups(const TrainingSetup& base, const std::string& zero,
+                                         const std::string& recompute);
+// "ZeRO-1, recompute selective".
+std::string setup_label(const TrainingSetup& s);
+
+class PlanSearch {
+ public:
+  // Throws InputError for options that cannot be searched (gbs < 1, ...).
+  PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const PlanSimulator& simulator,
+             PlanSearchOptions options);
+
+  PlanSearchResult run() const;
+
+ private:
+  const Cluster* cluster_;
+  const ProfileSet* profiles_;
+  const PlanSimulator* sim_;
+  PlanSearchOptions opt_;
+};
+
+}  // namespace hetplan

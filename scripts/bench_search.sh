@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Benchmarks the default search (simulated iteration time) against the Metis
+# formula, side by side in one run: wall time and peak RSS of the whole
+# `hetplan search` process, on this machine. A benchmark, not a test: it
+# prints figures and ratios and checks nothing.
+#
+#   scripts/bench_search.sh [--bin build/hetplan] [--samples DIR] [--cases "row2 threads 32 48 3x256 settings"]
+#
+# Cases:
+#   row2      Table-1 row 2 (20 layers, 32 V100 + 32 A100, Metis's synthetic profiles
+#             from DIR, default ../shared/metis-samples; skipped without them):
+#             default search vs --cost-model metis. Goal: default <= 2x Metis.
+#   threads   row 2 with --threads 1 vs --threads 2. Goal: >= 1.8x.
+#   32        16 V100 + 16 A100, 24 layers, analytic profiles. Goal: <= 10 s, <= 1 GB.
+#   48        A100 + V100 + H100, 16 each, 40 layers. Goal: <= 30 s.
+#   3x256     A100 + V100 + H100, 256 each, 8 per node. Goal: <= 60 s.
+#   settings  the 32 case with --zero auto --recompute auto vs plain. Goal: <= 3x.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=build/hetplan
+samples=../shared/metis-samples
+cases="row2 threads 32 48 3x256 settings"
+while (($#)); do
+  case "$1" in
+    --bin) bin=$2; shift 2 ;;
+    --samples) samples=$2; shift 2 ;;
+    --cases) cases=$2; shift 2 ;;
+    *) echo "bench_search: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x $bin ]] || { echo "bench_search: no $bin (run scripts/build.sh)" >&2; exit 2; }
+work=logs/bench_search
+mkdir -p "$work"
+
+# run NAME ARGS...: prints "wall_s rss_mb" of one hetplan run, keeps its output in $work/NAME.out.
+run() {
+  local name=$1; shift
+  /usr/bin/time -f "%e %M" -o "$work/$name.time" "$bin" "$@" >"$work/$name.out" 2>"$work/$name.err" || {
+    echo "bench_search: $name failed: $(tail -1 "$work/$name.err")" >&2; echo "nan nan"; return 0; }
+  awk '{printf "%.3f %.0f\n", $1, $2/1024}' "$work/$name.time"
+}
+best() { sed -n 's/^1, \([^,]*\),.*/\1/p' "$work/$1.out" | head -1; }
+
+analytic() { # layers types out
+  [[ -d $3 ]] || "$bin" gen-profiles --analytic "$1" 64 --types "$2" --max-tp 8 --hidden-size 4096 --seq-len 2048 \
+    --out "$3" >/dev/null
+}
+hostfile() { # per-type types slots out
+  "$bin" gen-hostfile "$1" --types "$2" --slots "$3" --clusterfile hostfiles/clusterfile.json --out "$4" >/dev/null
+}
+
+echo "| case | command | wall s | peak RSS MB | best cost | ratio | goal |"
+echo "|---|---|---|---|---|---|---|"
+row() { printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$@"; }
+
+for c in $cases; do
+  case $c in
+    row2|threads)
+      if [[ ! -f $samples/DeviceType.A100_tp1_bs1.json ]]; then
+        row "$c" "skipped: no Metis samples in $samples (scripts/fetch_reference_data.sh)" - - - - -; continue
+      fi
+      "$bin" gen-profiles 20 128 --samples "$samples" --out "$work/row2" >/dev/null
+      "$bin" gen-hostfile 32 --out "$work/row2.hostfile" >/dev/null
+      common=(search -q --num_layers 20 --gbs 128 --hostfile "$work/row2.hostfile"
+              --clusterfile "$samples/clusterfile.json" --profiles "$work/row2")
+      if [[ $c == row2 ]]; then
+        read -r wm rm < <(run row2_metis "${common[@]}" --cost-model metis --max_profiled_tp_degree 128 \
+          --max_profiled_batch_size 128 --min_group_scale_variance 1 --max_permute_len 128)
+        read -r wd rd < <(run row2_default "${common[@]}")
+        row "row 2" "--cost-model metis" "$wm" "$rm" "$(best row2_metis)" - -
+        row "row 2" "default" "$wd" "$rd" "$(best row2_default)" "$(awk -v a="$wd" -v b="$wm" 'BEGIN{printf "%.2fx metis", a/b}')" "<= 2x"
+      else
+        read -r w1 r1 < <(run row2_t1 "${common[@]}" --threads 1)
+        read -r w2 r2 < <(run row2_t2 "${common[@]}" --threads 2)
+        row "row 2" "default --threads 1" "$w1" "$r1" "$(best row2_t1)" - -
+        row "row 2" "default --threads 2" "$w2" "$r2" "$(best row2_t2)" "$(awk -v a="$w1" -v b="$w2" 'BEGIN{printf "%.2fx faster", a/b}')" ">= 1.8x"
+      fi ;;
+    32|settings)
+      analytic 26 A100,V100 "$work/p26"
+      hostfile 16 V100,A100 4 "$work/h32"
+      common=(search -q --num_layers 26 --gbs 128 --hostfile "$work/h32" --clusterfile hostfiles/clusterfile.json
+              --profiles "$work/p26" --hidden-size 4096 --sequence-length 2048)
+      if [[ $c == 32 ]]; then
+        read -r w r < <(run c32 "${common[@]}")
+        row "16 V100 + 16 A100, 24 blocks" default "$w" "$r" "$(best c32)" - "<= 10 s, <= 1024 MB"
+      else
+        read -r w r < <(run c32_plain "${common[@]}")
+        read -r wa ra < <(run c32_auto "${common[@]}" --zero auto --recompute auto)
+        row "16 V100 + 16 A100" default "$w" "$r" "$(best c32_plain)" - -
+        row "16 V100 + 16 A100" "--zero auto --recompute auto" "$wa" "$ra" "$(best c32_auto)" "$(awk -v a="$wa" -v b="$w" 'BEGIN{printf "%.2fx plain", a/b}')" "<= 3x"
+      fi ;;
+    48)
+      analytic 42 A100,H100,V100 "$work/p42"
+      hostfile 16 A100,V100,H100 8 "$work/h48"
+      read -r w r < <(run c48 search -q --num_layers 42 --gbs 128 --hostfile "$work/h48" --clusterfile hostfiles/clusterfile.json \
+        --profiles "$work/p42" --hidden-size 4096 --sequence-length 2048)
+      row "A100 + V100 + H100, 16 each, 40 blocks" default "$w" "$r" "$(best c48)" - "<= 30 s" ;;
+    3x256)
+      analytic 42 A100,H100,V100 "$work/p42"
+      hostfile 256 A100,V100,H100 8 "$work/h768"
+      read -r w r < <(run c768 search -q --num_layers 42 --gbs 1536 --hostfile "$work/h768" --clusterfile hostfiles/clusterfile.json \
+        --profiles "$work/p42" --hidden-size 4096 --sequence-length 2048)
+      row "A100 + V100 + H100, 256 each, 40 blocks" default "$w" "$r" "$(best c768)" - "<= 60 s" ;;
+    *) echo "bench_search: unknown case $c" >&2; exit 2 ;;
+  esac
+done
+echo
+echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GB", $2/1e6}' /proc/meminfo); $(date -u +%Y-%m-%dT%H:%MZ); outputs in $work/"
