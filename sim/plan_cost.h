@@ -55,6 +55,7 @@ struct FastStageCost {
   double peak_memory_bytes = 0;   // largest rank total of the stage
   double min_headroom_bytes = 0;  // min over the stage's ranks of capacity - total (< 0: out of memory)
   int first_oom_rank = -1;
+  double first_oom_total_bytes = 0;  // that rank's total (added: the search's skip reason)
   bool fits = true;
   double busy_ms(int m) const { return m * (forward_ms + backward_ms) + (m - 1) * accumulation_ms; }
 };
@@ -63,6 +64,7 @@ struct FastStageCost {
 // One per thread.
 struct PipelineScratch {
   std::vector<double> a, b, c, d;
+  std::vector<int> pos;
 };
 
 // The explain path's detail of one stage for one setup (allocates).

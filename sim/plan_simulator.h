@@ -82,6 +82,8 @@ struct PlanSimulation {
   int first_oom_rank = -1;
 };
 
+class PlanCostModel;
+
 class PlanSimulator {
  public:
   // `profile_type[t]` is the ProfileSet index of cluster type t (-1 absent).
@@ -99,21 +101,14 @@ class PlanSimulator {
   PlanSimulation simulate(const PlanResult& plan, int gbs) const;
 
   const std::vector<int>& profile_type() const { return profile_type_; }
+  const SimulationOptions& options() const { return opt_; }
+  const Cluster& cluster() const { return *cluster_; }
   // Where each cluster device type's intra-node collective bandwidth comes
   // from, e.g. "H200: all-reduce 301.2 GB/s measured (profiles)".
   std::vector<std::string> collective_sources() const;
 
  private:
-  // What one data-parallel replica's profiles say about layers [start, end).
-  struct ReplicaCost {
-    double total_ms = 0;          // forward + backward of its share of the micro-batch
-    double forward_ms = -1;       // of total_ms; -1 if the profile does not split it
-    double accumulation_ms = -1;  // adding a micro-batch's gradients into the iteration's; -1 if not measured
-    double optimizer_ms = -1;     // the file's whole-model optimizer step at this tp; -1 if absent
-    double sustained_ratio = 1;   // LayerProfile::sustained_ratio
-  };
-  // For `bs` samples on profile type `type` at tp; false (with `why`) if a profile is missing.
-  bool replica_cost(int type, int tp, int bs, int start, int end, ReplicaCost* out, std::string* why) const;
+  friend class PlanCostModel;  // the per-stage costs (sim/plan_cost.h): one definition for both paths
   // Parameter bytes of layers [start, end), from the profiles' model block.
   double layer_bytes(int start, int end) const;
 
