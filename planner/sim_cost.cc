@@ -43,7 +43,7 @@ class CostModels {
 
 // Per-thread scratch of the hook: stage costs [stage * setups + setting], one setting's pipeline, the timeline's.
 struct HookScratch {
-  std::vector<FastStageCost> all, one;
+  std::vector<FastStageCost> all;
   PipelineScratch pipeline;
 };
 
@@ -70,7 +70,6 @@ decltype(SearchOptions::cost_hook) make_sim_cost_hook(std::vector<const PlanSimu
     }
     const int micro_batch = plan.gbs / plan.batches;
     if (scratch.all.size() < static_cast<std::size_t>(p * n)) scratch.all.resize(p * n);
-    if (scratch.one.size() < static_cast<std::size_t>(p)) scratch.one.resize(p);
     int begin = 0;
     for (int i = 0; i < p; ++i) {
       const int size = (*plan.device_groups)[i];
@@ -79,28 +78,21 @@ decltype(SearchOptions::cost_hook) make_sim_cost_hook(std::vector<const PlanSimu
       if (!model.stage(s, i, p, plan.batches, micro_batch, &scratch.all[i * n], why)) return false;
       begin += size;
     }
-    bool any = false;
-    for (int k = 0; k < n; ++k) {
+    // The fastest setting that fits (settings another one dominates are never timed).
+    if (model.best_setup(scratch.all.data(), p, plan.batches, model.schedule(), &scratch.pipeline, cost) >= 0)
+      return true;
+    if (why) {
+      // Nothing fits: the last setting's first rank out of memory, as the per-setting simulators said.
       const FastStageCost* oom = nullptr;
-      for (int i = 0; i < p; ++i) {
-        scratch.one[i] = scratch.all[i * n + k];
-        if (!scratch.one[i].fits && !oom) oom = &scratch.one[i];
-      }
-      if (oom) {
-        if (why && !any) {
-          const int r = oom->first_oom_rank, type = layout.type_of(r);
-          const Cluster& cluster = models->simulator().cluster();
-          *why = "simulated memory: rank " + std::to_string(r) + " (" + cluster.device_types()[type] + ") needs " +
-                 std::to_string(oom->first_oom_total_bytes / (1024.0 * 1024 * 1024)) + " GiB of " +
-                 std::to_string(cluster.memory_mb(type) * 1024.0 * 1024 / (1024.0 * 1024 * 1024));
-        }
-        continue;
-      }
-      const double ms = model.iteration_ms(scratch.one.data(), p, plan.batches, model.schedule(), &scratch.pipeline);
-      if (!any || ms < *cost) *cost = ms;
-      any = true;
+      for (int i = 0; i < p && !oom; ++i)
+        if (!scratch.all[i * n + n - 1].fits) oom = &scratch.all[i * n + n - 1];
+      const int r = oom->first_oom_rank, type = layout.type_of(r);
+      const Cluster& cluster = models->simulator().cluster();
+      *why = "simulated memory: rank " + std::to_string(r) + " (" + cluster.device_types()[type] + ") needs " +
+             std::to_string(oom->first_oom_total_bytes / (1024.0 * 1024 * 1024)) + " GiB of " +
+             std::to_string(cluster.memory_mb(type) / 1024.0);
     }
-    return any;
+    return false;
   };
 }
 

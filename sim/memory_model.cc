@@ -163,17 +163,20 @@ int in_flight_microbatches(Schedule schedule, int pp, int stage, int microbatche
 ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const TrainingSetup& s) {
   ShardParams out;
   const int last = m.metis_num_layers() - 1;
+  const BlockLinears linears = m.block_linears();
   double lora_per_block = 0;
-  for (const auto& l : m.block_linears())
+  for (const auto& l : linears)
     if (s.lora_targets & l.target) lora_per_block += static_cast<double>(s.lora_rank) * (l.in + l.out);
   double largest_linear = 0;
-  for (const auto& l : m.block_linears()) largest_linear = std::max(largest_linear, static_cast<double>(l.params()));
+  for (const auto& l : linears) largest_linear = std::max(largest_linear, static_cast<double>(l.params()));
   const double vh = static_cast<double>(m.vocab_size) * m.hidden_size;
   // Every block's terms are alike: computed once, added per block (the same sums).
-  const double block_sharded = static_cast<double>(m.block_sharded_params());
+  long long sharded_params = 0;  // ModelShape::block_sharded_params
+  for (const auto& l : linears) sharded_params += l.params();
+  const double block_sharded = static_cast<double>(sharded_params);
   const double block_replicated = static_cast<double>(m.block_replicated_params());
   double lw = 0;
-  for (const auto& l : m.block_linears()) lw += static_cast<double>(l.in) * l.out;
+  for (const auto& l : linears) lw += static_cast<double>(l.in) * l.out;
   for (int layer = first; layer < end; ++layer) {
     if (layer == 0) {
       out.sharded += vh;  // vocab-parallel embedding
@@ -198,8 +201,11 @@ ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const 
 }
 
 MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r) {
+  return rank_memory(m, s, r, shard_params(m, r.first_layer, r.end_layer, r.pp, s));
+}
+
+MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r, const ShardParams& p) {
   MemoryBreakdown out;
-  const ShardParams p = shard_params(m, r.first_layer, r.end_layer, r.pp, s);
   const double tp = r.tp;
   double trainable, frozen_bytes = 0;
   if (s.finetune == Finetune::kFull) {

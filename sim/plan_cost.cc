@@ -93,7 +93,11 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
   for (int pt = 0; pt < static_cast<int>(sim.profiles_->device_types().size()); ++pt) {
     const double mb = sim.profiles_->framework_mb(pt);
     ptype_framework_.push_back(mb > 0 ? mb * kMiB : 0);
+    const GpuSpec* g = find_gpu_spec(sim.profiles_->device_types()[pt]);
+    ptype_hbm_bytes_per_s_.push_back(g ? g->memory_bw_gbs * 1e9 : 0);
   }
+  for (const TrainingSetup& s : setups_)
+    recompute_fraction_.push_back(recomputed_forward_fraction(sim.shape_, s.recompute, sim.seq_));
   node_ranks_.assign(n > 0 ? layout.node_of(n - 1) + 1 : 0, 0);
   for (int r = 0; r < n; ++r) ++node_ranks_[layout.node_of(r)];
 }
@@ -209,8 +213,8 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       double acc = acc_raw[d] >= 0 ? acc_raw[d] * trainable / full_on_rank : -1;
       if (acc < 0) {
         // Not measured: read the new and the old gradient and write the sum, at the datasheet's HBM bandwidth.
-        const GpuSpec* g = find_gpu_spec(profiles.device_types()[rtype[d]]);
-        acc = g ? 3 * grad_bytes / (g->memory_bw_gbs * 1e9) * 1e3 : 0;
+        const double hbm = ptype_hbm_bytes_per_s_[rtype[d]];
+        acc = hbm > 0 ? 3 * grad_bytes / hbm * 1e3 : 0;
       }
       accumulation = std::max(accumulation, acc);
       // The file's optimizer step is this tp's shard of the whole model; the stage steps its share of it.
@@ -219,7 +223,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     }
     c.forward_ms = forward + extra * (1 - opt.backward_share) + tpx_fwd;
     c.backward_ms = slowest_base - forward + extra * opt.backward_share +
-                    forward * recomputed_forward_fraction(shape, setup.recompute, sim.seq_) + tpx_bwd;
+                    forward * recompute_fraction_[k] + tpx_bwd;
     c.accumulation_ms = accumulation;
     c.sustained_factor = sustained;
     c.send_forward_ms = send_forward;
@@ -263,7 +267,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
           const int pt = rank_ptype_[r];
           rank_setup.framework_bytes = pt >= 0 ? ptype_framework_[pt] : 0;
         }
-        memo_breakdown = rank_memory(shape, rank_setup, shard);
+        memo_breakdown = rank_memory(shape, rank_setup, shard, sp);
         memo_total = memo_breakdown.gpu_total();
         memo_type = type;
         memo_share = mb;
@@ -391,6 +395,76 @@ double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedul
     down = !down;
   }
   return iteration;
+}
+
+namespace {
+
+// Every duration iteration_ms reads of `a` is <= that of `b`.
+bool times_le(const FastStageCost& a, const FastStageCost& b) {
+  return a.forward_ms <= b.forward_ms && a.backward_ms <= b.backward_ms && a.accumulation_ms <= b.accumulation_ms &&
+         a.send_forward_ms <= b.send_forward_ms && a.send_backward_ms <= b.send_backward_ms &&
+         a.allreduce_ms <= b.allreduce_ms && a.optimizer_ms <= b.optimizer_ms &&
+         a.sustained_factor <= b.sustained_factor;
+}
+
+}  // namespace
+
+int PlanCostModel::best_setup(const FastStageCost* all, int p, int batches, Schedule schedule,
+                              PipelineScratch* scratch, double* ms) const {
+  const int n = num_setups();
+  PipelineScratch& s = *scratch;
+  if (s.order.size() < static_cast<std::size_t>(2 * n)) s.order.resize(2 * n);
+  if (s.done.size() < static_cast<std::size_t>(n)) s.done.resize(n);
+  if (s.one.size() < static_cast<std::size_t>(p)) s.one.resize(p);
+  int* order = s.order.data();
+  int* pace = order + n;
+  // Fitting setups, cheapest-looking first (sum of busy, all-reduce and optimizer time).
+  int fitting = 0;
+  double key[64];
+  const bool keyed = n <= 64;
+  for (int k = 0; k < n; ++k) {
+    bool fits = true;
+    double sum = 0;
+    for (int i = 0; i < p && fits; ++i) {
+      const FastStageCost& c = all[i * n + k];
+      fits = c.fits;
+      sum += c.busy_ms(batches) + c.allreduce_ms + c.optimizer_ms;
+    }
+    if (!fits) continue;
+    int j = fitting++;
+    if (keyed) {
+      while (j > 0 && key[j - 1] > sum) {
+        key[j] = key[j - 1];
+        order[j] = order[j - 1];
+        --j;
+      }
+      key[j] = sum;
+    }
+    order[j] = k;
+  }
+  int best = -1, computed = 0;
+  for (int f = 0; f < fitting; ++f) {
+    const int k = order[f];
+    for (int i = 0; i < p; ++i) s.one[i] = all[i * n + k];
+    const int pk = pace_stage(s.one.data(), p, batches);
+    bool dominated = false;
+    for (int d = 0; d < computed && !dominated; ++d) {
+      const int j = s.done[d];
+      if (pace[j] != pk) continue;
+      bool le = true;
+      for (int i = 0; i < p && le; ++i) le = times_le(all[i * n + j], all[i * n + k]);
+      dominated = le;
+    }
+    if (dominated) continue;
+    const double t = iteration_ms(s.one.data(), p, batches, schedule, scratch);
+    pace[k] = pk;
+    s.done[computed++] = k;
+    if (best < 0 || t < *ms) {
+      best = k;
+      *ms = t;
+    }
+  }
+  return best;
 }
 
 }  // namespace hetplan

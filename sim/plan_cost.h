@@ -65,6 +65,8 @@ struct FastStageCost {
 struct PipelineScratch {
   std::vector<double> a, b, c, d;
   std::vector<int> pos;
+  std::vector<FastStageCost> one;  // best_setup: one setup's stages
+  std::vector<int> order, done;    // best_setup: setups by cost estimate, those computed
 };
 
 // The explain path's detail of one stage for one setup (allocates).
@@ -110,6 +112,14 @@ class PlanCostModel {
   double iteration_ms(const FastStageCost* stages, int p, int batches, Schedule schedule,
                       PipelineScratch* scratch) const;
 
+  // The fastest setup that fits every stage's memory, from stage()'s output for all p stages laid out
+  // stage-major (`all[i * num_setups() + k]`): the minimum of iteration_ms over the fitting setups,
+  // exactly, without computing it for a setup that another computed setup dominates (every timing
+  // field of every stage <=, same pace-setting stage: the longest path cannot be shorter). Returns
+  // the setup index (-1 if none fits) and sets *ms. No allocation once scratch is grown.
+  int best_setup(const FastStageCost* all, int p, int batches, Schedule schedule, PipelineScratch* scratch,
+                 double* ms) const;
+
  private:
   bool stage_impl(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int first_setup,
                   int num_setups, FastStageCost* out, StageDetail* detail, std::string* why) const;
@@ -125,6 +135,8 @@ class PlanCostModel {
   std::vector<double> rank_capacity_;     // bytes of each rank
   std::vector<double> ptype_framework_;   // per profile type: framework bytes when setup asks (< 0) for measured
   std::vector<int> node_ranks_;           // GPUs of each RankLayout node
+  std::vector<double> ptype_hbm_bytes_per_s_;  // per profile type: datasheet HBM bandwidth (0: unknown)
+  std::vector<double> recompute_fraction_;     // per setup: recomputed_forward_fraction
 };
 
 }  // namespace hetplan

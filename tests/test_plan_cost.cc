@@ -183,6 +183,7 @@ TEST_CASE("PlanCostModel agrees with PlanSimulator::run on random plans", "[plan
           const StageChoice c{cuts[i], groups[i], strategies[i], partition[i], partition[i + 1]};
           REQUIRE(model.stage(c, i, p, batches, gbs / batches, &all[i * setups.size()]));
         }
+        double brute = -1;
         for (std::size_t k = 0; k < setups.size(); ++k) {
           PlanSimulation ref;
           std::string why;
@@ -201,9 +202,15 @@ TEST_CASE("PlanCostModel agrees with PlanSimulator::run on random plans", "[plan
           INFO("plan " << plans << " setup " << k);
           REQUIRE(rel_diff(got, ref.timeline.iteration_ms) <= 1e-12);
           REQUIRE(fits == ref.fits);
+          if (fits && (brute < 0 || got < brute)) brute = got;
           ++plans;
           (fits ? fitting : oom)++;
         }
+        // The fastest fitting setup, with dominated setups never timed, is the brute-force minimum.
+        double best_ms = -1;
+        const int best = model.best_setup(all.data(), p, batches, schedule, &scratch, &best_ms);
+        REQUIRE((best >= 0) == (brute >= 0));
+        if (best >= 0) CHECK(best_ms == brute);
       }
     }
   }
