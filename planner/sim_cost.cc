@@ -1,5 +1,6 @@
 #include "planner/sim_cost.h"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -18,7 +19,23 @@ class CostModels {
 
   const PlanSimulator& simulator() const { return *sim_; }
 
+  // Each thread remembers the model it used last (most calls stay on one node sequence), so the
+  // lock is taken only on a change; `id_` tells this instance from a later one at the same address.
   const PlanCostModel& get(const RankLayout& layout) {
+    struct Last {
+      long long id = -1;
+      const PlanCostModel* model = nullptr;
+    };
+    static thread_local Last last;
+    if (last.id == id_ && last.model->grid().ranks().node_sequence() == layout.node_sequence()) return *last.model;
+    const PlanCostModel& m = find(layout);
+    last.id = id_;
+    last.model = &m;
+    return m;
+  }
+
+ private:
+  const PlanCostModel& find(const RankLayout& layout) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = models_.find(layout.node_sequence());
     if (it == models_.end()) {
@@ -29,12 +46,16 @@ class CostModels {
     return *it->second->model;
   }
 
- private:
   struct Entry {
     explicit Entry(const RankLayout& l) : layout(l) {}
     RankLayout layout;
     std::unique_ptr<PlanCostModel> model;
   };
+  static long long next_id() {
+    static std::atomic<long long> n{0};
+    return n++;
+  }
+  const long long id_ = next_id();
   const PlanSimulator* sim_;
   std::vector<TrainingSetup> setups_;
   std::mutex mu_;
