@@ -12,7 +12,9 @@
 // replica's share. A tp group that spans nodes pays, for each of Megatron's
 // 2 forward and 2 backward tensor-parallel all-reduces per transformer layer
 // (micro-batch share x seq x hidden x 2 bytes, bf16), the inter-node ring
-// all-reduce time less the intra-node one the profile measured.
+// all-reduce time less the intra-node one the profile measured (a ring at
+// the node's collective bandwidth; never negative). Recomputation reruns
+// the forward's compute, not these all-reduces.
 //
 // Costing shares what does not change between the training settings
 // searched as dimensions (ZeRO stage, recomputation): profile look-ups, data
@@ -44,6 +46,7 @@ struct StageChoice {
   int begin = 0, size = 1;             // ranks [begin, begin + size) of the RankLayout
   Strategy st;                         // st.dp * st.tp == size
   int layer_begin = 0, layer_end = 0;  // Metis layers [layer_begin, layer_end), non-empty
+                                       // (an empty range, which Metis's layer balancer can yield, costs no compute)
 };
 
 // What the timeline needs of one stage, and its memory verdict, for one TrainingSetup.

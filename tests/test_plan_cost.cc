@@ -264,7 +264,14 @@ TEST_CASE("rank grid: a mixed dp 2 x tp 2 stage gives each rank its own replica"
     CHECK(r.breakdown.activations == b.activations);
     CHECK(r.breakdown.gpu_total() == b.gpu_total());
   }
-  CHECK(detail.ranks[0].breakdown.activations > detail.ranks[2].breakdown.activations);
+  // Pinned: the A100 replica (ranks 6, 7) takes 11 of the 16 samples, the V100 one (8, 9) 5; each rank
+  // holds 2 in-flight micro-batches of its own replica's share (activations linear in the share).
+  CHECK(detail.shares == std::vector<int>{11, 5});
+  CHECK(detail.ranks[0].breakdown.activations == 11626610688.0);
+  CHECK(detail.ranks[1].breakdown.activations == 11626610688.0);
+  CHECK(detail.ranks[2].breakdown.activations == 5284823040.0);
+  CHECK(detail.ranks[3].breakdown.activations == 5284823040.0);
+  CHECK(detail.ranks[0].breakdown.activations * 5 == detail.ranks[2].breakdown.activations * 11);
   // The dp all-reduce groups are {6, 8} and {7, 9}.
   const Network net(s.cluster, layout, sim.options().network);
   const double grad = shard_params(shape, 3, 6, 3, setup).on_rank(2) * 2;
