@@ -163,12 +163,20 @@ int in_flight_microbatches(Schedule schedule, int pp, int stage, int microbatche
 ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const TrainingSetup& s) {
   ShardParams out;
   const int last = m.metis_num_layers() - 1;
+  const BlockLinears linears = m.block_linears();
   double lora_per_block = 0;
-  for (const auto& l : m.block_linears())
+  for (const auto& l : linears)
     if (s.lora_targets & l.target) lora_per_block += static_cast<double>(s.lora_rank) * (l.in + l.out);
   double largest_linear = 0;
-  for (const auto& l : m.block_linears()) largest_linear = std::max(largest_linear, static_cast<double>(l.params()));
+  for (const auto& l : linears) largest_linear = std::max(largest_linear, static_cast<double>(l.params()));
   const double vh = static_cast<double>(m.vocab_size) * m.hidden_size;
+  // Every block's terms are alike: computed once, added per block (the same sums).
+  long long sharded_params = 0;  // ModelShape::block_sharded_params
+  for (const auto& l : linears) sharded_params += l.params();
+  const double block_sharded = static_cast<double>(sharded_params);
+  const double block_replicated = static_cast<double>(m.block_replicated_params());
+  double lw = 0;
+  for (const auto& l : linears) lw += static_cast<double>(l.in) * l.out;
   for (int layer = first; layer < end; ++layer) {
     if (layer == 0) {
       out.sharded += vh;  // vocab-parallel embedding
@@ -182,10 +190,8 @@ ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const 
         out.largest_module = std::max(out.largest_module, vh);
       }
     } else {
-      out.sharded += static_cast<double>(m.block_sharded_params());
-      out.replicated += static_cast<double>(m.block_replicated_params());
-      double lw = 0;
-      for (const auto& l : m.block_linears()) lw += static_cast<double>(l.in) * l.out;
+      out.sharded += block_sharded;
+      out.replicated += block_replicated;
       out.linear_weights += lw;
       out.lora += lora_per_block;
       out.largest_module = std::max(out.largest_module, largest_linear);
@@ -195,8 +201,11 @@ ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const 
 }
 
 MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r) {
+  return rank_memory(m, s, r, shard_params(m, r.first_layer, r.end_layer, r.pp, s));
+}
+
+MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r, const ShardParams& p) {
   MemoryBreakdown out;
-  const ShardParams p = shard_params(m, r.first_layer, r.end_layer, r.pp, s);
   const double tp = r.tp;
   double trainable, frozen_bytes = 0;
   if (s.finetune == Finetune::kFull) {
@@ -217,24 +226,27 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
 
   const int last = m.metis_num_layers() - 1;
   double per_mb = 0, one_layer_full = 0;
+  // Every block's terms are alike: computed once, added per block (the same sums).
+  const bool any_block = std::max(r.first_layer, 1) < std::min(r.end_layer, last);
+  const double block_bytes = any_block ? layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
+                                                                s.recompute, s.flash_attention, s.precision)
+                                       : 0.0;
+  int adapters = 0;
+  for (const auto& l : m.block_linears()) adapters += (s.lora_targets & l.target) ? 1 : 0;
+  const double adapter_bytes = 2.0 * r.seq * r.micro_batch * s.lora_rank * adapters;  // x A of each adapter
   for (int layer = r.first_layer; layer < r.end_layer; ++layer) {
     if (layer == 0) {
       per_mb += embedding_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
     } else if (layer == last) {
       per_mb += head_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
     } else {
-      per_mb += layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, s.recompute,
-                                       s.flash_attention, s.precision);
-      if (s.finetune != Finetune::kFull) {
-        int adapters = 0;
-        for (const auto& l : m.block_linears()) adapters += (s.lora_targets & l.target) ? 1 : 0;
-        per_mb += 2.0 * r.seq * r.micro_batch * s.lora_rank * adapters;  // x A of each adapter
-      }
-      if (s.recompute == Recompute::kFull)
-        one_layer_full = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
-                                                s.flash_attention, s.precision);
+      per_mb += block_bytes;
+      if (s.finetune != Finetune::kFull) per_mb += adapter_bytes;
     }
   }
+  if (s.recompute == Recompute::kFull && any_block)
+    one_layer_full = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
+                                            s.flash_attention, s.precision);
   out.activations = per_mb * r.in_flight;
   out.recompute_workspace = one_layer_full;
   out.framework = s.framework_bytes;

@@ -127,6 +127,10 @@ struct ShardParams {
 ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const TrainingSetup& setup);
 
 MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& setup, const RankShard& shard);
+// The same, given shard_params(m, shard.first_layer, shard.end_layer, shard.pp, setup) (the cost path
+// computes it once per stage and setting).
+MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& setup, const RankShard& shard,
+                            const ShardParams& params);
 
 // The share of the forward's FLOPs that recomputation runs again during the
 // backward: all of it for full recomputation, the attention scores and their

@@ -7,15 +7,14 @@
 
 namespace hetplan {
 
-std::vector<LinearShape> ModelShape::block_linears() const {
+BlockLinears ModelShape::block_linears() const {
   const long long q = static_cast<long long>(num_heads) * head_dim;
   const long long kv = static_cast<long long>(num_kv_heads) * head_dim;
-  std::vector<LinearShape> l = {
-      {kTargetQ, hidden_size, q, attention_bias},
-      {kTargetK, hidden_size, kv, attention_bias},
-      {kTargetV, hidden_size, kv, attention_bias},
-      {kTargetO, q, hidden_size, attention_bias},
-  };
+  BlockLinears l;
+  l.push_back({kTargetQ, hidden_size, q, attention_bias});
+  l.push_back({kTargetK, hidden_size, kv, attention_bias});
+  l.push_back({kTargetV, hidden_size, kv, attention_bias});
+  l.push_back({kTargetO, q, hidden_size, attention_bias});
   if (mlp == MlpKind::kSwiGlu) l.push_back({kTargetGate, hidden_size, ffn_hidden_size, mlp_bias});
   l.push_back({kTargetUp, hidden_size, ffn_hidden_size, mlp_bias});
   l.push_back({kTargetDown, ffn_hidden_size, hidden_size, mlp_bias});

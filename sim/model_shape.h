@@ -39,6 +39,16 @@ struct LinearShape {
   long long params() const { return in * out + (bias ? out : 0); }
 };
 
+// A block's linear layers, at most 7, held inline (the cost path builds no vectors).
+struct BlockLinears {
+  LinearShape items[7];
+  int count = 0;
+  void push_back(const LinearShape& l) { items[count++] = l; }
+  const LinearShape* begin() const { return items; }
+  const LinearShape* end() const { return items + count; }
+  int size() const { return count; }
+};
+
 struct ModelShape {
   std::string name = "GPT";
   long long vocab_size = 50257;
@@ -59,7 +69,7 @@ struct ModelShape {
 
   // --- parameter counts (exact) ---
   long long norm_params() const { return norm == NormKind::kLayerNorm ? 2 * hidden_size : hidden_size; }
-  std::vector<LinearShape> block_linears() const;
+  BlockLinears block_linears() const;
   long long block_params() const;
   // The part of a block that tensor parallelism splits (the linear layers;
   // Megatron keeps the row-parallel biases whole, a few hidden_size values

@@ -142,3 +142,100 @@ double Network::all_reduce_seconds(const std::vector<int>& ranks, double bytes) 
 }
 
 }  // namespace hetplan
+
+namespace hetplan {
+
+namespace {
+// Ring bottleneck over ranks first + i * stride for i in [i0, i1), closing the ring.
+template <class Bw, class Lat>
+void strided_bottleneck(int first, int stride, int i0, int i1, Bw bw_of, Lat lat_of, double* bandwidth,
+                        double* latency) {
+  double bw = std::numeric_limits<double>::infinity(), lat = 0;
+  const int n = i1 - i0;
+  for (int i = 0; i < n; ++i) {
+    const int a = first + (i0 + i) * stride, b = first + (i0 + (i + 1) % n) * stride;
+    bw = std::min(bw, bw_of(a, b));
+    lat = std::max(lat, lat_of(a, b));
+  }
+  *bandwidth = bw;
+  *latency = lat;
+}
+}  // namespace
+
+double Network::ring_all_reduce_seconds_strided(int first, int stride, int count, double bytes) const {
+  const double n = static_cast<double>(count);
+  if (n <= 1 || bytes <= 0) return 0.0;
+  double bw, lat;
+  strided_bottleneck(
+      first, stride, 0, count, [&](int a, int b) { return collective_bandwidth(a, b); },
+      [&](int a, int b) { return link_latency(a, b); }, &bw, &lat);
+  return 2 * (n - 1) * lat + 2 * (n - 1) / n * bytes / bw;
+}
+
+double Network::all_reduce_seconds_strided(int first, int stride, int count, double bytes) const {
+  const double ring = ring_all_reduce_seconds_strided(first, stride, count, bytes);
+  // hierarchical_all_reduce_seconds: ranks in order, so each node's ranks are one run.
+  double hier;
+  if (count <= 1 || bytes <= 0) {
+    hier = 0.0;
+  } else {
+    auto node = [&](int i) { return layout_->node_of(first + i * stride); };
+    int runs = 0;
+    for (int i = 0; i < count; ++i)
+      if (i == 0 || node(i) != node(i - 1)) ++runs;
+    if (runs == 1) {
+      hier = ring;
+    } else {
+      double intra = 0;
+      std::size_t per_node = 0;
+      for (int i0 = 0; i0 < count;) {
+        int i1 = i0 + 1;
+        while (i1 < count && node(i1) == node(i0)) ++i1;
+        // 2 * all_gather_seconds(run, bytes)
+        const double n = static_cast<double>(i1 - i0);
+        double ag = 0.0;
+        if (n > 1) {
+          double bw, lat;
+          strided_bottleneck(
+              first, stride, i0, i1, [&](int a, int b) { return collective_bandwidth(a, b); },
+              [&](int a, int b) { return link_latency(a, b); }, &bw, &lat);
+          ag = (n - 1) * lat + (n - 1) / n * bytes / bw;
+        }
+        intra = std::max(intra, 2 * ag);
+        per_node = std::max(per_node, static_cast<std::size_t>(i1 - i0));
+        i0 = i1;
+      }
+      // Ring over the runs' leaders with bytes / per_node.
+      const double leader_bytes = bytes / static_cast<double>(per_node);
+      double inter = 0.0;
+      const double nl = static_cast<double>(runs);
+      if (leader_bytes > 0) {
+        double bw = std::numeric_limits<double>::infinity(), lat = 0;
+        int first_leader = -1, prev = -1;
+        auto link = [&](int a, int b) {
+          bw = std::min(bw, collective_bandwidth(a, b));
+          lat = std::max(lat, link_latency(a, b));
+        };
+        for (int i = 0; i < count; ++i) {
+          if (i > 0 && node(i) == node(i - 1)) continue;
+          const int r = first + i * stride;
+          if (prev >= 0) link(prev, r);
+          else first_leader = r;
+          prev = r;
+        }
+        link(prev, first_leader);
+        inter = 2 * (nl - 1) * lat + 2 * (nl - 1) / nl * leader_bytes / bw;
+      }
+      hier = intra + inter;
+    }
+  }
+  return std::min(ring, hier);
+}
+
+double Network::intra_node_all_reduce_seconds(int node, int count, double bytes) const {
+  const double n = static_cast<double>(count);
+  if (n <= 1 || bytes <= 0) return 0.0;
+  return 2 * (n - 1) * opt_.intra_latency_s + 2 * (n - 1) / n * bytes / node_collective_[node];
+}
+
+}  // namespace hetplan

@@ -60,6 +60,13 @@ class Network {
   // starts from) `bytes` in total: (n - 1) / n x bytes over the slowest link.
   double all_gather_seconds(const std::vector<int>& ranks, double bytes) const;
 
+  // all_reduce_seconds / ring_all_reduce_seconds over the n ranks first, first + stride, ...
+  // (stride > 0, so in rank order and node order), the same numbers without allocating.
+  double all_reduce_seconds_strided(int first, int stride, int n, double bytes) const;
+  double ring_all_reduce_seconds_strided(int first, int stride, int n, double bytes) const;
+  // A ring all-reduce of `n` GPUs inside RankLayout node `node`, at its collective bandwidth.
+  double intra_node_all_reduce_seconds(int node, int n, double bytes) const;
+
   const RankLayout& layout() const { return *layout_; }
 
  private:

@@ -2,10 +2,18 @@
 // scheduled StageTimeline and per-rank memory, from the same profiles and
 // clusterfile the Metis search reads.
 //
+// The per-stage numbers come from PlanCostModel (sim/plan_cost.h), the one
+// definition the search's fast path uses too; this class adds the labels,
+// per-rank memory records and the task-graph timeline with its trace. Ranks
+// follow Megatron's grid (sim/parallel_layout.h). The micro-batch is
+// gbs / batches samples (batches must divide gbs).
+//
 // A stage's micro-batch time is the slowest data-parallel replica's profiled
-// layer time for its share of the micro-batch (split by the
-// DataLoadBalancer; a share without its own profile is costed as Metis does,
-// as the sum of its power-of-two slices), split into forward and backward by
+// layer time for its share of the micro-batch (split evenly over a
+// homogeneous stage's replicas, the first b % dp taking one more; by the
+// DataLoadBalancer over a mixed stage's; a share without its own profile is
+// costed as Metis does, as the sum of its power-of-two slices; a tp group
+// across nodes adds its all-reduces' inter-node time), split into forward and backward by
 // the profile's layer_forward_ms where it records it, else by
 // `backward_share`. Recomputation adds the recomputed part of the forward to
 // the backward. The last stage adds the profile's time outside the layers
@@ -82,6 +90,8 @@ struct PlanSimulation {
   int first_oom_rank = -1;
 };
 
+class PlanCostModel;
+
 class PlanSimulator {
  public:
   // `profile_type[t]` is the ProfileSet index of cluster type t (-1 absent).
@@ -89,31 +99,26 @@ class PlanSimulator {
                 SimulationOptions options);
 
   // Simulates a plan in the search's terms. Returns false, with `why` set,
-  // when a profile it needs is missing. `spans` off skips the trace.
+  // when a profile it needs is missing or batches does not divide gbs.
+  // `spans` off skips the trace.
   bool run(const RankLayout& layout, const std::vector<int>& device_groups, const Strategy* strategies,
            const int* layer_partition, int batches, int gbs, PlanSimulation* out, std::string* why,
            bool spans = true) const;
 
   // A plan as `search --json` writes it. Throws InputError for unknown
-  // device types, a plan that does not match the cluster, or missing profiles.
+  // device types, a plan that does not match the cluster, batches that do
+  // not divide gbs, or missing profiles.
   PlanSimulation simulate(const PlanResult& plan, int gbs) const;
 
   const std::vector<int>& profile_type() const { return profile_type_; }
+  const SimulationOptions& options() const { return opt_; }
+  const Cluster& cluster() const { return *cluster_; }
   // Where each cluster device type's intra-node collective bandwidth comes
   // from, e.g. "H200: all-reduce 301.2 GB/s measured (profiles)".
   std::vector<std::string> collective_sources() const;
 
  private:
-  // What one data-parallel replica's profiles say about layers [start, end).
-  struct ReplicaCost {
-    double total_ms = 0;          // forward + backward of its share of the micro-batch
-    double forward_ms = -1;       // of total_ms; -1 if the profile does not split it
-    double accumulation_ms = -1;  // adding a micro-batch's gradients into the iteration's; -1 if not measured
-    double optimizer_ms = -1;     // the file's whole-model optimizer step at this tp; -1 if absent
-    double sustained_ratio = 1;   // LayerProfile::sustained_ratio
-  };
-  // For `bs` samples on profile type `type` at tp; false (with `why`) if a profile is missing.
-  bool replica_cost(int type, int tp, int bs, int start, int end, ReplicaCost* out, std::string* why) const;
+  friend class PlanCostModel;  // the per-stage costs (sim/plan_cost.h): one definition for both paths
   // Parameter bytes of layers [start, end), from the profiles' model block.
   double layer_bytes(int start, int end) const;
 

@@ -35,7 +35,9 @@ class RankLayout {
   double pp_bandwidth(int begin, int end) const;
 
   // Metis's slowest data-parallel bandwidth of a stage of dp*tp ranks from
-  // `begin`: replica d holds ranks begin + t*dp + d for t < tp.
+  // `begin`: replica d holds ranks begin + t*dp + d for t < tp (Metis's
+  // layout, kept for its cost model; the simulator uses Megatron's grid,
+  // sim/parallel_layout.h).
   double dp_bandwidth(int begin, int dp, int tp) const;
 
  private:

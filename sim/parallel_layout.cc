@@ -1,0 +1,34 @@
+#include "sim/parallel_layout.h"
+
+#include <unordered_map>
+
+namespace hetplan {
+
+bool tp_groups_inside_nodes(const RankLayout& layout, int begin, Strategy st) {
+  for (int d = 0; d < st.dp; ++d) {
+    const int first = grid_rank(begin, st, d, 0), last = grid_rank(begin, st, d, st.tp - 1);
+    // Ranks are handed out node by node, so a run of ranks is on one node iff its ends are.
+    if (layout.node_of(first) != layout.node_of(last)) return false;
+  }
+  return true;
+}
+
+void split_micro_batch(int micro_batch, int dp, int* shares) {
+  const int base = micro_batch / dp, extra = micro_batch % dp;
+  for (int d = 0; d < dp; ++d) shares[d] = base + (d < extra ? 1 : 0);
+}
+
+ParallelLayout::ParallelLayout(const Cluster& cluster, const RankLayout& layout) : cluster_(&cluster), layout_(&layout) {
+  // RankLayout's nodes: the node sequence's types, each type's hostfile nodes in order.
+  for (int type : layout.node_sequence())
+    for (std::size_t n = 0; n < cluster.nodes().size(); ++n) {
+      if (cluster.nodes()[n].type != type) continue;
+      cluster_node_.push_back(static_cast<int>(n));
+      node_gpus_.push_back(cluster.nodes()[n].num_devices);
+    }
+  std::unordered_map<std::string, int> used;  // GPUs handed out so far per host
+  local_gpu_.resize(layout.num_ranks());
+  for (int r = 0; r < layout.num_ranks(); ++r) local_gpu_[r] = used[host(r)]++;
+}
+
+}  // namespace hetplan

@@ -1,0 +1,470 @@
+#include "sim/plan_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "sim/data_load_balancer.h"
+#include "sim/gpu_specs.h"
+
+namespace hetplan {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// What one data-parallel replica's profiles say about layers [start, end).
+struct ReplicaCost {
+  double total_ms = 0;          // forward + backward of its share of the micro-batch
+  double forward_ms = -1;       // of total_ms; -1 if the profile does not split it
+  double accumulation_ms = -1;  // adding a micro-batch's gradients into the iteration's; -1 if not measured
+  double optimizer_ms = -1;     // the file's whole-model optimizer step at this tp; -1 if absent
+  double sustained_ratio = 1;   // LayerProfile::sustained_ratio
+};
+
+// For `bs` samples on profile type `type` at tp; false (with `why`) if a profile is missing.
+// A share without its own profile is costed as Metis does: the sum of its power-of-two slices.
+bool replica_cost(const ProfileSet& profiles, int max_profiled_bs, int type, int tp, int bs, int start, int end,
+                  ReplicaCost* out, std::string* why) {
+  ReplicaCost c;
+  if (bs == 0) {
+    *out = c;
+    return true;
+  }
+  const LayerProfile* slices[32];
+  int n = 0;
+  if (const LayerProfile* p = profiles.find(type, tp, bs)) {
+    slices[n++] = p;
+  } else {
+    for (int bit = 30; bit >= 0; --bit) {
+      const int slice = 1 << bit;
+      if (!(bs & slice)) continue;
+      const LayerProfile* p = slice <= max_profiled_bs ? profiles.find(type, tp, slice) : nullptr;
+      if (!p) {
+        if (why) *why = profiles.missing_message(type, tp, slice, "a replica's share of the micro-batch");
+        return false;
+      }
+      slices[n++] = p;
+    }
+  }
+  bool forward_known = true;
+  double forward = 0;
+  for (int i = 0; i < n; ++i) {
+    const LayerProfile* p = slices[i];
+    c.total_ms += p->time(start, end);
+    forward_known = forward_known && p->has_forward();
+    if (p->has_forward()) forward += p->forward_time(start, end);
+  }
+  if (forward_known) c.forward_ms = forward;
+  // Accumulating gradients and the optimizer step touch the parameters
+  // once, whatever the micro-batch: any slice's file tells them.
+  const LayerProfile* any = slices[0];
+  if (any->has_grad_accumulation()) c.accumulation_ms = any->accumulation_time(start, end);
+  c.optimizer_ms = any->optimizer_ms;
+  c.sustained_ratio = any->sustained_ratio();
+  *out = c;
+  return true;
+}
+
+bool same_params_setup(const TrainingSetup& a, const TrainingSetup& b) {
+  return a.finetune == b.finetune && a.lora_rank == b.lora_rank && a.lora_targets == b.lora_targets &&
+         a.precision == b.precision;
+}
+
+}  // namespace
+
+PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout, std::vector<TrainingSetup> setups)
+    : sim_(&sim),
+      layout_(&layout),
+      setups_(std::move(setups)),
+      net_(*sim.cluster_, layout, sim.opt_.network),
+      grid_(*sim.cluster_, layout) {
+  if (setups_.empty()) throw std::invalid_argument("PlanCostModel: no training setups");
+  model_bytes_ = sim.layer_bytes(0, sim.shape_.metis_num_layers());
+  act_bytes_per_sample_ = static_cast<double>(sim.seq_) * sim.shape_.hidden_size * 2;  // bf16
+  const int n = layout.num_ranks();
+  rank_ptype_.resize(n);
+  rank_capacity_.resize(n);
+  for (int r = 0; r < n; ++r) {
+    rank_ptype_[r] = sim.profile_type_[layout.type_of(r)];
+    rank_capacity_[r] = sim.cluster_->memory_mb(layout.type_of(r)) * kMiB;
+  }
+  for (int pt = 0; pt < static_cast<int>(sim.profiles_->device_types().size()); ++pt) {
+    const double mb = sim.profiles_->framework_mb(pt);
+    ptype_framework_.push_back(mb > 0 ? mb * kMiB : 0);
+    const GpuSpec* g = find_gpu_spec(sim.profiles_->device_types()[pt]);
+    ptype_hbm_bytes_per_s_.push_back(g ? g->memory_bw_gbs * 1e9 : 0);
+  }
+  for (const TrainingSetup& s : setups_)
+    recompute_fraction_.push_back(recomputed_forward_fraction(sim.shape_, s.recompute, sim.seq_));
+  node_ranks_.assign(n > 0 ? layout.node_of(n - 1) + 1 : 0, 0);
+  for (int r = 0; r < n; ++r) ++node_ranks_[layout.node_of(r)];
+}
+
+Schedule PlanCostModel::schedule() const { return sim_->opt_.schedule; }
+
+bool PlanCostModel::stage(const StageChoice& s, int index, int num_stages, int batches, int micro_batch,
+                          FastStageCost* out, std::string* why) const {
+  return stage_impl(s, index, num_stages, batches, micro_batch, 0, num_setups(), out, nullptr, why);
+}
+
+bool PlanCostModel::explain_stage(const StageChoice& s, int index, int num_stages, int batches, int micro_batch,
+                                  int k, FastStageCost* out, StageDetail* detail, std::string* why) const {
+  return stage_impl(s, index, num_stages, batches, micro_batch, k, 1, out, detail, why);
+}
+
+bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batches, int micro_batch, int k0, int nk,
+                               FastStageCost* out, StageDetail* detail, std::string* why) const {
+  const PlanSimulator& sim = *sim_;
+  const ProfileSet& profiles = *sim.profiles_;
+  const SimulationOptions& opt = sim.opt_;
+  const ModelShape& shape = sim.shape_;
+  const Strategy st = s.st;
+  const int begin = s.begin, size = s.size, start = s.layer_begin, end = s.layer_end;
+  const int dp = st.dp, tp = st.tp;
+  if (dp > kMaxReplicas) throw std::length_error("PlanCostModel: more than 4096 data-parallel replicas");
+
+  // Each replica's type (its first rank's) and share of the micro-batch.
+  int rtype[kMaxReplicas], share[kMaxReplicas];
+  for (int d = 0; d < dp; ++d) {
+    rtype[d] = rank_ptype_[grid_rank(begin, st, d, 0)];
+    if (rtype[d] < 0) {
+      if (why) *why = "no profiles for a device type of the plan";
+      return false;
+    }
+  }
+  const bool homogeneous = layout_->homogeneous(begin, begin + size);
+  if (homogeneous) {
+    split_micro_batch(micro_batch, dp, share);
+  } else {
+    int missing = -1;
+    if (!partition_data(profiles, rtype, st, micro_batch, share, &missing)) {
+      if (why) *why = profiles.missing_message(missing, tp, 1, "the data load balancer");
+      return false;
+    }
+  }
+  if (detail) {
+    detail->replica_types.assign(rtype, rtype + dp);
+    detail->shares.assign(share, share + dp);
+  }
+
+  // Transformer blocks among Metis layers [start, end) (layer 0 is the embedding, the last the head).
+  const int blocks = std::max(0, std::min(end, shape.metis_num_layers() - 1) - std::max(start, 1));
+
+  // Setup-independent per-replica costs; the stage runs at its slowest replica's pace.
+  double slowest = -1, slowest_base = 0, slowest_forward = -1, sustained = 1, tpx_fwd = 0, tpx_bwd = 0;
+  int max_share = 0;
+  // Per replica, what the setup-dependent parts need: measured accumulation and optimizer step.
+  double acc_raw[kMaxReplicas], opt_raw[kMaxReplicas];
+  for (int d = 0; d < dp; ++d) {
+    ReplicaCost c;
+    if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, share[d], start, end, &c, why)) return false;
+    // A tp group across nodes: Megatron's 2 forward and 2 backward all-reduces per block over the
+    // inter-node link instead of the intra-node one the profile measured.
+    double extra = 0;
+    const int first = grid_rank(begin, st, d, 0), last = grid_rank(begin, st, d, tp - 1);
+    if (tp > 1 && blocks > 0 && share[d] > 0 && layout_->node_of(first) != layout_->node_of(last)) {
+      const double bytes = act_bytes_per_sample_ * share[d];
+      const double delta = net_.ring_all_reduce_seconds_strided(first, 1, tp, bytes) -
+                           net_.intra_node_all_reduce_seconds(layout_->node_of(first), tp, bytes);
+      extra = 2.0 * blocks * std::max(0.0, delta) * 1e3;
+    }
+    const double total = c.total_ms + 2 * extra;
+    if (total >= slowest) {
+      slowest = total;
+      slowest_base = c.total_ms;
+      slowest_forward = c.forward_ms;
+      sustained = c.sustained_ratio;
+      tpx_fwd = extra;
+      tpx_bwd = extra;
+    }
+    max_share = std::max(max_share, share[d]);
+    acc_raw[d] = c.accumulation_ms;
+    opt_raw[d] = c.optimizer_ms;
+  }
+  double extra = 0;  // outside the layers: fb_sync on the last stage, the batch generator on the first
+  if (index == p - 1) {
+    const LayerProfile* lp = profiles.find(rtype[0], tp, std::max(1, max_share));
+    if (lp) extra += std::max(0.0, lp->fb_sync_ms);
+  }
+  if (index == 0) extra += profiles.model().batch_generator_ms;
+  const double forward = slowest_forward >= 0 ? slowest_forward : slowest_base * (1 - opt.backward_share);
+  // p2p over the boundary link, bf16 activations split over tp.
+  const double p2p_bytes = act_bytes_per_sample_ * max_share / tp;
+  const double send_forward = index + 1 < p ? net_.p2p_seconds(begin + size - 1, begin + size, p2p_bytes) * 1e3 : 0.0;
+  const double send_backward = index > 0 ? net_.p2p_seconds(begin, begin - 1, p2p_bytes) * 1e3 : 0.0;
+  const double param_share = sim.layer_bytes(start, end) / model_bytes_;
+  const int in_flight = in_flight_microbatches(opt.schedule, p, index, batches);
+
+  ShardParams sp;
+  double prev_grad_bytes = -1, prev_ar = 0;
+  for (int k = k0; k < k0 + nk; ++k) {
+    const TrainingSetup& setup = setups_[k];
+    FastStageCost& c = out[k - k0];
+    c = FastStageCost();
+    if (k == k0 || !same_params_setup(setup, setups_[k - 1])) sp = shard_params(shape, start, end, p, setup);
+    const double full_on_rank = sp.on_rank(tp);
+    const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / tp;
+    const double grad_bytes = trainable * (setup.precision == Precision::kFp32 ? 4 : 2);
+    double accumulation = 0, optimizer = 0;
+    for (int d = 0; d < dp; ++d) {
+      // Measured accumulation covers every parameter; LoRA accumulates only its adapters.
+      double acc = acc_raw[d] >= 0 ? acc_raw[d] * trainable / full_on_rank : -1;
+      if (acc < 0) {
+        // Not measured: read the new and the old gradient and write the sum, at the datasheet's HBM bandwidth.
+        const double hbm = ptype_hbm_bytes_per_s_[rtype[d]];
+        acc = hbm > 0 ? 3 * grad_bytes / hbm * 1e3 : 0;
+      }
+      accumulation = std::max(accumulation, acc);
+      // The file's optimizer step is this tp's shard of the whole model; the stage steps its share of it.
+      const double o = opt_raw[d] >= 0 ? opt_raw[d] * param_share : profiles.model().optimizer_ms / 2 / tp * param_share;
+      optimizer = std::max(optimizer, o * trainable / full_on_rank);
+    }
+    c.forward_ms = forward + extra * (1 - opt.backward_share) + tpx_fwd;
+    c.backward_ms = slowest_base - forward + extra * opt.backward_share +
+                    forward * recompute_fraction_[k] + tpx_bwd;
+    c.accumulation_ms = accumulation;
+    c.sustained_factor = sustained;
+    c.send_forward_ms = send_forward;
+    c.send_backward_ms = send_backward;
+    // Data-parallel gradient all-reduce of each tp slice: tp index t's group is begin + t, + tp, ...
+    if (grad_bytes != prev_grad_bytes) {
+      double ar = 0;
+      for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, grad_bytes));
+      prev_grad_bytes = grad_bytes;
+      prev_ar = ar;
+    }
+    c.allreduce_ms = prev_ar * 1e3 * (setup.zero_stage >= 3 ? 1.5 : 1.0);
+    c.optimizer_ms = optimizer / (setup.zero_stage >= 1 ? dp : 1);
+
+    // Memory of each rank, with its own replica's share; ranks alike in (type, share, node size) agree.
+    c.peak_memory_bytes = 0;
+    c.min_headroom_bytes = std::numeric_limits<double>::infinity();
+    int memo_type = -2, memo_share = -1, memo_gpn = -1;
+    double memo_total = 0;
+    MemoryBreakdown memo_breakdown;
+    for (int r = begin; r < begin + size; ++r) {
+      const int d = grid_replica(begin, st, r);
+      const int type = layout_->type_of(r);
+      const int mb = std::max(1, share[d]);
+      const int gpn = node_ranks_[layout_->node_of(r)];
+      if (detail || type != memo_type || mb != memo_share || gpn != memo_gpn) {
+        RankShard shard;
+        shard.first_layer = start;
+        shard.end_layer = end;
+        shard.tp = tp;
+        shard.dp = dp;
+        shard.pp = p;
+        shard.stage = index;
+        shard.micro_batch = mb;
+        shard.seq = sim.seq_;
+        shard.in_flight = in_flight;
+        shard.gpus_per_node = gpn;
+        // A negative framework constant means "as the profiles measured it".
+        TrainingSetup rank_setup = setup;
+        if (rank_setup.framework_bytes < 0) {
+          const int pt = rank_ptype_[r];
+          rank_setup.framework_bytes = pt >= 0 ? ptype_framework_[pt] : 0;
+        }
+        memo_breakdown = rank_memory(shape, rank_setup, shard, sp);
+        memo_total = memo_breakdown.gpu_total();
+        memo_type = type;
+        memo_share = mb;
+        memo_gpn = gpn;
+      }
+      const double capacity = rank_capacity_[r];
+      c.peak_memory_bytes = std::max(c.peak_memory_bytes, memo_total);
+      c.min_headroom_bytes = std::min(c.min_headroom_bytes, capacity - memo_total);
+      if (!(memo_total <= capacity) && c.fits) {
+        c.fits = false;
+        c.first_oom_rank = r;
+        c.first_oom_total_bytes = memo_total;
+      }
+      if (detail) {
+        RankMemory m;
+        m.rank = r;
+        m.stage = index;
+        m.device = sim.cluster_->device_types()[type];
+        m.breakdown = memo_breakdown;
+        m.capacity_bytes = capacity;
+        detail->ranks.push_back(m);
+      }
+    }
+  }
+  return true;
+}
+
+int PlanCostModel::pace_stage(const FastStageCost* c, int p, int batches) const {
+  if (!sim_->opt_.sustained_clocks || p < 1) return -1;
+  // The stage with the most compute never waits: its forward and backward (not the memory-bound
+  // accumulation) run at the sustained pace.
+  int pace = 0;
+  for (int i = 1; i < p; ++i)
+    if (c[i].busy_ms(batches) > c[pace].busy_ms(batches)) pace = i;
+  return c[pace].sustained_factor > 1 ? pace : -1;
+}
+
+double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedule schedule,
+                                   PipelineScratch* scratch) const {
+  if (p < 1 || m < 1) throw std::invalid_argument("iteration_ms: expected at least one stage and one micro-batch");
+  const int pace = pace_stage(c, p, m);
+  const std::size_t pm = static_cast<std::size_t>(p) * m;
+  PipelineScratch& s = *scratch;
+  if (s.a.size() < pm) s.a.resize(pm);
+  if (s.b.size() < pm) s.b.resize(pm);
+  if (s.c.size() < static_cast<std::size_t>(p)) s.c.resize(p);
+  if (s.pos.size() < static_cast<std::size_t>(3 * p)) s.pos.resize(3 * p);
+  double* sendf = s.a.data();     // [i * m + j]: end of stage i's send of micro-batch j's activations to i + 1
+  double* sendb = s.b.data();     // [i * m + j]: end of stage i's send of micro-batch j's gradients to i - 1
+  double* last_end = s.c.data();  // end of stage i's latest compute
+  int* pos = s.pos.data();        // next op of stage i in stage_order
+  int* nf = pos + p;              // forwards stage i has done (in micro-batch order)
+  int* nb = pos + 2 * p;          // backwards done
+  for (int i = 0; i < p; ++i) {
+    last_end[i] = 0;
+    pos[i] = nf[i] = nb[i] = 0;
+  }
+  double iteration = 0;
+  int remaining = p;
+  bool down = true;
+  while (remaining > 0) {
+    bool progress = false;
+    for (int step = 0; step < p; ++step) {
+      const int i = down ? step : p - 1 - step;
+      if (pos[i] == 2 * m) continue;
+      const FastStageCost& st = c[i];
+      // The stretch simulate_timeline sees: PlanSimulator multiplies the pace-setter's times.
+      const double fwd = i == pace ? st.forward_ms * st.sustained_factor : st.forward_ms;
+      const double bwd = i == pace ? st.backward_ms * st.sustained_factor : st.backward_ms;
+      const int warmup = schedule == Schedule::kGpipe ? m : std::min(p - i - 1, m);
+      while (pos[i] < 2 * m) {
+        const int q = pos[i];
+        bool forward;
+        int j;
+        if (schedule == Schedule::kGpipe) {
+          forward = q < m;
+          j = forward ? q : q - m;
+        } else if (q < warmup) {
+          forward = true;
+          j = q;
+        } else if (q < warmup + 2 * (m - warmup)) {
+          const int r = q - warmup;
+          forward = (r % 2) == 0;
+          j = forward ? warmup + r / 2 : r / 2;
+        } else {
+          forward = false;
+          j = q - m;
+        }
+        double start = last_end[i], finish;
+        if (forward) {
+          if (i > 0 && nf[i - 1] <= j) break;
+          if (i > 0) start = std::max(start, sendf[(i - 1) * m + j]);
+          finish = start + fwd;
+          if (i + 1 < p) {
+            const double send_start = std::max(finish, j > 0 ? sendf[i * m + j - 1] : 0.0);
+            sendf[i * m + j] = send_start + st.send_forward_ms;
+            iteration = std::max(iteration, sendf[i * m + j]);
+          }
+          ++nf[i];
+        } else {
+          if (i + 1 < p && nb[i + 1] <= j) break;
+          if (i + 1 < p) start = std::max(start, sendb[(i + 1) * m + j]);
+          finish = start + (bwd + (j > 0 ? st.accumulation_ms : 0.0));
+          if (i > 0) {
+            const double send_start = std::max(finish, j > 0 ? sendb[i * m + j - 1] : 0.0);
+            sendb[i * m + j] = send_start + st.send_backward_ms;
+            iteration = std::max(iteration, sendb[i * m + j]);
+          }
+          ++nb[i];
+        }
+        last_end[i] = finish;
+        iteration = std::max(iteration, finish);
+        ++pos[i];
+        progress = true;
+      }
+      if (pos[i] == 2 * m) {
+        // Gradient all-reduce after the stage's last compute, then the optimizer step.
+        const double ar_end = last_end[i] + st.allreduce_ms;
+        iteration = std::max(iteration, ar_end);
+        iteration = std::max(iteration, ar_end + st.optimizer_ms);
+        --remaining;
+      }
+    }
+    if (!progress && remaining > 0) throw std::logic_error("iteration_ms: pipeline dependencies do not resolve");
+    down = !down;
+  }
+  return iteration;
+}
+
+namespace {
+
+// Every duration iteration_ms reads of `a` is <= that of `b`.
+bool times_le(const FastStageCost& a, const FastStageCost& b) {
+  return a.forward_ms <= b.forward_ms && a.backward_ms <= b.backward_ms && a.accumulation_ms <= b.accumulation_ms &&
+         a.send_forward_ms <= b.send_forward_ms && a.send_backward_ms <= b.send_backward_ms &&
+         a.allreduce_ms <= b.allreduce_ms && a.optimizer_ms <= b.optimizer_ms &&
+         a.sustained_factor <= b.sustained_factor;
+}
+
+}  // namespace
+
+int PlanCostModel::best_setup(const FastStageCost* all, int p, int batches, Schedule schedule,
+                              PipelineScratch* scratch, double* ms) const {
+  const int n = num_setups();
+  PipelineScratch& s = *scratch;
+  if (s.order.size() < static_cast<std::size_t>(2 * n)) s.order.resize(2 * n);
+  if (s.done.size() < static_cast<std::size_t>(n)) s.done.resize(n);
+  if (s.one.size() < static_cast<std::size_t>(p)) s.one.resize(p);
+  int* order = s.order.data();
+  int* pace = order + n;
+  // Fitting setups, cheapest-looking first (sum of busy, all-reduce and optimizer time).
+  int fitting = 0;
+  double key[64];
+  const bool keyed = n <= 64;
+  for (int k = 0; k < n; ++k) {
+    bool fits = true;
+    double sum = 0;
+    for (int i = 0; i < p && fits; ++i) {
+      const FastStageCost& c = all[i * n + k];
+      fits = c.fits;
+      sum += c.busy_ms(batches) + c.allreduce_ms + c.optimizer_ms;
+    }
+    if (!fits) continue;
+    int j = fitting++;
+    if (keyed) {
+      while (j > 0 && key[j - 1] > sum) {
+        key[j] = key[j - 1];
+        order[j] = order[j - 1];
+        --j;
+      }
+      key[j] = sum;
+    }
+    order[j] = k;
+  }
+  int best = -1, computed = 0;
+  for (int f = 0; f < fitting; ++f) {
+    const int k = order[f];
+    for (int i = 0; i < p; ++i) s.one[i] = all[i * n + k];
+    const int pk = pace_stage(s.one.data(), p, batches);
+    bool dominated = false;
+    for (int d = 0; d < computed && !dominated; ++d) {
+      const int j = s.done[d];
+      if (pace[j] != pk) continue;
+      bool le = true;
+      for (int i = 0; i < p && le; ++i) le = times_le(all[i * n + j], all[i * n + k]);
+      dominated = le;
+    }
+    if (dominated) continue;
+    const double t = iteration_ms(s.one.data(), p, batches, schedule, scratch);
+    pace[k] = pk;
+    s.done[computed++] = k;
+    if (best < 0 || t < *ms) {
+      best = k;
+      *ms = t;
+    }
+  }
+  return best;
+}
+
+}  // namespace hetplan

@@ -1,0 +1,145 @@
+// PlanCostModel: "cost this plan", the fast path of the simulator. It is
+// the one definition of a stage's costs: PlanSimulator::run ("explain this
+// plan": labels, per-rank memory records, the Boost timeline and its trace)
+// takes its StageCosts from here too, so the two agree exactly.
+//
+// A stage's costs follow PlanSimulator's model (see sim/plan_simulator.h)
+// on the rank grid of sim/parallel_layout.h (Megatron's order). The
+// micro-batch is gbs / batches samples (batches must divide gbs): a
+// homogeneous stage splits it over its dp replicas as evenly as possible
+// (split_micro_batch), a mixed-type stage with the data load balancer; the
+// stage runs at its slowest replica, and each rank's memory uses its own
+// replica's share. A tp group that spans nodes pays, for each of Megatron's
+// 2 forward and 2 backward tensor-parallel all-reduces per transformer layer
+// (micro-batch share x seq x hidden x 2 bytes, bf16), the inter-node ring
+// all-reduce time less the intra-node one the profile measured (a ring at
+// the node's collective bandwidth; never negative). Recomputation reruns
+// the forward's compute, not these all-reduces.
+//
+// Costing shares what does not change between the training settings
+// searched as dimensions (ZeRO stage, recomputation): profile look-ups, data
+// balancing, p2p, and the network work for equal gradient bytes; the cluster's
+// Network is built once per model. The hot path (stage, iteration_ms)
+// builds no strings, no graph and allocates nothing once the caller's
+// PipelineScratch has grown.
+//
+// iteration_ms is the longest path of simulate_timeline's task graph
+// (forward/backward per stage and micro-batch, sends per link in micro-batch
+// order, each stage's compute in stage_order, all-reduce then optimizer after
+// a stage's last compute) computed as an O(p x m) recurrence, with the same
+// floating-point operations, so it equals simulate_timeline's iteration_ms
+// bit for bit. It also stretches the pace-setting stage to its sustained
+// clocks as PlanSimulator::run does (SimulationOptions::sustained_clocks).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/network.h"
+#include "sim/parallel_layout.h"
+#include "sim/plan_simulator.h"
+
+namespace hetplan {
+
+// One pipeline stage of a candidate plan.
+struct StageChoice {
+  int begin = 0, size = 1;             // ranks [begin, begin + size) of the RankLayout
+  Strategy st;                         // st.dp * st.tp == size
+  int layer_begin = 0, layer_end = 0;  // Metis layers [layer_begin, layer_end), non-empty
+                                       // (an empty range, which Metis's layer balancer can yield, costs no compute)
+};
+
+// What the timeline needs of one stage, and its memory verdict, for one TrainingSetup.
+struct FastStageCost {
+  double forward_ms = 0, backward_ms = 0, accumulation_ms = 0;  // one micro-batch, before any sustained stretch
+  double send_forward_ms = 0, send_backward_ms = 0;             // 0 where there is no neighbour
+  double allreduce_ms = 0, optimizer_ms = 0;
+  double sustained_factor = 1;
+  double peak_memory_bytes = 0;   // largest rank total of the stage
+  double min_headroom_bytes = 0;  // min over the stage's ranks of capacity - total (< 0: out of memory)
+  int first_oom_rank = -1;
+  double first_oom_total_bytes = 0;  // that rank's total (added: the search's skip reason)
+  bool fits = true;
+  double busy_ms(int m) const { return m * (forward_ms + backward_ms) + (m - 1) * accumulation_ms; }
+};
+
+// Caller-owned scratch for iteration_ms (grown once, reused: no allocation after warm-up).
+// One per thread.
+struct PipelineScratch {
+  std::vector<double> a, b, c, d;
+  std::vector<int> pos;
+  std::vector<FastStageCost> one;  // best_setup: one setup's stages
+  std::vector<int> order, done;    // best_setup: setups by cost estimate, those computed
+};
+
+// The explain path's detail of one stage for one setup (allocates).
+struct StageDetail {
+  std::vector<int> replica_types;  // profile type index of each dp replica (its first rank's)
+  std::vector<int> shares;         // each dp replica's share of the micro-batch
+  std::vector<RankMemory> ranks;   // each rank of the stage, in rank order
+};
+
+// The fast cost of candidates of one search over one node sequence.
+// Built once per (simulator, layout); thread-safe for concurrent const calls.
+// REQUIRES: `sim` and `layout` outlive it.
+class PlanCostModel {
+ public:
+  // `setups`: the training settings searched as dimensions (ZeRO stage, recompute); size >= 1.
+  // Every other option (schedule, network, clocks) is `sim`'s.
+  PlanCostModel(const PlanSimulator& sim, const RankLayout& layout, std::vector<TrainingSetup> setups);
+
+  int num_setups() const { return static_cast<int>(setups_.size()); }
+  const TrainingSetup& setup(int k) const { return setups_[k]; }
+  Schedule schedule() const;
+  const ParallelLayout& grid() const { return grid_; }
+  const Network& network() const { return net_; }
+
+  // Costs stage `index` of `num_stages` for every setup at once (out[k] for setups[k]), sharing the
+  // profile look-ups, data balancing and network work between setups. `micro_batch` = gbs / batches.
+  // Returns false if a profile is missing (then, if `why` is non-null, sets it; only that path may allocate).
+  bool stage(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, FastStageCost* out,
+             std::string* why = nullptr) const;
+
+  // stage() for setup `k` alone, also filling `detail` (the explain path; allocates).
+  bool explain_stage(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int k,
+                     FastStageCost* out, StageDetail* detail, std::string* why) const;
+
+  // The stage that sets the pipeline's pace (largest busy_ms(batches), the first on ties), whose
+  // forward and backward iteration_ms stretches by its sustained_factor; -1 when the simulator's
+  // sustained_clocks is off or that factor is 1.
+  int pace_stage(const FastStageCost* stages, int p, int batches) const;
+
+  // The iteration time of a pipeline of these stages (one setup), exactly the number
+  // simulate_timeline gives for the same stages, including the sustained-clock stretch of the
+  // pace-setting stage (as PlanSimulator::run applies it). O(p * m), no allocation once scratch is grown.
+  double iteration_ms(const FastStageCost* stages, int p, int batches, Schedule schedule,
+                      PipelineScratch* scratch) const;
+
+  // The fastest setup that fits every stage's memory, from stage()'s output for all p stages laid out
+  // stage-major (`all[i * num_setups() + k]`): the minimum of iteration_ms over the fitting setups,
+  // exactly, without computing it for a setup that another computed setup dominates (every timing
+  // field of every stage <=, same pace-setting stage: the longest path cannot be shorter). Returns
+  // the setup index (-1 if none fits) and sets *ms. No allocation once scratch is grown.
+  int best_setup(const FastStageCost* all, int p, int batches, Schedule schedule, PipelineScratch* scratch,
+                 double* ms) const;
+
+ private:
+  bool stage_impl(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int first_setup,
+                  int num_setups, FastStageCost* out, StageDetail* detail, std::string* why) const;
+
+  const PlanSimulator* sim_;
+  const RankLayout* layout_;
+  std::vector<TrainingSetup> setups_;
+  Network net_;
+  ParallelLayout grid_;
+  double model_bytes_ = 0;                // parameter bytes of the whole model
+  double act_bytes_per_sample_ = 0;       // seq x hidden x 2 (bf16)
+  std::vector<int> rank_ptype_;           // profile type of each rank (-1: none)
+  std::vector<double> rank_capacity_;     // bytes of each rank
+  std::vector<double> ptype_framework_;   // per profile type: framework bytes when setup asks (< 0) for measured
+  std::vector<int> node_ranks_;           // GPUs of each RankLayout node
+  std::vector<double> ptype_hbm_bytes_per_s_;  // per profile type: datasheet HBM bandwidth (0: unknown)
+  std::vector<double> recompute_fraction_;     // per setup: recomputed_forward_fraction
+};
+
+}  // namespace hetplan

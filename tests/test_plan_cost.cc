@@ -1,0 +1,365 @@
+// PlanCostModel (the fast cost path) against PlanSimulator::run and
+// simulate_timeline (the explain path), and the rank grid both use.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "fixtures.h"
+#include "sim/analytic_profiles.h"
+#include "sim/data_load_balancer.h"
+#include "sim/input_error.h"
+#include "sim/model_shape.h"
+#include "sim/plan_cost.h"
+
+namespace hetplan {
+namespace {
+
+// The 16-GPU A100/V100 set of `hetplan gen-profiles --analytic 10 64 --types A100,V100 --max-tp 16`.
+struct Setup16 {
+  Cluster cluster;
+  ProfileSet profiles;
+  ModelConfig model;
+  Setup16()
+      : cluster(Cluster::load(std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/a100_v100_16.hostfile",
+                              std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/clusterfile.json")),
+        profiles(load()) {}
+  static ProfileSet load() {
+    const auto dir = test::scratch_dir("analytic-a100-v100");
+    AnalyticOptions o;
+    o.model.num_layers = 10;
+    o.max_bs = 64;
+    o.max_tp = 16;
+    o.device_types = {"A100", "V100"};
+    generate_analytic_profiles(o, dir.string());
+    return ProfileSet::load(dir.string(), 10);
+  }
+  PlanSimulator simulator(const TrainingSetup& setup, Schedule schedule = Schedule::k1F1B) const {
+    SimulationOptions so;
+    so.schedule = schedule;
+    so.setup = setup;
+    return PlanSimulator(cluster, profiles, shape_from_model_config(model), model.sequence_length, so);
+  }
+};
+
+const Setup16& setup16() {
+  static const Setup16 s;
+  return s;
+}
+
+double rel_diff(double a, double b) { return a == b ? 0.0 : std::abs(a - b) / std::max(std::abs(a), std::abs(b)); }
+
+std::vector<TrainingSetup> searched_setups() {
+  std::vector<TrainingSetup> out;
+  const std::pair<int, Recompute> settings[] = {
+      {0, Recompute::kNone}, {1, Recompute::kSelective}, {2, Recompute::kNone}, {3, Recompute::kFull}};
+  for (const auto& [zero, recompute] : settings) {
+    TrainingSetup s;
+    s.zero_stage = zero;
+    s.recompute = recompute;
+    s.framework_bytes = -1;
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("iteration_ms equals simulate_timeline's longest path", "[plan_cost]") {
+  const Setup16& s = setup16();
+  const PlanSimulator sim = s.simulator(TrainingSetup{});
+  const RankLayout layout(s.cluster, {0, 1});
+  const PlanCostModel model(sim, layout, {TrainingSetup{}});
+  std::mt19937 rng(12345);
+  std::uniform_real_distribution<double> ms(0.0, 10.0);
+  PipelineScratch scratch;
+  int stretched = 0, checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int p = std::uniform_int_distribution<int>(1, 8)(rng);
+    const int m = std::uniform_int_distribution<int>(1, 32)(rng);
+    const Schedule schedule = trial % 2 ? Schedule::kGpipe : Schedule::k1F1B;
+    std::vector<FastStageCost> fast(p);
+    for (auto& c : fast) {
+      c.forward_ms = ms(rng);
+      c.backward_ms = ms(rng);
+      c.accumulation_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 10;
+      c.send_forward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
+      c.send_backward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
+      c.allreduce_ms = rng() % 4 == 0 ? 0.0 : ms(rng) * 3;
+      c.optimizer_ms = ms(rng);
+      c.sustained_factor = rng() % 2 ? 1.0 : 1.0 + ms(rng) / 50;
+    }
+    for (int i = 0; i < p; ++i) {
+      if (i == 0) fast[i].send_backward_ms = 0;
+      if (i == p - 1) fast[i].send_forward_ms = 0;
+    }
+    TimelineInput tin;
+    tin.microbatches = m;
+    tin.schedule = schedule;
+    for (const auto& f : fast) {
+      StageCosts c;
+      c.forward_ms = f.forward_ms;
+      c.backward_ms = f.backward_ms;
+      c.accumulation_ms = f.accumulation_ms;
+      c.send_forward_ms = f.send_forward_ms;
+      c.send_backward_ms = f.send_backward_ms;
+      c.allreduce_ms = f.allreduce_ms;
+      c.optimizer_ms = f.optimizer_ms;
+      tin.stages.push_back(c);
+    }
+    // PlanSimulator::run's stretch of the pace-setting stage, found here independently.
+    int pace = 0;
+    for (int i = 1; i < p; ++i)
+      if (fast[i].busy_ms(m) > fast[pace].busy_ms(m)) pace = i;
+    if (fast[pace].sustained_factor > 1) {
+      tin.stages[pace].forward_ms *= fast[pace].sustained_factor;
+      tin.stages[pace].backward_ms *= fast[pace].sustained_factor;
+      ++stretched;
+    }
+    REQUIRE(model.pace_stage(fast.data(), p, m) == (fast[pace].sustained_factor > 1 ? pace : -1));
+    const double want = simulate_timeline(tin).iteration_ms;
+    const double got = model.iteration_ms(fast.data(), p, m, schedule, &scratch);
+    INFO("trial " << trial << " p " << p << " m " << m);
+    REQUIRE(rel_diff(got, want) <= 1e-12);
+    ++checked;
+  }
+  CHECK(checked == 400);
+  CHECK(stretched > 50);
+}
+
+TEST_CASE("PlanCostModel agrees with PlanSimulator::run on random plans", "[plan_cost]") {
+  const Setup16& s = setup16();
+  const std::vector<TrainingSetup> setups = searched_setups();
+  std::mt19937 rng(777);
+  int plans = 0, fitting = 0, oom = 0, mixed = 0, dp_and_tp = 0, spanning = 0;
+  for (const Schedule schedule : {Schedule::k1F1B, Schedule::kGpipe}) {
+    std::vector<PlanSimulator> sims;
+    for (const auto& st : setups) sims.push_back(s.simulator(st, schedule));
+    for (const std::vector<int>& ns : {std::vector<int>{0, 1}, std::vector<int>{1, 0}}) {
+      const RankLayout layout(s.cluster, ns);
+      const PlanCostModel model(sims[0], layout, setups);
+      REQUIRE(model.num_setups() == 4);
+      PipelineScratch scratch;
+      for (int trial = 0; trial < 40; ++trial) {
+        // Random contiguous groups over 16 ranks, a (dp, tp) per stage, a random layer split.
+        const int p = std::uniform_int_distribution<int>(1, 5)(rng);
+        std::vector<int> cuts;
+        while (static_cast<int>(cuts.size()) < p - 1) {
+          const int c = std::uniform_int_distribution<int>(1, 15)(rng);
+          if (std::find(cuts.begin(), cuts.end(), c) == cuts.end()) cuts.push_back(c);
+        }
+        std::sort(cuts.begin(), cuts.end());
+        cuts.insert(cuts.begin(), 0);
+        cuts.push_back(16);
+        std::vector<int> groups;
+        std::vector<Strategy> strategies;
+        for (int i = 0; i < p; ++i) {
+          const int size = cuts[i + 1] - cuts[i];
+          std::vector<int> tps;
+          for (int tp = 1; tp <= size; tp *= 2)
+            if (size % tp == 0) tps.push_back(tp);
+          const int tp = tps[rng() % tps.size()];
+          groups.push_back(size);
+          strategies.push_back({size / tp, tp});
+          if (!layout.homogeneous(cuts[i], cuts[i + 1])) ++mixed;
+          if (tp > 1 && size / tp > 1) ++dp_and_tp;
+          if (!tp_groups_inside_nodes(layout, cuts[i], strategies.back())) ++spanning;
+        }
+        std::vector<int> lcuts;
+        while (static_cast<int>(lcuts.size()) < p - 1) {
+          const int c = std::uniform_int_distribution<int>(1, 9)(rng);
+          if (std::find(lcuts.begin(), lcuts.end(), c) == lcuts.end()) lcuts.push_back(c);
+        }
+        std::sort(lcuts.begin(), lcuts.end());
+        std::vector<int> partition{0};
+        partition.insert(partition.end(), lcuts.begin(), lcuts.end());
+        partition.push_back(10);
+        const int gbs = 64;
+        const int batches = 1 << std::uniform_int_distribution<int>(0, 5)(rng);
+
+        std::vector<FastStageCost> all(p * setups.size());
+        for (int i = 0; i < p; ++i) {
+          const StageChoice c{cuts[i], groups[i], strategies[i], partition[i], partition[i + 1]};
+          REQUIRE(model.stage(c, i, p, batches, gbs / batches, &all[i * setups.size()]));
+        }
+        double brute = -1;
+        for (std::size_t k = 0; k < setups.size(); ++k) {
+          PlanSimulation ref;
+          std::string why;
+          REQUIRE(sims[k].run(layout, groups, strategies.data(), partition.data(), batches, gbs, &ref, &why, false));
+          std::vector<FastStageCost> one(p);
+          bool fits = true;
+          for (int i = 0; i < p; ++i) {
+            one[i] = all[i * setups.size() + k];
+            fits = fits && one[i].fits;
+            INFO("stage " << i);
+            CHECK(ref.stages[i].forward_ms ==
+                  (ref.stages[i].power_limited ? one[i].forward_ms * one[i].sustained_factor : one[i].forward_ms));
+            CHECK(ref.stages[i].allreduce_ms == one[i].allreduce_ms);
+          }
+          const double got = model.iteration_ms(one.data(), p, batches, schedule, &scratch);
+          INFO("plan " << plans << " setup " << k);
+          REQUIRE(rel_diff(got, ref.timeline.iteration_ms) <= 1e-12);
+          REQUIRE(fits == ref.fits);
+          if (fits && (brute < 0 || got < brute)) brute = got;
+          ++plans;
+          (fits ? fitting : oom)++;
+        }
+        // The fastest fitting setup, with dominated setups never timed, is the brute-force minimum.
+        double best_ms = -1;
+        const int best = model.best_setup(all.data(), p, batches, schedule, &scratch, &best_ms);
+        REQUIRE((best >= 0) == (brute >= 0));
+        if (best >= 0) CHECK(best_ms == brute);
+      }
+    }
+  }
+  CHECK(plans == 2 * 2 * 40 * 4);
+  CHECK(fitting > 20);
+  CHECK(oom > 20);
+  CHECK(mixed > 10);
+  CHECK(dp_and_tp > 10);
+  CHECK(spanning > 5);
+}
+
+TEST_CASE("rank grid: a mixed dp 2 x tp 2 stage gives each rank its own replica", "[plan_cost][grid]") {
+  const Setup16& s = setup16();
+  TrainingSetup setup;
+  const PlanSimulator sim = s.simulator(setup);
+  const RankLayout layout(s.cluster, {0, 1});  // A100 ranks 0-7, V100 ranks 8-15
+  const PlanCostModel model(sim, layout, {setup});
+  const int a100 = s.profiles.type_index("A100"), v100 = s.profiles.type_index("V100");
+  // Ranks 6, 7 (A100) and 8, 9 (V100): replica 0 = {6, 7}, replica 1 = {8, 9} (tp fastest).
+  const StageChoice c{6, 4, Strategy{2, 2}, 3, 6};
+  FastStageCost f;
+  StageDetail detail;
+  std::string why;
+  REQUIRE(model.explain_stage(c, 1, 3, 4, 16, 0, &f, &detail, &why));
+  REQUIRE(detail.replica_types == std::vector<int>{a100, v100});
+  const int types[2] = {a100, v100};
+  int want[2];
+  REQUIRE(partition_data(s.profiles, types, Strategy{2, 2}, 16, want));
+  REQUIRE(detail.shares == std::vector<int>{want[0], want[1]});
+  CHECK(want[0] + want[1] == 16);
+  CHECK(want[0] > want[1]);  // the A100 replica is faster
+  REQUIRE(detail.ranks.size() == 4);
+  const ModelShape shape = shape_from_model_config(s.model);
+  for (int i = 0; i < 4; ++i) {
+    const RankMemory& r = detail.ranks[i];
+    INFO("rank " << r.rank);
+    CHECK(r.rank == 6 + i);
+    CHECK(r.device == (i < 2 ? "A100" : "V100"));
+    RankShard shard;
+    shard.first_layer = 3;
+    shard.end_layer = 6;
+    shard.tp = 2;
+    shard.dp = 2;
+    shard.pp = 3;
+    shard.stage = 1;
+    shard.micro_batch = want[i / 2];
+    shard.seq = s.model.sequence_length;
+    shard.in_flight = 2;  // 1F1B, stage 1 of 3, 4 micro-batches
+    shard.gpus_per_node = 4;
+    const MemoryBreakdown b = rank_memory(shape, setup, shard);
+    CHECK(r.breakdown.activations == b.activations);
+    CHECK(r.breakdown.gpu_total() == b.gpu_total());
+  }
+  // Pinned: the A100 replica (ranks 6, 7) takes 11 of the 16 samples, the V100 one (8, 9) 5; each rank
+  // holds 2 in-flight micro-batches of its own replica's share (activations linear in the share).
+  CHECK(detail.shares == std::vector<int>{11, 5});
+  CHECK(detail.ranks[0].breakdown.activations == 11626610688.0);
+  CHECK(detail.ranks[1].breakdown.activations == 11626610688.0);
+  CHECK(detail.ranks[2].breakdown.activations == 5284823040.0);
+  CHECK(detail.ranks[3].breakdown.activations == 5284823040.0);
+  CHECK(detail.ranks[0].breakdown.activations * 5 == detail.ranks[2].breakdown.activations * 11);
+  // The dp all-reduce groups are {6, 8} and {7, 9}.
+  const Network net(s.cluster, layout, sim.options().network);
+  const double grad = shard_params(shape, 3, 6, 3, setup).on_rank(2) * 2;
+  const double ar = std::max(net.all_reduce_seconds({6, 8}, grad), net.all_reduce_seconds({7, 9}, grad));
+  CHECK(f.allreduce_ms == ar * 1e3);
+  CHECK(ar > 0);
+  // The grid helpers agree.
+  CHECK(grid_rank(6, Strategy{2, 2}, 1, 0) == 8);
+  CHECK(grid_replica(6, Strategy{2, 2}, 7) == 0);
+  CHECK(grid_tp_index(6, Strategy{2, 2}, 9) == 1);
+  // Hosts and local GPUs: A100 ranks 0-7 on 0.0.0.4 (its two hostfile lines), V100 8-15 on 0.0.0.1.
+  const ParallelLayout grid(s.cluster, layout);
+  CHECK(grid.host(0) == "0.0.0.4");
+  CHECK(grid.host(8) == "0.0.0.1");
+  CHECK(grid.local_gpu(5) == 5);
+  CHECK(grid.local_gpu(9) == 1);
+}
+
+TEST_CASE("every sample is trained: a homogeneous stage splits the micro-batch evenly", "[plan_cost][grid]") {
+  int shares[5];
+  split_micro_batch(96 / 8, 3, shares);
+  CHECK(std::vector<int>(shares, shares + 3) == std::vector<int>{4, 4, 4});
+  split_micro_batch(96 / 8, 5, shares);
+  CHECK(std::vector<int>(shares, shares + 5) == std::vector<int>{3, 3, 2, 2, 2});
+
+  const Setup16& s = setup16();
+  const PlanSimulator sim = s.simulator(TrainingSetup{});
+  const RankLayout layout(s.cluster, {0, 1});
+  const PlanCostModel model(sim, layout, {TrainingSetup{}});
+  for (const auto& [dp, want] : {std::pair<int, std::vector<int>>{3, {4, 4, 4}}, {5, {3, 3, 2, 2, 2}}}) {
+    FastStageCost f;
+    StageDetail detail;
+    std::string why;
+    REQUIRE(model.explain_stage(StageChoice{0, dp, Strategy{dp, 1}, 0, 10}, 0, 1, 8, 96 / 8, 0, &f, &detail, &why));
+    CHECK(detail.shares == want);
+    for (const RankMemory& r : detail.ranks) {
+      RankShard shard;
+      shard.first_layer = 0;
+      shard.end_layer = 10;
+      shard.dp = dp;
+      shard.micro_batch = want[r.rank];
+      shard.seq = s.model.sequence_length;
+      shard.in_flight = 1;
+      shard.gpus_per_node = 4;
+      CHECK(r.breakdown.activations ==
+            rank_memory(shape_from_model_config(s.model), TrainingSetup{}, shard).activations);
+    }
+  }
+  // batches must divide gbs.
+  PlanResult plan;
+  plan.node_sequence = {"A100", "V100"};
+  plan.device_groups = {16};
+  plan.strategies = {Strategy{16, 1}};
+  plan.batches = 7;
+  plan.layer_partition = {0, 10};
+  try {
+    sim.simulate(plan, 96);
+    FAIL("expected InputError");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("batches") != std::string::npos);
+  }
+}
+
+TEST_CASE("a tp group across nodes pays its all-reduces over the inter-node link", "[plan_cost][grid]") {
+  const Setup16& s = setup16();
+  const PlanSimulator sim = s.simulator(TrainingSetup{});
+  // The same GPUs with 8 per node: tp 8 fits inside one node there.
+  const Cluster wide = Cluster::from_parts({{"0.0.0.1", 8}, {"0.0.0.4", 8}}, s.cluster.clusterfile());
+  const PlanSimulator sim_wide(wide, s.profiles, shape_from_model_config(s.model), s.model.sequence_length,
+                               sim.options());
+  const RankLayout layout(s.cluster, {0, 1}), layout_wide(wide, {0, 1});
+  CHECK_FALSE(tp_groups_inside_nodes(layout, 0, Strategy{1, 8}));
+  CHECK(tp_groups_inside_nodes(layout, 0, Strategy{2, 4}));
+  CHECK(tp_groups_inside_nodes(layout_wide, 0, Strategy{1, 8}));
+  CHECK(tp_groups_inside_nodes(layout, 2, Strategy{2, 2}));        // {2, 3} on node 0, {4, 5} on node 1
+  CHECK_FALSE(tp_groups_inside_nodes(layout, 2, Strategy{1, 4}));  // {2, 3, 4, 5} spans both
+  const PlanCostModel narrow_model(sim, layout, {TrainingSetup{}}), wide_model(sim_wide, layout_wide, {TrainingSetup{}});
+  const StageChoice c{0, 8, Strategy{1, 8}, 2, 6};  // 4 blocks, A100 ranks 0-7
+  FastStageCost narrow, wide_cost;
+  REQUIRE(narrow_model.stage(c, 1, 3, 4, 16, &narrow));
+  REQUIRE(wide_model.stage(c, 1, 3, 4, 16, &wide_cost));
+  const Network& net = narrow_model.network();
+  const double bytes = 16.0 * s.model.sequence_length * s.model.hidden_size * 2;
+  const double delta = net.ring_all_reduce_seconds({0, 1, 2, 3, 4, 5, 6, 7}, bytes) -
+                       net.intra_node_all_reduce_seconds(0, 8, bytes);
+  REQUIRE(delta > 0);
+  CHECK(rel_diff(narrow.forward_ms - wide_cost.forward_ms, 2 * 4 * delta * 1e3) <= 1e-9);
+  CHECK(rel_diff(narrow.backward_ms - wide_cost.backward_ms, 2 * 4 * delta * 1e3) <= 1e-9);
+}
+
+}  // namespace hetplan
