@@ -10,6 +10,9 @@
 #include "planner/search.h"
 #include "planner/sim_cost.h"
 #include "sim/input_error.h"
+#include "sim/json_util.h"
+#include "sim/network.h"
+#include "sim/profile.h"
 
 namespace hetplan::cli {
 
@@ -43,7 +46,7 @@ std::vector<std::pair<int, Recompute>> search_settings(const SearchArgs& a) {
   } else if (a.zero.size() == 1 && a.zero[0] >= '0' && a.zero[0] <= '3') {
     zeros = {a.zero[0] - '0'};
   } else {
-    throw InputError("--zero: '" + a.zero + "': expected 0, 1, 2, 3 or auto");
+    throw InputError("--zero: '" + excerpt(a.zero) + "': expected 0, 1, 2, 3 or auto");
   }
   std::vector<Recompute> recomputes;
   if (a.recompute == "auto")
@@ -56,8 +59,32 @@ std::vector<std::pair<int, Recompute>> search_settings(const SearchArgs& a) {
   return out;
 }
 
+// An integer flag must lie in [lo, hi]; else InputError "--flag: expected an integer from lo to hi, got v".
+void check_flag(long long v, double lo, double hi, const char* flag) {
+  check_integer(static_cast<double>(v), rules::int_in(lo, hi), flag);
+}
+
+void check_flags(const SearchArgs& a) {
+  check_flag(a.model.num_layers, 1, kMaxModelLayers, "--num_layers");
+  check_flag(a.gbs, 1, kMaxGlobalBatch, "--gbs");
+  check_flag(a.model.hidden_size, 1, static_cast<double>(kMaxHiddenSize), "--hidden_size");
+  check_flag(a.model.sequence_length, 1, static_cast<double>(kMaxSequenceLength), "--sequence_length");
+  check_flag(a.model.vocab_size, 1, static_cast<double>(kMaxVocabSize), "--vocab_size");
+  check_flag(a.model.attention_heads, 1, kMaxAttentionHeads, "--attention_head_size");
+  check_flag(a.max_tp, 0, kMaxProfileTp, "--max_profiled_tp_degree");
+  check_flag(a.max_bs, 0, kMaxProfileBs, "--max_profiled_batch_size");
+  check_flag(a.max_permute_len, 1, kMaxModelLayers, "--max_permute_len");
+  check_flag(a.top, 1, 1000000, "--top");
+  check_flag(a.threads, 0, 4096, "--threads");
+  check_number(a.variance, rules::positive_up_to(1e6), "--min_group_scale_variance");
+}
+
 int run_search(const SearchArgs& a) {
+  check_flags(a);
+  const BandwidthUnit unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
   const Cluster cluster = Cluster::load(a.hostfile, a.clusterfile);
+  // The same bandwidth rule as simulate's, whichever cost model reads them.
+  check_clusterfile_bandwidths(cluster.clusterfile(), cluster.clusterfile_path(), unit);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
 
   SearchOptions o;
@@ -97,7 +124,7 @@ int run_search(const SearchArgs& a) {
       so.setup.zero_stage = zero;
       so.setup.framework_bytes = -1;  // the profiles' measured framework constant, if they have one
       so.setup.recompute = recompute;
-      so.network.unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
+      so.network.unit = unit;
       so.max_profiled_bs = o.max_profiled_bs;
       so.measured_collectives = parse_collectives(a.collectives);
       so.sustained_clocks = !a.burst_clocks;
@@ -107,7 +134,7 @@ int run_search(const SearchArgs& a) {
     }
     o.cost_hook = make_sim_cost_hook(simulator_ptrs);
   } else if (a.cost_model != "metis") {
-    throw InputError("--cost-model: '" + a.cost_model + "': expected metis or sim");
+    throw InputError("--cost-model: '" + excerpt(a.cost_model) + "': expected metis or sim");
   }
   const MetisSearch search(cluster, profiles, o);
   SearchResult result;
@@ -244,7 +271,8 @@ Runner add_search_command(CLI::App& app) {
   s->add_option("--recompute", a->recompute,
                 "With --cost-model sim: none, selective, full, or auto to search them as a dimension")
       ->capture_default_str();
-  s->add_option("--bandwidth-unit", a->bandwidth_unit, "With --cost-model sim: clusterfile unit, GB/s, GiB/s or bytes/s")
+  s->add_option("--bandwidth-unit", a->bandwidth_unit,
+                "Clusterfile bandwidth unit, GB/s, GiB/s or bytes/s (checked for plausibility under either cost model)")
       ->capture_default_str();
   s->add_option("--collectives", a->collectives,
                 "With --cost-model sim: intra-node all-reduce bandwidth, measured (by the profiler) or clusterfile")

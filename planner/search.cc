@@ -87,11 +87,11 @@ MetisSearch::MetisSearch(const Cluster& cluster, const ProfileSet& profiles, Sea
       std::string where = cluster.clusterfile_path();
       for (const auto& e : cluster.clusterfile())
         if (e.instance_type == name) {
-          where += ": key '" + e.ip + ".instance_type'";
+          where += ": key '" + excerpt(e.ip) + ".instance_type'";
           break;
         }
-      throw InputError(where + ": unknown device type '" + name + "': expected profiles DeviceType." + name +
-                       "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + found);
+      throw InputError(where + ": unknown device type '" + excerpt(name) + "': expected profiles DeviceType." +
+                       excerpt(name) + "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + excerpt(found));
     }
     profile_type_.push_back(p);
   }
