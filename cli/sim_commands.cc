@@ -100,6 +100,7 @@ int run_simulate(const SimulateArgs& a) {
   const Cluster cluster = Cluster::load(hostfile, clusterfile);
   const ProfileSet profiles = ProfileSet::load(profile_dir, pf.model.num_layers);
   ModelShape shape = a.hf_config.empty() ? shape_from_model_config(pf.model) : read_hf_config(a.hf_config);
+  if (a.hf_config.empty()) shape.validate(a.plan + ": key 'model'");
 
   SimulationOptions o;
   o.schedule = parse_schedule(a.schedule, "--schedule");

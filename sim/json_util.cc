@@ -50,6 +50,7 @@ class TrackingParser : public nlohmann::detail::json_sax_dom_parser<ordered_json
   bool string(std::string& v) { return Base::string(v) && value_done(); }
   bool binary(ordered_json::binary_t& v) { return Base::binary(v) && value_done(); }
   bool start_object(std::size_t n) {
+    if (too_deep()) return false;
     frames_.push_back({false, "", 0});
     return Base::start_object(n);
   }
@@ -62,6 +63,7 @@ class TrackingParser : public nlohmann::detail::json_sax_dom_parser<ordered_json
     return Base::end_object() && value_done();
   }
   bool start_array(std::size_t n) {
+    if (too_deep()) return false;
     frames_.push_back({true, "", 0});
     return Base::start_array(n);
   }
@@ -79,6 +81,15 @@ class TrackingParser : public nlohmann::detail::json_sax_dom_parser<ordered_json
     return false;
   }
 
+  // Nesting deeper than this is refused (no input of ours nests past 5 levels).
+  static constexpr std::size_t kMaxDepth = 256;
+  bool too_deep() {
+    if (frames_.size() < kMaxDepth) return false;
+    failed_ = deep_ = true;
+    path_ = path();
+    return true;
+  }
+  bool deep() const { return deep_; }
   bool failed() const { return failed_; }
   std::size_t position() const { return position_; }
   const std::string& token() const { return token_; }
@@ -112,7 +123,7 @@ class TrackingParser : public nlohmann::detail::json_sax_dom_parser<ordered_json
   }
 
   std::vector<Frame> frames_;
-  bool failed_ = false;
+  bool failed_ = false, deep_ = false;
   std::size_t position_ = 0;
   std::string token_, path_;
   int id_ = 0;
@@ -140,6 +151,9 @@ ordered_json read_json_file(const std::string& path) {
   TrackingParser sax(result);
   ordered_json::sax_parse(text, &sax);
   if (!sax.failed()) return result;
+  if (sax.deep())
+    throw InputError(path + ": JSON nested deeper than " + std::to_string(TrackingParser::kMaxDepth) + " levels at key '" +
+                     excerpt(sax.error_path()) + "' (expected a shallow document)");
   const std::string at = locate(text, sax.position());
   const std::string key = sax.error_path().empty() ? "" : ", key '" + excerpt(sax.error_path()) + "'";
   if (sax.id() == 406)  // out_of_range: a number that overflows a double

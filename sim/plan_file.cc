@@ -34,6 +34,9 @@ ModelConfig model_from_json(const ordered_json& j, const std::string& file) {
   m.sequence_length = count("sequence_length", kMaxSequenceLength);
   m.vocab_size = count("vocab_size", kMaxVocabSize);
   if (j.contains("attention_heads")) m.attention_heads = count("attention_heads", kMaxAttentionHeads);
+  if (m.attention_heads > m.hidden_size)
+    throw InputError(file + ": key 'model.attention_heads' = " + std::to_string(m.attention_heads) +
+                     ": expected at most model.hidden_size (" + std::to_string(m.hidden_size) + ")");
   return m;
 }
 
@@ -146,6 +149,12 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
                      ") last and strictly increasing entries (every layer in one stage, every stage at least one "
                      "layer); a plan that drops layers can be avoided with `search --reject-dropped-layers`");
   if (f.gbs % p.batches != 0) throw InputError(file + ": expected 'batches' >= 1 dividing 'gbs'");
+  for (std::size_t s = 0; s < stages; ++s)
+    if (f.gbs / p.batches < p.strategies[s].dp)
+      throw InputError(file + ": key 'batches' = " + std::to_string(p.batches) + ": a micro-batch of gbs / batches = " +
+                       std::to_string(f.gbs / p.batches) + " sequences cannot feed the " +
+                       std::to_string(p.strategies[s].dp) + " data-parallel replicas of stage " + std::to_string(s) +
+                       " (expected gbs / batches >= dp)");
   if (j->contains("zero_stage")) {
     const double z = require_number(*j, "zero_stage", file, "");
     if (z != 0 && z != 1 && z != 2 && z != 3) throw InputError(file + ": key 'zero_stage': expected 0, 1, 2 or 3");

@@ -158,6 +158,16 @@ TEST_CASE("a number too large for a double names the file, position and key", "[
   expect_error(simulate(s.plan, "--hf-config " + (s.dir / "hf400.json").string()), {"hf400.json", "key 'vocab_size'"});
 }
 
+TEST_CASE("deep nesting and oversized JSON files are refused before they cost memory", "[validation]") {
+  const auto& s = setup();
+  write(s.dir / "deep.json", std::string(1000000, '['));
+  expect_error(simulate(s.dir / "deep.json"), {"deep.json: JSON nested deeper than 256 levels at key '[0][0]", "..."});
+  write(s.dir / "big.json", "[" + std::string(17 << 20, ' ') + "]");
+  expect_error(simulate(s.dir / "big.json"), {"big.json: file is 17 MiB; hetplan reads JSON inputs of at most 16 MiB"});
+  write(s.dir / "syntax.json", "{\"gbs\": 32,\n \"model\": [1, }");
+  expect_error(simulate(s.dir / "syntax.json"), {"syntax.json: not valid JSON at line 2, column", "key 'model[1]'"});
+}
+
 TEST_CASE("plan values of the wrong type or range", "[validation]") {
   expect_error(simulate(plan_with("st-num.json", [](json& j) { j["strategies"] = 5; })),
                {"st-num.json: key 'strategies' must be a list, got a number"});
@@ -180,6 +190,11 @@ TEST_CASE("plan values of the wrong type or range", "[validation]") {
   expect_error(simulate(plan_with("seq.json", [](json& j) { j["model"]["sequence_length"] = 1e12; })),
                {"key 'model.sequence_length'", "got 1000000000000"});
   expect_error(simulate(plan_with("best.json", [](json& j) { j = {{"best", 7}}; })), {"key 'best' must be an object"});
+  expect_error(simulate(plan_with("heads-hidden.json", [](json& j) { j["model"]["attention_heads"] = 8192; })),
+               {"key 'model.attention_heads' = 8192: expected at most model.hidden_size (4096)"});
+  // 32 micro-batches of gbs 32: one sequence for the 4 replicas of a dp-4 stage.
+  expect_error(simulate(plan_with("bs0.json", [](json& j) { j["batches"] = 32; })),
+               {"key 'batches' = 32", "cannot feed the 4 data-parallel replicas of stage 0"});
 }
 
 TEST_CASE("a plan whose layer partition drops layers or has an empty stage is refused", "[validation]") {
