@@ -1,16 +1,25 @@
 // Runs a CLI11 app whose subcommands each have a Runner: parses, runs the
-// chosen one, and turns errors into one line on stderr and an exit code
-// (2 for bad input, 3 for internal errors).
+// chosen one, and turns errors into one line on stderr and an exit code:
+//   0  success (and --help, --version)
+//   2  bad input: an InputError, or a flag CLI11 cannot parse ("hetplan: error: ...")
+//   4  out of memory (std::bad_alloc): the inputs ask for more memory than the
+//      machine has; the line says what to shrink
+//   3  internal error: any other exception, a bug in hetplan
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <map>
+#include <new>
 
 #include "cli/commands.h"
 #include "sim/input_error.h"
 
 namespace hetplan::cli {
+
+inline constexpr int kExitInputError = 2;
+inline constexpr int kExitInternalError = 3;
+inline constexpr int kExitOutOfMemory = 4;
 
 class AppRunner {
  public:
@@ -22,17 +31,24 @@ class AppRunner {
     try {
       app_.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      return app_.exit(e);
+      // --help and --version are "errors" with exit code 0: let CLI11 print them.
+      if (e.get_exit_code() == 0) return app_.exit(e);
+      std::cerr << "hetplan: error: " << excerpt(e.what(), 200) << " (see --help)\n";
+      return kExitInputError;
     }
     try {
       for (auto& [sub, run] : runners_)
         if (sub->parsed()) return run();
     } catch (const InputError& e) {
       std::cerr << "hetplan: error: " << e.what() << "\n";
-      return 2;
+      return kExitInputError;
+    } catch (const std::bad_alloc&) {
+      std::cerr << "hetplan: error: out of memory: the inputs ask for more memory than this machine has; use fewer "
+                   "GPUs in the hostfile, fewer layers or profile files, or a smaller --top / --max_permute_len\n";
+      return kExitOutOfMemory;
     } catch (const std::exception& e) {
-      std::cerr << "hetplan: internal error: " << e.what() << "\n";
-      return 3;
+      std::cerr << "hetplan: internal error: " << excerpt(e.what(), 400) << "\n";
+      return kExitInternalError;
     }
     return 0;
   }

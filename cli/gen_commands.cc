@@ -8,6 +8,8 @@
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "sim/input_error.h"
+#include "sim/json_util.h"
+#include "sim/profile.h"
 #include "sim/synthetic_profiles.h"
 
 namespace hetplan::cli {
@@ -32,6 +34,8 @@ struct HostfileArgs {
 };
 
 int run_gen_hostfile(const HostfileArgs& a) {
+  check_integer(a.n, rules::int_in(1, kMaxClusterGpus), "gen-hostfile: N");
+  check_integer(a.slots, rules::int_in(1, kMaxSlotsPerNode), "--slots");
   if (a.n < a.slots)
     throw InputError("gen-hostfile: N must be at least --slots (" + std::to_string(a.slots) + "), got " +
                      std::to_string(a.n));
@@ -80,6 +84,17 @@ struct ProfilesArgs {
 
 int run_gen_profiles(ProfilesArgs a) {
   if (a.out.empty()) throw InputError("gen-profiles: --out DIR is required");
+  if (a.analytic) {
+    const ModelConfig& m = a.analytic_options.model;
+    check_integer(a.layers, rules::int_in(3, kMaxModelLayers), "gen-profiles --analytic: LAYERS");
+    check_integer(a.max_bs, rules::int_in(1, kMaxProfileBs), "gen-profiles: MAX_BS");
+    check_integer(a.analytic_options.max_tp, rules::int_in(1, kMaxProfileTp), "--max-tp");
+    check_integer(m.hidden_size, rules::int_in(1, static_cast<double>(kMaxHiddenSize)), "--hidden-size");
+    check_integer(m.sequence_length, rules::int_in(1, static_cast<double>(kMaxSequenceLength)), "--seq-len");
+    check_integer(m.vocab_size, rules::int_in(1, static_cast<double>(kMaxVocabSize)), "--vocab-size");
+    check_integer(m.attention_heads, rules::int_in(1, kMaxAttentionHeads), "--heads");
+    check_number(a.analytic_options.compute_efficiency, rules::positive_up_to(1), "--compute-efficiency");
+  }
   std::vector<std::string> written;
   if (a.analytic) {
     a.analytic_options.model.num_layers = a.layers;

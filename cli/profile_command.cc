@@ -43,7 +43,7 @@ std::vector<int> parse_ints(const std::string& s, const std::string& flag) {
       if (used != item.size() || v < 1) throw std::invalid_argument(item);
       out.push_back(v);
     } catch (const std::exception&) {
-      throw InputError(flag + ": expected a comma-separated list of positive integers, got '" + s + "'");
+      throw InputError(flag + ": expected a comma-separated list of positive integers, got '" + excerpt(s) + "'");
     }
   }
   if (out.empty()) throw InputError(flag + ": expected at least one value");

@@ -55,7 +55,7 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
     std::vector<int> ns;
     for (const auto& name : p.plan.plan.node_sequence) {
       const int t = cluster.type_index(name);
-      if (t < 0) throw InputError(a.plan + ": node_sequence names '" + name + "', which " + hostfile + " lacks");
+      if (t < 0) throw InputError(a.plan + ": node_sequence names '" + excerpt(name) + "', which " + hostfile + " lacks");
       ns.push_back(t);
     }
     const RankLayout rl(cluster, ns);
@@ -74,7 +74,7 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   c.iters = a.iters;
   if (a.schedule == "gpipe") c.schedule = PipelineSchedule::kGPipe;
   else if (a.schedule == "1f1b") c.schedule = PipelineSchedule::k1F1B;
-  else throw InputError("--schedule: expected gpipe or 1f1b, got '" + a.schedule + "'");
+  else throw InputError("--schedule: expected gpipe or 1f1b, got '" + excerpt(a.schedule) + "'");
   c.dtype = profiler::parse_dtype(a.dtype);
   c.device = profiler::parse_device(a.device, local_rank);
   c.lr = a.lr;

@@ -13,8 +13,10 @@
 #include "planner/plan_json.h"
 #include "planner/plan_search.h"
 #include "planner/search.h"
-#include "planner/sim_cost.h"
 #include "sim/input_error.h"
+#include "sim/json_util.h"
+#include "sim/network.h"
+#include "sim/profile.h"
 
 namespace hetplan::cli {
 
@@ -47,8 +49,36 @@ struct SearchArgs {
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
+// An integer flag must lie in [lo, hi]; else InputError "--flag: expected an integer from lo to hi, got v".
+void check_flag(long long v, double lo, double hi, const char* flag) {
+  check_integer(static_cast<double>(v), rules::int_in(lo, hi), flag);
+}
+
+void check_flags(const SearchArgs& a) {
+  check_flag(a.model.num_layers, 1, kMaxModelLayers, "--num_layers");
+  check_flag(a.gbs, 1, kMaxGlobalBatch, "--gbs");
+  check_flag(a.model.hidden_size, 1, static_cast<double>(kMaxHiddenSize), "--hidden_size");
+  check_flag(a.model.sequence_length, 1, static_cast<double>(kMaxSequenceLength), "--sequence_length");
+  check_flag(a.model.vocab_size, 1, static_cast<double>(kMaxVocabSize), "--vocab_size");
+  check_flag(a.model.attention_heads, 1, kMaxAttentionHeads, "--attention_head_size");
+  check_flag(a.max_tp, 0, kMaxProfileTp, "--max_profiled_tp_degree");
+  check_flag(a.max_bs, 0, kMaxProfileBs, "--max_profiled_batch_size");
+  check_flag(a.max_permute_len, 1, kMaxModelLayers, "--max_permute_len");
+  check_flag(a.top, 1, 1000000, "--top");
+  check_flag(a.threads, 0, 4096, "--threads");
+  check_number(a.variance, rules::positive_up_to(1e6), "--min_group_scale_variance");
+}
+
+// Loads the cluster and checks its bandwidths with the one rule simulate uses too.
+Cluster load_cluster(const SearchArgs& a) {
+  const BandwidthUnit unit = parse_bandwidth_unit(a.bandwidth_unit, "--bandwidth-unit");
+  Cluster cluster = Cluster::load(a.hostfile, a.clusterfile);
+  check_clusterfile_bandwidths(cluster.clusterfile(), cluster.clusterfile_path(), unit);
+  return cluster;
+}
+
 int run_metis_search(const SearchArgs& a) {
-  const Cluster cluster = Cluster::load(a.hostfile, a.clusterfile);
+  const Cluster cluster = load_cluster(a);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
 
   SearchOptions o;
@@ -136,7 +166,7 @@ int run_metis_search(const SearchArgs& a) {
 // The default: the simulator's iteration time over plans that fit every rank's
 // memory, keep tp inside nodes and train every layer and sample (planner/plan_search.h).
 int run_default_search(const SearchArgs& a) {
-  const Cluster cluster = Cluster::load(a.hostfile, a.clusterfile);
+  const Cluster cluster = load_cluster(a);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
 
   SimulationOptions so;
@@ -218,9 +248,10 @@ int run_default_search(const SearchArgs& a) {
 }
 
 int run_search(const SearchArgs& a) {
+  check_flags(a);
   if (a.cost_model == "metis") return run_metis_search(a);
   if (a.cost_model == "sim") return run_default_search(a);
-  throw InputError("--cost-model: '" + a.cost_model + "': expected sim (the default) or metis");
+  throw InputError("--cost-model: '" + excerpt(a.cost_model) + "': expected sim (the default) or metis");
 }
 
 }  // namespace
@@ -305,7 +336,8 @@ Runner add_search_command(CLI::App& app) {
   s->add_option("--recompute", a->recompute,
                 "With --cost-model sim: none, selective, full, or auto to search them as a dimension")
       ->capture_default_str();
-  s->add_option("--bandwidth-unit", a->bandwidth_unit, "With --cost-model sim: clusterfile unit, GB/s, GiB/s or bytes/s")
+  s->add_option("--bandwidth-unit", a->bandwidth_unit,
+                "Clusterfile bandwidth unit, GB/s, GiB/s or bytes/s (checked for plausibility under either cost model)")
       ->capture_default_str();
   s->add_option("--collectives", a->collectives,
                 "With --cost-model sim: intra-node all-reduce bandwidth, measured (by the profiler) or clusterfile")

@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "sim/gpu_specs.h"
+#include "sim/checked.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 #include "sim/plan_file.h"
@@ -66,11 +67,11 @@ TrainingSetup make_setup(const SetupArgs& a) {
   if (a.accounting == "zero") s.accounting = ZeroAccounting::kZeroPaper;
   else if (a.accounting == "deepspeed") s.accounting = ZeroAccounting::kDeepSpeed;
   else if (a.accounting == "megatron") s.accounting = ZeroAccounting::kMegatron;
-  else throw InputError("--accounting: '" + a.accounting + "': expected zero, deepspeed or megatron");
+  else throw InputError("--accounting: '" + excerpt(a.accounting) + "': expected zero, deepspeed or megatron");
   s.sequence_parallel = a.sequence_parallel;
   s.flash_attention = a.flash;
-  if (a.framework_mb < 0 && a.framework_mb != kFrameworkFromProfiles)
-    throw InputError("--framework-mb: expected a non-negative number of MiB");
+  if (a.framework_mb != kFrameworkFromProfiles)
+    check_number(a.framework_mb, rules::non_negative_up_to(kMaxProfileMb), "--framework-mb");
   s.framework_bytes = a.framework_mb < 0 ? -1.0 : a.framework_mb * 1024 * 1024;
   return s;
 }
@@ -99,6 +100,7 @@ int run_simulate(const SimulateArgs& a) {
   const Cluster cluster = Cluster::load(hostfile, clusterfile);
   const ProfileSet profiles = ProfileSet::load(profile_dir, pf.model.num_layers);
   ModelShape shape = a.hf_config.empty() ? shape_from_model_config(pf.model) : read_hf_config(a.hf_config);
+  if (a.hf_config.empty()) shape.validate(a.plan + ": key 'model'");
 
   SimulationOptions o;
   o.schedule = parse_schedule(a.schedule, "--schedule");
@@ -185,7 +187,7 @@ unsigned parse_targets(const std::string& s) {
       case 'u': m |= kTargetUp; break;
       case 'd': m |= kTargetDown; break;
       default:
-        throw InputError("--lora-targets: '" + s + "': expected letters of qkvogud (q, k, v, o, gate, up, down)");
+        throw InputError("--lora-targets: '" + excerpt(s) + "': expected letters of qkvogud (q, k, v, o, gate, up, down)");
     }
   }
   return m;
@@ -198,7 +200,36 @@ struct Row {
   std::vector<std::string> assumptions;
 };
 
+void check_flag(long long v, double lo, double hi, const char* flag) {
+  check_integer(static_cast<double>(v), rules::int_in(lo, hi), flag);
+}
+
+void check_whatif_flags(const WhatifArgs& a) {
+  check_flag(a.vocab, 1, static_cast<double>(kMaxVocabSize), "--vocab-size");
+  check_flag(a.hidden, 1, static_cast<double>(kMaxHiddenSize), "--hidden-size");
+  check_flag(a.ffn, 0, static_cast<double>(kMaxFfnSize), "--ffn-size");
+  check_flag(a.max_positions, 1, static_cast<double>(kMaxSequenceLength), "--max-positions");
+  check_flag(a.layers, 1, kMaxModelLayers - 2, "--layers");
+  check_flag(a.heads, 1, kMaxAttentionHeads, "--heads");
+  check_flag(a.kv_heads, 0, kMaxAttentionHeads, "--kv-heads");
+  check_flag(a.seq, 1, static_cast<double>(kMaxSequenceLength), "--seq");
+  check_flag(a.micro_batch, 1, kMaxGlobalBatch, "--micro-batch");
+  check_flag(a.gbs, 0, kMaxGlobalBatch, "--gbs");
+  check_flag(a.gpus, 1, kMaxClusterGpus, "--gpus");
+  check_flag(a.gpus_per_node, 1, kMaxSlotsPerNode, "--gpus-per-node");
+  check_flag(a.lora_rank, 1, static_cast<double>(kMaxHiddenSize), "--lora-rank");
+  check_number(a.efficiency, rules::positive_up_to(1), "--efficiency");
+  check_number(a.fp8_speedup, rules::positive_up_to(100), "--fp8-speedup");
+  check_number(a.cpu_adam_params_per_s, rules::positive_up_to(1e15), "--cpu-adam-params-per-s");
+  check_number(a.cpu_memory_gb, rules::positive_up_to(1e9), "--cpu-memory-gb");
+  // The one bandwidth rule (sim/network.h); --intra-gbs 0 means the GPU's NVLink.
+  check_bandwidth(a.pcie_gbs, BandwidthUnit::kGBps, "--pcie-gbs");
+  check_bandwidth(a.inter_gbs, BandwidthUnit::kGBps, "--inter-gbs");
+  if (a.intra_gbs != 0) check_bandwidth(a.intra_gbs, BandwidthUnit::kGBps, "--intra-gbs");
+}
+
 int run_whatif(const WhatifArgs& a) {
+  check_whatif_flags(a);
   ModelShape shape;
   if (!a.hf_config.empty()) {
     shape = read_hf_config(a.hf_config);
@@ -209,7 +240,7 @@ int run_whatif(const WhatifArgs& a) {
     shape = llama_shape(a.vocab, a.hidden, a.layers, a.heads, a.kv_heads > 0 ? a.kv_heads : a.heads,
                         a.ffn > 0 ? a.ffn : 11008, false, a.max_positions);
   } else {
-    throw InputError("--family: '" + a.family + "': expected gpt2 or llama");
+    throw InputError("--family: '" + excerpt(a.family) + "': expected gpt2 or llama");
   }
   shape.validate("model flags");
 
@@ -221,6 +252,7 @@ int run_whatif(const WhatifArgs& a) {
   if (!a.hostfile.empty()) {
     if (a.clusterfile.empty()) throw InputError("--hostfile needs --clusterfile");
     const Cluster c = Cluster::load(a.hostfile, a.clusterfile);
+    check_clusterfile_bandwidths(c.clusterfile(), c.clusterfile_path(), unit);
     gpus = c.num_devices();
     double slowest = 1e300;
     per_node = 0;
@@ -247,10 +279,15 @@ int run_whatif(const WhatifArgs& a) {
   if (intra == 0) intra = spec->nvlink_gbs * 1e9;
   if (gpus < 1 || per_node < 1) throw InputError("--gpus and --gpus-per-node: expected positive counts");
   per_node = std::min(per_node, gpus);
-  const int gbs = a.gbs > 0 ? a.gbs : a.micro_batch * gpus;
-  if (gbs % (a.micro_batch * gpus) != 0)
-    throw InputError("--gbs: expected a multiple of --micro-batch x GPUs (" + std::to_string(a.micro_batch * gpus) + ")");
-  const int accumulation = gbs / (a.micro_batch * gpus);
+  const auto per_step = checked_mul(a.micro_batch, gpus);
+  if (!per_step || *per_step > kMaxGlobalBatch)
+    throw InputError("--micro-batch x GPUs: " + std::to_string(a.micro_batch) + " x " + std::to_string(gpus) +
+                     " sequences per step is more than " + std::to_string(kMaxGlobalBatch) +
+                     " (use a smaller --micro-batch or fewer GPUs)");
+  const int gbs = a.gbs > 0 ? a.gbs : *per_step;
+  if (gbs % *per_step != 0)
+    throw InputError("--gbs: expected a multiple of --micro-batch x GPUs (" + std::to_string(*per_step) + ")");
+  const int accumulation = gbs / *per_step;
 
   const TrainingSetup base = make_setup(a.setup);
   const double params = static_cast<double>(shape.parameter_count());

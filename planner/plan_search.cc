@@ -132,7 +132,7 @@ std::vector<TrainingSetup> search_setups(const TrainingSetup& base, const std::s
   } else if (zero.size() == 1 && zero[0] >= '0' && zero[0] <= '3') {
     zeros = {zero[0] - '0'};
   } else {
-    throw InputError("--zero: '" + zero + "': expected 0, 1, 2, 3 or auto");
+    throw InputError("--zero: '" + excerpt(zero) + "': expected 0, 1, 2, 3 or auto");
   }
   std::vector<Recompute> recomputes;
   if (recompute == "auto")

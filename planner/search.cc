@@ -87,11 +87,11 @@ MetisSearch::MetisSearch(const Cluster& cluster, const ProfileSet& profiles, Sea
       std::string where = cluster.clusterfile_path();
       for (const auto& e : cluster.clusterfile())
         if (e.instance_type == name) {
-          where += ": key '" + e.ip + ".instance_type'";
+          where += ": key '" + excerpt(e.ip) + ".instance_type'";
           break;
         }
-      throw InputError(where + ": unknown device type '" + name + "': expected profiles DeviceType." + name +
-                       "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + found);
+      throw InputError(where + ": unknown device type '" + excerpt(name) + "': expected profiles DeviceType." +
+                       excerpt(name) + "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + excerpt(found));
     }
     profile_type_.push_back(p);
   }
@@ -166,19 +166,8 @@ SearchResult MetisSearch::run() const {
             ++w.dropped_layers;
             if (opt_.reject_dropped_layers) return;
           }
-          if (opt_.cost_hook) {
-            std::string why;
-            if (!opt_.cost_hook(plan, layout, c.strategies->data(), c.partition->layer_partition.data(), &terms.total,
-                                &why)) {
-              ++w.skipped;
-              if (w.first_skip_plan < 0 || static_cast<long long>(i) < w.first_skip_plan) {
-                w.first_skip_plan = static_cast<long long>(i);
-                w.first_skip_reason = why;
-              }
-              return;
-            }
-          } else if (!cost_model.cost(plan, layout, c.strategies->data(), c.partition->layer_partition.data(), &terms,
-                                      &skip)) {
+          if (!cost_model.cost(plan, layout, c.strategies->data(), c.partition->layer_partition.data(), &terms,
+                               &skip)) {
             ++w.skipped;
             if (w.first_skip_plan < 0 || static_cast<long long>(i) < w.first_skip_plan) {
               w.first_skip_plan = static_cast<long long>(i);

@@ -33,13 +33,6 @@ struct SearchOptions {
   // balancer's majority vote can leave a layer to no stage) is costed on the
   // layers it keeps. On: such candidates are not costed.
   bool reject_dropped_layers = false;
-  // Optional cost hook (`search --cost-model sim`): when set, each candidate
-  // is costed by it instead of the Metis model, which stays the default and
-  // bit-exact. It returns false to leave a candidate out (a missing profile,
-  // a rank out of memory), with the reason in `why`. Must be thread-safe.
-  std::function<bool(const InterStagePlan& plan, const RankLayout& layout, const Strategy* strategies,
-                     const int* layer_partition, double* cost, std::string* why)>
-      cost_hook;
   // Called about once a second with (inter-stage plans done, total), if set.
   std::function<void(long long, long long)> progress;
 };

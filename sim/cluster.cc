@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "sim/checked.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 
@@ -22,27 +23,68 @@ std::string trim(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+// Reads one line into `line`. Stops after `max_chars` characters with
+// *too_long set, leaving the rest unread (the caller refuses the file).
+// Returns false at end of file.
+bool read_line(std::istream& in, std::string& line, std::size_t max_chars, bool* too_long) {
+  line.clear();
+  *too_long = false;
+  std::streambuf* buf = in.rdbuf();
+  bool any = false;
+  for (int c; (c = buf->sbumpc()) != std::char_traits<char>::eof();) {
+    any = true;
+    if (c == '\n') return true;
+    if (line.size() == max_chars) {
+      *too_long = true;
+      return true;
+    }
+    line += static_cast<char>(c);
+  }
+  return any;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open hostfile");
   std::vector<std::pair<std::string, int>> hosts;
   std::string raw;
   int line_no = 0;
-  while (std::getline(in, raw)) {
+  long long total = 0;
+  bool too_long = false;
+  while (read_line(in, raw, kMaxHostfileLineChars, &too_long)) {
+    if (line_no == std::numeric_limits<int>::max())
+      throw InputError(path + ": more than " + std::to_string(line_no) + " lines");
     ++line_no;
+    const std::string where = path + ":" + std::to_string(line_no) + ": ";
+    if (too_long)
+      throw InputError(where + "line is longer than " + std::to_string(kMaxHostfileLineChars) +
+                       " characters (expected '<ip> slots=<N>'), starts '" + excerpt(raw) + "'");
     std::string line = trim(raw.substr(0, raw.find('#')));
     if (line.empty()) continue;
     std::istringstream ss(line);
     std::string ip, slots_tok, extra;
     ss >> ip >> slots_tok;
-    const std::string where = path + ":" + std::to_string(line_no) + ": ";
     if (slots_tok.rfind("slots=", 0) != 0 || (ss >> extra))
-      throw InputError(where + "expected '<ip> slots=<N>', got '" + line + "'");
+      throw InputError(where + "expected '<ip> slots=<N>', got '" + excerpt(line) + "'");
     const std::string digits = slots_tok.substr(6);
-    if (digits.empty() || digits.size() > 6 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
-      throw InputError(where + "expected a positive integer after 'slots=', got '" + slots_tok + "'");
-    const int slots = std::stoi(digits);
-    if (slots <= 0) throw InputError(where + "expected slots >= 1, got " + digits);
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+      throw InputError(where + "expected a positive integer after 'slots=', got '" + excerpt(slots_tok) + "'");
+    const std::size_t first = digits.find_first_not_of('0');
+    if (first == std::string::npos) throw InputError(where + "expected slots >= 1, got " + excerpt(digits));
+    if (digits.size() - first > 9 || std::stoi(digits.substr(first)) > kMaxSlotsPerNode)
+      throw InputError(where + "slots=" + excerpt(digits) + " is more than " + std::to_string(kMaxSlotsPerNode) +
+                       " GPUs per node (expected at most " + std::to_string(kMaxSlotsPerNode) +
+                       "; split the node into several lines of the same ip)");
+    const int slots = std::stoi(digits.substr(first));
+    total += slots;
+    if (total > kMaxClusterGpus)
+      throw InputError(where + "the hostfile lists more than " + std::to_string(kMaxClusterGpus) +
+                       " GPUs by this line; hetplan plans for at most " + std::to_string(kMaxClusterGpus) +
+                       " (list fewer nodes)");
     hosts.emplace_back(ip, slots);
   }
   if (hosts.empty()) throw InputError(path + ": hostfile lists no nodes (expected lines '<ip> slots=<N>')");
@@ -58,13 +100,13 @@ std::vector<ClusterfileEntry> parse_clusterfile(const std::string& path) {
     e.ip = it.key();
     const ordered_json& v = it.value();
     const ordered_json& type = require_key(v, "instance_type", path, e.ip);
-    if (!type.is_string()) throw InputError(path + ": key '" + e.ip + ".instance_type' must be a string");
+    if (!type.is_string() || type.get<std::string>().empty())
+      throw InputError(key_where(path, e.ip + ".instance_type") + " must be a device type name (a non-empty string)");
     e.instance_type = type.get<std::string>();
-    e.inter_bandwidth = require_number(v, "inter_bandwidth", path, e.ip);
-    e.intra_bandwidth = require_number(v, "intra_bandwidth", path, e.ip);
-    e.memory_gb = require_number(v, "memory", path, e.ip);
-    if (e.inter_bandwidth <= 0 || e.intra_bandwidth <= 0 || e.memory_gb <= 0)
-      throw InputError(path + ": node '" + e.ip + "' needs positive inter_bandwidth, intra_bandwidth and memory");
+    // Bandwidths are checked against their unit by check_clusterfile_bandwidths (sim/network.h).
+    e.inter_bandwidth = require_number(v, "inter_bandwidth", path, e.ip, rules::kPositive);
+    e.intra_bandwidth = require_number(v, "intra_bandwidth", path, e.ip, rules::kPositive);
+    e.memory_gb = require_number(v, "memory", path, e.ip, rules::positive_up_to(kMaxGpuMemoryGb));
     out.push_back(e);
   }
   return out;
@@ -91,8 +133,8 @@ Cluster Cluster::from_parts(const std::vector<std::pair<std::string, int>>& host
     if (it == by_ip.end()) {
       std::string known;
       for (const auto& e : clusterfile) known += (known.empty() ? "" : ", ") + e.ip;
-      throw InputError(hostfile_name + ":" + std::to_string(i + 1) + ": host '" + hosts[i].first +
-                       "' is not in clusterfile " + clusterfile_name + " (it lists: " + known + ")");
+      throw InputError(hostfile_name + ":" + std::to_string(i + 1) + ": host '" + excerpt(hosts[i].first) +
+                       "' is not in clusterfile " + clusterfile_name + " (it lists: " + excerpt(known) + ")");
     }
     types.push_back(it->second->instance_type);
   }
@@ -109,6 +151,11 @@ Cluster Cluster::from_parts(const std::vector<std::pair<std::string, int>>& host
   for (std::size_t i = 0; i < hosts.size(); ++i) {
     const ClusterfileEntry& e = *by_ip[hosts[i].first];
     ClusterNode n;
+    const auto total = checked_add(c.num_devices_, hosts[i].second);
+    if (hosts[i].second < 1 || hosts[i].second > kMaxSlotsPerNode || !total || *total > kMaxClusterGpus)
+      throw InputError(hostfile_name + ":" + std::to_string(i + 1) + ": expected 1 to " +
+                       std::to_string(kMaxSlotsPerNode) + " GPUs per node and at most " +
+                       std::to_string(kMaxClusterGpus) + " in all");
     n.ip = e.ip;
     n.type = c.type_index(e.instance_type);
     n.num_devices = hosts[i].second;

@@ -6,10 +6,18 @@
 // and a type is referred to by its index in that order everywhere else.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 namespace hetplan {
+
+// Limits on what a cluster may be: beyond them the hostfile is refused with a
+// message naming the limit (no real cluster comes near them).
+inline constexpr int kMaxSlotsPerNode = 1024;
+inline constexpr int kMaxClusterGpus = 1000000;
+inline constexpr std::size_t kMaxHostfileLineChars = 1024;
+inline constexpr double kMaxGpuMemoryGb = 1e6;
 
 struct ClusterNode {
   std::string ip;
@@ -71,9 +79,14 @@ class Cluster {
 };
 
 // Parses a hostfile: "<ip> slots=<N>" per line; blank lines and '#' comments
-// are skipped. N may have several digits (the reference reads one).
+// are skipped. N may have several digits (the reference reads one). Refuses
+// lines over kMaxHostfileLineChars, N over kMaxSlotsPerNode, and more than
+// kMaxClusterGpus GPUs in all.
 std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path);
 
+// Parses a clusterfile. Memory must be in (0, kMaxGpuMemoryGb] GB and the
+// bandwidths positive; their plausible range depends on the unit and is
+// checked by check_clusterfile_bandwidths (sim/network.h).
 std::vector<ClusterfileEntry> parse_clusterfile(const std::string& path);
 
 // A hostfile of N GPUs per ip: for each ip in order, N/slots lines of

@@ -1,8 +1,10 @@
 #include "sim/json_util.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -30,19 +32,134 @@ std::string locate(const std::string& text, std::size_t byte) {
   return "line " + std::to_string(line) + ", column " + std::to_string(col);
 }
 
+// nlohmann's DOM builder, never throwing, that also tracks the key path of
+// the value being read and keeps the first error with its position.
+class TrackingParser : public nlohmann::detail::json_sax_dom_parser<ordered_json> {
+  using Base = nlohmann::detail::json_sax_dom_parser<ordered_json>;
+
+ public:
+  explicit TrackingParser(ordered_json& result) : Base(result, /*allow_exceptions=*/false) {}
+
+  bool null() { return Base::null() && value_done(); }
+  bool boolean(bool v) { return Base::boolean(v) && value_done(); }
+  bool number_integer(ordered_json::number_integer_t v) { return Base::number_integer(v) && value_done(); }
+  bool number_unsigned(ordered_json::number_unsigned_t v) { return Base::number_unsigned(v) && value_done(); }
+  bool number_float(ordered_json::number_float_t v, const std::string& s) {
+    return Base::number_float(v, s) && value_done();
+  }
+  bool string(std::string& v) { return Base::string(v) && value_done(); }
+  bool binary(ordered_json::binary_t& v) { return Base::binary(v) && value_done(); }
+  bool start_object(std::size_t n) {
+    if (too_deep()) return false;
+    frames_.push_back({false, "", 0});
+    return Base::start_object(n);
+  }
+  bool key(std::string& k) {
+    frames_.back().key = excerpt(k, 40);
+    return Base::key(k);
+  }
+  bool end_object() {
+    frames_.pop_back();
+    return Base::end_object() && value_done();
+  }
+  bool start_array(std::size_t n) {
+    if (too_deep()) return false;
+    frames_.push_back({true, "", 0});
+    return Base::start_array(n);
+  }
+  bool end_array() {
+    frames_.pop_back();
+    return Base::end_array() && value_done();
+  }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& ex) {
+    failed_ = true;
+    position_ = position;
+    token_ = token;
+    id_ = ex.id;
+    path_ = path();
+    return false;
+  }
+
+  // Nesting deeper than this is refused (no input of ours nests past 5 levels).
+  static constexpr std::size_t kMaxDepth = 256;
+  bool too_deep() {
+    if (frames_.size() < kMaxDepth) return false;
+    failed_ = deep_ = true;
+    path_ = path();
+    return true;
+  }
+  bool deep() const { return deep_; }
+  bool failed() const { return failed_; }
+  std::size_t position() const { return position_; }
+  const std::string& token() const { return token_; }
+  int id() const { return id_; }
+  const std::string& error_path() const { return path_; }
+
+ private:
+  struct Frame {
+    bool array;
+    std::string key;
+    long long index;
+  };
+  bool value_done() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (p.size() > 200) break;  // deep nesting: the message quotes the start
+      if (f.array) {
+        p += '[';
+        p += std::to_string(f.index);
+        p += ']';
+      } else {
+        if (!p.empty()) p += '.';
+        p += f.key;
+      }
+    }
+    return p;
+  }
+
+  std::vector<Frame> frames_;
+  bool failed_ = false, deep_ = false;
+  std::size_t position_ = 0;
+  std::string token_, path_;
+  int id_ = 0;
+};
+
 }  // namespace
 
 ordered_json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open file");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
-  try {
-    return ordered_json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(path + ": not valid JSON at " + locate(text, e.byte) + " (expected a JSON document)");
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxJsonFileBytes)
+    throw InputError(path + ": file is " + std::to_string(size >> 20) + " MiB; hetplan reads JSON inputs of at most " +
+                     std::to_string(kMaxJsonFileBytes >> 20) + " MiB");
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxJsonFileBytes)
+      throw InputError(path + ": file is over " + std::to_string(kMaxJsonFileBytes >> 20) +
+                       " MiB; hetplan reads JSON inputs of at most that size");
   }
+  ordered_json result;
+  TrackingParser sax(result);
+  ordered_json::sax_parse(text, &sax);
+  if (!sax.failed()) return result;
+  if (sax.deep())
+    throw InputError(path + ": JSON nested deeper than " + std::to_string(TrackingParser::kMaxDepth) + " levels at key '" +
+                     excerpt(sax.error_path()) + "' (expected a shallow document)");
+  const std::string at = locate(text, sax.position());
+  const std::string key = sax.error_path().empty() ? "" : ", key '" + excerpt(sax.error_path()) + "'";
+  if (sax.id() == 406)  // out_of_range: a number that overflows a double
+    throw InputError(path + ": number '" + excerpt(sax.token()) + "' at " + at + key +
+                     " is too large for a double (expected a finite number)");
+  throw InputError(path + ": not valid JSON at " + at + key + " (expected a JSON document)");
 }
 
 std::string python_float(double v) {
@@ -144,32 +261,113 @@ void write_json_file(const std::string& path, const ordered_json& j) {
   if (!out) throw InputError(path + ": write failed");
 }
 
+std::string format_number(double v) {
+  char buf[64];
+  if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 1e15) std::snprintf(buf, sizeof buf, "%.0f", v);
+  else std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string describe(const NumberRule& r) {
+  constexpr double kHuge = std::numeric_limits<double>::max();
+  const std::string kind = r.integer ? "an integer" : "a number";
+  const bool has_min = r.min > -kHuge, has_max = r.max < kHuge;
+  if (r.integer && has_min && has_max && !r.min_exclusive)
+    return kind + " from " + format_number(r.min) + " to " + format_number(r.max);
+  std::string out = kind;
+  if (has_min) out += (r.min_exclusive ? " > " : " >= ") + format_number(r.min);
+  if (has_max) out += std::string(has_min ? " and" : "") + " <= " + format_number(r.max);
+  if (!has_min && !has_max) out = "a finite " + out.substr(2);
+  return out;
+}
+
+double check_number(double v, const NumberRule& r, const std::string& where) {
+  const bool ok = std::isfinite(v) && (r.min_exclusive ? v > r.min : v >= r.min) && v <= r.max &&
+                  (!r.integer || v == std::trunc(v));
+  if (!ok) throw InputError(where + ": expected " + describe(r) + ", got " + format_number(v));
+  return v;
+}
+
+long long check_integer(double v, const NumberRule& rule, const std::string& where) {
+  NumberRule r = rule;
+  r.integer = true;
+  // Integers beyond 2^53 are not exact doubles; no count we read is that large.
+  r.min = std::max(r.min, -9007199254740992.0);
+  r.max = std::min(r.max, 9007199254740992.0);
+  return static_cast<long long>(check_number(v, r, where));
+}
+
+std::string key_where(const std::string& file, const std::string& path) {
+  return file + ": key '" + excerpt(path) + "'";
+}
+
+namespace {
+
+const char* type_name(const ordered_json& v) {
+  switch (v.type()) {
+    case ordered_json::value_t::null: return "null";
+    case ordered_json::value_t::object: return "an object";
+    case ordered_json::value_t::array: return "a list";
+    case ordered_json::value_t::string: return "a string";
+    case ordered_json::value_t::boolean: return "a boolean";
+    case ordered_json::value_t::binary: return "binary data";
+    case ordered_json::value_t::discarded: return "nothing";
+    default: return "a number";
+  }
+}
+
+}  // namespace
+
 const ordered_json& require_key(const ordered_json& j, const std::string& key, const std::string& file,
                                 const std::string& where) {
-  if (!j.is_object()) throw InputError(file + ": expected '" + (where.empty() ? "<root>" : where) + "' to be an object");
+  if (!j.is_object())
+    throw InputError(file + ": expected '" + (where.empty() ? "<root>" : excerpt(where)) + "' to be an object, got " +
+                     type_name(j));
   auto it = j.find(key);
-  if (it == j.end()) throw InputError(file + ": missing key '" + join_path(where, key) + "'");
+  if (it == j.end()) throw InputError(file + ": missing key '" + excerpt(join_path(where, key)) + "'");
   return *it;
 }
 
+double number_value(const ordered_json& v, const std::string& file, const std::string& path, const NumberRule& rule) {
+  if (!v.is_number())
+    throw InputError(key_where(file, path) + " must be a number (expected " + describe(rule) + "), got " +
+                     type_name(v));
+  return check_number(v.get<double>(), rule, key_where(file, path));
+}
+
 double require_number(const ordered_json& j, const std::string& key, const std::string& file,
-                      const std::string& where) {
+                      const std::string& where, const NumberRule& rule) {
+  return number_value(require_key(j, key, file, where), file, join_path(where, key), rule);
+}
+
+long long require_integer(const ordered_json& j, const std::string& key, const std::string& file,
+                          const std::string& where, NumberRule rule) {
+  rule.integer = true;
+  const double v = require_number(j, key, file, where, rule);
+  return check_integer(v, rule, key_where(file, join_path(where, key)));
+}
+
+const ordered_json& require_array(const ordered_json& j, const std::string& key, const std::string& file,
+                                  const std::string& where) {
   const ordered_json& v = require_key(j, key, file, where);
-  if (!v.is_number()) throw InputError(file + ": key '" + join_path(where, key) + "' must be a number");
-  return v.get<double>();
+  if (!v.is_array())
+    throw InputError(key_where(file, join_path(where, key)) + " must be a list, got " + type_name(v));
+  return v;
 }
 
 std::vector<double> require_number_list(const ordered_json& j, const std::string& key, const std::string& file,
-                                        const std::string& where) {
+                                        const std::string& where, const NumberRule& rule, std::size_t max_size) {
   const ordered_json& v = require_key(j, key, file, where);
-  if (!v.is_array()) throw InputError(file + ": key '" + join_path(where, key) + "' must be a list of numbers");
+  const std::string path = join_path(where, key);
+  if (!v.is_array())
+    throw InputError(key_where(file, path) + " must be a list of numbers (" + describe(rule) + " each), got " +
+                     type_name(v));
+  if (v.size() > max_size)
+    throw InputError(key_where(file, path) + " has " + std::to_string(v.size()) + " entries; expected at most " +
+                     std::to_string(max_size));
   std::vector<double> out;
   out.reserve(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_number())
-      throw InputError(file + ": key '" + join_path(where, key) + "[" + std::to_string(i) + "]' must be a number");
-    out.push_back(v[i].get<double>());
-  }
+  for (std::size_t i = 0; i < v.size(); ++i) out.push_back(number_value(v[i], file, path + "[" + std::to_string(i) + "]", rule));
   return out;
 }
 

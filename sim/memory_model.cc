@@ -287,14 +287,14 @@ Recompute parse_recompute(const std::string& s, const std::string& where) {
   if (s == "none") return Recompute::kNone;
   if (s == "selective") return Recompute::kSelective;
   if (s == "full") return Recompute::kFull;
-  throw InputError(where + ": '" + s + "': expected none, selective or full");
+  throw InputError(where + ": '" + excerpt(s) + "': expected none, selective or full");
 }
 
 Precision parse_precision(const std::string& s, const std::string& where) {
   if (s == "fp32") return Precision::kFp32;
   if (s == "bf16") return Precision::kBf16;
   if (s == "fp8") return Precision::kFp8;
-  throw InputError(where + ": '" + s + "': expected fp32, bf16 or fp8");
+  throw InputError(where + ": '" + excerpt(s) + "': expected fp32, bf16 or fp8");
 }
 
 }  // namespace hetplan

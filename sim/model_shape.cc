@@ -71,16 +71,21 @@ void ModelShape::validate(const std::string& where) const {
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw InputError(where + ": " + what);
   };
-  need(vocab_size > 0, "vocab size must be positive");
-  need(hidden_size > 0, "hidden size must be positive");
-  need(num_layers > 0, "the number of transformer layers must be positive");
-  need(num_heads > 0, "the number of attention heads must be positive");
+  auto in = [](long long v, long long max) { return v > 0 && v <= max; };
+  auto range = [](long long max) { return " (expected 1 to " + std::to_string(max) + ")"; };
+  need(in(vocab_size, kMaxVocabSize), "vocab size must be positive" + range(kMaxVocabSize));
+  need(in(hidden_size, kMaxHiddenSize), "hidden size must be positive" + range(kMaxHiddenSize));
+  need(in(num_layers, kMaxModelLayers - 2),
+       "the number of transformer layers must be positive" + range(kMaxModelLayers - 2));
+  need(in(num_heads, kMaxAttentionHeads), "the number of attention heads must be positive" + range(kMaxAttentionHeads));
   need(num_kv_heads > 0 && num_heads % num_kv_heads == 0,
        "the number of key/value heads must divide the number of attention heads (" + std::to_string(num_heads) +
            "), got " + std::to_string(num_kv_heads));
-  need(head_dim > 0, "head dimension must be positive");
-  need(ffn_hidden_size > 0, "ffn hidden size must be positive");
-  need(!learned_positions || max_positions > 0, "learned position embeddings need max positions > 0");
+  need(in(head_dim, kMaxHiddenSize),
+       "head dimension must be positive (attention heads at most the hidden size)" + range(kMaxHiddenSize));
+  need(in(ffn_hidden_size, kMaxFfnSize), "ffn hidden size must be positive" + range(kMaxFfnSize));
+  need(!learned_positions || in(max_positions, kMaxSequenceLength),
+       "learned position embeddings need max positions > 0" + range(kMaxSequenceLength));
 }
 
 ModelConfig ModelShape::to_model_config(int sequence_length) const {
@@ -136,11 +141,18 @@ ModelShape shape_from_model_config(const ModelConfig& m) {
 
 namespace {
 
+// The largest value each config.json count may take (sim/model_config.h).
+long long max_of(const std::string& key) {
+  if (key == "vocab_size") return kMaxVocabSize;
+  if (key == "n_embd" || key == "hidden_size" || key == "head_dim") return kMaxHiddenSize;
+  if (key == "n_layer" || key == "num_hidden_layers") return kMaxModelLayers - 2;
+  if (key == "n_head" || key == "num_attention_heads" || key == "num_key_value_heads") return kMaxAttentionHeads;
+  if (key == "n_inner" || key == "intermediate_size") return kMaxFfnSize;
+  return kMaxSequenceLength;  // n_positions, max_position_embeddings
+}
+
 long long get_int(const ordered_json& j, const char* key, const std::string& path) {
-  const double v = require_number(j, key, path, "");
-  if (v != static_cast<double>(static_cast<long long>(v)) || v <= 0)
-    throw InputError(path + ": key '" + key + "' must be a positive integer");
-  return static_cast<long long>(v);
+  return require_integer(j, key, path, "", rules::int_in(1, static_cast<double>(max_of(key))));
 }
 
 long long get_int_or(const ordered_json& j, const char* key, const std::string& path, long long fallback) {
@@ -165,7 +177,7 @@ ModelShape read_hf_config(const std::string& path) {
   const ordered_json j = read_json_file(path);
   if (!j.is_object()) throw InputError(path + ": expected a JSON object (a Hugging Face config.json)");
   const ordered_json& type_v = require_key(j, "model_type", path, "");
-  if (!type_v.is_string()) throw InputError(path + ": key 'model_type' must be a string");
+  if (!type_v.is_string()) throw InputError(path + ": key 'model_type' must be a string (gpt2, llama or mistral)");
   const std::string type = type_v.get<std::string>();
   ModelShape s;
   if (type == "gpt2") {
@@ -189,10 +201,10 @@ ModelShape read_hf_config(const std::string& path) {
     s.mlp_bias = get_bool_or(j, "mlp_bias", path, false);
     s.dropout = get_number_or(j, "attention_dropout", path, 0.0) > 0;
     if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"].get<std::string>() != "silu")
-      throw InputError(path + ": key 'hidden_act' is '" + j["hidden_act"].get<std::string>() +
+      throw InputError(path + ": key 'hidden_act' is '" + excerpt(j["hidden_act"].get<std::string>()) +
                        "': expected 'silu' for a " + type + " model");
   } else {
-    throw InputError(path + ": key 'model_type' is '" + type + "': expected gpt2, llama or mistral");
+    throw InputError(path + ": key 'model_type' is '" + excerpt(type) + "': expected gpt2, llama or mistral");
   }
   if (j.contains("_name_or_path") && j["_name_or_path"].is_string() && !j["_name_or_path"].get<std::string>().empty())
     s.name = j["_name_or_path"].get<std::string>();

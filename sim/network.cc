@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "sim/input_error.h"
+#include "sim/json_util.h"
 
 namespace hetplan {
 
@@ -16,7 +17,7 @@ BandwidthUnit parse_bandwidth_unit(const std::string& s, const std::string& wher
   if (k == "gb/s" || k == "gbps" || k == "gbs") return BandwidthUnit::kGBps;
   if (k == "gib/s" || k == "gibps") return BandwidthUnit::kGiBps;
   if (k == "bytes/s" || k == "b/s" || k == "bps" || k == "bytes") return BandwidthUnit::kBytesPerSecond;
-  throw InputError(where + ": '" + s + "': expected GB/s, GiB/s or bytes/s");
+  throw InputError(where + ": '" + excerpt(s) + "': expected GB/s, GiB/s or bytes/s");
 }
 
 double bytes_per_second(double value, BandwidthUnit unit) {
@@ -28,16 +29,11 @@ double bytes_per_second(double value, BandwidthUnit unit) {
   return value;
 }
 
-namespace {
-
-// Plausible link speeds: 10 MB/s (slow Ethernet) to 10 TB/s (beyond any NVLink generation).
-constexpr double kMinBytesPerSecond = 1e7, kMaxBytesPerSecond = 1e13;
-
-void check_bandwidth(double value, BandwidthUnit unit, const std::string& file, const std::string& key) {
+void check_bandwidth(double value, BandwidthUnit unit, const std::string& where) {
   const double bps = bytes_per_second(value, unit);
   if (std::isfinite(value) && bps >= kMinBytesPerSecond && bps <= kMaxBytesPerSecond) return;
   std::ostringstream msg;
-  msg << file << ": key '" << key << "' = " << value << ": ";
+  msg << where << " = " << value << ": ";
   if (unit == BandwidthUnit::kBytesPerSecond)
     msg << "expected bytes/s between 1e7 and 1e13";
   else
@@ -48,17 +44,20 @@ void check_bandwidth(double value, BandwidthUnit unit, const std::string& file, 
   throw InputError(msg.str());
 }
 
-}  // namespace
+void check_clusterfile_bandwidths(const std::vector<ClusterfileEntry>& entries, const std::string& clusterfile,
+                                  BandwidthUnit unit) {
+  const std::string file = clusterfile.empty() ? "clusterfile" : clusterfile;
+  for (const auto& e : entries) {
+    check_bandwidth(e.intra_bandwidth, unit, key_where(file, e.ip + ".intra_bandwidth"));
+    check_bandwidth(e.inter_bandwidth, unit, key_where(file, e.ip + ".inter_bandwidth"));
+  }
+}
 
 Network::Network(const Cluster& cluster, const RankLayout& layout, NetworkOptions options)
     : layout_(&layout), opt_(options) {
   if (!(opt_.intra_latency_s >= 0 && opt_.inter_latency_s >= 0 && opt_.intra_latency_s < 1 && opt_.inter_latency_s < 1))
     throw InputError("network latency: expected seconds in [0, 1)");
-  const std::string file = cluster.clusterfile_path().empty() ? "clusterfile" : cluster.clusterfile_path();
-  for (const auto& e : cluster.clusterfile()) {
-    check_bandwidth(e.intra_bandwidth, opt_.unit, file, e.ip + ".intra_bandwidth");
-    check_bandwidth(e.inter_bandwidth, opt_.unit, file, e.ip + ".inter_bandwidth");
-  }
+  check_clusterfile_bandwidths(cluster.clusterfile(), cluster.clusterfile_path(), opt_.unit);
   // Layout nodes in RankLayout's order: the node sequence's types, each in hostfile order.
   for (int type : layout.node_sequence())
     for (const ClusterNode& n : cluster.nodes()) {

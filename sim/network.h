@@ -30,6 +30,17 @@ enum class BandwidthUnit { kGBps, kGiBps, kBytesPerSecond };
 BandwidthUnit parse_bandwidth_unit(const std::string& s, const std::string& where);
 double bytes_per_second(double value, BandwidthUnit unit);
 
+// The one rule for a bandwidth a user gives (clusterfile, profile, flag):
+// finite and, in bytes/s, from kMinBytesPerSecond (10 MB/s, slow Ethernet) to
+// kMaxBytesPerSecond (10 TB/s, beyond any NVLink). Throws InputError
+// "<where> = X: expected GB/s between 0.01 and 10000" (or the unit's range).
+inline constexpr double kMinBytesPerSecond = 1e7, kMaxBytesPerSecond = 1e13;
+void check_bandwidth(double value, BandwidthUnit unit, const std::string& where);
+// check_bandwidth for every intra_bandwidth and inter_bandwidth of a
+// clusterfile; `search` (either cost model), `simulate` and `whatif` all call it.
+void check_clusterfile_bandwidths(const std::vector<ClusterfileEntry>& entries, const std::string& clusterfile,
+                                  BandwidthUnit unit);
+
 struct NetworkOptions {
   BandwidthUnit unit = BandwidthUnit::kGBps;
   // Measured bus bandwidth (bytes/s) of all-reduces among one node's GPUs,

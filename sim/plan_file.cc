@@ -1,5 +1,7 @@
 #include "sim/plan_file.h"
 
+#include "sim/checked.h"
+#include "sim/cluster.h"
 #include "sim/input_error.h"
 #include "sim/memory_model.h"
 
@@ -24,11 +26,17 @@ ModelConfig model_from_json(const ordered_json& j, const std::string& file) {
   };
   str("model_name", m.name);
   str("model_size", m.size);
-  m.num_layers = static_cast<int>(require_number(j, "num_layers", file, "model"));
-  m.hidden_size = static_cast<int>(require_number(j, "hidden_size", file, "model"));
-  m.sequence_length = static_cast<int>(require_number(j, "sequence_length", file, "model"));
-  m.vocab_size = static_cast<int>(require_number(j, "vocab_size", file, "model"));
-  if (j.contains("attention_heads")) m.attention_heads = static_cast<int>(require_number(j, "attention_heads", file, "model"));
+  auto count = [&](const char* key, long long max) {
+    return static_cast<int>(require_integer(j, key, file, "model", rules::int_in(1, static_cast<double>(max))));
+  };
+  m.num_layers = count("num_layers", kMaxModelLayers);
+  m.hidden_size = count("hidden_size", kMaxHiddenSize);
+  m.sequence_length = count("sequence_length", kMaxSequenceLength);
+  m.vocab_size = count("vocab_size", kMaxVocabSize);
+  if (j.contains("attention_heads")) m.attention_heads = count("attention_heads", kMaxAttentionHeads);
+  if (m.attention_heads > m.hidden_size)
+    throw InputError(file + ": key 'model.attention_heads' = " + std::to_string(m.attention_heads) +
+                     ": expected at most model.hidden_size (" + std::to_string(m.hidden_size) + ")");
   return m;
 }
 
@@ -58,16 +66,31 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   return j;
 }
 
+namespace {
+
+std::string list_text(const std::vector<int>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return excerpt(out + "]");
+}
+
+}  // namespace
+
 PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
   const ordered_json* j = &in;
-  if (in.is_object() && in.contains("best") && !in.contains("device_groups")) {
+  if (!in.is_object()) throw InputError(file + ": expected a JSON object (a plan from `hetplan search --json`)");
+  if (in.contains("best") && !in.contains("device_groups")) {
     if (in["best"].is_null()) throw InputError(file + ": key 'best' is null (the search found no plan)");
+    if (!in["best"].is_object()) throw InputError(file + ": key 'best' must be an object (a plan)");
     j = &in["best"];
   }
   PlanFile f;
   const ordered_json& model = j->contains("model") ? (*j)["model"] : require_key(in, "model", file, "");
+  if (!model.is_object()) throw InputError(file + ": key 'model' must be an object");
   f.model = model_from_json(model, file);
-  f.gbs = static_cast<int>(j->contains("gbs") ? require_number(*j, "gbs", file, "") : require_number(in, "gbs", file, ""));
+  const NumberRule gbs_rule = rules::int_in(1, kMaxGlobalBatch);
+  f.gbs = static_cast<int>(j->contains("gbs") ? require_integer(*j, "gbs", file, "", gbs_rule)
+                                              : require_integer(in, "gbs", file, "", gbs_rule));
   auto str = [&](const char* key, std::string& out) {
     if (j->contains(key) && (*j)[key].is_string()) out = (*j)[key].get<std::string>();
     else if (in.contains(key) && in[key].is_string()) out = in[key].get<std::string>();
@@ -77,21 +100,28 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
   str("profile_dir", f.profile_dir);
 
   PlanResult& p = f.plan;
-  if (j->contains("cost") && (*j)["cost"].is_number()) p.cost = (*j)["cost"].get<double>();
-  const ordered_json& ns = require_key(*j, "node_sequence", file, "");
+  if (j->contains("cost") && (*j)["cost"].is_number()) p.cost = number_value((*j)["cost"], file, "cost");
+  const ordered_json& ns = require_array(*j, "node_sequence", file, "");
   for (const auto& t : ns) {
     if (!t.is_string()) throw InputError(file + ": key 'node_sequence' must be a list of device type names");
     p.node_sequence.push_back(t.get<std::string>());
   }
-  for (double g : require_number_list(*j, "device_groups", file, "")) p.device_groups.push_back(static_cast<int>(g));
-  for (double l : require_number_list(*j, "layer_partition", file, "")) p.layer_partition.push_back(static_cast<int>(l));
-  p.batches = static_cast<int>(require_number(*j, "batches", file, ""));
-  if (j->contains("num_repartition")) p.num_repartition = static_cast<int>(require_number(*j, "num_repartition", file, ""));
-  const ordered_json& st = require_key(*j, "strategies", file, "");
+  const std::size_t max_stages = kMaxModelLayers;
+  for (double g : require_number_list(*j, "device_groups", file, "", rules::int_in(1, kMaxClusterGpus), max_stages))
+    p.device_groups.push_back(static_cast<int>(g));
+  for (double l : require_number_list(*j, "layer_partition", file, "", rules::int_in(0, kMaxModelLayers), max_stages + 1))
+    p.layer_partition.push_back(static_cast<int>(l));
+  p.batches = static_cast<int>(require_integer(*j, "batches", file, "", rules::int_in(1, kMaxGlobalBatch)));
+  if (j->contains("num_repartition"))
+    p.num_repartition = static_cast<int>(require_integer(*j, "num_repartition", file, "", rules::int_in(0, 1e9)));
+  const ordered_json& st = require_array(*j, "strategies", file, "");
   for (std::size_t i = 0; i < st.size(); ++i) {
-    if (!st[i].is_array() || st[i].size() != 2 || !st[i][0].is_number_integer() || !st[i][1].is_number_integer())
-      throw InputError(file + ": key 'strategies[" + std::to_string(i) + "]' must be [dp, tp]");
-    p.strategies.push_back(Strategy{st[i][0].get<int>(), st[i][1].get<int>()});
+    const std::string key = "strategies[" + std::to_string(i) + "]";
+    if (!st[i].is_array() || st[i].size() != 2)
+      throw InputError(file + ": key '" + key + "' must be [dp, tp]");
+    const NumberRule degree = rules::int_in(1, kMaxClusterGpus);
+    p.strategies.push_back(Strategy{static_cast<int>(number_value(st[i][0], file, key + "[0]", degree)),
+                                    static_cast<int>(number_value(st[i][1], file, key + "[1]", degree))});
   }
 
   const std::size_t stages = p.device_groups.size();
@@ -104,15 +134,27 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
                      " entries, expected stages + 1 = " + std::to_string(stages + 1));
   for (std::size_t s = 0; s < stages; ++s) {
     const Strategy x = p.strategies[s];
-    if (x.dp < 1 || x.tp < 1 || x.dp * x.tp != p.device_groups[s])
+    const auto gpus = checked_mul(x.dp, x.tp);
+    if (!gpus || *gpus != p.device_groups[s])
       throw InputError(file + ": 'strategies[" + std::to_string(s) + "]' = [" + std::to_string(x.dp) + ", " +
                        std::to_string(x.tp) + "] does not use the " + std::to_string(p.device_groups[s]) +
                        " GPUs of its device group (expected dp * tp = group size)");
-    if (p.layer_partition[s + 1] < p.layer_partition[s])
-      throw InputError(file + ": 'layer_partition' must be non-decreasing");
   }
-  if (p.batches < 1 || f.gbs < 1 || f.gbs % p.batches != 0)
-    throw InputError(file + ": expected 'batches' >= 1 dividing 'gbs'");
+  // Every layer in exactly one stage, every stage at least one layer.
+  bool covers = p.layer_partition.front() == 0 && p.layer_partition.back() == f.model.num_layers;
+  for (std::size_t s = 0; s < stages; ++s) covers = covers && p.layer_partition[s + 1] > p.layer_partition[s];
+  if (!covers)
+    throw InputError(file + ": key 'layer_partition' = " + list_text(p.layer_partition) +
+                     ": expected 0 first, model.num_layers (" + std::to_string(f.model.num_layers) +
+                     ") last and strictly increasing entries (every layer in one stage, every stage at least one "
+                     "layer); a plan that drops layers can be avoided with `search --reject-dropped-layers`");
+  if (f.gbs % p.batches != 0) throw InputError(file + ": expected 'batches' >= 1 dividing 'gbs'");
+  for (std::size_t s = 0; s < stages; ++s)
+    if (f.gbs / p.batches < p.strategies[s].dp)
+      throw InputError(file + ": key 'batches' = " + std::to_string(p.batches) + ": a micro-batch of gbs / batches = " +
+                       std::to_string(f.gbs / p.batches) + " sequences cannot feed the " +
+                       std::to_string(p.strategies[s].dp) + " data-parallel replicas of stage " + std::to_string(s) +
+                       " (expected gbs / batches >= dp)");
   if (j->contains("zero_stage")) {
     const double z = require_number(*j, "zero_stage", file, "");
     if (z != 0 && z != 1 && z != 2 && z != 3) throw InputError(file + ": key 'zero_stage': expected 0, 1, 2 or 3");

@@ -118,7 +118,7 @@ PlanSimulation PlanSimulator::simulate(const PlanResult& plan, int gbs) const {
   std::vector<int> ns;
   for (const auto& name : plan.node_sequence) {
     const int t = cluster_->type_index(name);
-    if (t < 0) throw InputError("plan: node_sequence names '" + name + "', which the cluster does not have");
+    if (t < 0) throw InputError("plan: node_sequence names '" + excerpt(name) + "', which the cluster does not have");
     if (profile_type_[t] < 0)
       throw InputError(profiles_->dir() + ": no profiles DeviceType." + name + "_tp<T>_bs<B>.json for the plan's " + name);
     ns.push_back(t);
@@ -196,7 +196,7 @@ ordered_json simulation_to_json(const PlanSimulation& s) {
 bool parse_collectives(const std::string& s) {
   if (s == "measured") return true;
   if (s == "clusterfile") return false;
-  throw InputError("--collectives: '" + s + "': expected measured or clusterfile");
+  throw InputError("--collectives: '" + excerpt(s) + "': expected measured or clusterfile");
 }
 
 }  // namespace hetplan

@@ -2,16 +2,23 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <regex>
+#include <tuple>
 
 #include "sim/input_error.h"
 #include "sim/json_util.h"
+#include "sim/network.h"
 
 namespace hetplan {
 
 namespace fs = std::filesystem;
 
 SliceSums::SliceSums(const std::vector<double>& values) : n_(static_cast<int>(values.size())) {
+  if (n_ > kTabulatedLayers) {
+    values_ = values;
+    return;
+  }
   table_.assign(static_cast<std::size_t>(n_ + 1) * (n_ + 1), 0.0);
   for (int s = 0; s < n_; ++s) {
     double acc = 0.0;  // Python's sum() starts from int 0; 0 + x == x exactly
@@ -20,6 +27,12 @@ SliceSums::SliceSums(const std::vector<double>& values) : n_(static_cast<int>(va
       table_[static_cast<std::size_t>(s) * (n_ + 1) + e + 1] = acc;
     }
   }
+}
+
+double SliceSums::sum_slice(int s, int e) const {
+  double acc = 0.0;  // the order the table uses: values[s] first
+  for (int i = s; i < e; ++i) acc += values_[i];
+  return acc;
 }
 
 namespace {
@@ -86,10 +99,21 @@ void ProfileSet::rebuild_index() {
     max_tp_ = std::max(max_tp_, e.tp);
     max_bs_ = std::max(max_bs_, e.bs);
   }
-  index_.assign(types_.size() * (max_tp_ + 1) * (max_bs_ + 1), -1);
+  tp_slot_.assign(static_cast<std::size_t>(max_tp_) + 1, -1);
+  bs_slot_.assign(static_cast<std::size_t>(max_bs_) + 1, -1);
+  for (const auto& e : entries_) tp_slot_[e.tp] = bs_slot_[e.bs] = 0;
+  int n = 0;
+  for (int& slot : tp_slot_)
+    if (slot == 0) slot = n++;
+  num_tps_ = static_cast<std::size_t>(n);
+  n = 0;
+  for (int& slot : bs_slot_)
+    if (slot == 0) slot = n++;
+  num_bss_ = static_cast<std::size_t>(n);
+  index_.assign(types_.size() * num_tps_ * num_bss_, -1);
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const int t = type_index(entry_types_[i]);
-    index_[(static_cast<std::size_t>(t) * (max_tp_ + 1) + entries_[i].tp) * (max_bs_ + 1) + entries_[i].bs] =
+    index_[(static_cast<std::size_t>(t) * num_tps_ + tp_slot_[entries_[i].tp]) * num_bss_ + bs_slot_[entries_[i].bs]] =
         static_cast<int>(i);
   }
 }
@@ -109,6 +133,21 @@ void ProfileSet::finalize(const std::string& model_path, double optimizer_time_m
   num_layers_ = static_cast<int>(first->layer_ms.size());
 }
 
+namespace {
+
+// The tp or bs digits of a profile file name, as an int in [1, max].
+int name_number(const std::string& digits, int max, const char* what, const std::string& path) {
+  const std::size_t first = digits.find_first_not_of('0');
+  if (first == std::string::npos)
+    throw InputError(path + ": " + what + " 0 in the file name (expected " + what + " >= 1)");
+  if (digits.size() - first > 9 || std::stoi(digits.substr(first)) > max)
+    throw InputError(path + ": " + what + " " + excerpt(digits.substr(first)) + " in the file name is more than " +
+                     std::to_string(max) + " (remove the file, or rename it to a smaller " + what + ")");
+  return std::stoi(digits.substr(first));
+}
+
+}  // namespace
+
 ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
   if (!fs::is_directory(dir)) throw InputError(dir + ": profile folder does not exist");
   static const std::regex name_re(R"(DeviceType\.([A-Za-z0-9]+)_tp(\d+)_bs(\d+)\.json)");
@@ -118,6 +157,10 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
   }
   std::sort(names.begin(), names.end());
 
+  const NumberRule positive_ms = rules::positive_up_to(kMaxProfileMs);
+  const NumberRule non_negative_ms = rules::non_negative_up_to(kMaxProfileMs);
+  const NumberRule non_negative_mb = rules::non_negative_up_to(kMaxProfileMb);
+  const std::size_t max_layers = kMaxProfileLayers;
   ProfileSet set;
   set.dir_ = dir;
   struct Pending {
@@ -125,30 +168,46 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
     ordered_json json;
   };
   std::vector<Pending> loaded;
+  std::map<std::tuple<std::string, int, int>, std::string> seen;
   for (const auto& name : names) {
     std::smatch m;
-    if (!std::regex_match(name, m, name_re)) continue;  // other files (READMEs, notes) are not profiles
+    if (name.size() > 200 || !std::regex_match(name, m, name_re)) continue;  // other files (READMEs, notes) are not profiles
     const std::string path = (fs::path(dir) / name).string();
-    ordered_json j = read_json_file(path);
     LayerProfile p;
     p.path = path;
-    p.tp = std::stoi(m[2]);
-    p.bs = std::stoi(m[3]);
+    p.tp = name_number(m[2], kMaxProfileTp, "tp", path);
+    p.bs = name_number(m[3], kMaxProfileBs, "bs", path);
+    auto [it, fresh] = seen.emplace(std::make_tuple(m[1].str(), p.tp, p.bs), path);
+    if (!fresh)
+      throw InputError(path + ": the same device, tp and bs as " + it->second + " (keep one of the two files)");
+    ordered_json j = read_json_file(path);
     const ordered_json& et = require_key(j, "execution_time", path, "");
-    p.layer_ms = require_number_list(et, "layer_compute_total_ms", path, "execution_time");
-    p.forward_backward_ms = require_number(et, "forward_backward_time_ms", path, "execution_time");
+    p.layer_ms = require_number_list(et, "layer_compute_total_ms", path, "execution_time", positive_ms, max_layers);
+    p.forward_backward_ms = require_number(et, "forward_backward_time_ms", path, "execution_time", positive_ms);
     const ordered_json& em = require_key(j, "execution_memory", path, "");
-    p.memory_mb = require_number_list(em, "layer_memory_total_mb", path, "execution_memory");
-    if (em.contains("framework_mb")) p.framework_mb = require_number(em, "framework_mb", path, "execution_memory");
-    if (et.contains("optimizer_time_ms")) p.optimizer_ms = require_number(et, "optimizer_time_ms", path, "execution_time");
+    p.memory_mb =
+        require_number_list(em, "layer_memory_total_mb", path, "execution_memory", non_negative_mb, max_layers);
+    if (em.contains("framework_mb"))
+      p.framework_mb = require_number(em, "framework_mb", path, "execution_memory", non_negative_mb);
+    if (et.contains("optimizer_time_ms"))
+      p.optimizer_ms = require_number(et, "optimizer_time_ms", path, "execution_time", non_negative_ms);
     if (p.layer_ms.empty()) throw InputError(path + ": 'execution_time.layer_compute_total_ms' is empty");
+    // One memory entry per layer, or one fewer (Metis's samples; the last layer then counts 0 MB, see profile.h).
+    if (p.memory_mb.size() != p.layer_ms.size() && p.memory_mb.size() + 1 != p.layer_ms.size())
+      throw InputError(path + ": 'execution_memory.layer_memory_total_mb' has " + std::to_string(p.memory_mb.size()) +
+                       " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) +
+                       ", as 'execution_time.layer_compute_total_ms' has) or one fewer (the last layer then counts 0 MB, "
+                       "as in Metis)");
     if (et.contains("sustained_forward_backward_ms"))
-      p.sustained_fb_ms = require_number(et, "sustained_forward_backward_ms", path, "execution_time");
-    if (j.contains("communication") && j["communication"].contains("allreduce_busbw_gbs"))
+      p.sustained_fb_ms = require_number(et, "sustained_forward_backward_ms", path, "execution_time", positive_ms);
+    if (j.contains("communication") && j["communication"].is_object() &&
+        j["communication"].contains("allreduce_busbw_gbs")) {
       p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication");
+      check_bandwidth(p.allreduce_busbw_gbs, BandwidthUnit::kGBps, key_where(path, "communication.allreduce_busbw_gbs"));
+    }
     for (const char* key : {"layer_forward_ms", "layer_grad_accumulation_ms"}) {
       if (!et.contains(key)) continue;
-      std::vector<double> v = require_number_list(et, key, path, "execution_time");
+      std::vector<double> v = require_number_list(et, key, path, "execution_time", non_negative_ms, max_layers);
       if (v.size() != p.layer_ms.size())
         throw InputError(path + ": 'execution_time." + key + "' has " + std::to_string(v.size()) +
                          " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
@@ -174,10 +233,11 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
   for (const auto& p : loaded) {
     if (p.path != first->path) continue;
     const ordered_json& et = require_key(p.json, "execution_time", p.path, "");
-    const double opt = require_number(et, "optimizer_time_ms", p.path, "execution_time");
-    const double bg = require_number(et, "batch_generator_time_ms", p.path, "execution_time");
+    const double opt = require_number(et, "optimizer_time_ms", p.path, "execution_time", non_negative_ms);
+    const double bg = require_number(et, "batch_generator_time_ms", p.path, "execution_time", non_negative_ms);
     const ordered_json& params = require_key(require_key(p.json, "model", p.path, ""), "parameters", p.path, "model");
-    std::vector<double> per_layer = require_number_list(params, "parameters_per_layer_bytes", p.path, "model.parameters");
+    std::vector<double> per_layer = require_number_list(params, "parameters_per_layer_bytes", p.path, "model.parameters",
+                                                        rules::non_negative_up_to(1e15), max_layers + 2);
     if (per_layer.size() < 2)
       throw InputError(p.path + ": 'model.parameters.parameters_per_layer_bytes' needs at least 2 entries");
     set.finalize(p.path, opt, bg, std::move(per_layer));

@@ -3,32 +3,60 @@
 //
 // It is read once from a folder of Metis-format files named
 // DeviceType.<TYPE>_tp<T>_bs<B>.json and then answers lookups from plain
-// arrays. Slice sums are precomputed left to right, so that a sum over layers
+// arrays. Slice sums are summed left to right, so that a sum over layers
 // [s, e) is the same double Python's sum(list[s:e]) gives.
+//
+// What the loader accepts (InputError naming the file and key otherwise):
+// at most kMaxProfileLayers layers; tp in 1..kMaxProfileTp and bs in
+// 1..kMaxProfileBs in the file name; layer times and forward_backward_time_ms
+// in (0, kMaxProfileMs]; memory, framework_mb, optimizer and batch-generator
+// times in [0, kMaxProfileMs or kMaxProfileMb]; allreduce_busbw_gbs by the
+// bandwidth rule of sim/network.h. layer_memory_total_mb has one entry per
+// layer, or one fewer: Metis's own sample profiles list 9 memory entries for
+// 10 layers, and Metis sums a stage's memory as the Python slice
+// sum(memory[start:end]), which stops at the list's end, so the last layer
+// counts 0 MB; SliceSums clips the same way. Shorter or longer lists are refused.
 #pragma once
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "sim/model_config.h"
+
 namespace hetplan {
 
-// Left-to-right partial sums of a list, for every slice [s, e).
+inline constexpr int kMaxProfileLayers = kMaxModelLayers;
+inline constexpr int kMaxProfileTp = 1024;
+inline constexpr int kMaxProfileBs = 65536;
+inline constexpr double kMaxProfileMs = 1e9;  // 11.6 days for one layer
+inline constexpr double kMaxProfileMb = 1e9;  // 1 PB
+
+// Left-to-right sums of a list, for every slice [s, e). Lists of up to
+// kTabulatedLayers values keep every slice's sum in a table (n^2 / 2
+// doubles, 0.5 MB at 256) and answer in O(1); longer ones sum the slice on
+// each call (O(e - s)), in the same order, so the double is the same.
 class SliceSums {
  public:
+  static constexpr int kTabulatedLayers = 256;
+
   SliceSums() = default;
   explicit SliceSums(const std::vector<double>& values);
   // Python's sum(values[s:e]) for 0 <= s, e (clipped to the list, empty if s >= e).
   double operator()(int s, int e) const {
     if (e > n_) e = n_;
     if (s >= e) return 0.0;
+    if (table_.empty()) return sum_slice(s, e);
     return table_[static_cast<std::size_t>(s) * (n_ + 1) + e];
   }
   int size() const { return n_; }
 
  private:
+  double sum_slice(int s, int e) const;
+
   int n_ = 0;
-  std::vector<double> table_;
+  std::vector<double> table_;   // when n_ <= kTabulatedLayers
+  std::vector<double> values_;  // otherwise
 };
 
 struct LayerProfile {
@@ -94,7 +122,9 @@ class ProfileSet {
   // nullptr if there is no file for (type, tp, bs).
   const LayerProfile* find(int type, int tp, int bs) const {
     if (type < 0 || tp < 0 || bs < 0 || tp > max_tp_ || bs > max_bs_ || index_.empty()) return nullptr;
-    const int idx = index_[(static_cast<std::size_t>(type) * (max_tp_ + 1) + tp) * (max_bs_ + 1) + bs];
+    const int ti = tp_slot_[tp], bi = bs_slot_[bs];
+    if (ti < 0 || bi < 0) return nullptr;
+    const int idx = index_[(static_cast<std::size_t>(type) * num_tps_ + ti) * num_bss_ + bi];
     return idx < 0 ? nullptr : &entries_[idx];
   }
   // The framework constant (MB) measured for a device type (its tp1_bs1
@@ -127,8 +157,12 @@ class ProfileSet {
   std::vector<std::string> types_;
   std::vector<std::string> entry_types_;
   std::vector<LayerProfile> entries_;
-  std::vector<int> index_;
+  // index_[(type * num_tps_ + tp_slot_[tp]) * num_bss_ + bs_slot_[bs]]: the
+  // entry, or -1; the slots number the tp and bs values that occur, so the
+  // index grows with the files, not with the largest tp or bs.
+  std::vector<int> index_, tp_slot_, bs_slot_;
   int max_tp_ = -1, max_bs_ = -1;
+  std::size_t num_tps_ = 0, num_bss_ = 0;
   int num_layers_ = 0;
   ModelProfile model_;
 };

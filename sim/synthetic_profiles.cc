@@ -8,6 +8,7 @@
 
 #include "sim/input_error.h"
 #include "sim/json_util.h"
+#include "sim/profile.h"
 
 namespace hetplan {
 
@@ -82,8 +83,12 @@ void retotal_scaled(ordered_json& et) {
 
 std::vector<std::string> generate_synthetic_profiles(const std::string& samples_dir, const std::string& out_dir,
                                                      int layers, int max_bs) {
-  if (layers < 2) throw InputError("gen-profiles: LAYERS must be at least 2, got " + std::to_string(layers));
-  if (max_bs < 1) throw InputError("gen-profiles: MAX_BS must be at least 1, got " + std::to_string(max_bs));
+  if (layers < 2 || layers > kMaxModelLayers)
+    throw InputError("gen-profiles: LAYERS must be from 2 to " + std::to_string(kMaxModelLayers) + ", got " +
+                     std::to_string(layers));
+  if (max_bs < 1 || max_bs > kMaxProfileBs)
+    throw InputError("gen-profiles: MAX_BS must be from 1 to " + std::to_string(kMaxProfileBs) + ", got " +
+                     std::to_string(max_bs));
   if (!fs::is_directory(samples_dir)) throw InputError(samples_dir + ": samples folder does not exist");
 
   ProfileFiles files;
@@ -98,16 +103,22 @@ std::vector<std::string> generate_synthetic_profiles(const std::string& samples_
     ordered_json j = read_json_file(path);
     ordered_json& et = const_cast<ordered_json&>(require_key(j, "execution_time", path, ""));
     ordered_json& model = const_cast<ordered_json&>(require_key(j, "model", path, ""));
-    require_number_list(et, "layer_compute_total_ms", path, "execution_time");
-    require_number(et, "forward_backward_time_ms", path, "execution_time");
+    // The same value rules as ProfileSet::load (sim/profile.h); every list needs a first, second and last entry.
+    const NumberRule ms = rules::positive_up_to(kMaxProfileMs), ms0 = rules::non_negative_up_to(kMaxProfileMs);
+    auto list = [&](const ordered_json& parent, const char* key, const char* where, const NumberRule& rule) {
+      if (require_number_list(parent, key, path, where, rule, kMaxProfileLayers + 2).size() < 2)
+        throw InputError(key_where(path, std::string(where) + "." + key) + " needs at least 2 entries");
+    };
+    list(et, "layer_compute_total_ms", "execution_time", ms);
+    require_number(et, "forward_backward_time_ms", path, "execution_time", ms);
     for (const char* k : {"optimizer_time_ms", "batch_generator_time_ms", "layernorm_grads_all_reduce_time_ms",
                           "embedding_grads_all_reduce_time_ms", "total_time_ms"})
-      require_number(et, k, path, "execution_time");
-    require_number(model, "num_layers", path, "model");
+      require_number(et, k, path, "execution_time", ms0);
+    require_integer(model, "num_layers", path, "model", rules::int_in(2, kMaxModelLayers));
     const ordered_json& params = require_key(model, "parameters", path, "model");
-    require_number_list(params, "parameters_per_layer_bytes", path, "model.parameters");
-    require_number_list(require_key(j, "execution_memory", path, ""), "layer_memory_total_mb", path,
-                        "execution_memory");
+    list(params, "parameters_per_layer_bytes", "model.parameters", rules::non_negative_up_to(1e15));
+    list(require_key(j, "execution_memory", path, ""), "layer_memory_total_mb", "execution_memory",
+         rules::non_negative_up_to(kMaxProfileMb));
     et["between_forward_backward_time_ms"] =
         num(et["forward_backward_time_ms"]) - num(python_sum(et["layer_compute_total_ms"]));
     model["num_MHA_layers"] = model["num_layers"].get<long long>() - 2;

@@ -227,7 +227,7 @@ const char* to_string(Schedule s) { return s == Schedule::kGpipe ? "gpipe" : "1f
 Schedule parse_schedule(const std::string& s, const std::string& where) {
   if (s == "gpipe" || s == "GPipe") return Schedule::kGpipe;
   if (s == "1f1b" || s == "1F1B") return Schedule::k1F1B;
-  throw InputError(where + ": '" + s + "': expected gpipe or 1f1b");
+  throw InputError(where + ": '" + excerpt(s) + "': expected gpipe or 1f1b");
 }
 
 }  // namespace hetplan
