@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "planner/search.h"
 #include "sim/input_error.h"
 #include "sim/plan_cost.h"
 #include "sim/rank_layout.h"
@@ -93,12 +94,124 @@ struct OrderContext {
   // min_work[k][l]: sum over layers >= l of the cheapest GPU-milliseconds per
   // sample of any device type at sequence positions >= k (any profiled tp, bs).
   std::vector<std::vector<double>> suffix_work;
-  std::vector<std::vector<char>> tp_ok;  // [block][tp]: every type from block on has tp profiles
+  std::vector<std::vector<char>> tp_ok;  // [block][tp]: the type at that sequence position has tp profiles
+  // tp_fail[tp][g]: the first rank g' >= g, g' = g mod tp, whose tp group [g', g' + tp) leaves its node
+  // (ranks() if none): a stage [r, r + s) keeps its tp groups inside nodes iff tp_fail[tp][r] >= r + s.
+  std::vector<std::vector<int>> tp_fail;
+  // Ranks [r, r + s) hold one device type, and every type they hold has profiles at tp.
+  bool homogeneous(int r, int s) const { return block[r] == block[r + s - 1]; }
+  bool tp_profiled(int r, int s, int tp) const {
+    for (int k = block[r]; k <= block[r + s - 1]; ++k)
+      if (!tp_ok[k][tp]) return false;
+    return true;
+  }
+  bool tp_inside_nodes(int r, int s, int tp) const { return tp_fail[tp][r] >= r + s; }
+};
+
+// Lower bounds on a stage's forward + backward time per micro-batch (ms),
+// from the same profile look-ups the simulator makes, leaving out every term
+// that only adds (the first and last stages' extras, recomputation, the
+// sustained stretch, communication). Look-ups are resolved once, so an
+// estimate is a few slice sums.
+class StageEstimator {
+ public:
+  StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, int micro_batch,
+                 int max_profiled_bs, int max_tp)
+      : layout_(&layout), b_(micro_batch), max_tp_(max_tp) {
+    const int types = static_cast<int>(cluster.device_types().size());
+    slices_.assign(static_cast<std::size_t>(types) * (max_tp + 1) * (b_ + 1), {});
+    per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
+    for (int t = 0; t < types; ++t) {
+      const int pt = profiles.type_index(cluster.device_types()[t]);
+      for (int tp = 1; tp <= max_tp; ++tp) {
+        // The simulator's slicing of a share: its own file, else its power-of-two slices.
+        for (int share = 1; share <= b_; ++share) {
+          Slices& sl = slices_[(static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (b_ + 1) + share];
+          if (const LayerProfile* lp = profiles.find(pt, tp, share)) {
+            sl.files.push_back(lp);
+            continue;
+          }
+          for (int bit = 30; bit >= 0; --bit) {
+            const int slice = 1 << bit;
+            if (!(share & slice)) continue;
+            const LayerProfile* lp = slice <= max_profiled_bs ? profiles.find(pt, tp, slice) : nullptr;
+            if (!lp) {
+              sl.missing = true;
+              sl.files.clear();
+              break;
+            }
+            sl.files.push_back(lp);
+          }
+        }
+        for (int bs = 1; bs <= b_; ++bs)
+          if (const LayerProfile* lp = profiles.find(pt, tp, bs)) per_sample_[t * (max_tp + 1) + tp].push_back({lp, bs});
+      }
+    }
+  }
+  // Stage [r, r + s) at (s / tp, tp) on layers [l, e).
+  double estimate(int r, int s, int tp, int l, int e, bool homogeneous) const {
+    const int dp = s / tp;
+    if (homogeneous) {
+      // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them;
+      // infinity when a profile it needs is missing (the simulator then fails too).
+      const Slices& sl = slices_[(static_cast<std::size_t>(layout_->type_of(r)) * (max_tp_ + 1) + tp) * (b_ + 1) +
+                                 (b_ + dp - 1) / dp];
+      if (sl.missing) return kInf;
+      double t = 0;
+      for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
+      return t;
+    }
+    // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
+    // its type's cheapest time per sample, and the shares sum to b.
+    double w[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    double capacity = 0;
+    for (int d = 0; d < dp; ++d) {
+      const int type = layout_->type_of(r + d * tp);
+      double& wt = w[type & 7];
+      if (type >= 8 || wt < 0) {
+        double best = kInf;
+        for (const auto& [lp, bs] : per_sample_[type * (max_tp_ + 1) + tp]) best = std::min(best, lp->time(l, e) / bs);
+        if (type >= 8) {
+          if (std::isfinite(best) && best <= 0) return 0;
+          if (std::isfinite(best)) capacity += 1 / best;
+          continue;
+        }
+        wt = best;
+      }
+      if (std::isfinite(wt) && wt <= 0) return 0;  // a free replica: no bound
+      if (std::isfinite(wt)) capacity += 1 / wt;
+    }
+    return capacity > 0 ? b_ / capacity : 0;
+  }
+
+ private:
+  struct Slices {
+    bool missing = false;
+    std::vector<const LayerProfile*> files;
+  };
+  const RankLayout* layout_;
+  int b_, max_tp_;
+  std::vector<Slices> slices_;  // [type][tp][share]
+  std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
+};
+
+// For one (node order, m): H[q][r][l], a lower bound on
+//   max over the q stages j covering ranks [r, R) and layers [l, L) of
+//   (sum over the stages before j of their forward + backward) + m x (j's forward + backward),
+// minimised over every way to form those stages; infinity where none exists.
+struct SuffixBound {
+  int R = 0, L = 0, Q = 0;
+  std::vector<double> h;
+  double at(int q, int r, int l) const {
+    return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+  }
+  double& at(int q, int r, int l) { return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l]; }
 };
 
 // One (node order, m, p) unit.
 struct Unit {
   int order = 0, m = 1, p = 1;
+  int bound = 0;  // index of the (node order, m) suffix bound
 };
 
 struct Counters {
@@ -115,7 +228,7 @@ struct Worker {
   // DFS state, indexed [stage][setup].
   std::vector<FastStageCost> stage_cost;    // [stage * setups + k]
   std::vector<double> fwd_prefix;           // [stage * setups + k]: forward chain to reach `stage`
-  std::vector<double> bwd_prefix;           // backward chain from `stage` down to stage 0's end
+  std::vector<double> c_prefix;             // every stage before `stage`: forward, sends, backward, accumulation
   std::vector<double> lb;                   // best lower bound so far along the path
   std::vector<unsigned> mask;               // [stage]: setups still feasible
   std::vector<StageChoice> choice;
@@ -161,12 +274,7 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
   if (opt_.top_k < 1) throw InputError("--top: expected a positive integer");
   if (opt_.setups.size() > 32) throw InputError("search: at most 32 training settings can be searched at once");
   for (const auto& name : cluster.device_types())
-    if (profiles.type_index(name) < 0) {
-      std::string found;
-      for (const auto& n : profiles.device_types()) found += (found.empty() ? "" : ", ") + n;
-      throw InputError(cluster.clusterfile_path() + ": unknown device type '" + name + "': expected profiles DeviceType." +
-                       name + "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + found);
-    }
+    if (profiles.type_index(name) < 0) throw unknown_device_type(cluster, profiles, name);
 }
 
 PlanSearchResult PlanSearch::run() const {
@@ -215,25 +323,78 @@ PlanSearchResult PlanSearch::run() const {
     for (int r = 0; r < o.ranks; ++r)
       o.block[r] = static_cast<int>(std::find(perm.begin(), perm.end(), o.layout->type_of(r)) - perm.begin());
     o.suffix_work.assign(n_types + 1, std::vector<double>(L + 1, 0.0));
-    o.tp_ok.assign(n_types + 1, std::vector<char>(max_tp + 1, 1));
+    o.tp_ok.assign(n_types + 1, std::vector<char>(max_tp + 1, 0));
     for (int k = n_types - 1; k >= 0; --k) {
       for (int l = L - 1; l >= 0; --l) {
         double w = kInf;
         for (int j = k; j < n_types; ++j) w = std::min(w, type_work[perm[j]][l]);
         o.suffix_work[k][l] = o.suffix_work[k][l + 1] + (std::isfinite(w) ? w : 0.0);
       }
-      for (int tp = 1; tp <= max_tp; ++tp) o.tp_ok[k][tp] = o.tp_ok[k + 1][tp] && type_tp[perm[k]][tp];
+      for (int tp = 1; tp <= max_tp; ++tp) o.tp_ok[k][tp] = type_tp[perm[k]][tp];
     }
+    o.tp_fail.assign(max_tp + 1, std::vector<int>(o.ranks + 1, o.ranks));
+    for (int tp = 1; tp <= max_tp; ++tp)
+      for (int g = o.ranks - 1; g >= 0; --g) {
+        const bool ok = o.node_run[g] >= tp;
+        o.tp_fail[tp][g] = !ok ? g : (g + tp < o.ranks ? o.tp_fail[tp][g + tp] : o.ranks);
+      }
     orders.push_back(std::move(o));
   } while (std::next_permutation(perm.begin(), perm.end()));
 
   const int R = cluster.num_devices();
+  const int Q = std::min({L, R, opt_.max_stages});
+  std::vector<int> ms;
+  for (int m = opt_.gbs; m >= 1; --m)
+    if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch) ms.push_back(m);
   std::vector<Unit> units;
-  for (int p = 1; p <= std::min({L, R, opt_.max_stages}); ++p)
-    for (int m = opt_.gbs; m >= 1; --m) {
-      if (opt_.gbs % m != 0 || opt_.gbs / m > opt_.max_micro_batch) continue;
-      for (const OrderContext& o : orders) units.push_back(Unit{o.index, m, p});
-    }
+  for (int p = 1; p <= Q; ++p)
+    for (std::size_t mi = 0; mi < ms.size(); ++mi)
+      for (const OrderContext& o : orders)
+        units.push_back(Unit{o.index, ms[mi], p, static_cast<int>(o.index * ms.size() + mi)});
+
+  // Suffix bounds, built once per (node order, m) by the first unit that needs one.
+  std::vector<SuffixBound> bounds(orders.size() * ms.size());
+  std::unique_ptr<std::once_flag[]> bound_once(new std::once_flag[bounds.size()]);
+  auto build_bound = [&](const Unit& u, SuffixBound* h) {
+    const OrderContext& o = orders[u.order];
+    const int m = u.m, b = opt_.gbs / m;
+    const StageEstimator est(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp);
+    h->R = R;
+    h->L = L;
+    h->Q = Q;
+    h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
+    if (opt_.exhaustive) return;  // not used
+    for (int r = R - 1; r >= 0; --r)
+      for (int s = 1; s <= R - r; ++s) {
+        const bool homo = o.homogeneous(r, s);
+        for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+          if (s % tp != 0 || s / tp > b || !o.tp_profiled(r, s, tp)) continue;
+          if (!opt_.allow_cross_node_tp && !o.tp_inside_nodes(r, s, tp)) continue;
+          for (int l = 0; l < L; ++l)
+            for (int e = l + 1; e <= L; ++e) {
+              const bool ends = r + s == R, all = e == L;
+              if (ends != all) continue;
+              const double t = est.estimate(r, s, tp, l, e, homo);
+              if (!std::isfinite(t)) continue;
+              if (ends) {
+                h->at(1, r, l) = std::min(h->at(1, r, l), m * t);
+                continue;
+              }
+              const int q_max = std::min({Q, R - r, L - l});
+              for (int q = 2; q <= q_max; ++q) {
+                const double next = h->at(q - 1, r + s, e);
+                if (!std::isfinite(next)) continue;
+                double& cur = h->at(q, r, l);
+                cur = std::min(cur, std::max(m * t, t + next));
+              }
+            }
+        }
+      }
+  };
+  auto suffix_bound = [&](const Unit& u) -> const SuffixBound& {
+    std::call_once(bound_once[u.bound], [&] { build_bound(u, &bounds[u.bound]); });
+    return bounds[u.bound];
+  };
 
   SharedBound bound(opt_.top_k);
   std::atomic<bool> stop{false};
@@ -269,7 +430,7 @@ PlanSearchResult PlanSearch::run() const {
     const int stride = S;
     w.stage_cost.resize(static_cast<std::size_t>(p) * S);
     w.fwd_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
-    w.bwd_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
+    w.c_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.lb.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.mask.assign(p + 1, 0);
     w.choice.resize(p);
@@ -278,14 +439,9 @@ PlanSearchResult PlanSearch::run() const {
     w.mask[0] = all;
     long long since_check = 0;
 
-    // The cheapest time per micro-batch any ranks [r, R) could spend on layers [l, L).
-    auto rest_bound = [&](int r, int l) {
-      if (r >= R) return kInf;
-      return static_cast<double>(b) * o.suffix_work[o.block[r]][l] / (R - r);
-    };
-    auto stage_work = [&](int r, int s, int l, int k) {
-      return static_cast<double>(b) * (o.suffix_work[o.block[r]][l] - o.suffix_work[o.block[r]][l + k]) / s;
-    };
+    const StageEstimator est(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp);
+    const SuffixBound& sb = suffix_bound(u);
+    (void)sb;
 
     auto leaf = [&]() {
       ++w.c.costed;
@@ -346,45 +502,38 @@ PlanSearchResult PlanSearch::run() const {
         return;
       }
       const bool last = i == p - 1;
-      const int rest_stages = p - 1 - i;
-      const int s_max = last ? R - r : R - r - rest_stages;
+      const int rest = p - 1 - i;  // stages after this one
+      const int s_max = last ? R - r : R - r - rest;
       const int s_min = last ? R - r : 1;
-      const int k_max = last ? L - l : L - l - rest_stages;
+      const int k_max = last ? L - l : L - l - rest;
       const int k_min = last ? L - l : 1;
-      const double thr0 = use_bounds ? bound.threshold() : kInf;
-      // The forward chain to this stage, the smallest over the feasible settings.
-      double fwd_min = kInf;
-      for (int k = 0; k < S; ++k)
-        if (w.mask[i] & (1u << k)) fwd_min = std::min(fwd_min, w.fwd_prefix[static_cast<std::size_t>(i) * S + k]);
-      for (int s = s_min; s <= s_max; ++s) {
-        // Work bound on the ranks after this stage (grows with s).
-        // The ranks after this stage get fewer as s grows: once even the most
-        // layers this stage can take leave them too much work, stop.
-        if (use_bounds && !last && fwd_min + m * rest_bound(r + s, l + k_max) > thr0) {
-          ++w.c.pruned;
-          break;
+      // The prefix's bounds, the smallest over the settings still feasible.
+      double c_min = kInf, lb_min = kInf;
+      for (int q = 0; q < S; ++q)
+        if (w.mask[i] & (1u << q)) {
+          const std::size_t at = static_cast<std::size_t>(i) * S + q;
+          c_min = std::min(c_min, w.c_prefix[at]);
+          lb_min = std::min(lb_min, w.lb[at]);
         }
+      for (int s = s_min; s <= s_max; ++s) {
+        const bool homo = o.homogeneous(r, s);
         for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
           if (s % tp != 0) continue;
           const int dp = s / tp;
           if (dp > b) continue;  // every replica trains at least one sample
-          if (!o.tp_ok[o.block[r]][tp]) continue;
-          if (!opt_.allow_cross_node_tp) {
-            bool inside = true;
-            for (int g = r; g < r + s && inside; g += tp) inside = o.node_run[g] >= tp;
-            if (!inside) continue;
-          }
+          if (!o.tp_profiled(r, s, tp)) continue;
+          if (!opt_.allow_cross_node_tp && !o.tp_inside_nodes(r, s, tp)) continue;
           for (int k = k_min; k <= k_max; ++k) {
             ++w.c.enumerated;
             if (use_bounds) {
               const double thr = bound.threshold();
-              // This stage's own work only grows with k.
-              if (fwd_min + m * stage_work(r, s, l, k) > thr) {
+              const double t = est.estimate(r, s, tp, l, l + k, homo);
+              // This stage's own compute only grows with k.
+              if (std::max(lb_min, c_min + m * t) > thr) {
                 ++w.c.pruned;
                 break;
               }
-              // The rest's work shrinks with k.
-              if (!last && fwd_min + m * rest_bound(r + s, l + k) > thr) {
+              if (!last && c_min + t + sb.at(rest, r + s, l + k) > thr) {
                 ++w.c.pruned;
                 continue;
               }
@@ -406,7 +555,7 @@ PlanSearchResult PlanSearch::run() const {
               continue;
             }
             unsigned mk = w.mask[i];
-            double lb_min = kInf;
+            double bound_min = kInf;
             for (int q = 0; q < S; ++q) {
               if (!(mk & (1u << q))) continue;
               const FastStageCost& fc = sc[q];
@@ -415,20 +564,21 @@ PlanSearchResult PlanSearch::run() const {
                 continue;
               }
               const std::size_t at = static_cast<std::size_t>(i) * S + q, next = at + S;
-              const double fwd = w.fwd_prefix[at];
+              const FastStageCost& first = i == 0 ? fc : w.stage_cost[q];
+              const double tail0 = first.allreduce_ms + first.optimizer_ms;
               const double busy = fc.busy_ms(m);
-              // Stage 0's tail: its all-reduce and optimizer after the backward chain reaches it.
-              const double tail0 = i == 0 ? fc.allreduce_ms + fc.optimizer_ms
-                                          : w.stage_cost[q].allreduce_ms + w.stage_cost[q].optimizer_ms;
-              const double down = w.bwd_prefix[at];  // backward chain below this stage
-              const double own =
-                  fwd + busy + std::max(fc.allreduce_ms + fc.optimizer_ms, fc.send_backward_ms + down + tail0);
+              // Micro-batch 0 reaches this stage after the forward chain; the stage then runs all its
+              // compute, then its all-reduce and optimizer; its last gradients go down the chain to
+              // stage 0's all-reduce and optimizer.
+              const double own = std::max(w.fwd_prefix[at] + busy + fc.allreduce_ms + fc.optimizer_ms,
+                                          w.c_prefix[at] + fc.send_backward_ms + busy + tail0);
               double lb = std::max(w.lb[at], own);
-              w.fwd_prefix[next] = fwd + fc.forward_ms + fc.send_forward_ms;
-              w.bwd_prefix[next] = down + fc.send_backward_ms + fc.backward_ms + (m > 1 ? fc.accumulation_ms : 0.0);
-              if (!last) lb = std::max(lb, w.fwd_prefix[next] + m * rest_bound(r + s, l + k));
+              w.fwd_prefix[next] = w.fwd_prefix[at] + fc.forward_ms + fc.send_forward_ms;
+              w.c_prefix[next] = w.c_prefix[at] + fc.forward_ms + fc.send_forward_ms + fc.backward_ms +
+                                 (m > 1 ? fc.accumulation_ms : 0.0) + fc.send_backward_ms;
+              if (!last && use_bounds) lb = std::max(lb, w.c_prefix[next] + sb.at(rest, r + s, l + k) + tail0);
               w.lb[next] = lb;
-              lb_min = std::min(lb_min, lb);
+              bound_min = std::min(bound_min, lb);
             }
             if (mk == 0) {
               ++w.c.infeasible;
@@ -445,7 +595,7 @@ PlanSearchResult PlanSearch::run() const {
               }
               continue;
             }
-            if (use_bounds && lb_min > bound.threshold()) {
+            if (use_bounds && bound_min > bound.threshold()) {
               ++w.c.pruned;
               continue;
             }

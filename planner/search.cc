@@ -72,6 +72,19 @@ struct Worker {
 
 }  // namespace
 
+InputError unknown_device_type(const Cluster& cluster, const ProfileSet& profiles, const std::string& name) {
+  std::string found;
+  for (const auto& n : profiles.device_types()) found += (found.empty() ? "" : ", ") + n;
+  std::string where = cluster.clusterfile_path();
+  for (const auto& e : cluster.clusterfile())
+    if (e.instance_type == name) {
+      where += ": key '" + excerpt(e.ip) + ".instance_type'";
+      break;
+    }
+  return InputError(where + ": unknown device type '" + excerpt(name) + "': expected profiles DeviceType." +
+                    excerpt(name) + "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + excerpt(found));
+}
+
 MetisSearch::MetisSearch(const Cluster& cluster, const ProfileSet& profiles, SearchOptions options)
     : cluster_(&cluster), profiles_(&profiles), opt_(std::move(options)) {
   if (opt_.gbs <= 0) throw InputError("--gbs: expected a positive global batch size");
@@ -81,18 +94,7 @@ MetisSearch::MetisSearch(const Cluster& cluster, const ProfileSet& profiles, Sea
   for (std::size_t t = 0; t < cluster.device_types().size(); ++t) {
     const std::string& name = cluster.device_types()[t];
     const int p = profiles.type_index(name);
-    if (p < 0) {
-      std::string found;
-      for (const auto& n : profiles.device_types()) found += (found.empty() ? "" : ", ") + n;
-      std::string where = cluster.clusterfile_path();
-      for (const auto& e : cluster.clusterfile())
-        if (e.instance_type == name) {
-          where += ": key '" + excerpt(e.ip) + ".instance_type'";
-          break;
-        }
-      throw InputError(where + ": unknown device type '" + excerpt(name) + "': expected profiles DeviceType." +
-                       excerpt(name) + "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + excerpt(found));
-    }
+    if (p < 0) throw unknown_device_type(cluster, profiles, name);
     profile_type_.push_back(p);
   }
   if (profiles.num_layers() != opt_.model.num_layers)

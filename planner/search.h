@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sim/cluster.h"
+#include "sim/input_error.h"
 #include "sim/model_config.h"
 #include "sim/plan.h"
 #include "sim/profile.h"
@@ -47,6 +48,10 @@ struct SearchResult {
   std::vector<PlanResult> top;        // cheapest first
   double seconds = 0;
 };
+
+// The error both searches give for a cluster device type without profiles:
+// it names the clusterfile key and the types the profile folder has.
+InputError unknown_device_type(const Cluster& cluster, const ProfileSet& profiles, const std::string& name);
 
 class MetisSearch {
  public:

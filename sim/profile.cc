@@ -202,8 +202,10 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
       p.sustained_fb_ms = require_number(et, "sustained_forward_backward_ms", path, "execution_time", positive_ms);
     if (j.contains("communication") && j["communication"].is_object() &&
         j["communication"].contains("allreduce_busbw_gbs")) {
-      p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication");
-      check_bandwidth(p.allreduce_busbw_gbs, BandwidthUnit::kGBps, key_where(path, "communication.allreduce_busbw_gbs"));
+      // A measurement, not a datasheet figure: CPU (Gloo) runs measure a few MB/s, so only
+      // positivity and the upper end of the clusterfile rule apply.
+      p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication",
+                                             rules::positive_up_to(1e4));
     }
     for (const char* key : {"layer_forward_ms", "layer_grad_accumulation_ms"}) {
       if (!et.contains(key)) continue;

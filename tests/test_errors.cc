@@ -51,9 +51,10 @@ TEST_CASE("malformed hostfile", "[errors]") {
 TEST_CASE("unknown device type", "[errors]") {
   const auto dir = test::scratch_dir("err-type");
   write(dir / "hostfile", "0.0.0.2 slots=4\n0.0.0.4 slots=4\n");  // 0.0.0.2 is a P100 in the clusterfile
-  expect_one_line_error(search(dir / "hostfile", test::synthetic_dir(10)),
-                        {"clusterfile.json", "key '0.0.0.2.instance_type'", "unknown device type 'P100'",
-                         "DeviceType.P100_tp<T>_bs<B>.json", "A100, V100"});
+  for (const char* model : {"--cost-model metis", "--cost-model sim"})
+    expect_one_line_error(search(dir / "hostfile", test::synthetic_dir(10), model),
+                          {"clusterfile.json", "key '0.0.0.2.instance_type'", "unknown device type 'P100'",
+                           "DeviceType.P100_tp<T>_bs<B>.json", "A100, V100"});
 }
 
 TEST_CASE("missing profile that the search needs", "[errors]") {
@@ -62,12 +63,19 @@ TEST_CASE("missing profile that the search needs", "[errors]") {
   fs::remove(dir / "p" / "DeviceType.V100_tp4_bs2.json");
   write(dir / "hostfile", "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.1 slots=4\n"
                           "0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n");
-  expect_one_line_error(search(dir / "hostfile", (dir / "p").string()),
+  // Metis stops at the first plan that needs it, as the reference does.
+  expect_one_line_error(search(dir / "hostfile", (dir / "p").string(), "--cost-model metis"),
                         {"DeviceType.V100_tp4_bs2.json: missing profile (device V100, tp 4, bs 2)"});
+  // The default search leaves out the stages that would need it, and counts them.
+  const test::CommandResult d = search(dir / "hostfile", (dir / "p").string(), "--json " + (dir / "d.json").string());
+  INFO(d.output);
+  CHECK(d.exit_code == 0);
+  CHECK(d.output.find("infeasible: 0,") == std::string::npos);
   // The model-level file itself.
   fs::remove(dir / "p" / "DeviceType.A100_tp1_bs1.json");
-  expect_one_line_error(search(dir / "hostfile", (dir / "p").string()),
-                        {"DeviceType.A100_tp1_bs1.json: missing", "first device type (A100)"});
+  for (const char* model : {"--cost-model metis", "--cost-model sim"})
+    expect_one_line_error(search(dir / "hostfile", (dir / "p").string(), model),
+                          {"DeviceType.A100_tp1_bs1.json: missing", "first device type (A100)"});
 }
 
 TEST_CASE("non-JSON profile and missing keys", "[errors]") {
@@ -90,12 +98,15 @@ TEST_CASE("a GPU count for which no plan exists", "[errors]") {
   write(dir / "five", "0.0.0.1 slots=5\n");
   expect_one_line_error(test::run_hetplan("search --hostfile_path " + (dir / "five").string() + " --clusterfile_path " +
                                     test::sample_clusterfile() + " --profile_data_path " + (dir / "p2").string() +
-                                    " --num_layers 2 --gbs 8"),
+                                    " --num_layers 2 --gbs 8 --cost-model metis"),
                         {"five: no plan exists for this cluster (5 GPUs)", "power-of-two device groups"});
   // 1 V100 (16 GB): nothing fits in memory.
   write(dir / "one", "0.0.0.1 slots=1\n");
-  expect_one_line_error(search(dir / "one", test::synthetic_dir(10)),
+  expect_one_line_error(search(dir / "one", test::synthetic_dir(10), "--cost-model metis"),
                         {"no plan exists for this cluster (1 GPUs)", "fits in GPU memory"});
+  expect_one_line_error(search(dir / "one", test::synthetic_dir(10)),
+                        {"no plan exists for this cluster (1 GPUs, gbs 128)", "fits every rank's memory",
+                         "runs out of memory"});
 }
 
 TEST_CASE("help and good runs exit 0", "[errors]") {
