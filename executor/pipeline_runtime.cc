@@ -118,7 +118,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   std::vector<torch::Tensor> params = stage_model.parameters();
   // bf16 weights: fp32 main gradients, master weights and Adam state (Megatron's mixed precision).
   const bool zero = c.zero_stage >= 1 && st.dp > 1;
-  profiler::MixedPrecisionAdam adam(params, c.lr, zero ? replica : 0, zero ? st.dp : 1);
+  profiler::MixedPrecisionAdam adam(params, c.lr, zero ? replica : 0, zero ? st.dp : 1, /*in_backward=*/true);
   const torch::Tensor tied = stage_model.tied_embedding_to_sync();
   const int64_t hidden = c.model.shape.hidden_size;
   const bool tokens_in = st.first_layer == 0;                 // this stage's input is token ids
@@ -227,7 +227,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
         } else if (mbst.output.requires_grad() && grad.defined()) {
           mbst.output.backward(grad);
         }
-        adam.accumulate_grads();  // into the fp32 main gradients
+        adam.accumulate_grads();  // nothing left: the backward added each gradient into its fp32 main gradient
       });
       if (!first && !tokens_in) {
         const torch::Tensor g = mbst.input.grad();

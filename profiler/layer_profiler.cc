@@ -348,9 +348,9 @@ ordered_json measure_gradient_all_reduce(GPT& model, const ProfileRequest& req, 
   if (g.size() < 2) return nullptr;
   std::vector<torch::Tensor> grads;
   int64_t bytes = 0;
-  for (const auto& p : model.parameters()) {
-    grads.push_back(torch::zeros_like(p));
-    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  for (const auto& p : model.parameters()) {  // fp32 main gradients, as replay (and Megatron) reduce them
+    grads.push_back(torch::zeros(p.sizes(), p.options().dtype(torch::kFloat32)));
+    bytes += p.numel() * 4;
   }
   std::vector<double> ms;
   for (int it = 0; it < std::max(1, req.warmup) + std::max(3, req.iters); ++it) {
@@ -370,7 +370,8 @@ ordered_json measure_gradient_all_reduce(GPT& model, const ProfileRequest& req, 
   c["all_reduce_calls"] = grads.size();
   c["ranks"] = g.size();
   c["allreduce_busbw_gbs"] = 2 * (n - 1) / n * static_cast<double>(bytes) / (t * 1e-3) / 1e9;
-  c["how"] = "one all-reduce per parameter tensor of this rank's gradients, over the tp group";
+  c["gradient_dtype"] = "fp32";
+  c["how"] = "one all-reduce per parameter tensor of this rank's fp32 main gradients, over the tp group";
   return c;
 }
 

@@ -1,10 +1,46 @@
 #include "profiler/mixed_precision.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
 namespace hetplan::profiler {
 
-MixedPrecisionAdam::MixedPrecisionAdam(std::vector<torch::Tensor> params, double lr, int shard, int shards)
+namespace {
+
+// Runs after autograd accumulated a parameter's gradient: moves it into the main gradient.
+struct MoveIntoMainGrad : torch::autograd::FunctionPostHook {
+  MoveIntoMainGrad(torch::Tensor param, torch::Tensor main) : param_(std::move(param)), main_(std::move(main)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor& g = param_.mutable_grad();
+    if (g.defined()) {
+      main_.add_(g);
+      g = torch::Tensor();
+    }
+    return outputs;
+  }
+  torch::Tensor param_, main_;
+};
+
+}  // namespace
+
+MixedPrecisionAdam::MixedPrecisionAdam(std::vector<torch::Tensor> params, double lr, int shard, int shards,
+                                       bool in_backward)
     : params_(std::move(params)), shard_(shard), shards_(shards) {
+  init(lr);
+  if (!in_backward) return;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad()) continue;
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
+    accumulators_.back()->add_post_hook(std::make_unique<MoveIntoMainGrad>(params_[i], main_grads_[i]));
+  }
+}
+
+void MixedPrecisionAdam::init(double lr) {
   torch::NoGradGuard no_grad;
+  const int shards = shards_, shard = shard_;
   if (shards > 1) {
     int64_t n = 0;
     for (const auto& p : params_) n += p.numel();

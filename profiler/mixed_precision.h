@@ -33,7 +33,12 @@ namespace hetplan::profiler {
 
 class MixedPrecisionAdam {
  public:
-  MixedPrecisionAdam(std::vector<torch::Tensor> params, double lr, int shard = 0, int shards = 1);
+  // `in_backward`: add each gradient into its main gradient as soon as
+  // autograd has produced it (a post hook on the parameter's gradient
+  // accumulator, as Megatron's), so that no parameter holds a .grad between
+  // backwards; accumulate_grads() then finds nothing left to do.
+  MixedPrecisionAdam(std::vector<torch::Tensor> params, double lr, int shard = 0, int shards = 1,
+                     bool in_backward = false);
   // Adds each parameter's .grad (when defined) into its fp32 main gradient
   // and drops the .grad, so that the next backward allocates a fresh one.
   void accumulate_grads();
@@ -57,10 +62,12 @@ class MixedPrecisionAdam {
   static double state_bytes_per_parameter(torch::Dtype param_dtype, int shards = 1);
 
  private:
+  void init(double lr);
   std::vector<torch::Tensor> params_, masters_, main_grads_;
   int shard_ = 0, shards_ = 1;
   int64_t shard_len_ = 0;
   torch::Tensor flat_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold the hooks
   std::unique_ptr<torch::optim::Adam> adam_;
 };
 

@@ -303,3 +303,25 @@ TEST_CASE("replay with ZeRO-1 (sharded fp32 masters and Adam state) trains like 
   check_plan_trains_like_one_process("dp3-zero1", plan_json({3, 1}, {{3, 1}, {1, 1}}, {0, 2, 4}, 2), "gpipe", "",
                                      "--zero 1");
 }
+
+TEST_CASE("main gradients added in the backward (accumulator hooks) equal those added after it", "[executor][mixed]") {
+  const ReplayConfig c = config();
+  std::vector<torch::Tensor> got[2];
+  for (int hooked = 0; hooked < 2; ++hooked) {
+    profiler::GPT model(c.model, profiler::TensorParallelGroup());
+    model.to(torch::kCPU, torch::kBFloat16);
+    const std::vector<torch::Tensor> params = model.parameters();
+    profiler::MixedPrecisionAdam opt(params, kLr, 0, 1, hooked == 1);
+    const auto [ids, targets] = global_batch(c, 0);
+    for (int j = 0; j < 2; ++j) {
+      model.loss(ids.narrow(0, 4 * j, 4), targets.narrow(0, 4 * j, 4)).backward();
+      // With the hooks no parameter holds a gradient after its backward.
+      if (hooked)
+        for (const auto& p : params) CHECK_FALSE(p.grad().defined());
+      opt.accumulate_grads();
+    }
+    for (const auto& g : opt.main_grads()) got[hooked].push_back(g.clone());
+  }
+  REQUIRE(got[0].size() == got[1].size());
+  for (std::size_t i = 0; i < got[0].size(); ++i) CHECK(torch::equal(got[0][i], got[1][i]));
+}
