@@ -186,6 +186,9 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
   const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
   model.head().set_targets(torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts));
   torch::Tensor x = ids;
+  // Gradients are transient, one at a time, as in replay's (and Megatron's)
+  // backward, which adds each into its fp32 main gradient (counted below).
+  const GradientDropper dropper(params);
   for (std::size_t i = 0; i < L; ++i) {
     torch::Tensor in = x;
     {
@@ -201,13 +204,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
         out.backward(torch::ones_like(out));
       }
       meter.sync();
-      // The peak holds the gradients this backward allocated (including a
-      // tied embedding's, from the head): transient in Megatron, whose
-      // backward adds them into the fp32 main gradients counted below.
-      int64_t grads = 0;
-      for (const auto& p : params)
-        if (p.grad().defined()) grads += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
-      const int64_t activations = meter.peak() - base - grads;
+      const int64_t activations = meter.peak() - base;  // with one transient gradient at a time
       int64_t numel = 0;
       for (const auto& p : layers[i]->parameters()) numel += p.numel();
       // Weights, fp32 main gradients, fp32 masters (unless the weights are fp32) and Adam's moments.

@@ -19,8 +19,8 @@
 // that a GPU busy all the time cannot hold under its power limit.
 // Memory: per layer, what MixedPrecisionAdam holds per parameter (weights,
 // fp32 main gradients, fp32 masters unless fp32, Adam moments) + the
-// allocator's peak over that layer's forward and backward less the
-// gradients it allocated (added into the main gradients).
+// allocator's peak over that layer's forward and backward, each gradient
+// freed as soon as it is produced (replay adds it into its main gradient).
 #pragma once
 
 #include <torch/torch.h>

@@ -24,7 +24,30 @@ struct MoveIntoMainGrad : torch::autograd::FunctionPostHook {
   torch::Tensor param_, main_;
 };
 
+struct DropGrad : torch::autograd::FunctionPostHook {
+  explicit DropGrad(torch::Tensor param) : param_(std::move(param)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    param_.mutable_grad() = torch::Tensor();
+    return outputs;
+  }
+  torch::Tensor param_;
+};
+
 }  // namespace
+
+GradientDropper::GradientDropper(const std::vector<torch::Tensor>& params) {
+  for (const auto& p : params) {
+    if (!p.requires_grad()) continue;
+    auto acc = torch::autograd::impl::grad_accumulator(p);
+    const uintptr_t key = acc->add_post_hook(std::make_unique<DropGrad>(p));
+    hooks_.emplace_back(std::move(acc), key);
+  }
+}
+
+GradientDropper::~GradientDropper() {
+  for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
+}
 
 MixedPrecisionAdam::MixedPrecisionAdam(std::vector<torch::Tensor> params, double lr, int shard, int shards,
                                        bool in_backward)

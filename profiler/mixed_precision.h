@@ -71,4 +71,19 @@ class MixedPrecisionAdam {
   std::unique_ptr<torch::optim::Adam> adam_;
 };
 
+// While alive, each parameter's gradient is freed as soon as autograd has
+// accumulated it, so a backward leaves one transient gradient live at a
+// time, as MixedPrecisionAdam's in_backward hooks (and Megatron's) do; for
+// measuring that backward's memory without main gradients. Not copyable.
+class GradientDropper {
+ public:
+  explicit GradientDropper(const std::vector<torch::Tensor>& params);
+  ~GradientDropper();
+  GradientDropper(const GradientDropper&) = delete;
+  GradientDropper& operator=(const GradientDropper&) = delete;
+
+ private:
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+};
+
 }  // namespace hetplan::profiler
