@@ -14,6 +14,8 @@
 #include "profiler/layer_profiler.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
+#include "sim/memory_model.h"
+#include "sim/model_shape.h"
 
 namespace hetplan::cli {
 
@@ -23,7 +25,10 @@ using namespace hetplan::profiler;
 namespace {
 
 struct ProfileArgs {
-  int64_t hidden = 4096, layers = 10, seq = 1024, vocab = 51200, heads = 32;
+  int64_t hidden = 4096, layers = 10, seq = 1024, vocab = 51200, heads = 32, kv_heads = 0, ffn = 0;
+  std::string hf_config, family = "gpt2", recompute = "none";
+  bool tie = false, untie = false;
+  bool layers_given = false;  // --num-layers given: overrides an --hf-config's layer count
   std::string tp = "1", bs = "1,2,4", device_type, dtype = "bf16", device = "auto", out;
   int warmup = 3, iters = 10, timeout_s = 600;
   double sustained_seconds = -1;  // -1: 3 on GPUs, 0 on CPU
@@ -85,14 +90,37 @@ void print_outcome(int tp, const BatchOutcome& o) {
   std::cout << std::flush;
 }
 
+// The model: an --hf-config, or the shape flags (Metis layers = blocks + 2).
+ModelShape model_shape(const ProfileArgs& a) {
+  ModelShape m;
+  if (a.layers < 3) throw InputError("--num-layers: must be at least 3 (embedding, a block, head)");
+  const int blocks = static_cast<int>(a.layers - 2);
+  if (!a.hf_config.empty()) {
+    m = read_hf_config(a.hf_config);
+    if (a.layers_given) m.num_layers = blocks;
+  } else if (a.family == "gpt2") {
+    m = gpt2_shape(a.vocab, a.hidden, blocks, static_cast<int>(a.heads), a.seq);
+    if (a.ffn > 0) m.ffn_hidden_size = a.ffn;
+  } else if (a.family == "llama") {
+    if (a.ffn <= 0) throw InputError("--ffn-size: required with --family llama (without --hf-config)");
+    m = llama_shape(a.vocab, a.hidden, blocks, static_cast<int>(a.heads),
+                    static_cast<int>(a.kv_heads > 0 ? a.kv_heads : a.heads), a.ffn, false, a.seq);
+  } else {
+    throw InputError("--family: '" + a.family + "': expected gpt2 or llama");
+  }
+  if (a.tie && a.untie) throw InputError("--tie-embeddings and --untie-embeddings: give at most one");
+  if (a.tie) m.tied_embeddings = true;
+  if (a.untie) m.tied_embeddings = false;
+  m.validate(a.hf_config.empty() ? "model flags" : a.hf_config);
+  return m;
+}
+
 ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
   ProfileRequest r;
-  r.model.hidden_size = a.hidden;
-  r.model.num_layers = a.layers;
+  r.model.shape = model_shape(a);
   r.model.seq_len = a.seq;
-  r.model.vocab_size = a.vocab;
-  r.model.num_heads = a.heads;
   r.model.seed = a.seed;
+  r.model.recompute = parse_recompute(a.recompute, "--recompute");
   r.batch_sizes = parse_ints(a.bs, "--bs");
   r.warmup = a.warmup;
   r.iters = a.iters;
@@ -143,13 +171,14 @@ int run_profile(ProfileArgs a) {
     if (!device.is_cuda() && tp > 1 && probe.dtype != torch::kFloat32)
       throw InputError("--tp " + std::to_string(tp) + " on CPU: the Gloo backend cannot all-reduce " + a.dtype +
                        " tensors; pass --dtype fp32 (or profile tp 1 only)");
-    if (a.heads % tp != 0 || a.vocab % tp != 0)
-      throw InputError("--tp " + std::to_string(tp) + ": --heads (" + std::to_string(a.heads) + ") and --vocab-size (" +
-                       std::to_string(a.vocab) + ") must divide by it");
+    probe.model.validate(tp, "--tp " + std::to_string(tp));
   }
-  std::cout << "profiling GPT h=" << a.hidden << " layers=" << a.layers << " seq=" << a.seq << " vocab=" << a.vocab
-            << " heads=" << a.heads << " " << a.dtype << " on " << device_description(device) << " as "
-            << probe.device_type << "\n";
+  const ModelShape& m = probe.model.shape;
+  std::cout << "profiling " << m.name << " (" << (m.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2") << ", "
+            << m.parameter_count() << " parameters) h=" << m.hidden_size << " layers=" << probe.model.num_layers()
+            << " seq=" << a.seq << " vocab=" << m.vocab_size << " heads=" << m.num_heads << "/" << m.num_kv_heads
+            << " ffn=" << m.ffn_hidden_size << (m.tied_embeddings ? " tied" : " untied") << " " << a.dtype << " on "
+            << device_description(device) << " as " << probe.device_type << "\n";
 
   ordered_json summary = ordered_json::array();
   for (int tp : tps) {
@@ -216,11 +245,22 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
       "layers) with LibTorch, for each tp and micro-batch size, and write DeviceType.<TYPE>_tp<T>_bs<B>.json\n"
       "files for `hetplan search`. tp > 1 starts one process per rank (NCCL on GPUs, Gloo on the CPU); under\n"
       "torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) each process is one rank of tp = WORLD_SIZE.");
+  s->add_option("--hf-config", a->hf_config,
+                "Hugging Face config.json (gpt2, llama, mistral) for the model; --num-layers, when given, overrides "
+                "its layer count");
+  s->add_option("--family", a->family, "Without --hf-config: gpt2 or llama")->capture_default_str();
   s->add_option("--hidden-size", a->hidden, "Hidden size")->capture_default_str();
-  s->add_option("--num-layers", a->layers, "Metis layers: embedding + transformer blocks + head")->capture_default_str();
+  CLI::Option* layers = s->add_option("--num-layers", a->layers, "Metis layers: embedding + transformer blocks + head")
+                            ->capture_default_str();
   s->add_option("--seq-len", a->seq, "Sequence length")->capture_default_str();
   s->add_option("--vocab-size", a->vocab, "Vocabulary size")->capture_default_str();
   s->add_option("--heads", a->heads, "Attention heads")->capture_default_str();
+  s->add_option("--recompute", a->recompute, "Activation recomputation: none, selective or full")
+      ->capture_default_str();
+  s->add_option("--kv-heads", a->kv_heads, "Key/value heads (llama; default: --heads)");
+  s->add_option("--ffn-size", a->ffn, "MLP hidden size (default 4h for gpt2; required for llama)");
+  s->add_flag("--tie-embeddings", a->tie, "Tie the LM head to the token embedding (gpt2's default)");
+  s->add_flag("--untie-embeddings", a->untie, "Give the LM head its own weight (llama's default)");
   s->add_option("--tp", a->tp, "Tensor-parallel degrees, e.g. 1,2,4")->capture_default_str();
   s->add_option("--bs", a->bs, "Micro-batch sizes, e.g. 1,2,4,8")->capture_default_str();
   s->add_option("--device-type", a->device_type, "Device type name in the file names (default: from the GPU name)");
@@ -236,7 +276,10 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
   s->add_option("--cpu-memory-limit-mb", a->cpu_memory_limit_mb,
                 "CPU runs: treat allocations past this many MB as out of memory (emulates a device's capacity)");
   s->add_option("--seed", a->seed, "Weight initialisation seed")->capture_default_str();
-  return [a] { return run_profile(*a); };
+  return [a, layers] {
+    a->layers_given = layers->count() > 0;
+    return run_profile(*a);
+  };
 }
 
 }  // namespace hetplan::cli

@@ -11,10 +11,13 @@
 #include "cli/commands.h"
 #include "executor/pipeline_runtime.h"
 #include "profiler/device_meter.h"
+#include "profiler/mixed_precision.h"
 #include "profiler/statistics.h"
 #include "sim/cluster.h"
 #include "sim/gpu_specs.h"
 #include "sim/input_error.h"
+#include "sim/memory_model.h"
+#include "sim/model_shape.h"
 #include "sim/plan_file.h"
 #include "sim/rank_layout.h"
 
@@ -27,8 +30,8 @@ namespace {
 
 struct ReplayArgs {
   std::string plan, out = "replay.json", trace, schedule = "1f1b", dtype = "bf16", device = "auto";
-  std::string profile_dir, hostfile, clusterfile, dump_dir, work_dir;
-  int iters = 10, warmup = 3, timeout_s = 300, heads = 0;
+  std::string profile_dir, hostfile, clusterfile, dump_dir, work_dir, hf_config, recompute;
+  int iters = 10, warmup = 3, timeout_s = 300, heads = 0, zero = -1;
   int64_t cpu_memory_limit_mb = 0;
   double lr = 1e-4;
   std::vector<std::string> argv;
@@ -64,11 +67,30 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   p.layout = std::make_unique<PipelineLayout>(p.plan, p.rank_types, p.profiles.get());
 
   ReplayConfig& c = p.config;
-  c.model.num_layers = p.plan.model.num_layers;
-  c.model.hidden_size = p.plan.model.hidden_size;
-  c.model.num_heads = a.heads > 0 ? a.heads : p.plan.model.attention_heads;
-  c.model.seq_len = p.plan.model.sequence_length;
-  c.model.vocab_size = p.plan.model.vocab_size;
+  // The model: the plan's GPT (tied, learned positions over the sequence,
+  // as Metis's plans describe it) or a Hugging Face config of the same
+  // layer count and hidden size.
+  const ModelConfig& pm = p.plan.model;
+  if (!a.hf_config.empty()) {
+    c.model.shape = read_hf_config(a.hf_config);
+    if (c.model.shape.metis_num_layers() != pm.num_layers || c.model.shape.hidden_size != pm.hidden_size)
+      throw InputError(a.hf_config + ": the model has " + std::to_string(c.model.shape.num_layers) +
+                       " layers and hidden size " + std::to_string(c.model.shape.hidden_size) + ", but the plan " +
+                       a.plan + " partitions " + std::to_string(pm.num_layers - 2) + " layers of hidden size " +
+                       std::to_string(pm.hidden_size));
+  } else {
+    ModelConfig m = pm;
+    if (a.heads > 0) m.attention_heads = a.heads;
+    c.model.shape = shape_from_model_config(m);
+  }
+  c.model.seq_len = pm.sequence_length;
+  // ZeRO: the flag, else the plan's stage (2 and 3 run as 1: replay shards
+  // optimizer state only).
+  if (a.zero > 1) throw InputError("--zero " + std::to_string(a.zero) + ": replay executes ZeRO stage 0 or 1");
+  c.zero_stage = a.zero >= 0 ? a.zero : std::min(1, std::max(0, p.plan.zero_stage));
+  // Activation recomputation: the flag, else the setting the plan was costed with.
+  if (!a.recompute.empty()) c.model.recompute = parse_recompute(a.recompute, "--recompute");
+  else if (!p.plan.recompute.empty()) c.model.recompute = parse_recompute(p.plan.recompute, a.plan + ": recompute");
   c.gbs = p.plan.gbs;
   c.warmup = a.warmup;
   c.iters = a.iters;
@@ -82,9 +104,11 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   c.dump_dir = a.dump_dir;
   for (std::size_t s = 0; s < p.plan.plan.strategies.size(); ++s) {
     const int tp = p.plan.plan.strategies[s].tp;
-    if (c.model.num_heads % tp || c.model.vocab_size % tp)
+    c.model.validate(tp, a.plan + ": stage " + std::to_string(s));
+    // Gloo's all-reduce knows no 16-bit floats; tp all-reduces activations.
+    if (!c.device.is_cuda() && tp > 1 && c.dtype != torch::kFloat32)
       throw InputError(a.plan + ": stage " + std::to_string(s) + " has tp " + std::to_string(tp) +
-                       ", which must divide the heads (" + std::to_string(c.model.num_heads) + ") and vocabulary");
+                       ": on the CPU the Gloo backend cannot all-reduce " + a.dtype + " activations; pass --dtype fp32");
   }
   return p;
 }
@@ -170,11 +194,8 @@ int run_replay(const ReplayArgs& a) {
 
   const auto& m = p.config.model;
   const double tokens = static_cast<double>(p.plan.gbs) * m.seq_len;
-  const double h = m.hidden_size, s = m.seq_len;
-  double params = 0;
-  for (int64_t n : profiler::gpt_parameters_per_layer(m)) params += static_cast<double>(n);
-  // 6 N per token for the weights, plus attention's 12 * blocks * s * h per token (Narayanan et al. 2021).
-  const double flops = (6 * params + 12.0 * (m.num_layers - 2) * s * h) * tokens;
+  // Model FLOPs as the simulator counts them (one definition: ModelShape).
+  const double flops = m.shape.training_flops(tokens, m.seq_len);
   const GpuSpec* spec = nullptr;
   for (const auto& g : gpu_specs())
     if (device.is_cuda() && local.find(g.name) != std::string::npos) spec = &g;
@@ -187,6 +208,19 @@ int run_replay(const ReplayArgs& a) {
   out["mapping"] = mapping;
   out["schedule"] = a.schedule;
   out["dtype"] = a.dtype;
+  out["recompute"] = p.config.model.recompute == Recompute::kFull        ? "full"
+                     : p.config.model.recompute == Recompute::kSelective ? "selective"
+                                                                          : "none";
+  out["zero_stage_executed"] = p.config.zero_stage;  // 1: optimizer state sharded over dp
+  out["model"] = {{"name", m.shape.name},
+                  {"family", m.shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2"},
+                  {"parameters", m.shape.parameter_count()},
+                  {"tied_embeddings", m.shape.tied_embeddings},
+                  {"flops_per_iteration", flops}};
+  out["optimizer"] = {{"name", "Adam"},
+                      {"master_weights", "fp32"},
+                      {"main_grads", "fp32"},
+                      {"zero_stage", p.config.zero_stage}};
   out["warmup"] = a.warmup;
   out["iters"] = a.iters;
   out["iteration_ms"] = {{"median", med},
@@ -256,6 +290,15 @@ Runner add_replay_command(CLI::App& app, int argc, char** argv) {
   s->add_option("--hostfile", a->hostfile, "Hostfile (default: the plan's)");
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
   s->add_option("--heads", a->heads, "Attention heads (default: the plan's model)");
+  s->add_option("--zero", a->zero,
+                "ZeRO stage to execute: 0 (replicated optimizer state) or 1 (fp32 masters and Adam state sharded over "
+                "each stage's replicas) (default: the plan's, 2 and 3 run as 1)");
+  s->add_option("--recompute", a->recompute,
+                "Activation recomputation: none, selective (core attention) or full (each block) (default: the "
+                "plan's setting, else none)");
+  s->add_option("--hf-config", a->hf_config,
+                "Hugging Face config.json (gpt2, llama, mistral) for the model (default: the plan's GPT); its layer "
+                "count and hidden size must be the plan's");
   s->add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
   s->add_option("--out,-o", a->out, "Result JSON")->capture_default_str();
   s->add_option("--trace", a->trace, "Chrome trace JSON (default: <out>.trace.json)");

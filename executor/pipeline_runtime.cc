@@ -8,6 +8,7 @@
 #include <map>
 
 #include "profiler/device_meter.h"
+#include "profiler/mixed_precision.h"
 #include "sim/input_error.h"
 
 namespace hetplan::executor {
@@ -19,8 +20,8 @@ std::pair<torch::Tensor, torch::Tensor> global_batch(const ReplayConfig& c, int 
   auto g1 = at::make_generator<at::CPUGeneratorImpl>(c.data_seed + 2 * step);
   auto g2 = at::make_generator<at::CPUGeneratorImpl>(c.data_seed + 2 * step + 1);
   const auto opts = torch::TensorOptions().dtype(torch::kLong);
-  return {at::randint(c.model.vocab_size, {c.gbs, c.model.seq_len}, g1, opts),
-          at::randint(c.model.vocab_size, {c.gbs, c.model.seq_len}, g2, opts)};
+  return {at::randint(c.model.shape.vocab_size, {c.gbs, c.model.seq_len}, g1, opts),
+          at::randint(c.model.shape.vocab_size, {c.gbs, c.model.seq_len}, g2, opts)};
 }
 
 namespace {
@@ -28,6 +29,12 @@ namespace {
 // The groups one rank belongs to, created in one global order on every rank.
 struct RankGroups {
   std::shared_ptr<CommGroup> world, tp, dp;
+  // Tied embeddings split over the first and last stages: the group that
+  // sums their gradients. Megatron's pairs (same replica and tp index) when
+  // both stages have the same (dp, tp); otherwise all their ranks, summing
+  // full-size [vocab, hidden] gradients (emb_full).
+  std::shared_ptr<CommGroup> emb;
+  bool emb_full = false;
   std::map<std::pair<int, int>, std::shared_ptr<CommGroup>> fwd, bwd;  // keyed (src, dst)
 };
 
@@ -60,6 +67,28 @@ RankGroups make_groups(const PipelineLayout& layout, int me, const ReplayConfig&
         g.bwd[{x.src, x.dst}] = profiler::make_group(
             rv, "bwd." + std::to_string(x.src) + "." + std::to_string(x.dst), x.src == me ? 0 : 1, 2, c.device, c.timeout);
   }
+  const int last = layout.num_stages() - 1;
+  if (c.model.shape.tied_embeddings && last > 0) {
+    const StageLayout& a = layout.stage(0);
+    const StageLayout& z = layout.stage(last);
+    if (a.dp == z.dp && a.tp == z.tp) {
+      for (int d = 0; d < a.dp; ++d)
+        for (int t = 0; t < a.tp; ++t)
+          if (me == a.rank(d, t) || me == z.rank(d, t))
+            g.emb = profiler::make_group(rv, "emb." + std::to_string(d) + "." + std::to_string(t),
+                                         me == a.rank(d, t) ? 0 : 1, 2, c.device, c.timeout);
+    } else {
+      std::vector<int> members;
+      for (int r = a.begin; r < a.begin + a.size(); ++r) members.push_back(r);
+      for (int r = z.begin; r < z.begin + z.size(); ++r) members.push_back(r);
+      const auto it = std::find(members.begin(), members.end(), me);
+      if (it != members.end()) {
+        g.emb = profiler::make_group(rv, "emb", static_cast<int>(it - members.begin()),
+                                     static_cast<int>(members.size()), c.device, c.timeout);
+        g.emb_full = true;
+      }
+    }
+  }
   return g;
 }
 
@@ -87,8 +116,11 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   profiler::GPT stage_model(c.model, tp_group, st.first_layer, st.last_layer);
   stage_model.to(c.device, c.dtype);
   std::vector<torch::Tensor> params = stage_model.parameters();
-  std::unique_ptr<torch::optim::Adam> adam;
-  if (!params.empty()) adam = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr));
+  // bf16 weights: fp32 main gradients, master weights and Adam state (Megatron's mixed precision).
+  const bool zero = c.zero_stage >= 1 && st.dp > 1;
+  profiler::MixedPrecisionAdam adam(params, c.lr, zero ? replica : 0, zero ? st.dp : 1, /*in_backward=*/true);
+  const torch::Tensor tied = stage_model.tied_embedding_to_sync();
+  const int64_t hidden = c.model.shape.hidden_size;
   const bool tokens_in = st.first_layer == 0;                 // this stage's input is token ids
   const auto act_opts = torch::TensorOptions().dtype(c.dtype).device(c.device);
   const auto id_opts = torch::TensorOptions().dtype(torch::kLong).device(c.device);
@@ -143,7 +175,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
     meter.sync();
     const auto t0 = std::chrono::steady_clock::now();
     const int origin = meter.mark();
-    if (adam) adam->zero_grad();
+    adam.zero_grad();
 
     auto forward = [&](int j) {
       torch::Tensor x;
@@ -154,7 +186,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
         std::vector<torch::Tensor> pieces;
         for (const Transfer& in : recv_fwd) {
           torch::Tensor buf = tokens_in ? torch::empty({in.samples.size(), c.model.seq_len}, id_opts)
-                                        : torch::empty({in.samples.size(), c.model.seq_len, c.model.hidden_size}, act_opts);
+                                        : torch::empty({in.samples.size(), c.model.seq_len, hidden}, act_opts);
           timed("recv", j, [&] { groups.fwd.at({in.src, in.dst})->recv(buf, 0, j); });
           pieces.push_back(buf);
         }
@@ -183,7 +215,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
       if (!last) {
         std::vector<torch::Tensor> pieces;
         for (const Transfer& in : recv_bwd) {
-          torch::Tensor buf = torch::empty({in.samples.size(), c.model.seq_len, c.model.hidden_size}, act_opts);
+          torch::Tensor buf = torch::empty({in.samples.size(), c.model.seq_len, hidden}, act_opts);
           timed("recv", j, [&] { groups.bwd.at({in.src, in.dst})->recv(buf, 0, j); });
           pieces.push_back(buf);
         }
@@ -195,6 +227,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
         } else if (mbst.output.requires_grad() && grad.defined()) {
           mbst.output.backward(grad);
         }
+        adam.accumulate_grads();  // nothing left: the backward added each gradient into its fp32 main gradient
       });
       if (!first && !tokens_in) {
         const torch::Tensor g = mbst.input.grad();
@@ -225,14 +258,35 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
 
     if (groups.dp) {
       timed("allreduce", -1, [&] {
-        for (auto& p : params)
-          if (p.grad().defined()) {
-            torch::Tensor g = p.grad();
-            groups.dp->all_reduce(g);
-          }
+        if (zero) {
+          groups.dp->all_reduce(adam.flat_main_grads());
+        } else {
+          for (auto& g : adam.main_grads()) groups.dp->all_reduce(g);
+        }
       });
     }
-    if (adam) timed("optimizer", -1, [&] { adam->step(); });
+    if (groups.emb && tied.defined()) {
+      timed("allreduce", -1, [&] {
+        torch::Tensor g = adam.main_grad_of(tied);
+        if (!groups.emb_full) {
+          groups.emb->all_reduce(g);
+        } else {
+          // Each stage's replica 0 writes its tp slice; the sum is first + last stage.
+          const int64_t rows = g.size(0);
+          torch::Tensor full = torch::zeros({c.model.shape.vocab_size, hidden}, g.options());
+          if (replica == 0) full.narrow(0, t * rows, rows).copy_(g);
+          groups.emb->all_reduce(full);
+          g.copy_(full.narrow(0, t * rows, rows));
+        }
+      });
+    }
+    timed("optimizer", -1, [&] {
+      if (zero) {
+        adam.step_sharded([&](std::vector<torch::Tensor>& out, torch::Tensor& in) { groups.dp->all_gather(out, in); });
+      } else {
+        adam.step();
+      }
+    });
     meter.sync();
     world_barrier();
     meter.sync();

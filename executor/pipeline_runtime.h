@@ -2,8 +2,11 @@
 // stage of the GPT (its layers, its tp shard), the process groups it belongs
 // to, and runs training iterations under a GPipe or 1F1B schedule:
 // micro-batches flow forward and gradients backward through point-to-point
-// c10d sends and receives, gradients are summed over the stage's data-
-// parallel replicas, and Adam steps. Losses are scaled by each replica's
+// c10d sends and receives, gradients are added into fp32 main gradients
+// and summed over the stage's data-parallel replicas (and, with tied
+// embeddings split over the first and last stages, between those), and
+// Adam steps on fp32 master weights (profiler/mixed_precision.h), as
+// Megatron trains with bf16 weights. Losses are scaled by each replica's
 // share of the global batch, so the update equals single-process training
 // on the same global batch.
 #pragma once
@@ -30,6 +33,10 @@ struct ReplayConfig {
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;
   double lr = 1e-3;
+  // 1: ZeRO-1 over each stage's data-parallel replicas (sharded fp32 masters
+  // and Adam state; the gradient sum is one all-reduce of the flat fp32
+  // buffer, standing in for a reduce-scatter, which Gloo lacks).
+  int zero_stage = 0;
   uint64_t data_seed = 42;
   std::chrono::milliseconds timeout{300000};
   std::string dump_dir;  // if set: parameters after the last step, for checks

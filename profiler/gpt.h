@@ -1,30 +1,53 @@
-// A GPT in LibTorch, laid out the way Metis counts layers:
-//   layer 0        token + position embedding
-//   layers 1..L-2  transformer blocks: pre-LayerNorm causal self-attention
-//                  (column-parallel QKV, row-parallel proj) and a 4h GELU MLP
-//                  (column-parallel fc1, row-parallel fc2)
-//   layer L-1      final LayerNorm, LM head over the vocabulary, cross-entropy
+// The LibTorch model of a ModelShape (sim/model_shape.h, the one model
+// definition), laid out the way Metis counts layers:
+//   layer 0        token (+ learned position) embedding, vocab-parallel
+//   layers 1..L    transformer blocks: pre-norm causal self-attention with
+//                  grouped-query heads (one column-parallel QKV, row-parallel
+//                  output projection; RoPE for Llama) and the MLP (GPT-2:
+//                  fc -> tanh-GELU -> proj; Llama: down(silu(gate) * up))
+//   layer L+1      final norm, LM head over this rank's vocabulary slice and
+//                  Megatron's vocab-parallel cross-entropy (no rank gathers
+//                  the full logits)
+// LayerNorm or RMSNorm, biases, tied or untied embeddings as the shape says.
 // Short and explicit on purpose (nanoGPT), with Megatron's tensor parallelism.
-// Weights come from a seed, so every tp degree builds slices of one model.
+// Weights come from a seed, so every tp degree builds slices of one model,
+// and every pipeline stage the same weights as the whole model's layers.
+//
+// It promises: summing numel() over the tp ranks for sharded tensors and
+// once for replicated ones gives ModelShape::parameter_count() (tests check
+// it). With tied embeddings, a GPT holding both the embedding and the head
+// shares one tensor; a stage holding the head alone keeps a copy of the
+// embedding (same initial values), whose gradients the pipeline must sum
+// with the embedding's (Megatron's embedding group).
 #pragma once
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "profiler/tensor_parallel.h"
+#include "sim/memory_model.h"
+#include "sim/model_shape.h"
 
 namespace hetplan::profiler {
 
 struct GPTConfig {
-  int64_t num_layers = 10;  // Metis layers: embedding + blocks + head
-  int64_t hidden_size = 4096;
-  int64_t num_heads = 32;
+  ModelShape shape;  // default: a GPT-2 shape
   int64_t seq_len = 1024;
-  int64_t vocab_size = 51200;
   uint64_t seed = 1234;
-  int64_t blocks() const { return num_layers - 2; }
+  bool meta = false;  // parameters on the meta device: shapes only (parameter counting)
+  // Activation recomputation (Megatron's): kFull keeps only each block's
+  // input and runs the block's forward again in its backward; kSelective
+  // does that for the core attention (scores, softmax, weighted values) only.
+  Recompute recompute = Recompute::kNone;
+  int64_t num_layers() const { return shape.metis_num_layers(); }  // embedding + blocks + head
+  int64_t blocks() const { return shape.num_layers; }
+  // Checks what a model of this config on `tp` ranks needs (heads, key/value
+  // heads, ffn and vocabulary divisible by tp; positions cover seq_len).
+  // Throws InputError naming `where`.
+  void validate(int tp, const std::string& where) const;
 };
 
 // One Metis layer: a module mapping its input to its output. The head maps
@@ -34,14 +57,28 @@ class GPTLayer : public torch::nn::Module {
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
 };
 
+// LayerNorm (weight, bias) or RMSNorm (weight; computed in fp32 as Hugging Face does).
+class NormImpl : public torch::nn::Module {
+ public:
+  NormImpl(NormKind kind, int64_t h, double eps, bool meta);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+
+ private:
+  NormKind kind_;
+  double eps_;
+};
+TORCH_MODULE(Norm);
+
 class EmbeddingLayer : public GPTLayer {
  public:
   EmbeddingLayer(const GPTConfig& c, const TensorParallelGroup& g);
   torch::Tensor forward(const torch::Tensor& ids) override;
+  torch::Tensor word_embeddings() const { return wte_->weight; }
 
  private:
   VocabParallelEmbedding wte_{nullptr};
-  torch::Tensor wpe_;
+  torch::Tensor wpe_;  // undefined without learned positions
 };
 
 class TransformerBlock : public GPTLayer {
@@ -50,27 +87,49 @@ class TransformerBlock : public GPTLayer {
   torch::Tensor forward(const torch::Tensor& x) override;
 
  private:
-  int64_t local_heads_, head_dim_;
-  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
-  ColumnParallelLinear qkv_{nullptr}, fc1_{nullptr};
+  ModelShape shape_;
+  int64_t local_heads_, local_kv_heads_;
+  Norm ln1_{nullptr}, ln2_{nullptr};
+  // QKV rows are laid out by key/value group ([kv][q x heads/kv, k, v][head_dim])
+  // so that a contiguous chunk of rows is a whole set of groups, as in Megatron.
+  ColumnParallelLinear qkv_{nullptr}, fc1_{nullptr}, gate_{nullptr};  // gate: SwiGLU only
   RowParallelLinear proj_{nullptr}, fc2_{nullptr};
+  Recompute recompute_;
+  using Body = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
+  Body block_body_, attention_body_;  // what recomputation runs again (hold `this`: the block is never moved)
+  torch::Tensor block(const torch::Tensor& x);
 };
+
+// Runs body(a, b, c) keeping only its inputs; the backward runs it again with
+// gradients on and back-propagates through it (parameters inside `body` get
+// their gradients there). `body` must outlive the backward and compute the
+// same function each time (no randomness). Undefined b, c are allowed.
+torch::Tensor checkpoint(const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                                           const torch::Tensor&)>& body,
+                         const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c);
 
 class HeadLayer : public GPTLayer {
  public:
-  HeadLayer(const GPTConfig& c, const TensorParallelGroup& g);
-  torch::Tensor forward(const torch::Tensor& x) override;  // mean cross-entropy
+  // `tied`: the embedding's weight to use as the LM head (tied embeddings,
+  // embedding in the same GPT); undefined: the head holds its own weight
+  // (untied, or a copy of the tied embedding).
+  HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Tensor tied);
+  torch::Tensor forward(const torch::Tensor& x) override;  // mean cross-entropy (fp32)
   void set_targets(torch::Tensor t) { targets_ = std::move(t); }
+  // The head's own copy of the tied embedding (undefined otherwise).
+  torch::Tensor tied_copy() const { return tied_copy_ ? lm_head_ : torch::Tensor(); }
 
  private:
-  torch::nn::LayerNorm ln_f_{nullptr};
-  ColumnParallelLinear lm_head_{nullptr};
+  TensorParallelGroup group_;
+  Norm ln_f_{nullptr};
+  torch::Tensor lm_head_;  // [vocab / tp, hidden]
+  bool tied_copy_ = false;
   torch::Tensor targets_;
 };
 
 class GPT {
  public:
-  // Checks that heads, 4h and the vocabulary divide by the tp degree.
+  // Throws InputError when the config does not fit the tp degree.
   GPT(const GPTConfig& c, const TensorParallelGroup& g);
   // Only layers [first, last) of the model (a pipeline stage); the same
   // weights as the whole model's layers of those numbers.
@@ -81,7 +140,13 @@ class GPT {
   std::vector<std::shared_ptr<GPTLayer>>& layers() { return layers_; }
   HeadLayer& head() { return *head_; }
   void to(torch::Device device, torch::Dtype dtype);
+  // Every parameter once (a tied embedding shared by embedding and head once).
   std::vector<torch::Tensor> parameters() const;
+  // The tensor whose gradient must be summed with the other end's: the
+  // embedding (stage with the embedding but not the head) or the head's copy
+  // (stage with the head but not the embedding), when the embeddings are
+  // tied; undefined otherwise.
+  torch::Tensor tied_embedding_to_sync() const;
   // Whole-model loss for token ids and targets [batch, seq].
   torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets);
 
@@ -90,10 +155,8 @@ class GPT {
   TensorParallelGroup group_;
   int64_t first_ = 0;
   std::vector<std::shared_ptr<GPTLayer>> layers_;
+  std::shared_ptr<EmbeddingLayer> embedding_;
   std::shared_ptr<HeadLayer> head_;
 };
-
-// Parameter count of each Metis layer at tp = 1.
-std::vector<int64_t> gpt_parameters_per_layer(const GPTConfig& c);
 
 }  // namespace hetplan::profiler

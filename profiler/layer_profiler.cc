@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "profiler/device_meter.h"
+#include "profiler/mixed_precision.h"
 #include "profiler/statistics.h"
 #include "sim/json_util.h"
 
@@ -16,12 +17,6 @@ namespace hetplan::profiler {
 namespace fs = std::filesystem;
 
 namespace {
-
-int64_t tensor_bytes(const std::vector<torch::Tensor>& ts) {
-  int64_t b = 0;
-  for (const auto& t : ts) b += t.numel() * static_cast<int64_t>(t.element_size());
-  return b;
-}
 
 void drop_grads(const std::vector<torch::Tensor>& params) {
   for (auto p : params) p.mutable_grad() = torch::Tensor();
@@ -44,7 +39,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
   auto& layers = model.layers();
   const std::size_t L = layers.size();
   std::vector<torch::Tensor> params = model.parameters();
-  torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-4));
+  MixedPrecisionAdam adam(params, 1e-4);
   Measurement m;
   m.layer_ms.assign(L, {});
   m.forward_ms.assign(L, {});
@@ -54,8 +49,8 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
     const bool record = it >= req.warmup;
     meter.clear_marks();
     const int b0 = meter.mark();
-    const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
-    const torch::Tensor targets = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
+    const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
+    const torch::Tensor targets = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
     const int b1 = meter.mark();
     model.head().set_targets(targets);
 
@@ -104,6 +99,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
     adam.zero_grad();
     const int f0 = meter.mark();
     model.loss(ids, targets).backward();
+    adam.accumulate_grads();
     const int f1 = meter.mark();
     adam.step();
     const int f2 = meter.mark();
@@ -126,8 +122,8 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
   // idles; the power limiter settles within the first second or so, hence
   // the median of the second half.
   if (req.sustained_seconds > 0 && !m.fb_ms.empty()) {
-    const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
-    const torch::Tensor targets = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
+    const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
+    const torch::Tensor targets = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
     // A pass count, not a deadline: every rank of a tp group must run the
     // same number of passes (each holds collectives), so they agree on the
     // mean of their own estimates.
@@ -139,7 +135,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
     meter.sync();
     std::vector<int> marks{meter.mark()};
     for (int pass = 0; pass < passes; ++pass) {
-      adam.zero_grad();
+      drop_grads(params);
       model.loss(ids, targets).backward();
       marks.push_back(meter.mark());
       // Keep the host at most 16 passes ahead, so the wall clock tracks the device.
@@ -157,8 +153,8 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
   // micro-batches), a stage that never waits for its neighbours runs at the
   // host's pace, not the device's.
   {
-    const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
-    model.head().set_targets(torch::randint(c.vocab_size, {bs, c.seq_len}, opts));
+    const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
+    model.head().set_targets(torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts));
     std::vector<torch::Tensor> ins(L);
     torch::Tensor x = ids;
     {
@@ -187,9 +183,12 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
     drop_grads(params);
   }
 
-  const torch::Tensor ids = torch::randint(c.vocab_size, {bs, c.seq_len}, opts);
-  model.head().set_targets(torch::randint(c.vocab_size, {bs, c.seq_len}, opts));
+  const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
+  model.head().set_targets(torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts));
   torch::Tensor x = ids;
+  // Gradients are transient, one at a time, as in replay's (and Megatron's)
+  // backward, which adds each into its fp32 main gradient (counted below).
+  const GradientDropper dropper(params);
   for (std::size_t i = 0; i < L; ++i) {
     torch::Tensor in = x;
     {
@@ -205,16 +204,12 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
         out.backward(torch::ones_like(out));
       }
       meter.sync();
-      const int64_t activations = meter.peak() - base;
-      const std::vector<torch::Tensor> lp = layers[i]->parameters();
+      const int64_t activations = meter.peak() - base;  // with one transient gradient at a time
       int64_t numel = 0;
-      for (const auto& p : lp) numel += p.numel();
-      const int64_t weights = tensor_bytes(lp);
-      // Mixed-precision Adam keeps an fp32 master copy (when the weights are
-      // not fp32) and fp32 first and second moments.
-      const int64_t adam_state = numel * 4 * (req.dtype == torch::kFloat32 ? 2 : 3);
-      // Gradients were allocated during the backward, so the peak holds them.
-      m.layer_mb.push_back(static_cast<double>(weights + adam_state + activations) / (1024.0 * 1024.0));
+      for (const auto& p : layers[i]->parameters()) numel += p.numel();
+      // Weights, fp32 main gradients, fp32 masters (unless the weights are fp32) and Adam's moments.
+      const int64_t state = numel * static_cast<int64_t>(MixedPrecisionAdam::state_bytes_per_parameter(req.dtype));
+      m.layer_mb.push_back(static_cast<double>(state + activations) / (1024.0 * 1024.0));
       x = out.detach();
     }
   }
@@ -228,16 +223,24 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   const std::size_t L = m.layer_ms.size();
   ordered_json j;
   ordered_json model;
-  model["model_name"] = "GPT";
-  model["num_layers"] = c.num_layers;
-  model["hidden_size"] = c.hidden_size;
-  model["num_heads"] = c.num_heads;
+  const ModelShape& shape = c.shape;
+  model["model_name"] = shape.name;
+  model["num_layers"] = c.num_layers();
+  model["hidden_size"] = shape.hidden_size;
+  model["num_heads"] = shape.num_heads;
   model["sequence_length"] = c.seq_len;
-  model["vocab_size"] = c.vocab_size;
+  model["vocab_size"] = shape.vocab_size;
+  // hetplan's extensions: the rest of the shape (sim/model_shape.h).
+  model["family"] = shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2";
+  model["num_kv_heads"] = shape.num_kv_heads;
+  model["head_dim"] = shape.head_dim;
+  model["ffn_hidden_size"] = shape.ffn_hidden_size;
+  model["tied_embeddings"] = shape.tied_embeddings;
+  model["parameter_count"] = shape.parameter_count();
   ordered_json per_layer = ordered_json::array();
   int64_t total = 0;
   const int64_t elem = torch::elementSize(req.dtype);
-  for (int64_t n : gpt_parameters_per_layer(c)) {
+  for (long long n : shape.metis_layer_params()) {
     per_layer.push_back(n * elem);
     total += n * elem;
   }
@@ -291,6 +294,22 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   mem["total_memory"] = total_mb;
   mem["layer_memory_total_mb"] = layer_mb;
   mem["source"] = meter.has_memory_stats() ? "allocator peak statistics" : "not measured";
+  // How the layers above hold their memory (hetplan's extensions):
+  // weights + fp32 main gradients + fp32 masters + Adam moments per parameter
+  // (18 for bf16 weights, Megatron's; 16 for fp32), attention fused (scores
+  // never stored: scaled_dot_product_attention, LibTorch >= 2) or
+  // materialized (softmax(QK^T) stored per head), and the head's loss over
+  // each tp rank's vocabulary slice only (fp32 logits of V / tp per token).
+  mem["state_bytes_per_parameter"] = static_cast<int>(MixedPrecisionAdam::state_bytes_per_parameter(req.dtype));
+#if TORCH_VERSION_MAJOR >= 2
+  mem["attention"] = "fused";
+#else
+  mem["attention"] = "materialized";
+#endif
+  mem["cross_entropy"] = "vocab_parallel";
+  mem["recompute"] = c.recompute == Recompute::kFull        ? "full"
+                     : c.recompute == Recompute::kSelective ? "selective"
+                                                            : "none";
   // What the process holds beyond the tensors (on a GPU it has to itself).
   if (const int64_t fw = meter.framework_bytes(); fw >= 0) mem["framework_mb"] = std::round(fw / 1048.576) / 1000.0;
   j["execution_memory"] = mem;
@@ -326,9 +345,9 @@ ordered_json measure_gradient_all_reduce(GPT& model, const ProfileRequest& req, 
   if (g.size() < 2) return nullptr;
   std::vector<torch::Tensor> grads;
   int64_t bytes = 0;
-  for (const auto& p : model.parameters()) {
-    grads.push_back(torch::zeros_like(p));
-    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  for (const auto& p : model.parameters()) {  // fp32 main gradients, as replay (and Megatron) reduce them
+    grads.push_back(torch::zeros(p.sizes(), p.options().dtype(torch::kFloat32)));
+    bytes += p.numel() * 4;
   }
   std::vector<double> ms;
   for (int it = 0; it < std::max(1, req.warmup) + std::max(3, req.iters); ++it) {
@@ -348,15 +367,15 @@ ordered_json measure_gradient_all_reduce(GPT& model, const ProfileRequest& req, 
   c["all_reduce_calls"] = grads.size();
   c["ranks"] = g.size();
   c["allreduce_busbw_gbs"] = 2 * (n - 1) / n * static_cast<double>(bytes) / (t * 1e-3) / 1e9;
-  c["how"] = "one all-reduce per parameter tensor of this rank's gradients, over the tp group";
+  c["gradient_dtype"] = "fp32";
+  c["how"] = "one all-reduce per parameter tensor of this rank's fp32 main gradients, over the tp group";
   return c;
 }
 
 }  // namespace
 
 double block_flops(const GPTConfig& c, int bs, int tp) {
-  const double b = bs, s = c.seq_len, h = c.hidden_size;
-  return 3.0 * (24.0 * b * s * h * h + 4.0 * b * s * s * h) / tp;
+  return 3.0 * c.shape.block_forward_flops_per_token(c.seq_len) * static_cast<double>(bs) * c.seq_len / tp;
 }
 
 std::vector<BatchOutcome> profile_batch_sizes(const ProfileRequest& req, const TensorParallelGroup& group,

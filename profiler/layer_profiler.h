@@ -17,8 +17,10 @@
 // records the pace it settles at (sustained_forward_backward_ms): the burst
 // timings above leave the GPU idle between passes, so they see boost clocks
 // that a GPU busy all the time cannot hold under its power limit.
-// Memory: per layer, weights + gradients + Adam state (fp32 master, m, v) +
-// the allocator's peak over that layer's forward and backward.
+// Memory: per layer, what MixedPrecisionAdam holds per parameter (weights,
+// fp32 main gradients, fp32 masters unless fp32, Adam moments) + the
+// allocator's peak over that layer's forward and backward, each gradient
+// freed as soon as it is produced (replay adds it into its main gradient).
 #pragma once
 
 #include <torch/torch.h>
@@ -62,7 +64,7 @@ std::vector<BatchOutcome> profile_batch_sizes(const ProfileRequest& req, const T
                                               const std::function<void(const BatchOutcome&)>& on_outcome);
 
 // FLOPs of one transformer block's forward+backward (3x forward, no recompute)
-// per rank: 3 (24 b s h^2 + 4 b s^2 h) / tp.
+// per rank: 3 ModelShape::block_forward_flops_per_token(seq) b s / tp.
 double block_flops(const GPTConfig& c, int bs, int tp);
 
 }  // namespace hetplan::profiler

@@ -1,5 +1,8 @@
 #include "profiler/tensor_parallel.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace hetplan::profiler {
 
 void TensorParallelGroup::all_reduce(torch::Tensor& t) const {
@@ -74,12 +77,27 @@ torch::Tensor seeded_normal(std::vector<int64_t> shape, double std, uint64_t see
   return at::normal(0.0, std, shape, gen, torch::kFloat32);
 }
 
-ColumnParallelLinearImpl::ColumnParallelLinearImpl(const torch::Tensor& full_weight, const torch::Tensor& full_bias,
+torch::Tensor init_shard(const std::vector<int64_t>& full, int64_t dim, const TensorParallelGroup& g,
+                         const ParamInit& init) {
+  std::vector<int64_t> shape = full;
+  int64_t begin = 0;
+  if (dim >= 0) {
+    if (full[dim] % g.size() != 0)
+      throw std::invalid_argument("tensor parallelism: dimension " + std::to_string(full[dim]) +
+                                  " does not divide by tp " + std::to_string(g.size()));
+    shape[dim] = full[dim] / g.size();
+    begin = g.rank() * shape[dim];
+  }
+  if (init.meta) return torch::empty(shape, torch::TensorOptions().dtype(torch::kFloat32).device(torch::kMeta));
+  torch::Tensor t = init.std > 0 ? seeded_normal(full, init.std, init.seed) : torch::zeros(full, torch::kFloat32);
+  return dim >= 0 ? t.narrow(dim, begin, shape[dim]).clone() : t;
+}
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, bool has_bias, const ParamInit& init,
                                                    const TensorParallelGroup& group, bool gather_output)
     : group_(group), gather_output_(gather_output) {
-  const int64_t rows = full_weight.size(0) / group.size();
-  weight = register_parameter("weight", full_weight.narrow(0, group.rank() * rows, rows).clone());
-  bias = register_parameter("bias", full_bias.narrow(0, group.rank() * rows, rows).clone());
+  weight = register_parameter("weight", init_shard({out, in}, 0, group, init));
+  if (has_bias) bias = register_parameter("bias", init_shard({out}, 0, group, {0.0, 0, init.meta}));
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
@@ -87,25 +105,24 @@ torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   return gather_output_ ? gather_from_tensor_parallel(y, group_) : y;
 }
 
-RowParallelLinearImpl::RowParallelLinearImpl(const torch::Tensor& full_weight, const torch::Tensor& full_bias,
+RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, bool has_bias, const ParamInit& init,
                                              const TensorParallelGroup& group)
     : group_(group) {
-  const int64_t cols = full_weight.size(1) / group.size();
-  weight = register_parameter("weight", full_weight.narrow(1, group.rank() * cols, cols).clone());
-  bias = register_parameter("bias", full_bias.clone());
+  weight = register_parameter("weight", init_shard({out, in}, 1, group, init));
+  if (has_bias) bias = register_parameter("bias", init_shard({out}, -1, group, {0.0, 0, init.meta}));
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
-  return reduce_from_tensor_parallel(torch::matmul(x, weight.t()), group_) + bias;
+  torch::Tensor y = reduce_from_tensor_parallel(torch::matmul(x, weight.t()), group_);
+  return bias.defined() ? y + bias : y;
 }
 
-VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::Tensor& full_weight,
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab, int64_t hidden, const ParamInit& init,
                                                        const TensorParallelGroup& group)
     : group_(group) {
-  const int64_t rows = full_weight.size(0) / group.size();
-  vocab_start_ = group.rank() * rows;
-  vocab_end_ = vocab_start_ + rows;
-  weight = register_parameter("weight", full_weight.narrow(0, vocab_start_, rows).clone());
+  weight = register_parameter("weight", init_shard({vocab, hidden}, 0, group, init));
+  vocab_start_ = group.rank() * weight.size(0);
+  vocab_end_ = vocab_start_ + weight.size(0);
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
@@ -114,6 +131,42 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
   const torch::Tensor local = (ids - vocab_start_).masked_fill(outside, 0);
   torch::Tensor y = torch::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
   return reduce_from_tensor_parallel(y, group_);
+}
+
+namespace {
+
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor logits, torch::Tensor targets,
+                               const TensorParallelGroup* g) {
+    torch::NoGradGuard no_grad;
+    const int64_t width = logits.size(-1), start = g->rank() * width;
+    // The global maximum of each row, from every rank's N maxima.
+    const torch::Tensor row_max = g->all_gather_last_dim(logits.amax(-1, true)).amax(-1, true);
+    torch::Tensor e = (logits - row_max).exp_();
+    const torch::Tensor inside = (targets >= start) & (targets < start + width);
+    const torch::Tensor local = (targets - start).masked_fill(~inside, 0).unsqueeze(-1);
+    torch::Tensor target_logit = (logits.gather(-1, local).squeeze(-1) - row_max.squeeze(-1)).masked_fill(~inside, 0.0);
+    torch::Tensor sum_exp = e.sum(-1);
+    g->all_reduce(target_logit);
+    g->all_reduce(sum_exp);
+    e.div_(sum_exp.unsqueeze(-1));  // softmax over the whole vocabulary, this rank's slice
+    ctx->save_for_backward({e, local, inside});
+    return sum_exp.log() - target_logit;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const variable_list saved = ctx->get_saved_variables();
+    torch::Tensor d = saved[0].clone();  // d loss / d logits = softmax - one_hot(target)
+    d.scatter_add_(-1, saved[1], -saved[2].to(d.scalar_type()).unsqueeze(-1));
+    d.mul_(grad[0].unsqueeze(-1));
+    return {d, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                          const TensorParallelGroup& g) {
+  return VocabParallelCrossEntropy::apply(logits, targets, &g);
 }
 
 }  // namespace hetplan::profiler

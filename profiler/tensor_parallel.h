@@ -51,16 +51,28 @@ torch::Tensor gather_from_tensor_parallel(const torch::Tensor& x, const TensorPa
 // Deterministic full-size initial weights: the same on every rank.
 torch::Tensor seeded_normal(std::vector<int64_t> shape, double std, uint64_t seed);
 
-// y = x W^T + b with W's output features split over the group. The output
-// stays split (the next RowParallelLinear consumes it) unless gather_output.
+// How a parameter starts: normal(0, std) from `seed` (std 0: zeros), or, when
+// `meta`, no values at all (meta tensors: shapes only, for counting).
+struct ParamInit {
+  double std = 0.02;
+  uint64_t seed = 0;
+  bool meta = false;
+};
+
+// This rank's slice along `dim` of the full tensor `full` that `init`
+// describes (the whole tensor when `dim` < 0: replicated).
+torch::Tensor init_shard(const std::vector<int64_t>& full, int64_t dim, const TensorParallelGroup& g,
+                         const ParamInit& init);
+
+// y = x W^T (+ b) with W [out, in] split over the group by output rows. The
+// output stays split (the next RowParallelLinear consumes it) unless
+// gather_output. A rank's rows are a contiguous chunk of W's rows.
 class ColumnParallelLinearImpl : public torch::nn::Module {
  public:
-  // `full_weight` [out, in] and `full_bias` [out]; `shard_rows(w, rank, size)`
-  // picks this rank's output rows (plain chunking unless given).
-  ColumnParallelLinearImpl(const torch::Tensor& full_weight, const torch::Tensor& full_bias,
+  ColumnParallelLinearImpl(int64_t in, int64_t out, bool bias, const ParamInit& init,
                            const TensorParallelGroup& group, bool gather_output);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight, bias;
+  torch::Tensor weight, bias;  // bias undefined when there is none
 
  private:
   TensorParallelGroup group_;
@@ -68,12 +80,11 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ColumnParallelLinear);
 
-// y = x W^T + b with W's input features split over the group; x arrives
+// y = x W^T (+ b) with W's input features split over the group; x arrives
 // split, partial products are all-reduced, then the (replicated) bias added.
 class RowParallelLinearImpl : public torch::nn::Module {
  public:
-  RowParallelLinearImpl(const torch::Tensor& full_weight, const torch::Tensor& full_bias,
-                        const TensorParallelGroup& group);
+  RowParallelLinearImpl(int64_t in, int64_t out, bool bias, const ParamInit& init, const TensorParallelGroup& group);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;
 
@@ -86,7 +97,7 @@ TORCH_MODULE(RowParallelLinear);
 // up the ids in its range, zeros the rest, and the group all-reduces.
 class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
-  VocabParallelEmbeddingImpl(const torch::Tensor& full_weight, const TensorParallelGroup& group);
+  VocabParallelEmbeddingImpl(int64_t vocab, int64_t hidden, const ParamInit& init, const TensorParallelGroup& group);
   torch::Tensor forward(const torch::Tensor& ids);
   torch::Tensor weight;
 
@@ -95,5 +106,14 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
   int64_t vocab_start_, vocab_end_;
 };
 TORCH_MODULE(VocabParallelEmbedding);
+
+// Megatron's vocab-parallel cross-entropy: `logits` [N, V / tp] are this
+// rank's vocabulary slice (rank r holds ids [r V/tp, (r+1) V/tp)), `targets`
+// [N] global ids. The group all-gathers the per-row maxima (N values per
+// rank) and all-reduces the sum of exponentials and the target logit, so no
+// rank ever holds the full logits. Returns the per-row loss [N] (fp32 when
+// the logits are), the same on every rank; the backward is local.
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                          const TensorParallelGroup& g);
 
 }  // namespace hetplan::profiler

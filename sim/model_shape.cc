@@ -130,6 +130,7 @@ ModelShape llama_shape(long long vocab, long long hidden, int layers, int heads,
   s.learned_positions = false;
   s.attention_bias = s.mlp_bias = false;
   s.dropout = false;
+  s.norm_eps = 1e-6;
   return s;
 }
 
@@ -187,6 +188,7 @@ ModelShape read_hf_config(const std::string& path) {
     s.ffn_hidden_size = get_int_or(j, "n_inner", path, 4 * s.hidden_size);
     s.tied_embeddings = get_bool_or(j, "tie_word_embeddings", path, true);
     s.dropout = get_number_or(j, "resid_pdrop", path, 0.1) > 0 || get_number_or(j, "attn_pdrop", path, 0.1) > 0;
+    s.norm_eps = get_number_or(j, "layer_norm_epsilon", path, 1e-5);
   } else if (type == "llama" || type == "mistral") {
     // transformers' LlamaConfig: num_key_value_heads defaults to the heads,
     // head_dim to hidden / heads; embeddings untied by default.
@@ -200,6 +202,8 @@ ModelShape read_hf_config(const std::string& path) {
     s.attention_bias = get_bool_or(j, "attention_bias", path, false);
     s.mlp_bias = get_bool_or(j, "mlp_bias", path, false);
     s.dropout = get_number_or(j, "attention_dropout", path, 0.0) > 0;
+    s.norm_eps = get_number_or(j, "rms_norm_eps", path, 1e-6);
+    s.rope_theta = get_number_or(j, "rope_theta", path, 10000.0);
     if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"].get<std::string>() != "silu")
       throw InputError(path + ": key 'hidden_act' is '" + excerpt(j["hidden_act"].get<std::string>()) +
                        "': expected 'silu' for a " + type + " model");

@@ -66,6 +66,10 @@ struct ModelShape {
   bool attention_bias = true;     // q, k, v, o biases
   bool mlp_bias = true;
   bool dropout = true;  // GPT-2 trains with dropout (masks are stored); Llama's configs set it to 0
+  // Numerics only (no parameters, no FLOPs): what the LibTorch model needs to
+  // compute the same function as the Hugging Face one.
+  double norm_eps = 1e-5;       // GPT-2's layer_norm_epsilon; Llama's rms_norm_eps
+  double rope_theta = 10000.0;  // RoPE base (Llama); rope_scaling is not modelled
 
   // --- parameter counts (exact) ---
   long long norm_params() const { return norm == NormKind::kLayerNorm ? 2 * hidden_size : hidden_size; }

@@ -9,6 +9,7 @@
 
 #include "executor/pipeline_layout.h"
 #include "executor/pipeline_runtime.h"
+#include "profiler/mixed_precision.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 #include "tests/fixtures.h"
@@ -36,13 +37,19 @@ ordered_json plan_json(std::vector<int> groups, std::vector<std::pair<int, int>>
                      {"vocab_size", kVocab}, {"attention_heads", kHeads}}}};
 }
 
-ReplayConfig config() {
+// The plans' model: Metis's GPT (tied embeddings, learned positions).
+ModelShape plan_shape() { return gpt2_shape(kVocab, kHidden, kLayers - 2, kHeads, kSeq); }
+
+// A Llama of the plans' layer count and hidden size: GQA (4 heads, 2
+// key/value heads), SwiGLU, RMSNorm, RoPE, untied embeddings.
+constexpr const char* kLlamaConfig = R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+  "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "hidden_act": "silu"})";
+
+ReplayConfig config(const ModelShape& shape = plan_shape()) {
   ReplayConfig c;
-  c.model.num_layers = kLayers;
-  c.model.hidden_size = kHidden;
+  c.model.shape = shape;
   c.model.seq_len = kSeq;
-  c.model.vocab_size = kVocab;
-  c.model.num_heads = kHeads;
   c.gbs = kGbs;
   c.lr = kLr;
   return c;
@@ -54,11 +61,12 @@ struct Reference {
   std::map<std::pair<int64_t, std::string>, torch::Tensor> params;
 };
 
-const Reference& reference(int steps) {
-  static std::map<int, Reference> cache;
-  auto it = cache.find(steps);
+const Reference& reference(int steps, const ModelShape& shape) {
+  static std::map<std::pair<int, std::string>, Reference> cache;
+  const std::pair<int, std::string> key{steps, shape.name};
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const ReplayConfig c = config();
+  const ReplayConfig c = config(shape);
   profiler::GPT model(c.model, profiler::TensorParallelGroup());
   torch::optim::Adam adam(model.parameters(), torch::optim::AdamOptions(kLr));
   Reference r;
@@ -72,7 +80,7 @@ const Reference& reference(int steps) {
   }
   for (int64_t l = 0; l < kLayers; ++l)
     for (const auto& p : model.layers()[l]->named_parameters()) r.params[{l, p.key()}] = p.value().detach().clone();
-  return cache[steps] = r;
+  return cache[key] = r;
 }
 
 double rel(const torch::Tensor& a, const torch::Tensor& b) {
@@ -80,17 +88,19 @@ double rel(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 void check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
-                                        const std::string& schedule = "1f1b") {
+                                        const std::string& schedule = "1f1b", const std::string& hf_config = "",
+                                        const std::string& extra = "") {
   const auto dir = test::scratch_dir("replay-" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   write_json_file((dir / "plan.json").string(), plan);
   const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --schedule " + schedule +
                             " --plan " + (dir / "plan.json").string() + " --out " + (dir / "result.json").string() +
-                            " --dump-params " + (dir / "params").string());
+                            " --dump-params " + (dir / "params").string() +
+                            (hf_config.empty() ? "" : " --hf-config " + hf_config) + " " + extra);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  const Reference& ref = reference(2);
+  const Reference& ref = reference(2, hf_config.empty() ? plan_shape() : read_hf_config(hf_config));
   const ordered_json result = read_json_file((dir / "result.json").string());
   REQUIRE(result["losses"].size() == 2);
   for (int k = 0; k < 2; ++k) CHECK(std::abs(result["losses"][k].get<double>() - ref.losses[k]) <= 1e-4 * ref.losses[k]);
@@ -111,11 +121,16 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
   }
   // Parameters are compared as one vector: Adam turns the rounding noise of a
   // gradient that is zero in exact arithmetic (the attention key bias) into
-  // updates of ~lr * 1e-2, so a single such tensor is no fair measure.
-  REQUIRE(shards.size() == ref.params.size());
+  // updates of ~lr * 1e-2, so a single such tensor is no fair measure. A
+  // head stage's copy of the tied embedding ("tied_wte") must equal the
+  // embedding.
   std::vector<torch::Tensor> all_got, all_want;
-  for (const auto& [key, want] : ref.params) {
+  std::size_t matched = 0;
+  for (const auto& [key, parts_unused] : shards) {
     INFO("layer " << key.first << " " << key.second);
+    const bool copy = key.second == "tied_wte";
+    const torch::Tensor want = ref.params.at(copy ? std::make_pair(int64_t{0}, std::string("wte.weight")) : key);
+    if (!copy) ++matched;
     auto parts = shards.at(key);
     std::sort(parts.begin(), parts.end(), [](auto& a, auto& b) { return a.first < b.first; });
     torch::Tensor got = parts[0].second;
@@ -131,6 +146,7 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
     all_want.push_back(want.flatten());
     for (const auto& other : replicas.at(key)) CHECK(rel(other, replicas.at(key)[0]) <= 1e-6);
   }
+  CHECK(matched == ref.params.size());
   const double err = rel(torch::cat(all_got), torch::cat(all_want));
   INFO("relative parameter error " << err);
   CHECK(err <= 1e-4);
@@ -210,4 +226,122 @@ TEST_CASE("a failing rank or a stage out of memory ends the replay with a clear 
     CHECK(r.output.find("out of memory") != std::string::npos);
     CHECK(seconds < 40);
   }
+}
+
+TEST_CASE("replay of a Llama (GQA, SwiGLU, RoPE, untied) from a Hugging Face config trains like one process",
+          "[executor]") {
+  const auto dir = test::scratch_dir("replay-llama-config");
+  fs::create_directories(dir);
+  const std::string path = (dir / "config.json").string();
+  std::ofstream(path) << kLlamaConfig;
+  check_plan_trains_like_one_process("llama-pp2tp2", plan_json({2, 2}, {{1, 2}, {1, 2}}, {0, 2, 4}, 2), "1f1b", path);
+  check_plan_trains_like_one_process("llama-tp2dp2", plan_json({4}, {{2, 2}}, {0, 4}, 2), "1f1b", path);
+}
+
+TEST_CASE("bf16 training keeps fp32 master weights: the applied update is the fp32 update rounded", "[executor][mixed]") {
+  const ReplayConfig c = config();
+  profiler::GPT model(c.model, profiler::TensorParallelGroup());
+  model.to(torch::kCPU, torch::kBFloat16);
+  const std::vector<torch::Tensor> params = model.parameters();
+  profiler::MixedPrecisionAdam opt(params, kLr);
+  REQUIRE(opt.master_params().size() == params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    CHECK(params[i].scalar_type() == torch::kBFloat16);
+    CHECK(opt.master_params()[i].scalar_type() == torch::kFloat32);
+    CHECK(opt.main_grads()[i].scalar_type() == torch::kFloat32);
+    CHECK(torch::equal(opt.master_params()[i].to(torch::kBFloat16), params[i]));
+  }
+  CHECK(profiler::MixedPrecisionAdam::state_bytes_per_parameter(torch::kBFloat16) == 18);
+  CHECK(profiler::MixedPrecisionAdam::state_bytes_per_parameter(torch::kFloat32) == 16);
+  CHECK(profiler::MixedPrecisionAdam::state_bytes_per_parameter(torch::kBFloat16, 4) == 9);  // ZeRO-1 over 4
+
+  // fp32 Adam on copies of the masters, fed the same fp32 main gradients.
+  std::vector<torch::Tensor> ref;
+  for (const auto& m : opt.master_params()) ref.push_back(m.detach().clone().set_requires_grad(true));
+  torch::optim::Adam ref_adam(ref, torch::optim::AdamOptions(kLr));
+  int64_t kept_by_master = 0;
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    const auto [ids, targets] = global_batch(c, step);
+    for (int j = 0; j < 2; ++j) {  // two micro-batches, accumulated in fp32
+      (model.loss(ids.narrow(0, 4 * j, 4), targets.narrow(0, 4 * j, 4)) * 0.5).backward();
+      opt.accumulate_grads();
+      for (const auto& p : params) CHECK_FALSE(p.grad().defined());
+    }
+    std::vector<torch::Tensor> before;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      ref[i].mutable_grad() = opt.main_grads()[i].clone();
+      before.push_back(opt.master_params()[i].detach().clone());
+    }
+    ref_adam.step();
+    opt.step();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      INFO("step " << step << " parameter " << i);
+      CHECK(torch::equal(opt.master_params()[i], ref[i]));                    // the fp32 update
+      CHECK(torch::equal(params[i], ref[i].detach().to(torch::kBFloat16)));  // rounded into the bf16 weights
+      // Updates below bf16's resolution move the master but not the weight.
+      kept_by_master += ((opt.master_params()[i] != before[i]) & (params[i] == before[i].to(torch::kBFloat16)))
+                            .sum()
+                            .item<int64_t>();
+    }
+  }
+  CHECK(kept_by_master > 0);
+}
+
+TEST_CASE("replay with full or selective recomputation trains like one process", "[executor][recompute]") {
+  check_plan_trains_like_one_process("pp2tp2-full", plan_json({2, 2}, {{1, 2}, {1, 2}}, {0, 2, 4}, 2), "1f1b", "",
+                                     "--recompute full");
+  check_plan_trains_like_one_process("pp2dp2-selective", plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2), "gpipe", "",
+                                     "--recompute selective");
+}
+
+TEST_CASE("replay with ZeRO-1 (sharded fp32 masters and Adam state) trains like one process", "[executor][zero]") {
+  check_plan_trains_like_one_process("pp2dp2-zero1", plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2), "1f1b", "",
+                                     "--zero 1");
+  // Stage 0 with dp 3 (micro-batch 4 splits 2, 1, 1) and the tied embedding split from the head.
+  check_plan_trains_like_one_process("dp3-zero1", plan_json({3, 1}, {{3, 1}, {1, 1}}, {0, 2, 4}, 2), "gpipe", "",
+                                     "--zero 1");
+}
+
+TEST_CASE("main gradients added in the backward (accumulator hooks) equal those added after it", "[executor][mixed]") {
+  const ReplayConfig c = config();
+  std::vector<torch::Tensor> got[2];
+  for (int hooked = 0; hooked < 2; ++hooked) {
+    profiler::GPT model(c.model, profiler::TensorParallelGroup());
+    model.to(torch::kCPU, torch::kBFloat16);
+    const std::vector<torch::Tensor> params = model.parameters();
+    profiler::MixedPrecisionAdam opt(params, kLr, 0, 1, hooked == 1);
+    const auto [ids, targets] = global_batch(c, 0);
+    for (int j = 0; j < 2; ++j) {
+      model.loss(ids.narrow(0, 4 * j, 4), targets.narrow(0, 4 * j, 4)).backward();
+      // With the hooks no parameter holds a gradient after its backward.
+      if (hooked)
+        for (const auto& p : params) CHECK_FALSE(p.grad().defined());
+      opt.accumulate_grads();
+    }
+    for (const auto& g : opt.main_grads()) got[hooked].push_back(g.clone());
+  }
+  REQUIRE(got[0].size() == got[1].size());
+  for (std::size_t i = 0; i < got[0].size(); ++i) CHECK(torch::equal(got[0][i], got[1][i]));
+}
+
+TEST_CASE("replay in bf16 (pp 2, dp 2, ZeRO-1) on the CPU: losses within bf16's resolution of fp32 training",
+          "[executor][mixed]") {
+  const auto dir = test::scratch_dir("replay-bf16");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_json_file((dir / "plan.json").string(), plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2));
+  const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype bf16 --iters 2 --warmup 0 --lr 0.001 --zero 1 --plan " +
+                                                  (dir / "plan.json").string() + " --out " + (dir / "result.json").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const ordered_json result = read_json_file((dir / "result.json").string());
+  CHECK(result["optimizer"]["master_weights"] == "fp32");
+  CHECK(result["zero_stage_executed"] == 1);
+  const Reference& ref = reference(2, plan_shape());
+  REQUIRE(result["losses"].size() == 2);
+  // bf16 keeps 8 significant bits (unit roundoff 2^-8); the loss itself is
+  // computed in fp32 from bf16 logits, so it may differ by about that much.
+  for (int k = 0; k < 2; ++k)
+    CHECK(std::abs(result["losses"][k].get<double>() - ref.losses[k]) <= std::ldexp(1.0, -8) * ref.losses[k]);
 }

@@ -8,6 +8,7 @@
 #include "planner/search.h"
 #include "profiler/distributed.h"
 #include "profiler/gpt.h"
+#include "sim/input_error.h"
 #include "sim/json_util.h"
 #include "tests/fixtures.h"
 
@@ -23,12 +24,18 @@ namespace {
 
 GPTConfig tiny() {
   GPTConfig c;
-  c.num_layers = 4;  // embedding, 2 blocks, head
-  c.hidden_size = 32;
-  c.num_heads = 4;
+  c.shape = gpt2_shape(64, 32, 2, 4, 8);  // embedding, 2 blocks, head (tied)
   c.seq_len = 8;
-  c.vocab_size = 64;
   c.seed = 7;
+  return c;
+}
+
+// Llama blocks: RMSNorm, SwiGLU, RoPE, grouped-query attention (4 heads, 2 key/value heads).
+GPTConfig tiny_llama(bool tied) {
+  GPTConfig c;
+  c.shape = llama_shape(64, 32, 2, 4, 2, 48, tied, 8);
+  c.seq_len = 8;
+  c.seed = 11;
   return c;
 }
 
@@ -69,9 +76,14 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a 
 
 TEST_CASE("tp=2 on Gloo equals tp=1: per-layer outputs and gradients within 1e-5", "[profiler][tp]") {
   torch::manual_seed(0);
-  const GPTConfig c = tiny();
-  const torch::Tensor ids = torch::randint(c.vocab_size, {2, c.seq_len}, torch::kLong);
-  const torch::Tensor targets = torch::randint(c.vocab_size, {2, c.seq_len}, torch::kLong);
+  const auto cfg = GENERATE(std::make_pair(tiny(), std::string("tp-test-gpt2")),
+                                   std::make_pair(tiny_llama(false), std::string("tp-test-llama")),
+                                   std::make_pair(tiny_llama(true), std::string("tp-test-llama-tied")));
+  const GPTConfig c = cfg.first;
+  const std::string store = cfg.second;
+  INFO(store);
+  const torch::Tensor ids = torch::randint(c.shape.vocab_size, {2, c.seq_len}, torch::kLong);
+  const torch::Tensor targets = torch::randint(c.shape.vocab_size, {2, c.seq_len}, torch::kLong);
 
   GPT single(c, TensorParallelGroup());
   const LayerTrace want = trace(single, ids, targets);
@@ -80,7 +92,7 @@ TEST_CASE("tp=2 on Gloo equals tp=1: per-layer outputs and gradients within 1e-5
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
-      GPT model(c, TensorParallelGroup(r, 2, make_thread_gloo_collectives("tp-test", r, 2)));
+      GPT model(c, TensorParallelGroup(r, 2, make_thread_gloo_collectives(store, r, 2)));
       got[r] = trace(model, ids, targets);
     });
   }
@@ -192,4 +204,125 @@ TEST_CASE("running out of memory skips that (tp, bs) and the run goes on", "[pro
     }
   }
   CHECK(oom == 2);
+}
+
+namespace {
+
+// Parameters of a GPT summed over tp ranks, per Metis layer: a tensor whose
+// shape differs from the tp = 1 one is a shard (summed over the ranks), one
+// of the same shape is replicated (counted once). Meta tensors: shapes only.
+std::vector<long long> counted_parameters(GPTConfig c, int tp) {
+  c.meta = true;
+  GPT whole(c, TensorParallelGroup());
+  std::vector<GPT> ranks;
+  for (int r = 0; r < tp; ++r) ranks.emplace_back(c, TensorParallelGroup(r, tp, nullptr));
+  std::vector<long long> out;
+  for (std::size_t l = 0; l < whole.layers().size(); ++l) {
+    long long n = 0;
+    const auto full = whole.layers()[l]->named_parameters();
+    for (const auto& p : full) {
+      for (int r = 0; r < tp; ++r) {
+        const torch::Tensor mine = ranks[r].layers()[l]->named_parameters()[p.key()];
+        if (r == 0 || !mine.sizes().equals(p.value().sizes())) n += mine.numel();
+      }
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ModelShape's parameter counts are the LibTorch model's numel, per layer, at tp 1 and 2", "[profiler][shape]") {
+  std::vector<std::pair<std::string, ModelShape>> shapes = {
+      {"gpt2 tiny", gpt2_shape(64, 32, 2, 4, 8)},
+      {"llama tiny untied", llama_shape(64, 32, 2, 4, 2, 48, false, 8)},
+      {"llama tiny tied", llama_shape(64, 32, 2, 4, 2, 48, true, 8)},
+  };
+  for (const char* f : {"gpt2-xl", "llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.2-3b"})
+    shapes.emplace_back(f, read_hf_config(std::string(HETPLAN_SOURCE_DIR) + "/tests/data/hf/" + f + ".json"));
+  for (const auto& [name, shape] : shapes) {
+    GPTConfig c;
+    c.shape = shape;
+    c.seq_len = 8;
+    for (int tp : {1, 2}) {
+      INFO(name << " tp " << tp);
+      if (shape.num_heads % tp != 0 || shape.vocab_size % tp != 0) {  // gpt2-xl: 25 heads, vocabulary 50257
+        CHECK_THROWS_AS(counted_parameters(c, tp), InputError);
+        continue;
+      }
+      const std::vector<long long> got = counted_parameters(c, tp);
+      CHECK(got == shape.metis_layer_params());
+      long long total = 0;
+      for (long long n : got) total += n;
+      CHECK(total == shape.parameter_count());
+    }
+  }
+  // The real (non-meta) model has the same count: the tiny Llama, untied, on one rank.
+  GPTConfig c;
+  c.shape = shapes[1].second;
+  c.seq_len = 8;
+  GPT real(c, TensorParallelGroup());
+  long long n = 0;
+  for (const auto& p : real.parameters()) n += p.numel();
+  CHECK(n == c.shape.parameter_count());
+  // Tied: the head uses the embedding's tensor, so it is counted once.
+  c.shape = shapes[2].second;
+  GPT tied(c, TensorParallelGroup());
+  n = 0;
+  for (const auto& p : tied.parameters()) n += p.numel();
+  CHECK(n == c.shape.parameter_count());
+}
+
+TEST_CASE("vocab-parallel cross-entropy equals the cross-entropy of the gathered logits", "[profiler][tp]") {
+  torch::manual_seed(3);
+  const torch::Tensor logits = torch::randn({6, 16}, torch::kFloat32) * 3;
+  const torch::Tensor targets = torch::randint(16, {6}, torch::kLong);
+  torch::Tensor whole = logits.clone().requires_grad_(true);
+  const torch::Tensor want = torch::nn::functional::cross_entropy(
+      whole, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  want.sum().backward();
+  std::vector<torch::Tensor> loss(2), grad(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      const TensorParallelGroup g(r, 2, make_thread_gloo_collectives("vocab-ce", r, 2));
+      torch::Tensor mine = logits.narrow(1, 8 * r, 8).clone().requires_grad_(true);
+      loss[r] = vocab_parallel_cross_entropy(mine, targets, g);
+      loss[r].sum().backward();
+      grad[r] = mine.grad();
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    CHECK(max_abs_diff(loss[r], want.detach()) <= 1e-6);
+    CHECK(max_abs_diff(grad[r], whole.grad().narrow(1, 8 * r, 8)) <= 1e-6);
+  }
+}
+
+TEST_CASE("recomputation (full, selective) gives bit-identical losses and gradients", "[profiler][recompute]") {
+  torch::manual_seed(5);
+  for (const GPTConfig& base : {tiny(), tiny_llama(false)}) {
+    const torch::Tensor ids = torch::randint(base.shape.vocab_size, {2, base.seq_len}, torch::kLong);
+    const torch::Tensor targets = torch::randint(base.shape.vocab_size, {2, base.seq_len}, torch::kLong);
+    std::vector<std::pair<double, std::vector<torch::Tensor>>> runs;
+    for (Recompute r : {Recompute::kNone, Recompute::kFull, Recompute::kSelective}) {
+      GPTConfig c = base;
+      c.recompute = r;
+      GPT model(c, TensorParallelGroup());
+      torch::Tensor loss = model.loss(ids, targets);
+      loss.backward();
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : model.parameters()) {
+        REQUIRE(p.grad().defined());
+        grads.push_back(p.grad());
+      }
+      runs.emplace_back(loss.item<double>(), grads);
+    }
+    for (std::size_t k = 1; k < runs.size(); ++k) {
+      INFO(base.shape.name << " recompute run " << k);
+      CHECK(runs[k].first == runs[0].first);
+      REQUIRE(runs[k].second.size() == runs[0].second.size());
+      for (std::size_t i = 0; i < runs[0].second.size(); ++i) CHECK(torch::equal(runs[k].second[i], runs[0].second[i]));
+    }
+  }
 }

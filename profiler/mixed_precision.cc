@@ -1,0 +1,152 @@
+#include "profiler/mixed_precision.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace hetplan::profiler {
+
+namespace {
+
+// Runs after autograd accumulated a parameter's gradient: moves it into the main gradient.
+struct MoveIntoMainGrad : torch::autograd::FunctionPostHook {
+  MoveIntoMainGrad(torch::Tensor param, torch::Tensor main) : param_(std::move(param)), main_(std::move(main)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor& g = param_.mutable_grad();
+    if (g.defined()) {
+      main_.add_(g);
+      g = torch::Tensor();
+    }
+    return outputs;
+  }
+  torch::Tensor param_, main_;
+};
+
+struct DropGrad : torch::autograd::FunctionPostHook {
+  explicit DropGrad(torch::Tensor param) : param_(std::move(param)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    param_.mutable_grad() = torch::Tensor();
+    return outputs;
+  }
+  torch::Tensor param_;
+};
+
+}  // namespace
+
+GradientDropper::GradientDropper(const std::vector<torch::Tensor>& params) {
+  for (const auto& p : params) {
+    if (!p.requires_grad()) continue;
+    auto acc = torch::autograd::impl::grad_accumulator(p);
+    const uintptr_t key = acc->add_post_hook(std::make_unique<DropGrad>(p));
+    hooks_.emplace_back(std::move(acc), key);
+  }
+}
+
+GradientDropper::~GradientDropper() {
+  for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
+}
+
+MixedPrecisionAdam::MixedPrecisionAdam(std::vector<torch::Tensor> params, double lr, int shard, int shards,
+                                       bool in_backward)
+    : params_(std::move(params)), shard_(shard), shards_(shards) {
+  init(lr);
+  if (!in_backward) return;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad()) continue;
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
+    accumulators_.back()->add_post_hook(std::make_unique<MoveIntoMainGrad>(params_[i], main_grads_[i]));
+  }
+}
+
+void MixedPrecisionAdam::init(double lr) {
+  torch::NoGradGuard no_grad;
+  const int shards = shards_, shard = shard_;
+  if (shards > 1) {
+    int64_t n = 0;
+    for (const auto& p : params_) n += p.numel();
+    shard_len_ = (n + shards - 1) / shards;
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(
+        params_.empty() ? torch::Device(torch::kCPU) : params_[0].device());
+    flat_ = torch::zeros({shard_len_ * shards}, f32);
+    torch::Tensor flat_params = torch::zeros({shard_len_ * shards}, f32);
+    int64_t offset = 0;
+    for (const auto& p : params_) {
+      main_grads_.push_back(flat_.narrow(0, offset, p.numel()).view(p.sizes()));
+      flat_params.narrow(0, offset, p.numel()).copy_(p.detach().reshape({-1}));
+      offset += p.numel();
+    }
+    masters_.push_back(flat_params.narrow(0, shard * shard_len_, shard_len_).clone().set_requires_grad(true));
+    adam_ = std::make_unique<torch::optim::Adam>(masters_, torch::optim::AdamOptions(lr));
+    return;
+  }
+  for (const auto& p : params_) {
+    if (p.scalar_type() == torch::kFloat32) {
+      masters_.push_back(p);
+    } else {
+      masters_.push_back(p.detach().to(torch::kFloat32).clone().set_requires_grad(true));
+    }
+    main_grads_.push_back(torch::zeros(p.sizes(), p.options().dtype(torch::kFloat32)));
+  }
+  if (!masters_.empty()) adam_ = std::make_unique<torch::optim::Adam>(masters_, torch::optim::AdamOptions(lr));
+}
+
+void MixedPrecisionAdam::accumulate_grads() {
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& g = params_[i].mutable_grad();
+    if (!g.defined()) continue;
+    main_grads_[i].add_(g);  // in fp32, whatever the gradient's dtype
+    g = torch::Tensor();
+  }
+}
+
+torch::Tensor MixedPrecisionAdam::main_grad_of(const torch::Tensor& param) const {
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return main_grads_[i];
+  return {};
+}
+
+void MixedPrecisionAdam::zero_grad() {
+  for (auto& g : main_grads_) g.zero_();
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+}
+
+void MixedPrecisionAdam::step_sharded(const AllGather& all_gather) {
+  torch::Tensor& master = masters_[0];
+  master.mutable_grad() = flat_.narrow(0, shard_ * shard_len_, shard_len_);
+  adam_->step();
+  torch::NoGradGuard no_grad;
+  master.mutable_grad() = torch::Tensor();
+  std::vector<torch::Tensor> slices;
+  for (int r = 0; r < shards_; ++r) slices.push_back(torch::empty_like(master));
+  torch::Tensor mine = master.detach();
+  all_gather(slices, mine);
+  const torch::Tensor full = torch::cat(slices);
+  int64_t offset = 0;
+  for (auto& p : params_) {
+    p.copy_(full.narrow(0, offset, p.numel()).view(p.sizes()));  // rounded to the parameter's dtype
+    offset += p.numel();
+  }
+}
+
+void MixedPrecisionAdam::step() {
+  if (!adam_) return;
+  for (std::size_t i = 0; i < masters_.size(); ++i) masters_[i].mutable_grad() = main_grads_[i];
+  adam_->step();
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < masters_.size(); ++i) {
+    masters_[i].mutable_grad() = torch::Tensor();  // the next backward must not add into the main gradient
+    if (params_[i].unsafeGetTensorImpl() != masters_[i].unsafeGetTensorImpl()) params_[i].copy_(masters_[i]);
+  }
+}
+
+double MixedPrecisionAdam::state_bytes_per_parameter(torch::Dtype param_dtype, int shards) {
+  const double param = static_cast<double>(torch::elementSize(param_dtype));
+  if (shards > 1) return param + 4 /* main gradient */ + 12.0 / shards /* master + moments */;
+  return param + 4 /* main gradient */ + (param_dtype == torch::kFloat32 ? 0 : 4) /* master */ + 8 /* moments */;
+}
+
+}  // namespace hetplan::profiler

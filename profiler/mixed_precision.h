@@ -1,0 +1,89 @@
+// MixedPrecisionAdam: Adam as Megatron's mixed-precision optimizer runs it.
+//
+// The model's parameters may be bf16 (or fp16); the optimizer keeps, per
+// parameter, an fp32 main gradient (micro-batch gradients are added into it
+// in fp32, and it is what the data-parallel all-reduce sums), an fp32 master
+// copy of the weights and Adam's two fp32 moments: 2 + 4 + 4 + 4 + 4 = 18
+// bytes per bf16 parameter. step() runs torch's Adam on the masters and
+// copies them back into the parameters, rounded to the parameters' dtype.
+// For fp32 parameters the master is the parameter itself (16 bytes per
+// parameter), so the update equals torch::optim::Adam on the parameters.
+//
+// Use: after each micro-batch's backward, accumulate_grads(); then reduce
+// main_grads() as needed; then step(); zero_grad() before the next step.
+//
+// ZeRO-1 (Megatron's distributed optimizer), with `shards` > 1: the main
+// gradients are one flat fp32 buffer (flat_main_grads(), to sum over the
+// data-parallel group; main_grads() are views into it), and this rank keeps
+// fp32 masters and Adam moments only for its slice `shard` of the flattened
+// parameters (padded to a multiple of `shards`): 2 + 4 + 12 / shards bytes
+// per bf16 parameter. step_sharded() updates that slice and all-gathers the
+// updated slices into every parameter. Adam is elementwise, so the result
+// equals the unsharded step's bit for bit.
+// Not thread-safe; the parameters must outlive it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace hetplan::profiler {
+
+class MixedPrecisionAdam {
+ public:
+  // `in_backward`: add each gradient into its main gradient as soon as
+  // autograd has produced it (a post hook on the parameter's gradient
+  // accumulator, as Megatron's), so that no parameter holds a .grad between
+  // backwards; accumulate_grads() then finds nothing left to do.
+  MixedPrecisionAdam(std::vector<torch::Tensor> params, double lr, int shard = 0, int shards = 1,
+                     bool in_backward = false);
+  // Adds each parameter's .grad (when defined) into its fp32 main gradient
+  // and drops the .grad, so that the next backward allocates a fresh one.
+  void accumulate_grads();
+  // The fp32 main gradients, one per parameter in the constructor's order.
+  std::vector<torch::Tensor>& main_grads() { return main_grads_; }
+  // The main gradient of `param` (one of the parameters); undefined if none.
+  torch::Tensor main_grad_of(const torch::Tensor& param) const;
+  void zero_grad();
+  void step();  // REQUIRES: shards == 1
+  // REQUIRES: shards > 1, and `all_gather(out, in)` gathers `in` of every
+  // shard, in shard order, into `out` (shards tensors shaped like `in`).
+  using AllGather = std::function<void(std::vector<torch::Tensor>& out, torch::Tensor& in)>;
+  void step_sharded(const AllGather& all_gather);
+  int shards() const { return shards_; }
+  torch::Tensor& flat_main_grads() { return flat_; }  // defined when shards > 1
+  // The tensors Adam updates: fp32 masters (or the fp32 parameters themselves).
+  const std::vector<torch::Tensor>& master_params() const { return masters_; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  // Bytes per parameter this scheme holds: parameter + main gradient + masters + moments.
+  // (ZeRO-1 over `shards` ranks: masters and moments divided by it.)
+  static double state_bytes_per_parameter(torch::Dtype param_dtype, int shards = 1);
+
+ private:
+  void init(double lr);
+  std::vector<torch::Tensor> params_, masters_, main_grads_;
+  int shard_ = 0, shards_ = 1;
+  int64_t shard_len_ = 0;
+  torch::Tensor flat_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold the hooks
+  std::unique_ptr<torch::optim::Adam> adam_;
+};
+
+// While alive, each parameter's gradient is freed as soon as autograd has
+// accumulated it, so a backward leaves one transient gradient live at a
+// time, as MixedPrecisionAdam's in_backward hooks (and Megatron's) do; for
+// measuring that backward's memory without main gradients. Not copyable.
+class GradientDropper {
+ public:
+  explicit GradientDropper(const std::vector<torch::Tensor>& params);
+  ~GradientDropper();
+  GradientDropper(const GradientDropper&) = delete;
+  GradientDropper& operator=(const GradientDropper&) = delete;
+
+ private:
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+};
+
+}  // namespace hetplan::profiler
