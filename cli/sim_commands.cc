@@ -83,7 +83,7 @@ struct SimulateArgs {
   std::string collectives = "measured";
   bool burst_clocks = false;
   SetupArgs setup;
-  bool zero_given = false, recompute_given = false;  // else the plan file's setting, if it records one
+  bool zero_given = false, recompute_given = false, schedule_given = false;  // else the plan file's setting
 };
 
 int run_simulate(const SimulateArgs& a) {
@@ -103,7 +103,7 @@ int run_simulate(const SimulateArgs& a) {
   if (a.hf_config.empty()) shape.validate(a.plan + ": key 'model'");
 
   SimulationOptions o;
-  o.schedule = parse_schedule(a.schedule, "--schedule");
+  o.schedule = parse_schedule(!a.schedule_given && !pf.schedule.empty() ? pf.schedule : a.schedule, "--schedule");
   o.setup = make_setup(setup_args);
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   o.measured_collectives = parse_collectives(a.collectives);
@@ -463,11 +463,13 @@ Runner add_simulate_command(CLI::App& app) {
   add_setup_options(s, a->setup, kFrameworkFromProfiles);
   CLI::Option* zero = s->get_option("--zero");
   CLI::Option* recompute = s->get_option("--recompute");
-  return [a, zero, recompute] {
+  CLI::Option* schedule = s->get_option("--schedule");
+  return [a, zero, recompute, schedule] {
     // A plan from `search --cost-model sim --zero/--recompute auto` carries
     // the setting it was costed with; the flags, when given, win.
     a->zero_given = zero->count() > 0;
     a->recompute_given = recompute->count() > 0;
+    a->schedule_given = schedule->count() > 0;
     return run_simulate(*a);
   };
 }

@@ -91,9 +91,6 @@ struct OrderContext {
   int ranks = 0;
   std::vector<int> node_run;    // ranks from r to the end of r's node
   std::vector<int> block;       // position in `sequence` of rank r's type
-  // min_work[k][l]: sum over layers >= l of the cheapest GPU-milliseconds per
-  // sample of any device type at sequence positions >= k (any profiled tp, bs).
-  std::vector<std::vector<double>> suffix_work;
   std::vector<std::vector<char>> tp_ok;  // [block][tp]: the type at that sequence position has tp profiles
   // tp_fail[tp][g]: the first rank g' >= g, g' = g mod tp, whose tp group [g', g' + tp) leaves its node
   // (ranks() if none): a stage [r, r + s) keeps its tp groups inside nodes iff tp_fail[tp][r] >= r + s.
@@ -288,20 +285,16 @@ PlanSearchResult PlanSearch::run() const {
   const int S = static_cast<int>(setups.size());
   const Schedule schedule = sim_->options().schedule;
 
-  // Per device type: the cheapest GPU-milliseconds per sample of each layer,
-  // over every profiled (tp, bs), and which tp degrees have profiles.
+  // Per device type: which tp degrees have profiles.
   int max_tp = 0;
   for (const auto& e : profiles.entries()) max_tp = std::max(max_tp, e.tp);
   max_tp = std::min(max_tp, opt_.max_tp);
-  std::vector<std::vector<double>> type_work(n_types, std::vector<double>(L, kInf));
   std::vector<std::vector<char>> type_tp(n_types, std::vector<char>(max_tp + 1, 0));
   for (int t = 0; t < n_types; ++t) {
     const int pt = profiles.type_index(cluster.device_types()[t]);
     for (const LayerProfile& e : profiles.entries()) {
       if (e.tp < 1 || e.tp > max_tp || e.bs < 1 || profiles.find(pt, e.tp, e.bs) != &e) continue;
       type_tp[t][e.tp] = 1;
-      for (int l = 0; l < L && l < static_cast<int>(e.layer_ms.size()); ++l)
-        type_work[t][l] = std::min(type_work[t][l], e.layer_ms[l] * e.tp / e.bs);
     }
   }
 
@@ -322,14 +315,8 @@ PlanSearchResult PlanSearch::run() const {
     o.block.resize(o.ranks);
     for (int r = 0; r < o.ranks; ++r)
       o.block[r] = static_cast<int>(std::find(perm.begin(), perm.end(), o.layout->type_of(r)) - perm.begin());
-    o.suffix_work.assign(n_types + 1, std::vector<double>(L + 1, 0.0));
     o.tp_ok.assign(n_types + 1, std::vector<char>(max_tp + 1, 0));
     for (int k = n_types - 1; k >= 0; --k) {
-      for (int l = L - 1; l >= 0; --l) {
-        double w = kInf;
-        for (int j = k; j < n_types; ++j) w = std::min(w, type_work[perm[j]][l]);
-        o.suffix_work[k][l] = o.suffix_work[k][l + 1] + (std::isfinite(w) ? w : 0.0);
-      }
       for (int tp = 1; tp <= max_tp; ++tp) o.tp_ok[k][tp] = type_tp[perm[k]][tp];
     }
     o.tp_fail.assign(max_tp + 1, std::vector<int>(o.ranks + 1, o.ranks));
@@ -427,7 +414,6 @@ PlanSearchResult PlanSearch::run() const {
     const Unit u = units[unit_index];
     const OrderContext& o = orders[u.order];
     const int p = u.p, m = u.m, b = opt_.gbs / m;
-    const int stride = S;
     w.stage_cost.resize(static_cast<std::size_t>(p) * S);
     w.fwd_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.c_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
@@ -441,7 +427,6 @@ PlanSearchResult PlanSearch::run() const {
 
     const StageEstimator est(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp);
     const SuffixBound& sb = suffix_bound(u);
-    (void)sb;
 
     auto leaf = [&]() {
       ++w.c.costed;
@@ -450,7 +435,7 @@ PlanSearchResult PlanSearch::run() const {
       const unsigned mk = w.mask[p];
       for (int k = 0; k < S; ++k) {
         if (!(mk & (1u << k))) continue;
-        if (use_bounds && w.lb[static_cast<std::size_t>(p) * stride + k] > std::min(best, bound.threshold())) continue;
+        if (use_bounds && w.lb[static_cast<std::size_t>(p) * S + k] > std::min(best, bound.threshold())) continue;
         for (int i = 0; i < p; ++i) w.leaf[i] = w.stage_cost[static_cast<std::size_t>(i) * S + k];
         const double t = o.cost->iteration_ms(w.leaf.data(), p, m, schedule, &w.scratch);
         if (t < best) {

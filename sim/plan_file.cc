@@ -4,6 +4,7 @@
 #include "sim/cluster.h"
 #include "sim/input_error.h"
 #include "sim/memory_model.h"
+#include "sim/timeline.h"
 
 namespace hetplan {
 
@@ -63,6 +64,7 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (!f.profile_dir.empty()) j["profile_dir"] = f.profile_dir;
   if (f.zero_stage >= 0) j["zero_stage"] = f.zero_stage;
   if (!f.recompute.empty()) j["recompute"] = f.recompute;
+  if (!f.schedule.empty()) j["schedule"] = f.schedule;
   return j;
 }
 
@@ -164,6 +166,11 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
     const std::string where = file + ": key 'recompute'";
     if (!(*j)["recompute"].is_string()) throw InputError(where + ": expected none, selective or full");
     f.recompute = to_string(parse_recompute((*j)["recompute"].get<std::string>(), where));
+  }
+  if (j->contains("schedule")) {
+    const std::string where = file + ": key 'schedule'";
+    if (!(*j)["schedule"].is_string()) throw InputError(where + ": expected gpipe or 1f1b");
+    f.schedule = to_string(parse_schedule((*j)["schedule"].get<std::string>(), where));
   }
   return f;
 }

@@ -21,6 +21,9 @@ struct PlanFile {
   // (--zero/--recompute auto); -1 and "" when the file records none.
   int zero_stage = -1;
   std::string recompute;
+  // The pipeline schedule the default search costed the plan with ("gpipe"
+  // or "1f1b"); "" when the file records none.
+  std::string schedule;
 };
 
 ordered_json model_to_json(const ModelConfig& m);

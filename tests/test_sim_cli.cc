@@ -167,6 +167,16 @@ TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simul
   CHECK(b["iteration_ms"].get<double>() == Approx(plans["best"]["cost"].get<double>()).epsilon(1e-12));
   CHECK(b["fits"] == true);
   CHECK(plans["cost_model"] == "sim");
+  CHECK(plans["best"]["schedule"] == "1f1b");
+  CHECK(plans["best"]["ranks"].size() == 16);
+  // A GPipe search: simulate takes the schedule from the plan file.
+  REQUIRE(test::run_hetplan(common + "--schedule gpipe --json " + (dir / "gpipe.json").string()).exit_code == 0);
+  const ordered_json g = read_json_file((dir / "gpipe.json").string());
+  write_json_file((dir / "gbest.json").string(), g["best"]);
+  REQUIRE(test::run_hetplan("simulate --plan " + (dir / "gbest.json").string() + " --json " + (dir / "gs.json").string())
+              .exit_code == 0);
+  CHECK(read_json_file((dir / "gs.json").string())["iteration_ms"].get<double>() ==
+        Approx(g["best"]["cost"].get<double>()).epsilon(1e-12));
   // The simulator is the default; --cost-model metis is the reference's search.
   const test::CommandResult d = test::run_hetplan(common + "--json " + (dir / "default.json").string());
   REQUIRE(d.exit_code == 0);
