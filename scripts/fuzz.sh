@@ -68,7 +68,7 @@ for t in "${targets[@]}"; do
     -max_len="${max_len[$t]}" -dict="tests/fuzz/dict/$t.dict" -artifact_prefix="$findings/" \
     "$corpus" "$seeds/$t" >"$b/logs/$t.log" 2>&1 || rc=$?
   # The last status line "#N ..." carries the execution count.
-  runs=$(grep -oE '^#[0-9]+' "$b/logs/$t.log" | tail -1 | tr -d '#')
+  runs=$({ grep -oE "^#[0-9]+" "$b/logs/$t.log" || true; } | tail -1 | tr -d "#")
   new=$(find "$findings" -type f -newer "$stamp" | wc -l)
   if ((new > 0)); then
     result="$new finding(s) in $findings/"

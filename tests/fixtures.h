@@ -53,7 +53,7 @@ inline CommandResult run_hetplan(const std::string& args, const std::string& env
 
 inline std::string shared_dir() {
   if (const char* env = std::getenv("HETPLAN_SHARED")) return env;
-  return std::string(HETPLAN_SOURCE_DIR) + "/../shared";
+  return (std::filesystem::path(HETPLAN_SOURCE_DIR) / ".." / "shared").lexically_normal().string();
 }
 
 inline std::string samples_dir() { return shared_dir() + "/metis-samples"; }
