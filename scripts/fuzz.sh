@@ -8,7 +8,8 @@
 # build-fuzz/corpus/<target>/. Crash, out-of-memory and timeout inputs land in
 # build-fuzz/findings/<target>/; reproduce one with
 #   build-fuzz/tests/fuzz/<target> <file>
-# Exit status 1 when any target found one.
+# The inputs kept in tests/fuzz/findings/<target>/ are replayed first, as
+# regression inputs. Exit status 1 when any of them, or any new input, fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +61,12 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus" "$findings"
   stamp=$b/logs/$t.start
   touch "$stamp"
+  # The inputs saved in tests/fuzz/findings/ first: each once crashed a reader.
+  stale=0
+  for f in tests/fuzz/findings/"$t"/*; do
+    [[ -f "$f" ]] || continue
+    "$b/tests/fuzz/$t" "$f" >"$b/logs/$t.replay.log" 2>&1 || { stale=$((stale + 1)); echo "fuzz: $f still crashes $t"; }
+  done
   echo "fuzz: $t for ${secs}s (log $b/logs/$t.log)"
   # -fork=1 with -ignore_*: one run records several crashes, not just the first.
   rc=0
@@ -70,14 +77,19 @@ for t in "${targets[@]}"; do
   # The last status line "#N ..." carries the execution count.
   runs=$({ grep -oE "^#[0-9]+" "$b/logs/$t.log" || true; } | tail -1 | tr -d "#")
   new=$(find "$findings" -type f -newer "$stamp" | wc -l)
+  result=""
+  if ((stale > 0)); then
+    result="$stale saved input(s) of tests/fuzz/findings/$t still crash; "
+    found=1
+  fi
   if ((new > 0)); then
-    result="$new finding(s) in $findings/"
+    result+="$new finding(s) in $findings/"
     found=1
   elif ((rc != 0)); then
     result="fuzzer exited $rc (see log)"
     found=1
   else
-    result=ok
+    result+="no new finding"
   fi
   rows+=("$(printf '%-16s %12s  %s' "$t" "${runs:-?}" "$result")")
 done
