@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
 # The main job on the embedded default, from a fresh clone:
-# installs what is missing, builds, writes roofline profiles for A100 and V100
-# (no outside data needed), and searches the 16-GPU A100/V100 cluster in
-# hostfiles/. Outputs go to logs/demo/.
+# installs what planning needs (no LibTorch), builds the planner and simulator
+# into build-demo/ (no LibTorch parts, no tests), writes roofline profiles for
+# A100 and V100 (no outside data needed), and searches the 16-GPU A100/V100
+# cluster in hostfiles/. Outputs go to logs/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh
-scripts/build.sh
+scripts/install_deps.sh --no-torch
+b=build-demo
+cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DHETPLAN_WITH_TORCH=OFF -DHETPLAN_BUILD_TESTS=OFF >/dev/null
+cmake --build $b --parallel "$(nproc)"
 
 out=logs/demo
 mkdir -p "$out"
-./build/hetplan gen-profiles --analytic 10 64 --types A100,V100 --max-tp 16 --out "$out/profiles"
-./build/hetplan search \
+./$b/hetplan gen-profiles --analytic 10 64 --types A100,V100 --max-tp 16 --out "$out/profiles"
+./$b/hetplan search \
   --hostfile_path hostfiles/a100_v100_16.hostfile \
   --clusterfile_path hostfiles/clusterfile.json \
   --profile_data_path "$out/profiles" \
   --num_layers 10 --gbs 64 --top 5 --reject-dropped-layers --json "$out/plan.json" | tee "$out/search.txt"
 # Profiles measured on H200 GPUs (profiles/H200), on one 4-GPU node.
-./build/hetplan search \
+./$b/hetplan search \
   --hostfile_path hostfiles/h200_4.hostfile \
   --clusterfile_path hostfiles/clusterfile.json \
   --profile_data_path profiles/H200 \
   --num_layers 10 --gbs 64 --top 3 --json "$out/plan_h200.json" | tee "$out/search_h200.txt"
 echo "demo: results in $out/search.txt, $out/plan.json and $out/*_h200.*"
+echo "demo: $b/hetplan plans and simulates; for 'hetplan profile' and 'hetplan replay' (LibTorch),"
+echo "      run scripts/install_deps.sh and scripts/build.sh, then use build/hetplan"

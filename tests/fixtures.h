@@ -1,5 +1,9 @@
 // Shared test fixtures: the Table-1 inputs, built from Metis's sample
-// profiles in ../shared/metis-samples (never copied into the project).
+// profiles in ../shared/metis-samples (never copied into the project;
+// scripts/fetch_reference_data.sh downloads them). Tests that read them begin
+// with REQUIRE_SHARED_DATA(), tests that read the golden table with
+// REQUIRE_GOLDEN_TABLE(): without the data they print "HETPLAN_SKIP: <reason>"
+// and return, and ctest counts them as skipped (tests/CMakeLists.txt).
 #pragma once
 
 #include <filesystem>
@@ -10,6 +14,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <vector>
 #include <ostream>
 #include <stdexcept>
 
@@ -46,10 +53,40 @@ inline CommandResult run_hetplan(const std::string& args, const std::string& env
 
 inline std::string shared_dir() {
   if (const char* env = std::getenv("HETPLAN_SHARED")) return env;
-  return std::string(HETPLAN_SOURCE_DIR) + "/../shared";
+  return (std::filesystem::path(HETPLAN_SOURCE_DIR) / ".." / "shared").lexically_normal().string();
 }
 
 inline std::string samples_dir() { return shared_dir() + "/metis-samples"; }
+
+// The files of Metis's sample set that the fixtures read.
+inline const std::vector<std::string>& sample_files() {
+  static const std::vector<std::string> files = {
+      "clusterfile.json",
+      "DeviceType.A100_tp1_bs1.json", "DeviceType.A100_tp1_bs2.json", "DeviceType.A100_tp1_bs4.json",
+      "DeviceType.A100_tp2_bs1.json", "DeviceType.A100_tp2_bs2.json", "DeviceType.A100_tp2_bs4.json",
+      "DeviceType.A100_tp4_bs1.json", "DeviceType.A100_tp4_bs2.json", "DeviceType.A100_tp4_bs4.json"};
+  return files;
+}
+
+// Why the sample profiles cannot be used, or "" when they are all there.
+inline std::string missing_shared_data() {
+  for (const auto& f : sample_files())
+    if (!std::filesystem::is_regular_file(samples_dir() + "/" + f))
+      return "Metis's sample profiles are not in " + samples_dir() + " (no " + f +
+             "); run scripts/fetch_reference_data.sh, or set HETPLAN_SHARED to the folder holding metis-samples/";
+  return "";
+}
+
+inline std::string golden_table() { return shared_dir() + "/golden/table1.json"; }
+
+// Why the golden Table-1 values cannot be used, or "" when they are there.
+inline std::string missing_golden_table() {
+  if (std::string why = missing_shared_data(); !why.empty()) return why;
+  if (!std::filesystem::is_regular_file(golden_table()))
+    return "the golden Table-1 values " + golden_table() +
+           " are not public (the project's CI has them); set HETPLAN_SHARED to a folder holding golden/table1.json";
+  return "";
+}
 inline std::string sample_clusterfile() { return samples_dir() + "/clusterfile.json"; }
 
 // A scratch folder unique to this test process.
@@ -99,3 +136,23 @@ inline Cluster table1_cluster(int n) {
 }
 
 }  // namespace hetplan::test
+
+// First statement of a test case that reads Metis's sample profiles: without
+// them it prints the skip marker (ctest then counts the test as skipped,
+// printing the reason) and returns.
+#define REQUIRE_SHARED_DATA()                                                      \
+  do {                                                                             \
+    if (const std::string why_ = ::hetplan::test::missing_shared_data(); !why_.empty()) { \
+      std::cout << "HETPLAN_SKIP: " << why_ << std::endl;                          \
+      return;                                                                      \
+    }                                                                              \
+  } while (0)
+
+// The same for a test case that reads the golden Table-1 values (and the samples).
+#define REQUIRE_GOLDEN_TABLE()                                                     \
+  do {                                                                             \
+    if (const std::string why_ = ::hetplan::test::missing_golden_table(); !why_.empty()) { \
+      std::cout << "HETPLAN_SKIP: " << why_ << std::endl;                          \
+      return;                                                                      \
+    }                                                                              \
+  } while (0)

@@ -393,6 +393,7 @@ const std::vector<PartitionCase> kPartitionCases = {
 }  // namespace
 
 TEST_CASE("data load balancer splits a micro-batch over heterogeneous replicas", "[balancers][data_load_balancer]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet& profiles = test::synthetic_profiles(10);
   for (std::size_t i = 0; i < kDataCases.size(); ++i) {
     const DataCase& c = kDataCases[i];
@@ -402,6 +403,7 @@ TEST_CASE("data load balancer splits a micro-batch over heterogeneous replicas",
 }
 
 TEST_CASE("layer compute balancer: normalised layer demand", "[balancers][layer_compute_balancer]") {
+  REQUIRE_SHARED_DATA();
   CHECK(test::synthetic_profiles(10).model().norm_layer_duration == kLcDemand10);
   CHECK(test::synthetic_profiles(20).model().norm_layer_duration == kLcDemand20);
 }
@@ -436,6 +438,7 @@ TEST_CASE("layer compute balancer: a fresh balancer gives the same partitions", 
 }
 
 TEST_CASE("partition_layer reproduces the reference's calls in the row-1 search", "[balancers][partition_layer]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet& profiles = test::synthetic_profiles(10);
   const Cluster cluster = test::table1_cluster(16);
   REQUIRE(cluster.device_types() == std::vector<std::string>{"A100", "V100"});

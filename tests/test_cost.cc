@@ -197,6 +197,7 @@ const std::vector<CostCase> kCostCases = {
 }  // namespace
 
 TEST_CASE("Metis cost model: total and terms of row-1 plans", "[cost]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet& profiles = test::synthetic_profiles(10);
   const Cluster cluster = test::table1_cluster(16);
   REQUIRE(cluster.device_types() == std::vector<std::string>{"A100", "V100"});
@@ -248,6 +249,7 @@ TEST_CASE("Metis cost model: total and terms of row-1 plans", "[cost]") {
 }
 
 TEST_CASE("Metis cost model: the num_stage label decides how many stages are costed", "[cost][quirk]") {
+  REQUIRE_SHARED_DATA();
   // Plan 88 (label 1) and plan 96 (label 2) of row 1 have the same groups [16, 16] on (V100, A100).
   const ProfileSet& profiles = test::synthetic_profiles(10);
   const Cluster cluster = test::table1_cluster(16);

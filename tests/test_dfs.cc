@@ -294,19 +294,23 @@ void check_plans(bool use_strat, const std::vector<PlanYields>& expected) {
 }  // namespace
 
 TEST_CASE("intra-stage DFS: yields of the first 40 row-1 plans, base mode", "[dfs]") {
+  REQUIRE_SHARED_DATA();
   check_plans(false, kFirst40);
 }
 
 TEST_CASE("intra-stage DFS: yields of the first 40 row-1 plans, use_strat", "[dfs]") {
+  REQUIRE_SHARED_DATA();
   check_plans(true, kFirst40);
 }
 
 TEST_CASE("intra-stage DFS: the plans where the two modes differ", "[dfs]") {
+  REQUIRE_SHARED_DATA();
   SECTION("base") { check_plans(false, kModeDiffBase); }
   SECTION("use_strat") { check_plans(true, kModeDiffStrat); }
 }
 
 TEST_CASE("intra-stage DFS: total count over all 176 row-1 plans", "[dfs]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet& profiles = test::synthetic_profiles(10);
   const Cluster cluster = test::table1_cluster(16);
   InterStagePlanGenerator gen(row1_inter_stage_options());
@@ -332,6 +336,7 @@ TEST_CASE("intra-stage DFS: total count over all 176 row-1 plans", "[dfs]") {
 }
 
 TEST_CASE("MetisSearch: top 10 plans of row 1", "[dfs][search]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet& profiles = test::synthetic_profiles(10);
   const Cluster cluster = test::table1_cluster(16);
   for (const bool use_strat : {false, true}) {

@@ -36,6 +36,7 @@ void expect_one_line_error(const test::CommandResult& r, const std::vector<std::
 }  // namespace
 
 TEST_CASE("malformed hostfile", "[errors]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-hostfile");
   write(dir / "hostfile", "0.0.0.1 slots=4\n0.0.0.4 slot=4\n");
   expect_one_line_error(search(dir / "hostfile", test::synthetic_dir(10)),
@@ -49,6 +50,7 @@ TEST_CASE("malformed hostfile", "[errors]") {
 }
 
 TEST_CASE("unknown device type", "[errors]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-type");
   write(dir / "hostfile", "0.0.0.2 slots=4\n0.0.0.4 slots=4\n");  // 0.0.0.2 is a P100 in the clusterfile
   for (const char* model : {"--cost-model metis", "--cost-model sim"})
@@ -58,6 +60,7 @@ TEST_CASE("unknown device type", "[errors]") {
 }
 
 TEST_CASE("missing profile that the search needs", "[errors]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-missing");
   fs::copy(test::synthetic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
   fs::remove(dir / "p" / "DeviceType.V100_tp4_bs2.json");
@@ -79,6 +82,7 @@ TEST_CASE("missing profile that the search needs", "[errors]") {
 }
 
 TEST_CASE("non-JSON profile and missing keys", "[errors]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-json");
   fs::copy(test::synthetic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
   write(dir / "p" / "DeviceType.A100_tp2_bs2.json", "{\"model\": [1, 2\n");
@@ -91,6 +95,7 @@ TEST_CASE("non-JSON profile and missing keys", "[errors]") {
 }
 
 TEST_CASE("a GPU count for which no plan exists", "[errors]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-noplan");
   // 5 GPUs and 2 layers: no split into power-of-two groups of at most 2 stages.
   const test::CommandResult gen = test::run_hetplan("gen-profiles 2 4 --samples " + test::samples_dir() + " --out " + (dir / "p2").string());

@@ -5,6 +5,7 @@
 using namespace hetplan;
 
 TEST_CASE("synthetic fixture: 10-layer A100/V100 set with tp and bs up to 128", "[fixture]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet& p = test::synthetic_profiles(10);
   REQUIRE(p.device_types() == std::vector<std::string>{"A100", "V100"});
   REQUIRE(p.entries().size() == 128);

@@ -28,6 +28,7 @@ PlanSimulation simulate_best(const ProfileSet& profiles, const Cluster& cluster)
 }  // namespace
 
 TEST_CASE("profiles' framework_mb sets each rank's framework memory", "[memory][profiles]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("framework") / "p";
   fs::remove_all(dir);
   fs::copy(test::synthetic_dir(10), dir, fs::copy_options::recursive);

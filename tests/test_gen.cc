@@ -24,6 +24,7 @@ TEST_CASE("gen-hostfile writes the reference's gen_hostfile.py text", "[gen]") {
 }
 
 TEST_CASE("hostfile parser reads multi-digit slots, comments and blank lines", "[gen][cluster]") {
+  REQUIRE_SHARED_DATA();
   const auto path = test::scratch_dir("hosts") / "hostfile";
   std::ofstream(path) << "# two big nodes\n0.0.0.4 slots=16\n\n0.0.0.1   slots=12   # V100 box\n";
   const auto hosts = parse_hostfile(path.string());
@@ -38,6 +39,7 @@ TEST_CASE("hostfile parser reads multi-digit slots, comments and blank lines", "
 }
 
 TEST_CASE("gen-profiles reproduces gen_synth_data.py values", "[gen]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet& p10 = test::synthetic_profiles(10);
   const int A = p10.type_index("A100"), V = p10.type_index("V100");
   REQUIRE(p10.entries().size() == 128);  // 2 types x tp {1..128} x bs {1..128}

@@ -11,7 +11,8 @@ using namespace hetplan;
 
 
 TEST_CASE("Table 1 rows 1-3 equal the deterministic reference", "[integration]") {
-  const ordered_json golden = read_json_file(test::shared_dir() + "/golden/table1.json");
+  REQUIRE_GOLDEN_TABLE();
+  const ordered_json golden = read_json_file(test::golden_table());
   for (const auto& row : golden["rows"]) {
     const int r = row["row"].get<int>();
     if (r > 3) continue;  // row 4 is in the benchmark script (seconds, not a unit test)
@@ -44,6 +45,7 @@ TEST_CASE("Table 1 rows 1-3 equal the deterministic reference", "[integration]")
 }
 
 TEST_CASE("search results do not depend on the thread count", "[integration]") {
+  REQUIRE_SHARED_DATA();
   const Cluster cluster = test::table1_cluster(32);
   const ProfileSet& profiles = test::synthetic_profiles(20);
   auto run = [&](int threads) {

@@ -11,6 +11,7 @@
 using namespace hetplan;
 
 TEST_CASE("search --json entries round-trip as plan files", "[plan_file]") {
+  REQUIRE_SHARED_DATA();
   SearchOptions o = test::table1_search_options(10);
   o.top_k = 3;
   const SearchResult r = MetisSearch(test::table1_cluster(16), test::synthetic_profiles(10), o).run();

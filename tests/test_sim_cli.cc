@@ -33,6 +33,7 @@ fs::path searched_plans() {
 }  // namespace
 
 TEST_CASE("simulate a searched plan: schedules, trace and JSON", "[cli][simulate]") {
+  REQUIRE_SHARED_DATA();
   const fs::path plans = searched_plans();
   const auto dir = plans.parent_path();
   const ordered_json all = read_json_file(plans.string());
@@ -86,6 +87,7 @@ TEST_CASE("simulate a searched plan: schedules, trace and JSON", "[cli][simulate
 }
 
 TEST_CASE("simulate errors are one line", "[cli][simulate][errors]") {
+  REQUIRE_SHARED_DATA();
   const fs::path plans = searched_plans();
   test::CommandResult r = test::run_hetplan("simulate --plan " + plans.string() + " --recompute most");
   CHECK(r.exit_code == 2);
@@ -99,6 +101,7 @@ TEST_CASE("simulate errors are one line", "[cli][simulate][errors]") {
 }
 
 TEST_CASE("whatif table: rows, JSON and memory ordering", "[cli][whatif]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("whatif");
   const std::string json = (dir / "w.json").string();
   const test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-3.1-8b.json") +
@@ -147,6 +150,7 @@ std::string search_16_gpus(const std::filesystem::path& dir) {
 }  // namespace
 
 TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simulate", "[cli][search-sim]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("search-sim");
   const std::string common = search_16_gpus(dir);
   const test::CommandResult r = test::run_hetplan(common + "--cost-model sim --json " + (dir / "sim.json").string());
@@ -189,6 +193,7 @@ TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simul
 }
 
 TEST_CASE("search --zero/--recompute auto searches the settings as dimensions", "[cli][search-sim]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("search-sim-auto");
   const std::string common = search_16_gpus(dir) + "--cost-model sim ";
   const test::CommandResult fixed = test::run_hetplan(common + "--json " + (dir / "fixed.json").string());

@@ -76,6 +76,7 @@ double slice(const std::vector<double>& v, int s, int e) {
 }  // namespace
 
 TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[sim][profiles]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
   const int a100 = profiles.type_index("A100");
   const LayerProfile* s0 = profiles.find(a100, 1, 2);
@@ -105,6 +106,7 @@ TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[
 }
 
 TEST_CASE("files without the extensions: 2/3 backward, datasheet HBM accumulation, Metis's optimizer", "[sim][profiles]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet& profiles = test::synthetic_profiles(10);
   const int a100 = profiles.type_index("A100");
   const LayerProfile* s0 = profiles.find(a100, 1, 2);
@@ -125,6 +127,7 @@ TEST_CASE("files without the extensions: 2/3 backward, datasheet HBM accumulatio
 }
 
 TEST_CASE("measured all-reduce bandwidth replaces the clusterfile's inside a node", "[sim][network]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
   const TwoStagePlan plan;
   SimulationOptions clusterfile;
@@ -141,6 +144,7 @@ TEST_CASE("measured all-reduce bandwidth replaces the clusterfile's inside a nod
 }
 
 TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][recompute]") {
+  REQUIRE_SHARED_DATA();
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
   const TwoStagePlan plan;
   SimulationOptions full, selective;
@@ -162,6 +166,7 @@ TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][re
 }
 
 TEST_CASE("a profile extension of the wrong length is an error naming file and key", "[sim][profiles][errors]") {
+  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("stage-costs-bad") / "p";
   fs::remove_all(dir);
   fs::copy(test::synthetic_dir(10), dir, fs::copy_options::recursive);
@@ -181,6 +186,7 @@ TEST_CASE("a profile extension of the wrong length is an error naming file and k
 }
 
 TEST_CASE("the pace-setting stage computes at the sustained pace", "[sim][power]") {
+  REQUIRE_SHARED_DATA();
   // Copy of the extended set where every file's sustained pass ran 10% (tp 1) or 4% (tp 2) slower than its burst.
   const auto dir = test::scratch_dir("stage-costs-sustained") / "p";
   fs::remove_all(dir);
