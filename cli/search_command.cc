@@ -77,6 +77,17 @@ Cluster load_cluster(const SearchArgs& a) {
   return cluster;
 }
 
+// What every plan of `--json` records besides the plan: model, gbs and paths.
+PlanFile plan_context(const SearchArgs& a) {
+  PlanFile context;
+  context.model = a.model;
+  context.gbs = a.gbs;
+  context.hostfile = a.hostfile;
+  context.clusterfile = a.clusterfile;
+  context.profile_dir = a.profile_dir;
+  return context;
+}
+
 int run_metis_search(const SearchArgs& a) {
   const Cluster cluster = load_cluster(a);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
@@ -148,12 +159,7 @@ int run_metis_search(const SearchArgs& a) {
   for (std::size_t i = 0; i < result.top.size(); ++i)
     std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i]) << "\n";
   if (!a.json_out.empty()) {
-    PlanFile context;
-    context.model = a.model;
-    context.gbs = a.gbs;
-    context.hostfile = a.hostfile;
-    context.clusterfile = a.clusterfile;
-    context.profile_dir = a.profile_dir;
+    const PlanFile context = plan_context(a);
     ordered_json j = search_result_to_json(result, average_ms, a.trials, context);
     j["use_strat"] = a.use_strat;
     j["cost_model"] = "metis";
@@ -236,12 +242,7 @@ int run_default_search(const SearchArgs& a) {
   }
 
   if (!a.json_out.empty()) {
-    PlanFile context;
-    context.model = a.model;
-    context.gbs = a.gbs;
-    context.hostfile = a.hostfile;
-    context.clusterfile = a.clusterfile;
-    context.profile_dir = a.profile_dir;
+    const PlanFile context = plan_context(a);
     write_json_file(a.json_out, plan_search_result_to_json(result, cluster, o.setups, context, to_string(so.schedule)));
   }
   return 0;

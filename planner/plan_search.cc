@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "planner/search.h"
+#include "planner/top_k.h"
 #include "sim/input_error.h"
 #include "sim/plan_cost.h"
 #include "sim/rank_layout.h"
@@ -37,30 +38,7 @@ struct PlanKey {
   }
 };
 
-struct Ranked {
-  PlanKey key;
-  SearchedPlan plan;
-};
-
-// The K best plans seen, sorted.
-class TopK {
- public:
-  explicit TopK(int k) : k_(k) {}
-  bool full() const { return static_cast<int>(items_.size()) >= k_; }
-  double kth_cost() const { return full() ? items_.back().key.cost : kInf; }
-  bool wants(const PlanKey& key) const { return !full() || key < items_.back().key; }
-  void insert(Ranked r) {
-    auto it = std::upper_bound(items_.begin(), items_.end(), r.key,
-                               [](const PlanKey& k, const Ranked& x) { return k < x.key; });
-    items_.insert(it, std::move(r));
-    if (static_cast<int>(items_.size()) > k_) items_.pop_back();
-  }
-  std::vector<Ranked>& items() { return items_; }
-
- private:
-  int k_;
-  std::vector<Ranked> items_;
-};
+using TopPlans = TopK<PlanKey, SearchedPlan>;
 
 // The K smallest costs found by any worker: the pruning threshold.
 class SharedBound {
@@ -199,6 +177,10 @@ class StageEstimator {
 struct SuffixBound {
   int R = 0, L = 0, Q = 0;
   std::vector<double> h;
+  std::vector<double> h_min;  // min over l' >= l of at(q, r, l'): the bound whatever layers the stage before takes
+  double min_from(int q, int r, int l) const {
+    return h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+  }
   double at(int q, int r, int l) const {
     return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
   }
@@ -217,7 +199,7 @@ struct Counters {
 
 struct Worker {
   explicit Worker(int k) : top(k) {}
-  TopK top;
+  TopPlans top;
   Counters c;
   long long first_infeasible_unit = -1;
   std::string first_infeasible_reason;
@@ -378,8 +360,20 @@ PlanSearchResult PlanSearch::run() const {
         }
       }
   };
+  auto finish_bound = [&](SuffixBound* h) {
+    h->h_min = h->h;
+    for (int q = 0; q <= Q; ++q)
+      for (int r = 0; r <= R; ++r)
+        for (int l = L - 1; l >= 0; --l) {
+          double& cur = h->h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+          cur = std::min(cur, h->h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l + 1]);
+        }
+  };
   auto suffix_bound = [&](const Unit& u) -> const SuffixBound& {
-    std::call_once(bound_once[u.bound], [&] { build_bound(u, &bounds[u.bound]); });
+    std::call_once(bound_once[u.bound], [&] {
+      build_bound(u, &bounds[u.bound]);
+      finish_bound(&bounds[u.bound]);
+    });
     return bounds[u.bound];
   };
 
@@ -446,7 +440,7 @@ PlanSearchResult PlanSearch::run() const {
       if (best_setup < 0) return;
       PlanKey key;
       key.cost = best;
-      if (w.top.full() && best > w.top.kth_cost()) return;
+      if (w.top.full() && best > w.top.kth().cost) return;
       key.order.reserve(3 + 3 * p);
       key.order.push_back(o.index);
       key.order.push_back(m);
@@ -457,9 +451,8 @@ PlanSearchResult PlanSearch::run() const {
         key.order.push_back(w.choice[i].layer_end - w.choice[i].layer_begin);
       }
       if (!w.top.wants(key)) return;
-      Ranked r;
-      r.key = std::move(key);
-      PlanResult& pr = r.plan.plan;
+      SearchedPlan sp;
+      PlanResult& pr = sp.plan;
       for (int t : o.sequence) pr.node_sequence.push_back(cluster.device_types()[t]);
       for (int i = 0; i < p; ++i) {
         pr.device_groups.push_back(w.choice[i].size);
@@ -470,8 +463,8 @@ PlanSearchResult PlanSearch::run() const {
       pr.batches = m;
       pr.num_repartition = 0;
       pr.cost = best;
-      r.plan.setup = best_setup;
-      w.top.insert(std::move(r));
+      sp.setup = best_setup;
+      w.top.insert(std::move(key), std::move(sp));
       bound.offer(best);
     };
 
@@ -501,6 +494,12 @@ PlanSearchResult PlanSearch::run() const {
           lb_min = std::min(lb_min, w.lb[at]);
         }
       for (int s = s_min; s <= s_max; ++s) {
+        // Whatever layers this stage takes, the ranks after it cannot finish in time.
+        if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) > bound.threshold()) {
+          ++w.c.enumerated;
+          ++w.c.pruned;
+          continue;
+        }
         const bool homo = o.homogeneous(r, s);
         for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
           if (s % tp != 0) continue;
@@ -642,7 +641,7 @@ PlanSearchResult PlanSearch::run() const {
   }
 
   PlanSearchResult result;
-  TopK top(opt_.top_k);
+  TopPlans top(opt_.top_k);
   long long first_unit = -1;
   for (Worker& w : workers) {
     result.enumerated += w.c.enumerated;
@@ -653,9 +652,9 @@ PlanSearchResult PlanSearch::run() const {
       first_unit = w.first_infeasible_unit;
       result.first_infeasible_reason = w.first_infeasible_reason;
     }
-    for (Ranked& r : w.top.items()) top.insert(std::move(r));
+    for (auto& e : w.top.items()) top.insert(std::move(e.key), std::move(e.item));
   }
-  for (Ranked& r : top.items()) result.top.push_back(std::move(r.plan));
+  for (auto& e : top.items()) result.top.push_back(std::move(e.item));
   result.cut_short = stop.load();
   if (result.cut_short)
     result.cut_reason = stop_why.load() == 2 ? "interrupted" : "time budget of " + std::to_string(opt_.time_budget_s) + " s reached";

@@ -15,6 +15,7 @@
 
 #include "planner/inter_stage.h"
 #include "planner/intra_stage.h"
+#include "planner/top_k.h"
 #include "sim/input_error.h"
 #include "sim/metis_cost.h"
 #include "sim/rank_layout.h"
@@ -36,33 +37,12 @@ struct RankKey {
   }
 };
 
-struct Ranked {
-  RankKey key;
-  PlanResult plan;
-};
-
-// The K best candidates seen, kept sorted.
-class TopK {
- public:
-  explicit TopK(int k) : k_(k) {}
-  bool wants(const RankKey& key) const { return static_cast<int>(items_.size()) < k_ || key < items_.back().key; }
-  void insert(Ranked r) {
-    auto it = std::upper_bound(items_.begin(), items_.end(), r.key,
-                               [](const RankKey& k, const Ranked& x) { return k < x.key; });
-    items_.insert(it, std::move(r));
-    if (static_cast<int>(items_.size()) > k_) items_.pop_back();
-  }
-  std::vector<Ranked>& items() { return items_; }
-
- private:
-  int k_;
-  std::vector<Ranked> items_;
-};
+using TopPlans = TopK<RankKey, PlanResult>;
 
 struct Worker {
   Worker(const ProfileSet& profiles, const IntraStageOptions& o, int k) : search(profiles, o), top(k) {}
   IntraStageSearch search;
-  TopK top;
+  TopPlans top;
   long long count = 0, candidates = 0, skipped = 0, dropped_layers = 0;
   long long first_skip_plan = -1;
   std::string first_skip_reason;
@@ -187,7 +167,7 @@ SearchResult MetisSearch::run() const {
           r.layer_partition = c.partition->layer_partition;
           r.num_repartition = c.partition->num_repartition;
           r.cost = terms.total;
-          w.top.insert(Ranked{key, std::move(r)});
+          w.top.insert(key, std::move(r));
         });
       } catch (const std::exception& e) {
         if (w.first_error_plan < 0 || static_cast<long long>(i) < w.first_error_plan) {
@@ -215,7 +195,7 @@ SearchResult MetisSearch::run() const {
 
   SearchResult result;
   result.inter_stage_plans = static_cast<long long>(plans.size());
-  TopK top(opt_.top_k);
+  TopPlans top(opt_.top_k);
   long long err_plan = -1, skip_plan = -1;
   std::string err;
   for (Worker& w : workers) {
@@ -231,10 +211,10 @@ SearchResult MetisSearch::run() const {
     result.candidates += w.candidates;
     result.skipped += w.skipped;
     result.dropped_layers += w.dropped_layers;
-    for (Ranked& r : w.top.items()) top.insert(std::move(r));
+    for (auto& e : w.top.items()) top.insert(e.key, std::move(e.item));
   }
   if (err_plan >= 0) throw InputError(err);
-  for (Ranked& r : top.items()) result.top.push_back(std::move(r.plan));
+  for (auto& e : top.items()) result.top.push_back(std::move(e.item));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

@@ -18,7 +18,9 @@ mkdir -p "$out"
   --hostfile_path hostfiles/a100_v100_16.hostfile \
   --clusterfile_path hostfiles/clusterfile.json \
   --profile_data_path "$out/profiles" \
-  --num_layers 10 --gbs 64 --top 5 --reject-dropped-layers --json "$out/plan.json" | tee "$out/search.txt"
+  --num_layers 10 --gbs 64 --top 5 --json "$out/plan.json" | tee "$out/search.txt"
+# The best plan, explained: the same iteration time, per-rank memory, a Chrome trace.
+./$b/hetplan simulate --plan "$out/plan.json" --trace "$out/plan.trace.json" | tee "$out/simulate.txt"
 # Profiles measured on H200 GPUs (profiles/H200), on one 4-GPU node.
 ./$b/hetplan search \
   --hostfile_path hostfiles/h200_4.hostfile \
