@@ -46,7 +46,9 @@ profile_seed one "" DeviceType.H200_tp1_bs1.json
 profile_seed two_checked 10 DeviceType.H200_tp1_bs1.json DeviceType.H200_tp1_bs2.json
 profile_seed four_readme "" DeviceType.H200_tp1_bs1.json DeviceType.H200_tp1_bs2.json \
   DeviceType.H200_tp2_bs1.json DeviceType.H200_tp2_bs2.json README.md
-find logs/validate -name 'plan[0-9]*.json' | sort | head -12 | while read -r p; do
+# (No `find | head` pipeline: under pipefail, head closing early fails the script.)
+mapfile -t plans < <(find logs/validate -name 'plan[0-9]*.json' | sort)
+for p in "${plans[@]:0:12}"; do
   cp "$p" "$seeds/fuzz_plan_file/$(echo "$p" | tr / _)"
 done
 cp tests/data/hf/*.json "$seeds/fuzz_hf_config/"
