@@ -175,13 +175,16 @@ class StageEstimator {
 //   (sum over the stages before j of their forward + backward) + m x (j's forward + backward),
 // minimised over every way to form those stages; infinity where none exists.
 struct SuffixBound {
+  std::unique_ptr<StageEstimator> est;  // this (node order, m)'s stage estimates
   int R = 0, L = 0, Q = 0;
   std::vector<double> h;
   std::vector<double> h_min;  // min over l' >= l of at(q, r, l'): the bound whatever layers the stage before takes
   double min_from(int q, int r, int l) const {
+    if (h_min.empty()) return 0;
     return h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
   }
   double at(int q, int r, int l) const {
+    if (h.empty()) return 0;
     return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
   }
   double& at(int q, int r, int l) { return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l]; }
@@ -190,7 +193,8 @@ struct SuffixBound {
 // One (node order, m, p) unit.
 struct Unit {
   int order = 0, m = 1, p = 1;
-  int bound = 0;  // index of the (node order, m) suffix bound
+  int bound = 0;       // index of the (node order, m) suffix bound
+  int first_size = 1;  // GPUs of stage 0 (units this small balance the threads)
 };
 
 struct Counters {
@@ -319,7 +323,8 @@ PlanSearchResult PlanSearch::run() const {
   for (int p = 1; p <= Q; ++p)
     for (std::size_t mi = 0; mi < ms.size(); ++mi)
       for (const OrderContext& o : orders)
-        units.push_back(Unit{o.index, ms[mi], p, static_cast<int>(o.index * ms.size() + mi)});
+        for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0)
+          units.push_back(Unit{o.index, ms[mi], p, static_cast<int>(o.index * ms.size() + mi), s0});
 
   // Suffix bounds, built once per (node order, m) by the first unit that needs one.
   std::vector<SuffixBound> bounds(orders.size() * ms.size());
@@ -327,12 +332,19 @@ PlanSearchResult PlanSearch::run() const {
   auto build_bound = [&](const Unit& u, SuffixBound* h) {
     const OrderContext& o = orders[u.order];
     const int m = u.m, b = opt_.gbs / m;
-    const StageEstimator est(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp);
+    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp);
+    const StageEstimator& est = *h->est;
     h->R = R;
     h->L = L;
     h->Q = Q;
+    // Too large a table (hundreds of GPUs) or not used: 0 everywhere, a bound that never prunes.
+    const double work = 0.25 * R * R * static_cast<double>(L) * L * Q;
+    if (opt_.exhaustive || work > 4e9 || static_cast<double>(Q + 1) * (R + 1) * (L + 1) > 5e7) {
+      h->h.clear();
+      h->R = R, h->L = L, h->Q = Q;
+      return;
+    }
     h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
-    if (opt_.exhaustive) return;  // not used
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
@@ -362,6 +374,7 @@ PlanSearchResult PlanSearch::run() const {
   };
   auto finish_bound = [&](SuffixBound* h) {
     h->h_min = h->h;
+    if (h->h.empty()) return;
     for (int q = 0; q <= Q; ++q)
       for (int r = 0; r <= R; ++r)
         for (int l = L - 1; l >= 0; --l) {
@@ -419,8 +432,8 @@ PlanSearchResult PlanSearch::run() const {
     w.mask[0] = all;
     long long since_check = 0;
 
-    const StageEstimator est(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp);
     const SuffixBound& sb = suffix_bound(u);
+    const StageEstimator& est = *sb.est;
 
     auto leaf = [&]() {
       ++w.c.costed;
@@ -481,8 +494,8 @@ PlanSearchResult PlanSearch::run() const {
       }
       const bool last = i == p - 1;
       const int rest = p - 1 - i;  // stages after this one
-      const int s_max = last ? R - r : R - r - rest;
-      const int s_min = last ? R - r : 1;
+      const int s_max = i == 0 ? u.first_size : last ? R - r : R - r - rest;
+      const int s_min = i == 0 ? u.first_size : last ? R - r : 1;
       const int k_max = last ? L - l : L - l - rest;
       const int k_min = last ? L - l : 1;
       // The prefix's bounds, the smallest over the settings still feasible.
