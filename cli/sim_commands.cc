@@ -125,7 +125,7 @@ int run_simulate(const SimulateArgs& a) {
     if (st.power_limited)
       std::cout << "power: " << st.label << " sets the pace; at sustained clocks it computes "
                 << fixed(st.sustained_factor, 3) << "x its burst time\n";
-  if (pf.plan.cost > 0) std::cout << "metis_cost_ms: " << fixed(pf.plan.cost, 3) << "\n";
+  if (pf.plan.cost > 0) std::cout << "plan_cost_ms: " << fixed(pf.plan.cost, 3) << " (the cost search recorded, by its cost model)\n";
   std::cout << "| stage | forward ms | backward ms | busy ms | allreduce ms | in flight | peak GiB | capacity GiB |\n"
             << "|---|---|---|---|---|---|---|---|\n";
   for (std::size_t i = 0; i < sim.stages.size(); ++i) {

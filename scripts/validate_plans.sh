@@ -47,7 +47,7 @@ stamp=$(date -u +%Y%m%d-%H%M%S)
 work=logs/validate/$stamp
 mkdir -p "$work"
 
-"$bin" search -q --hostfile_path "$hostfile" --clusterfile_path "$clusterfile" --profile_data_path "$profiles" \
+"$bin" search -q --cost-model metis --hostfile_path "$hostfile" --clusterfile_path "$clusterfile" --profile_data_path "$profiles" \
   --num_layers 10 --gbs "$gbs" --top 60 --reject-dropped-layers --json "$work/search.json" >/dev/null
 # The K cheapest plans with distinct stage shapes (device groups and strategies) first, then the rest.
 python3 - "$work" "$top" <<'PY'
