@@ -351,8 +351,8 @@ TEST_CASE("a tp group across nodes pays its all-reduces over the inter-node link
   const PlanCostModel narrow_model(sim, layout, {TrainingSetup{}}), wide_model(sim_wide, layout_wide, {TrainingSetup{}});
   const StageChoice c{0, 8, Strategy{1, 8}, 2, 6};  // 4 blocks, A100 ranks 0-7
   FastStageCost narrow, wide_cost;
-  REQUIRE(narrow_model.stage(c, 1, 3, 4, 16, &narrow));
-  REQUIRE(wide_model.stage(c, 1, 3, 4, 16, &wide_cost));
+  REQUIRE(narrow_model.stage(c, 0, 3, 4, 16, &narrow));
+  REQUIRE(wide_model.stage(c, 0, 3, 4, 16, &wide_cost));
   const Network& net = narrow_model.network();
   const double bytes = 16.0 * s.model.sequence_length * s.model.hidden_size * 2;
   const double delta = net.ring_all_reduce_seconds({0, 1, 2, 3, 4, 5, 6, 7}, bytes) -
