@@ -260,7 +260,7 @@ int run_replay(const ReplayArgs& a) {
             << std::setprecision(1) << "tokens_per_s: " << tokens / (med * 1e-3) << "\n";
   if (mfu >= 0) std::cout << std::setprecision(3) << "mfu: " << mfu << "\n";
   if (predicted > 0)
-    std::cout << std::setprecision(3) << "predicted_ms (Metis): " << predicted << ", error (measured - predicted) / "
+    std::cout << std::setprecision(3) << "predicted_ms (the plan's cost, by the search's cost model): " << predicted << ", error (measured - predicted) / "
               << "measured: " << std::setprecision(1) << 100 * (med - predicted) / med << "%\n";
   for (const auto& rep : reports)
     std::cout << std::setprecision(1) << "rank " << rep.rank << " stage " << rep.stage << ": peak "
