@@ -7,14 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include "planner/search.h"
+#include "planner/periodic.h"
 #include "planner/top_k.h"
 #include "sim/input_error.h"
 #include "sim/plan_cost.h"
@@ -607,29 +606,20 @@ PlanSearchResult PlanSearch::run() const {
   };
 
   // Progress from a side thread.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;
-  std::thread reporter;
-  if (opt_.progress) {
-    reporter = std::thread([&] {
-      std::unique_lock<std::mutex> lock(mu);
-      while (!cv.wait_for(lock, std::chrono::seconds(1), [&] { return finished; })) {
-        PlanSearchProgress pr;
-        pr.units_done = units_done.load();
-        pr.units_total = static_cast<long long>(units.size());
-        pr.enumerated = g_enumerated.load();
-        pr.pruned = g_pruned.load();
-        pr.costed = g_costed.load();
-        pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (pr.units_done > 0)
-          pr.eta_s = pr.elapsed_s * static_cast<double>(pr.units_total - pr.units_done) / pr.units_done;
-        const double thr = bound.threshold();
-        pr.best_ms = std::isfinite(thr) ? thr : -1;
-        opt_.progress(pr);
-      }
-    });
-  }
+  Periodic reporter(opt_.progress ? std::function<void()>([&] {
+    PlanSearchProgress pr;
+    pr.units_done = units_done.load();
+    pr.units_total = static_cast<long long>(units.size());
+    pr.enumerated = g_enumerated.load();
+    pr.pruned = g_pruned.load();
+    pr.costed = g_costed.load();
+    pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (pr.units_done > 0)
+      pr.eta_s = pr.elapsed_s * static_cast<double>(pr.units_total - pr.units_done) / pr.units_done;
+    const double thr = bound.threshold();
+    pr.best_ms = std::isfinite(thr) ? thr : -1;
+    opt_.progress(pr);
+  }) : std::function<void()>());
 
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, units.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
     Worker& w = workers.local();
@@ -644,14 +634,7 @@ PlanSearchResult PlanSearch::run() const {
     }
   });
 
-  if (reporter.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      finished = true;
-    }
-    cv.notify_all();
-    reporter.join();
-  }
+  reporter.stop();
 
   PlanSearchResult result;
   TopPlans top(opt_.top_k);

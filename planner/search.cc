@@ -7,14 +7,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include "planner/inter_stage.h"
 #include "planner/intra_stage.h"
+#include "planner/periodic.h"
 #include "planner/top_k.h"
 #include "sim/input_error.h"
 #include "sim/metis_cost.h"
@@ -116,17 +115,9 @@ SearchResult MetisSearch::run() const {
 
   // Optional progress reporting from a side thread.
   std::atomic<long long> done{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;
-  std::thread reporter;
-  if (opt_.progress) {
-    reporter = std::thread([&] {
-      std::unique_lock<std::mutex> lock(mu);
-      while (!cv.wait_for(lock, std::chrono::seconds(1), [&] { return finished; }))
-        opt_.progress(done.load(), static_cast<long long>(plans.size()));
-    });
-  }
+  Periodic reporter(opt_.progress ? std::function<void()>([&] {
+    opt_.progress(done.load(), static_cast<long long>(plans.size()));
+  }) : std::function<void()>());
 
   std::atomic<long long> first_error_plan{-1};
   auto body = [&](const tbb::blocked_range<std::size_t>& range) {
@@ -184,14 +175,7 @@ SearchResult MetisSearch::run() const {
   };
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, plans.size(), 8), body);
 
-  if (reporter.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      finished = true;
-    }
-    cv.notify_all();
-    reporter.join();
-  }
+  reporter.stop();
 
   SearchResult result;
   result.inter_stage_plans = static_cast<long long>(plans.size());
