@@ -7,6 +7,28 @@
 
 namespace hetplan {
 
+namespace {
+
+// "best" and "top": entry(i) for each of the n plans, cheapest first.
+template <typename Entry>
+void add_best_and_top(std::size_t n, const Entry& entry, ordered_json* j) {
+  (*j)["best"] = n == 0 ? ordered_json(nullptr) : entry(0);
+  ordered_json top = ordered_json::array();
+  for (std::size_t i = 0; i < n; ++i) top.push_back(entry(i));
+  (*j)["top"] = top;
+}
+
+// What a search was run on: the model, the global batch and the input paths.
+void add_search_context(const PlanFile& context, ordered_json* j) {
+  (*j)["model"] = model_to_json(context.model);
+  (*j)["gbs"] = context.gbs;
+  (*j)["hostfile"] = context.hostfile;
+  (*j)["clusterfile"] = context.clusterfile;
+  (*j)["profile_dir"] = context.profile_dir;
+}
+
+}  // namespace
+
 ordered_json search_result_to_json(const SearchResult& r, double average_ms, int trials, const PlanFile& context,
                                    const std::vector<std::pair<int, std::string>>& settings) {
   auto entry = [&](std::size_t i) {
@@ -19,19 +41,12 @@ ordered_json search_result_to_json(const SearchResult& r, double average_ms, int
   j["count"] = r.count;
   j["average_ms"] = average_ms;
   j["trials"] = trials;
-  j["best"] = r.top.empty() ? ordered_json(nullptr) : entry(0);
-  ordered_json top = ordered_json::array();
-  for (std::size_t i = 0; i < r.top.size(); ++i) top.push_back(entry(i));
-  j["top"] = top;
+  add_best_and_top(r.top.size(), entry, &j);
   j["inter_stage_plans"] = r.inter_stage_plans;
   j["candidates"] = r.candidates;
   j["skipped"] = r.skipped;
   j["dropped_layers"] = r.dropped_layers;
-  j["model"] = model_to_json(context.model);
-  j["gbs"] = context.gbs;
-  j["hostfile"] = context.hostfile;
-  j["clusterfile"] = context.clusterfile;
-  j["profile_dir"] = context.profile_dir;
+  add_search_context(context, &j);
   return j;
 }
 
@@ -73,10 +88,7 @@ ordered_json plan_search_result_to_json(const PlanSearchResult& r, const Cluster
   };
   ordered_json j;
   j["cost_model"] = "sim";
-  j["best"] = r.top.empty() ? ordered_json(nullptr) : entry(0);
-  ordered_json top = ordered_json::array();
-  for (std::size_t i = 0; i < r.top.size(); ++i) top.push_back(entry(i));
-  j["top"] = top;
+  add_best_and_top(r.top.size(), entry, &j);
   j["enumerated"] = r.enumerated;
   j["pruned"] = r.pruned;
   j["costed"] = r.costed;
@@ -84,11 +96,7 @@ ordered_json plan_search_result_to_json(const PlanSearchResult& r, const Cluster
   j["seconds"] = r.seconds;
   j["cut_short"] = r.cut_short;
   if (r.cut_short) j["cut_reason"] = r.cut_reason;
-  j["model"] = model_to_json(context.model);
-  j["gbs"] = context.gbs;
-  j["hostfile"] = context.hostfile;
-  j["clusterfile"] = context.clusterfile;
-  j["profile_dir"] = context.profile_dir;
+  add_search_context(context, &j);
   return j;
 }
 
