@@ -182,6 +182,7 @@ int run_default_search(const SearchArgs& a) {
   so.measured_collectives = parse_collectives(a.collectives);
   so.sustained_clocks = !a.burst_clocks;
   if (a.max_bs > 0) so.max_profiled_bs = a.max_bs;
+  so.setup = as_profiled(so.setup, profiles, false, false);
   const PlanSimulator simulator(cluster, profiles, shape_from_model_config(a.model), a.model.sequence_length, so);
 
   PlanSearchOptions o;

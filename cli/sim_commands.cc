@@ -29,7 +29,7 @@ std::string fixed(double v, int digits) {
 // Options both commands share: training setup and network units.
 struct SetupArgs {
   int zero = 0;
-  std::string recompute = "none", precision = "bf16", accounting = "zero", bandwidth_unit = "GB/s";
+  std::string recompute = "none", precision = "bf16", accounting = "auto", bandwidth_unit = "GB/s";
   bool sequence_parallel = false, flash = false;
   double framework_mb = 0;
 };
@@ -45,10 +45,14 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
   s->add_option("--recompute", a.recompute, "Activation recomputation: none, selective or full")->capture_default_str();
   s->add_option("--precision", a.precision, "Training precision: fp32, bf16 or fp8")->capture_default_str();
   s->add_option("--accounting", a.accounting,
-                "Model-state accounting: zero (ZeRO paper), deepspeed (memory.rst estimator) or megatron")
+                "Model-state accounting: zero (ZeRO paper), deepspeed (memory.rst estimator), megatron, or auto "
+                "(simulate: megatron when the profiles record 18 bytes per parameter, as hetplan profile's do; "
+                "else zero)")
       ->capture_default_str();
   s->add_flag("--sequence-parallel", a.sequence_parallel, "Megatron sequence parallelism (activations split by tp)");
-  s->add_flag("--flash-attention", a.flash, "Attention scores are never stored (as selective recomputation)");
+  s->add_flag("--flash-attention", a.flash,
+              "Attention scores are never stored (as selective recomputation; simulate: also when the profiles "
+              "record fused attention)");
   s->add_option("--framework-mb", a.framework_mb,
                 default_framework_mb < 0
                     ? "Per-GPU framework constant: CUDA context, allocator, workspaces (MiB; default: the profiles' "
@@ -64,10 +68,10 @@ TrainingSetup make_setup(const SetupArgs& a) {
   s.zero_stage = a.zero;
   s.recompute = parse_recompute(a.recompute, "--recompute");
   s.precision = parse_precision(a.precision, "--precision");
-  if (a.accounting == "zero") s.accounting = ZeroAccounting::kZeroPaper;
+  if (a.accounting == "zero" || a.accounting == "auto") s.accounting = ZeroAccounting::kZeroPaper;
   else if (a.accounting == "deepspeed") s.accounting = ZeroAccounting::kDeepSpeed;
   else if (a.accounting == "megatron") s.accounting = ZeroAccounting::kMegatron;
-  else throw InputError("--accounting: '" + excerpt(a.accounting) + "': expected zero, deepspeed or megatron");
+  else throw InputError("--accounting: '" + excerpt(a.accounting) + "': expected zero, deepspeed, megatron or auto");
   s.sequence_parallel = a.sequence_parallel;
   s.flash_attention = a.flash;
   if (a.framework_mb != kFrameworkFromProfiles)
@@ -104,7 +108,7 @@ int run_simulate(const SimulateArgs& a) {
 
   SimulationOptions o;
   o.schedule = parse_schedule(!a.schedule_given && !pf.schedule.empty() ? pf.schedule : a.schedule, "--schedule");
-  o.setup = make_setup(setup_args);
+  o.setup = as_profiled(make_setup(setup_args), profiles, a.setup.accounting != "auto", a.setup.flash);
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   o.measured_collectives = parse_collectives(a.collectives);
   o.sustained_clocks = !a.burst_clocks;

@@ -29,6 +29,9 @@ struct Measurement {
   std::vector<double> sustained_fb_ms;                            // back-to-back passes, in order
   std::vector<double> fb_ms, optimizer_ms, batch_ms;
   std::vector<double> layer_mb;
+  // Per layer and micro-batch: the bytes its forward stores for the backward,
+  // and the most its forward or backward holds beyond them (MB).
+  std::vector<double> stored_mb, working_mb;
 };
 
 // One measured configuration: all layers, `iters` times after `warmup`.
@@ -198,13 +201,24 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
       const int64_t base = meter.allocated();
       meter.reset_peak();
       torch::Tensor out = layers[i]->forward(in);
+      meter.sync();
+      // What the forward leaves for the backward (its output included: the
+      // next layer's input, or what the stage sends on), and the most it
+      // held beyond that at any moment of the forward or the backward.
+      const int64_t after_forward = meter.allocated();
+      const int64_t forward_peak = meter.peak();
+      meter.reset_peak();
       if (i + 1 == L) {
         out.backward();
       } else {
         out.backward(torch::ones_like(out));
       }
       meter.sync();
-      const int64_t activations = meter.peak() - base;  // with one transient gradient at a time
+      const int64_t backward_peak = meter.peak();
+      const int64_t activations = std::max(forward_peak, backward_peak) - base;  // with one transient gradient at a time
+      m.stored_mb.push_back(static_cast<double>(after_forward - base) / (1024.0 * 1024.0));
+      m.working_mb.push_back(static_cast<double>(std::max(forward_peak, backward_peak) - after_forward) /
+                             (1024.0 * 1024.0));
       int64_t numel = 0;
       for (const auto& p : layers[i]->parameters()) numel += p.numel();
       // Weights, fp32 main gradients, fp32 masters (unless the weights are fp32) and Adam's moments.
@@ -293,6 +307,18 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   }
   mem["total_memory"] = total_mb;
   mem["layer_memory_total_mb"] = layer_mb;
+  // hetplan's extensions: the activation part of the above, split into what
+  // a micro-batch's forward stores until its backward, and the working set
+  // the layer's forward or backward holds beyond that for a moment.
+  const auto to_kb = [](const std::vector<double>& v) {
+    ordered_json a = ordered_json::array();
+    for (double x : v) a.push_back(std::round(std::max(0.0, x) * 1000.0) / 1000.0);
+    return a;
+  };
+  if (meter.has_memory_stats()) {
+    mem["layer_activation_mb"] = to_kb(m.stored_mb);
+    mem["layer_working_mb"] = to_kb(m.working_mb);
+  }
   mem["source"] = meter.has_memory_stats() ? "allocator peak statistics" : "not measured";
   // How the layers above hold their memory (hetplan's extensions):
   // weights + fp32 main gradients + fp32 masters + Adam moments per parameter

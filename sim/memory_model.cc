@@ -204,7 +204,8 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   return rank_memory(m, s, r, shard_params(m, r.first_layer, r.end_layer, r.pp, s));
 }
 
-MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r, const ShardParams& p) {
+MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r, const ShardParams& p,
+                            const MeasuredActivations* measured) {
   MemoryBreakdown out;
   const double tp = r.tp;
   double trainable, frozen_bytes = 0;
@@ -249,6 +250,25 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
                                             s.flash_attention, s.precision);
   out.activations = per_mb * r.in_flight;
   out.recompute_workspace = one_layer_full;
+  if (measured) {
+    // Measured on the GPU: what the kernels really keep. A plan that recomputes
+    // differently from the profiled run scales the stored bytes by the analytic
+    // ratio of the two settings, and a full recomputation the profile did not
+    // run adds the re-materialised layer to the working set.
+    double stored = measured->stored;
+    double working = measured->working;
+    if (measured->recompute != s.recompute) {
+      TrainingSetup as_profiled = s;
+      as_profiled.recompute = measured->recompute;
+      RankShard one = r;
+      one.in_flight = 1;
+      const double then = rank_memory(m, as_profiled, one, p).activations;
+      if (then > 0) stored *= per_mb / then;
+      if (s.recompute == Recompute::kFull) working += one_layer_full;
+    }
+    out.activations = stored * r.in_flight;
+    out.recompute_workspace = working;
+  }
   out.framework = s.framework_bytes;
   return out;
 }

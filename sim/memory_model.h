@@ -90,10 +90,27 @@ struct ModelStateBytes {
 struct MemoryBreakdown {
   ModelStateBytes states;
   double activations = 0;          // in-flight micro-batches
-  double recompute_workspace = 0;  // one layer's full activations while it is recomputed
+  double recompute_workspace = 0;  // one layer's full activations while it is recomputed, or (measured
+                                   // activations) the most a layer's forward or backward holds beyond them
   double framework = 0;
-  double gpu_total() const { return states.total_gpu() + activations + recompute_workspace + framework; }
+  // The peak the caching allocator sees: the model states plus the
+  // activations and working set of the forward/backward phase.
+  double allocated_peak() const { return states.total_gpu() + activations + recompute_workspace; }
+  double gpu_total() const { return allocated_peak() + framework; }
   double cpu_per_node() const { return states.cpu_per_node; }
+};
+
+// Activations of a rank's layers as `hetplan profile` measured them on its
+// GPU type, at its tp and micro-batch size (execution_memory.layer_activation_mb
+// and layer_working_mb): for one micro-batch, the bytes the layers' forwards
+// store until their backwards, and the most one layer's forward or backward
+// holds beyond what the micro-batch has stored at that moment. rank_memory
+// takes them in place of the analytic terms (which then only rescale them
+// when the plan recomputes differently from the profiled run).
+struct MeasuredActivations {
+  double stored = 0;
+  double working = 0;
+  Recompute recompute = Recompute::kNone;  // how the profiled run recomputed
 };
 
 // Model states of a rank whose model-parallel shard has `trainable` trainable
@@ -130,7 +147,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& setup, con
 // The same, given shard_params(m, shard.first_layer, shard.end_layer, shard.pp, setup) (the cost path
 // computes it once per stage and setting).
 MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& setup, const RankShard& shard,
-                            const ShardParams& params);
+                            const ShardParams& params, const MeasuredActivations* measured = nullptr);
 
 // The share of the forward's FLOPs that recomputation runs again during the
 // backward: all of it for full recomputation, the attention scores and their

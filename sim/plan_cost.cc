@@ -90,9 +90,12 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
     rank_ptype_[r] = sim.profile_type_[layout.type_of(r)];
     rank_capacity_[r] = sim.cluster_->memory_mb(layout.type_of(r)) * kMiB;
   }
+  framework_tps_ = std::max(1, sim.profiles_->max_tp() + 1);
   for (int pt = 0; pt < static_cast<int>(sim.profiles_->device_types().size()); ++pt) {
-    const double mb = sim.profiles_->framework_mb(pt);
-    ptype_framework_.push_back(mb > 0 ? mb * kMiB : 0);
+    for (int t = 0; t < framework_tps_; ++t) {
+      const double mb = t > 0 ? sim.profiles_->framework_mb(pt, t) : -1;
+      ptype_framework_.push_back(mb > 0 ? mb * kMiB : 0);
+    }
     const GpuSpec* g = find_gpu_spec(sim.profiles_->device_types()[pt]);
     ptype_hbm_bytes_per_s_.push_back(g ? g->memory_bw_gbs * 1e9 : 0);
   }
@@ -268,9 +271,31 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
         TrainingSetup rank_setup = setup;
         if (rank_setup.framework_bytes < 0) {
           const int pt = rank_ptype_[r];
-          rank_setup.framework_bytes = pt >= 0 ? ptype_framework_[pt] : 0;
+          // At tp's own measurement (NCCL's buffers), else the largest tp measured below it.
+          double fw = 0;
+          for (int t = std::min(tp, framework_tps_ - 1); pt >= 0 && t >= 1 && fw <= 0; --t)
+            fw = ptype_framework_[static_cast<std::size_t>(pt) * framework_tps_ + t];
+          rank_setup.framework_bytes = fw;
         }
-        memo_breakdown = rank_memory(shape, rank_setup, shard, sp);
+        // Activations as the profiler measured them on this rank's GPU type, tp and micro-batch, when it did.
+        MeasuredActivations measured;
+        const LayerProfile* mp = rank_ptype_[r] >= 0 ? profiles.find(rank_ptype_[r], tp, mb) : nullptr;
+        const bool use_measured = mp && mp->has_activation_split() && setup.finetune == Finetune::kFull &&
+                                  setup.precision != Precision::kFp32;
+        if (use_measured) {
+          measured.stored = mp->activation(start, end) * kMiB;
+          // The most one layer holds beyond what is stored at that moment: during its backward the
+          // later layers of the same micro-batch have already freed theirs.
+          double later = 0;
+          for (int l = end - 1; l >= start; --l) {
+            measured.working = std::max(measured.working, mp->working_mb[l] * kMiB - later);
+            later += mp->activation_mb[l] * kMiB;
+          }
+          measured.recompute = mp->recompute == "full"        ? Recompute::kFull
+                               : mp->recompute == "selective" ? Recompute::kSelective
+                                                              : Recompute::kNone;
+        }
+        memo_breakdown = rank_memory(shape, rank_setup, shard, sp, use_measured ? &measured : nullptr);
         memo_total = memo_breakdown.gpu_total();
         memo_type = type;
         memo_share = mb;

@@ -185,12 +185,33 @@ ordered_json simulation_to_json(const PlanSimulation& s) {
                      {"transient", b.states.transient + b.recompute_workspace},
                      {"activations", b.activations},
                      {"framework", b.framework},
+                     {"allocated_peak", b.allocated_peak()},
                      {"total", b.gpu_total()},
                      {"capacity", r.capacity_bytes},
                      {"fits", r.fits()}});
   }
   j["ranks"] = ranks;
   return j;
+}
+
+TrainingSetup as_profiled(TrainingSetup s, const ProfileSet& profiles, bool keep_accounting, bool keep_attention) {
+  std::string attention;
+  double state_bytes = 0;
+  bool attention_agrees = true, bytes_agree = true;
+  for (const LayerProfile& p : profiles.entries()) {
+    if (!p.attention.empty()) {
+      attention_agrees &= attention.empty() || attention == p.attention;
+      attention = p.attention;
+    }
+    if (p.state_bytes_per_parameter > 0) {
+      bytes_agree &= state_bytes == 0 || state_bytes == p.state_bytes_per_parameter;
+      state_bytes = p.state_bytes_per_parameter;
+    }
+  }
+  if (!keep_attention && attention_agrees && !attention.empty()) s.flash_attention = attention == "fused";
+  if (!keep_accounting && bytes_agree && state_bytes == 18 && s.precision != Precision::kFp32)
+    s.accounting = ZeroAccounting::kMegatron;
+  return s;
 }
 
 bool parse_collectives(const std::string& s) {

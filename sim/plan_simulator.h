@@ -132,6 +132,13 @@ class PlanSimulator {
 
 ordered_json simulation_to_json(const PlanSimulation& s);
 
+// `s` with what the profiled runs record of how they trained (when every file
+// of the set that records it agrees): Megatron's accounting when they kept 18
+// bytes per bf16 parameter (bf16 weights, fp32 main gradients, masters and
+// Adam moments), and no stored score matrix when their attention was fused.
+// `keep_accounting` / `keep_attention`: the user chose those; leave them.
+TrainingSetup as_profiled(TrainingSetup s, const ProfileSet& profiles, bool keep_accounting, bool keep_attention);
+
 // --collectives: "measured" (true) or "clusterfile" (false); throws InputError.
 bool parse_collectives(const std::string& s);
 

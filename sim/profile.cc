@@ -84,6 +84,10 @@ void ProfileSet::add(const std::string& type, LayerProfile p) {
   p.memory = SliceSums(p.memory_mb);
   if (p.has_forward()) p.forward_time = SliceSums(p.forward_ms);
   if (p.has_grad_accumulation()) p.accumulation_time = SliceSums(p.grad_accumulation_ms);
+  if (p.has_activation_split()) {
+    p.activation = SliceSums(p.activation_mb);
+    p.working = SliceSums(p.working_mb);
+  }
   if (std::find(types_.begin(), types_.end(), type) == types_.end()) {
     types_.push_back(type);
     std::sort(types_.begin(), types_.end());
@@ -91,6 +95,16 @@ void ProfileSet::add(const std::string& type, LayerProfile p) {
   entry_types_.push_back(type);
   entries_.push_back(std::move(p));
   index_.clear();  // rebuilt by finalize()
+}
+
+double ProfileSet::framework_mb(int type, int tp) const {
+  const LayerProfile* best = nullptr;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const LayerProfile& e = entries_[i];
+    if (e.tp != tp || e.framework_mb < 0 || type_index(entry_types_[i]) != type) continue;
+    if (!best || e.bs < best->bs) best = &e;
+  }
+  return best ? best->framework_mb : framework_mb(type);
 }
 
 void ProfileSet::rebuild_index() {
@@ -207,6 +221,32 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
       p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication",
                                              rules::positive_up_to(1e4));
     }
+    for (const char* key : {"layer_activation_mb", "layer_working_mb"}) {
+      if (!em.contains(key)) continue;
+      std::vector<double> v = require_number_list(em, key, path, "execution_memory", non_negative_mb, max_layers);
+      if (v.size() != p.layer_ms.size())
+        throw InputError(path + ": 'execution_memory." + key + "' has " + std::to_string(v.size()) +
+                         " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
+      (std::string(key) == "layer_activation_mb" ? p.activation_mb : p.working_mb) = std::move(v);
+    }
+    if (p.activation_mb.empty() != p.working_mb.empty())
+      throw InputError(path + ": 'execution_memory' has one of 'layer_activation_mb' and 'layer_working_mb' but not "
+                       "the other (expected both or neither)");
+    for (const char* key : {"attention", "recompute"}) {
+      if (!em.contains(key)) continue;
+      if (!em[key].is_string())
+        throw InputError(key_where(path, std::string("execution_memory.") + key) + " must be a string");
+      const std::string v = em[key].get<std::string>();
+      const bool ok = std::string(key) == "attention" ? (v == "fused" || v == "materialized")
+                                                      : (v == "none" || v == "selective" || v == "full");
+      if (!ok)
+        throw InputError(path + ": key 'execution_memory." + key + "': '" + excerpt(v) + "' is not one of " +
+                         (std::string(key) == "attention" ? "fused, materialized" : "none, selective, full"));
+      (std::string(key) == "attention" ? p.attention : p.recompute) = v;
+    }
+    if (em.contains("state_bytes_per_parameter"))
+      p.state_bytes_per_parameter = require_number(em, "state_bytes_per_parameter", path, "execution_memory",
+                                                   rules::positive_up_to(64));
     for (const char* key : {"layer_forward_ms", "layer_grad_accumulation_ms"}) {
       if (!et.contains(key)) continue;
       std::vector<double> v = require_number_list(et, key, path, "execution_time", non_negative_ms, max_layers);

@@ -89,8 +89,18 @@ struct LayerProfile {
   double sustained_ratio() const {
     return sustained_fb_ms > 0 && forward_backward_ms > 0 ? std::max(1.0, sustained_fb_ms / forward_backward_ms) : 1.0;
   }
+  // execution_memory.layer_activation_mb / layer_working_mb (hetplan's
+  // extensions; empty when absent): per layer and micro-batch of this file's
+  // bs, the MB its forward stores until its backward, and the most its
+  // forward or backward holds beyond that at any one moment.
+  std::vector<double> activation_mb, working_mb;
+  // execution_memory.attention / recompute / state_bytes_per_parameter, as
+  // the profiler ran the layers ("" / 0 when absent).
+  std::string attention, recompute;
+  double state_bytes_per_parameter = 0;
+  bool has_activation_split() const { return !activation_mb.empty(); }
   double total_layer_ms = 0;       // sum(layer_ms)
-  SliceSums time, memory, forward_time, accumulation_time;
+  SliceSums time, memory, forward_time, accumulation_time, activation, working;
   bool has_forward() const { return !forward_ms.empty(); }
   bool has_grad_accumulation() const { return !grad_accumulation_ms.empty(); }
 };
@@ -133,6 +143,11 @@ class ProfileSet {
     const LayerProfile* p = find(type, 1, 1);
     return p ? p->framework_mb : -1;
   }
+  // The framework constant (MB) of a device type at tensor-parallel degree
+  // `tp` (NCCL's buffers grow with the group): from the smallest-bs file of
+  // that tp that records one, else framework_mb(type); -1 if none does.
+  double framework_mb(int type, int tp) const;
+  int max_tp() const { return max_tp_; }
 
   // The gradient all-reduce bus bandwidth (GB/s) measured among GPUs of a
   // device type: from its files of the largest tp that record one; -1 if none.

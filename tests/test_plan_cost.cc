@@ -12,6 +12,7 @@
 #include "sim/input_error.h"
 #include "sim/model_shape.h"
 #include "sim/plan_cost.h"
+#include "sim/json_util.h"
 
 namespace hetplan {
 namespace {
@@ -360,6 +361,121 @@ TEST_CASE("a tp group across nodes pays its all-reduces over the inter-node link
   REQUIRE(delta > 0);
   CHECK(rel_diff(narrow.forward_ms - wide_cost.forward_ms, 2 * 4 * delta * 1e3) <= 1e-9);
   CHECK(rel_diff(narrow.backward_ms - wide_cost.backward_ms, 2 * 4 * delta * 1e3) <= 1e-9);
+}
+
+}  // namespace hetplan
+
+namespace hetplan {
+
+// Analytic A100/V100 profiles (10 layers, tp 1-2, bs 1-4), with the keys
+// `hetplan profile` writes about memory patched in: per-layer stored
+// activations (100 + l MB) and working sets (50 MB; 500 MB for the head),
+// fused attention, 18 bytes per parameter, framework 1000 + 100 tp MB.
+TEST_CASE("measured activations, working sets and per-tp framework constants price each rank", "[plan_cost][memory]") {
+  const auto dir = test::scratch_dir("measured-activations");
+  AnalyticOptions o;
+  o.model.num_layers = 10;
+  o.max_bs = 4;
+  o.max_tp = 2;
+  o.device_types = {"A100", "V100"};
+  generate_analytic_profiles(o, dir.string());
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    ordered_json j = read_json_file(f.path().string());
+    const int tp = f.path().filename().string().find("_tp2_") != std::string::npos ? 2 : 1;
+    ordered_json act = ordered_json::array(), work = ordered_json::array();
+    for (int l = 0; l < 10; ++l) {
+      act.push_back(100.0 + l);
+      work.push_back(l == 9 ? 500.0 : 50.0);
+    }
+    auto& em = j["execution_memory"];
+    if (f.path().filename().string().find("_bs4.") == std::string::npos) {  // bs 4: not split (older profiles)
+      em["layer_activation_mb"] = act;
+      em["layer_working_mb"] = work;
+    }
+    em["attention"] = "fused";
+    em["state_bytes_per_parameter"] = 18;
+    em["recompute"] = "none";
+    em["framework_mb"] = 1000.0 + 100.0 * tp;
+    write_json_file(f.path().string(), j);
+  }
+  const ProfileSet profiles = ProfileSet::load(dir.string(), 10);
+  const Cluster cluster = Cluster::load(std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/a100_v100_16.hostfile",
+                                        std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/clusterfile.json");
+  const ModelConfig mc;
+  const ModelShape shape = shape_from_model_config(mc);
+  TrainingSetup base;
+  base.framework_bytes = -1;
+  const TrainingSetup setup = as_profiled(base, profiles, false, false);
+  CHECK(setup.accounting == ZeroAccounting::kMegatron);
+  CHECK(setup.flash_attention);
+  CHECK(as_profiled(base, profiles, true, true).accounting == ZeroAccounting::kZeroPaper);
+  CHECK(profiles.framework_mb(profiles.type_index("A100"), 2) == 1200.0);
+  CHECK(profiles.framework_mb(profiles.type_index("A100"), 1) == 1100.0);
+
+  SimulationOptions so;
+  so.setup = setup;
+  const PlanSimulator sim(cluster, profiles, shape, mc.sequence_length, so);
+  const RankLayout layout(cluster, {0, 1});
+  TrainingSetup full = setup;
+  full.recompute = Recompute::kFull;
+  const PlanCostModel model(sim, layout, {setup, full});
+  // Layers [3, 6) on A100 ranks 0-1 at (dp 1, tp 2), stage 1 of 3, 4 micro-batches of 2: 2 in flight.
+  const StageChoice c{0, 2, Strategy{1, 2}, 3, 6};
+  const double MiB = 1024.0 * 1024.0;
+  const double stored = (103 + 104 + 105) * MiB, working = 50 * MiB;  // layer 5's backward, the last of the stage
+  RankShard shard;
+  shard.first_layer = 3;
+  shard.end_layer = 6;
+  shard.tp = 2;
+  shard.pp = 3;
+  shard.stage = 1;
+  shard.micro_batch = 2;
+  shard.seq = mc.sequence_length;
+  shard.in_flight = 2;
+  shard.gpus_per_node = 4;
+  for (int k = 0; k < 2; ++k) {
+    INFO("setting " << k);
+    FastStageCost f;
+    StageDetail d;
+    std::string why;
+    REQUIRE(model.explain_stage(c, 1, 3, 4, 2, k, &f, &d, &why));
+    REQUIRE(d.ranks.size() == 2);
+    const MemoryBreakdown& b = d.ranks[0].breakdown;
+    CHECK(b.framework == 1200 * MiB);
+    TrainingSetup s = k == 0 ? setup : full;
+    s.framework_bytes = 1200 * MiB;
+    const ShardParams sp = shard_params(shape, 3, 6, 3, s);
+    const MemoryBreakdown states_only = rank_memory(shape, s, shard, sp);
+    CHECK(b.states.total_gpu() == states_only.states.total_gpu());
+    // Megatron's 18 bytes per parameter of the rank's shard.
+    CHECK(b.states.total_gpu() == Approx(sp.on_rank(2) * 18).epsilon(1e-12));
+    if (k == 0) {
+      CHECK(b.activations == 2 * stored);
+      CHECK(b.recompute_workspace == working);
+    } else {
+      // Full recomputation the profile did not run: the stored bytes scale by the analytic ratio
+      // (a block's input only), and the re-materialised block joins the working set.
+      TrainingSetup none = s;
+      none.recompute = Recompute::kNone;
+      RankShard one = shard;
+      one.in_flight = 1;
+      const double ratio = rank_memory(shape, s, one, sp).activations / rank_memory(shape, none, one, sp).activations;
+      CHECK(ratio < 0.2);
+      CHECK(b.activations == Approx(2 * stored * ratio).epsilon(1e-12));
+      CHECK(b.recompute_workspace == Approx(working + states_only.recompute_workspace).epsilon(1e-12));
+    }
+    CHECK(b.gpu_total() == b.allocated_peak() + b.framework);
+  }
+  // A file without the split falls back to the analytic terms.
+  FastStageCost f;
+  StageDetail d;
+  std::string why;
+  REQUIRE(model.explain_stage(c, 1, 3, 2, 4, 0, &f, &d, &why));
+  shard.micro_batch = 4;
+  shard.in_flight = 2;
+  TrainingSetup s = setup;
+  s.framework_bytes = 1200 * MiB;
+  CHECK(d.ranks[0].breakdown.activations == rank_memory(shape, s, shard).activations);
 }
 
 }  // namespace hetplan
