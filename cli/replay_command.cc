@@ -236,7 +236,9 @@ int run_replay(const ReplayArgs& a) {
   ordered_json ranks = ordered_json::array();
   for (const auto& rep : reports)
     ranks.push_back({{"rank", rep.rank}, {"stage", rep.stage}, {"replica", rep.replica}, {"tp_index", rep.tp_index},
-                     {"peak_memory_mb", rep.peak_memory_mb}});
+                     {"peak_memory_mb", rep.peak_memory_mb},
+                     {"peak_forward_backward_mb", rep.peak_forward_backward_mb},
+                     {"peak_optimizer_mb", rep.peak_optimizer_mb}});
   out["ranks"] = ranks;
   write_json_file(a.out, out);
 

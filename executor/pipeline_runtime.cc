@@ -173,6 +173,9 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
     meter.clear_marks();
     world_barrier();
     meter.sync();
+    // Memory is the steady state's: from the first measured iteration on,
+    // split into the forward/backward phase and the optimizer step.
+    if (record) meter.reset_peak();
     const auto t0 = std::chrono::steady_clock::now();
     const int origin = meter.mark();
     adam.zero_grad();
@@ -280,6 +283,11 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
         }
       });
     }
+    if (record && meter.has_memory_stats()) {
+      meter.sync();
+      report.peak_forward_backward_mb = std::max(report.peak_forward_backward_mb, meter.peak() / (1024.0 * 1024.0));
+      meter.reset_peak();
+    }
     timed("optimizer", -1, [&] {
       if (zero) {
         adam.step_sharded([&](std::vector<torch::Tensor>& out, torch::Tensor& in) { groups.dp->all_gather(out, in); });
@@ -288,6 +296,8 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
       }
     });
     meter.sync();
+    if (record && meter.has_memory_stats())
+      report.peak_optimizer_mb = std::max(report.peak_optimizer_mb, meter.peak() / (1024.0 * 1024.0));
     world_barrier();
     meter.sync();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -298,7 +308,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
     for (const Mark& mk : marks)
       report.trace.push_back({mk.name, meter.elapsed_ms(origin, mk.a), meter.elapsed_ms(origin, mk.b), mk.micro_batch});
   }
-  report.peak_memory_mb = meter.has_memory_stats() ? meter.peak() / (1024.0 * 1024.0) : 0.0;
+  report.peak_memory_mb = std::max(report.peak_forward_backward_mb, report.peak_optimizer_mb);
 
   if (!c.dump_dir.empty()) {
     fs::create_directories(c.dump_dir);
@@ -326,7 +336,8 @@ ordered_json rank_report_to_json(const RankReport& r) {
   for (const Span& s : r.trace) spans.push_back({s.name, s.start_ms, s.end_ms, s.micro_batch});
   return {{"rank", r.rank},       {"stage", r.stage},   {"replica", r.replica},
           {"tp_index", r.tp_index}, {"iteration_ms", r.iteration_ms}, {"losses", r.losses},
-          {"peak_memory_mb", r.peak_memory_mb}, {"trace", spans}};
+          {"peak_memory_mb", r.peak_memory_mb}, {"peak_forward_backward_mb", r.peak_forward_backward_mb},
+          {"peak_optimizer_mb", r.peak_optimizer_mb}, {"trace", spans}};
 }
 
 RankReport rank_report_from_json(const ordered_json& j) {
@@ -338,6 +349,8 @@ RankReport rank_report_from_json(const ordered_json& j) {
   r.iteration_ms = j["iteration_ms"].get<std::vector<double>>();
   r.losses = j["losses"].get<std::vector<double>>();
   r.peak_memory_mb = j["peak_memory_mb"];
+  r.peak_forward_backward_mb = j.value("peak_forward_backward_mb", 0.0);
+  r.peak_optimizer_mb = j.value("peak_optimizer_mb", 0.0);
   for (const auto& s : j["trace"])
     r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>()});
   return r;

@@ -56,7 +56,9 @@ struct RankReport {
   int rank = 0, stage = 0, replica = 0, tp_index = 0;
   std::vector<double> iteration_ms;  // measured iterations
   std::vector<double> losses;        // this rank's share of each step's loss (last stage, tp index 0)
-  double peak_memory_mb = 0;
+  // Peak allocated memory over the measured iterations (the warmup's excluded):
+  // the larger of the forward/backward phase's and the optimizer step's.
+  double peak_memory_mb = 0, peak_forward_backward_mb = 0, peak_optimizer_mb = 0;
   std::vector<Span> trace;           // the last measured iteration
 };
 
