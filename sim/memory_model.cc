@@ -278,11 +278,16 @@ double recomputed_forward_fraction(const ModelShape& m, Recompute r, long long s
     case Recompute::kNone: return 0.0;
     case Recompute::kFull: return 1.0;
     case Recompute::kSelective: {
-      const double scores = 4.0 * seq * m.num_heads * m.head_dim * m.num_layers;
-      return scores / (m.training_flops(1, seq) / 3);
+      const double scores = 4.0 * seq * m.num_heads * m.head_dim;
+      return scores / m.block_forward_flops_per_token(seq);
     }
   }
   return 0.0;
+}
+
+double reduced_gradient_bytes(const TrainingSetup& s) {
+  if (s.precision == Precision::kFp32 || s.finetune != Finetune::kFull) return 4;
+  return s.accounting == ZeroAccounting::kMegatron ? 4 : 2;
 }
 
 const char* to_string(Recompute r) {

@@ -149,11 +149,17 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& setup, con
 MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& setup, const RankShard& shard,
                             const ShardParams& params, const MeasuredActivations* measured = nullptr);
 
-// The share of the forward's FLOPs that recomputation runs again during the
-// backward: all of it for full recomputation, the attention scores and their
-// softmax (QK^T and AV, 4 s a d FLOPs per token and layer) for selective
-// (Korthikanti et al. 2022, Sec. 5), nothing without.
+// The share of a transformer block's forward FLOPs that recomputation runs
+// again during the backward: all of it for full recomputation, the attention
+// scores and their softmax (QK^T and AV, 4 s a d FLOPs per token) for
+// selective (Korthikanti et al. 2022, Sec. 5), nothing without. The embedding
+// and the head are never recomputed.
 double recomputed_forward_fraction(const ModelShape& m, Recompute r, long long seq);
+
+// Bytes per trainable parameter of the gradient the data-parallel group
+// reduces: the fp32 main gradient where the setup keeps one (Megatron's
+// accounting, fp32 training, fp32 LoRA adapters), else the 16-bit gradient.
+double reduced_gradient_bytes(const TrainingSetup& s);
 
 const char* to_string(Recompute r);
 const char* to_string(Precision p);

@@ -18,6 +18,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct ReplicaCost {
   double total_ms = 0;          // forward + backward of its share of the micro-batch
   double forward_ms = -1;       // of total_ms; -1 if the profile does not split it
+  double block_forward_ms = -1; // of forward_ms, the transformer blocks' (what recomputation runs again)
   double accumulation_ms = -1;  // adding a micro-batch's gradients into the iteration's; -1 if not measured
   double optimizer_ms = -1;     // the file's whole-model optimizer step at this tp; -1 if absent
   double sustained_ratio = 1;   // LayerProfile::sustained_ratio
@@ -49,14 +50,21 @@ bool replica_cost(const ProfileSet& profiles, int max_profiled_bs, int type, int
     }
   }
   bool forward_known = true;
-  double forward = 0;
+  double forward = 0, block_forward = 0;
   for (int i = 0; i < n; ++i) {
     const LayerProfile* p = slices[i];
     c.total_ms += p->time(start, end);
     forward_known = forward_known && p->has_forward();
-    if (p->has_forward()) forward += p->forward_time(start, end);
+    if (p->has_forward()) {
+      forward += p->forward_time(start, end);
+      // Blocks are Metis layers 1 .. L-2 (0 is the embedding, L-1 the head).
+      block_forward += p->forward_time(std::max(start, 1), std::min(end, static_cast<int>(p->layer_ms.size()) - 1));
+    }
   }
-  if (forward_known) c.forward_ms = forward;
+  if (forward_known) {
+    c.forward_ms = forward;
+    c.block_forward_ms = block_forward;
+  }
   // Accumulating gradients and the optimizer step touch the parameters
   // once, whatever the micro-batch: any slice's file tells them.
   const LayerProfile* any = slices[0];
@@ -156,7 +164,8 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const int blocks = std::max(0, std::min(end, shape.metis_num_layers() - 1) - std::max(start, 1));
 
   // Setup-independent per-replica costs; the stage runs at its slowest replica's pace.
-  double slowest = -1, slowest_base = 0, slowest_forward = -1, sustained = 1, tpx_fwd = 0, tpx_bwd = 0;
+  double slowest = -1, slowest_base = 0, slowest_forward = -1, slowest_block_forward = -1, sustained = 1, tpx_fwd = 0,
+         tpx_bwd = 0;
   int max_share = 0;
   // Per replica, what the setup-dependent parts need: measured accumulation and optimizer step.
   double acc_raw[kMaxReplicas], opt_raw[kMaxReplicas];
@@ -178,6 +187,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       slowest = total;
       slowest_base = c.total_ms;
       slowest_forward = c.forward_ms;
+      slowest_block_forward = c.block_forward_ms;
       sustained = c.sustained_ratio;
       tpx_fwd = extra;
       tpx_bwd = extra;
@@ -193,6 +203,9 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   }
   if (index == 0) extra += profiles.model().batch_generator_ms;
   const double forward = slowest_forward >= 0 ? slowest_forward : slowest_base * (1 - opt.backward_share);
+  // Recomputation runs the blocks' forward again, never the embedding's or the head's.
+  const double block_forward =
+      slowest_block_forward >= 0 ? slowest_block_forward : (end > start ? forward * blocks / (end - start) : 0.0);
   // p2p over the boundary link, bf16 activations split over tp.
   const double p2p_bytes = act_bytes_per_sample_ * max_share / tp;
   // (A stage with no rank beyond it on that side has no link to cost.)
@@ -212,7 +225,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     if (k == k0 || !same_params_setup(setup, setups_[k - 1])) sp = shard_params(shape, start, end, p, setup);
     const double full_on_rank = sp.on_rank(tp);
     const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / tp;
-    const double grad_bytes = trainable * (setup.precision == Precision::kFp32 ? 4 : 2);
+    const double grad_bytes = trainable * reduced_gradient_bytes(setup);
     double accumulation = 0, optimizer = 0;
     for (int d = 0; d < dp; ++d) {
       // Measured accumulation covers every parameter; LoRA accumulates only its adapters.
@@ -229,7 +242,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     }
     c.forward_ms = forward + extra * (1 - opt.backward_share) + tpx_fwd;
     c.backward_ms = slowest_base - forward + extra * opt.backward_share +
-                    forward * recompute_fraction_[k] + tpx_bwd;
+                    block_forward * recompute_fraction_[k] + tpx_bwd;
     c.accumulation_ms = accumulation;
     c.sustained_factor = sustained;
     c.send_forward_ms = send_forward;

@@ -151,14 +151,15 @@ TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][re
   full.setup.recompute = Recompute::kFull;
   selective.setup.recompute = Recompute::kSelective;
   const PlanSimulation none = plan.run(profiles), f = plan.run(profiles, full), s = plan.run(profiles, selective);
-  const double layers_forward = slice(profiles.find(0, 1, 2)->layer_ms, 0, 5) / 4;
+  // Blocks only (layers 1-4 of the stage's 0-4): the embedding is never recomputed.
+  const double layers_forward = slice(profiles.find(0, 1, 2)->forward_ms, 1, 5);
   CHECK(f.stages[0].backward_ms - none.stages[0].backward_ms == Approx(layers_forward).epsilon(1e-12));
   CHECK(f.stages[0].forward_ms == none.stages[0].forward_ms);
   // Selective: the attention scores' share of the forward FLOPs, 4 s a d per token and layer.
   const SearchOptions o = test::table1_search_options(10);
   const ModelShape shape = shape_from_model_config(o.model);
   const double seq = o.model.sequence_length;
-  const double share = 4 * seq * shape.num_heads * shape.head_dim * shape.num_layers / (shape.training_flops(1, seq) / 3);
+  const double share = 4 * seq * shape.num_heads * shape.head_dim / shape.block_forward_flops_per_token(seq);
   CHECK(recomputed_forward_fraction(shape, Recompute::kSelective, o.model.sequence_length) == Approx(share));
   CHECK(s.stages[0].backward_ms - none.stages[0].backward_ms == Approx(layers_forward * share).epsilon(1e-12));
   CHECK(f.timeline.iteration_ms > s.timeline.iteration_ms);
