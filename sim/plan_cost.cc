@@ -217,7 +217,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const int in_flight = in_flight_microbatches(opt.schedule, p, index, batches);
 
   ShardParams sp;
-  double prev_grad_bytes = -1, prev_ar = 0;
+  double prev_grad_bytes = -1, prev_ar = 0, prev_ar_weights = 0;
   for (int k = k0; k < k0 + nk; ++k) {
     const TrainingSetup& setup = setups_[k];
     FastStageCost& c = out[k - k0];
@@ -249,12 +249,35 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     c.send_backward_ms = send_backward;
     // Data-parallel gradient all-reduce of each tp slice: tp index t's group is begin + t, + tp, ...
     if (grad_bytes != prev_grad_bytes) {
-      double ar = 0;
-      for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, grad_bytes));
+      double ar = 0, ar_weights = 0;
+      const double weight_bytes = trainable * 2;  // the 16-bit weights ZeRO gathers
+      for (int t = 0; t < tp; ++t) {
+        ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, grad_bytes));
+        if (dp > 1) ar_weights = std::max(ar_weights, net_.all_reduce_seconds_strided(begin + t, tp, dp, weight_bytes));
+      }
       prev_grad_bytes = grad_bytes;
       prev_ar = ar;
+      prev_ar_weights = ar_weights;
     }
-    c.allreduce_ms = prev_ar * 1e3 * (setup.zero_stage >= 3 ? 1.5 : 1.0);
+    // A ring reduce-scatter or all-gather moves half an all-reduce's bytes. ZeRO-1 (Megatron's distributed
+    // optimizer): reduce-scatter the gradients and all-gather the updated weights once per iteration.
+    // ZeRO-2 (DeepSpeed stage 2): each micro-batch's backward reduce-scatters its gradients; the step
+    // all-gathers the weights. ZeRO-3 (FSDP): each micro-batch gathers the weights before its forward and
+    // again before its backward, which reduce-scatters the gradients; nothing is left for the step.
+    const double rs = prev_ar * 1e3 / 2, ag = prev_ar_weights * 1e3 / 2;
+    c.allreduce_ms = 0;
+    switch (dp > 1 ? setup.zero_stage : 0) {
+      case 0: c.allreduce_ms = prev_ar * 1e3; break;
+      case 1: c.allreduce_ms = rs + ag; break;
+      case 2:
+        c.backward_ms += rs;
+        c.allreduce_ms = ag;
+        break;
+      default:
+        c.forward_ms += ag;
+        c.backward_ms += ag + rs;
+        break;
+    }
     c.optimizer_ms = optimizer / (setup.zero_stage >= 1 ? dp : 1);
 
     // Memory of each rank, with its own replica's share; ranks alike in (type, share, node size) agree.

@@ -479,3 +479,41 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
 }
 
 }  // namespace hetplan
+
+namespace hetplan {
+
+TEST_CASE("ZeRO's collectives: once per iteration (0, 1), per micro-batch (2: reduce-scatter; 3: gathers too)",
+          "[plan_cost][zero]") {
+  const Setup16& s = setup16();
+  std::vector<TrainingSetup> setups(4);
+  for (int z = 0; z < 4; ++z) {
+    setups[z].zero_stage = z;
+    setups[z].accounting = ZeroAccounting::kMegatron;  // fp32 main gradients are what is reduced
+  }
+  const PlanSimulator sim = s.simulator(setups[0]);
+  const RankLayout layout(s.cluster, {0, 1});
+  const PlanCostModel model(sim, layout, setups);
+  const StageChoice c{0, 4, Strategy{4, 1}, 0, 5};  // 4 A100 replicas, layers [0, 5), stage 0 of 2
+  FastStageCost f[4];
+  std::string why;
+  REQUIRE(model.stage(c, 0, 2, 8, 8, f, &why));
+  const ModelShape shape = shape_from_model_config(s.model);
+  const double n = shard_params(shape, 0, 5, 2, setups[0]).on_rank(1);
+  const Network net(s.cluster, layout, sim.options().network);
+  const double ar_grad = net.all_reduce_seconds_strided(0, 1, 4, n * 4) * 1e3;
+  const double ar_weights = net.all_reduce_seconds_strided(0, 1, 4, n * 2) * 1e3;
+  CHECK(reduced_gradient_bytes(setups[0]) == 4);
+  CHECK(f[0].allreduce_ms == ar_grad);
+  CHECK(f[1].allreduce_ms == Approx(ar_grad / 2 + ar_weights / 2).epsilon(1e-12));
+  CHECK(f[1].forward_ms == f[0].forward_ms);
+  CHECK(f[1].backward_ms == f[0].backward_ms);
+  CHECK(f[2].allreduce_ms == Approx(ar_weights / 2).epsilon(1e-12));
+  CHECK(f[2].backward_ms == Approx(f[0].backward_ms + ar_grad / 2).epsilon(1e-12));
+  CHECK(f[3].allreduce_ms == 0);
+  CHECK(f[3].forward_ms == Approx(f[0].forward_ms + ar_weights / 2).epsilon(1e-12));
+  CHECK(f[3].backward_ms == Approx(f[0].backward_ms + ar_weights / 2 + ar_grad / 2).epsilon(1e-12));
+  // The optimizer steps a 1/dp shard from ZeRO-1 on.
+  CHECK(f[1].optimizer_ms == Approx(f[0].optimizer_ms / 4).epsilon(1e-12));
+}
+
+}  // namespace hetplan
