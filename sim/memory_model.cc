@@ -77,6 +77,9 @@ ModelStateBytes model_state_bytes(double trainable, double frozen_weight_bytes, 
     // The module being computed is gathered whole, with its gradients (DeepSpeed memory.rst:
     // largest_layer_memory = 4 * largest_layer_params for 16-bit weights and gradients).
     out.transient = largest_module * (p.weight + (p.grad16 > 0 ? p.grad16 : p.grad32));
+  } else if (z == 2 && p.grad32 > 0 && !deepspeed) {
+    // Sharded fp32 gradients: a unit's full fp32 gradient bucket while it is reduce-scattered.
+    out.transient = largest_module * p.grad32;
   }
   if (s.offload_optimizer) {
     grads16 = grads32 = master_opt = 0;
@@ -182,12 +185,14 @@ ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const 
       out.sharded += vh;  // vocab-parallel embedding
       out.replicated += static_cast<double>(m.embedding_params()) - vh;
       out.largest_module = std::max(out.largest_module, vh);
+      out.largest_layer = std::max(out.largest_layer, static_cast<double>(m.embedding_params()));
     } else if (layer == last) {
       out.replicated += m.norm_params();
       // Untied: the LM head. Tied with the embedding on another stage: Megatron keeps a copy here.
       if (!m.tied_embeddings || (pp > 1 && first > 0)) {
         out.sharded += vh;
         out.largest_module = std::max(out.largest_module, vh);
+        out.largest_layer = std::max(out.largest_layer, vh + m.norm_params());
       }
     } else {
       out.sharded += block_sharded;
@@ -195,6 +200,7 @@ ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const 
       out.linear_weights += lw;
       out.lora += lora_per_block;
       out.largest_module = std::max(out.largest_module, largest_linear);
+      out.largest_layer = std::max(out.largest_layer, block_sharded + block_replicated);
     }
   }
   return out;
@@ -217,7 +223,9 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
     const double base_bits = s.finetune == Finetune::kQlora ? s.base_weights.bits_per_param() : 16.0;
     frozen_bytes = p.linear_weights / tp * base_bits / 8 + (p.on_rank(r.tp) - p.linear_weights / tp) * 2;
   }
-  out.states = model_state_bytes(trainable, frozen_bytes, p.largest_module / tp, s, r.dp, r.gpus_per_node);
+  // ZeRO's gather unit: DeepSpeed's is a module; FSDP's (and replay's) a layer.
+  const double unit = s.accounting == ZeroAccounting::kDeepSpeed ? p.largest_module : p.largest_layer;
+  out.states = model_state_bytes(trainable, frozen_bytes, unit / tp, s, r.dp, r.gpus_per_node);
   if (s.finetune == Finetune::kQlora && p.linear_weights > 0) {
     // The projection being computed is dequantised to bf16 for its GEMM.
     double largest_linear = 0;

@@ -139,6 +139,9 @@ struct ShardParams {
   double linear_weights = 0;           // of `sharded`, the block projections (what LoRA freezes and QLoRA quantises)
   double lora = 0;                     // adapter parameters (before the tp split)
   double largest_module = 0;
+  // The largest Metis layer's parameters (before the tp split): FSDP's and
+  // replay's ZeRO unit (one transformer block, or the embedding or head).
+  double largest_layer = 0;
   double on_rank(int tp) const { return sharded / tp + replicated; }
 };
 ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const TrainingSetup& setup);
