@@ -43,6 +43,7 @@ struct SearchArgs {
   bool cross_node_tp = false;
   double time_budget = 0;
   int max_stages = 0;
+  std::string hf_config;  // the model's shape (Llama family, ...); its layer count must match --num_layers
 };
 
 // Set by SIGINT during a search: the search stops and reports what it found.
@@ -183,7 +184,15 @@ int run_default_search(const SearchArgs& a) {
   so.sustained_clocks = !a.burst_clocks;
   if (a.max_bs > 0) so.max_profiled_bs = a.max_bs;
   so.setup = as_profiled(so.setup, profiles, false, false);
-  const PlanSimulator simulator(cluster, profiles, shape_from_model_config(a.model), a.model.sequence_length, so);
+  ModelShape shape = shape_from_model_config(a.model);
+  if (!a.hf_config.empty()) {
+    shape = read_hf_config(a.hf_config);
+    if (shape.metis_num_layers() != a.model.num_layers || shape.hidden_size != a.model.hidden_size)
+      throw InputError(a.hf_config + ": the model has " + std::to_string(shape.num_layers) + " blocks and hidden size " +
+                       std::to_string(shape.hidden_size) + ", but --num_layers " + std::to_string(a.model.num_layers) +
+                       " (blocks + 2) and --hidden_size " + std::to_string(a.model.hidden_size) + " were given");
+  }
+  const PlanSimulator simulator(cluster, profiles, shape, a.model.sequence_length, so);
 
   PlanSearchOptions o;
   o.gbs = a.gbs;
@@ -311,6 +320,9 @@ Runner add_search_command(CLI::App& app) {
               "[metis] Stratified pruning: steer the DFS by the first out-of-memory state (livingshade/Metis)");
   s->add_flag("--reject-dropped-layers,--reject_dropped_layers", a->reject_dropped_layers,
               "[metis] Do not cost plans whose layer partition drops layers (a reference bug, kept by default)");
+  s->add_option("--hf-config", a->hf_config,
+                "With --cost-model sim: the model's Hugging Face config.json (gpt2, llama, mistral) for its shape "
+                "(parameters, FLOPs, activations); its blocks + 2 must equal --num_layers");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
   s->add_option("--top", a->top, "Report the K cheapest plans")->capture_default_str()->check(CLI::PositiveNumber);
   s->add_option("--threads", a->threads, "Worker threads (default: all cores)");

@@ -70,7 +70,9 @@ def load_suite(path):
                 sys.exit(f"validate_plans: {path}: key 'models.{name}' has no '{key}'")
     names = set()
     for i, p in enumerate(s["plans"]):
-        for key in ("name", "model", "device_groups", "strategies", "layer_partition", "batches", "gbs"):
+        need = ("name", "model", "gbs") if "search" in p else \
+            ("name", "model", "device_groups", "strategies", "layer_partition", "batches", "gbs")
+        for key in need:
             if key not in p:
                 sys.exit(f"validate_plans: {path}: key 'plans[{i}]' has no '{key}'")
         if p["model"] not in s["models"]:
@@ -116,6 +118,36 @@ def plan_file(suite, p):
         "zero_stage": p.get("zero_stage", 0),
         "recompute": p.get("recompute", "none"),
     }
+
+
+def searched_plan(suite, p, binary, work, log):
+    """A plan entry {"search": {"cost_model": "sim" | "metis", "args": [...]}}: the best plan that
+    `hetplan search` finds for the suite's cluster and the model's profiles."""
+    m = suite["models"][p["model"]]
+    base = plan_file(suite, dict(p, device_groups=[], strategies=[], layer_partition=[], batches=1))
+    mc = base["model"]
+    cm = p["search"].get("cost_model", "sim")
+    out = f"{work}/{p['name']}.search.json"
+    cmd = [binary, "search", "-q", "--cost-model", cm, "--hostfile", suite["hostfile"], "--clusterfile",
+           suite["clusterfile"], "--profiles", m["profiles"], "--num_layers", str(mc["num_layers"]),
+           "--hidden_size", str(mc["hidden_size"]), "--sequence_length", str(mc["sequence_length"]),
+           "--vocab_size", str(mc["vocab_size"]), "--heads", str(mc["attention_heads"]), "--gbs", str(p["gbs"]),
+           "--json", out]
+    if cm == "sim":
+        cmd += ["--hf-config", m["hf_config"]]
+    else:
+        cmd += ["--reject-dropped-layers"]
+    run(cmd + p["search"].get("args", []), log)
+    best = json.load(open(out))["best"]
+    plan = dict(base)
+    for key in ("node_sequence", "device_groups", "strategies", "batches", "layer_partition"):
+        plan[key] = best[key]
+    plan["cost"] = best.get("cost")
+    for key in ("zero_stage", "recompute", "schedule"):
+        if key in best:
+            plan[key] = best[key]
+    plan["chosen_by"] = f"hetplan search --cost-model {cm}"
+    return plan
 
 
 def profile_models(suite, binary, log):
@@ -183,6 +215,8 @@ def table(work, suite_name, machine):
                 if used:
                     u_ape.append(abs((used - pt) / used))
             merr_s = f"{100 * max(errs, key=abs):+.1f}%" if errs else ""
+        if p.get("chosen_by"):
+            name = f"{name} ({p['chosen_by'].split()[-1]}'s best)"
         rows.append(name)
         out.append(f"| {name} | {meta.get('model', '')} | {stages} | {p['batches']} x {p['gbs']} | "
                    f"{p.get('zero_stage', 0)} | {p.get('recompute', 'none')} | {p.get('schedule', '1f1b')} | "
@@ -252,15 +286,17 @@ def main():
     for p in plans:
         m = suite["models"][p["model"]]
         f = f"{work}/{p['name']}.plan.json"
-        json.dump(plan_file(suite, p), open(f, "w"), indent=1)
+        plan = searched_plan(suite, p, a.bin, work, log) if "search" in p else plan_file(suite, p)
+        json.dump(plan, open(f, "w"), indent=1)
         json.dump({"model": p["model"], "hf_config": m["hf_config"], "note": p.get("note", "")},
                   open(f"{work}/{p['name']}.meta.json", "w"), indent=1)
         run([a.bin, "simulate", "--plan", f, "--hf-config", m["hf_config"], "--json", f"{work}/{p['name']}.sim.json"], log)
     for p in plans:
         m = suite["models"][p["model"]]
         f = f"{work}/{p['name']}.plan.json"
+        schedule = json.load(open(f)).get("schedule", "1f1b")
         run([a.bin, "replay", "--plan", f, "--hf-config", m["hf_config"], "--iters", str(a.iters), "--warmup",
-             str(a.warmup), "--schedule", p.get("schedule", "1f1b"), "--out", f"{work}/{p['name']}.replay.json"],
+             str(a.warmup), "--schedule", schedule, "--out", f"{work}/{p['name']}.replay.json"],
             log, check=False)
     text = table(work, suite_name, a.machine)
     print(text)
