@@ -164,7 +164,8 @@ int name_number(const std::string& digits, int max, const char* what, const std:
 
 ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
   if (!fs::is_directory(dir)) throw InputError(dir + ": profile folder does not exist");
-  static const std::regex name_re(R"(DeviceType\.([A-Za-z0-9]+)_tp(\d+)_bs(\d+)\.json)");
+  // Type names: letters, digits and inner hyphens (an emulated type such as H200-33sm).
+  static const std::regex name_re(R"(DeviceType\.([A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)_tp(\d+)_bs(\d+)\.json)");
   std::vector<std::string> names;
   for (const auto& f : fs::directory_iterator(dir)) {
     if (f.is_regular_file()) names.push_back(f.path().filename().string());

@@ -399,6 +399,17 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
     write_json_file(f.path().string(), j);
   }
   const ProfileSet profiles = ProfileSet::load(dir.string(), 10);
+  {
+    // A type name with inner hyphens (an emulated type, H200-33sm) is a type like any other.
+    const auto renamed = test::scratch_dir("measured-activations-hyphen");
+    for (const auto& f : std::filesystem::directory_iterator(dir)) {
+      std::string name = f.path().filename().string();
+      if (name.rfind("DeviceType.A100_", 0) == 0) name = "DeviceType.A100-40sm_" + name.substr(16);
+      std::filesystem::copy_file(f.path(), renamed / name, std::filesystem::copy_options::overwrite_existing);
+    }
+    const ProfileSet h = ProfileSet::load(renamed.string(), 10);
+    CHECK(h.device_types() == std::vector<std::string>{"A100-40sm", "V100"});
+  }
   const Cluster cluster = Cluster::load(std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/a100_v100_16.hostfile",
                                         std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/clusterfile.json");
   const ModelConfig mc;
