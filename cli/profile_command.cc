@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "sim/gpu_specs.h"
 #include "profiler/device_meter.h"
 #include "profiler/distributed.h"
 #include "profiler/layer_profiler.h"
@@ -59,8 +60,8 @@ std::vector<int> parse_ints(const std::string& s, const std::string& flag) {
 std::string default_device_type(torch::Device d) {
   std::string name = device_description(d);
   if (!d.is_cuda()) return "CPU";
-  for (const char* known : {"H200", "H100", "A100", "V100", "L40S", "A10G", "T4"})
-    if (name.find(known) != std::string::npos) return known;
+  // The catalogue's name for it (sim/gpu_specs.h), so profiles, whatif and the MFU agree.
+  if (const GpuSpec* g = match_device_description(name)) return g->name;
   std::string out;
   for (char c : name)
     if (std::isalnum(static_cast<unsigned char>(c))) out += c;

@@ -72,6 +72,9 @@ struct SimulationOptions {
   // stages wait for it between micro-batches and keep burst clocks. false:
   // every stage at burst clocks (the profiles' ordinary timings).
   bool sustained_clocks = true;
+  // The host ranks offload to (sim/offload.h): measured pinned copy bandwidth and CPU Adam throughput.
+  // Zero fields: the defaults of default_host_spec for the stage's GPU (catalogue host_link_gbs).
+  HostSpec host;
 };
 
 struct RankMemory {
