@@ -289,7 +289,7 @@ std::string joined(const std::vector<std::string>& v) {
   return out;
 }
 
-int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in) {
+int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const TrainingSetup& base) {
   const GpuSpec& g = *in.gpu;
   ordered_json rows = ordered_json::array();
   const double hbm_bf16 = in.calibration.decode_hbm_efficiency_bf16;
@@ -309,7 +309,7 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in) {
     s.batch = a.micro_batch;
     s.prompt = a.prompt;
     s.output = a.output;
-    s.framework_bytes = make_setup(a.setup).framework_bytes;
+    s.framework_bytes = base.framework_bytes;
     const bool int4 = s.weights == WeightFormat::kInt4Nf4 || s.weights == WeightFormat::kInt4Awq;
     const double measured = int4 ? hbm_int4 : hbm_bf16;
     s.hbm_efficiency = measured > 0 ? measured : kDefaultDecodeHbmEfficiency;
@@ -413,7 +413,7 @@ int run_whatif(const WhatifArgs& a) {
     setup_args.precision = in.gpu->supports(ComputePrecision::kBf16) ? "bf16" : "fp16";
   const TrainingSetup base = make_setup(setup_args);
   if (a.setup.precision != "auto") require_peak(*in.gpu, compute_precision(base.precision), "--precision " + a.setup.precision);
-  if (a.inference) return run_whatif_inference(a, in);
+  if (a.inference) return run_whatif_inference(a, in, base);
 
   std::vector<WhatifRow> rows =
       standard_whatif_rows(base, a.lora_rank, parse_targets(a.lora_targets), in.gpus_per_node);
@@ -435,11 +435,12 @@ int run_whatif(const WhatifArgs& a) {
     export_whatif_row(in, rows[0], a.export_dir);
   }
 
+  const int gbs = whatif_accumulation(in) * a.micro_batch * in.gpus;  // validates the batch before any output
   const double params = static_cast<double>(in.shape.parameter_count());
   std::cout << "model: " << in.shape.name << " (" << fixed(params / 1e9, 3) << "B parameters), " << in.gpus << " x "
             << in.gpu->name << " (" << fixed(in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb, 0)
             << " GB; datasheet: " << in.gpu->source_url << "), seq " << a.seq << ", micro-batch " << a.micro_batch
-            << " per GPU, gbs " << (a.gbs > 0 ? a.gbs : a.micro_batch * in.gpus) << "\n"
+            << " per GPU, gbs " << gbs << "\n"
             << "cost: each row is a one-stage plan through the simulator (as `simulate`), layer times a roofline: "
                "GEMMs at the row's dense peak x "
             << fixed(in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency, 2)
@@ -504,7 +505,7 @@ int run_whatif(const WhatifArgs& a) {
     j["gpu_memory_gb"] = in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb;
     j["sequence_length"] = a.seq;
     j["micro_batch"] = a.micro_batch;
-    j["gbs"] = a.gbs > 0 ? a.gbs : a.micro_batch * in.gpus;
+    j["gbs"] = gbs;
     j["gemm_efficiency"] = in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency;
     j["memory_efficiency"] = a.memory_efficiency;
     j["calibration"] = in.calibration.path;

@@ -160,6 +160,8 @@ int accumulation_of(const WhatifInput& in) {
 
 }  // namespace
 
+int whatif_accumulation(const WhatifInput& in) { return accumulation_of(in); }
+
 ComputePrecision compute_precision(Precision p) {
   switch (p) {
     case Precision::kFp32: return ComputePrecision::kFp32;

@@ -135,6 +135,10 @@ std::string whatif_unsupported(const WhatifInput& in, const WhatifRow& row);
 // `hetplan simulate --plan dir/plan.json` costs the same setup.
 void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::string& dir);
 
+// Micro-batches per step: gbs / (micro_batch x gpus). Throws InputError when that product overflows the
+// batch limit or does not divide gbs.
+int whatif_accumulation(const WhatifInput& in);
+
 // The TrainingSetup's compute precision on the GPU's matrix units.
 ComputePrecision compute_precision(Precision p);
 
