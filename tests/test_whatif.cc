@@ -346,3 +346,34 @@ TEST_CASE("seed setups: GPT-2 1.5B and Llama-3.1-70B on 8 x H200", "[whatif][see
     CHECK(step["fp8"] < step["bf16"]);  // the fp8 GEMM peak is twice bf16's on H200
   }
 }
+
+TEST_CASE("whatif_calibration.json: measured host, GEMM and decode efficiencies replace the defaults",
+          "[whatif][calibration]") {
+  const auto dir = test::scratch_dir("whatif-calibration");
+  CHECK(read_whatif_calibration(dir.string()).path.empty());  // no file: the stated defaults
+  std::ofstream(dir / "whatif_calibration.json")
+      << R"({"host": {"h2d_gbs": 20, "d2h_gbs": 22, "cpu_adam_params_per_s": 2e9},
+            "training": {"gemm_efficiency": 0.7, "qlora_dequant_factor_emulated": 3.0},
+            "inference": {"decode_hbm_efficiency": {"bf16": 0.8, "int4": 0.5}}})";
+  const WhatifCalibration c = read_whatif_calibration(dir.string());
+  CHECK(c.host.h2d_bytes_per_s == 20e9);
+  CHECK(c.host.d2h_bytes_per_s == 22e9);
+  CHECK(c.host.cpu_adam_params_per_s == 2e9);
+  CHECK(c.gemm_efficiency == 0.7);
+  CHECK(c.qlora_dequant_factor == 0);  // the emulated factor is informational only
+  CHECK(c.decode_hbm_efficiency_bf16 == 0.8);
+  CHECK(c.decode_hbm_efficiency_int4 == 0.5);
+  // Through the binary: the measured host makes offload slower than the defaults on this V100 setup.
+  const std::string base = "whatif --hf-config " + hf("llama-2-7b.json") + " --gpu V100 --seq 350 --rows ZeRO-2+offload";
+  test::CommandResult d = test::run_hetplan(base + " --json " + (dir / "d.json").string());
+  test::CommandResult m = test::run_hetplan(base + " --profiles " + dir.string() + " --json " + (dir / "m.json").string());
+  REQUIRE(d.exit_code == 0);
+  REQUIRE(m.exit_code == 0);
+  CHECK(m.output.find("calibration: " + (dir / "whatif_calibration.json").string()) != std::string::npos);
+  CHECK(m.output.find("measured (") != std::string::npos);
+  const double slow = read_json_file((dir / "m.json").string())["rows"][0]["step_ms"].get<double>();
+  const double fast = read_json_file((dir / "d.json").string())["rows"][0]["step_ms"].get<double>();
+  CHECK(slow > fast);  // 2e9 params/s of CPU Adam against the default 3.3e9
+  std::ofstream(dir / "whatif_calibration.json") << R"({"host": {"h2d_gbs": -1}})";
+  CHECK_THROWS_AS(read_whatif_calibration(dir.string()), InputError);
+}
