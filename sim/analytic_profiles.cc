@@ -1,6 +1,7 @@
 #include "sim/analytic_profiles.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 
 #include "sim/gpu_specs.h"
@@ -75,6 +76,11 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
   std::vector<std::string> written;
   for (const std::string& type : o.device_types) {
     const GpuSpec* g = &require_gpu_spec(type, "gen-profiles --analytic: device type");
+    for (char c : type)
+      if (!std::isalnum(static_cast<unsigned char>(c)))
+        throw InputError("gen-profiles --analytic: device type '" + excerpt(type) +
+                         "': profile file names take letters and digits only (write the catalogue name without "
+                         "punctuation, e.g. A10040GB for A100-40GB)");
     for (int tp = 1; tp <= o.max_tp; tp *= 2) {
       for (int bs = 1; bs <= o.max_bs; bs *= 2) {
         const auto layers = estimate_layers(o.model, *g, tp, bs, o);
