@@ -75,13 +75,15 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
   const double attn_per_token_ctx = 4.0 * m.num_heads * m.head_dim;  // QK^T and AV per token per context token
   // Prefill: causal attention over the prompt averages P/2 context tokens.
   const double prefill_flops = b * P * (2 * lin_params + L * attn_per_token_ctx * P / 2) + b * 2 * h * V;
-  const double prefill_bytes = r.weights_bytes + kv_per_token * b * P;
+  const double prefill_bytes = r.weights_bytes + kv_per_token * b * P;  // (the whole table: small next to the FLOPs)
   r.ttft_ms = std::max(prefill_flops / peak, prefill_bytes / bw) * 1e3;
   // Decode: mean context over the output.
   const double ctx = P + O / 2;
   const double step_flops = b * (2 * lin_params + 2 * h * V + L * attn_per_token_ctx * ctx);
   // Every weight byte (the LM head's too: the embedding table when tied, in other_params) and the KV cache.
-  const double step_bytes = r.weights_bytes + kv_per_token * b * ctx;
+  // An untied embedding table is not streamed: a step reads only the batch's rows of it.
+  const double streamed = r.weights_bytes - (m.tied_embeddings ? 0.0 : V * h * 2);
+  const double step_bytes = streamed + kv_per_token * b * ctx;
   r.decode_ms_per_token = std::max(step_flops / peak, step_bytes / bw) * 1e3;
   r.tokens_per_s = b / (r.decode_ms_per_token / 1e3);
   return r;

@@ -249,7 +249,7 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
     r.setup.accounting = ZeroAccounting::kZeroPaper;
     r.setup.shard_group = gpus_per_node;
     r.assumptions.push_back("HYBRID_SHARD: sharded within a node of " + std::to_string(gpus_per_node) +
-                            " GPUs, replicated across nodes");
+                            " GPUs, replicated across nodes; communication costed as FULL_SHARD's");
   });
   for (Precision p : {Precision::kFp32, Precision::kFp16, Precision::kBf16, Precision::kFp8}) {
     const std::string name = p == Precision::kFp8 ? "FP8" : to_string(p);
