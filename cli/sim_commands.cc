@@ -47,7 +47,7 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
       ->capture_default_str()
       ->check(CLI::Range(0, 3));
   s->add_option("--recompute", a.recompute, "Activation recomputation: none, selective or full")->capture_default_str();
-  s->add_option("--precision", a.precision, "Training precision: fp32, bf16 or fp8")->capture_default_str();
+  s->add_option("--precision", a.precision, "Training precision: fp32, fp16, bf16 or fp8")->capture_default_str();
   s->add_option("--accounting", a.accounting,
                 "Model-state accounting: zero (ZeRO paper), deepspeed (memory.rst estimator) or megatron")
       ->capture_default_str();

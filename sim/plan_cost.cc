@@ -247,6 +247,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       HostSpec host = opt.host;
       if (host.d2h_bytes_per_s <= 0 || host.h2d_bytes_per_s <= 0 || host.cpu_adam_params_per_s <= 0) {
         const GpuSpec* g = find_gpu_spec(profiles.device_types()[rtype[0]]);
+        // A GPU outside the catalogue: PCIe 3.0 x16 (16 GB/s per direction), the oldest link in it.
         const HostSpec d = default_host_spec(g ? g->host_link_gbs : 16.0);
         if (host.d2h_bytes_per_s <= 0) host.d2h_bytes_per_s = d.d2h_bytes_per_s;
         if (host.h2d_bytes_per_s <= 0) host.h2d_bytes_per_s = d.h2d_bytes_per_s;
