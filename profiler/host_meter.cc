@@ -44,7 +44,14 @@ void adam_range(float* p, const float* g, float* m, float* v, uint16_t* p16, int
 double measure_cpu_adam(int64_t n, int* threads) {
   std::vector<float> p(n, 0.1f), g(n, 0.01f), m(n, 0.f), v(n, 0.f);
   std::vector<uint16_t> p16(n);
+  // All cores (the profiler may have pinned LibTorch to fewer for its timings); restored on return.
+  const int before = at::get_num_threads();
+  at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   *threads = at::get_num_threads();
+  struct Restore {
+    int n;
+    ~Restore() { at::set_num_threads(n); }
+  } restore{before};
   auto step = [&](int t) {
     const float c1 = 1 - std::pow(0.9f, t), c2 = 1 - std::pow(0.999f, t);
     at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {

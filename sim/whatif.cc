@@ -404,10 +404,13 @@ WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
     const bool measured = h.h2d_bytes_per_s > 0 && h.d2h_bytes_per_s > 0 && h.cpu_adam_params_per_s > 0;
     const double h2d = h.h2d_bytes_per_s > 0 ? h.h2d_bytes_per_s : d.h2d_bytes_per_s;
     const double adam = h.cpu_adam_params_per_s > 0 ? h.cpu_adam_params_per_s : d.cpu_adam_params_per_s;
-    r.assumptions.push_back("host: " + fixed(h2d / 1e9, 1) + " GB/s pinned copies per GPU, CPU Adam " +
-                            fixed(adam / 1e9, 2) + "e9 params/s per host shared by " +
-                            std::to_string(std::min(in.gpus_per_node, r.gpus)) + " ranks (" +
-                            (measured ? h.source : d.source) + ")");
+    const std::string measured_by = h.source.empty() ? "measured" : h.source;
+    r.assumptions.push_back("host: " + fixed(h2d / 1e9, 1) + " GB/s pinned copies per GPU (" +
+                            (h.h2d_bytes_per_s > 0 ? measured_by : std::string("default")) + "), CPU Adam " +
+                            fixed(adam / 1e9, 2) + "e9 params/s per host (" +
+                            (h.cpu_adam_params_per_s > 0 ? measured_by : std::string("default")) + ") shared by " +
+                            std::to_string(std::min(in.gpus_per_node, r.gpus)) + " ranks" +
+                            (measured ? std::string() : "; defaults: " + d.source.substr(10)));
   }
   return r;
 }
