@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "sim/gpu_specs.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "sim/input_error.h"
@@ -80,9 +81,11 @@ struct ProfilesArgs {
   bool analytic = false;
   AnalyticOptions analytic_options;
   std::string types = "A100,V100";
+  std::vector<std::string> gpu_spec;
 };
 
 int run_gen_profiles(ProfilesArgs a) {
+  for (const auto& f : a.gpu_spec) load_gpu_spec_file(f);
   if (a.out.empty()) throw InputError("gen-profiles: --out DIR is required");
   if (a.analytic) {
     const ModelConfig& m = a.analytic_options.model;
@@ -135,7 +138,7 @@ Runner add_gen_profiles_command(CLI::App& app) {
       "gen-profiles",
       "Make a profile set. By default: the reference's gen_synth_data.py LAYERS MAX_BS from Metis's A100\n"
       "samples (--samples), with V100 = A100 x 3.5. With --analytic: roofline estimates from GPU datasheet\n"
-      "numbers (A100, V100, H100, H200), needing no input data.");
+      "numbers (the GPU catalogue, sim/data/gpus.json: " + gpu_names() + "), needing no input data.");
   s->add_option("LAYERS", a->layers, "Layers, embedding and head included")->required();
   s->add_option("MAX_BS", a->max_bs, "Largest micro-batch size (and, for synthetic sets, tp)")->required();
   s->add_option("--samples", a->samples, "Folder with Metis's DeviceType.A100_tp{1,2,4}_bs{1,2,4}.json samples");
@@ -143,7 +146,11 @@ Runner add_gen_profiles_command(CLI::App& app) {
       ->required();
   s->add_flag("--analytic", a->analytic, "Roofline estimates instead of scaled samples");
   auto& m = a->analytic_options.model;
-  s->add_option("--types", a->types, "[--analytic] Device types")->capture_default_str();
+  s->add_option("--types", a->types,
+                "[--analytic] Device types of the GPU catalogue (profile names are alphanumeric: A10040GB for "
+                "A100-40GB)")
+      ->capture_default_str();
+  s->add_option("--gpu-spec", a->gpu_spec, "[--analytic] JSON file adding or overriding catalogue entries");
   s->add_option("--max-tp", a->analytic_options.max_tp, "[--analytic] Largest tp")->capture_default_str();
   s->add_option("--hidden-size", m.hidden_size, "[--analytic] Hidden size")->capture_default_str();
   s->add_option("--seq-len", m.sequence_length, "[--analytic] Sequence length")->capture_default_str();

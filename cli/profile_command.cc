@@ -9,8 +9,10 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "sim/gpu_specs.h"
 #include "profiler/device_meter.h"
 #include "profiler/distributed.h"
+#include "profiler/host_meter.h"
 #include "profiler/layer_profiler.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
@@ -29,7 +31,7 @@ struct ProfileArgs {
   std::string hf_config, family = "gpt2", recompute = "none";
   bool tie = false, untie = false;
   bool layers_given = false;  // --num-layers given: overrides an --hf-config's layer count
-  std::string tp = "1", bs = "1,2,4", device_type, dtype = "bf16", device = "auto", out;
+  std::string tp = "1", bs = "1,2,4", device_type, dtype = "bf16", device = "auto", out, host = "auto";
   int warmup = 3, iters = 10, timeout_s = 600;
   double sustained_seconds = -1;  // -1: 3 on GPUs, 0 on CPU
   int64_t cpu_memory_limit_mb = 0;
@@ -59,8 +61,8 @@ std::vector<int> parse_ints(const std::string& s, const std::string& flag) {
 std::string default_device_type(torch::Device d) {
   std::string name = device_description(d);
   if (!d.is_cuda()) return "CPU";
-  for (const char* known : {"H200", "H100", "A100", "V100", "L40S", "A10G", "T4"})
-    if (name.find(known) != std::string::npos) return known;
+  // The catalogue's name for it (sim/gpu_specs.h), so profiles, whatif and the MFU agree.
+  if (const GpuSpec* g = match_device_description(name)) return g->name;
   std::string out;
   for (char c : name)
     if (std::isalnum(static_cast<unsigned char>(c))) out += c;
@@ -231,6 +233,15 @@ int run_profile(ProfileArgs a) {
   }
   write_json_file((fs::path(a.out) / "profile_run.json").string(), summary);
   std::cout << "wrote " << (fs::path(a.out) / "profile_run.json").string() << "\n";
+  // The host, for ZeRO-Offload's cost (whatif, simulate): pinned copies and CPU Adam.
+  if (a.host == "on" || (a.host == "auto" && device.is_cuda())) {
+    const HostMeasurement h = measure_host(device.is_cuda());
+    const std::string path = (fs::path(a.out) / "whatif_calibration.json").string();
+    write_host_calibration(h, path, device_description(device));
+    std::cout << "host: pinned h2d " << h.h2d_gbs << " GB/s, d2h " << h.d2h_gbs << " GB/s per GPU ("
+              << h.gpus << " at once), CPU Adam " << h.cpu_adam_params_per_s / 1e9 << "e9 params/s on " << h.threads
+              << " threads" << (h.note.empty() ? "" : " (" + h.note + ")") << " -> " << path << "\n";
+  }
   return 0;
 }
 
@@ -272,6 +283,11 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
                 "Also run the whole model back to back this long and record the pace a GPU that never idles holds "
                 "under its power limit (sustained_forward_backward_ms); 0 skips it (default: 3 on GPUs, 0 on CPU)");
   s->add_option("--out,-o", a->out, "Output folder")->required();
+  s->add_option("--host", a->host,
+                "Measure the host for offload costs (pinned copy GB/s, CPU Adam) into OUT/whatif_calibration.json: "
+                "auto (on GPUs), on or off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   s->add_option("--timeout-s", a->timeout_s, "Bound on each collective, in seconds")->capture_default_str();
   s->add_option("--cpu-memory-limit-mb", a->cpu_memory_limit_mb,
                 "CPU runs: treat allocations past this many MB as out of memory (emulates a device's capacity)");

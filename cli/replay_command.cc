@@ -197,8 +197,7 @@ int run_replay(const ReplayArgs& a) {
   // Model FLOPs as the simulator counts them (one definition: ModelShape).
   const double flops = m.shape.training_flops(tokens, m.seq_len);
   const GpuSpec* spec = nullptr;
-  for (const auto& g : gpu_specs())
-    if (device.is_cuda() && local.find(g.name) != std::string::npos) spec = &g;
+  if (device.is_cuda()) spec = match_device_description(local);  // the catalogue (sim/gpu_specs.h)
   const double mfu = spec ? flops / (med * 1e-3) / (layout.world() * spec->peak_tflops * 1e12) : -1;
   const double predicted = p.plan.plan.cost;
 

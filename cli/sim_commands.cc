@@ -13,6 +13,8 @@
 #include "sim/json_util.h"
 #include "sim/plan_file.h"
 #include "sim/plan_simulator.h"
+#include "sim/inference.h"
+#include "sim/whatif.h"
 
 namespace hetplan::cli {
 
@@ -30,7 +32,9 @@ std::string fixed(double v, int digits) {
 struct SetupArgs {
   int zero = 0;
   std::string recompute = "none", precision = "bf16", accounting = "auto", bandwidth_unit = "GB/s";
-  bool sequence_parallel = false, flash = false;
+  bool sequence_parallel = false, flash = false, deepspeed_buffers = false;
+  std::string offload = "none";
+  int recompute_every = 1;
   double framework_mb = 0;
 };
 
@@ -43,7 +47,7 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
       ->capture_default_str()
       ->check(CLI::Range(0, 3));
   s->add_option("--recompute", a.recompute, "Activation recomputation: none, selective or full")->capture_default_str();
-  s->add_option("--precision", a.precision, "Training precision: fp32, bf16 or fp8")->capture_default_str();
+  s->add_option("--precision", a.precision, "Training precision: fp32, fp16, bf16 or fp8")->capture_default_str();
   s->add_option("--accounting", a.accounting,
                 "Model-state accounting: zero (ZeRO paper), deepspeed (memory.rst estimator), megatron, or auto "
                 "(simulate: megatron when the profiles record 18 bytes per parameter, as hetplan profile's do; "
@@ -59,6 +63,16 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
                       "measured framework_mb, else 0)"
                     : "Per-GPU framework constant: CUDA context, allocator, workspaces (MiB)");
   if (default_framework_mb >= 0) s->get_option("--framework-mb")->capture_default_str();
+  s->add_option("--offload", a.offload,
+                "ZeRO-Offload: none, optimizer (ZeRO-1/2/3) or all (optimizer and parameters, ZeRO-3); costed by "
+                "DeepSpeed's overlap rules (sim/offload.h)")
+      ->capture_default_str();
+  s->add_flag("--deepspeed-buffers", a.deepspeed_buffers,
+              "Count DeepSpeed's default bucket, prefetch and offload staging buffers (sim/offload.h)");
+  s->add_option("--recompute-every", a.recompute_every,
+                "With --recompute full: checkpoint only every k-th block (selective activation checkpointing)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, kMaxModelLayers));
   s->add_option("--bandwidth-unit", a.bandwidth_unit, "Unit of the clusterfile's bandwidths: GB/s, GiB/s or bytes/s")
       ->capture_default_str();
 }
@@ -74,6 +88,12 @@ TrainingSetup make_setup(const SetupArgs& a) {
   else throw InputError("--accounting: '" + excerpt(a.accounting) + "': expected zero, deepspeed, megatron or auto");
   s.sequence_parallel = a.sequence_parallel;
   s.flash_attention = a.flash;
+  s.deepspeed.model = a.deepspeed_buffers;
+  s.recompute_every = a.recompute_every;
+  if (a.offload == "optimizer") s.offload_optimizer = true;
+  else if (a.offload == "all") s.offload_optimizer = s.offload_params = true;
+  else if (a.offload != "none") throw InputError("--offload: '" + excerpt(a.offload) + "': expected none, optimizer or all");
+  if (s.offload_params && s.zero_stage < 3) throw InputError("--offload all: parameter offload needs --zero 3");
   if (a.framework_mb != kFrameworkFromProfiles)
     check_number(a.framework_mb, rules::non_negative_up_to(kMaxProfileMb), "--framework-mb");
   s.framework_bytes = a.framework_mb < 0 ? -1.0 : a.framework_mb * 1024 * 1024;
@@ -168,14 +188,20 @@ int run_simulate(const SimulateArgs& a) {
 // ------------------------------------------------------------------ whatif
 
 struct WhatifArgs {
-  std::string hf_config, family = "llama", gpu = "A100", hostfile, clusterfile, json_out;
+  std::string hf_config, family = "llama", gpu = "A100", hostfile, clusterfile, json_out, profiles, rows, export_dir;
+  std::vector<std::string> gpu_spec;
   long long vocab = 32000, hidden = 4096, ffn = 0, max_positions = 4096;
   int layers = 32, heads = 32, kv_heads = 0;
   int seq = 2048, micro_batch = 1, gpus = 8, gpus_per_node = 8, gbs = 0;
-  double efficiency = 0.4, fp8_speedup = 1.5, pcie_gbs = 25, cpu_adam_params_per_s = 1e9, cpu_memory_gb = 1024;
-  double intra_gbs = 0, inter_gbs = 25;
+  double efficiency = 0.6, memory_efficiency = 0.75, cpu_memory_gb = 1024, memory_gb = 0;
+  double intra_gbs = 0, inter_gbs = 25, h2d_gbs = 0, d2h_gbs = 0, cpu_adam_params_per_s = 0;
   int lora_rank = 16;
   std::string lora_targets = "qv";
+  bool tied = false;
+  // --inference
+  bool inference = false;
+  int prompt = 512, output = 128;
+  std::string weights = "bf16,fp16,int8,nf4,awq";
   SetupArgs setup;
 };
 
@@ -197,13 +223,6 @@ unsigned parse_targets(const std::string& s) {
   return m;
 }
 
-struct Row {
-  std::string name;
-  TrainingSetup setup;
-  double compute_factor = 1;  // of the full fine-tune's compute time
-  std::vector<std::string> assumptions;
-};
-
 void check_flag(long long v, double lo, double hi, const char* flag) {
   check_integer(static_cast<double>(v), rules::int_in(lo, hi), flag);
 }
@@ -222,18 +241,21 @@ void check_whatif_flags(const WhatifArgs& a) {
   check_flag(a.gpus, 1, kMaxClusterGpus, "--gpus");
   check_flag(a.gpus_per_node, 1, kMaxSlotsPerNode, "--gpus-per-node");
   check_flag(a.lora_rank, 1, static_cast<double>(kMaxHiddenSize), "--lora-rank");
+  check_flag(a.prompt, 1, static_cast<double>(kMaxSequenceLength), "--prompt");
+  check_flag(a.output, 1, static_cast<double>(kMaxSequenceLength), "--output");
   check_number(a.efficiency, rules::positive_up_to(1), "--efficiency");
-  check_number(a.fp8_speedup, rules::positive_up_to(100), "--fp8-speedup");
-  check_number(a.cpu_adam_params_per_s, rules::positive_up_to(1e15), "--cpu-adam-params-per-s");
+  check_number(a.memory_efficiency, rules::positive_up_to(1), "--memory-efficiency");
   check_number(a.cpu_memory_gb, rules::positive_up_to(1e9), "--cpu-memory-gb");
-  // The one bandwidth rule (sim/network.h); --intra-gbs 0 means the GPU's NVLink.
-  check_bandwidth(a.pcie_gbs, BandwidthUnit::kGBps, "--pcie-gbs");
+  check_number(a.memory_gb, rules::non_negative_up_to(kMaxGpuMemoryGb), "--memory-gb");
+  check_number(a.cpu_adam_params_per_s, rules::non_negative_up_to(1e15), "--cpu-adam-params-per-s");
+  // The one bandwidth rule (sim/network.h); 0 means "the catalogue's / the profile's / the default".
   check_bandwidth(a.inter_gbs, BandwidthUnit::kGBps, "--inter-gbs");
   if (a.intra_gbs != 0) check_bandwidth(a.intra_gbs, BandwidthUnit::kGBps, "--intra-gbs");
+  if (a.h2d_gbs != 0) check_bandwidth(a.h2d_gbs, BandwidthUnit::kGBps, "--h2d-gbs");
+  if (a.d2h_gbs != 0) check_bandwidth(a.d2h_gbs, BandwidthUnit::kGBps, "--d2h-gbs");
 }
 
-int run_whatif(const WhatifArgs& a) {
-  check_whatif_flags(a);
+ModelShape whatif_shape(const WhatifArgs& a) {
   ModelShape shape;
   if (!a.hf_config.empty()) {
     shape = read_hf_config(a.hf_config);
@@ -242,198 +264,255 @@ int run_whatif(const WhatifArgs& a) {
     if (a.ffn > 0) shape.ffn_hidden_size = a.ffn;
   } else if (a.family == "llama") {
     shape = llama_shape(a.vocab, a.hidden, a.layers, a.heads, a.kv_heads > 0 ? a.kv_heads : a.heads,
-                        a.ffn > 0 ? a.ffn : 11008, false, a.max_positions);
+                        a.ffn > 0 ? a.ffn : 11008, a.tied, a.max_positions);
   } else {
     throw InputError("--family: '" + excerpt(a.family) + "': expected gpt2 or llama");
   }
   shape.validate("model flags");
+  return shape;
+}
 
-  // The GPUs: a type and count, or a hostfile (its slowest type by peak, all its GPUs).
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : "; ") + s;
+  return out;
+}
+
+int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const TrainingSetup& base) {
+  const GpuSpec& g = *in.gpu;
+  ordered_json rows = ordered_json::array();
+  const double hbm_bf16 = in.calibration.decode_hbm_efficiency_bf16;
+  const double hbm_int4 = in.calibration.decode_hbm_efficiency_int4;
+  const double prefill = in.calibration.prefill_compute_efficiency;
+  std::cout << "model: " << in.shape.name << " (" << fixed(in.shape.parameter_count() / 1e9, 3) << "B parameters), 1 x "
+            << g.name << " (" << fixed(in.memory_gb > 0 ? in.memory_gb : g.memory_gb, 0) << " GB, "
+            << fixed(g.memory_bw_gbs, 0) << " GB/s; " << g.source_url << "), batch " << a.micro_batch << ", prompt "
+            << a.prompt << ", output " << a.output << "\n"
+            << "roofline: prefill = max(FLOPs / (16-bit peak x compute eff.), bytes / (HBM x eff.)); decode step = "
+               "max(weights + KV bytes / (HBM x eff.), FLOPs / (peak x eff.)), mean over the output\n\n"
+            << "| weights | TTFT ms | decode ms/token | tokens/s | weights GiB | KV cache GiB | total GiB | fits | "
+               "assumptions |\n|---|---|---|---|---|---|---|---|---|\n";
+  for (const std::string& w : split_list(a.weights)) {
+    InferenceSetup s;
+    s.weights = parse_weight_format(w, "--weights");
+    s.batch = a.micro_batch;
+    s.prompt = a.prompt;
+    s.output = a.output;
+    s.framework_bytes = base.framework_bytes;
+    const bool int4 = s.weights == WeightFormat::kInt4Nf4 || s.weights == WeightFormat::kInt4Awq;
+    const double measured = int4 ? hbm_int4 : hbm_bf16;
+    s.hbm_efficiency = measured > 0 ? measured : kDefaultDecodeHbmEfficiency;
+    s.compute_efficiency = prefill > 0 ? prefill : kDefaultPrefillComputeEfficiency;
+    s.assumptions.push_back("HBM efficiency " + fixed(s.hbm_efficiency, 2) +
+                            (measured > 0 ? " measured (" + in.calibration.path + ")" : std::string(" (default)")));
+    s.assumptions.push_back("compute efficiency " + fixed(s.compute_efficiency, 2) +
+                            (prefill > 0 ? " measured" : std::string(" (default)")));
+    if (int4) s.assumptions.push_back("dequantised inside the GEMV/GEMM kernel (fused; packed bytes move)");
+    if (s.weights == WeightFormat::kInt8) s.assumptions.push_back("weight-only int8 (W8A16), fused dequantisation");
+    s.assumptions.push_back("KV cache 16-bit; fused decode (no per-kernel launch floor)");
+    const InferenceResult r = cost_inference(in.shape, g, s, in.memory_gb);
+    const std::string as = r.offered ? joined(r.assumptions) : "not offered: " + r.not_offered;
+    if (!r.offered) {
+      std::cout << "| " << w << " | - | - | - | - | - | - | - | " << as << " |\n";
+    } else {
+      std::cout << "| " << w << " | " << fixed(r.ttft_ms, 2) << " | " << fixed(r.decode_ms_per_token, 3) << " | "
+                << fixed(r.tokens_per_s, 1) << " | " << fixed(r.weights_bytes / kGiB, 2) << " | "
+                << fixed(r.kv_cache_bytes / kGiB, 3) << " | " << fixed(r.total_bytes() / kGiB, 2) << " | "
+                << (r.fits ? "yes" : "no") << " | " << as << " |\n";
+    }
+    rows.push_back({{"weights", w},
+                    {"offered", r.offered},
+                    {"not_offered", r.not_offered},
+                    {"ttft_ms", r.ttft_ms},
+                    {"decode_ms_per_token", r.decode_ms_per_token},
+                    {"tokens_per_s", r.tokens_per_s},
+                    {"weights_bytes", r.weights_bytes},
+                    {"kv_cache_bytes", r.kv_cache_bytes},
+                    {"activation_bytes", r.activation_bytes},
+                    {"framework_bytes", r.framework_bytes},
+                    {"total_bytes", r.total_bytes()},
+                    {"fits", r.fits},
+                    {"assumptions", r.assumptions}});
+  }
+  if (!a.json_out.empty()) {
+    ordered_json j;
+    j["mode"] = "inference";
+    j["model"] = in.shape.name;
+    j["parameters"] = in.shape.parameter_count();
+    j["gpu"] = g.name;
+    j["gpu_source"] = g.source_url;
+    j["batch"] = a.micro_batch;
+    j["prompt"] = a.prompt;
+    j["output"] = a.output;
+    j["rows"] = rows;
+    write_json_file(a.json_out, j);
+  }
+  return 0;
+}
+
+int run_whatif(const WhatifArgs& a) {
+  for (const auto& f : a.gpu_spec) load_gpu_spec_file(f);
+  check_whatif_flags(a);
+  WhatifInput in;
+  in.shape = whatif_shape(a);
+  in.seq = a.seq;
+  in.micro_batch = a.micro_batch;
+  in.gbs = a.gbs;
+  in.gpus = a.gpus;
+  in.gpus_per_node = a.gpus_per_node;
+  in.memory_gb = a.memory_gb;
+  in.intra_gbs = a.intra_gbs;
+  in.inter_gbs = a.inter_gbs;
+  in.cpu_memory_gb = a.cpu_memory_gb;
+  in.gemm_efficiency = a.efficiency;
+  in.memory_efficiency = a.memory_efficiency;
+  in.calibration = read_whatif_calibration(a.profiles);
+  if (a.h2d_gbs > 0) in.calibration.host.h2d_bytes_per_s = a.h2d_gbs * 1e9;
+  if (a.d2h_gbs > 0) in.calibration.host.d2h_bytes_per_s = a.d2h_gbs * 1e9;
+  if (a.cpu_adam_params_per_s > 0) in.calibration.host.cpu_adam_params_per_s = a.cpu_adam_params_per_s;
+  if (a.h2d_gbs > 0 || a.d2h_gbs > 0 || a.cpu_adam_params_per_s > 0) in.calibration.host.source = "flags";
+
+  // The GPUs: a type and count, or a hostfile (its slowest type by 16-bit peak sets the pace, all its GPUs).
   std::string gpu = a.gpu;
-  int gpus = a.gpus, per_node = a.gpus_per_node;
-  double capacity_gb = 0, intra = a.intra_gbs * 1e9, inter = a.inter_gbs * 1e9;
   const BandwidthUnit unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   if (!a.hostfile.empty()) {
     if (a.clusterfile.empty()) throw InputError("--hostfile needs --clusterfile");
     const Cluster c = Cluster::load(a.hostfile, a.clusterfile);
     check_clusterfile_bandwidths(c.clusterfile(), c.clusterfile_path(), unit);
-    gpus = c.num_devices();
-    double slowest = 1e300;
-    per_node = 0;
-    intra = inter = 1e300;
-    capacity_gb = 1e300;
+    in.gpus = c.num_devices();
+    double slowest = 1e300, intra = 1e300, inter = 1e300, capacity = 1e300;
+    in.gpus_per_node = 0;
     for (const ClusterNode& n : c.nodes()) {
       const std::string& t = c.device_types()[n.type];
-      const GpuSpec* g = find_gpu_spec(t);
-      if (!g) throw InputError(a.clusterfile + ": device type '" + t + "' has no datasheet entry for the roofline");
-      if (g->peak_tflops < slowest) slowest = g->peak_tflops, gpu = t;
-      per_node = std::max(per_node, n.num_devices);
-      intra = std::min(intra, bytes_per_second(n.intra_bandwidth, unit));
-      inter = std::min(inter, bytes_per_second(n.inter_bandwidth, unit));
-      capacity_gb = std::min(capacity_gb, c.memory_mb(n.type) / 1024.0);
+      const GpuSpec& g = require_gpu_spec(t, a.clusterfile + ": device type");
+      if (g.peak_tflops < slowest) slowest = g.peak_tflops, gpu = t;
+      in.gpus_per_node = std::max(in.gpus_per_node, n.num_devices);
+      intra = std::min(intra, bytes_per_second(n.intra_bandwidth, unit) / 1e9);
+      inter = std::min(inter, bytes_per_second(n.inter_bandwidth, unit) / 1e9);
+      capacity = std::min(capacity, c.memory_mb(n.type) / 1024.0);
     }
+    in.intra_gbs = intra, in.inter_gbs = inter, in.memory_gb = capacity;
   }
-  const GpuSpec* spec = find_gpu_spec(gpu);
-  if (!spec) {
-    std::string known;
-    for (const auto& s : gpu_specs()) known += (known.empty() ? "" : ", ") + s.name;
-    throw InputError("--gpu: '" + gpu + "': expected one of " + known);
+  in.gpu = &require_gpu_spec(gpu, "--gpu");
+  in.gpus_per_node = std::min(in.gpus_per_node, in.gpus);
+
+  // --precision auto: bf16 where the GPU has it, else fp16 (V100). A precision it lacks is an error.
+  SetupArgs setup_args = a.setup;
+  if (setup_args.precision == "auto")
+    setup_args.precision = in.gpu->supports(ComputePrecision::kBf16) ? "bf16" : "fp16";
+  const TrainingSetup base = make_setup(setup_args);
+  if (a.setup.precision != "auto") require_peak(*in.gpu, compute_precision(base.precision), "--precision " + a.setup.precision);
+  if (a.inference) return run_whatif_inference(a, in, base);
+
+  std::vector<WhatifRow> rows =
+      standard_whatif_rows(base, a.lora_rank, parse_targets(a.lora_targets), in.gpus_per_node);
+  if (!a.rows.empty()) {
+    std::vector<WhatifRow> chosen;
+    for (const std::string& name : split_list(a.rows)) {
+      auto it = std::find_if(rows.begin(), rows.end(), [&](const WhatifRow& r) { return r.name == name; });
+      if (it == rows.end()) {
+        std::string known;
+        for (const auto& r : rows) known += (known.empty() ? "" : ", ") + r.name;
+        throw InputError("--rows: '" + excerpt(name) + "': expected some of " + known);
+      }
+      chosen.push_back(*it);
+    }
+    rows = std::move(chosen);
   }
-  if (capacity_gb == 0) capacity_gb = spec->memory_gb;
-  if (intra == 0) intra = spec->nvlink_gbs * 1e9;
-  if (gpus < 1 || per_node < 1) throw InputError("--gpus and --gpus-per-node: expected positive counts");
-  per_node = std::min(per_node, gpus);
-  const auto per_step = checked_mul(a.micro_batch, gpus);
-  if (!per_step || *per_step > kMaxGlobalBatch)
-    throw InputError("--micro-batch x GPUs: " + std::to_string(a.micro_batch) + " x " + std::to_string(gpus) +
-                     " sequences per step is more than " + std::to_string(kMaxGlobalBatch) +
-                     " (use a smaller --micro-batch or fewer GPUs)");
-  const int gbs = a.gbs > 0 ? a.gbs : *per_step;
-  if (gbs % *per_step != 0)
-    throw InputError("--gbs: expected a multiple of --micro-batch x GPUs (" + std::to_string(*per_step) + ")");
-  const int accumulation = gbs / *per_step;
+  if (!a.export_dir.empty()) {
+    if (rows.size() != 1) throw InputError("--export: name one row with --rows");
+    export_whatif_row(in, rows[0], a.export_dir);
+  }
 
-  const TrainingSetup base = make_setup(a.setup);
-  const double params = static_cast<double>(shape.parameter_count());
-  const double tokens = static_cast<double>(gbs) * a.seq;
-
-  std::vector<Row> rows;
-  auto row = [&](const std::string& name, auto edit) {
-    Row r{name, base, 1, {}};
-    edit(r);
-    rows.push_back(r);
-  };
-  row("DDP", [](Row& r) { r.setup.zero_stage = 0; });
-  row("ZeRO-1", [](Row& r) { r.setup.zero_stage = 1; });
-  row("ZeRO-2", [](Row& r) { r.setup.zero_stage = 2; });
-  row("ZeRO-2+offload", [](Row& r) {
-    r.setup.zero_stage = 2;
-    r.setup.offload_optimizer = true;
-  });
-  row("ZeRO-3", [](Row& r) { r.setup.zero_stage = 3; });
-  row("ZeRO-3+offload", [](Row& r) {
-    r.setup.zero_stage = 3;
-    r.setup.offload_optimizer = r.setup.offload_params = true;
-  });
-  row("8-bit weights", [](Row& r) {
-    r.setup.zero_stage = 0;
-    r.setup.base_weights = int8_blockwise();
-    r.assumptions.push_back("weight-only int8 compute copy (8.5 bits); dequantisation time ignored");
-  });
-  row("4-bit weights", [](Row& r) {
-    r.setup.zero_stage = 0;
-    r.setup.base_weights = nf4_double_quant();
-    r.assumptions.push_back("weight-only NF4 compute copy (4.127 bits); dequantisation time ignored");
-  });
-  row("full fine-tune", [](Row& r) { r.setup.zero_stage = 0; });
-  auto lora = [&](Row& r, Finetune kind, bool gc) {
-    r.setup.zero_stage = 0;
-    r.setup.finetune = kind;
-    r.setup.lora_rank = a.lora_rank;
-    r.setup.lora_targets = parse_targets(a.lora_targets);
-    if (kind == Finetune::kQlora) r.setup.base_weights = nf4_double_quant();
-    if (gc) r.setup.recompute = Recompute::kFull;
-    // No weight gradients for the frozen base: forward + input-gradient backward, 2/3 of full training.
-    r.compute_factor = 2.0 / 3;
-    r.assumptions.push_back("frozen base: backward computes input gradients only (2/3 of full compute)");
-    if (kind == Finetune::kQlora) r.assumptions.push_back("NF4 dequantisation time ignored");
-  };
-  row("LoRA", [&](Row& r) { lora(r, Finetune::kLora, false); });
-  row("LoRA+GC", [&](Row& r) { lora(r, Finetune::kLora, true); });
-  row("QLoRA", [&](Row& r) { lora(r, Finetune::kQlora, false); });
-  row("QLoRA+GC", [&](Row& r) { lora(r, Finetune::kQlora, true); });
-  row("bf16", [](Row& r) { r.setup.precision = Precision::kBf16, r.setup.recompute = Recompute::kNone; });
-  row("bf16+selective", [](Row& r) { r.setup.precision = Precision::kBf16, r.setup.recompute = Recompute::kSelective; });
-  row("FP8", [&](Row& r) {
-    r.setup.precision = Precision::kFp8, r.setup.recompute = Recompute::kNone;
-    r.assumptions.push_back("FP8 GEMM speed-up " + fixed(a.fp8_speedup, 2) + "x assumed (no FP8 profiles)");
-  });
-  row("FP8+selective", [&](Row& r) {
-    r.setup.precision = Precision::kFp8, r.setup.recompute = Recompute::kSelective;
-    r.assumptions.push_back("FP8 GEMM speed-up " + fixed(a.fp8_speedup, 2) + "x assumed (no FP8 profiles)");
-  });
-
-  const double peak = spec->peak_tflops * 1e12 * a.efficiency;
-  const int nodes = (gpus + per_node - 1) / per_node;
-  // Ring all-reduce of B bytes over the GPUs: inside a node at NVLink speed, across nodes hierarchically.
-  auto allreduce_s = [&](double bytes) {
-    if (gpus == 1) return 0.0;
-    const double in_node = per_node > 1 ? 2.0 * (per_node - 1) / per_node * bytes / intra : 0.0;
-    const double across = nodes > 1 ? 2.0 * (nodes - 1) / nodes * (bytes / per_node) / inter : 0.0;
-    return in_node + across;
-  };
-
+  const int gbs = whatif_accumulation(in) * a.micro_batch * in.gpus;  // validates the batch before any output
+  const double params = static_cast<double>(in.shape.parameter_count());
+  std::cout << "model: " << in.shape.name << " (" << fixed(params / 1e9, 3) << "B parameters), " << in.gpus << " x "
+            << in.gpu->name << " (" << fixed(in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb, 0)
+            << " GB; datasheet: " << in.gpu->source_url << "), seq " << a.seq << ", micro-batch " << a.micro_batch
+            << " per GPU, gbs " << gbs << "\n"
+            << "cost: each row is a one-stage plan through the simulator (as `simulate`), layer times a roofline: "
+               "GEMMs at the row's dense peak x "
+            << fixed(in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency, 2)
+            << ", elementwise traffic at HBM x " << fixed(a.memory_efficiency, 2) << "\n";
+  if (!in.calibration.path.empty()) std::cout << "calibration: " << in.calibration.path << "\n";
+  std::cout << "\n| strategy | GPUs | memory/GPU GiB | CPU/node GiB | step ms | tokens/s | fits | assumptions |\n"
+            << "|---|---|---|---|---|---|---|---|\n";
   ordered_json out_rows = ordered_json::array();
-  std::cout << "model: " << shape.name << " (" << fixed(params / 1e9, 3) << "B parameters), " << gpus << " x " << gpu
-            << " (" << fixed(capacity_gb, 0) << " GB), seq " << a.seq << ", micro-batch " << a.micro_batch << ", gbs "
-            << gbs << "\n"
-            << "step time: roofline, model FLOPs / (GPUs x " << fixed(spec->peak_tflops, 0) << " TFLOP/s x "
-            << fixed(a.efficiency, 2) << " efficiency) + gradient communication (not overlapped) + offload traffic\n\n"
-            << "| strategy | memory/GPU GiB | CPU/node GiB | step ms | tokens/s | fits | assumptions |\n"
-            << "|---|---|---|---|---|---|---|\n";
-  for (Row& r : rows) {
-    RankShard shard;
-    shard.first_layer = 0;
-    shard.end_layer = shape.metis_num_layers();
-    shard.dp = gpus;
-    shard.micro_batch = a.micro_batch;
-    shard.seq = a.seq;
-    shard.in_flight = 1;
-    shard.gpus_per_node = per_node;
-    const MemoryBreakdown m = rank_memory(shape, r.setup, shard);
-    // Compute: 3 x forward FLOPs; full recomputation adds a forward, selective the attention scores.
-    const double factor = r.compute_factor + recomputed_forward_fraction(shape, r.setup.recompute, a.seq) / 3;
-    double compute_s = shape.training_flops(tokens, a.seq) * factor / (gpus * peak);
-    if (r.setup.precision == Precision::kFp8) compute_s /= a.fp8_speedup;
-    const double trainable = r.setup.finetune == Finetune::kFull ? params : shard_params(shape, 0, shard.end_layer, 1, r.setup).lora;
-    double comm_s = allreduce_s(trainable * 2) * (r.setup.zero_stage >= 3 ? 1.5 : 1.0);
-    double offload_s = 0;
-    if (r.setup.offload_optimizer) {
-      // Gradients down and updated weights up over PCIe, and CPU Adam over this rank's partition.
-      const double part = trainable / gpus;
-      offload_s = 2 * part * 2 / (a.pcie_gbs * 1e9) + part / a.cpu_adam_params_per_s;
-      r.assumptions.push_back("PCIe " + fixed(a.pcie_gbs, 0) + " GB/s, CPU Adam " +
-                              fixed(a.cpu_adam_params_per_s / 1e9, 1) + "e9 params/s per GPU");
-    }
-    if (r.setup.offload_params) {
-      // Every forward and backward fetches the rank's weights from CPU memory.
-      offload_s += accumulation * 2 * (params / gpus * 2) / (a.pcie_gbs * 1e9);
-    }
-    const double step_ms = (compute_s + comm_s + offload_s) * 1e3;
-    const double gpu_bytes = m.gpu_total();
-    const bool fits = gpu_bytes <= capacity_gb * kGiB && m.cpu_per_node() <= a.cpu_memory_gb * kGiB;
-    std::string assumptions;
-    for (const auto& s : r.assumptions) assumptions += (assumptions.empty() ? "" : "; ") + s;
+  for (const WhatifRow& row : rows) {
+    const WhatifResult r = cost_whatif_row(in, row);
     std::ostringstream setup;
-    setup << to_string(r.setup.precision) << ", ZeRO-" << r.setup.zero_stage << ", recompute "
-          << to_string(r.setup.recompute);
-    if (assumptions.empty()) assumptions = setup.str();
-    else assumptions = setup.str() + "; " + assumptions;
-    std::cout << "| " << r.name << " | " << fixed(gpu_bytes / kGiB, 2) << " | " << fixed(m.cpu_per_node() / kGiB, 1)
-              << " | " << fixed(step_ms, 1) << " | " << fixed(tokens / (step_ms / 1e3), 0) << " | "
-              << (fits ? "yes" : "no") << " | " << assumptions << " |\n";
+    setup << row.framework << ", " << to_string(row.setup.precision) << ", ZeRO-" << row.setup.zero_stage
+          << ", recompute " << to_string(row.setup.recompute);
+    if (row.setup.recompute == Recompute::kFull && row.setup.recompute_every > 1)
+      setup << " every " << row.setup.recompute_every;
+    std::vector<std::string> assumptions{setup.str()};
+    for (const auto& s : r.assumptions) assumptions.push_back(s);
+    if (!r.offered) {
+      std::cout << "| " << r.name << " | " << r.gpus << " | - | - | - | - | - | not offered: " << r.not_offered
+                << " |\n";
+      out_rows.push_back({{"strategy", r.name}, {"offered", false}, {"not_offered", r.not_offered}});
+      continue;
+    }
+    const double gpu_bytes = r.memory.gpu_total();
+    std::cout << "| " << r.name << " | " << r.gpus << " | " << fixed(gpu_bytes / kGiB, 2) << " | "
+              << fixed(r.memory.cpu_per_node() / kGiB, 1) << " | " << fixed(r.step_ms, 1) << " | "
+              << fixed(r.tokens_per_s, 0) << " | " << (r.fits ? "yes" : "no") << " | " << joined(assumptions)
+              << " |\n";
     out_rows.push_back({{"strategy", r.name},
+                        {"offered", true},
+                        {"framework", row.framework},
+                        {"gpus", r.gpus},
+                        {"gbs", r.gbs},
+                        {"accumulation", r.accumulation},
+                        {"zero_stage", row.setup.zero_stage},
+                        {"precision", to_string(row.setup.precision)},
+                        {"recompute", to_string(row.setup.recompute)},
+                        {"recompute_every", row.setup.recompute_every},
+                        {"offload_optimizer", row.setup.offload_optimizer},
+                        {"offload_params", row.setup.offload_params},
                         {"memory_per_gpu_bytes", gpu_bytes},
-                        {"weights_bytes", m.states.weights},
-                        {"gradients_bytes", m.states.gradients},
-                        {"optimizer_bytes", m.states.optimizer},
-                        {"activations_bytes", m.activations + m.recompute_workspace},
-                        {"cpu_per_node_bytes", m.cpu_per_node()},
-                        {"step_ms", step_ms},
-                        {"tokens_per_s", tokens / (step_ms / 1e3)},
-                        {"fits", fits},
+                        {"weights_bytes", r.memory.states.weights},
+                        {"gradients_bytes", r.memory.states.gradients},
+                        {"optimizer_bytes", r.memory.states.optimizer},
+                        {"transient_bytes", r.memory.states.transient + r.memory.recompute_workspace},
+                        {"activations_bytes", r.memory.activations},
+                        {"framework_bytes", r.memory.framework},
+                        {"cpu_per_node_bytes", r.memory.cpu_per_node()},
+                        {"step_ms", r.step_ms},
+                        {"tokens_per_s", r.tokens_per_s},
+                        {"mfu", r.mfu},
+                        {"fits", r.fits},
                         {"assumptions", assumptions}});
   }
   if (!a.json_out.empty()) {
     ordered_json j;
-    j["model"] = shape.name;
-    j["parameters"] = shape.parameter_count();
-    j["gpu"] = gpu;
-    j["gpus"] = gpus;
-    j["gpu_memory_gb"] = capacity_gb;
+    j["model"] = in.shape.name;
+    j["parameters"] = in.shape.parameter_count();
+    j["gpu"] = in.gpu->name;
+    j["gpu_source"] = in.gpu->source_url;
+    j["gpus"] = in.gpus;
+    j["gpu_memory_gb"] = in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb;
     j["sequence_length"] = a.seq;
     j["micro_batch"] = a.micro_batch;
     j["gbs"] = gbs;
+    j["gemm_efficiency"] = in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency;
+    j["memory_efficiency"] = a.memory_efficiency;
+    j["calibration"] = in.calibration.path;
     j["rows"] = out_rows;
     write_json_file(a.json_out, j);
   }
@@ -482,8 +561,11 @@ Runner add_whatif_command(CLI::App& app) {
   auto a = std::make_shared<WhatifArgs>();
   CLI::App* s = app.add_subcommand(
       "whatif",
-      "Memory per GPU, step time and tokens/s of DDP, ZeRO-1/2/3 (+offload), 8/4-bit weights, LoRA/QLoRA (+GC)\n"
-      "and bf16/FP8 (+selective checkpointing) for one model on one GPU type or a hostfile.");
+      "Memory per GPU, step time and tokens/s of the usual training setups (single GPU, DDP, ZeRO-1/2/3 with or\n"
+      "without offload, FSDP full/hybrid, fp32/fp16/bf16/FP8, every-2nd-layer checkpointing, torch.compile,\n"
+      "LoRA/QLoRA alone or with ZeRO-2/3, an 8- or 4-bit base with 8-bit Adam) for one model on one GPU type of\n"
+      "the catalogue, each costed by the simulator `simulate` uses. With --inference: TTFT, decode latency and\n"
+      "memory for bf16/fp16 and weight-only int8/int4.");
   s->add_option("--hf-config", a->hf_config, "Hugging Face config.json (gpt2, llama, mistral)");
   s->add_option("--family", a->family, "Without --hf-config: gpt2 or llama")->capture_default_str();
   s->add_option("--vocab-size", a->vocab, "Vocabulary")->capture_default_str();
@@ -493,27 +575,50 @@ Runner add_whatif_command(CLI::App& app) {
   s->add_option("--kv-heads", a->kv_heads, "Key/value heads (GQA; default: --heads)");
   s->add_option("--ffn-size", a->ffn, "MLP hidden size (default: 4h for gpt2, 11008 for llama)");
   s->add_option("--max-positions", a->max_positions, "Max positions (learned for gpt2)")->capture_default_str();
+  s->add_flag("--tied-embeddings", a->tied, "llama family: the LM head shares the embedding table");
   s->add_option("--seq", a->seq, "Sequence length")->capture_default_str()->check(CLI::PositiveNumber);
-  s->add_option("--micro-batch", a->micro_batch, "Sequences per GPU per step")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--micro-batch", a->micro_batch, "Sequences per GPU per micro-batch (--inference: the batch)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   s->add_option("--gbs", a->gbs, "Global batch (default: micro-batch x GPUs; more means gradient accumulation)");
-  s->add_option("--gpu", a->gpu, "GPU type (A100, H100, H200, V100)")->capture_default_str();
+  s->add_option("--gpu", a->gpu, "GPU type of the catalogue (sim/data/gpus.json): " + gpu_names())
+      ->capture_default_str();
+  s->add_option("--gpu-spec", a->gpu_spec,
+                "JSON file adding or overriding catalogue entries (the form of sim/data/gpus.json); repeatable");
   s->add_option("--gpus", a->gpus, "GPUs")->capture_default_str();
   s->add_option("--gpus-per-node", a->gpus_per_node, "GPUs per node")->capture_default_str();
+  s->add_option("--memory-gb", a->memory_gb, "Memory per GPU (default: the catalogue's)");
   s->add_option("--hostfile", a->hostfile, "Hostfile instead of --gpu/--gpus (its slowest GPU type sets the pace)");
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile for --hostfile");
-  s->add_option("--efficiency", a->efficiency, "Achieved fraction of peak FLOP/s")->capture_default_str();
-  s->add_option("--fp8-speedup", a->fp8_speedup, "Assumed FP8 over bf16 speed-up")->capture_default_str();
-  s->add_option("--intra-gbs", a->intra_gbs, "Intra-node GB/s (default: the GPU's NVLink)");
-  s->add_option("--inter-gbs", a->inter_gbs, "Inter-node GB/s per GPU")->capture_default_str();
-  s->add_option("--pcie-gbs", a->pcie_gbs, "GPU-CPU GB/s for offload")->capture_default_str();
-  s->add_option("--cpu-adam-params-per-s", a->cpu_adam_params_per_s, "CPU Adam throughput per GPU process")
+  s->add_option("--profiles", a->profiles,
+                "Profile folder whose whatif_calibration.json (scripts/gpu_whatif_calibrate.sh) gives measured host "
+                "bandwidth, CPU Adam, QLoRA dequantisation and decode efficiencies");
+  s->add_option("--efficiency", a->efficiency, "Achieved fraction of the dense peak on GEMMs")->capture_default_str();
+  s->add_option("--memory-efficiency", a->memory_efficiency, "Achieved fraction of HBM bandwidth on elementwise kernels")
       ->capture_default_str();
+  s->add_option("--intra-gbs", a->intra_gbs, "Intra-node GB/s (default: the catalogue's link)");
+  s->add_option("--inter-gbs", a->inter_gbs, "Inter-node GB/s per GPU")->capture_default_str();
+  s->add_option("--h2d-gbs", a->h2d_gbs, "Pinned host-to-device GB/s per GPU (default: measured, else 80% of PCIe)");
+  s->add_option("--d2h-gbs", a->d2h_gbs, "Pinned device-to-host GB/s per GPU (default: measured, else 80% of PCIe)");
+  s->add_option("--cpu-adam-params-per-s", a->cpu_adam_params_per_s,
+                "CPU Adam parameters/s of the whole host, all cores (default: measured, else 100 GB/s / 30 B)");
   s->add_option("--cpu-memory-gb", a->cpu_memory_gb, "CPU memory per node (GB) for the fits column")
       ->capture_default_str();
   s->add_option("--lora-rank", a->lora_rank, "LoRA rank")->capture_default_str();
   s->add_option("--lora-targets", a->lora_targets, "LoRA projections: letters of qkvogud")->capture_default_str();
+  s->add_option("--rows", a->rows, "Comma-separated row names to cost (default: all)");
+  s->add_option("--export", a->export_dir,
+                "Write the one --rows row's simulator inputs (profiles, hostfile, clusterfile, plan.json) to this "
+                "folder, for `hetplan simulate --plan DIR/plan.json`");
+  s->add_flag("--inference", a->inference, "Inference instead of training: TTFT, decode latency, memory");
+  s->add_option("--prompt", a->prompt, "--inference: prompt tokens")->capture_default_str();
+  s->add_option("--output", a->output, "--inference: generated tokens")->capture_default_str();
+  s->add_option("--weights", a->weights, "--inference: weight formats (bf16, fp16, int8, nf4, awq)")
+      ->capture_default_str();
   s->add_option("--json", a->json_out, "Write the table as JSON to this file");
   add_setup_options(s, a->setup, 1024);
+  a->setup.precision = "auto";
+  s->get_option("--precision")->description("Training precision: auto (bf16, or fp16 where the GPU lacks bf16), fp32, fp16, bf16 or fp8");
   return [a] { return run_whatif(*a); };
 }
 

@@ -1,6 +1,7 @@
 #include "sim/analytic_profiles.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 
 #include "sim/gpu_specs.h"
@@ -10,22 +11,6 @@
 namespace hetplan {
 
 namespace fs = std::filesystem;
-
-const std::vector<GpuSpec>& gpu_specs() {
-  static const std::vector<GpuSpec> specs = {
-      {"A100", 312.0, 80.0, 2039.0, 300.0},
-      {"H100", 989.0, 80.0, 3350.0, 450.0},
-      {"H200", 989.0, 141.0, 4800.0, 450.0},
-      {"V100", 125.0, 32.0, 900.0, 150.0},
-  };
-  return specs;
-}
-
-const GpuSpec* find_gpu_spec(const std::string& name) {
-  for (const auto& s : gpu_specs())
-    if (s.name == name) return &s;
-  return nullptr;
-}
 
 namespace {
 
@@ -90,12 +75,12 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
   fs::create_directories(out_dir);
   std::vector<std::string> written;
   for (const std::string& type : o.device_types) {
-    const GpuSpec* g = find_gpu_spec(type);
-    if (!g) {
-      std::string known;
-      for (const auto& s : gpu_specs()) known += (known.empty() ? "" : ", ") + s.name;
-      throw InputError("gen-profiles --analytic: unknown device type '" + type + "' (known: " + known + ")");
-    }
+    const GpuSpec* g = &require_gpu_spec(type, "gen-profiles --analytic: device type");
+    for (char c : type)
+      if (!std::isalnum(static_cast<unsigned char>(c)))
+        throw InputError("gen-profiles --analytic: device type '" + excerpt(type) +
+                         "': profile file names take letters and digits only (write the catalogue name without "
+                         "punctuation, e.g. A10040GB for A100-40GB)");
     for (int tp = 1; tp <= o.max_tp; tp *= 2) {
       for (int bs = 1; bs <= o.max_bs; bs *= 2) {
         const auto layers = estimate_layers(o.model, *g, tp, bs, o);
@@ -107,7 +92,8 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
                          {"peak_tflops", g->peak_tflops},
                          {"memory_gb", g->memory_gb},
                          {"memory_bw_gbs", g->memory_bw_gbs},
-                         {"nvlink_gbs", g->nvlink_gbs}};
+                         {"nvlink_gbs", g->nvlink_gbs},
+                         {"source", g->source_url}};
         est["compute_efficiency"] = o.compute_efficiency;
         est["memory_efficiency"] = o.memory_efficiency;
         j["estimate"] = est;

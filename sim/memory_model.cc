@@ -47,6 +47,7 @@ ModelStateBytes model_state_bytes(double trainable, double frozen_weight_bytes, 
   const double n = std::max(dp, 1);
   PerParam p = per_param(s);
   if (s.finetune != Finetune::kFull) p = {4, 0, 4, 0, 8};  // PEFT adapters train in fp32: weight, grad, m, v
+  if (s.adam_8bit) p.optimizer = 2 + 2 * 4 / 2048.0;  // bitsandbytes blockwise 8-bit states
 
   ModelStateBytes out;
   // Weights: trainable compute copy plus the frozen base. A quantised
@@ -225,13 +226,16 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   }
   // ZeRO's gather unit: DeepSpeed's is a module; FSDP's (and replay's) a layer.
   const double unit = s.accounting == ZeroAccounting::kDeepSpeed ? p.largest_module : p.largest_layer;
-  out.states = model_state_bytes(trainable, frozen_bytes, unit / tp, s, r.dp, r.gpus_per_node);
+  const int shard_dp = s.shard_group > 0 ? std::min(r.dp, s.shard_group) : r.dp;  // HYBRID_SHARD: within a group
+  out.states = model_state_bytes(trainable, frozen_bytes, unit / tp, s, shard_dp, r.gpus_per_node);
   if (s.finetune == Finetune::kQlora && p.linear_weights > 0) {
     // The projection being computed is dequantised to bf16 for its GEMM.
     double largest_linear = 0;
     for (const auto& l : m.block_linears()) largest_linear = std::max(largest_linear, static_cast<double>(l.in) * l.out);
     out.states.transient += largest_linear / tp * 2;
   }
+  // DeepSpeed's gradient buckets, offload staging and ZeRO-3 prefetch (sim/offload.h); 0 unless setup.deepspeed.model.
+  out.states.transient += deepspeed_buffer_bytes(s, p.largest_module / tp);
 
   const int last = m.metis_num_layers() - 1;
   double per_mb = 0, one_layer_full = 0;
@@ -240,6 +244,13 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   const double block_bytes = any_block ? layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
                                                                 s.recompute, s.flash_attention, s.precision)
                                        : 0.0;
+  double block_avg = block_bytes;
+  if (s.recompute == Recompute::kFull && s.recompute_every > 1 && any_block) {
+    // Every k-th block checkpointed, the rest keep everything: the average block.
+    const double keep = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
+                                               s.flash_attention, s.precision);
+    block_avg = (block_bytes + (s.recompute_every - 1) * keep) / s.recompute_every;
+  }
   int adapters = 0;
   for (const auto& l : m.block_linears()) adapters += (s.lora_targets & l.target) ? 1 : 0;
   const double adapter_bytes = 2.0 * r.seq * r.micro_batch * s.lora_rank * adapters;  // x A of each adapter
@@ -249,7 +260,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
     } else if (layer == last) {
       per_mb += head_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
     } else {
-      per_mb += block_bytes;
+      per_mb += block_avg;
       if (s.finetune != Finetune::kFull) per_mb += adapter_bytes;
     }
   }
@@ -312,6 +323,7 @@ const char* to_string(Precision p) {
     case Precision::kFp32: return "fp32";
     case Precision::kBf16: return "bf16";
     case Precision::kFp8: return "fp8";
+    case Precision::kFp16: return "fp16";
   }
   return "?";
 }
@@ -327,7 +339,8 @@ Precision parse_precision(const std::string& s, const std::string& where) {
   if (s == "fp32") return Precision::kFp32;
   if (s == "bf16") return Precision::kBf16;
   if (s == "fp8") return Precision::kFp8;
-  throw InputError(where + ": '" + excerpt(s) + "': expected fp32, bf16 or fp8");
+  if (s == "fp16") return Precision::kFp16;
+  throw InputError(where + ": '" + excerpt(s) + "': expected fp32, fp16, bf16 or fp8");
 }
 
 }  // namespace hetplan

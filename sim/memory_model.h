@@ -15,10 +15,11 @@
 #include <string>
 
 #include "sim/model_shape.h"
+#include "sim/offload.h"
 
 namespace hetplan {
 
-enum class Precision { kFp32, kBf16, kFp8 };
+enum class Precision { kFp32, kBf16, kFp8, kFp16 };  // kFp16: fp16 AMP with loss scaling (bf16's bytes)
 enum class Recompute { kNone, kSelective, kFull };
 enum class Schedule { kGpipe, k1F1B };
 enum class Finetune { kFull, kLora, kQlora };
@@ -57,6 +58,12 @@ struct TrainingSetup {
   bool offload_optimizer = false;  // ZeRO-Offload: master, optimizer and fp32 grads in CPU memory
   bool offload_params = false;     // ZeRO-3 / ZeRO-Infinity: 16-bit weights in CPU memory too
   bool zero_init = true;           // DeepSpeed's zero.Init: the model is built already partitioned
+  DeepSpeedBuffers deepspeed;      // DeepSpeed's bucket/prefetch buffers (sim/offload.h); off by default
+  int recompute_every = 1;         // with kFull: only every k-th block is checkpointed (torchtitan's selective
+                                   // "every k-th layer" AC); the others keep all activations
+  int shard_group = 0;             // ZeRO/FSDP partitions over groups of this many ranks (FSDP HYBRID_SHARD: a
+                                   // node), replicated across groups; 0: the whole data-parallel group
+  bool adam_8bit = false;          // bitsandbytes 8-bit Adam: m and v in 8 bits, one fp32 absmax per 2048 (2.004 B/param)
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
   bool flash_attention = false;  // the a*s^2 terms are never stored (as selective recomputation)
@@ -166,7 +173,7 @@ double reduced_gradient_bytes(const TrainingSetup& s);
 
 const char* to_string(Recompute r);
 const char* to_string(Precision p);
-// Parses "none|selective|full" and "fp32|bf16|fp8"; throws InputError naming `where`.
+// Parses "none|selective|full" and "fp32|fp16|bf16|fp8"; throws InputError naming `where`.
 Recompute parse_recompute(const std::string& s, const std::string& where);
 Precision parse_precision(const std::string& s, const std::string& where);
 

@@ -108,7 +108,8 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
     ptype_hbm_bytes_per_s_.push_back(g ? g->memory_bw_gbs * 1e9 : 0);
   }
   for (const TrainingSetup& s : setups_)
-    recompute_fraction_.push_back(recomputed_forward_fraction(sim.shape_, s.recompute, sim.seq_));
+    recompute_fraction_.push_back(recomputed_forward_fraction(sim.shape_, s.recompute, sim.seq_) /
+                                  (s.recompute == Recompute::kFull ? std::max(1, s.recompute_every) : 1));
   node_ranks_.assign(n > 0 ? layout.node_of(n - 1) + 1 : 0, 0);
   for (int r = 0; r < n; ++r) ++node_ranks_[layout.node_of(r)];
 }
@@ -279,6 +280,25 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
         break;
     }
     c.optimizer_ms = optimizer / (setup.zero_stage >= 1 ? dp : 1);
+    if (setup.offload_optimizer || (setup.offload_params && setup.zero_stage >= 3)) {
+      // ZeRO-Offload / ZeRO-Infinity by DeepSpeed's overlap rules (sim/offload.h): the host measured, or the
+      // stated defaults for the stage's GPU.
+      HostSpec host = opt.host;
+      if (host.d2h_bytes_per_s <= 0 || host.h2d_bytes_per_s <= 0 || host.cpu_adam_params_per_s <= 0) {
+        const GpuSpec* g = find_gpu_spec(profiles.device_types()[rtype[0]]);
+        // A GPU outside the catalogue: PCIe 3.0 x16 (16 GB/s per direction), the oldest link in it.
+        const HostSpec d = default_host_spec(g ? g->host_link_gbs : 16.0);
+        if (host.d2h_bytes_per_s <= 0) host.d2h_bytes_per_s = d.d2h_bytes_per_s;
+        if (host.h2d_bytes_per_s <= 0) host.h2d_bytes_per_s = d.h2d_bytes_per_s;
+        if (host.cpu_adam_params_per_s <= 0) host.cpu_adam_params_per_s = d.cpu_adam_params_per_s;
+      }
+      const int ranks_per_host = node_ranks_[layout_->node_of(begin)];
+      const OffloadTime ot = offload_time(setup, host, trainable, full_on_rank * 2, dp, ranks_per_host,
+                                          c.forward_ms, c.backward_ms);
+      c.forward_ms += ot.forward_exposed_ms;
+      c.backward_ms += ot.backward_exposed_ms;
+      if (setup.offload_optimizer) c.optimizer_ms = ot.step_ms;  // the step runs on the CPU instead
+    }
 
     // Memory of each rank, with its own replica's share; ranks alike in (type, share, node size) agree.
     c.peak_memory_bytes = 0;

@@ -37,7 +37,10 @@
 // Rajbhandari et al. 2020, Sec. 7.2.2) over the Network. The optimizer step
 // is the profile's at the stage's tp (optimizer_time_ms, once: Metis counts
 // it twice), times the stage's share of the parameter bytes, over dp with
-// ZeRO.
+// ZeRO. With ZeRO-Offload (TrainingSetup::offload_optimizer / offload_params)
+// the step runs on the CPU and the host copies show where they exceed the
+// forward or backward, by DeepSpeed's overlap rules (sim/offload.h), from
+// SimulationOptions::host or the stated defaults for the stage's GPU.
 #pragma once
 
 #include <string>
@@ -72,6 +75,9 @@ struct SimulationOptions {
   // stages wait for it between micro-batches and keep burst clocks. false:
   // every stage at burst clocks (the profiles' ordinary timings).
   bool sustained_clocks = true;
+  // The host ranks offload to (sim/offload.h): measured pinned copy bandwidth and CPU Adam throughput.
+  // Zero fields: the defaults of default_host_spec for the stage's GPU (catalogue host_link_gbs).
+  HostSpec host;
 };
 
 struct RankMemory {

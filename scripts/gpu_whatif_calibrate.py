@@ -1,0 +1,541 @@
+#!/usr/bin/env python3
+"""Calibration and checks for `hetplan whatif` on a lent GPU machine (issue 10).
+
+Measures, on this machine:
+  host      pinned host->device and device->host GB/s per GPU (all local GPUs copying at once),
+            CPU Adam parameters/s (torch's fused CPU Adam, all cores);
+  gemm      the dense bf16 GEMM efficiency at the replayed model's shapes;
+  qlora     QLoRA/LoRA step-time ratio on Llama-3.2-3B-shaped blocks (bitsandbytes' NF4 dequantisation when
+            it is importable; else a torch-op emulation, recorded but not used by whatif);
+  decode    a decode loop of a Llama-3.2-3B-shaped model with random weights at bf16 and INT4
+            (torch's tinygemm int4 kernel, group 128), batch 1 and 8, prompt 512, 128 new tokens (CUDA graph
+            per step): ms/token and peak allocated memory;
+  offload   a replayed training step of a ~1B Llama-shaped model on one GPU: no offload (GPU Adam),
+            ZeRO-2-style optimizer offload (gradients copied to pinned host memory during the backward, CPU
+            Adam, 16-bit weights copied back), and ZeRO-3-style parameter offload (each layer's weights fetched
+            before its forward and its backward, one layer prefetched ahead, gradients to the host).
+Writes OUT/whatif_calibration.json (the keys `hetplan whatif --profiles OUT` reads) and OUT/measurements.json.
+Each section is independent: a failure is recorded in measurements.json and the rest goes on.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+DEV = torch.device("cuda")
+BF16 = torch.bfloat16
+
+
+def timed(fn, reps, warmup=2):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+# ----------------------------------------------------------------------------------------------- host
+def measure_host():
+    n = torch.cuda.device_count()
+    nbytes = 1 << 30
+    res = {}
+    for direction in ("h2d", "d2h"):
+        bufs = []
+        for d in range(n):
+            host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            dev = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{d}")
+            bufs.append((host, dev))
+        times = [0.0] * n
+        barrier = threading.Barrier(n)
+
+        def run(d):
+            torch.cuda.set_device(d)
+            host, dev = bufs[d]
+            s = torch.cuda.Stream(d)
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    (dev.copy_(host, non_blocking=True) if direction == "h2d" else host.copy_(dev, non_blocking=True))
+                s.synchronize()
+                barrier.wait()
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    (dev.copy_(host, non_blocking=True) if direction == "h2d" else host.copy_(dev, non_blocking=True))
+                s.synchronize()
+                times[d] = (time.perf_counter() - t0) / 5
+
+        threads = [threading.Thread(target=run, args=(d,)) for d in range(n)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        res[direction + "_gbs_per_gpu"] = [nbytes / t / 1e9 for t in times]
+        res[direction + "_gbs"] = min(res[direction + "_gbs_per_gpu"])
+        del bufs
+    torch.cuda.set_device(0)
+    res["gpus_copying_at_once"] = n
+    # CPU Adam: torch's fused Adam on fp32 CPU tensors, all cores.
+    torch.set_num_threads(os.cpu_count())
+    p = torch.zeros(200_000_000, dtype=torch.float32, requires_grad=True)
+    p.grad = torch.randn_like(p)
+    best = 0.0
+    for fused in (True, False):
+        try:
+            opt = torch.optim.Adam([p], lr=1e-4, fused=fused) if fused else torch.optim.Adam([p], lr=1e-4, foreach=True)
+            opt.step()
+            t0 = time.perf_counter()
+            for _ in range(3):
+                opt.step()
+            rate = p.numel() * 3 / (time.perf_counter() - t0)
+            res["cpu_adam_params_per_s_" + ("fused" if fused else "foreach")] = rate
+            best = max(best, rate)
+        except Exception as e:  # fused CPU Adam needs torch >= 2.4
+            res["cpu_adam_error_" + str(fused)] = repr(e)
+    res["cpu_adam_params_per_s"] = best
+    res["cpu_threads"] = torch.get_num_threads()
+    return res
+
+
+# ----------------------------------------------------------------------------------------- the model
+class Shape:
+    def __init__(self, hidden, layers, heads, kv_heads, ffn, vocab, tied):
+        self.h, self.L, self.a, self.kv, self.f, self.V, self.tied = hidden, layers, heads, kv_heads, ffn, vocab, tied
+        self.d = hidden // heads
+
+    def flags(self):
+        return (f"--family llama --hidden-size {self.h} --layers {self.L} --heads {self.a} --kv-heads {self.kv} "
+                f"--ffn-size {self.f} --vocab-size {self.V}" + (" --tied-embeddings" if self.tied else ""))
+
+
+LLAMA_3B = Shape(3072, 28, 24, 8, 8192, 128256, True)
+REPLAY_1B = Shape(2048, 20, 16, 16, 5632, 512, False)
+
+
+def block_weights(s, dtype=BF16, device=DEV):
+    g = lambda *shape: (torch.randn(*shape, dtype=dtype, device=device) * 0.02)
+    return {"wq": g(s.a * s.d, s.h), "wk": g(s.kv * s.d, s.h), "wv": g(s.kv * s.d, s.h), "wo": g(s.h, s.a * s.d),
+            "wg": g(s.f, s.h), "wu": g(s.f, s.h), "wd": g(s.h, s.f),
+            "n1": torch.ones(s.h, dtype=dtype, device=device), "n2": torch.ones(s.h, dtype=dtype, device=device)}
+
+
+def rms(x, w):
+    return F.rms_norm(x, (x.shape[-1],), w, 1e-5) if hasattr(F, "rms_norm") else x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype) * w
+
+
+def block_forward(s, w, x, lin=F.linear):
+    b, t, _ = x.shape
+    y = rms(x, w["n1"])
+    q = lin(y, w["wq"]).view(b, t, s.a, s.d).transpose(1, 2)
+    k = lin(y, w["wk"]).view(b, t, s.kv, s.d).transpose(1, 2)
+    v = lin(y, w["wv"]).view(b, t, s.kv, s.d).transpose(1, 2)
+    if s.kv != s.a:
+        k = k.repeat_interleave(s.a // s.kv, 1)
+        v = v.repeat_interleave(s.a // s.kv, 1)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, s.a * s.d)
+    x = x + lin(o, w["wo"])
+    y = rms(x, w["n2"])
+    return x + lin(F.silu(lin(y, w["wg"])) * lin(y, w["wu"]), w["wd"])
+
+
+# ------------------------------------------------------------------------------------------------ gemm
+def measure_gemm(s, tokens):
+    eff = []
+    peak = None
+    for (n, k) in ((s.a * s.d, s.h), (s.f, s.h), (s.h, s.f)):
+        x = torch.randn(tokens, k, dtype=BF16, device=DEV)
+        w = torch.randn(n, k, dtype=BF16, device=DEV)
+        t = timed(lambda: F.linear(x, w), 20)
+        eff.append(2 * tokens * n * k / t)
+    return {"gemm_tflops": [e / 1e12 for e in eff], "gemm_flops_mean": sum(eff) / len(eff)}
+
+
+# ----------------------------------------------------------------------------------------------- qlora
+NF4 = torch.tensor([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+                    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+                    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+                    0.7229568362236023, 1.0])
+
+
+def measure_qlora(s, layers, batch, seq, rank=8):
+    try:
+        import bitsandbytes.functional as bnbf
+        have_bnb = True
+    except Exception:
+        have_bnb = False
+    ws = [block_weights(s) for _ in range(layers)]
+    names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")
+    targets = ("wq", "wk", "wv", "wo")
+    lora = [{n: (torch.zeros(rank, w[n].shape[1], device=DEV, requires_grad=True),
+                 torch.zeros(w[n].shape[0], rank, device=DEV, requires_grad=True)) for n in targets} for w in ws]
+    quant = []
+    for w in ws:
+        q = {}
+        for n in names:
+            if have_bnb:
+                q[n] = bnbf.quantize_4bit(w[n], blocksize=64, quant_type="nf4", compress_statistics=True)
+            else:
+                flat = w[n].float().view(-1, 64)
+                absmax = flat.abs().amax(1)
+                codes = ((flat / absmax[:, None]).unsqueeze(-1) - NF4.to(DEV)).abs().argmin(-1).to(torch.uint8)
+                packed = (codes.view(-1, 2)[:, 0] << 4) | codes.view(-1, 2)[:, 1]
+                q[n] = (packed, absmax, w[n].shape)
+        quant.append(q)
+    table = NF4.to(DEV, BF16)
+
+    def deq(qq):
+        if have_bnb:
+            return bnbf.dequantize_4bit(qq[0], qq[1]).to(BF16)
+        packed, absmax, shape = qq
+        codes = torch.stack([packed >> 4, packed & 15], -1).view(-1).long()
+        return (table[codes].view(-1, 64) * absmax[:, None].to(BF16)).view(shape)
+
+    class Deq(torch.autograd.Function):  # dequantise before the forward GEMM and again before the backward's
+        @staticmethod
+        def forward(ctx, x, qq_index, layer):
+            ctx.idx = (qq_index, layer)
+            return F.linear(x, deq(quant[layer][qq_index]))
+
+        @staticmethod
+        def backward(ctx, g):
+            n, layer = ctx.idx
+            return g @ deq(quant[layer][n]), None, None
+
+    x0 = torch.randn(batch, seq, s.h, dtype=BF16, device=DEV, requires_grad=True)
+
+    def step(quantised):
+        x = x0
+        for i, w in enumerate(ws):
+            def lin(y, weight, i=i, w=w):
+                n = next(k for k in names if w[k] is weight)
+                base = Deq.apply(y, n, i) if quantised else F.linear(y, weight)
+                if n in targets:
+                    a, b = lora[i][n]
+                    base = base + F.linear(F.linear(y.float(), a), b).to(BF16)
+                return base
+            x = block_forward(s, w, x, lin)
+        x.float().pow(2).mean().backward()
+
+    t_lora = timed(lambda: step(False), 5)
+    t_qlora = timed(lambda: step(True), 5)
+    return {"bitsandbytes": have_bnb, "layers": layers, "batch": batch, "seq": seq, "lora_ms": t_lora * 1e3,
+            "qlora_ms": t_qlora * 1e3, "factor": t_qlora / t_lora}
+
+
+# ---------------------------------------------------------------------------------------------- decode
+def int4_linear_factory():
+    group = 128
+
+    def make(w):
+        n, k = w.shape
+        codes = torch.randint(0, 16, (n, k), dtype=torch.int32, device=DEV)
+        packed = None
+        for attempt in ("uint8", "int32"):
+            try:
+                src = ((codes[:, ::2] << 4) | codes[:, 1::2]).to(torch.uint8) if attempt == "uint8" else codes
+                packed = torch.ops.aten._convert_weight_to_int4pack(src, 8)
+                sz = torch.randn(k // group, n, 2, dtype=BF16, device=DEV) * 0.01
+                torch.ops.aten._weight_int4pack_mm(torch.randn(1, k, dtype=BF16, device=DEV), packed, group, sz)
+                return (packed, sz)
+            except Exception as e:
+                err = e
+        raise RuntimeError("int4 kernel unavailable: " + repr(err))
+
+    def lin(x, q):
+        packed, sz = q
+        shp = x.shape
+        y = torch.ops.aten._weight_int4pack_mm(x.reshape(-1, shp[-1]), packed, group, sz)
+        return y.view(*shp[:-1], -1)
+
+    return make, lin
+
+
+def measure_decode(s, fmt, batch, prompt=512, output=128):
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")
+    emb = torch.randn(s.V, s.h, dtype=BF16, device=DEV) * 0.02
+    layers = []
+    if fmt == "int4":
+        make, lin4 = int4_linear_factory()
+    for _ in range(s.L):
+        w = block_weights(s)
+        if fmt == "int4":
+            for n in names:
+                w[n] = make(w[n])
+        layers.append(w)
+    torch.cuda.synchronize()
+    weights_bytes = torch.cuda.memory_allocated()
+    lin = (lambda x, q: lin4(x, q)) if fmt == "int4" else F.linear
+    T = prompt + output
+    kc = [torch.zeros(batch, s.kv, T, s.d, dtype=BF16, device=DEV) for _ in range(s.L)]
+    vc = [torch.zeros(batch, s.kv, T, s.d, dtype=BF16, device=DEV) for _ in range(s.L)]
+    pos = torch.zeros((), dtype=torch.long, device=DEV)
+    mask = torch.zeros(batch, 1, 1, T, dtype=torch.bool, device=DEV)
+    tok = torch.zeros(batch, 1, dtype=torch.long, device=DEV)
+
+    def step():
+        x = emb[tok]
+        for i, w in enumerate(layers):
+            y = rms(x, w["n1"])
+            q = lin(y, w["wq"]).view(batch, 1, s.a, s.d).transpose(1, 2)
+            k = lin(y, w["wk"]).view(batch, 1, s.kv, s.d).transpose(1, 2)
+            v = lin(y, w["wv"]).view(batch, 1, s.kv, s.d).transpose(1, 2)
+            kc[i].index_copy_(2, pos.view(1), k)
+            vc[i].index_copy_(2, pos.view(1), v)
+            kk, vv = kc[i], vc[i]
+            if s.kv != s.a:
+                kk = kk.repeat_interleave(s.a // s.kv, 1)
+                vv = vv.repeat_interleave(s.a // s.kv, 1)
+            o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask).transpose(1, 2).reshape(batch, 1, -1)
+            x = x + lin(o, w["wo"])
+            y = rms(x, w["n2"])
+            x = x + lin(F.silu(lin(y, w["wg"])) * lin(y, w["wu"]), w["wd"])
+        logits = F.linear(rms(x, layers[0]["n2"]), emb).float()
+        tok.copy_(logits.argmax(-1))
+        mask.index_fill_(3, pos.view(1), True)
+        pos.add_(1)
+
+    # Prefill is not timed here (the KV cache is filled as if by a prompt): decode from position `prompt`.
+    mask[..., :prompt] = True
+    pos.fill_(prompt)
+    graph = None
+    try:
+        s_ = torch.cuda.Stream()
+        s_.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s_):
+            step()
+        torch.cuda.current_stream().wait_stream(s_)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+    except Exception:
+        graph = None
+    mask.zero_()
+    mask[..., :prompt] = True
+    pos.fill_(prompt)
+    run = graph.replay if graph is not None else step
+    run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(output - 1):
+        run()
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) / (output - 1) * 1e3
+    out = {"format": fmt, "batch": batch, "prompt": prompt, "output": output, "ms_per_token": ms,
+           "cuda_graph": graph is not None, "weights_allocated_bytes": weights_bytes,
+           "peak_allocated_bytes": torch.cuda.max_memory_allocated()}
+    del layers, kc, vc, graph
+    torch.cuda.empty_cache()
+    return out
+
+
+# --------------------------------------------------------------------------------------------- offload
+def measure_offload(s, batch, seq, mode):
+    """One replayed step; mode: none (GPU Adam), zero2_offload, zero3_offload."""
+    torch.cuda.empty_cache()
+    names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd", "n1", "n2")
+    emb = (torch.randn(s.V, s.h, dtype=BF16, device=DEV) * 0.02).requires_grad_()
+    head = (torch.randn(s.V, s.h, dtype=BF16, device=DEV) * 0.02).requires_grad_()
+    ws = [block_weights(s) for _ in range(s.L)]
+    for w in ws:
+        for n in names:
+            w[n].requires_grad_()
+    final_norm = torch.ones(s.h, dtype=BF16, device=DEV)
+    params = [emb, head] + [w[n] for w in ws for n in names]
+    copy = torch.cuda.Stream()
+    tokens = torch.randint(0, s.V, (batch, seq), device=DEV)
+    if mode == "none":
+        master = [p.detach().float().requires_grad_() for p in params]
+        opt = torch.optim.Adam(master, lr=1e-5, fused=True)
+    else:
+        master = [p.detach().float().cpu().pin_memory().requires_grad_() for p in params]
+        for m in master:
+            m.grad = torch.zeros_like(m)
+        # 16-bit pinned staging on the host: gradients arrive in it, updated weights leave from it.
+        stage16 = [torch.empty(p.shape, dtype=BF16).pin_memory() for p in params]
+        try:
+            opt = torch.optim.Adam(master, lr=1e-5, fused=True)
+        except Exception:
+            opt = torch.optim.Adam(master, lr=1e-5, foreach=True)
+    host16 = None
+    if mode == "zero3_offload":  # the 16-bit weights live on the host; GPU storage only while a layer runs
+        host16 = [[w[n].detach().cpu().pin_memory() for n in names] for w in ws]
+    idx = {id(p): i for i, p in enumerate(params)}
+
+    def grad_to_host(p):  # ZeRO-Offload: copy each gradient to the host as the backward produces it
+        if p.grad is None:
+            return
+        ev = torch.cuda.Event()
+        ev.record()
+        with torch.cuda.stream(copy):
+            copy.wait_event(ev)
+            stage16[idx[id(p)]].copy_(p.grad, non_blocking=True)
+        p.grad.record_stream(copy)
+        p.grad = None
+
+    fetched = {}
+
+    def fetch(i):  # host -> GPU into the layer's own storage, on the copy stream
+        if i < 0 or i >= s.L or i in fetched:
+            return
+        ev = torch.cuda.Event()
+        ev.record()
+        with torch.cuda.stream(copy):
+            copy.wait_event(ev)
+            for n, h in zip(names, host16[i]):
+                t = ws[i][n]
+                t.untyped_storage().resize_(h.numel() * h.element_size())
+                t.data.copy_(h, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        fetched[i] = done
+
+    def wait(i):
+        torch.cuda.current_stream().wait_event(fetched.pop(i))
+
+    def free(i):
+        for n in names:
+            ws[i][n].untyped_storage().resize_(0)
+
+    if mode == "zero3_offload":
+        for i in range(s.L):
+            free(i)
+
+    def step():
+        x = emb[tokens]
+        acts = []
+        for i, w in enumerate(ws):
+            if mode == "zero3_offload":
+                fetch(i)
+                wait(i)
+                fetch(i + 1)
+            xi = x.detach().requires_grad_()
+            y = block_forward(s, w, xi)
+            acts.append((xi, y))
+            if mode == "zero3_offload":
+                free(i)
+            x = y
+        xl = x.detach().requires_grad_()
+        loss = F.cross_entropy(F.linear(rms(xl, final_norm), head).float().view(-1, s.V), tokens.view(-1))
+        loss.backward()
+        g = xl.grad
+        if mode != "none":
+            grad_to_host(head)
+        for i in reversed(range(s.L)):
+            if mode == "zero3_offload":
+                fetch(i)
+                wait(i)
+                fetch(i - 1)
+            xi, y = acts[i]
+            y.backward(g)
+            g = xi.grad
+            if mode != "none":
+                for n in names:
+                    grad_to_host(ws[i][n])
+            if mode == "zero3_offload":
+                free(i)
+        x0 = emb[tokens]
+        x0.backward(g)
+        if mode == "none":
+            for m, p in zip(master, params):
+                m.grad = p.grad.float()
+                p.grad = None
+            opt.step()
+            with torch.no_grad():
+                for m, p in zip(master, params):
+                    p.copy_(m)
+        else:
+            grad_to_host(emb)
+            copy.synchronize()
+            torch.cuda.synchronize()
+            with torch.no_grad():
+                for m, g16 in zip(master, stage16):
+                    m.grad.copy_(g16)
+            opt.step()  # CPU Adam, serial
+            with torch.no_grad():
+                for m, g16 in zip(master, stage16):
+                    g16.copy_(m)  # the updated 16-bit weights
+                for i, (m, p) in enumerate(zip(master, params)):
+                    if mode == "zero3_offload" and p.untyped_storage().size() == 0:
+                        continue  # stays on the host (fetched per layer)
+                    p.copy_(stage16[i], non_blocking=True)
+                if mode == "zero3_offload":
+                    for i in range(s.L):
+                        for n, h in zip(names, host16[i]):
+                            h.copy_(stage16[idx[id(ws[i][n])]])
+        torch.cuda.synchronize()
+
+    torch.cuda.reset_peak_memory_stats()
+    t = timed(step, 3, warmup=1)
+    out = {"mode": mode, "batch": batch, "seq": seq, "step_ms": t * 1e3,
+           "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+           "parameters": sum(p.numel() for p in params)}
+    del ws, params, master, opt
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    m = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "gpus": torch.cuda.device_count()}
+    sections = {
+        "host": lambda: measure_host(),
+        "gemm": lambda: measure_gemm(REPLAY_1B, 4 * 1024),
+        "qlora": lambda: measure_qlora(LLAMA_3B, 4, 4, 512),
+        "decode": lambda: [measure_decode(LLAMA_3B, f, b) for f in ("bf16", "int4") for b in (1, 8)],
+        "offload": lambda: [measure_offload(REPLAY_1B, 4, 1024, mode) for mode in ("none", "zero2_offload", "zero3_offload")],
+    }
+    for name, fn in sections.items():
+        t0 = time.time()
+        try:
+            m[name] = fn()
+        except Exception:
+            m[name + "_error"] = traceback.format_exc()
+        print(f"{name}: {time.time() - t0:.1f} s", flush=True)
+        with open(os.path.join(a.out, "measurements.json"), "w") as f:
+            json.dump(m, f, indent=2)
+
+    cal = {"about": "Measured by scripts/gpu_whatif_calibrate.py on " + m["device"] + "; read by hetplan whatif --profiles DIR"}
+    if "host" in m:
+        cal["host"] = {"h2d_gbs": m["host"]["h2d_gbs"], "d2h_gbs": m["host"]["d2h_gbs"],
+                       "cpu_adam_params_per_s": m["host"]["cpu_adam_params_per_s"]}
+    train = {}
+    if "qlora" in m and m["qlora"]["bitsandbytes"]:
+        train["qlora_dequant_factor"] = m["qlora"]["factor"]
+    elif "qlora" in m:
+        train["qlora_dequant_factor_emulated"] = m["qlora"]["factor"]  # torch-op NF4 emulation: not read by whatif
+    peak = float(os.environ.get("HETPLAN_PEAK_TFLOPS", "0")) * 1e12
+    if "gemm" in m and peak > 0:
+        train["gemm_efficiency"] = min(1.0, m["gemm"]["gemm_flops_mean"] / peak)
+    if train:
+        cal["training"] = train
+    # Decode HBM efficiency per format, from batch 1 (roofline bytes / measured time / datasheet bandwidth);
+    # batch 8 is kept as a check. The bandwidth comes from `hetplan whatif` (the catalogue), passed in by the .sh.
+    bw = float(os.environ.get("HETPLAN_HBM_GBS", "0")) * 1e9
+    if "decode" in m and bw > 0:
+        s = LLAMA_3B
+        eff = {}
+        for r in m["decode"]:
+            if r["batch"] != 1:
+                continue
+            kv = 2 * s.L * s.kv * s.d * 2 * r["batch"] * (r["prompt"] + r["output"] / 2)
+            eff["bf16" if r["format"] == "bf16" else "int4"] = (r["weights_allocated_bytes"] + kv) / (r["ms_per_token"] / 1e3) / bw
+        cal["inference"] = {"decode_hbm_efficiency": {k: min(1.0, v) for k, v in eff.items()}}
+    with open(os.path.join(a.out, "whatif_calibration.json"), "w") as f:
+        json.dump(cal, f, indent=2)
+    print(json.dumps(cal, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# On a GPU machine, after scripts/gpu_build.sh and `source scripts/gpu_env.sh`:
+#   scripts/gpu_whatif_calibrate.sh OUT
+# Measures what `hetplan whatif` takes from a profile folder (host pinned copy bandwidth, CPU Adam,
+# GEMM efficiency, QLoRA dequantisation, decode HBM efficiency) into OUT/whatif_calibration.json, and
+# checks whatif against measurements on this machine (issue 10's must-show):
+#   - offload: a replayed ~1B Llama-shaped step on one GPU, no offload / ZeRO-2-style optimizer offload /
+#     ZeRO-3-style parameter offload, against `whatif --profiles OUT` (target: within 15%);
+#   - decode: a Llama-3.2-3B-shaped decode loop at bf16 and INT4, batch 1 and 8, against
+#     `whatif --inference --profiles OUT` (target: within 10%; batch 1 calibrates the HBM efficiency,
+#     batch 8 is the check).
+# Results: OUT/measurements.json, OUT/whatif_calibration.json, OUT/pred_*.json and OUT/summary.md.
+# A few minutes on one H100/H200. Copy OUT/whatif_calibration.json into a profile folder (e.g.
+# profiles/H200/) and pass --profiles that folder to whatif to use it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: scripts/gpu_whatif_calibrate.sh OUT}
+mkdir -p "$OUT"
+HET=${HETPLAN_BIN:-build-gpu/hetplan}
+[ -x "$HET" ] || { echo "no $HET: run scripts/gpu_build.sh first" >&2; exit 1; }
+
+# The catalogue entry of GPU 0 (the same longest-name match hetplan's profiler uses).
+read -r GPU HBM PEAK < <(python3 - <<'EOF'
+import json, re, torch
+desc = torch.cuda.get_device_name(0)
+norm = lambda s: re.sub(r"[-_ ]", "", s).upper()
+best, blen = None, 0
+for g in json.load(open("sim/data/gpus.json"))["gpus"]:
+    for n in [g["name"]] + g.get("aliases", []):
+        if norm(n) in norm(desc) and len(norm(n)) > blen:
+            best, blen = g, len(norm(n))
+if best is None:
+    raise SystemExit("GPU '%s' is not in sim/data/gpus.json" % desc)
+print(best["name"], best["memory_bw_gbs"], best["peak_tflops"].get("bf16", best["peak_tflops"]["fp16"]))
+EOF
+)
+echo "GPU: $GPU (HBM $HBM GB/s, bf16 peak $PEAK TFLOP/s)"
+
+HETPLAN_HBM_GBS=$HBM HETPLAN_PEAK_TFLOPS=$PEAK python3 scripts/gpu_whatif_calibrate.py --out "$OUT" | tee "$OUT/calibrate.log"
+
+# Predictions with the calibration (the replayed shape: llama, hidden 2048, 20 blocks, ffn 5632, vocab 512).
+REPLAY="--family llama --hidden-size 2048 --layers 20 --heads 16 --kv-heads 16 --ffn-size 5632 --vocab-size 512"
+"$HET" whatif $REPLAY --seq 1024 --micro-batch 4 --gpus 1 --gpu "$GPU" --flash-attention --profiles "$OUT" \
+  --rows "single GPU,ZeRO-2+offload,ZeRO-3+offload" --json "$OUT/pred_offload.json" > "$OUT/pred_offload.txt"
+for b in 1 8; do
+  "$HET" whatif --inference --hf-config tests/data/hf/llama-3.2-3b.json --gpu "$GPU" --micro-batch $b \
+    --prompt 512 --output 128 --weights bf16,awq --profiles "$OUT" --json "$OUT/pred_decode_b$b.json" \
+    > "$OUT/pred_decode_b$b.txt"
+done
+
+python3 - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+m = json.load(open(os.path.join(out, "measurements.json")))
+lines = ["# whatif against measurements on " + m["device"], "",
+         "| check | predicted | measured | error |", "|---|---|---|---|"]
+def row(name, p, q, unit):
+    lines.append(f"| {name} | {p:.2f} {unit} | {q:.2f} {unit} | {100 * (p - q) / q:+.1f}% |")
+try:
+    pred = {r["strategy"]: r for r in json.load(open(os.path.join(out, "pred_offload.json")))["rows"]}
+    for meas in m.get("offload", []):
+        name = {"none": "single GPU", "zero2_offload": "ZeRO-2+offload", "zero3_offload": "ZeRO-3+offload"}[meas["mode"]]
+        row(name + " step", pred[name]["step_ms"], meas["step_ms"], "ms")
+        p_mem = (pred[name]["memory_per_gpu_bytes"] - pred[name]["framework_bytes"]) / 2**30
+        row(name + " memory (allocated, no framework constant)", p_mem, meas["peak_allocated_bytes"] / 2**30, "GiB")
+except Exception as e:
+    lines.append(f"| offload | error | {e!r} | |")
+for b in (1, 8):
+    try:
+        pred = json.load(open(os.path.join(out, f"pred_decode_b{b}.json")))["rows"]
+        for meas in m.get("decode", []):
+            if meas["batch"] != b:
+                continue
+            p = pred[0] if meas["format"] == "bf16" else pred[1]
+            row(f"decode {meas['format']} batch {b} ms/token", p["decode_ms_per_token"], meas["ms_per_token"], "ms")
+            p_mem = (p["weights_bytes"] + p["kv_cache_bytes"]) / 2**30
+            row(f"decode {meas['format']} batch {b} weights + KV", p_mem, meas["peak_allocated_bytes"] / 2**30, "GiB")
+    except Exception as e:
+        lines.append(f"| decode b{b} | error | {e!r} | |")
+open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF

@@ -1,0 +1,92 @@
+#include "sim/inference.h"
+
+#include <algorithm>
+
+#include "sim/input_error.h"
+
+namespace hetplan {
+
+const char* to_string(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kBf16: return "bf16";
+    case WeightFormat::kFp16: return "fp16";
+    case WeightFormat::kInt8: return "int8";
+    case WeightFormat::kInt4Nf4: return "nf4";
+    case WeightFormat::kInt4Awq: return "awq";
+  }
+  return "?";
+}
+
+WeightFormat parse_weight_format(const std::string& s, const std::string& where) {
+  if (s == "bf16") return WeightFormat::kBf16;
+  if (s == "fp16") return WeightFormat::kFp16;
+  if (s == "int8") return WeightFormat::kInt8;
+  if (s == "nf4" || s == "int4") return WeightFormat::kInt4Nf4;
+  if (s == "awq") return WeightFormat::kInt4Awq;
+  throw InputError(where + ": '" + excerpt(s) + "': expected bf16, fp16, int8, nf4 (or int4) or awq");
+}
+
+QuantSpec weight_quant(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kBf16:
+    case WeightFormat::kFp16: return bf16_weights();
+    // Weight-only int8 with one fp16 scale per output row of 4096 (W8A16): 8.004 bits.
+    case WeightFormat::kInt8: return QuantSpec{8, 4096, 16, 0, 0};
+    case WeightFormat::kInt4Nf4: return nf4_double_quant();
+    // AWQ (Lin et al. 2024): groups of 128 with an fp16 scale and a 4-bit zero point: 4 + 20/128 = 4.156 bits.
+    case WeightFormat::kInt4Awq: return QuantSpec{4, 128, 20, 0, 0};
+  }
+  return bf16_weights();
+}
+
+InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const InferenceSetup& s, double capacity_gb) {
+  InferenceResult r;
+  r.name = to_string(s.weights);
+  r.assumptions = s.assumptions;
+  const bool fp16 = s.weights == WeightFormat::kFp16;
+  // The activations' 16-bit type: fp16 for fp16 weights, else bf16 where the chip has it, else fp16.
+  const ComputePrecision act = fp16 || !g.supports(ComputePrecision::kBf16) ? ComputePrecision::kFp16
+                                                                             : ComputePrecision::kBf16;
+  if (s.weights == WeightFormat::kBf16 && !g.supports(ComputePrecision::kBf16)) {
+    r.offered = false;
+    r.not_offered = g.name + " has no bf16 (it supports " + g.supported() + ")";
+    return r;
+  }
+  const double peak = g.peak_of(act) * 1e12 * s.compute_efficiency;
+  const double bw = g.memory_bw_gbs * 1e9 * s.hbm_efficiency;
+  const double L = m.num_layers, h = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
+  const double b = s.batch, P = s.prompt, O = s.output;
+
+  double lin_params = 0;
+  for (const auto& l : m.block_linears()) lin_params += static_cast<double>(l.in) * l.out;
+  lin_params *= L;
+  const double other_params = static_cast<double>(m.parameter_count()) - lin_params;
+  const double quant_bits = weight_quant(s.weights).bits_per_param();
+  r.weights_bytes = lin_params * quant_bits / 8 + other_params * 2;
+  const double kv_per_token = 2.0 * L * m.num_kv_heads * m.head_dim * 2;  // K and V, 16-bit
+  r.kv_cache_bytes = kv_per_token * b * (P + O);
+  // Prefill's working set: one layer's hidden states and MLP intermediates for the whole prompt, and the
+  // last token's fp32 logits (generate keeps only those).
+  r.activation_bytes = b * P * (4 * h + 2 * static_cast<double>(m.ffn_hidden_size)) * 2 + b * V * 4;
+  r.framework_bytes = s.framework_bytes;
+  r.capacity_bytes = (capacity_gb > 0 ? capacity_gb : g.memory_gb) * 1024.0 * 1024 * 1024;
+  r.fits = r.total_bytes() <= r.capacity_bytes;
+
+  const double attn_per_token_ctx = 4.0 * m.num_heads * m.head_dim;  // QK^T and AV per token per context token
+  // Prefill: causal attention over the prompt averages P/2 context tokens.
+  const double prefill_flops = b * P * (2 * lin_params + L * attn_per_token_ctx * P / 2) + b * 2 * h * V;
+  const double prefill_bytes = r.weights_bytes + kv_per_token * b * P;  // (the whole table: small next to the FLOPs)
+  r.ttft_ms = std::max(prefill_flops / peak, prefill_bytes / bw) * 1e3;
+  // Decode: mean context over the output.
+  const double ctx = P + O / 2;
+  const double step_flops = b * (2 * lin_params + 2 * h * V + L * attn_per_token_ctx * ctx);
+  // Every weight byte (the LM head's too: the embedding table when tied, in other_params) and the KV cache.
+  // An untied embedding table is not streamed: a step reads only the batch's rows of it.
+  const double streamed = r.weights_bytes - (m.tied_embeddings ? 0.0 : V * h * 2);
+  const double step_bytes = streamed + kv_per_token * b * ctx;
+  r.decode_ms_per_token = std::max(step_flops / peak, step_bytes / bw) * 1e3;
+  r.tokens_per_s = b / (r.decode_ms_per_token / 1e3);
+  return r;
+}
+
+}  // namespace hetplan

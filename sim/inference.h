@@ -1,0 +1,69 @@
+// Inference what-if: time to first token, per-token decode latency, tokens/s,
+// and weights and KV-cache memory of one model on one GPU, for bf16/fp16
+// weights or weight-only INT8/INT4 (NF4, or AWQ-style group-wise).
+//
+// A roofline over the catalogue's HBM bandwidth and dense peak
+// (sim/gpu_specs.h), each at an achieved efficiency:
+//  - prefill (the first token): the prompt's forward FLOPs (linear layers,
+//    attention scores with the causal half skipped, the LM head of the last
+//    token) at the 16-bit peak x compute efficiency, or the weights' bytes
+//    at the HBM bandwidth, whichever is longer;
+//  - decode (each later token, the batch at once): every weight byte and
+//    the KV cache read once per step (bytes over bandwidth x HBM
+//    efficiency), or the step's FLOPs, whichever is longer. Weight-only
+//    quantisation dequantises inside the kernel (AWQ/Marlin/bitsandbytes
+//    GEMV): the weights' packed bytes move; the GEMMs run at the 16-bit peak.
+// The per-token latency is the mean over the output (the KV cache grows
+// from prompt to prompt + output tokens). The efficiencies default to
+// stated values and are replaced by a profile's measurements
+// (WhatifCalibration, sim/whatif.h) where present.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/gpu_specs.h"
+#include "sim/memory_model.h"
+#include "sim/model_shape.h"
+
+namespace hetplan {
+
+enum class WeightFormat { kBf16, kFp16, kInt8, kInt4Nf4, kInt4Awq };
+const char* to_string(WeightFormat f);
+// "bf16", "fp16", "int8", "nf4" (or "int4"), "awq"; throws InputError naming `where`.
+WeightFormat parse_weight_format(const std::string& s, const std::string& where);
+// Bits per weight of the projections, constants included.
+QuantSpec weight_quant(WeightFormat f);
+
+// Defaults where no profile measured them.
+inline constexpr double kDefaultDecodeHbmEfficiency = 0.75;    // of the datasheet bandwidth, streaming reads
+inline constexpr double kDefaultPrefillComputeEfficiency = 0.6;  // of the dense 16-bit peak
+
+struct InferenceSetup {
+  WeightFormat weights = WeightFormat::kBf16;
+  int batch = 1;
+  int prompt = 512;
+  int output = 128;
+  double hbm_efficiency = kDefaultDecodeHbmEfficiency;
+  double compute_efficiency = kDefaultPrefillComputeEfficiency;
+  double framework_bytes = 1024.0 * 1024 * 1024;  // CUDA context and workspaces
+  std::vector<std::string> assumptions;
+};
+
+struct InferenceResult {
+  std::string name;
+  bool offered = true;
+  std::string not_offered;
+  double ttft_ms = 0, decode_ms_per_token = 0, tokens_per_s = 0;  // tokens_per_s: the batch's generated tokens
+  double weights_bytes = 0, kv_cache_bytes = 0, activation_bytes = 0, framework_bytes = 0;
+  double total_bytes() const { return weights_bytes + kv_cache_bytes + activation_bytes + framework_bytes; }
+  double capacity_bytes = 0;
+  bool fits = false;
+  std::vector<std::string> assumptions;
+};
+
+// REQUIRES: batch, prompt, output >= 1.
+InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const InferenceSetup& s, double capacity_gb = 0);
+
+}  // namespace hetplan

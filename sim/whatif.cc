@@ -1,0 +1,450 @@
+#include "sim/whatif.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "sim/checked.h"
+#include "sim/input_error.h"
+#include "sim/plan_file.h"
+
+namespace hetplan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// The catalogue name as a profile/cluster type name (alphanumerics: profile file names allow no more).
+std::string type_name(const GpuSpec& g) {
+  std::string out;
+  for (char c : g.name)
+    if (std::isalnum(static_cast<unsigned char>(c))) out += c;
+  return out;
+}
+
+// LLM.int8() (bitsandbytes Linear8bitLt): int8 weights with one fp32 absmax per output row.
+QuantSpec int8_rowwise(long long row) { return QuantSpec{8, static_cast<double>(row), 32, 0, 0}; }
+
+bool quantised_base(const TrainingSetup& s) { return s.finetune == Finetune::kQlora; }
+
+// Per-layer forward and total (forward + backward) ms of one micro-batch of `bs` sequences.
+struct LayerTimes {
+  std::vector<double> forward, total;
+  double optimizer_ms = 0;
+};
+
+LayerTimes roofline_layers(const WhatifInput& in, const WhatifRow& row, int bs) {
+  const ModelShape& m = in.shape;
+  const GpuSpec& g = *in.gpu;
+  const TrainingSetup& s = row.setup;
+  const double gemm_eff = in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : in.gemm_efficiency;
+  const double peak16 = g.peak_of(compute_precision(s.precision == Precision::kFp8 ? Precision::kBf16 : s.precision));
+  const double peak_gemm = g.peak_of(compute_precision(s.precision)) * 1e12 * gemm_eff;
+  const double peak_other = peak16 * 1e12 * gemm_eff;  // attention and adapters: not in fp8 (TE's default recipe)
+  const double bw = g.memory_bw_gbs * 1e9 * in.memory_efficiency;
+  const double e = s.precision == Precision::kFp32 ? 4 : 2;
+  const double T = static_cast<double>(bs) * in.seq;
+  const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
+  const bool peft = s.finetune != Finetune::kFull;
+  const double elem_factor = row.torch_compile ? kCompileElementwiseFactor : 1.0;
+
+  double linear = 0, lin_params = 0, lora = 0;
+  for (const auto& l : m.block_linears()) {
+    linear += 2.0 * static_cast<double>(l.in) * l.out;
+    lin_params += static_cast<double>(l.in) * l.out;
+    if (peft && (s.lora_targets & l.target)) lora += 2.0 * s.lora_rank * (l.in + l.out);
+  }
+  const double attention = 4.0 * in.seq * m.num_heads * m.head_dim;  // per token, as ModelShape counts it
+  const double elem = kElementwiseBytesPerTokenHidden * h * e * T * elem_factor / bw;
+  const double gemm_fwd = linear * T / peak_gemm, attn_fwd = attention * T / peak_other, lora_fwd = lora * T / peak_other;
+  // Dequantising the frozen base before each GEMM that uses it (forward, and the backward's input gradient).
+  double dequant = 0;
+  const bool measured_dequant = quantised_base(s) && in.calibration.qlora_dequant_factor > 0;
+  if (quantised_base(s) && !measured_dequant) dequant = lin_params * (s.base_weights.bits_per_param() / 8 + 2) / bw;
+  double block_fwd = gemm_fwd + attn_fwd + lora_fwd + elem + dequant;
+  // Backward: weight and input gradients of every GEMM; a frozen base computes input gradients only.
+  double block_bwd = (peft ? gemm_fwd : 2 * gemm_fwd) + 2 * attn_fwd + 2 * lora_fwd + 2 * elem + dequant;
+  if (measured_dequant) block_fwd *= in.calibration.qlora_dequant_factor, block_bwd *= in.calibration.qlora_dequant_factor;
+
+  LayerTimes t;
+  // Embedding: gather rows forward; scatter-add into the table's gradient backward (none when frozen).
+  const double emb_fwd = 2 * T * h * e / bw;
+  const double emb_bwd = peft ? 0.0 : 2 * T * h * e / bw;
+  t.forward.push_back(emb_fwd);
+  t.total.push_back(emb_fwd + emb_bwd);
+  for (int i = 0; i < m.num_layers; ++i) {
+    t.forward.push_back(block_fwd);
+    t.total.push_back(block_fwd + block_bwd);
+  }
+  // Final norm, LM head and the fp32 cross-entropy (logits written, read by softmax, gradient written).
+  const double head_gemm = 2 * T * h * V / peak_gemm;
+  const double logits = 3 * T * V * 4 / bw;
+  const double head_fwd = head_gemm + logits + 2 * T * h * e / bw;
+  const double head_bwd = (peft ? head_gemm : 2 * head_gemm) + logits + 2 * T * h * e / bw;
+  t.forward.push_back(head_fwd);
+  t.total.push_back(head_fwd + head_bwd);
+  for (auto* v : {&t.forward, &t.total})
+    for (double& x : *v) x *= 1e3;
+  // Adam on the GPU over every parameter (plan_cost scales it to the trainable share and ZeRO's partition):
+  // kCpuAdamBytesPerParam bytes per parameter, as on the CPU.
+  t.optimizer_ms = static_cast<double>(m.parameter_count()) * kCpuAdamBytesPerParam / bw * 1e3;
+  return t;
+}
+
+ordered_json profile_json(const WhatifInput& in, const WhatifRow& row, const LayerTimes& t) {
+  ordered_json j;
+  j["estimate"] = {{"method", "whatif roofline (sim/whatif.h)"},
+                   {"device", in.gpu->name},
+                   {"source", in.gpu->source_url},
+                   {"row", row.name}};
+  ordered_json params = ordered_json::array();
+  double total = 0;
+  for (long long p : in.shape.metis_layer_params()) {
+    params.push_back(static_cast<double>(p) * 2);
+    total += static_cast<double>(p) * 2;
+  }
+  j["model"] = {{"model_name", in.shape.name},
+                {"num_layers", in.shape.metis_num_layers()},
+                {"parameters", {{"total_parameters_bytes", total}, {"parameters_per_layer_bytes", params}}}};
+  double sum = 0;
+  for (double x : t.total) sum += x;
+  ordered_json et;
+  et["total_time_ms"] = sum + t.optimizer_ms;
+  et["forward_backward_time_ms"] = sum;
+  et["batch_generator_time_ms"] = 0.0;
+  et["optimizer_time_ms"] = t.optimizer_ms;
+  et["layer_compute_total_ms"] = t.total;
+  et["layer_forward_ms"] = t.forward;
+  j["execution_time"] = et;
+  ordered_json mem = ordered_json::array();
+  for (std::size_t i = 0; i < t.total.size(); ++i) mem.push_back(0);
+  j["execution_memory"] = {{"note", "memory comes from the memory model (sim/memory_model.h), not from this file"},
+                           {"total_memory", 0},
+                           {"layer_memory_total_mb", mem}};
+  return j;
+}
+
+// The same numbers a loader would read from profile_json (ProfileSet::load).
+LayerProfile layer_profile(const LayerTimes& t, int bs, double sum) {
+  LayerProfile p;
+  p.path = "whatif roofline";
+  p.tp = 1;
+  p.bs = bs;
+  p.layer_ms = t.total;
+  p.forward_ms = t.forward;
+  p.forward_backward_ms = sum;
+  p.memory_mb.assign(t.total.size(), 0.0);
+  p.optimizer_ms = t.optimizer_ms;
+  return p;
+}
+
+int row_gpus(const WhatifInput& in, const WhatifRow& row) { return row.gpus > 0 ? std::min(row.gpus, in.gpus) : in.gpus; }
+
+int accumulation_of(const WhatifInput& in) {
+  const auto per_step = checked_mul(in.micro_batch, in.gpus);
+  if (!per_step || *per_step > kMaxGlobalBatch)
+    throw InputError("--micro-batch x GPUs: " + std::to_string(in.micro_batch) + " x " + std::to_string(in.gpus) +
+                     " sequences per step is more than " + std::to_string(kMaxGlobalBatch));
+  const int gbs = in.gbs > 0 ? in.gbs : *per_step;
+  if (gbs % *per_step != 0)
+    throw InputError("--gbs: expected a multiple of --micro-batch x GPUs (" + std::to_string(*per_step) + ")");
+  return gbs / *per_step;
+}
+
+}  // namespace
+
+int whatif_accumulation(const WhatifInput& in) { return accumulation_of(in); }
+
+ComputePrecision compute_precision(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return ComputePrecision::kFp32;
+    case Precision::kFp16: return ComputePrecision::kFp16;
+    case Precision::kBf16: return ComputePrecision::kBf16;
+    case Precision::kFp8: return ComputePrecision::kFp8;
+  }
+  return ComputePrecision::kBf16;
+}
+
+WhatifCalibration read_whatif_calibration(const std::string& dir) {
+  WhatifCalibration c;
+  const fs::path path = fs::path(dir) / "whatif_calibration.json";
+  if (dir.empty() || !fs::exists(path)) return c;
+  c.path = path.string();
+  const ordered_json j = read_json_file(c.path);
+  auto num = [&](const ordered_json& o, const char* key, const std::string& where, double* out, NumberRule rule) {
+    if (o.is_object() && o.contains(key)) *out = require_number(o, key, c.path, where, rule);
+  };
+  const NumberRule gbs = rules::positive_up_to(1e5), frac = rules::positive_up_to(1);
+  if (j.contains("host")) {
+    double h2d = 0, d2h = 0;
+    num(j["host"], "h2d_gbs", "host", &h2d, gbs);
+    num(j["host"], "d2h_gbs", "host", &d2h, gbs);
+    num(j["host"], "cpu_adam_params_per_s", "host", &c.host.cpu_adam_params_per_s, rules::positive_up_to(1e15));
+    c.host.h2d_bytes_per_s = h2d * 1e9;
+    c.host.d2h_bytes_per_s = d2h * 1e9;
+    c.host.source = "measured (" + c.path + ")";
+  }
+  if (j.contains("training")) {
+    num(j["training"], "qlora_dequant_factor", "training", &c.qlora_dequant_factor, rules::positive_up_to(100));
+    num(j["training"], "gemm_efficiency", "training", &c.gemm_efficiency, frac);
+  }
+  if (j.contains("inference")) {
+    const ordered_json& inf = j["inference"];
+    if (inf.is_object() && inf.contains("decode_hbm_efficiency")) {
+      num(inf["decode_hbm_efficiency"], "bf16", "inference.decode_hbm_efficiency", &c.decode_hbm_efficiency_bf16, frac);
+      num(inf["decode_hbm_efficiency"], "int4", "inference.decode_hbm_efficiency", &c.decode_hbm_efficiency_int4, frac);
+    }
+    num(inf, "prefill_compute_efficiency", "inference", &c.prefill_compute_efficiency, frac);
+  }
+  return c;
+}
+
+std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_rank, unsigned lora_targets,
+                                            int gpus_per_node) {
+  std::vector<WhatifRow> rows;
+  auto row = [&](const std::string& name, const std::string& framework, auto edit) {
+    WhatifRow r;
+    r.name = name;
+    r.framework = framework;
+    r.setup = base;
+    edit(r);
+    rows.push_back(std::move(r));
+  };
+  auto deepspeed = [](WhatifRow& r, int stage, bool opt, bool params) {
+    r.setup.zero_stage = stage;
+    r.setup.accounting = ZeroAccounting::kDeepSpeed;
+    r.setup.deepspeed.model = true;
+    r.setup.offload_optimizer = opt;
+    r.setup.offload_params = params;
+    r.assumptions.push_back("DeepSpeed defaults: reduce_bucket_size 5e8, overlap_comm " +
+                            std::string(stage == 3 ? "on" : "off") +
+                            (stage == 3 ? ", stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9" : ""));
+  };
+  row("single GPU", "PyTorch", [](WhatifRow& r) {
+    r.gpus = 1;
+    r.setup.zero_stage = 0;
+  });
+  row("DDP", "PyTorch DDP", [](WhatifRow& r) { r.setup.zero_stage = 0; });
+  row("ZeRO-1", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 1, false, false); });
+  row("ZeRO-1+offload", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 1, true, false); });
+  row("ZeRO-2", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 2, false, false); });
+  row("ZeRO-2+offload", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 2, true, false); });
+  row("ZeRO-3", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 3, false, false); });
+  row("ZeRO-3+opt-offload", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 3, true, false); });
+  row("ZeRO-3+offload", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 3, true, true); });
+  row("FSDP", "FSDP", [](WhatifRow& r) {
+    r.setup.zero_stage = 3;
+    r.setup.accounting = ZeroAccounting::kZeroPaper;
+    r.assumptions.push_back("FULL_SHARD, mixed precision: fp32 shards (master), Adam states and gradients sharded");
+  });
+  row("FSDP-hybrid", "FSDP", [&](WhatifRow& r) {
+    r.setup.zero_stage = 3;
+    r.setup.accounting = ZeroAccounting::kZeroPaper;
+    r.setup.shard_group = gpus_per_node;
+    r.assumptions.push_back("HYBRID_SHARD: sharded within a node of " + std::to_string(gpus_per_node) +
+                            " GPUs, replicated across nodes; communication costed as FULL_SHARD's");
+  });
+  for (Precision p : {Precision::kFp32, Precision::kFp16, Precision::kBf16, Precision::kFp8}) {
+    const std::string name = p == Precision::kFp8 ? "FP8" : to_string(p);
+    row(name, p == Precision::kFp8 ? "Transformer Engine" : "PyTorch DDP", [&](WhatifRow& r) {
+      r.setup.zero_stage = 0;
+      r.setup.precision = p;
+      if (p == Precision::kFp16) r.assumptions.push_back("fp16 AMP with dynamic loss scaling (skipped steps ignored)");
+      if (p == Precision::kFp8)
+        r.assumptions.push_back("Transformer Engine delayed-scaling recipe: linear GEMMs in fp8, attention and the "
+                                "rest in bf16; an fp8 weight copy beside the bf16 one");
+    });
+    if (p == Precision::kBf16 || p == Precision::kFp8) {
+      row(name + "+ckpt-every-2", p == Precision::kFp8 ? "Transformer Engine" : "PyTorch DDP", [&](WhatifRow& r) {
+        r.setup.zero_stage = 0;
+        r.setup.precision = p;
+        r.setup.recompute = Recompute::kFull;
+        r.setup.recompute_every = 2;
+        r.assumptions.push_back("selective activation checkpointing: every 2nd block recomputed (torchtitan's "
+                                "selective_ac_option \"2\")");
+      });
+    }
+  }
+  row("torch.compile", "PyTorch DDP", [](WhatifRow& r) {
+    r.setup.zero_stage = 0;
+    r.torch_compile = true;
+    r.assumptions.push_back("torch.compile assumed to halve elementwise HBM traffic (fusion); GEMMs unchanged");
+  });
+  auto peft = [&](WhatifRow& r, Finetune kind, bool gc, int stage) {
+    r.setup.finetune = kind;
+    r.setup.lora_rank = lora_rank;
+    r.setup.lora_targets = lora_targets;
+    r.setup.zero_stage = 0;
+    if (kind == Finetune::kQlora) r.setup.base_weights = nf4_double_quant();
+    if (gc) r.setup.recompute = Recompute::kFull, r.setup.recompute_every = 1;
+    if (stage > 0) deepspeed(r, stage, false, false);
+    r.assumptions.push_back("frozen base: its backward computes input gradients only; adapters in fp32 with Adam");
+    if (kind == Finetune::kQlora)
+      r.assumptions.push_back("NF4 with double quantisation (4.127 bits); each projection dequantised before its "
+                              "forward and backward GEMM");
+  };
+  row("LoRA", "PEFT", [&](WhatifRow& r) { peft(r, Finetune::kLora, false, 0); });
+  row("LoRA+GC", "PEFT", [&](WhatifRow& r) { peft(r, Finetune::kLora, true, 0); });
+  row("QLoRA", "PEFT", [&](WhatifRow& r) { peft(r, Finetune::kQlora, false, 0); });
+  row("QLoRA+GC", "PEFT", [&](WhatifRow& r) { peft(r, Finetune::kQlora, true, 0); });
+  row("LoRA+ZeRO-2", "PEFT+DeepSpeed", [&](WhatifRow& r) { peft(r, Finetune::kLora, false, 2); });
+  row("LoRA+ZeRO-3", "PEFT+DeepSpeed", [&](WhatifRow& r) { peft(r, Finetune::kLora, false, 3); });
+  row("QLoRA+ZeRO-2", "PEFT+DeepSpeed", [&](WhatifRow& r) { peft(r, Finetune::kQlora, false, 2); });
+  row("QLoRA+ZeRO-3", "PEFT+DeepSpeed", [&](WhatifRow& r) { peft(r, Finetune::kQlora, false, 3); });
+  row("8-bit base+8-bit Adam+GC", "PEFT+bitsandbytes", [&](WhatifRow& r) {
+    peft(r, Finetune::kQlora, true, 0);
+    r.setup.base_weights = int8_rowwise(4096);
+    r.setup.adam_8bit = true;
+    r.assumptions.back() = "LLM.int8() base (8 bits, one fp32 absmax per row); dequantised before each GEMM";
+    r.assumptions.push_back("bitsandbytes 8-bit Adam (2 bytes of state per trainable parameter)");
+  });
+  row("4-bit base+8-bit Adam+GC", "PEFT+bitsandbytes", [&](WhatifRow& r) {
+    peft(r, Finetune::kQlora, true, 0);
+    r.setup.adam_8bit = true;
+    r.assumptions.push_back("bitsandbytes 8-bit Adam (2 bytes of state per trainable parameter)");
+  });
+  return rows;
+}
+
+std::string whatif_unsupported(const WhatifInput& in, const WhatifRow& row) {
+  const ComputePrecision p = compute_precision(row.setup.precision);
+  if (in.gpu->supports(p)) return "";
+  return in.gpu->name + " has no " + to_string(p) + " (it supports " + in.gpu->supported() + ")";
+}
+
+WhatifSimulation whatif_simulation(const WhatifInput& in, const WhatifRow& row) {
+  WhatifSimulation w;
+  const GpuSpec& g = *in.gpu;
+  w.device_type = type_name(g);
+  const int gpus = row_gpus(in, row);
+  const int per_node = std::min(in.gpus_per_node, gpus);
+  const int accumulation = accumulation_of(in);
+  w.gbs = in.micro_batch * gpus * accumulation;
+
+  // The cluster: ceil(gpus / per_node) nodes of this GPU.
+  std::vector<std::pair<std::string, int>> hosts;
+  std::vector<ClusterfileEntry> entries;
+  for (int left = gpus, i = 1; left > 0; left -= per_node, ++i) {
+    const std::string ip = "10.0." + std::to_string(i / 256) + "." + std::to_string(i % 256);
+    hosts.push_back({ip, std::min(per_node, left)});
+    ClusterfileEntry e;
+    e.ip = ip;
+    e.instance_type = w.device_type;
+    e.inter_bandwidth = in.inter_gbs;
+    e.intra_bandwidth = in.intra_gbs > 0 ? in.intra_gbs : g.nvlink_gbs;
+    e.memory_gb = in.memory_gb > 0 ? in.memory_gb : g.memory_gb;
+    entries.push_back(e);
+  }
+  w.cluster = Cluster::from_parts(hosts, entries, "whatif hostfile", "whatif clusterfile");
+
+  // The roofline profile set: bs 1 (the set's model-level file) and the micro-batch.
+  std::vector<int> sizes{1};
+  if (in.micro_batch != 1) sizes.push_back(in.micro_batch);
+  for (int bs : sizes) {
+    const LayerTimes t = roofline_layers(in, row, bs);
+    double sum = 0;
+    for (double x : t.total) sum += x;
+    w.profiles.add(w.device_type, layer_profile(t, bs, sum));
+    w.profile_files.push_back(profile_json(in, row, t));
+    w.profile_names.push_back("DeviceType." + w.device_type + "_tp1_bs" + std::to_string(bs) + ".json");
+  }
+  std::vector<double> param_bytes;
+  for (long long p : in.shape.metis_layer_params()) param_bytes.push_back(static_cast<double>(p) * 2);
+  w.profiles.finalize("whatif roofline", roofline_layers(in, row, 1).optimizer_ms, 0.0, std::move(param_bytes));
+
+  w.options.schedule = Schedule::k1F1B;
+  w.options.setup = row.setup;
+  w.options.network.unit = BandwidthUnit::kGBps;
+  w.options.measured_collectives = false;  // no measured bus bandwidth: the link's
+  w.options.host = in.calibration.host;
+  w.plan.node_sequence = {w.device_type};
+  w.plan.device_groups = {gpus};
+  w.plan.strategies = {Strategy{gpus, 1}};
+  w.plan.batches = accumulation;
+  w.plan.layer_partition = {0, in.shape.metis_num_layers()};
+  return w;
+}
+
+WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
+  WhatifResult r;
+  r.name = row.name;
+  r.assumptions = row.assumptions;
+  r.gpus = row_gpus(in, row);
+  r.accumulation = accumulation_of(in);
+  r.gbs = in.micro_batch * r.gpus * r.accumulation;
+  r.not_offered = whatif_unsupported(in, row);
+  if (!r.not_offered.empty()) {
+    r.offered = false;
+    return r;
+  }
+  const WhatifSimulation w = whatif_simulation(in, row);
+  const PlanSimulator simulator(w.cluster, w.profiles, in.shape, in.seq, w.options);
+  const PlanSimulation sim = simulator.simulate(w.plan, w.gbs);
+  r.step_ms = sim.timeline.iteration_ms;
+  r.tokens_per_s = sim.timeline.tokens_per_s;
+  r.mfu = sim.timeline.mfu;
+  double peak = -1;
+  for (const RankMemory& m : sim.ranks)
+    if (m.breakdown.gpu_total() > peak) {
+      peak = m.breakdown.gpu_total();
+      r.memory = m.breakdown;
+      r.capacity_bytes = m.capacity_bytes;
+    }
+  r.fits = sim.fits && r.memory.cpu_per_node() <= in.cpu_memory_gb * 1024.0 * 1024.0 * 1024.0;
+  if (row.setup.offload_optimizer || row.setup.offload_params) {
+    HostSpec d = default_host_spec(in.gpu->host_link_gbs);
+    const HostSpec& h = in.calibration.host;
+    const bool measured = h.h2d_bytes_per_s > 0 && h.d2h_bytes_per_s > 0 && h.cpu_adam_params_per_s > 0;
+    const double h2d = h.h2d_bytes_per_s > 0 ? h.h2d_bytes_per_s : d.h2d_bytes_per_s;
+    const double adam = h.cpu_adam_params_per_s > 0 ? h.cpu_adam_params_per_s : d.cpu_adam_params_per_s;
+    const std::string measured_by = h.source.empty() ? "measured" : h.source;
+    r.assumptions.push_back("host: " + fixed(h2d / 1e9, 1) + " GB/s pinned copies per GPU (" +
+                            (h.h2d_bytes_per_s > 0 ? measured_by : std::string("default")) + "), CPU Adam " +
+                            fixed(adam / 1e9, 2) + "e9 params/s per host (" +
+                            (h.cpu_adam_params_per_s > 0 ? measured_by : std::string("default")) + ") shared by " +
+                            std::to_string(std::min(in.gpus_per_node, r.gpus)) + " ranks" +
+                            (measured ? std::string() : "; defaults: " + d.source.substr(10)));
+  }
+  return r;
+}
+
+void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::string& dir) {
+  const std::string why = whatif_unsupported(in, row);
+  if (!why.empty()) throw InputError("--export: row '" + row.name + "' is not offered: " + why);
+  const WhatifSimulation w = whatif_simulation(in, row);
+  const fs::path out(dir), profiles = out / "profiles";
+  fs::create_directories(profiles);
+  for (std::size_t i = 0; i < w.profile_files.size(); ++i)
+    write_json_file((profiles / w.profile_names[i]).string(), w.profile_files[i]);
+  {
+    std::ofstream hf(out / "hostfile");
+    for (const auto& n : w.cluster.nodes()) hf << n.ip << " slots=" << n.num_devices << "\n";
+  }
+  ordered_json cf;
+  for (const auto& e : w.cluster.clusterfile())
+    cf[e.ip] = {{"instance_type", e.instance_type},
+                {"inter_bandwidth", e.inter_bandwidth},
+                {"intra_bandwidth", e.intra_bandwidth},
+                {"memory", e.memory_gb}};
+  write_json_file((out / "clusterfile.json").string(), cf);
+  PlanFile pf;
+  pf.plan = w.plan;
+  pf.model = in.shape.to_model_config(in.seq);
+  pf.gbs = w.gbs;
+  pf.hostfile = (out / "hostfile").string();
+  pf.clusterfile = (out / "clusterfile.json").string();
+  pf.profile_dir = profiles.string();
+  pf.zero_stage = row.setup.zero_stage;
+  pf.recompute = to_string(row.setup.recompute);
+  pf.schedule = "1f1b";
+  write_json_file((out / "plan.json").string(), plan_file_to_json(pf));
+}
+
+}  // namespace hetplan

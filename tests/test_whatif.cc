@@ -1,0 +1,379 @@
+// The GPU catalogue, the one cost model behind `whatif` (it agrees with
+// `simulate` exactly), DeepSpeed's buffers and offload rules, inference's
+// roofline, and the seed setups of issue 10 expressed exactly.
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "sim/gpu_specs.h"
+#include "sim/inference.h"
+#include "sim/input_error.h"
+#include "sim/json_util.h"
+#include "sim/offload.h"
+#include "sim/whatif.h"
+#include "tests/fixtures.h"
+
+namespace fs = std::filesystem;
+using namespace hetplan;
+
+namespace {
+
+std::string hf(const std::string& name) { return std::string(HETPLAN_SOURCE_DIR) + "/tests/data/hf/" + name; }
+
+std::map<std::string, ordered_json> rows_by_name(const ordered_json& w) {
+  std::map<std::string, ordered_json> rows;
+  for (const auto& row : w["rows"]) rows[row["strategy"].get<std::string>()] = row;
+  return rows;
+}
+
+double max_rank_total(const ordered_json& sim) {
+  double peak = 0;
+  for (const auto& r : sim["ranks"]) peak = std::max(peak, r["total"].get<double>());
+  return peak;
+}
+
+}  // namespace
+
+TEST_CASE("GPU catalogue: every entry, names, precisions", "[whatif][catalogue]") {
+  for (const char* name : {"V100", "A100-40GB", "A100", "H100", "H100-PCIe", "H200", "B200", "L40S", "RTX4090",
+                           "RTX5090", "MI210", "MI250X", "MI300X"}) {
+    const GpuSpec* g = find_gpu_spec(name);
+    REQUIRE(g != nullptr);
+    CHECK(g->name == name);
+    CHECK(g->source_url.rfind("https://", 0) == 0);
+    CHECK(!g->source_title.empty());
+    CHECK(g->memory_gb > 0);
+    CHECK(g->memory_bw_gbs > 0);
+    CHECK(g->nvlink_gbs > 0);
+    CHECK(g->sm_count > 0);
+    CHECK(g->supports(ComputePrecision::kFp32));
+    CHECK(g->supports(ComputePrecision::kFp16));
+  }
+  // Spelling: case, spaces and dashes do not matter; aliases and device descriptions resolve.
+  CHECK(find_gpu_spec("rtx 5090") == find_gpu_spec("RTX5090"));
+  CHECK(find_gpu_spec("A100-80GB") == find_gpu_spec("A100"));
+  CHECK(find_gpu_spec("B300") == nullptr);
+  CHECK(match_device_description("NVIDIA H100 80GB HBM3")->name == "H100");
+  CHECK(match_device_description("NVIDIA H100 PCIe")->name == "H100-PCIe");
+  CHECK(match_device_description("NVIDIA A100-SXM4-40GB")->name == "A100-40GB");
+  CHECK(match_device_description("AMD Instinct MI210")->name == "MI210");
+  CHECK(match_device_description("Intel Arc") == nullptr);
+  // Datasheet values the rest of hetplan relies on (the old table's, kept).
+  CHECK(find_gpu_spec("A100")->peak_tflops == 312.0);
+  CHECK(find_gpu_spec("V100")->peak_tflops == 125.0);  // fp16: V100 has no bf16
+  CHECK(find_gpu_spec("H200")->memory_bw_gbs == 4800.0);
+  CHECK(find_gpu_spec("H100")->peak_of(ComputePrecision::kFp8) == 1979.0);
+  // A precision the chip lacks: an InputError naming the GPU and what it supports.
+  const GpuSpec& v100 = *find_gpu_spec("V100");
+  CHECK_FALSE(v100.supports(ComputePrecision::kBf16));
+  CHECK_FALSE(v100.supports(ComputePrecision::kFp8));
+  CHECK(v100.supported() == "fp32, fp16");
+  try {
+    require_peak(v100, ComputePrecision::kFp8, "--precision fp8");
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("--precision fp8: V100 has no fp8 (it supports fp32, fp16;") == 0);
+  }
+  CHECK_FALSE(find_gpu_spec("MI210")->supports(ComputePrecision::kFp8));
+  CHECK(find_gpu_spec("MI300X")->supports(ComputePrecision::kFp8));
+}
+
+TEST_CASE("GPU catalogue: --gpu-spec adds an entry; bad files are refused by key", "[whatif][catalogue]") {
+  const auto dir = test::scratch_dir("gpu-spec");
+  const fs::path f = dir / "mygpu.json";
+  std::ofstream(f) << R"({"name": "TESTGPU-42", "memory_gb": 24, "memory_bw_gbs": 1000, "link_gbs": 32,
+    "host_link_gbs": 32, "sm_count": 42, "base": "H100", "peak_tflops": {"fp32": 20, "bf16": 300},
+    "source": {"title": "a test", "url": "https://example.com"}})";
+  load_gpu_spec_file(f.string());
+  const GpuSpec* g = find_gpu_spec("testgpu42");
+  REQUIRE(g != nullptr);
+  CHECK(g->peak_tflops == 300);
+  CHECK(g->sm_count == 42);
+  CHECK(g->base == "H100");
+  CHECK(gpu_names().find("TESTGPU-42") != std::string::npos);
+  // Through the binary: the spec file's GPU is usable; a broken one names the key.
+  test::CommandResult r = test::run_hetplan("whatif --gpu-spec " + f.string() +
+                                            " --gpu TESTGPU-42 --gpus 1 --layers 2 --hidden-size 256 --heads 4 "
+                                            "--vocab-size 1000 --ffn-size 512 --seq 128 --rows bf16,FP8");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("| FP8 | 1 | - | - | - | - | - | not offered: TESTGPU-42 has no fp8 (it supports fp32, bf16)") !=
+        std::string::npos);
+  std::ofstream(dir / "bad.json") << R"({"gpus": [{"name": "X", "memory_gb": -1}]})";
+  r = test::run_hetplan("whatif --gpu-spec " + (dir / "bad.json").string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("bad.json: key 'gpus[0].memory_gb'") != std::string::npos);
+}
+
+TEST_CASE("whatif: V100 fp8 is one line; MI210 and RTX 5090 run", "[whatif][cli]") {
+  test::CommandResult r = test::run_hetplan("whatif --precision fp8 --gpu V100");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.rfind("hetplan: error: --precision fp8: V100 has no fp8 (it supports fp32, fp16; https://", 0) == 0);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  r = test::run_hetplan("whatif --precision bf16 --gpu V100");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("V100 has no bf16") != std::string::npos);
+  for (const char* gpu : {"MI210", "RTX5090"}) {
+    r = test::run_hetplan(std::string("whatif --gpu ") + gpu + " --gpus 1 --hf-config " + hf("llama-3.2-3b.json") +
+                          " --seq 512 --micro-batch 4 --rows LoRA");
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("| LoRA | 1 |") != std::string::npos);
+  }
+  // V100 rows: bf16 and FP8 are not offered, fp16 is (the default precision there).
+  const auto dir = test::scratch_dir("whatif-v100");
+  r = test::run_hetplan("whatif --gpu V100 --hf-config " + hf("llama-2-7b.json") + " --seq 350 --json " +
+                        (dir / "w.json").string());
+  REQUIRE(r.exit_code == 0);
+  auto rows = rows_by_name(read_json_file((dir / "w.json").string()));
+  CHECK(rows["bf16"]["offered"] == false);
+  CHECK(rows["FP8"]["offered"] == false);
+  CHECK(rows["FP8+ckpt-every-2"]["offered"] == false);
+  CHECK(rows["fp16"]["offered"] == true);
+  CHECK(rows["DDP"]["precision"] == "fp16");
+}
+
+// The issue's first must-show: whatif and simulate give the same time and memory for the same setup, over
+// every ZeRO stage and recomputation setting (and the offload rows). whatif exports the row's simulator
+// inputs; simulate reads them back from files, with the setup given by its own flags.
+TEST_CASE("whatif and simulate agree: every ZeRO stage x recomputation, offload", "[whatif][cli][simulate]") {
+  const auto dir = test::scratch_dir("whatif-vs-simulate");
+  struct Row {
+    const char* name;
+    const char* simulate_flags;
+  };
+  const Row rows[] = {{"DDP", "--zero 0 --accounting zero"},
+                      {"ZeRO-1", "--zero 1 --accounting deepspeed --deepspeed-buffers"},
+                      {"ZeRO-2", "--zero 2 --accounting deepspeed --deepspeed-buffers"},
+                      {"ZeRO-3", "--zero 3 --accounting deepspeed --deepspeed-buffers"},
+                      {"ZeRO-1+offload", "--zero 1 --accounting deepspeed --deepspeed-buffers --offload optimizer"},
+                      {"ZeRO-2+offload", "--zero 2 --accounting deepspeed --deepspeed-buffers --offload optimizer"},
+                      {"ZeRO-3+offload", "--zero 3 --accounting deepspeed --deepspeed-buffers --offload all"},
+                      {"FSDP", "--zero 3 --accounting zero"}};
+  int compared = 0;
+  for (const Row& row : rows) {
+    for (const char* recompute : {"none", "selective", "full"}) {
+      const fs::path out = dir / (std::string(row.name) + "-" + recompute);
+      const std::string common = std::string(" --hf-config ") + hf("llama-3.2-3b.json") + " --recompute " + recompute;
+      test::CommandResult w = test::run_hetplan("whatif --gpu A100 --gpus 4 --gpus-per-node 4 --seq 1024 "
+                                                "--micro-batch 2 --gbs 16 --rows " + std::string(row.name) +
+                                                common + " --export " + out.string() + " --json " +
+                                                (out / "whatif.json").string());
+      INFO(row.name << " " << recompute << "\n" << w.output);
+      REQUIRE(w.exit_code == 0);
+      test::CommandResult s = test::run_hetplan("simulate --plan " + (out / "plan.json").string() + common + " " +
+                                                row.simulate_flags + " --precision bf16 --framework-mb 1024 --json " +
+                                                (out / "simulate.json").string());
+      INFO(s.output);
+      REQUIRE(s.exit_code == 0);
+      const ordered_json wj = read_json_file((out / "whatif.json").string())["rows"][0];
+      const ordered_json sj = read_json_file((out / "simulate.json").string());
+      CHECK(wj["step_ms"].get<double>() == sj["iteration_ms"].get<double>());
+      CHECK(wj["memory_per_gpu_bytes"].get<double>() == max_rank_total(sj));
+      CHECK(wj["step_ms"].get<double>() > 0);
+      ++compared;
+    }
+  }
+  CHECK(compared == 24);
+}
+
+TEST_CASE("DeepSpeed buffers and offload time follow the stated rules", "[whatif][offload]") {
+  TrainingSetup s;
+  s.deepspeed.model = true;
+  s.zero_stage = 2;
+  // ZeRO-2, overlap_comm off by default: one ipg bucket of 5e8 16-bit elements.
+  CHECK(deepspeed_buffer_bytes(s, 1e8) == 5e8 * 2);
+  s.offload_optimizer = true;  // + temp_grad_buffer_for_gpu_offload (largest parameter)
+  CHECK(deepspeed_buffer_bytes(s, 1e8) == 5e8 * 2 + 1e8 * 2);
+  s.deepspeed.overlap_comm = 1;  // double buffering
+  CHECK(deepspeed_buffer_bytes(s, 1e8) == 2 * 5e8 * 2 + 1e8 * 2);
+  s = TrainingSetup();
+  s.deepspeed.model = true;
+  s.zero_stage = 3;
+  // ZeRO-3: one bucket and the prefetch bucket, within max_live_parameters.
+  CHECK(deepspeed_buffer_bytes(s, 1e8) == 5e8 * 2 + 5e7 * 2);
+  s.deepspeed.max_live_parameters = 1.2e8;
+  CHECK(deepspeed_buffer_bytes(s, 1e8) == 5e8 * 2 + 2e7 * 2);
+  s.deepspeed.model = false;
+  CHECK(deepspeed_buffer_bytes(s, 1e8) == 0);
+
+  HostSpec h;
+  h.h2d_bytes_per_s = 10e9;
+  h.d2h_bytes_per_s = 20e9;
+  h.cpu_adam_params_per_s = 4e9;
+  s = TrainingSetup();
+  s.zero_stage = 2;
+  s.offload_optimizer = true;
+  // 8e9 trainable over dp 4: 2e9 per rank. d2h 2e9 x 2 B / 20 GB/s = 200 ms, hidden by a 300 ms backward;
+  // CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s; the updated partition back: 2e9 x 2 B / 10 GB/s = 400 ms.
+  OffloadTime t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
+  CHECK(t.backward_exposed_ms == 0);
+  CHECK(t.forward_exposed_ms == 0);
+  CHECK(t.step_ms == Approx(2000 + 400).epsilon(1e-12));
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 150);  // only what exceeds the backward shows
+  CHECK(t.backward_exposed_ms == Approx(50).epsilon(1e-12));
+  s.zero_stage = 3;
+  s.offload_params = true;  // weights stay on the host: no copy back; each pass fetches 16e9 / 4 B at 10 GB/s
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
+  CHECK(t.step_ms == Approx(2000).epsilon(1e-12));
+  CHECK(t.forward_exposed_ms == Approx(400 - 100).epsilon(1e-12));
+  CHECK(t.backward_exposed_ms == Approx((400 - 300) + (200 - 300 > 0 ? 200 - 300 : 0)).epsilon(1e-12));
+}
+
+TEST_CASE("inference roofline: memory exact, decode bandwidth-bound at batch 1", "[whatif][inference]") {
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  const GpuSpec& g = *find_gpu_spec("H200");
+  InferenceSetup s;
+  s.batch = 1;
+  s.prompt = 512;
+  s.output = 128;
+  const InferenceResult bf16 = cost_inference(m, g, s);
+  CHECK(bf16.weights_bytes == static_cast<double>(m.parameter_count()) * 2);
+  const double kv_token = 2.0 * m.num_layers * m.num_kv_heads * m.head_dim * 2;
+  CHECK(bf16.kv_cache_bytes == kv_token * (512 + 128));
+  // Batch 1 decode is bandwidth-bound: weights + mean KV over HBM x 0.75.
+  const double bytes = bf16.weights_bytes + kv_token * (512 + 64);
+  CHECK(bf16.decode_ms_per_token == Approx(bytes / (4800e9 * 0.75) * 1e3).epsilon(1e-12));
+  CHECK(bf16.tokens_per_s == Approx(1e3 / bf16.decode_ms_per_token).epsilon(1e-12));
+  s.weights = WeightFormat::kInt4Nf4;
+  const InferenceResult nf4 = cost_inference(m, g, s);
+  double lin = 0;
+  for (const auto& l : m.block_linears()) lin += static_cast<double>(l.in) * l.out;
+  lin *= m.num_layers;
+  CHECK(nf4.weights_bytes == Approx(lin * 4.126953125 / 8 + (m.parameter_count() - lin) * 2).epsilon(1e-12));
+  CHECK(nf4.decode_ms_per_token < bf16.decode_ms_per_token / 2);
+  // V100: bf16 is not offered, fp16 is.
+  s.weights = WeightFormat::kBf16;
+  CHECK_FALSE(cost_inference(m, *find_gpu_spec("V100"), s).offered);
+  s.weights = WeightFormat::kFp16;
+  CHECK(cost_inference(m, *find_gpu_spec("V100"), s).offered);
+}
+
+// The seed setups of issue 10, each expressed exactly, each printing time per step and peak memory per GPU.
+TEST_CASE("seed setups: Llama-2-7B on 8 x V100 and 2/3 x MI210 with DeepSpeed", "[whatif][seeds]") {
+  const auto dir = test::scratch_dir("seeds-7b");
+  const std::string rows = "\"ZeRO-2+offload,ZeRO-3,ZeRO-3+offload,8-bit base+8-bit Adam+GC\"";
+  for (const char* gpus : {"V100 --gpus 8", "MI210 --gpus 2", "MI210 --gpus 3"}) {
+    const std::string json = (dir / "w.json").string();
+    test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-2-7b.json") + " --gpu " + gpus +
+                                              " --seq 350 --micro-batch 1 --rows " + rows + " --json " + json);
+    INFO(gpus << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    auto w = rows_by_name(read_json_file(json));
+    REQUIRE(w.size() == 4);
+    for (auto& [name, row] : w) {
+      CHECK(row["offered"] == true);
+      CHECK(row["step_ms"].get<double>() > 0);
+      CHECK(row["memory_per_gpu_bytes"].get<double>() > 0);
+    }
+    CHECK(w["ZeRO-2+offload"]["offload_optimizer"] == true);
+    CHECK(w["ZeRO-3+offload"]["offload_params"] == true);
+    CHECK(w["8-bit base+8-bit Adam+GC"]["recompute"] == "full");
+    // Offloading trades memory for time; the offloaded ZeRO-3 keeps no weights on the GPU.
+    CHECK(w["ZeRO-3+offload"]["memory_per_gpu_bytes"].get<double>() < w["ZeRO-3"]["memory_per_gpu_bytes"].get<double>());
+    CHECK(w["ZeRO-3+offload"]["step_ms"].get<double>() > w["ZeRO-3"]["step_ms"].get<double>());
+    CHECK(w["ZeRO-3+offload"]["weights_bytes"].get<double>() == 0);
+    // ZeRO-2 keeps the whole 16-bit model on each GPU: 2 bytes x 6.74e9 parameters.
+    CHECK(w["ZeRO-2+offload"]["weights_bytes"].get<double>() == 6738415616.0 * 2);
+  }
+}
+
+TEST_CASE("seed setups: Llama-3.2-3B LoRA/QLoRA on one RTX 5090, and its inference", "[whatif][seeds]") {
+  const auto dir = test::scratch_dir("seeds-3b");
+  const std::string json = (dir / "w.json").string();
+  test::CommandResult r = test::run_hetplan(
+      "whatif --hf-config " + hf("llama-3.2-3b.json") +
+      " --gpu RTX5090 --gpus 1 --micro-batch 4 --seq 512 --lora-rank 8 --lora-targets qkvo "
+      "--rows LoRA,LoRA+GC,QLoRA,QLoRA+GC,LoRA+ZeRO-2,LoRA+ZeRO-3,QLoRA+ZeRO-2,QLoRA+ZeRO-3 --json " + json);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto w = rows_by_name(read_json_file(json));
+  REQUIRE(w.size() == 8);
+  auto mem = [&](const char* n) { return w[n]["memory_per_gpu_bytes"].get<double>(); };
+  auto ms = [&](const char* n) { return w[n]["step_ms"].get<double>(); };
+  CHECK(mem("QLoRA") < mem("LoRA"));
+  CHECK(mem("LoRA+GC") < mem("LoRA"));
+  CHECK(mem("QLoRA+GC") < mem("QLoRA"));
+  // QLoRA pays for dequantisation: slower than LoRA, checkpointing slower again.
+  CHECK(ms("QLoRA") > ms("LoRA"));
+  CHECK(ms("LoRA+GC") > ms("LoRA"));
+  CHECK(ms("QLoRA+GC") > ms("QLoRA"));
+  // LoRA r=8 on q, k, v, o of 28 blocks (hidden 3072, kv 1024): r x (in + out) per adapter, fp32 with Adam.
+  CHECK(w["LoRA"]["gbs"] == 4);
+  for (const auto& [name, row] : w) CHECK(row["fits"] == true);
+
+  // Inference at batch 1, fp16 against INT4.
+  r = test::run_hetplan("whatif --inference --hf-config " + hf("llama-3.2-3b.json") +
+                        " --gpu RTX5090 --micro-batch 1 --weights fp16,nf4 --json " + json);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const ordered_json inf = read_json_file(json);
+  REQUIRE(inf["rows"].size() == 2);
+  const ordered_json& fp16 = inf["rows"][0];
+  const ordered_json& nf4 = inf["rows"][1];
+  CHECK(fp16["weights"] == "fp16");
+  CHECK(nf4["decode_ms_per_token"].get<double>() < fp16["decode_ms_per_token"].get<double>());
+  CHECK(nf4["weights_bytes"].get<double>() < fp16["weights_bytes"].get<double>() / 2);
+  CHECK(fp16["assumptions"].size() >= 2);
+}
+
+TEST_CASE("seed setups: GPT-2 1.5B and Llama-3.1-70B on 8 x H200", "[whatif][seeds]") {
+  const auto dir = test::scratch_dir("seeds-h200");
+  const std::string json = (dir / "w.json").string();
+  for (const char* model : {"gpt2-xl.json", "llama-3.1-70b.json"}) {
+    std::map<std::string, double> step;
+    for (const char* precision : {"bf16", "fp8"}) {
+      for (const char* ckpt : {"", " --recompute full --recompute-every 2"}) {
+        test::CommandResult r = test::run_hetplan(std::string("whatif --hf-config ") + hf(model) +
+                                                  " --gpu H200 --gpus 8 --seq 2048 --flash-attention --precision " +
+                                                  precision + ckpt + " --rows \"single GPU,DDP,FSDP\" --json " + json);
+        INFO(model << " " << precision << ckpt << "\n" << r.output);
+        REQUIRE(r.exit_code == 0);
+        auto w = rows_by_name(read_json_file(json));
+        REQUIRE(w.size() == 3);
+        CHECK(w["single GPU"]["gpus"] == 1);
+        CHECK(w["FSDP"]["zero_stage"] == 3);
+        CHECK(w["DDP"]["precision"] == precision);
+        CHECK(w["DDP"]["recompute_every"] == (std::string(ckpt).empty() ? 1 : 2));
+        step[std::string(precision) + ckpt] = w["FSDP"]["step_ms"].get<double>();
+        // FSDP on 8 GPUs holds less than DDP.
+        CHECK(w["FSDP"]["memory_per_gpu_bytes"].get<double>() < w["DDP"]["memory_per_gpu_bytes"].get<double>());
+      }
+    }
+    CHECK(step["fp8"] < step["bf16"]);  // the fp8 GEMM peak is twice bf16's on H200
+  }
+}
+
+TEST_CASE("whatif_calibration.json: measured host, GEMM and decode efficiencies replace the defaults",
+          "[whatif][calibration]") {
+  const auto dir = test::scratch_dir("whatif-calibration");
+  CHECK(read_whatif_calibration(dir.string()).path.empty());  // no file: the stated defaults
+  std::ofstream(dir / "whatif_calibration.json")
+      << R"({"host": {"h2d_gbs": 20, "d2h_gbs": 22, "cpu_adam_params_per_s": 2e9},
+            "training": {"gemm_efficiency": 0.7, "qlora_dequant_factor_emulated": 3.0},
+            "inference": {"decode_hbm_efficiency": {"bf16": 0.8, "int4": 0.5}}})";
+  const WhatifCalibration c = read_whatif_calibration(dir.string());
+  CHECK(c.host.h2d_bytes_per_s == 20e9);
+  CHECK(c.host.d2h_bytes_per_s == 22e9);
+  CHECK(c.host.cpu_adam_params_per_s == 2e9);
+  CHECK(c.gemm_efficiency == 0.7);
+  CHECK(c.qlora_dequant_factor == 0);  // the emulated factor is informational only
+  CHECK(c.decode_hbm_efficiency_bf16 == 0.8);
+  CHECK(c.decode_hbm_efficiency_int4 == 0.5);
+  // Through the binary: the measured host makes offload slower than the defaults on this V100 setup.
+  const std::string base = "whatif --hf-config " + hf("llama-2-7b.json") + " --gpu V100 --seq 350 --rows ZeRO-2+offload";
+  test::CommandResult d = test::run_hetplan(base + " --json " + (dir / "d.json").string());
+  test::CommandResult m = test::run_hetplan(base + " --profiles " + dir.string() + " --json " + (dir / "m.json").string());
+  REQUIRE(d.exit_code == 0);
+  REQUIRE(m.exit_code == 0);
+  CHECK(m.output.find("calibration: " + (dir / "whatif_calibration.json").string()) != std::string::npos);
+  CHECK(m.output.find("measured (") != std::string::npos);
+  const double slow = read_json_file((dir / "m.json").string())["rows"][0]["step_ms"].get<double>();
+  const double fast = read_json_file((dir / "d.json").string())["rows"][0]["step_ms"].get<double>();
+  CHECK(slow > fast);  // 2e9 params/s of CPU Adam against the default 3.3e9
+  std::ofstream(dir / "whatif_calibration.json") << R"({"host": {"h2d_gbs": -1}})";
+  CHECK_THROWS_AS(read_whatif_calibration(dir.string()), InputError);
+}
