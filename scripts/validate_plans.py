@@ -95,8 +95,12 @@ def plan_file(suite, p):
     seq = int(m.get("sequence_length", 2048))
     hosts = [l.split()[0] for l in open(suite["hostfile"]) if l.strip() and not l.startswith("#")]
     cf = json.load(open(suite["clusterfile"]))
+    types = []
+    for h in hosts:  # the hostfile's device types, in its order
+        if cf[h]["instance_type"] not in types:
+            types.append(cf[h]["instance_type"])
     return {
-        "node_sequence": p.get("node_sequence", [cf[hosts[0]]["instance_type"]]),
+        "node_sequence": p.get("node_sequence", types),
         "device_groups": p["device_groups"],
         "strategies": p["strategies"],
         "batches": p["batches"],
@@ -151,16 +155,20 @@ def searched_plan(suite, p, binary, work, log):
 
 
 def profile_models(suite, binary, log):
+    """Profiles each model into its folder: once per entry of the suite's profile.device_types
+    (each {"type": NAME, "args": [...]}, e.g. an emulated type with --clusterfile), or once for the
+    GPU as it is."""
     prof = suite.get("profile", {})
     for name, m in suite["models"].items():
         os.makedirs(m["profiles"], exist_ok=True)
-        cmd = [binary, "profile", "--hf-config", m["hf_config"], "--num-layers", str(hf_layers(m["hf_config"])),
-               "--seq-len", str(m.get("sequence_length", 2048)), "--tp", prof.get("tp", "1,2"),
-               "--bs", prof.get("bs", "1,2,4"), "--iters", str(prof.get("iters", 10)), "--out", m["profiles"]]
-        if "device_type" in m:
-            cmd += ["--device-type", m["device_type"]]
-        cmd += prof.get("extra_args", [])
-        run(cmd, log)
+        for dt in prof.get("device_types", [{}]):
+            cmd = [binary, "profile", "--hf-config", m["hf_config"], "--num-layers", str(hf_layers(m["hf_config"])),
+                   "--seq-len", str(m.get("sequence_length", 2048)), "--tp", dt.get("tp", prof.get("tp", "1,2")),
+                   "--bs", prof.get("bs", "1,2,4"), "--iters", str(prof.get("iters", 10)), "--out", m["profiles"]]
+            if "type" in dt:
+                cmd += ["--device-type", dt["type"]]
+            cmd += dt.get("args", []) + prof.get("extra_args", [])
+            run(cmd, log)
 
 
 def fmt_list(v, f="{:.0f}"):
