@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <thread>
 
 #include "cli/commands.h"
 #include "executor/pipeline_runtime.h"
@@ -122,31 +123,25 @@ std::string work_dir(const ReplayArgs& a) {
 // Under torchrun on several hosts, the launcher's RANK follows the order in
 // which hosts joined; the plan's rank of this process is the one the
 // hostfile places on this host (HETPLAN_HOST, else the GROUP_RANK-th host of
-// the plan) at local GPU LOCAL_RANK. Returns every rank's host (empty when
-// the plan names no hostfile and the run is on one host).
+// the plan) at local GPU LOCAL_RANK. Returns every rank's host; empty on one
+// host, where RANK is the plan's rank.
 std::vector<std::string> place_worker(const ReplayArgs& a, const PlanFile& plan, profiler::DistEnv& env) {
   const bool multi_host = !env.host.empty() || (env.group_rank >= 0 && env.local_world_size < env.world_size);
   const std::string hostfile = a.hostfile.empty() ? plan.hostfile : a.hostfile;
   const std::string clusterfile = a.clusterfile.empty() ? plan.clusterfile : a.clusterfile;
-  const bool have_cluster = !hostfile.empty() && !clusterfile.empty() && fs::exists(hostfile) && fs::exists(clusterfile);
-  if (!have_cluster) {
-    if (multi_host)
-      throw InputError(a.plan + ": replay across hosts needs the plan's hostfile and clusterfile (pass --hostfile and "
-                       "--clusterfile) to find each rank's host");
-    return {};
-  }
+  if (!multi_host) return {};  // one host: RANK is the plan's rank
+  if (hostfile.empty() || clusterfile.empty() || !fs::exists(hostfile) || !fs::exists(clusterfile))
+    throw InputError(a.plan + ": replay across hosts needs the plan's hostfile and clusterfile (pass --hostfile and "
+                     "--clusterfile) to find each rank's host");
   const Cluster cluster = Cluster::load(hostfile, clusterfile);
   std::vector<int> ns;
   for (const auto& name : plan.plan.node_sequence) ns.push_back(cluster.type_index(name));
-  if (std::find(ns.begin(), ns.end(), -1) != ns.end()) {
-    if (multi_host) throw InputError(a.plan + ": its node_sequence names a type that " + hostfile + " lacks");
-    return {};
-  }
+  if (std::find(ns.begin(), ns.end(), -1) != ns.end())
+    throw InputError(a.plan + ": its node_sequence names a type that " + hostfile + " lacks");
   const RankLayout ranks(cluster, ns);
   const ParallelLayout placement(cluster, ranks);
   std::vector<std::string> hosts;
   for (int r = 0; r < placement.num_ranks(); ++r) hosts.push_back(placement.host(r));
-  if (!multi_host) return hosts;
   std::string host = env.host;
   if (host.empty()) {
     const std::vector<std::string> order = placement.hosts();
@@ -222,7 +217,10 @@ int run_worker(const ReplayArgs& a, profiler::DistEnv env) {
     if (live) what += describe_peers(*live, env, hosts);
     std::ofstream((fs::path(dir) / ("rank" + std::to_string(env.rank) + ".error")).string())
         << (oom ? "out of memory: " : "") << what << "\n";
-    std::cerr << rank_name(env.rank, env.host.empty() ? std::vector<std::string>{} : hosts) << ": " << what << "\n";
+    std::cerr << rank_name(env.rank, hosts) << ": " << what << "\n";
+    // The process serving the store stays a moment, so that the other
+    // survivors can still read the ranks' liveness from it.
+    if (live && !env.agent_store && env.launcher_rank == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     std::_Exit(oom ? 42 : 1);
   }
 }

@@ -172,7 +172,9 @@ Liveness::Liveness(const DistEnv& env, std::chrono::milliseconds period, std::ch
       std::unique_lock<std::mutex> lock(s->mu);
       s->store = store;
       while (!s->stop) {
+        lock.unlock();
         store->add(s->key(s->env.rank), 1);
+        lock.lock();
         s->cv.wait_for(lock, s->period, [&] { return s->stop; });
       }
     } catch (const std::exception&) {

@@ -1,8 +1,9 @@
 // Process groups and local launching, with c10d only (no home-made transport).
 //
 // A worker learns its place from the torchrun environment (RANK, WORLD_SIZE,
-// LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and meets the others through a c10d
-// TCPStore served by rank 0. Collectives run on NCCL for CUDA tensors and on
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_USE_AGENT_STORE) and meets the others through a c10d TCPStore
+// served by the launcher's rank 0 or by torchrun's agent. Collectives run on NCCL for CUDA tensors and on
 // Gloo for CPU tensors. On one host, launch_local_ranks() starts the ranks
 // itself: copies of this executable with that environment set. If one rank
 // fails, the others are stopped after a grace period, so nothing hangs.
