@@ -57,8 +57,8 @@ void require_uniform(const PlanFile& f, const ParallelLayout* placement, const s
         if (first.empty()) first = t;
         if (t != first)
           throw InputError(where + ": stage " + std::to_string(s) + " runs on " + t + " (rank " + std::to_string(r) +
-                           ") but stage 0 on " + first + ": " + framework + " needs one GPU type in every stage" +
-                           pointer);
+                           ")" + (s == 0 ? " and " : " but stage 0 on ") + first + ": " + framework +
+                           " needs one GPU type in every stage" + pointer);
       }
       begin = end;
     }

@@ -441,7 +441,7 @@ TEST_CASE("replay under torchrun: a node killed mid-run ends the other within th
   const auto dir = test::scratch_dir("torchrun-kill");
   const fs::path launch = export_two_host_plan(
       dir, "--device cpu --dtype fp32 --iters 100000 --warmup 0 --timeout-s " + std::to_string(kTimeout));
-  const test::CommandResult r = run_shell(two_nodes("kill", launch, "KILL_AFTER_S=8"));
+  const test::CommandResult r = run_shell(two_nodes("kill", launch, "KILL_AFTER_S=10"));
   INFO(r.output);
   CHECK(field(r.output, "node0_exit") != 0);
   const double seconds = field(r.output, "seconds_after_kill");
