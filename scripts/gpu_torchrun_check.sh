@@ -23,8 +23,12 @@ gpus=$(nvidia-smi -L | wc -l)
 type=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | grep -oE 'H200|H100|A100' | head -1)
 type=${type:-H200}
 
-# The plan: a GPT of 24 blocks (hidden 2048, seq 1024), 12 per stage, global
-# batch 32 in 8 micro-batches, 1F1B; each stage on one GPU of its own "host".
+# The plan: Metis's GPT shape (hidden 4096, seq 1024, vocab 51200, 32 heads)
+# with 16 blocks, 8 per stage (about 50 GB per GPU), global batch 32 in 8
+# micro-batches of 4, 1F1B; each stage on one GPU of its own "host". The
+# stages compute ~40 TFLOP per micro-batch and send 32 MB of activations,
+# so the p2p path (NCCL over shared memory between the two CUDA_VISIBLE_DEVICES
+# "nodes", NVLink within the single replay) stays a small share.
 printf '127.0.0.1 slots=1\n127.0.0.2 slots=1\n' >"$out/hostfile"
 cat >"$out/clusterfile.json" <<EOF
 {"127.0.0.1": {"instance_type": "$type", "inter_bandwidth": 50, "intra_bandwidth": 450, "memory": 80},
@@ -32,8 +36,8 @@ cat >"$out/clusterfile.json" <<EOF
 EOF
 cat >"$out/plan.json" <<EOF
 {"node_sequence": ["$type"], "device_groups": [1, 1], "strategies": [[1, 1], [1, 1]], "batches": 8,
- "layer_partition": [0, 13, 26], "gbs": 32, "cost": 0, "schedule": "1f1b",
- "model": {"num_layers": 26, "hidden_size": 2048, "sequence_length": 1024, "vocab_size": 50257, "attention_heads": 16},
+ "layer_partition": [0, 9, 18], "gbs": 32, "cost": 0, "schedule": "1f1b",
+ "model": {"num_layers": 18, "hidden_size": 4096, "sequence_length": 1024, "vocab_size": 51200, "attention_heads": 32},
  "hostfile": "$out/hostfile", "clusterfile": "$out/clusterfile.json"}
 EOF
 iters="--iters 20 --warmup 5"
