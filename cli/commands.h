@@ -15,6 +15,7 @@ Runner add_gen_hostfile_command(CLI::App& app);
 Runner add_gen_profiles_command(CLI::App& app);
 Runner add_simulate_command(CLI::App& app);
 Runner add_whatif_command(CLI::App& app);
+Runner add_export_command(CLI::App& app);
 // In libhetplan_torch.so (cli/torch_commands.cc).
 Runner add_profile_command(CLI::App& app, int argc, char** argv);
 Runner add_replay_command(CLI::App& app, int argc, char** argv);

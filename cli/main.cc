@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
   runner.add(hetplan::cli::add_gen_profiles_command(app));
   runner.add(hetplan::cli::add_simulate_command(app));
   runner.add(hetplan::cli::add_whatif_command(app));
+  runner.add(hetplan::cli::add_export_command(app));
   // Listed here for --help; run through run_torch_command above.
   app.add_subcommand("profile", "Measure per-layer time and memory with LibTorch (see `hetplan profile --help`)");
   app.add_subcommand("replay", "Run a plan on local GPUs and compare with its prediction (see `hetplan replay --help`)");

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <thread>
 
 #include "cli/commands.h"
 #include "executor/pipeline_runtime.h"
@@ -19,6 +20,7 @@
 #include "sim/memory_model.h"
 #include "sim/model_shape.h"
 #include "sim/plan_file.h"
+#include "sim/parallel_layout.h"
 #include "sim/rank_layout.h"
 
 namespace hetplan::cli {
@@ -118,25 +120,107 @@ std::string work_dir(const ReplayArgs& a) {
                             : a.work_dir;
 }
 
-int run_worker(const ReplayArgs& a, const profiler::DistEnv& env) {
+// Under torchrun on several hosts, the launcher's RANK follows the order in
+// which hosts joined; the plan's rank of this process is the one the
+// hostfile places on this host (HETPLAN_HOST, else the GROUP_RANK-th host of
+// the plan) at local GPU LOCAL_RANK. Returns every rank's host; empty on one
+// host, where RANK is the plan's rank.
+std::vector<std::string> place_worker(const ReplayArgs& a, const PlanFile& plan, profiler::DistEnv& env) {
+  const bool multi_host = !env.host.empty() || (env.group_rank >= 0 && env.local_world_size < env.world_size);
+  const std::string hostfile = a.hostfile.empty() ? plan.hostfile : a.hostfile;
+  const std::string clusterfile = a.clusterfile.empty() ? plan.clusterfile : a.clusterfile;
+  if (!multi_host) return {};  // one host: RANK is the plan's rank
+  if (hostfile.empty() || clusterfile.empty() || !fs::exists(hostfile) || !fs::exists(clusterfile))
+    throw InputError(a.plan + ": replay across hosts needs the plan's hostfile and clusterfile (pass --hostfile and "
+                     "--clusterfile) to find each rank's host");
+  const Cluster cluster = Cluster::load(hostfile, clusterfile);
+  std::vector<int> ns;
+  for (const auto& name : plan.plan.node_sequence) ns.push_back(cluster.type_index(name));
+  if (std::find(ns.begin(), ns.end(), -1) != ns.end())
+    throw InputError(a.plan + ": its node_sequence names a type that " + hostfile + " lacks");
+  const RankLayout ranks(cluster, ns);
+  const ParallelLayout placement(cluster, ranks);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < placement.num_ranks(); ++r) hosts.push_back(placement.host(r));
+  std::string host = env.host;
+  if (host.empty()) {
+    const std::vector<std::string> order = placement.hosts();
+    if (env.group_rank >= static_cast<int>(order.size()))
+      throw InputError("GROUP_RANK " + std::to_string(env.group_rank) + ": the plan places its ranks on " +
+                       std::to_string(order.size()) + " hosts of " + hostfile);
+    host = order[env.group_rank];
+  }
+  const std::vector<int> mine = placement.ranks_on(host);
+  if (mine.empty())
+    throw InputError("HETPLAN_HOST=" + excerpt(host) + ": " + hostfile + " places none of the plan's ranks there");
+  if (static_cast<int>(mine.size()) != env.local_world_size)
+    throw InputError("host " + host + " holds " + std::to_string(mine.size()) + " of the plan's ranks, but the "
+                     "launcher started " + std::to_string(env.local_world_size) +
+                     " processes there (LOCAL_WORLD_SIZE; torchrun's --nproc-per-node must be " +
+                     std::to_string(mine.size()) + ")");
+  if (env.local_rank < 0 || env.local_rank >= static_cast<int>(mine.size()))
+    throw InputError("LOCAL_RANK " + std::to_string(env.local_rank) + " out of range on host " + host);
+  env.rank = placement.rank_at(host, env.local_rank);
+  env.host = host;
+  return hosts;
+}
+
+std::string rank_name(int rank, const std::vector<std::string>& hosts) {
+  return "rank " + std::to_string(rank) +
+         (rank >= 0 && rank < static_cast<int>(hosts.size()) ? " (host " + hosts[rank] + ")" : "");
+}
+
+// After a failure: which ranks stopped beating, from the rendezvous store.
+std::string describe_peers(profiler::Liveness& live, const profiler::DistEnv& env,
+                           const std::vector<std::string>& hosts) {
+  const profiler::Liveness::Report rep = live.check(std::chrono::milliseconds(1500));
+  if (!rep.store_reachable)
+    return "; the rendezvous store at " + env.master_addr + ":" + std::to_string(env.master_port) +
+           " is unreachable (" + (env.agent_store ? "torchrun's agent on the master host" : rank_name(0, hosts)) +
+           " serves it: that process or its host is down)";
+  std::string out;
+  for (int r : rep.stopped) {
+    const bool never = std::find(rep.never.begin(), rep.never.end(), r) != rep.never.end();
+    out += "; " + rank_name(r, hosts) + (never ? " never joined" : " stopped responding (it died, or its host is down)");
+  }
+  return out;
+}
+
+int run_worker(const ReplayArgs& a, profiler::DistEnv env) {
   const std::string dir = work_dir(a);
-  const std::string base = (fs::path(dir) / ("rank" + std::to_string(env.rank))).string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::vector<std::string> hosts;
+  std::unique_ptr<profiler::Liveness> live;
   try {
     if (a.cpu_memory_limit_mb > 0 && !profiler::DeviceMeter::set_cpu_memory_limit(a.cpu_memory_limit_mb << 20))
       throw InputError("--cpu-memory-limit-mb: not supported with this LibTorch version");
-    // Fault injection for tests: this rank fails as soon as it starts.
+    Prepared p = prepare(a, env.local_rank);
+    hosts = place_worker(a, p.plan, env);
+    // Fault injection for tests: this rank (of the plan) fails as soon as it starts.
     if (const char* f = std::getenv("HETPLAN_REPLAY_FAIL_RANK"); f && std::atoi(f) == env.rank)
       throw std::runtime_error("injected failure (HETPLAN_REPLAY_FAIL_RANK)");
-    Prepared p = prepare(a, env.local_rank);
+    if (env.world_size > 1)
+      live = std::make_unique<profiler::Liveness>(env, std::chrono::milliseconds(500), p.config.timeout);
     const RankReport r = run_pipeline_rank(*p.layout, p.config, env);
-    write_json_file(base + ".json", rank_report_to_json(r));
+    write_json_file((fs::path(dir) / ("rank" + std::to_string(env.rank) + ".json")).string(), rank_report_to_json(r));
+    if (!env.host.empty() && env.rank == 0)  // under torchrun across hosts: rank 0 reports
+      std::cout << std::fixed << std::setprecision(3) << "replay: rank 0 (host " << env.host
+                << "): iteration_ms median " << profiler::median(r.iteration_ms) << " (spread "
+                << std::setprecision(1) << 100 * profiler::spread(r.iteration_ms) << "% over "
+                << r.iteration_ms.size() << "); per-rank results in " << dir << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
     const bool oom = profiler::is_out_of_memory(e);
-    std::ofstream(base + ".error") << (oom ? "out of memory: " : "") << what << "\n";
-    std::cerr << "rank " << env.rank << ": " << what << "\n";
+    if (live) what += describe_peers(*live, env, hosts);
+    std::ofstream((fs::path(dir) / ("rank" + std::to_string(env.rank) + ".error")).string())
+        << (oom ? "out of memory: " : "") << what << "\n";
+    std::cerr << rank_name(env.rank, hosts) << ": " << what << "\n";
+    // The process serving the store stays a moment, so that the other
+    // survivors can still read the ranks' liveness from it.
+    if (live && !env.agent_store && env.launcher_rank == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     std::_Exit(oom ? 42 : 1);
   }
 }

@@ -15,6 +15,7 @@
 #endif
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -64,9 +65,13 @@ class C10dCollectives : public CommGroup {
 
 #if defined(HETPLAN_HAVE_GLOO)
 c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                     std::chrono::milliseconds timeout) {
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::string& bind = "127.0.0.1") {
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  // GLOO_SOCKET_IFNAME names the interface, as in PyTorch; else the address `bind`.
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  opts->devices.push_back(ifname && *ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                            : c10d::ProcessGroupGloo::createDeviceForHostname(bind));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
 }
 #endif
@@ -87,21 +92,132 @@ std::optional<DistEnv> DistEnv::from_env() {
   e.local_rank = env_int("LOCAL_RANK", e.rank);
   if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
   e.master_port = env_int("MASTER_PORT", 29500);
+  e.launcher_rank = e.rank;
+  e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
+  e.group_rank = env_int("GROUP_RANK", env_int("NODE_RANK", -1));
+  if (const char* a = std::getenv("TORCHELASTIC_USE_AGENT_STORE")) e.agent_store = std::string(a) == "True";
+  e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+  if (const char* h = std::getenv("HETPLAN_HOST")) e.host = h;
   return e;
 }
 
+namespace {
+
+bool loopback(const std::string& addr) { return addr.rfind("127.", 0) == 0 || addr == "localhost" || addr == "::1"; }
+
+// Our keys' prefix in the store: torchrun's agent store is shared by restarts.
+std::string store_prefix(const DistEnv& env) { return "hetplan/attempt_" + std::to_string(env.restart_count) + "/"; }
+
+c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, bool serve, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(env.master_port);
+  so.isServer = serve;
+  // No start-up barrier: each group's creation waits for its members (within
+  // `timeout`), and a rank that never comes is then named by Liveness.
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  if (serve) {
+    // The server lives as long as the process, so that after a failure the
+    // survivors can still read the ranks' liveness from it.
+    static std::mutex mu;
+    static std::vector<c10::intrusive_ptr<c10d::TCPStore>> servers;
+    std::lock_guard<std::mutex> lock(mu);
+    servers.push_back(tcp);
+  }
+  return c10::make_intrusive<c10d::PrefixStore>(store_prefix(env), tcp);
+}
+
+}  // namespace
+
 struct Rendezvous {
   c10::intrusive_ptr<c10d::Store> store;
+  std::string gloo_bind;  // the address Gloo's pairs listen on
 };
 
 std::shared_ptr<Rendezvous> connect_world(const DistEnv& env, std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(env.master_port);
-  so.isServer = env.rank == 0;
-  so.numWorkers = env.world_size;
-  so.timeout = timeout;
   auto r = std::make_shared<Rendezvous>();
-  r->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+  // The launcher's rank 0 serves the store, unless torchrun's agent serves it.
+  r->store = connect_store(env, !env.agent_store && env.launcher_rank == 0, timeout);
+  // Gloo listens on this host's hostfile address; on one host, on loopback.
+  r->gloo_bind = !env.host.empty() ? env.host : loopback(env.master_addr) ? "127.0.0.1" : "";
+  if (r->gloo_bind.empty()) {
+    char name[256] = {0};
+    gethostname(name, sizeof name - 1);
+    r->gloo_bind = name;
+  }
+  return r;
+}
+
+struct Liveness::State {
+  DistEnv env;
+  std::chrono::milliseconds period, timeout;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  c10::intrusive_ptr<c10d::Store> store;  // guarded by mu once set
+  std::thread beat;
+  std::string key(int rank) const { return "live/" + std::to_string(rank); }
+};
+
+Liveness::Liveness(const DistEnv& env, std::chrono::milliseconds period, std::chrono::milliseconds timeout)
+    : state_(std::make_shared<State>()) {
+  state_->env = env;
+  state_->period = period;
+  state_->timeout = timeout;
+  state_->beat = std::thread([s = state_] {
+    try {
+      // Its own client connection, so that beats never wait behind a blocking get.
+      auto store = connect_store(s->env, false, s->timeout);
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->store = store;
+      while (!s->stop) {
+        lock.unlock();
+        store->add(s->key(s->env.rank), 1);
+        lock.lock();
+        s->cv.wait_for(lock, s->period, [&] { return s->stop; });
+      }
+    } catch (const std::exception&) {
+      // The store is gone: check() reports it unreachable.
+    }
+  });
+}
+
+Liveness::~Liveness() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  // The beat thread may still be connecting (bounded by the timeout): let it finish on its own.
+  state_->beat.detach();
+}
+
+Liveness::Report Liveness::check(std::chrono::milliseconds window) {
+  Report r;
+  c10::intrusive_ptr<c10d::Store> store;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    store = state_->store;
+  }
+  if (!store) return r;
+  try {
+    // A second connection: the beat thread keeps beating (other survivors must not blame this rank).
+    auto probe = connect_store(state_->env, false, std::chrono::milliseconds(2000));
+    const int world = state_->env.world_size;
+    std::vector<int64_t> before(world), after(world);
+    for (int k = 0; k < world; ++k) before[k] = probe->add(state_->key(k), 0);
+    std::this_thread::sleep_for(window);
+    for (int k = 0; k < world; ++k) after[k] = probe->add(state_->key(k), 0);
+    r.store_reachable = true;
+    for (int k = 0; k < world; ++k) {
+      if (k == state_->env.rank || after[k] != before[k]) continue;
+      r.stopped.push_back(k);
+      if (after[k] == 0) r.never.push_back(k);
+    }
+  } catch (const std::exception&) {
+    r.store_reachable = false;
+  }
   return r;
 }
 
@@ -118,7 +234,7 @@ std::shared_ptr<CommGroup> make_group(const std::shared_ptr<Rendezvous>& world, 
 #endif
   if (!device.is_cpu()) throw std::runtime_error("distributed runs on this device need a CUDA build of LibTorch");
 #if defined(HETPLAN_HAVE_GLOO)
-  return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(make_gloo(store, rank, size, timeout));
+  return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(make_gloo(store, rank, size, timeout, world->gloo_bind));
 #else
   no_gloo();
 #endif

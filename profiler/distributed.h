@@ -1,8 +1,9 @@
 // Process groups and local launching, with c10d only (no home-made transport).
 //
 // A worker learns its place from the torchrun environment (RANK, WORLD_SIZE,
-// LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and meets the others through a c10d
-// TCPStore served by rank 0. Collectives run on NCCL for CUDA tensors and on
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_USE_AGENT_STORE) and meets the others through a c10d TCPStore
+// served by the launcher's rank 0 or by torchrun's agent. Collectives run on NCCL for CUDA tensors and on
 // Gloo for CPU tensors. On one host, launch_local_ranks() starts the ranks
 // itself: copies of this executable with that environment set. If one rank
 // fails, the others are stopped after a grace period, so nothing hangs.
@@ -20,11 +21,47 @@
 namespace hetplan::profiler {
 
 struct DistEnv {
+  // The rank in the plan's grid: RANK, unless the caller re-maps it (under
+  // torchrun on several hosts, replay finds it from the host and LOCAL_RANK).
   int rank = 0, world_size = 1, local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // RANK as the launcher set it: rank 0 serves the rendezvous store, unless
+  // torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True); then every
+  // rank is a client, under the prefix of TORCHELASTIC_RESTART_COUNT.
+  int launcher_rank = 0;
+  int local_world_size = 1;
+  int group_rank = -1;  // GROUP_RANK (torchrun), else NODE_RANK; -1 if neither is set
+  bool agent_store = false;
+  int restart_count = 0;
+  // HETPLAN_HOST: this host's name in the hostfile (set by the scripts of
+  // `hetplan export --to torchrun`); empty if unset. Gloo binds to it.
+  std::string host;
   // From the torchrun variables; nullopt when RANK or WORLD_SIZE is unset.
   static std::optional<DistEnv> from_env();
+};
+
+// Liveness of the ranks of a run, for naming the rank that died when a
+// collective fails: each rank beats a counter in the rendezvous store (its
+// own client connection, from a background thread) every `period`.
+// Thread-safety: one owner thread; the beat thread is internal.
+class Liveness {
+ public:
+  Liveness(const DistEnv& env, std::chrono::milliseconds period, std::chrono::milliseconds timeout);
+  ~Liveness();
+  Liveness(const Liveness&) = delete;
+  Liveness& operator=(const Liveness&) = delete;
+  struct Report {
+    bool store_reachable = false;
+    std::vector<int> stopped;  // ranks whose counter did not advance over the window
+    std::vector<int> never;    // of those, ranks that never beat (never joined)
+  };
+  // Stops this rank's beats, then watches the others' for `window`.
+  Report check(std::chrono::milliseconds window);
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
 };
 
 // A process group of some ranks of the world: collectives for tensor

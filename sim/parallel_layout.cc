@@ -1,5 +1,6 @@
 #include "sim/parallel_layout.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace hetplan {
@@ -29,6 +30,26 @@ ParallelLayout::ParallelLayout(const Cluster& cluster, const RankLayout& layout)
   std::unordered_map<std::string, int> used;  // GPUs handed out so far per host
   local_gpu_.resize(layout.num_ranks());
   for (int r = 0; r < layout.num_ranks(); ++r) local_gpu_[r] = used[host(r)]++;
+}
+
+std::vector<std::string> ParallelLayout::hosts() const {
+  std::vector<std::string> out;
+  for (int r = 0; r < num_ranks(); ++r)
+    if (std::find(out.begin(), out.end(), host(r)) == out.end()) out.push_back(host(r));
+  return out;
+}
+
+std::vector<int> ParallelLayout::ranks_on(const std::string& h) const {
+  std::vector<int> out;
+  for (int r = 0; r < num_ranks(); ++r)
+    if (host(r) == h) out.push_back(r);  // rank order is local GPU order
+  return out;
+}
+
+int ParallelLayout::rank_at(const std::string& h, int gpu) const {
+  for (int r = 0; r < num_ranks(); ++r)
+    if (host(r) == h && local_gpu(r) == gpu) return r;
+  return -1;
 }
 
 }  // namespace hetplan

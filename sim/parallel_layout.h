@@ -45,6 +45,7 @@ class ParallelLayout {
  public:
   ParallelLayout(const Cluster& cluster, const RankLayout& layout);
 
+  const Cluster& cluster() const { return *cluster_; }
   const RankLayout& ranks() const { return *layout_; }
   int num_ranks() const { return layout_->num_ranks(); }
   // The hostfile ip global rank `rank` runs on, and its GPU index on that host.
@@ -54,6 +55,14 @@ class ParallelLayout {
   int cluster_node(int node) const { return cluster_node_[node]; }
   // GPUs of RankLayout node `node` (the hostfile line's slots).
   int gpus_on_node(int node) const { return node_gpus_[node]; }
+
+  // Placement, for launchers (one process per rank, a launcher per host):
+  // the distinct hosts in the order of the lowest rank each holds (host 0
+  // holds rank 0), the ranks on a host in local GPU order, and the rank at
+  // (host, local GPU), -1 if none.
+  std::vector<std::string> hosts() const;
+  std::vector<int> ranks_on(const std::string& host) const;
+  int rank_at(const std::string& host, int local_gpu) const;
 
  private:
   const Cluster* cluster_;

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sys/wait.h>
+
 #include "executor/pipeline_layout.h"
 #include "executor/pipeline_runtime.h"
 #include "profiler/mixed_precision.h"
@@ -87,28 +89,15 @@ double rel(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-12);
 }
 
-void check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
-                                        const std::string& schedule = "1f1b", const std::string& hf_config = "",
-                                        const std::string& extra = "") {
-  const auto dir = test::scratch_dir("replay-" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  write_json_file((dir / "plan.json").string(), plan);
-  const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --schedule " + schedule +
-                            " --plan " + (dir / "plan.json").string() + " --out " + (dir / "result.json").string() +
-                            " --dump-params " + (dir / "params").string() +
-                            (hf_config.empty() ? "" : " --hf-config " + hf_config) + " " + extra);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  const Reference& ref = reference(2, hf_config.empty() ? plan_shape() : read_hf_config(hf_config));
-  const ordered_json result = read_json_file((dir / "result.json").string());
-  REQUIRE(result["losses"].size() == 2);
-  for (int k = 0; k < 2; ++k) CHECK(std::abs(result["losses"][k].get<double>() - ref.losses[k]) <= 1e-4 * ref.losses[k]);
+// Losses of the 2 steps and the dumped parameters (--dump-params) equal single-process training's.
+void check_trains_like_reference(const Reference& ref, const std::vector<double>& losses, const fs::path& params_dir) {
+  REQUIRE(losses.size() == 2);
+  for (int k = 0; k < 2; ++k) CHECK(std::abs(losses[k] - ref.losses[k]) <= 1e-4 * ref.losses[k]);
 
   // Reassemble every parameter from the ranks of replica 0 (all replicas must agree).
   std::map<std::pair<int64_t, std::string>, std::vector<std::pair<int, torch::Tensor>>> shards;
   std::map<std::pair<int64_t, std::string>, std::vector<torch::Tensor>> replicas;
-  for (const auto& f : fs::directory_iterator(dir / "params")) {
+  for (const auto& f : fs::directory_iterator(params_dir)) {
     if (f.path().extension() != ".json") continue;
     const ordered_json meta = read_json_file(f.path().string());
     std::vector<torch::Tensor> tensors;
@@ -150,6 +139,27 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
   const double err = rel(torch::cat(all_got), torch::cat(all_want));
   INFO("relative parameter error " << err);
   CHECK(err <= 1e-4);
+}
+
+void check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
+                                        const std::string& schedule = "1f1b", const std::string& hf_config = "",
+                                        const std::string& extra = "") {
+  const auto dir = test::scratch_dir("replay-" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_json_file((dir / "plan.json").string(), plan);
+  const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --schedule " + schedule +
+                            " --plan " + (dir / "plan.json").string() + " --out " + (dir / "result.json").string() +
+                            " --dump-params " + (dir / "params").string() +
+                            (hf_config.empty() ? "" : " --hf-config " + hf_config) + " " + extra);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const Reference& ref = reference(2, hf_config.empty() ? plan_shape() : read_hf_config(hf_config));
+  const ordered_json result = read_json_file((dir / "result.json").string());
+  REQUIRE(result["losses"].size() == 2);
+  std::vector<double> losses;
+  for (const auto& l : result["losses"]) losses.push_back(l.get<double>());
+  check_trains_like_reference(ref, losses, dir / "params");
 }
 
 }  // namespace
@@ -344,4 +354,115 @@ TEST_CASE("replay in bf16 (pp 2, dp 2, ZeRO-1) on the CPU: losses within bf16's 
   // computed in fp32 from bf16 logits, so it may differ by about that much.
   for (int k = 0; k < 2; ++k)
     CHECK(std::abs(result["losses"][k].get<double>() - ref.losses[k]) <= std::ldexp(1.0, -8) * ref.losses[k]);
+}
+
+// --- Replay across hosts under torchrun -----------------------------------
+// Two "nodes" on this machine: the scripts of `hetplan export --to torchrun`
+// for a two-host plan run as two launcher processes (tests/two_nodes.sh;
+// tests/fake_torchrun.sh stands in for torchrun, whose Python package this
+// machine lacks, and gives the workers torchrun's environment), Gloo, nnodes
+// 2. Host 127.0.0.1 holds stage 0 (one replica of tp 2), host 127.0.0.2
+// stage 1 (dp 2), each host a different GPU type.
+
+namespace {
+
+test::CommandResult run_shell(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed: " + cmd);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// Writes the two-host plan and exports it; returns the folder of the launch scripts.
+fs::path export_two_host_plan(const fs::path& dir, const std::string& replay_args) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream((dir / "hostfile").string()) << "127.0.0.1 slots=2\n127.0.0.2 slots=2\n";
+  write_json_file((dir / "clusterfile.json").string(),
+                  {{"127.0.0.1", {{"instance_type", "A100"}, {"inter_bandwidth", 25}, {"intra_bandwidth", 300}, {"memory", 80}}},
+                   {"127.0.0.2", {{"instance_type", "V100"}, {"inter_bandwidth", 10}, {"intra_bandwidth", 50}, {"memory", 32}}}});
+  ordered_json plan = plan_json({2, 2}, {{1, 2}, {2, 1}}, {0, 2, 4}, 2);
+  plan["node_sequence"] = {"A100", "V100"};
+  plan["hostfile"] = (dir / "hostfile").string();
+  plan["clusterfile"] = (dir / "clusterfile.json").string();
+  write_json_file((dir / "plan.json").string(), plan);
+  const test::CommandResult r =
+      test::run_hetplan("export --plan " + (dir / "plan.json").string() + " --to torchrun --out " +
+                        (dir / "launch").string() + " --rdzv-endpoint 127.0.0.1:" +
+                        std::to_string(profiler::free_local_port()) + " --replay-args '" + replay_args + "'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(fs::exists(dir / "launch" / "launch_0_127.0.0.1.sh"));
+  REQUIRE(fs::exists(dir / "launch" / "launch_1_127.0.0.2.sh"));
+  return dir / "launch";
+}
+
+std::string two_nodes(const std::string& mode, const fs::path& launch, const std::string& env = "") {
+  return env + " HETPLAN=" HETPLAN_BINARY " bash " HETPLAN_SOURCE_DIR "/tests/two_nodes.sh " + mode + " " +
+         launch.string();
+}
+
+double field(const std::string& out, const std::string& key) {
+  const auto at = out.find(key + "=");
+  return at == std::string::npos ? -1 : std::atof(out.c_str() + at + key.size() + 1);
+}
+
+}  // namespace
+
+TEST_CASE("replay under torchrun on two nodes (localhost, Gloo) trains like one process", "[executor][torchrun]") {
+  const auto dir = test::scratch_dir("torchrun-train");
+  const fs::path launch = export_two_host_plan(
+      dir, "--device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --dump-params " + (dir / "params").string());
+  const test::CommandResult r = run_shell(two_nodes("train", launch));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("replay: rank 0 (host 127.0.0.1): iteration_ms median") != std::string::npos);
+  // Each process found its rank of the plan from its host and LOCAL_RANK.
+  std::vector<double> losses(2, 0.0);
+  const int want_stage[] = {0, 0, 1, 1}, want_replica[] = {0, 0, 0, 1}, want_tp[] = {0, 1, 0, 0};
+  for (int rank = 0; rank < 4; ++rank) {
+    const RankReport rep =
+        rank_report_from_json(read_json_file((launch / "ranks" / ("rank" + std::to_string(rank) + ".json")).string()));
+    CHECK(rep.rank == rank);
+    CHECK(rep.stage == want_stage[rank]);
+    CHECK(rep.replica == want_replica[rank]);
+    CHECK(rep.tp_index == want_tp[rank]);
+    for (std::size_t k = 0; k < rep.losses.size() && k < 2; ++k) losses[k] += rep.losses[k];
+  }
+  check_trains_like_reference(reference(2, plan_shape()), losses, dir / "params");
+}
+
+TEST_CASE("replay under torchrun: a node killed mid-run ends the other within the timeout, naming rank and host",
+          "[executor][torchrun][errors]") {
+  constexpr int kTimeout = 10;
+  const auto dir = test::scratch_dir("torchrun-kill");
+  const fs::path launch = export_two_host_plan(
+      dir, "--device cpu --dtype fp32 --iters 100000 --warmup 0 --timeout-s " + std::to_string(kTimeout));
+  const test::CommandResult r = run_shell(two_nodes("kill", launch, "KILL_AFTER_S=10"));
+  INFO(r.output);
+  CHECK(field(r.output, "node0_exit") != 0);
+  const double seconds = field(r.output, "seconds_after_kill");
+  CHECK(seconds >= 0);
+  CHECK(seconds < kTimeout + 5);
+  // The survivor names itself and the ranks (with their host) that died.
+  CHECK(r.output.find("(host 127.0.0.1): ") != std::string::npos);
+  CHECK(r.output.find("(host 127.0.0.2) stopped responding") != std::string::npos);
+}
+
+TEST_CASE("replay under torchrun: a node that never joins ends the other within the timeout, naming rank and host",
+          "[executor][torchrun][errors]") {
+  constexpr int kTimeout = 5;
+  const auto dir = test::scratch_dir("torchrun-absent");
+  const fs::path launch =
+      export_two_host_plan(dir, "--device cpu --dtype fp32 --iters 2 --warmup 0 --timeout-s " + std::to_string(kTimeout));
+  const test::CommandResult r = run_shell(two_nodes("absent", launch));
+  INFO(r.output);
+  CHECK(field(r.output, "node0_exit") != 0);
+  const double seconds = field(r.output, "seconds");
+  CHECK(seconds >= 0);
+  CHECK(seconds < kTimeout + 15);  // + LibTorch's start-up and the liveness check
+  CHECK(r.output.find("rank 2 (host 127.0.0.2) never joined") != std::string::npos);
 }

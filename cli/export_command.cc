@@ -1,0 +1,146 @@
+// `hetplan export`: a plan as Megatron-LM arguments, a DeepSpeed config, or
+// per-host torchrun scripts that run it with `hetplan replay`.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "planner/export_plan.h"
+#include "sim/cluster.h"
+#include "sim/input_error.h"
+#include "sim/model_shape.h"
+#include "sim/parallel_layout.h"
+#include "sim/plan_file.h"
+#include "sim/rank_layout.h"
+
+namespace hetplan::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ExportArgs {
+  std::string plan, to, out, hf_config, hostfile, clusterfile, profile_dir, rdzv_endpoint, replay_args;
+};
+
+void write_text(const fs::path& path, const std::string& text, bool executable = false) {
+  std::ofstream f(path);
+  if (!(f << text)) throw InputError(path.string() + ": cannot write");
+  f.close();
+  if (executable)
+    fs::permissions(path, fs::perms::owner_exec | fs::perms::group_exec | fs::perms::others_exec, fs::perm_options::add);
+}
+
+int run_export(const ExportArgs& a) {
+  if (a.to != "megatron" && a.to != "deepspeed" && a.to != "torchrun")
+    throw InputError("--to: expected megatron, deepspeed or torchrun, got '" + excerpt(a.to) + "'");
+  const PlanFile pf = read_plan_file(a.plan);
+  ModelShape shape = shape_from_model_config(pf.model);
+  if (!a.hf_config.empty()) {
+    shape = read_hf_config(a.hf_config);
+    if (shape.metis_num_layers() != pf.model.num_layers || shape.hidden_size != pf.model.hidden_size)
+      throw InputError(a.hf_config + ": the model has " + std::to_string(shape.num_layers) + " layers and hidden size " +
+                       std::to_string(shape.hidden_size) + ", but the plan " + a.plan + " partitions " +
+                       std::to_string(pf.model.num_layers - 2) + " layers of hidden size " +
+                       std::to_string(pf.model.hidden_size));
+  }
+  shape.validate(a.plan + ": key 'model'");
+  // The placement: the hostfile's hosts and GPU types for each rank.
+  const std::string hostfile = a.hostfile.empty() ? pf.hostfile : a.hostfile;
+  const std::string clusterfile = a.clusterfile.empty() ? pf.clusterfile : a.clusterfile;
+  std::unique_ptr<Cluster> cluster;
+  std::unique_ptr<RankLayout> ranks;
+  std::unique_ptr<ParallelLayout> placement;
+  if (!hostfile.empty() && !clusterfile.empty()) {
+    cluster = std::make_unique<Cluster>(Cluster::load(hostfile, clusterfile));
+    std::vector<int> ns;
+    for (const auto& name : pf.plan.node_sequence) {
+      const int t = cluster->type_index(name);
+      if (t < 0) throw InputError(a.plan + ": node_sequence names '" + excerpt(name) + "', which " + hostfile + " lacks");
+      ns.push_back(t);
+    }
+    ranks = std::make_unique<RankLayout>(*cluster, ns);
+    int world = 0;
+    for (int g : pf.plan.device_groups) world += g;
+    if (ranks->num_ranks() != world)
+      throw InputError(a.plan + ": the plan has " + std::to_string(world) + " ranks, but " + hostfile + " lists " +
+                       std::to_string(ranks->num_ranks()) + " GPUs");
+    placement = std::make_unique<ParallelLayout>(*cluster, *ranks);
+  }
+  if (!a.out.empty()) fs::create_directories(a.out);
+
+  if (a.to == "megatron") {
+    const MegatronArgs m = export_megatron(pf, shape, placement.get(), a.plan);
+    const std::string text = megatron_args_text(
+        m, "# Megatron-LM (" + std::string(kMegatronRepo) + "@" + std::string(kMegatronCommit).substr(0, 12) +
+               ") arguments for " + a.plan + ": " + std::to_string(m.world_size) + " GPUs\n");
+    std::cout << text;
+    if (!a.out.empty()) {
+      write_text(fs::path(a.out) / "megatron_args.sh", text);
+      std::cout << "wrote " << (fs::path(a.out) / "megatron_args.sh").string() << "\n";
+    }
+    return 0;
+  }
+  if (a.to == "deepspeed") {
+    const DeepSpeedConfig d = export_deepspeed(pf, shape, placement.get(), a.plan);
+    std::cout << d.config.dump(2) << "\n";
+    for (const auto& n : d.notes) std::cerr << "note: " << n << "\n";
+    if (!a.out.empty()) {
+      write_json_file((fs::path(a.out) / "ds_config.json").string(), d.config);
+      std::cout << "wrote " << (fs::path(a.out) / "ds_config.json").string() << "\n";
+    }
+    return 0;
+  }
+  if (!placement)
+    throw InputError(a.plan + ": --to torchrun needs the plan's hostfile and clusterfile (the plan names none: pass "
+                     "--hostfile and --clusterfile)");
+  const std::string dir = a.out.empty() ? "torchrun" : a.out;
+  fs::create_directories(dir);
+  TorchrunOptions o;
+  o.rdzv_endpoint = a.rdzv_endpoint;
+  o.replay_args = a.replay_args;
+  const std::string profile_dir = a.profile_dir.empty() ? pf.profile_dir : a.profile_dir;
+  if (!profile_dir.empty() && fs::is_directory(profile_dir)) o.profile_dir = fs::absolute(profile_dir).string();
+  // The folder is self-contained: the plan (pointing at the copies), hostfile and clusterfile.
+  PlanFile copy = pf;
+  copy.hostfile = o.hostfile;
+  copy.clusterfile = o.clusterfile;
+  copy.profile_dir = o.profile_dir;
+  write_json_file((fs::path(dir) / o.plan_file).string(), plan_file_to_json(copy));
+  fs::copy_file(hostfile, fs::path(dir) / o.hostfile, fs::copy_options::overwrite_existing);
+  fs::copy_file(clusterfile, fs::path(dir) / o.clusterfile, fs::copy_options::overwrite_existing);
+  const std::vector<HostLaunch> hosts = export_torchrun(pf, *placement, o, a.plan);
+  for (const auto& h : hosts) {
+    write_text(fs::path(dir) / h.file_name, h.script, true);
+    std::cout << "wrote " << (fs::path(dir) / h.file_name).string() << ": host " << h.host << ", node " << h.node_rank
+              << ", " << h.ranks.size() << " rank(s)\n";
+  }
+  std::cout << "run each script on its host; rendezvous at "
+            << (a.rdzv_endpoint.empty() ? hosts[0].host + ":29500" : a.rdzv_endpoint) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Runner add_export_command(CLI::App& app) {
+  auto a = std::make_shared<ExportArgs>();
+  CLI::App* s = app.add_subcommand(
+      "export",
+      "Hand a plan (an entry of `search --json`) to the framework that trains it: Megatron-LM arguments, a\n"
+      "DeepSpeed ds_config.json (both for plans with one (dp, tp) and GPU type in every stage), or, for any\n"
+      "plan, one torchrun launch script per host that runs it with `hetplan replay`.");
+  s->add_option("--plan", a->plan, "Plan JSON (a search --json entry, or the whole file: its best plan)")->required();
+  s->add_option("--to", a->to, "megatron, deepspeed or torchrun")->required();
+  s->add_option("--out", a->out,
+                "Folder for megatron_args.sh / ds_config.json / the launch scripts (torchrun default: ./torchrun)");
+  s->add_option("--hf-config", a->hf_config, "Hugging Face config.json for the model shape (default: the plan's GPT)");
+  s->add_option("--hostfile", a->hostfile, "Hostfile (default: the plan's)");
+  s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
+  s->add_option("--profile-dir", a->profile_dir, "torchrun: profiles for replay's data load balancer (default: the plan's)");
+  s->add_option("--rdzv-endpoint", a->rdzv_endpoint, "torchrun: host:port of the rendezvous (default: rank 0's host:29500)");
+  s->add_option("--replay-args", a->replay_args, "torchrun: more `hetplan replay` flags for every rank (shell words)");
+  return [a] { return run_export(*a); };
+}
+
+}  // namespace hetplan::cli

@@ -1,0 +1,87 @@
+// Export: a plan handed to the framework that will train it.
+//
+// - Megatron-LM: the command-line arguments of pretrain_gpt.py for a plan
+//   whose stages all run the same (dp, tp) on one GPU type (Megatron's rank
+//   grid is uniform); anything else is an InputError naming the stage and
+//   what differs, pointing to `--to torchrun`.
+// - DeepSpeed: a ds_config.json (batch keys, bf16, zero_optimization,
+//   activation_checkpointing, and the pipeline section for pipelined uniform
+//   plans).
+// - torchrun: for any plan, one launch script per host of the hostfile,
+//   each starting `hetplan replay` under torchrun with that host's ranks.
+//
+// Every flag and key name comes from the framework's own parser, at the
+// commit recorded below (megatron_flag_sources(), deepspeed_key_sources(),
+// torchrun_flag_sources()); tests/test_export.cc checks that the exporter
+// emits names from those lists only.
+//
+// Pure functions of their inputs; thread-safe.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/json_util.h"
+#include "sim/model_shape.h"
+#include "sim/parallel_layout.h"
+#include "sim/plan_file.h"
+
+namespace hetplan {
+
+// Where a flag or key name was read: repository, commit and file.
+struct NameSource {
+  std::string name;  // "--bf16", "zero_optimization.stage", "--nproc-per-node"
+  std::string repo, commit, file;
+};
+inline constexpr const char* kMegatronRepo = "NVIDIA/Megatron-LM";
+inline constexpr const char* kMegatronCommit = "d98e8a64ddf34856e74b24714e3bedb2f5a39553";
+inline constexpr const char* kDeepSpeedRepo = "deepspeedai/DeepSpeed";
+inline constexpr const char* kDeepSpeedCommit = "edaa7221267243c7be7fb49c5d5f5c4fb97b4641";
+const std::vector<NameSource>& megatron_flag_sources();
+const std::vector<NameSource>& deepspeed_key_sources();
+const std::vector<NameSource>& torchrun_flag_sources();
+
+// Megatron-LM arguments: flag and value ("" for a switch), in a fixed order.
+struct MegatronArgs {
+  std::vector<std::pair<std::string, std::string>> args;
+  std::vector<std::string> notes;  // what the user must still decide (tokenizer, data)
+  int world_size = 0;              // GPUs: pp * dp * tp
+};
+
+// `placement`, if given, names each stage's GPU type (else the plan's node
+// sequence must list one type). `where` prefixes errors (the plan's path).
+// Throws InputError for a plan Megatron-LM cannot run as is.
+MegatronArgs export_megatron(const PlanFile& plan, const ModelShape& shape, const ParallelLayout* placement,
+                             const std::string& where);
+// As a bash array: MEGATRON_ARGS=( ... ), one flag per line, values quoted where the shell needs it.
+std::string megatron_args_text(const MegatronArgs& m, const std::string& header);
+
+struct DeepSpeedConfig {
+  ordered_json config;  // ds_config.json
+  std::vector<std::string> notes;
+};
+DeepSpeedConfig export_deepspeed(const PlanFile& plan, const ModelShape& shape, const ParallelLayout* placement,
+                                 const std::string& where);
+
+// One host's launch script.
+struct HostLaunch {
+  std::string host;      // the hostfile's ip
+  int node_rank = 0;     // hosts in order of their lowest rank
+  std::vector<int> ranks;  // plan ranks on the host, in local GPU order
+  std::string file_name;   // "launch_<node_rank>_<host>.sh"
+  std::string script;
+};
+struct TorchrunOptions {
+  std::string plan_file = "plan.json";  // names inside the output folder, next to the scripts
+  std::string hostfile = "hostfile", clusterfile = "clusterfile.json";
+  std::string profile_dir;   // absolute, or empty (then replay splits micro-batches evenly)
+  std::string rdzv_endpoint;  // host:port; default: the host of rank 0, port 29500
+  std::string replay_args;    // appended to every `hetplan replay` (verbatim shell words)
+};
+// REQUIRES: `placement` is the plan's (its cluster and node sequence).
+// Throws InputError when a tp group would span hosts.
+std::vector<HostLaunch> export_torchrun(const PlanFile& plan, const ParallelLayout& placement,
+                                        const TorchrunOptions& options, const std::string& where);
+
+}  // namespace hetplan

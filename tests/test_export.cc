@@ -1,0 +1,337 @@
+// `hetplan export`: every Megatron-LM flag, DeepSpeed key and torchrun flag
+// the exporter emits is one of the names listed here with the parser's file
+// and commit where it was read, and together the exports below emit all of
+// them; known plans export to exact values; plans a framework cannot run end
+// in one line naming the stage; torchrun scripts place the plan's ranks on
+// the hostfile's hosts.
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "planner/export_plan.h"
+#include "sim/cluster.h"
+#include "sim/input_error.h"
+#include "sim/json_util.h"
+#include "sim/parallel_layout.h"
+#include "sim/rank_layout.h"
+#include "tests/fixtures.h"
+
+namespace fs = std::filesystem;
+using namespace hetplan;
+
+namespace {
+
+constexpr const char* kMg = "d98e8a64ddf34856e74b24714e3bedb2f5a39553";  // NVIDIA/Megatron-LM
+constexpr const char* kDs = "edaa7221267243c7be7fb49c5d5f5c4fb97b4641";  // deepspeedai/DeepSpeed
+constexpr const char* kPt = "010929fd3f401c3868310396e6a91ed95aa0305b";  // pytorch/pytorch
+
+// name -> file (in the commit above) where the parser defines it. Megatron's
+// flags come either from add_argument() in arguments.py or from dataclass
+// fields that ArgumentGroupFactory turns into "--field-name" (or the
+// field's argparse_meta arg_names), which arguments.py builds for
+// TransformerConfig (less its exclude list), TrainingConfig, TokenizerConfig
+// and DistributedInitConfig.
+const std::map<std::string, std::string> kMegatronFlags = {
+    {"--tensor-model-parallel-size", "megatron/core/model_parallel_config.py"},
+    {"--pipeline-model-parallel-size", "megatron/core/model_parallel_config.py"},
+    {"--sequence-parallel", "megatron/core/model_parallel_config.py"},
+    {"--bf16", "megatron/core/model_parallel_config.py"},
+    {"--micro-batch-size", "megatron/training/config/training_config.py"},
+    {"--global-batch-size", "megatron/training/config/training_config.py"},
+    {"--vocab-size", "megatron/training/config/training_config.py"},
+    {"--use-megatron-fsdp", "megatron/training/config/common_config.py"},
+    {"--num-layers", "megatron/core/transformer/transformer_config.py"},
+    {"--hidden-size", "megatron/core/transformer/transformer_config.py"},
+    {"--ffn-hidden-size", "megatron/core/transformer/transformer_config.py"},
+    {"--num-attention-heads", "megatron/core/transformer/transformer_config.py"},
+    {"--num-query-groups", "megatron/core/transformer/transformer_config.py"},
+    {"--kv-channels", "megatron/core/transformer/transformer_config.py"},
+    {"--normalization", "megatron/core/transformer/transformer_config.py"},
+    {"--norm-epsilon", "megatron/core/transformer/transformer_config.py"},
+    {"--disable-bias-linear", "megatron/core/transformer/transformer_config.py"},
+    {"--add-qkv-bias", "megatron/core/transformer/transformer_config.py"},
+    {"--hidden-dropout", "megatron/core/transformer/transformer_config.py"},
+    {"--attention-dropout", "megatron/core/transformer/transformer_config.py"},
+    {"--recompute-granularity", "megatron/core/transformer/transformer_config.py"},
+    {"--recompute-method", "megatron/core/transformer/transformer_config.py"},
+    {"--recompute-num-layers", "megatron/core/transformer/transformer_config.py"},
+    {"--recompute-modules", "megatron/core/transformer/transformer_config.py"},
+    {"--group-query-attention", "megatron/training/arguments.py"},
+    {"--seq-length", "megatron/training/arguments.py"},
+    {"--max-position-embeddings", "megatron/training/arguments.py"},
+    {"--position-embedding-type", "megatron/training/arguments.py"},
+    {"--rotary-base", "megatron/training/arguments.py"},
+    {"--swiglu", "megatron/training/arguments.py"},
+    {"--untie-embeddings-and-output-weights", "megatron/training/arguments.py"},
+    {"--decoder-first-pipeline-num-layers", "megatron/training/arguments.py"},
+    {"--decoder-last-pipeline-num-layers", "megatron/training/arguments.py"},
+    {"--pipeline-model-parallel-layout", "megatron/training/arguments.py"},
+    {"--use-distributed-optimizer", "megatron/training/arguments.py"},
+    {"--data-parallel-sharding-strategy", "megatron/training/arguments.py"},
+};
+
+// DeepSpeed: top-level keys are constants.py's string constants; zero_optimization's
+// keys are DeepSpeedZeroConfig's fields or aliases; offload device is
+// DeepSpeedZeroOffload{Param,Optimizer}Config.device; activation_checkpointing's
+// are the ACT_CHKPT_* constants; pipeline's are get_pipeline_config()'s defaults.
+const std::map<std::string, std::string> kDeepSpeedKeys = {
+    {"train_batch_size", "deepspeed/runtime/constants.py"},
+    {"train_micro_batch_size_per_gpu", "deepspeed/runtime/constants.py"},
+    {"gradient_accumulation_steps", "deepspeed/runtime/constants.py"},
+    {"bf16", "deepspeed/runtime/constants.py"},
+    {"bf16.enabled", "deepspeed/runtime/constants.py"},
+    {"zero_optimization", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.stage", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.overlap_comm", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.contiguous_gradients", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.reduce_bucket_size", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.allgather_bucket_size", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.stage3_prefetch_bucket_size", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.stage3_param_persistence_threshold", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.offload_optimizer", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.offload_optimizer.device", "deepspeed/runtime/zero/offload_config.py"},
+    {"zero_optimization.offload_param", "deepspeed/runtime/zero/config.py"},
+    {"zero_optimization.offload_param.device", "deepspeed/runtime/zero/offload_config.py"},
+    {"activation_checkpointing", "deepspeed/runtime/activation_checkpointing/config.py"},
+    {"activation_checkpointing.partition_activations", "deepspeed/runtime/activation_checkpointing/config.py"},
+    {"activation_checkpointing.contiguous_memory_optimization", "deepspeed/runtime/activation_checkpointing/config.py"},
+    {"activation_checkpointing.cpu_checkpointing", "deepspeed/runtime/activation_checkpointing/config.py"},
+    {"activation_checkpointing.number_checkpoints", "deepspeed/runtime/activation_checkpointing/config.py"},
+    {"pipeline", "deepspeed/runtime/config.py"},
+    {"pipeline.stages", "deepspeed/runtime/config.py"},
+    {"pipeline.activation_checkpoint_interval", "deepspeed/runtime/config.py"},
+};
+
+// torchrun: torch/distributed/run.py's get_args_parser().
+const std::set<std::string> kTorchrunFlags = {"--nnodes",        "--node-rank",     "--nproc-per-node",
+                                              "--rdzv-backend",  "--rdzv-endpoint", "--rdzv-id",
+                                              "--max-restarts",  "--no-python"};
+
+std::string hf(const std::string& name) { return std::string(HETPLAN_SOURCE_DIR) + "/tests/data/hf/" + name; }
+
+// A plan of `layers` Metis layers (blocks + 2) over stages with the given sizes.
+PlanFile plan(int metis_layers, int hidden, std::vector<int> groups, std::vector<std::pair<int, int>> st,
+              std::vector<int> lp, int batches, int gbs, int zero = -1, const std::string& recompute = "",
+              std::vector<std::string> types = {"H200"}) {
+  ordered_json s = ordered_json::array();
+  for (auto [dp, tp] : st) s.push_back({dp, tp});
+  ordered_json j = {{"node_sequence", types}, {"device_groups", groups}, {"strategies", s}, {"batches", batches},
+                    {"layer_partition", lp},  {"gbs", gbs},
+                    {"model", {{"num_layers", metis_layers}, {"hidden_size", hidden}, {"sequence_length", 4096},
+                               {"vocab_size", 128256}, {"attention_heads", 32}}}};
+  if (zero >= 0) j["zero_stage"] = zero;
+  if (!recompute.empty()) j["recompute"] = recompute;
+  return plan_file_from_json(j, "plan.json");
+}
+
+using Args = std::vector<std::pair<std::string, std::string>>;
+
+void collect_keys(const ordered_json& j, const std::string& prefix, std::set<std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    out.insert(key);
+    if (it.value().is_object()) collect_keys(it.value(), key, out);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("export: the flag and key names, with the parser's file and commit they come from", "[export]") {
+  std::map<std::string, std::string> mg, dsk;
+  for (const auto& n : megatron_flag_sources()) {
+    CHECK(n.repo == "NVIDIA/Megatron-LM");
+    CHECK(n.commit == kMg);
+    mg[n.name] = n.file;
+  }
+  for (const auto& n : deepspeed_key_sources()) {
+    CHECK(n.repo == "deepspeedai/DeepSpeed");
+    CHECK(n.commit == kDs);
+    dsk[n.name] = n.file;
+  }
+  std::set<std::string> tr;
+  for (const auto& n : torchrun_flag_sources()) {
+    CHECK(n.repo == "pytorch/pytorch");
+    CHECK(n.commit == kPt);
+    CHECK(n.file == "torch/distributed/run.py");
+    tr.insert(n.name);
+  }
+  CHECK(mg == kMegatronFlags);
+  CHECK(dsk == kDeepSpeedKeys);
+  CHECK(tr == kTorchrunFlags);
+
+  // The exports below emit exactly these names, no others.
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));
+  ModelShape gpt = shape_from_model_config(plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64).model);
+  ModelShape odd = llama;  // a head dimension other than hidden / heads, and a q/k/v bias only
+  odd.head_dim = 96;
+  odd.attention_bias = true;
+  std::set<std::string> emitted;
+  auto megatron = [&](const PlanFile& p, const ModelShape& m) {
+    for (const auto& [flag, value] : export_megatron(p, m, nullptr, "plan.json").args) emitted.insert(flag);
+  };
+  megatron(plan(34, 4096, {4, 4}, {{2, 2}, {2, 2}}, {0, 15, 34}, 8, 64, 1, "full"), gpt);        // first/last, tp
+  megatron(plan(34, 4096, {2, 2, 2, 2}, {{2, 1}, {2, 1}, {2, 1}, {2, 1}}, {0, 7, 16, 26, 34}, 8, 64, 3, "selective"),
+           llama);                                                                              // layout, ZeRO-3
+  megatron(plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64, 2), odd);
+  std::set<std::string> want;
+  for (const auto& [k, v] : kMegatronFlags) want.insert(k);
+  CHECK(emitted == want);
+
+  std::set<std::string> keys;
+  collect_keys(export_deepspeed(plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 4, 64, 3, "full"), llama, nullptr, "p").config, "",
+               keys);
+  collect_keys(export_deepspeed(plan(34, 4096, {4, 4}, {{4, 1}, {4, 1}}, {0, 17, 34}, 4, 64, 1), llama, nullptr, "p").config,
+               "", keys);
+  std::set<std::string> want_keys;
+  for (const auto& [k, v] : kDeepSpeedKeys) want_keys.insert(k);
+  CHECK(keys == want_keys);
+}
+
+TEST_CASE("export --to megatron: a uniform Llama plan, exact arguments", "[export]") {
+  // Llama-3.1-8B on 16 GPUs: 2 stages of (dp 4, tp 2), an uneven 15/17 split, ZeRO-1, full recomputation.
+  const PlanFile p = plan(34, 4096, {8, 8}, {{4, 2}, {4, 2}}, {0, 16, 34}, 16, 256, 1, "full");
+  const MegatronArgs m = export_megatron(p, read_hf_config(hf("llama-3.1-8b.json")), nullptr, "plan.json");
+  CHECK(m.world_size == 16);
+  const Args want = {{"--tensor-model-parallel-size", "2"},
+                     {"--pipeline-model-parallel-size", "2"},
+                     {"--sequence-parallel", ""},
+                     {"--micro-batch-size", "4"},  // 256 / 16 micro-batches / dp 4
+                     {"--global-batch-size", "256"},
+                     {"--num-layers", "32"},
+                     {"--decoder-first-pipeline-num-layers", "15"},  // Metis layers 1..15 (0 is the embedding)
+                     {"--decoder-last-pipeline-num-layers", "17"},
+                     {"--hidden-size", "4096"},
+                     {"--ffn-hidden-size", "14336"},
+                     {"--num-attention-heads", "32"},
+                     {"--group-query-attention", ""},
+                     {"--num-query-groups", "8"},
+                     {"--seq-length", "4096"},
+                     {"--max-position-embeddings", "131072"},
+                     {"--vocab-size", "128256"},
+                     {"--position-embedding-type", "rope"},
+                     {"--rotary-base", "500000"},
+                     {"--normalization", "RMSNorm"},
+                     {"--norm-epsilon", "1e-05"},
+                     {"--swiglu", ""},
+                     {"--disable-bias-linear", ""},
+                     {"--untie-embeddings-and-output-weights", ""},
+                     {"--attention-dropout", "0"},
+                     {"--hidden-dropout", "0"},
+                     {"--bf16", ""},
+                     {"--use-distributed-optimizer", ""},
+                     {"--recompute-granularity", "full"},
+                     {"--recompute-method", "uniform"},
+                     {"--recompute-num-layers", "1"}};
+  CHECK(m.args == want);
+  // Uneven middle stages: Megatron's layout string (E: embedding, t: block, L: loss).
+  const MegatronArgs l = export_megatron(plan(34, 4096, {2, 2, 2, 2}, {{2, 1}, {2, 1}, {2, 1}, {2, 1}},
+                                              {0, 7, 16, 26, 34}, 8, 64),
+                                         read_hf_config(hf("llama-3.1-8b.json")), nullptr, "plan.json");
+  CHECK(std::count(l.args.begin(), l.args.end(),
+                   std::make_pair(std::string("--pipeline-model-parallel-layout"), std::string("Et*6|t*9|t*10|t*7L"))) == 1);
+  CHECK(megatron_args_text(l, "").find("  --pipeline-model-parallel-layout 'Et*6|t*9|t*10|t*7L'\n") != std::string::npos);
+}
+
+TEST_CASE("export --to deepspeed: a ZeRO-3 plan, exact config", "[export]") {
+  const PlanFile p = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 4, 64, 3, "full");
+  const DeepSpeedConfig d = export_deepspeed(p, read_hf_config(hf("llama-3.1-8b.json")), nullptr, "plan.json");
+  const ordered_json want = ordered_json::parse(R"({
+    "train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "overlap_comm": true, "contiguous_gradients": true,
+      "reduce_bucket_size": 16777216, "stage3_prefetch_bucket_size": 15099494,
+      "stage3_param_persistence_threshold": 40960, "offload_param": {"device": "none"},
+      "offload_optimizer": {"device": "none"}},
+    "activation_checkpointing": {"partition_activations": false, "contiguous_memory_optimization": false,
+      "cpu_checkpointing": false, "number_checkpoints": 32}})");
+  CHECK(d.config == want);
+  // DeepSpeed's pipeline engine takes ZeRO 0 or 1 only.
+  CHECK_THROWS_WITH(export_deepspeed(plan(34, 4096, {4, 4}, {{4, 1}, {4, 1}}, {0, 17, 34}, 4, 64, 3),
+                                     read_hf_config(hf("llama-3.1-8b.json")), nullptr, "plan.json"),
+                    Catch::Contains("DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only"));
+}
+
+TEST_CASE("export: plans Megatron cannot run end in one line naming the stage and pointing to torchrun", "[export]") {
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));
+  CHECK_THROWS_WITH(export_megatron(plan(34, 4096, {8, 4}, {{4, 2}, {4, 1}}, {0, 16, 34}, 16, 256), llama, nullptr,
+                                    "plan.json"),
+                    "plan.json: stage 1 runs dp 4, tp 1 but stage 0 runs dp 4, tp 2: Megatron-LM needs the same (dp, tp) "
+                    "in every stage; `hetplan export --to torchrun` runs it with hetplan replay");
+  CHECK_THROWS_WITH(export_megatron(plan(34, 4096, {6}, {{6, 1}}, {0, 34}, 4, 64), llama, nullptr, "plan.json"),
+                    Catch::Contains("does not split evenly over dp 6"));
+  // Two GPU types: the placement names the stage's type.
+  const auto dir = test::scratch_dir("export-types");
+  std::ofstream((dir / "hostfile").string()) << "0.0.0.4 slots=4\n0.0.0.1 slots=4\n";
+  const Cluster c = Cluster::load((dir / "hostfile").string(), test::sample_clusterfile());
+  const RankLayout rl(c, {c.type_index("A100"), c.type_index("V100")});
+  const ParallelLayout pl(c, rl);
+  CHECK_THROWS_WITH(export_megatron(plan(34, 4096, {4, 4}, {{4, 1}, {4, 1}}, {0, 20, 34}, 8, 64, -1, "", {"A100", "V100"}),
+                                    llama, &pl, "plan.json"),
+                    "plan.json: stage 1 runs on V100 (rank 4) but stage 0 on A100: Megatron-LM needs one GPU type in "
+                    "every stage; `hetplan export --to torchrun` runs it with hetplan replay");
+}
+
+TEST_CASE("export --to torchrun: one script per host, the plan's ranks on the hostfile's GPUs", "[export][cli]") {
+  const auto dir = test::scratch_dir("export-torchrun");
+  fs::remove_all(dir / "out");
+  // 8 A100 on 0.0.0.4 (two hostfile lines), 4 V100 on 0.0.0.1: stages 0 and 1 (dp 2, tp 2) on the A100s,
+  // stage 2 (dp 4) on the V100s.
+  std::ofstream((dir / "hostfile").string()) << "0.0.0.4 slots=4\n0.0.0.4 slots=4\n0.0.0.1 slots=4\n";
+  ordered_json j = {{"node_sequence", {"A100", "V100"}}, {"device_groups", {4, 4, 4}},
+                    {"strategies", {{2, 2}, {2, 2}, {4, 1}}}, {"batches", 4}, {"layer_partition", {0, 4, 8, 10}},
+                    {"gbs", 32},  {"hostfile", (dir / "hostfile").string()},
+                    {"clusterfile", test::sample_clusterfile()},
+                    {"model", {{"num_layers", 10}, {"hidden_size", 1024}, {"sequence_length", 1024},
+                               {"vocab_size", 50257}, {"attention_heads", 16}}}};
+  write_json_file((dir / "plan.json").string(), j);
+  const test::CommandResult r = test::run_hetplan("export --plan " + (dir / "plan.json").string() +
+                                                  " --to torchrun --out " + (dir / "out").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("launch_0_0.0.0.4.sh: host 0.0.0.4, node 0, 8 rank(s)") != std::string::npos);
+  CHECK(r.output.find("launch_1_0.0.0.1.sh: host 0.0.0.1, node 1, 4 rank(s)") != std::string::npos);
+  std::ifstream f((dir / "out" / "launch_1_0.0.0.1.sh").string());
+  const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK(s.find("export HETPLAN_HOST=0.0.0.1\n") != std::string::npos);
+  CHECK(s.find("--nnodes 2 --node-rank 1 --nproc-per-node 4") != std::string::npos);
+  CHECK(s.find("--rdzv-backend c10d --rdzv-endpoint 0.0.0.4:29500") != std::string::npos);
+  CHECK(s.find("#   local GPU 3: rank 11, stage 2 (dp 4, tp 1), replica 3, tp index 0, V100\n") != std::string::npos);
+  // Only torchrun's flags (the hetplan replay flags follow --no-python).
+  const std::string launch = s.substr(s.find("exec "), s.find("--no-python") + 11 - s.find("exec "));
+  std::set<std::string> flags;
+  for (std::size_t at = launch.find("--"); at != std::string::npos; at = launch.find("--", at + 2))
+    flags.insert(launch.substr(at, launch.find_first_of(" \n", at) - at));
+  CHECK(flags == kTorchrunFlags);
+  CHECK(fs::exists(dir / "out" / "plan.json"));
+  CHECK(fs::exists(dir / "out" / "hostfile"));
+
+  // Megatron refuses the plan in one line (exit 2).
+  const test::CommandResult m = test::run_hetplan("export --plan " + (dir / "plan.json").string() + " --to megatron");
+  CHECK(m.exit_code == 2);
+  CHECK(m.output ==
+        "hetplan: error: " + (dir / "plan.json").string() +
+            ": stage 2 runs dp 4, tp 1 but stage 0 runs dp 2, tp 2: Megatron-LM needs the same (dp, tp) in every "
+            "stage; `hetplan export --to torchrun` runs it with hetplan replay\n");
+  // A tp group across hosts is refused.
+  std::ofstream((dir / "hostfile2").string()) << "10.0.0.1 slots=2\n10.0.0.2 slots=2\n";
+  write_json_file((dir / "clusterfile2.json").string(),
+                  {{"10.0.0.1", {{"instance_type", "A100"}, {"inter_bandwidth", 25}, {"intra_bandwidth", 300}, {"memory", 80}}},
+                   {"10.0.0.2", {{"instance_type", "A100"}, {"inter_bandwidth", 25}, {"intra_bandwidth", 300}, {"memory", 80}}}});
+  ordered_json k = j;
+  k["node_sequence"] = {"A100"};
+  k["device_groups"] = {4};
+  k["strategies"] = {{1, 4}};
+  k["layer_partition"] = {0, 10};
+  k["hostfile"] = (dir / "hostfile2").string();
+  k["clusterfile"] = (dir / "clusterfile2.json").string();
+  write_json_file((dir / "plan2.json").string(), k);
+  const test::CommandResult t = test::run_hetplan("export --plan " + (dir / "plan2.json").string() +
+                                                  " --to torchrun --out " + (dir / "out2").string());
+  CHECK(t.exit_code == 2);
+  CHECK(t.output == "hetplan: error: " + (dir / "plan2.json").string() +
+                        ": stage 0 replica 0: its tp group spans hosts 10.0.0.1 (rank 0) and 10.0.0.2 (rank 2); tensor "
+                        "parallelism must stay inside a host\n");
+}
