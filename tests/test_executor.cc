@@ -9,6 +9,7 @@
 
 #include "executor/pipeline_layout.h"
 #include "executor/pipeline_runtime.h"
+#include "executor/zero_optimizer.h"
 #include "profiler/mixed_precision.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
@@ -104,6 +105,8 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
   const ordered_json result = read_json_file((dir / "result.json").string());
   REQUIRE(result["losses"].size() == 2);
   for (int k = 0; k < 2; ++k) CHECK(std::abs(result["losses"][k].get<double>() - ref.losses[k]) <= 1e-4 * ref.losses[k]);
+  if (const auto z = extra.find("--zero "); z != std::string::npos)
+    CHECK(result["zero_stage_executed"] == std::stoi(extra.substr(z + 7)));
 
   // Reassemble every parameter from the ranks of replica 0 (all replicas must agree).
   std::map<std::pair<int64_t, std::string>, std::vector<std::pair<int, torch::Tensor>>> shards;
@@ -344,4 +347,106 @@ TEST_CASE("replay in bf16 (pp 2, dp 2, ZeRO-1) on the CPU: losses within bf16's 
   // computed in fp32 from bf16 logits, so it may differ by about that much.
   for (int k = 0; k < 2; ++k)
     CHECK(std::abs(result["losses"][k].get<double>() - ref.losses[k]) <= std::ldexp(1.0, -8) * ref.losses[k]);
+}
+
+// dp 2, tp 2, pp 2 (8 Gloo ranks): ZeRO and recomputation with every kind of
+// parallelism in play. The tied embedding is split over the two stages, so
+// its gradient is also summed between them (from the dp chunks under ZeRO-2/3).
+ordered_json plan_dp2tp2pp2() { return plan_json({4, 4}, {{2, 2}, {2, 2}}, {0, 2, 4}, 2); }
+
+TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-1 trains like one process", "[executor][zero]") {
+  check_plan_trains_like_one_process("dp2tp2pp2-zero1", plan_dp2tp2pp2(), "1f1b", "", "--zero 1");
+}
+
+TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-2 (gradients reduce-scattered per layer) trains like one process",
+          "[executor][zero]") {
+  check_plan_trains_like_one_process("dp2tp2pp2-zero2", plan_dp2tp2pp2(), "1f1b", "", "--zero 2");
+}
+
+TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-3 (weights gathered per layer just in time) trains like one process",
+          "[executor][zero]") {
+  check_plan_trains_like_one_process("dp2tp2pp2-zero3", plan_dp2tp2pp2(), "1f1b", "", "--zero 3");
+}
+
+TEST_CASE("replay (dp 2, tp 2, pp 2) with full recomputation trains like one process", "[executor][recompute]") {
+  check_plan_trains_like_one_process("dp2tp2pp2-full", plan_dp2tp2pp2(), "1f1b", "", "--recompute full --zero 1");
+}
+
+TEST_CASE("replay (dp 2, tp 2, pp 2) with selective recomputation trains like one process", "[executor][recompute]") {
+  check_plan_trains_like_one_process("dp2tp2pp2-selective", plan_dp2tp2pp2(), "gpipe", "",
+                                     "--recompute selective --zero 2");
+}
+
+TEST_CASE("replay with ZeRO-3 and full recomputation (recomputed blocks gather their weights again) trains like one process",
+          "[executor][zero][recompute]") {
+  check_plan_trains_like_one_process("dp2tp2pp2-zero3-full", plan_dp2tp2pp2(), "1f1b", "", "--zero 3 --recompute full");
+}
+
+TEST_CASE("replay with ZeRO-2/3 on uneven shards, a stage of one replica and one stage holding both tied ends",
+          "[executor][zero]") {
+  // Stage 0 at dp 3 (units padded to a multiple of 3), stage 1 at dp 1; the
+  // tied embedding's gradient is summed over all four ranks (emb_full).
+  check_plan_trains_like_one_process("dp3-zero2", plan_json({3, 1}, {{3, 1}, {1, 1}}, {0, 2, 4}, 2), "gpipe", "",
+                                     "--zero 2");
+  check_plan_trains_like_one_process("dp3-zero3", plan_json({3, 1}, {{3, 1}, {1, 1}}, {0, 2, 4}, 2), "1f1b", "",
+                                     "--zero 3");
+  // One stage, tp 2, dp 2: the embedding and the head share one weight (its own unit, used by two layers).
+  check_plan_trains_like_one_process("tp2dp2-zero3", plan_json({4}, {{2, 2}}, {0, 4}, 2), "1f1b", "", "--zero 3");
+}
+
+TEST_CASE("replay of a Llama with ZeRO-3 and selective recomputation trains like one process", "[executor][zero]") {
+  const auto dir = test::scratch_dir("replay-llama-config-zero");
+  fs::create_directories(dir);
+  const std::string path = (dir / "config.json").string();
+  std::ofstream(path) << kLlamaConfig;
+  check_plan_trains_like_one_process("llama-dp2tp2pp2-zero3", plan_dp2tp2pp2(), "1f1b", path,
+                                     "--zero 3 --recompute selective");
+}
+
+TEST_CASE("replay reports per-rank memory fields; on the CPU the device ones are null with a reason",
+          "[executor][memory]") {
+  const auto dir = test::scratch_dir("replay-memory-fields");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_json_file((dir / "plan.json").string(), plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2));
+  const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype bf16 --iters 1 --warmup 0 --zero 3 --plan " +
+                                                  (dir / "plan.json").string() + " --out " + (dir / "result.json").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const ordered_json result = read_json_file((dir / "result.json").string());
+  CHECK(result["zero_stage_executed"] == 3);
+  REQUIRE(result["ranks"].size() == 4);
+  for (const auto& rk : result["ranks"]) {
+    CHECK(rk["peak_reserved_mb"].is_null());
+    CHECK(rk["device_used_mb"].is_null());
+    CHECK(rk["memory_note"].is_string());
+    if (!rk["peak_allocated_mb"].is_null()) CHECK(rk["peak_allocated_mb"].get<double>() == rk["peak_memory_mb"].get<double>());
+  }
+}
+
+TEST_CASE("ZeRO state bytes per parameter: Megatron's 18 divided as each stage shards", "[executor][zero]") {
+  CHECK(ZeroOptimizer::state_bytes_per_parameter(torch::kBFloat16, 2, 4) == 2 + 16.0 / 4);
+  CHECK(ZeroOptimizer::state_bytes_per_parameter(torch::kBFloat16, 3, 4) == 18.0 / 4);
+  CHECK(ZeroOptimizer::state_bytes_per_parameter(torch::kBFloat16, 2, 1) == 18);
+}
+
+TEST_CASE("replay in bf16 with ZeRO-2 and ZeRO-3 (pp 2, dp 2) on the CPU: losses within bf16's resolution of fp32 training",
+          "[executor][mixed][zero]") {
+  for (const char* zero : {"2", "3"}) {
+    const auto dir = test::scratch_dir(std::string("replay-bf16-zero") + zero);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    write_json_file((dir / "plan.json").string(), plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2));
+    const test::CommandResult r =
+        test::run_hetplan(std::string("replay --device cpu --dtype bf16 --iters 2 --warmup 0 --lr 0.001 --zero ") + zero +
+                          " --plan " + (dir / "plan.json").string() + " --out " + (dir / "result.json").string());
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const ordered_json result = read_json_file((dir / "result.json").string());
+    CHECK(result["zero_stage_executed"] == std::atoi(zero));
+    const Reference& ref = reference(2, plan_shape());
+    REQUIRE(result["losses"].size() == 2);
+    for (int k = 0; k < 2; ++k)
+      CHECK(std::abs(result["losses"][k].get<double>() - ref.losses[k]) <= std::ldexp(1.0, -8) * ref.losses[k]);
+  }
 }
