@@ -124,7 +124,7 @@ torch::Tensor MixedPrecisionAdam::main_grad_of(const torch::Tensor& param) const
 }
 
 void MixedPrecisionAdam::zero_grad() {
-  for (auto& g : main_grads_) g.zero_();
+  if (flat_.defined()) flat_.zero_();  // one kernel: main_grads_ are views of it
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
 }
 

@@ -34,7 +34,7 @@ for shape in "${shapes[@]}"; do
   else
     "${py[@]}" --emit-plan "$out/$shape.plan.json"
   fi
-  "$bin" replay --plan "$out/$shape.plan.json" "${hf[@]}" --device cuda --dtype bf16 --schedule 1f1b \
+  "$bin" replay --plan "$out/$shape.plan.json" ${hf[@]+"${hf[@]}"} --device cuda --dtype bf16 --schedule 1f1b \
     --iters "$iters" --warmup "$warmup" --out "$out/$shape.replay.json" > "$out/$shape.replay.log" 2>&1 \
     || { echo "replay of $shape failed:" >&2; tail -20 "$out/$shape.replay.log" >&2; status=1; continue; }
   tail -6 "$out/$shape.replay.log" >&2

@@ -403,7 +403,7 @@ TEST_CASE("replay of a Llama with ZeRO-3 and selective recomputation trains like
                                      "--zero 3 --recompute selective");
 }
 
-TEST_CASE("replay reports per-rank memory fields; on the CPU the device ones are null with a reason",
+TEST_CASE("replay reports per-rank memory fields, on the CPU the device ones null with a reason",
           "[executor][memory]") {
   const auto dir = test::scratch_dir("replay-memory-fields");
   fs::remove_all(dir);
