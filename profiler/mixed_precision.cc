@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
 
+#include <iostream>
+
 namespace hetplan::profiler {
 
 namespace {
@@ -170,12 +172,25 @@ void FlatAdam::step(const torch::Tensor& grad) {
 #if TORCH_VERSION_MAJOR >= 2
   if (fused_) {
     // torch.optim.Adam(fused=True): the step count is advanced outside the kernel.
-    step_.add_(1);
-    const torch::optim::AdamOptions o(lr_);
-    torch::Tensor p = param_.detach();
-    at::_fused_adam_({p}, {grad}, {exp_avg_}, {exp_avg_sq_}, {}, {step_}, lr_, std::get<0>(o.betas()),
-                     std::get<1>(o.betas()), o.weight_decay(), o.eps(), /*amsgrad=*/false, /*maximize=*/false);
-    return;
+    const bool first = !adam_started_;
+    adam_started_ = true;
+    try {
+      step_.add_(1);
+      const torch::optim::AdamOptions o(lr_);
+      torch::Tensor p = param_.detach();
+      at::_fused_adam_({p}, {grad}, {exp_avg_}, {exp_avg_sq_}, {}, {step_}, lr_, std::get<0>(o.betas()),
+                       std::get<1>(o.betas()), o.weight_decay(), o.eps(), /*amsgrad=*/false, /*maximize=*/false);
+      return;
+    } catch (const c10::Error& e) {
+      if (!first) throw;
+      // This LibTorch cannot run the fused kernel here: torch::optim::Adam from
+      // the first step on (nothing was updated yet), and say so once.
+      std::cerr << "FlatAdam: fused Adam unavailable (" << std::string(e.what()).substr(0, 200)
+                << "); using torch::optim::Adam\n";
+      fused_ = false;
+      exp_avg_ = exp_avg_sq_ = step_ = torch::Tensor();
+      adam_ = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{param_}, torch::optim::AdamOptions(lr_));
+    }
   }
 #endif
   param_.mutable_grad() = grad;

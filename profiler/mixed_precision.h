@@ -38,7 +38,8 @@ namespace hetplan::profiler {
 // Adam over one flat fp32 tensor `param` (a leaf; e.g. sharded masters),
 // given its gradient at each step. On CUDA with LibTorch >= 2 it runs one
 // fused kernel (at::_fused_adam_, as torch.optim.Adam(fused=True)); elsewhere
-// torch::optim::Adam, whose results it then equals bit for bit.
+// torch::optim::Adam, whose results it then equals bit for bit (also on CUDA
+// if the fused kernel refuses its first step: it says so on stderr).
 class FlatAdam {
  public:
   FlatAdam(torch::Tensor param, double lr);
@@ -49,7 +50,7 @@ class FlatAdam {
   torch::Tensor param_, exp_avg_, exp_avg_sq_, step_;
   std::unique_ptr<torch::optim::Adam> adam_;
   double lr_;
-  bool fused_ = false;
+  bool fused_ = false, adam_started_ = false;
 };
 
 class MixedPrecisionAdam {
