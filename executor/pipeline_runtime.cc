@@ -111,6 +111,9 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   const int m = layout.batches(), mb = layout.micro_batch();
 
   profiler::use_device(c.device);
+  // Before anything is allocated: on the CPU the meter's counting allocator
+  // sees only what is allocated after it is installed (CUDA counts from the start).
+  profiler::DeviceMeter meter(c.device);
   RankGroups groups = make_groups(layout, me, c, env);
   profiler::TensorParallelGroup tp_group;
   if (st.tp > 1) tp_group = profiler::TensorParallelGroup(t, st.tp, groups.tp);
@@ -162,7 +165,6 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   const auto act_opts = torch::TensorOptions().dtype(c.dtype).device(c.device);
   const auto id_opts = torch::TensorOptions().dtype(torch::kLong).device(c.device);
 
-  profiler::DeviceMeter meter(c.device);
   // Device memory in use (CUDA context and NCCL included), sampled at the end
   // of each iteration (nothing pending; the caching allocator keeps what the
   // iteration reserved, so this is the iteration's high-water mark of the
