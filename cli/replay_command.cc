@@ -86,10 +86,9 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
     c.model.shape = shape_from_model_config(m);
   }
   c.model.seq_len = pm.sequence_length;
-  // ZeRO: the flag, else the plan's stage (2 and 3 run as 1: replay shards
-  // optimizer state only).
-  if (a.zero > 1) throw InputError("--zero " + std::to_string(a.zero) + ": replay executes ZeRO stage 0 or 1");
-  c.zero_stage = a.zero >= 0 ? a.zero : std::min(1, std::max(0, p.plan.zero_stage));
+  // ZeRO: the flag, else the plan's stage.
+  if (a.zero > 3) throw InputError("--zero " + std::to_string(a.zero) + ": expected 0, 1, 2 or 3");
+  c.zero_stage = a.zero >= 0 ? a.zero : std::min(3, std::max(0, p.plan.zero_stage));
   // Activation recomputation: the flag, else the setting the plan was costed with.
   if (!a.recompute.empty()) c.model.recompute = parse_recompute(a.recompute, "--recompute");
   else if (!p.plan.recompute.empty()) c.model.recompute = parse_recompute(p.plan.recompute, a.plan + ": recompute");
@@ -294,7 +293,9 @@ int run_replay(const ReplayArgs& a) {
   out["recompute"] = p.config.model.recompute == Recompute::kFull        ? "full"
                      : p.config.model.recompute == Recompute::kSelective ? "selective"
                                                                           : "none";
-  out["zero_stage_executed"] = p.config.zero_stage;  // 1: optimizer state sharded over dp
+  // 1: fp32 masters and Adam state sharded over each stage's dp group; 2: and
+  // the fp32 gradients (reduce-scattered); 3: and the 16-bit weights (gathered per layer).
+  out["zero_stage_executed"] = p.config.zero_stage;
   out["model"] = {{"name", m.shape.name},
                   {"family", m.shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2"},
                   {"parameters", m.shape.parameter_count()},
@@ -317,11 +318,19 @@ int run_replay(const ReplayArgs& a) {
   out["prediction_error"] = predicted > 0 ? ordered_json((med - predicted) / med) : ordered_json(nullptr);
   out["losses"] = losses;
   ordered_json ranks = ordered_json::array();
+  auto mb = [](const std::optional<double>& v) { return v ? ordered_json(*v) : ordered_json(nullptr); };
   for (const auto& rep : reports)
-    ranks.push_back({{"rank", rep.rank}, {"stage", rep.stage}, {"replica", rep.replica}, {"tp_index", rep.tp_index},
+    ranks.push_back({{"rank", rep.rank},
+                     {"stage", rep.stage},
+                     {"replica", rep.replica},
+                     {"tp_index", rep.tp_index},
                      {"peak_memory_mb", rep.peak_memory_mb},
                      {"peak_forward_backward_mb", rep.peak_forward_backward_mb},
-                     {"peak_optimizer_mb", rep.peak_optimizer_mb}});
+                     {"peak_optimizer_mb", rep.peak_optimizer_mb},
+                     {"peak_allocated_mb", mb(rep.peak_allocated_mb)},
+                     {"peak_reserved_mb", mb(rep.peak_reserved_mb)},
+                     {"device_used_mb", mb(rep.device_used_mb)},
+                     {"memory_note", rep.memory_note.empty() ? ordered_json(nullptr) : ordered_json(rep.memory_note)}});
   out["ranks"] = ranks;
   write_json_file(a.out, out);
 
@@ -347,9 +356,13 @@ int run_replay(const ReplayArgs& a) {
   if (predicted > 0)
     std::cout << std::setprecision(3) << "predicted_ms (the plan's cost, by the search's cost model): " << predicted << ", error (measured - predicted) / "
               << "measured: " << std::setprecision(1) << 100 * (med - predicted) / med << "%\n";
-  for (const auto& rep : reports)
-    std::cout << std::setprecision(1) << "rank " << rep.rank << " stage " << rep.stage << ": peak "
-              << rep.peak_memory_mb << " MB\n";
+  for (const auto& rep : reports) {
+    std::cout << std::setprecision(1) << "rank " << rep.rank << " stage " << rep.stage << ": peak allocated "
+              << rep.peak_memory_mb << " MB";
+    if (rep.peak_reserved_mb) std::cout << ", reserved " << *rep.peak_reserved_mb << " MB";
+    if (rep.device_used_mb) std::cout << ", device in use " << *rep.device_used_mb << " MB";
+    std::cout << "\n";
+  }
   std::cout << "wrote " << a.out << " and " << trace_path << "\n";
   return 0;
 }
@@ -376,8 +389,9 @@ Runner add_replay_command(CLI::App& app, int argc, char** argv) {
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
   s->add_option("--heads", a->heads, "Attention heads (default: the plan's model)");
   s->add_option("--zero", a->zero,
-                "ZeRO stage to execute: 0 (replicated optimizer state) or 1 (fp32 masters and Adam state sharded over "
-                "each stage's replicas) (default: the plan's, 2 and 3 run as 1)");
+                "ZeRO stage to execute over each stage's replicas: 0 (replicated), 1 (fp32 masters and Adam state "
+                "sharded), 2 (and fp32 gradients, reduce-scattered per layer), 3 (and bf16 weights, gathered per "
+                "layer just in time, as FSDP) (default: the plan's)");
   s->add_option("--recompute", a->recompute,
                 "Activation recomputation: none, selective (core attention) or full (each block) (default: the "
                 "plan's setting, else none)");

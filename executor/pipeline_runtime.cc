@@ -8,6 +8,7 @@
 #include <map>
 
 #include "profiler/device_meter.h"
+#include "executor/zero_optimizer.h"
 #include "profiler/mixed_precision.h"
 #include "sim/input_error.h"
 
@@ -110,6 +111,9 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   const int m = layout.batches(), mb = layout.micro_batch();
 
   profiler::use_device(c.device);
+  // Before anything is allocated: on the CPU the meter's counting allocator
+  // sees only what is allocated after it is installed (CUDA counts from the start).
+  profiler::DeviceMeter meter(c.device);
   RankGroups groups = make_groups(layout, me, c, env);
   profiler::TensorParallelGroup tp_group;
   if (st.tp > 1) tp_group = profiler::TensorParallelGroup(t, st.tp, groups.tp);
@@ -117,15 +121,56 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   stage_model.to(c.device, c.dtype);
   std::vector<torch::Tensor> params = stage_model.parameters();
   // bf16 weights: fp32 main gradients, master weights and Adam state (Megatron's mixed precision).
-  const bool zero = c.zero_stage >= 1 && st.dp > 1;
-  profiler::MixedPrecisionAdam adam(params, c.lr, zero ? replica : 0, zero ? st.dp : 1, /*in_backward=*/true);
+  // ZeRO-1: MixedPrecisionAdam with sharded masters; ZeRO-2/3: ZeroOptimizer over layer units.
   const torch::Tensor tied = stage_model.tied_embedding_to_sync();
+  const bool zero = c.zero_stage == 1 && st.dp > 1;
+  std::unique_ptr<profiler::MixedPrecisionAdam> mp_adam;
+  std::unique_ptr<ZeroOptimizer> zopt;
+  auto& layers = stage_model.layers();
+  std::vector<std::vector<int>> layer_units(layers.size());
+  if (c.zero_stage >= 2) {
+    // Units: each layer's parameters; a tied embedding alone (it is synced
+    // between pipeline ends, and a GPT holding both ends uses it in two layers).
+    torch::Tensor solo = tied;
+    const bool shared = c.model.shape.tied_embeddings && st.first_layer == 0 && stage_model.has_head();
+    if (shared) solo = std::dynamic_pointer_cast<profiler::EmbeddingLayer>(layers.front())->word_embeddings();
+    std::vector<std::vector<torch::Tensor>> units;
+    int solo_unit = -1;
+    for (std::size_t li = 0; li < layers.size(); ++li) {
+      std::vector<torch::Tensor> own;
+      for (const auto& p : layers[li]->parameters()) {
+        if (solo.defined() && p.unsafeGetTensorImpl() == solo.unsafeGetTensorImpl()) {
+          if (solo_unit < 0) {
+            solo_unit = static_cast<int>(units.size());
+            units.push_back({p});
+          }
+          layer_units[li].push_back(solo_unit);
+        } else {
+          own.push_back(p);
+        }
+      }
+      if (!own.empty()) {
+        layer_units[li].push_back(static_cast<int>(units.size()));
+        units.push_back(std::move(own));
+      }
+    }
+    if (shared && solo_unit >= 0) layer_units.back().push_back(solo_unit);  // the head's use of the embedding
+    zopt = std::make_unique<ZeroOptimizer>(c.zero_stage, std::move(units), c.lr, st.dp > 1 ? groups.dp : nullptr);
+  } else {
+    mp_adam = std::make_unique<profiler::MixedPrecisionAdam>(params, c.lr, zero ? replica : 0, zero ? st.dp : 1,
+                                                             /*in_backward=*/true);
+  }
   const int64_t hidden = c.model.shape.hidden_size;
   const bool tokens_in = st.first_layer == 0;                 // this stage's input is token ids
   const auto act_opts = torch::TensorOptions().dtype(c.dtype).device(c.device);
   const auto id_opts = torch::TensorOptions().dtype(torch::kLong).device(c.device);
 
-  profiler::DeviceMeter meter(c.device);
+  // Device memory in use (CUDA context and NCCL included), sampled at the end
+  // of each iteration (nothing pending; the caching allocator keeps what the
+  // iteration reserved, so this is the iteration's high-water mark of the
+  // device, cuBLAS and NCCL workspaces included); its maximum is reported.
+  int64_t device_used_peak = -1;
+  auto sample_memory = [&] { device_used_peak = std::max(device_used_peak, meter.device_used()); };
   RankReport report;
   report.rank = me;
   report.stage = s;
@@ -178,7 +223,8 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
     if (record) meter.reset_peak();
     const auto t0 = std::chrono::steady_clock::now();
     const int origin = meter.mark();
-    adam.zero_grad();
+    if (zopt) zopt->zero_grad();
+    else mp_adam->zero_grad();
 
     auto forward = [&](int j) {
       torch::Tensor x;
@@ -199,7 +245,15 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
       torch::Tensor y = x;
       timed("forward", j, [&] {
         if (last) stage_model.head().set_targets(targets_full.narrow(0, row, mine.size()));
-        for (auto& layer : stage_model.layers()) y = layer->forward(y);
+        for (std::size_t li = 0; li < layers.size(); ++li) {
+          if (zopt)
+            for (int u : layer_units[li]) zopt->gather(u);  // ZeRO-3: just in time
+          y = layers[li]->forward(y);
+          if (zopt) {
+            for (int u : layer_units[li]) zopt->release(u);
+            zopt->register_backward_gather(y, layer_units[li]);
+          }
+        }
         // The loss of this replica's samples, weighted by its share of the global batch.
         if (last) y = y * (static_cast<double>(mine.size()) / c.gbs);
       });
@@ -225,12 +279,17 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
         if (!pieces.empty()) grad = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
       }
       timed("backward", j, [&] {
+        if (zopt)
+          for (int u : layer_units.back()) zopt->gather(u);  // the root's layer (its output hook may not fire)
         if (last) {
           mbst.output.backward();
         } else if (mbst.output.requires_grad() && grad.defined()) {
           mbst.output.backward(grad);
         }
-        adam.accumulate_grads();  // nothing left: the backward added each gradient into its fp32 main gradient
+        // Nothing left: the backward hooks added each gradient into its fp32
+        // main gradient (ZeRO-2/3: reduce-scattered into this rank's chunk).
+        if (zopt) zopt->finish_backward();
+        else mp_adam->accumulate_grads();
       });
       if (!first && !tokens_in) {
         const torch::Tensor g = mbst.input.grad();
@@ -259,18 +318,16 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
     for (auto& w : pending) w();
     pending.clear();
 
-    if (groups.dp) {
+    if (groups.dp && !zopt) {
       timed("allreduce", -1, [&] {
-        if (zero) {
-          groups.dp->all_reduce(adam.flat_main_grads());
-        } else {
-          for (auto& g : adam.main_grads()) groups.dp->all_reduce(g);
-        }
+        groups.dp->all_reduce(mp_adam->flat_main_grads());  // one flat fp32 buffer (ZeRO-1 too)
       });
     }
     if (groups.emb && tied.defined()) {
       timed("allreduce", -1, [&] {
-        torch::Tensor g = adam.main_grad_of(tied);
+        // ZeRO-2/3: the stage's summed gradient of the tied unit, gathered from the dp chunks.
+        const int tied_unit = zopt ? zopt->unit_of(tied) : -1;
+        torch::Tensor g = zopt ? zopt->full_gradient(tied_unit, tied) : mp_adam->main_grad_of(tied);
         if (!groups.emb_full) {
           groups.emb->all_reduce(g);
         } else {
@@ -281,6 +338,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
           groups.emb->all_reduce(full);
           g.copy_(full.narrow(0, t * rows, rows));
         }
+        if (zopt) zopt->set_unit_gradient(tied_unit, tied, g);
       });
     }
     if (record && meter.has_memory_stats()) {
@@ -289,10 +347,12 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
       meter.reset_peak();
     }
     timed("optimizer", -1, [&] {
-      if (zero) {
-        adam.step_sharded([&](std::vector<torch::Tensor>& out, torch::Tensor& in) { groups.dp->all_gather(out, in); });
+      if (zopt) {
+        zopt->step();
+      } else if (zero) {
+        mp_adam->step_sharded([&](std::vector<torch::Tensor>& out, torch::Tensor& in) { groups.dp->all_gather(out, in); });
       } else {
-        adam.step();
+        mp_adam->step();
       }
     });
     meter.sync();
@@ -300,6 +360,7 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
       report.peak_optimizer_mb = std::max(report.peak_optimizer_mb, meter.peak() / (1024.0 * 1024.0));
     world_barrier();
     meter.sync();
+    sample_memory();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!record) continue;
     report.iteration_ms.push_back(ms);
@@ -308,13 +369,25 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
     for (const Mark& mk : marks)
       report.trace.push_back({mk.name, meter.elapsed_ms(origin, mk.a), meter.elapsed_ms(origin, mk.b), mk.micro_batch});
   }
+  constexpr double kMiB = 1024.0 * 1024.0;
   report.peak_memory_mb = std::max(report.peak_forward_backward_mb, report.peak_optimizer_mb);
+  if (meter.has_memory_stats()) report.peak_allocated_mb = report.peak_memory_mb;
+  if (c.device.is_cuda()) {
+    if (meter.peak_reserved() >= 0) report.peak_reserved_mb = meter.peak_reserved() / kMiB;
+    if (device_used_peak >= 0) report.device_used_mb = device_used_peak / kMiB;
+  } else {
+    report.memory_note = meter.has_memory_stats()
+                             ? "CPU run: peak_allocated_mb counts LibTorch's CPU allocations; there is no caching "
+                               "allocator (reserved) and no device memory"
+                             : "CPU run: this LibTorch cannot count CPU allocations; there is no device memory";
+  }
 
   if (!c.dump_dir.empty()) {
     fs::create_directories(c.dump_dir);
     std::vector<torch::Tensor> cpu;
     ordered_json index = ordered_json::array();
     int64_t layer = st.first_layer;
+    if (zopt) zopt->gather_all();  // ZeRO-3 keeps only chunks between steps
     for (auto& l : stage_model.layers()) {
       for (const auto& p : l->named_parameters()) {
         cpu.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
@@ -331,13 +404,24 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   return report;
 }
 
+namespace {
+ordered_json opt(const std::optional<double>& v) { return v ? ordered_json(*v) : ordered_json(nullptr); }
+std::optional<double> opt_from(const ordered_json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  return j[key].get<double>();
+}
+}  // namespace
+
 ordered_json rank_report_to_json(const RankReport& r) {
   ordered_json spans = ordered_json::array();
   for (const Span& s : r.trace) spans.push_back({s.name, s.start_ms, s.end_ms, s.micro_batch});
   return {{"rank", r.rank},       {"stage", r.stage},   {"replica", r.replica},
           {"tp_index", r.tp_index}, {"iteration_ms", r.iteration_ms}, {"losses", r.losses},
           {"peak_memory_mb", r.peak_memory_mb}, {"peak_forward_backward_mb", r.peak_forward_backward_mb},
-          {"peak_optimizer_mb", r.peak_optimizer_mb}, {"trace", spans}};
+          {"peak_optimizer_mb", r.peak_optimizer_mb}, {"peak_allocated_mb", opt(r.peak_allocated_mb)},
+          {"peak_reserved_mb", opt(r.peak_reserved_mb)}, {"device_used_mb", opt(r.device_used_mb)},
+          {"memory_note", r.memory_note.empty() ? ordered_json(nullptr) : ordered_json(r.memory_note)},
+          {"trace", spans}};
 }
 
 RankReport rank_report_from_json(const ordered_json& j) {
@@ -351,6 +435,10 @@ RankReport rank_report_from_json(const ordered_json& j) {
   r.peak_memory_mb = j["peak_memory_mb"];
   r.peak_forward_backward_mb = j.value("peak_forward_backward_mb", 0.0);
   r.peak_optimizer_mb = j.value("peak_optimizer_mb", 0.0);
+  r.peak_allocated_mb = opt_from(j, "peak_allocated_mb");
+  r.peak_reserved_mb = opt_from(j, "peak_reserved_mb");
+  r.device_used_mb = opt_from(j, "device_used_mb");
+  if (j.contains("memory_note") && j["memory_note"].is_string()) r.memory_note = j["memory_note"];
   for (const auto& s : j["trace"])
     r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>()});
   return r;

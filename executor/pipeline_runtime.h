@@ -13,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,9 +34,11 @@ struct ReplayConfig {
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;
   double lr = 1e-3;
-  // 1: ZeRO-1 over each stage's data-parallel replicas (sharded fp32 masters
-  // and Adam state; the gradient sum is one all-reduce of the flat fp32
-  // buffer, standing in for a reduce-scatter, which Gloo lacks).
+  // ZeRO over each stage's data-parallel replicas. 1: sharded fp32 masters
+  // and Adam state (MixedPrecisionAdam; the gradient sum is one all-reduce
+  // of the flat fp32 buffer). 2: also the fp32 gradients, reduce-scattered
+  // per layer and micro-batch; 3: also the 16-bit weights, gathered per
+  // layer just in time (executor/zero_optimizer.h).
   int zero_stage = 0;
   uint64_t data_seed = 42;
   std::chrono::milliseconds timeout{300000};
@@ -56,9 +59,14 @@ struct RankReport {
   int rank = 0, stage = 0, replica = 0, tp_index = 0;
   std::vector<double> iteration_ms;  // measured iterations
   std::vector<double> losses;        // this rank's share of each step's loss (last stage, tp index 0)
-  // Peak allocated memory over the measured iterations (the warmup's excluded):
-  // the larger of the forward/backward phase's and the optimizer step's.
+  // Memory over the measured iterations (the warmup's excluded), as the simulator predicts it (MiB;
+  // nullopt where not measurable, memory_note says why). peak_memory_mb = peak_allocated_mb (0 where not
+  // measured): the larger of the forward/backward phase's and the optimizer step's peak of live tensors.
   double peak_memory_mb = 0, peak_forward_backward_mb = 0, peak_optimizer_mb = 0;
+  std::optional<double> peak_allocated_mb;
+  std::optional<double> peak_reserved_mb;   // CUDA caching allocator's peak reserved (cached) bytes
+  std::optional<double> device_used_mb;     // max over the run of cudaMemGetInfo total - free (context, NCCL included)
+  std::string memory_note;
   std::vector<Span> trace;           // the last measured iteration
 };
 

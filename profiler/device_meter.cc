@@ -207,6 +207,25 @@ int64_t DeviceMeter::framework_bytes() const {
   return -1;
 }
 
+int64_t DeviceMeter::peak_reserved() const {
+#if defined(HETPLAN_TORCH_CUDA)
+  if (device_.is_cuda())
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).reserved_bytes[0].peak;
+#endif
+  return -1;
+}
+
+int64_t DeviceMeter::device_used() const {
+#if defined(HETPLAN_TORCH_CUDA)
+  if (device_.is_cuda()) {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+    return static_cast<int64_t>(total - free);
+  }
+#endif
+  return -1;
+}
+
 void DeviceMeter::release_cached() {
 #if defined(HETPLAN_TORCH_CUDA)
   if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();

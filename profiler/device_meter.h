@@ -36,6 +36,12 @@ class DeviceMeter {
   // Device memory this process holds outside PyTorch's allocator (CUDA
   // context, cuBLAS/cuDNN/NCCL workspaces); -1 where it cannot be measured.
   int64_t framework_bytes() const;
+  // CUDA: the caching allocator's peak reserved bytes since reset_peak(),
+  // and the device memory in use now by every process on the device
+  // (cudaMemGetInfo: total - free; CUDA context, NCCL and library workspaces
+  // included); -1 elsewhere.
+  int64_t peak_reserved() const;
+  int64_t device_used() const;
 
   // CPU only: refuse allocations past `bytes` (0: no limit).
   static bool set_cpu_memory_limit(int64_t bytes);

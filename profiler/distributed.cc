@@ -21,6 +21,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #if defined(HETPLAN_TORCH_CUDA)
 #include <c10/cuda/CUDAFunctions.h>
@@ -58,6 +59,40 @@ class C10dCollectives : public CommGroup {
     std::vector<torch::Tensor> i{in};
     pg_->allgather(o, i)->wait();
   }
+  void reduce_scatter(torch::Tensor& out, torch::Tensor& in) override {
+    const int64_t n = out.numel();
+    TORCH_CHECK(in.numel() == n * size() && in.is_contiguous() && out.is_contiguous(), "reduce_scatter: bad shapes");
+#if defined(HETPLAN_TORCH_CUDA)
+    if constexpr (std::is_same_v<PG, c10d::ProcessGroupNCCL>) {
+      pg_->_reduce_scatter_base(out, in)->wait();
+      return;
+    }
+#endif
+    std::vector<torch::Tensor> v{in};
+    pg_->allreduce(v)->wait();
+    out.copy_(in.view({-1}).narrow(0, rank() * n, n).view(out.sizes()));
+  }
+  void all_gather_flat(torch::Tensor& out, const torch::Tensor& in) override {
+    const int64_t n = in.numel();
+    TORCH_CHECK(out.numel() == n * size() && out.is_contiguous(), "all_gather_flat: bad shapes");
+#if defined(HETPLAN_TORCH_CUDA)
+    if constexpr (std::is_same_v<PG, c10d::ProcessGroupNCCL>) {
+      torch::Tensor i = in.contiguous();
+      pg_->_allgather_base(out, i)->wait();
+      return;
+    }
+#endif
+    const bool narrow_float = in.scalar_type() == torch::kBFloat16 || in.scalar_type() == torch::kHalf;
+    torch::Tensor i = (narrow_float ? in.to(torch::kFloat32) : in).contiguous().view({-1});
+    std::vector<torch::Tensor> chunks;
+    for (int r = 0; r < size(); ++r) chunks.push_back(torch::empty_like(i));
+    std::vector<std::vector<torch::Tensor>> o{chunks};
+    std::vector<torch::Tensor> iv{i};
+    pg_->allgather(o, iv)->wait();
+    out.view({-1}).copy_(torch::cat(o[0]));
+  }
+  int rank() const override { return pg_->getRank(); }
+  int size() const override { return pg_->getSize(); }
 
  private:
   c10::intrusive_ptr<PG> pg_;

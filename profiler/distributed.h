@@ -72,6 +72,18 @@ class CommGroup : public TensorParallelGroup::Collectives {
   using Waiter = std::function<void()>;
   virtual Waiter send(const torch::Tensor& t, int dst, int tag) = 0;
   virtual void recv(torch::Tensor& t, int src, int tag) = 0;
+  // Flat collectives of the distributed optimizers (executor/zero_optimizer.h).
+  // reduce_scatter: `in` holds size() equal chunks of out.numel() elements;
+  // `out` receives this rank's chunk of their sum over the group. NCCL runs a
+  // reduce-scatter; Gloo (which lacks one in LibTorch 1.13) all-reduces `in`
+  // in place and copies this rank's chunk, so `in` is clobbered either way.
+  virtual void reduce_scatter(torch::Tensor& out, torch::Tensor& in) = 0;
+  // all_gather_flat: `out` (size() * in.numel() elements, contiguous) gets
+  // every rank's `in`, in rank order. NCCL: one flat all-gather; Gloo: per
+  // chunk, through fp32 for 16-bit floats (Gloo gathers no bf16).
+  virtual void all_gather_flat(torch::Tensor& out, const torch::Tensor& in) = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
 };
 
 // The world's rendezvous: a TCPStore on MASTER_ADDR:MASTER_PORT (rank 0 serves it).

@@ -3,6 +3,9 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
+
+#include <iostream>
 
 namespace hetplan::profiler {
 
@@ -64,12 +67,12 @@ MixedPrecisionAdam::MixedPrecisionAdam(std::vector<torch::Tensor> params, double
 void MixedPrecisionAdam::init(double lr) {
   torch::NoGradGuard no_grad;
   const int shards = shards_, shard = shard_;
+  const torch::Device device = params_.empty() ? torch::Device(torch::kCPU) : params_[0].device();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
   if (shards > 1) {
-    int64_t n = 0;
-    for (const auto& p : params_) n += p.numel();
     shard_len_ = (n + shards - 1) / shards;
-    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(
-        params_.empty() ? torch::Device(torch::kCPU) : params_[0].device());
     flat_ = torch::zeros({shard_len_ * shards}, f32);
     torch::Tensor flat_params = torch::zeros({shard_len_ * shards}, f32);
     int64_t offset = 0;
@@ -78,19 +81,32 @@ void MixedPrecisionAdam::init(double lr) {
       flat_params.narrow(0, offset, p.numel()).copy_(p.detach().reshape({-1}));
       offset += p.numel();
     }
-    masters_.push_back(flat_params.narrow(0, shard * shard_len_, shard_len_).clone().set_requires_grad(true));
-    adam_ = std::make_unique<torch::optim::Adam>(masters_, torch::optim::AdamOptions(lr));
+    masters_.push_back(flat_params.narrow(0, shard * shard_len_, shard_len_).clone());
+    flat_master_ = masters_.back();
+    adam_ = std::make_unique<FlatAdam>(flat_master_, lr);
     return;
   }
-  for (const auto& p : params_) {
-    if (p.scalar_type() == torch::kFloat32) {
-      masters_.push_back(p);
-    } else {
-      masters_.push_back(p.detach().to(torch::kFloat32).clone().set_requires_grad(true));
-    }
-    main_grads_.push_back(torch::zeros(p.sizes(), p.options().dtype(torch::kFloat32)));
+  if (params_.empty()) return;
+  // One flat buffer of the parameters' dtype; the parameters become views of it.
+  flat_params_ = torch::empty({n}, params_[0].options().requires_grad(false));
+  flat_ = torch::zeros({n}, f32);
+  int64_t offset = 0;
+  for (auto& p : params_) {
+    torch::Tensor view = flat_params_.narrow(0, offset, p.numel()).view(p.sizes());
+    view.copy_(p.detach());
+    p.set_data(view);
+    main_grads_.push_back(flat_.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
   }
-  if (!masters_.empty()) adam_ = std::make_unique<torch::optim::Adam>(masters_, torch::optim::AdamOptions(lr));
+  flat_master_ = flat_params_.scalar_type() == torch::kFloat32 ? flat_params_ : flat_params_.to(torch::kFloat32);
+  offset = 0;
+  for (auto& p : params_) {
+    masters_.push_back(flat_master_.scalar_type() == p.scalar_type() && flat_master_.is_same(flat_params_)
+                           ? p
+                           : flat_master_.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+  adam_ = std::make_unique<FlatAdam>(flat_master_, lr);
 }
 
 void MixedPrecisionAdam::accumulate_grads() {
@@ -110,16 +126,14 @@ torch::Tensor MixedPrecisionAdam::main_grad_of(const torch::Tensor& param) const
 }
 
 void MixedPrecisionAdam::zero_grad() {
-  for (auto& g : main_grads_) g.zero_();
+  if (flat_.defined()) flat_.zero_();  // one kernel: main_grads_ are views of it
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
 }
 
 void MixedPrecisionAdam::step_sharded(const AllGather& all_gather) {
   torch::Tensor& master = masters_[0];
-  master.mutable_grad() = flat_.narrow(0, shard_ * shard_len_, shard_len_);
-  adam_->step();
+  adam_->step(flat_.narrow(0, shard_ * shard_len_, shard_len_));
   torch::NoGradGuard no_grad;
-  master.mutable_grad() = torch::Tensor();
   std::vector<torch::Tensor> slices;
   for (int r = 0; r < shards_; ++r) slices.push_back(torch::empty_like(master));
   torch::Tensor mine = master.detach();
@@ -134,13 +148,54 @@ void MixedPrecisionAdam::step_sharded(const AllGather& all_gather) {
 
 void MixedPrecisionAdam::step() {
   if (!adam_) return;
-  for (std::size_t i = 0; i < masters_.size(); ++i) masters_[i].mutable_grad() = main_grads_[i];
-  adam_->step();
+  adam_->step(flat_);
   torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < masters_.size(); ++i) {
-    masters_[i].mutable_grad() = torch::Tensor();  // the next backward must not add into the main gradient
-    if (params_[i].unsafeGetTensorImpl() != masters_[i].unsafeGetTensorImpl()) params_[i].copy_(masters_[i]);
+  if (!flat_master_.is_same(flat_params_)) flat_params_.copy_(flat_master_);  // rounded to the parameters' dtype
+}
+
+FlatAdam::FlatAdam(torch::Tensor param, double lr) : param_(std::move(param)), lr_(lr) {
+  if (!param_.requires_grad()) param_.requires_grad_(true);
+#if TORCH_VERSION_MAJOR >= 2
+  fused_ = param_.is_cuda();
+#endif
+  if (fused_) {
+    exp_avg_ = torch::zeros_like(param_.detach());
+    exp_avg_sq_ = torch::zeros_like(param_.detach());
+    step_ = torch::zeros({}, param_.options().dtype(torch::kFloat32).requires_grad(false));
+  } else {
+    adam_ = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{param_}, torch::optim::AdamOptions(lr));
   }
+}
+
+void FlatAdam::step(const torch::Tensor& grad) {
+  torch::NoGradGuard no_grad;
+#if TORCH_VERSION_MAJOR >= 2
+  if (fused_) {
+    // torch.optim.Adam(fused=True): the step count is advanced outside the kernel.
+    const bool first = !adam_started_;
+    adam_started_ = true;
+    try {
+      step_.add_(1);
+      const torch::optim::AdamOptions o(lr_);
+      torch::Tensor p = param_.detach();
+      at::_fused_adam_({p}, {grad}, {exp_avg_}, {exp_avg_sq_}, {}, {step_}, lr_, std::get<0>(o.betas()),
+                       std::get<1>(o.betas()), o.weight_decay(), o.eps(), /*amsgrad=*/false, /*maximize=*/false);
+      return;
+    } catch (const c10::Error& e) {
+      if (!first) throw;
+      // This LibTorch cannot run the fused kernel here: torch::optim::Adam from
+      // the first step on (nothing was updated yet), and say so once.
+      std::cerr << "FlatAdam: fused Adam unavailable (" << std::string(e.what()).substr(0, 200)
+                << "); using torch::optim::Adam\n";
+      fused_ = false;
+      exp_avg_ = exp_avg_sq_ = step_ = torch::Tensor();
+      adam_ = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{param_}, torch::optim::AdamOptions(lr_));
+    }
+  }
+#endif
+  param_.mutable_grad() = grad;
+  adam_->step();
+  param_.mutable_grad() = torch::Tensor();
 }
 
 double MixedPrecisionAdam::state_bytes_per_parameter(torch::Dtype param_dtype, int shards) {

@@ -4,10 +4,14 @@
 // parameter, an fp32 main gradient (micro-batch gradients are added into it
 // in fp32, and it is what the data-parallel all-reduce sums), an fp32 master
 // copy of the weights and Adam's two fp32 moments: 2 + 4 + 4 + 4 + 4 = 18
-// bytes per bf16 parameter. step() runs torch's Adam on the masters and
-// copies them back into the parameters, rounded to the parameters' dtype.
-// For fp32 parameters the master is the parameter itself (16 bytes per
-// parameter), so the update equals torch::optim::Adam on the parameters.
+// bytes per bf16 parameter. step() runs Adam on the masters and copies them
+// back into the parameters, rounded to the parameters' dtype. For fp32
+// parameters the master is the parameter itself (16 bytes per parameter),
+// so the update equals torch::optim::Adam on the parameters.
+// Everything is flat, as Megatron's buffers: the parameters become views of
+// one buffer (set_data; they stay the same leaves), main gradients and
+// masters are views of one fp32 buffer each, so a step is one Adam over one
+// tensor (FlatAdam: fused on CUDA) and one copy into the 16-bit weights.
 //
 // Use: after each micro-batch's backward, accumulate_grads(); then reduce
 // main_grads() as needed; then step(); zero_grad() before the next step.
@@ -31,6 +35,24 @@
 
 namespace hetplan::profiler {
 
+// Adam over one flat fp32 tensor `param` (a leaf; e.g. sharded masters),
+// given its gradient at each step. On CUDA with LibTorch >= 2 it runs one
+// fused kernel (at::_fused_adam_, as torch.optim.Adam(fused=True)); elsewhere
+// torch::optim::Adam, whose results it then equals bit for bit (also on CUDA
+// if the fused kernel refuses its first step: it says so on stderr).
+class FlatAdam {
+ public:
+  FlatAdam(torch::Tensor param, double lr);
+  void step(const torch::Tensor& grad);  // REQUIRES: grad shaped like param, fp32
+  bool fused() const { return fused_; }
+
+ private:
+  torch::Tensor param_, exp_avg_, exp_avg_sq_, step_;
+  std::unique_ptr<torch::optim::Adam> adam_;
+  double lr_;
+  bool fused_ = false, adam_started_ = false;
+};
+
 class MixedPrecisionAdam {
  public:
   // `in_backward`: add each gradient into its main gradient as soon as
@@ -53,7 +75,7 @@ class MixedPrecisionAdam {
   using AllGather = std::function<void(std::vector<torch::Tensor>& out, torch::Tensor& in)>;
   void step_sharded(const AllGather& all_gather);
   int shards() const { return shards_; }
-  torch::Tensor& flat_main_grads() { return flat_; }  // defined when shards > 1
+  torch::Tensor& flat_main_grads() { return flat_; }  // main_grads() are views of it
   // The tensors Adam updates: fp32 masters (or the fp32 parameters themselves).
   const std::vector<torch::Tensor>& master_params() const { return masters_; }
   const std::vector<torch::Tensor>& params() const { return params_; }
@@ -66,9 +88,11 @@ class MixedPrecisionAdam {
   std::vector<torch::Tensor> params_, masters_, main_grads_;
   int shard_ = 0, shards_ = 1;
   int64_t shard_len_ = 0;
-  torch::Tensor flat_;
+  torch::Tensor flat_;                   // fp32 main gradients, flat (main_grads_ are views)
+  torch::Tensor flat_master_;            // the fp32 tensor Adam updates (unsharded: all masters, flat)
+  torch::Tensor flat_params_;            // unsharded 16-bit parameters: the flat buffer they are views of
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold the hooks
-  std::unique_ptr<torch::optim::Adam> adam_;
+  std::unique_ptr<FlatAdam> adam_;
 };
 
 // While alive, each parameter's gradient is freed as soon as autograd has
