@@ -18,5 +18,6 @@ Runner add_whatif_command(CLI::App& app);
 // In libhetplan_torch.so (cli/torch_commands.cc).
 Runner add_profile_command(CLI::App& app, int argc, char** argv);
 Runner add_replay_command(CLI::App& app, int argc, char** argv);
+Runner add_probe_command(CLI::App& app);
 
 }  // namespace hetplan::cli
