@@ -2,6 +2,8 @@
 // and write Metis-format profiles that `hetplan search` reads.
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>

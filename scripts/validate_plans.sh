@@ -5,6 +5,7 @@
 # prediction, simulation, measurement, errors and memory, saved under logs/.
 #
 #   scripts/validate_plans.sh [--profiles DIR] [--top K] [--gbs N] [--bin PATH] [--iters N]
+#                             [--hostfile FILE] [--clusterfile FILE]
 #   scripts/validate_plans.sh --table logs/validate/<stamp> [--resimulate] [--bin PATH]
 #
 # --table only prints the table of a saved run (plans without a replay are
@@ -12,7 +13,11 @@
 # the saved plans, to score a past measurement with the current simulator.
 #
 # Default profiles: profiles/H200 (measured; run `hetplan profile` to redo
-# them). Needs python3 for the table. On the GPU machines, build first with
+# them). Emulated device types (a clusterfile's "device_types", e.g.
+# --hostfile hostfiles/h200_1_h200-33sm_1.hostfile --clusterfile
+# hostfiles/clusterfile_h200_emulated.json with a profile folder holding both
+# types) need no more: each plan records its hostfile and clusterfile, and
+# replay runs each rank of an emulated type in its SM partition. Needs python3 for the table. On the GPU machines, build first with
 # scripts/gpu_build.sh and pass --bin build-gpu/hetplan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +31,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --hostfile) hostfile=$2; shift 2 ;;
+    --clusterfile) clusterfile=$2; shift 2 ;;
     --table) table=$2; shift 2 ;;
     --resimulate) resimulate=1; shift ;;
     *) echo "validate_plans: unknown argument $1" >&2; exit 2 ;;

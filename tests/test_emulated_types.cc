@@ -195,4 +195,32 @@ TEST_CASE("emulated types: profile refuses without a CUDA GPU, and an undeclared
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("named like an emulated type (<BASE>-<N>sm), but no --clusterfile is given") != std::string::npos);
 }
+
+TEST_CASE("emulated types: replay runs the emulated rank in its partition, which a CPU run refuses", "[emulated]") {
+  const fs::path dir = test::scratch_dir("emulated") / "replay";
+  fs::create_directories(dir);
+  const fs::path cf = write_clusterfile("replay.json", good_clusterfile());
+  std::ofstream(dir / "hosts") << "0.0.0.6 slots=1\n0.0.0.7 slots=1\n";
+  const json plan = {{"node_sequence", {"H200", "H200-33sm"}}, {"device_groups", {1, 1}},
+                     {"strategies", {{1, 1}, {1, 1}}},         {"batches", 2},
+                     {"layer_partition", {0, 2, 4}},            {"gbs", 4},
+                     {"cost", 1.0},
+                     {"model", {{"num_layers", 4}, {"hidden_size", 32}, {"sequence_length", 8}, {"vocab_size", 64},
+                                {"attention_heads", 4}}},
+                     {"hostfile", (dir / "hosts").string()},
+                     {"clusterfile", cf.string()}};
+  std::ofstream(dir / "plan.json") << plan.dump();
+  const auto r = test::run_hetplan("replay --device cpu --dtype fp32 --iters 1 --warmup 0 --timeout-s 5 --plan " +
+                                   (dir / "plan.json").string() + " --out " + (dir / "r.json").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("rank 0: H200 (whole GPU), rank 1: H200-33sm (H200 restricted to 33 SMs)") != std::string::npos);
+#if defined(HETPLAN_TORCH_CUDA)
+  CHECK(r.output.find("rank 1: device type 'H200-33sm' (H200 restricted to 33 SMs) runs on a GPU only") !=
+        std::string::npos);
+#else
+  CHECK(r.output.find("rank 1: device type 'H200-33sm' is emulated (H200 restricted to 33 SMs): emulated device types "
+                      "need a CUDA build") != std::string::npos);
+#endif
+}
 #endif
