@@ -1,6 +1,7 @@
 #include "profiler/green_context.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -27,6 +28,8 @@
 
 namespace hetplan::profiler {
 
+const char* const kGreenContextCurrentEnv = "HETPLAN_GREEN_CONTEXT_CURRENT";
+
 const char* const kOutsidePartition =
     "NCCL kernels (tensor-, data- and pipeline-parallel collectives and p2p run on ProcessGroupNCCL's own "
     "streams of the primary context, on any SM); work a library issues on a stream of its own; copy-engine "
@@ -47,6 +50,8 @@ using Result = int;  // CUresult; 0 is CUDA_SUCCESS
 using Device = int;  // CUdevice
 struct GreenCtxSt;
 using GreenCtx = GreenCtxSt*;
+struct ContextSt;
+using Context = ContextSt*;  // CUcontext
 struct ResourceDescSt;
 using ResourceDesc = ResourceDescSt*;
 using Stream = cudaStream_t;  // CUstream == struct CUstream_st*
@@ -101,6 +106,10 @@ struct Api {
   Result (*green_ctx_get_dev_resource)(GreenCtx, DevResource*, int) = nullptr;  // optional
   Result (*green_ctx_stream_create)(Stream*, GreenCtx, unsigned, int) = nullptr;
   Result (*stream_get_green_ctx)(Stream, GreenCtx*) = nullptr;  // optional
+  // For kGreenContextCurrentEnv only:
+  Result (*ctx_from_green_ctx)(Context*, GreenCtx) = nullptr;
+  Result (*ctx_set_current)(Context) = nullptr;
+  Result (*ctx_get_current)(Context*) = nullptr;
   int version = 0;
 };
 
@@ -135,6 +144,9 @@ const Api& api() {
     load(lib, "cuGreenCtxGetDevResource", x.green_ctx_get_dev_resource, false);
     load(lib, "cuGreenCtxStreamCreate", x.green_ctx_stream_create, true);
     load(lib, "cuStreamGetGreenCtx", x.stream_get_green_ctx, false);
+    load(lib, "cuCtxFromGreenCtx", x.ctx_from_green_ctx, true);
+    load(lib, "cuCtxSetCurrent", x.ctx_set_current, true);
+    load(lib, "cuCtxGetCurrent", x.ctx_get_current, true);
     return x;
   }();
   return a;
@@ -155,6 +167,7 @@ struct SmPartition::Impl {
   c10::DeviceIndex index = 0;
   std::optional<c10::cuda::CUDAStream> previous;
   drv::Stream stream = nullptr;  // null: the whole GPU, no stream change
+  drv::Context previous_context = nullptr;  // set only with kGreenContextCurrentEnv
 };
 
 SmPartition::SmPartition(torch::Device device, const std::string& device_type, const EmulatedDevice& emulated)
@@ -225,6 +238,18 @@ SmPartition::SmPartition(torch::Device device, const std::string& device_type, c
   // kernels on the device go to the partition's stream.
   c10::cuda::device_synchronize();
   impl_->previous = c10::cuda::getCurrentCUDAStream(impl_->index);
+  // The escape hatch: also make the green context this thread's current
+  // context (as torch.cuda.green_contexts' set_context does), so that events,
+  // streams and NCCL communicators created on this thread from here on
+  // belong to it (NCCL's kernels are then confined to the partition too).
+  if (const char* v = std::getenv(kGreenContextCurrentEnv); v && std::string(v) == "1") {
+    drv::Context current = nullptr;
+    drv::check(a.ctx_get_current(&impl_->previous_context), who + ": cuCtxGetCurrent");
+    drv::check(a.ctx_from_green_ctx(&current, ctx), who + ": cuCtxFromGreenCtx");
+    drv::check(a.ctx_set_current(current), who + ": cuCtxSetCurrent");
+    info_.green_context_current = true;
+  }
+
   c10::cuda::setCurrentCUDAStream(c10::cuda::getStreamFromExternal(impl_->stream, impl_->index));
 }
 
@@ -232,6 +257,7 @@ SmPartition::~SmPartition() {
   if (!impl_ || !impl_->stream) return;
   cudaStreamSynchronize(impl_->stream);  // a destructor reports nothing; the next CUDA call would
   if (impl_->previous) c10::cuda::setCurrentCUDAStream(*impl_->previous);
+  if (impl_->previous_context) drv::api().ctx_set_current(impl_->previous_context);
 }
 
 #else  // no CUDA LibTorch: a clear refusal
@@ -262,6 +288,9 @@ ordered_json SmPartition::record() const {
                    "made by cuGreenCtxStreamCreate"
                  : "whole GPU (requested SMs >= the GPU's): no green context";
   j["stream_in_green_context_verified"] = info_.stream_verified;
+  j["current_context"] = info_.green_context_current
+                             ? std::string("green (") + kGreenContextCurrentEnv + "=1: NCCL confined too)"
+                             : "primary";
   j["base_matches_device"] = info_.base_matches_device;
   j["cuda_driver_version"] = info_.driver_version;
   j["outside_partition"] = kOutsidePartition;

@@ -51,6 +51,14 @@ namespace hetplan::profiler {
 
 // One sentence for records: what the partition does not confine.
 extern const char* const kOutsidePartition;
+// "HETPLAN_GREEN_CONTEXT_CURRENT": set to 1, the constructor also makes the
+// green context the thread's current CUDA context (cuCtxFromGreenCtx +
+// cuCtxSetCurrent), as torch.cuda.green_contexts' set_context does: events,
+// streams, allocations and NCCL communicators made on this thread afterwards
+// belong to it, so NCCL's kernels are confined to the partition too. An
+// escape hatch should a driver refuse events of the primary context on the
+// partition's stream; off by default.
+extern const char* const kGreenContextCurrentEnv;
 
 struct SmPartitionInfo {
   std::string device_type;  // the emulated type's name, e.g. "H200-33sm"
@@ -62,6 +70,7 @@ struct SmPartitionInfo {
   int device_sms = 0;       // the GPU's SM count
   bool green_context = false;       // false: requested_sms >= device_sms, the whole GPU
   bool stream_verified = false;     // cuStreamGetGreenCtx named our green context
+  bool green_context_current = false;  // kGreenContextCurrentEnv was 1
   int driver_version = 0;           // e.g. 13000
   bool base_matches_device = false; // device_name contains base
 };

@@ -73,8 +73,22 @@ if ((gpus < 1)); then
   exit 2
 fi
 
-# (a) the probe
+# (a) the probe. Should it fail (say, a driver that refuses the primary
+# context's events on the partition's stream), it is retried with the green
+# context made current (HETPLAN_GREEN_CONTEXT_CURRENT=1, profiler/green_context.h),
+# and the rest runs that way if that works.
 step probe 180 "$bin" gpu-probe --sms 132,66,33,16 --iters 10 --json "$out/probe.json"
+if [[ " ${failed[*]} " == *" probe "* ]]; then
+  export HETPLAN_GREEN_CONTEXT_CURRENT=1
+  log "probe failed: retrying with HETPLAN_GREEN_CONTEXT_CURRENT=1"
+  step probe_green_current 180 "$bin" gpu-probe --sms 132,66,33,16 --iters 10 --json "$out/probe.json"
+  if [[ " ${failed[*]} " == *" probe_green_current "* ]]; then
+    unset HETPLAN_GREEN_CONTEXT_CURRENT
+  else
+    cp "$out/probe_green_current.log" "$out/probe.log"
+    log "the rest runs with HETPLAN_GREEN_CONTEXT_CURRENT=1 (NCCL confined to the partition too)"
+  fi
+fi
 cat "$out/probe.log" >&2
 
 # (b) profiles
