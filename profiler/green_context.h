@@ -15,8 +15,8 @@
 // LibTorch's autograd runs each backward op on the stream its forward op
 // used, so the backward pass (on autograd's own thread) is confined too.
 //
-// The driver rounds N up to its partition granularity (8 SMs on H100/H200 by
-// default): granted_sms, read back from the green context, is what ran.
+// The driver rounds N up to its partition granularity (documented as
+// multiples of 8 SMs on H100/H200 with the default flags): granted_sms, read back from the green context, is what ran.
 // N at or above the GPU's SM count runs on the whole GPU (no green context).
 //
 // What runs outside the partition (kOutsidePartition, recorded with every

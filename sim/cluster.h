@@ -18,7 +18,8 @@
 // type's, else the GpuSpec datasheet value, sim/gpu_specs.h), and one that
 // gives it must give exactly that. The base must be a plain (not emulated)
 // type; sms is an integer from 1 to kMaxEmulatedSms. The CUDA driver rounds
-// the SM count up to its partition granularity (8 SMs on H100/H200): the
+// the SM count up to its partition granularity (documented as multiples of 8
+// SMs on H100/H200): the
 // granted count is recorded where the type runs (profiles, replay reports),
 // never assumed. The planner and the simulator treat an emulated type as any
 // other type: its speed comes from its profiles.
