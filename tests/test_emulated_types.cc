@@ -172,6 +172,49 @@ TEST_CASE("emulated types: a bad declaration ends the CLI with one line and exit
                        "integer from 1 to 1024, got 0", 0) == 0);
 }
 
+TEST_CASE("emulated types: search plans a cluster of H200 and H200-33sm from their profiles", "[emulated]") {
+  // Stand-in profiles: analytic H200 files, and the same files renamed
+  // H200-33sm with every time x3 (what the green context measures on a GPU).
+  const fs::path dir = test::scratch_dir("emulated") / "search";
+  fs::remove_all(dir);
+  const auto gen = test::run_hetplan("gen-profiles --analytic 10 8 --types H200 --out " + (dir / "profiles").string());
+  REQUIRE(gen.exit_code == 0);
+  int copied = 0;
+  for (const auto& f : fs::directory_iterator(dir / "profiles")) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind("DeviceType.H200_", 0) != 0) continue;
+    json j = json::parse(std::ifstream(f.path()));
+    for (auto& t : j["execution_time"]["layer_compute_total_ms"]) t = t.get<double>() * 3;
+    j["execution_time"]["forward_backward_time_ms"] = j["execution_time"]["forward_backward_time_ms"].get<double>() * 3;
+    std::ofstream(dir / "profiles" / ("DeviceType.H200-33sm_" + name.substr(16))) << j.dump();
+    ++copied;
+  }
+  REQUIRE(copied > 0);
+  const std::string root = HETPLAN_SOURCE_DIR;
+  const auto r = test::run_hetplan("search -q --hostfile " + root + "/hostfiles/h200_1_h200-33sm_1.hostfile --clusterfile " +
+                                   root + "/hostfiles/clusterfile_h200_emulated.json --profiles " +
+                                   (dir / "profiles").string() + " --num_layers 10 --gbs 8 --top 8 --json " +
+                                   (dir / "plans.json").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const json plans = json::parse(std::ifstream(dir / "plans.json"));
+  REQUIRE(plans["best"].is_object());
+  CHECK(plans["best"]["node_sequence"].size() == 2);  // both types, both GPUs
+  // The cheapest 2-stage pipeline gives the 3x faster H200 the larger share of the 8 blocks.
+  int pipelines = 0;
+  for (const json& p : plans["top"]) {
+    if (p["device_groups"].size() != 2) continue;
+    const auto& lp = p["layer_partition"];
+    const int first = lp[1].get<int>() - lp[0].get<int>(), second = lp[2].get<int>() - lp[1].get<int>();
+    const bool h200_first = p["node_sequence"][0] == "H200";
+    INFO(p.dump());
+    CHECK((h200_first ? first : second) > 2 * (h200_first ? second : first));
+    ++pipelines;
+    break;
+  }
+  CHECK(pipelines == 1);
+}
+
 #if defined(HETPLAN_WITH_TORCH)
 TEST_CASE("emulated types: profile refuses without a CUDA GPU, and an undeclared <BASE>-<N>sm name", "[emulated]") {
   const fs::path cf = write_clusterfile("profile.json", good_clusterfile());
