@@ -19,5 +19,6 @@ Runner add_export_command(CLI::App& app);
 // In libhetplan_torch.so (cli/torch_commands.cc).
 Runner add_profile_command(CLI::App& app, int argc, char** argv);
 Runner add_replay_command(CLI::App& app, int argc, char** argv);
+Runner add_probe_command(CLI::App& app);
 
 }  // namespace hetplan::cli

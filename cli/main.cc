@@ -50,7 +50,8 @@ int run_torch_command(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && (std::strcmp(argv[1], "profile") == 0 || std::strcmp(argv[1], "replay") == 0))
+  if (argc > 1 && (std::strcmp(argv[1], "profile") == 0 || std::strcmp(argv[1], "replay") == 0 ||
+                   std::strcmp(argv[1], "gpu-probe") == 0))
     return run_torch_command(argc, argv);
 
   CLI::App app{
@@ -74,5 +75,6 @@ int main(int argc, char** argv) {
   // Listed here for --help; run through run_torch_command above.
   app.add_subcommand("profile", "Measure per-layer time and memory with LibTorch (see `hetplan profile --help`)");
   app.add_subcommand("replay", "Run a plan on local GPUs and compare with its prediction (see `hetplan replay --help`)");
+  app.add_subcommand("gpu-probe", "GEMM and memory speed of this GPU restricted to N SMs (see `hetplan gpu-probe --help`)");
   return runner.run(argc, argv);
 }

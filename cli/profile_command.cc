@@ -2,6 +2,8 @@
 // and write Metis-format profiles that `hetplan search` reads.
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -13,7 +15,9 @@
 #include "profiler/device_meter.h"
 #include "profiler/distributed.h"
 #include "profiler/host_meter.h"
+#include "profiler/green_context.h"
 #include "profiler/layer_profiler.h"
+#include "sim/cluster.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 #include "sim/memory_model.h"
@@ -32,6 +36,7 @@ struct ProfileArgs {
   bool tie = false, untie = false;
   bool layers_given = false;  // --num-layers given: overrides an --hf-config's layer count
   std::string tp = "1", bs = "1,2,4", device_type, dtype = "bf16", device = "auto", out, host = "auto";
+  std::string clusterfile;  // declares emulated device types (sim/cluster.h)
   int warmup = 3, iters = 10, timeout_s = 600;
   double sustained_seconds = -1;  // -1: 3 on GPUs, 0 on CPU
   int64_t cpu_memory_limit_mb = 0;
@@ -55,6 +60,26 @@ std::vector<int> parse_ints(const std::string& s, const std::string& flag) {
   }
   if (out.empty()) throw InputError(flag + ": expected at least one value");
   return out;
+}
+
+// The emulated device types --clusterfile declares. A --device-type spelled
+// like one ("<BASE>-<N>sm") that none declares is refused: it would label
+// whole-GPU measurements as a partition's.
+std::vector<std::pair<std::string, EmulatedDevice>> declared_types(const ProfileArgs& a) {
+  std::vector<std::pair<std::string, EmulatedDevice>> types;
+  if (!a.clusterfile.empty()) types = parse_emulated_device_types(a.clusterfile);
+  const std::string& t = a.device_type;
+  const std::size_t dash = t.rfind('-');
+  const bool looks_emulated = dash != std::string::npos && t.size() > dash + 3 && t.compare(t.size() - 2, 2, "sm") == 0 &&
+                              std::all_of(t.begin() + dash + 1, t.end() - 2, [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  const bool declared = std::any_of(types.begin(), types.end(), [&](const auto& d) { return d.first == t; });
+  if (looks_emulated && !declared)
+    throw InputError("--device-type '" + excerpt(t) + "': named like an emulated type (<BASE>-<N>sm), but " +
+                     (a.clusterfile.empty() ? std::string("no --clusterfile is given")
+                                            : "--clusterfile " + a.clusterfile + " does not declare it") +
+                     "; expected a clusterfile with \"device_types\": {\"" + excerpt(t) +
+                     "\": {\"emulate\": {\"base\": ..., \"sms\": ...}}}");
+  return types;
 }
 
 // "NVIDIA H200" -> "H200"; the CPU -> "CPU".
@@ -138,8 +163,11 @@ ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
 // One rank of a tp group started by us or by torchrun.
 int run_worker(const ProfileArgs& a, const DistEnv& env) {
   const torch::Device device = parse_device(a.device, env.local_rank);
-  const ProfileRequest req = make_request(a, device);
+  ProfileRequest req = make_request(a, device);
   use_device(device);
+  // An emulated type: every kernel of the measurement in its SM partition.
+  const auto partition = enter_device_type(device, req.device_type, declared_types(a));
+  if (partition) req.emulation = partition->record();
   auto collectives = make_collectives(env, device, std::chrono::seconds(a.timeout_s));
   const TensorParallelGroup group(env.rank, env.world_size, collectives);
   const std::string status = status_path(a.out, env.world_size);
@@ -163,7 +191,8 @@ int run_profile(ProfileArgs a) {
 
   const std::vector<int> tps = parse_ints(a.tp, "--tp");
   const torch::Device device = parse_device(a.device, 0);
-  const ProfileRequest probe = make_request(a, device);  // validates the flags
+  ProfileRequest probe = make_request(a, device);  // validates the flags
+  const auto emulated = declared_types(a);
   const int gpus = device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
   for (int tp : tps) {
     if (device.is_cuda() && tp > gpus)
@@ -183,8 +212,11 @@ int run_profile(ProfileArgs a) {
             << device_description(device) << " as " << probe.device_type << "\n";
 
   ordered_json summary = ordered_json::array();
+  std::unique_ptr<SmPartition> partition;  // tp 1 runs here: an emulated type's partition, entered once
   for (int tp : tps) {
     if (tp == 1) {
+      if (!partition && (partition = enter_device_type(device, probe.device_type, emulated)))
+        probe.emulation = partition->record();
       const auto outcomes =
           profile_batch_sizes(probe, TensorParallelGroup(), [&](const BatchOutcome& o) { print_outcome(1, o); });
       for (const auto& o : outcomes) summary.push_back(outcome_json(1, o));
@@ -275,6 +307,10 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
   s->add_option("--tp", a->tp, "Tensor-parallel degrees, e.g. 1,2,4")->capture_default_str();
   s->add_option("--bs", a->bs, "Micro-batch sizes, e.g. 1,2,4,8")->capture_default_str();
   s->add_option("--device-type", a->device_type, "Device type name in the file names (default: from the GPU name)");
+  s->add_option("--clusterfile", a->clusterfile,
+                "Clusterfile whose \"device_types\" declare emulated types: a --device-type declared there as "
+                "{\"emulate\": {\"base\": \"H200\", \"sms\": 33}} is profiled with every kernel inside a CUDA "
+                "green context of that many SMs (CUDA builds only)");
   s->add_option("--dtype", a->dtype, "bf16, fp16 or fp32")->capture_default_str();
   s->add_option("--device", a->device, "auto, cuda or cpu")->capture_default_str();
   s->add_option("--warmup", a->warmup, "Unmeasured iterations first")->capture_default_str();

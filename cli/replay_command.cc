@@ -8,10 +8,12 @@
 #include <iomanip>
 #include <iostream>
 #include <thread>
+#include <optional>
 
 #include "cli/commands.h"
 #include "executor/pipeline_runtime.h"
 #include "profiler/device_meter.h"
+#include "profiler/green_context.h"
 #include "profiler/mixed_precision.h"
 #include "profiler/statistics.h"
 #include "sim/cluster.h"
@@ -43,6 +45,10 @@ struct Prepared {
   PlanFile plan;
   std::unique_ptr<ProfileSet> profiles;
   std::vector<int> rank_types;  // profile type per rank, for the data load balancer
+  // Each rank's device type and, for an emulated one, its declaration (the
+  // clusterfile's "device_types"); empty without a hostfile and clusterfile.
+  std::vector<std::string> rank_type_names;
+  std::vector<std::optional<EmulatedDevice>> rank_emulation;
   std::unique_ptr<PipelineLayout> layout;
   ReplayConfig config;
 };
@@ -53,18 +59,28 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   const std::string profile_dir = a.profile_dir.empty() ? p.plan.profile_dir : a.profile_dir;
   const std::string hostfile = a.hostfile.empty() ? p.plan.hostfile : a.hostfile;
   const std::string clusterfile = a.clusterfile.empty() ? p.plan.clusterfile : a.clusterfile;
-  if (!profile_dir.empty() && fs::is_directory(profile_dir) && !hostfile.empty() && !clusterfile.empty() &&
-      fs::exists(hostfile) && fs::exists(clusterfile)) {
-    p.profiles = std::make_unique<ProfileSet>(ProfileSet::load(profile_dir, p.plan.model.num_layers));
-    const Cluster cluster = Cluster::load(hostfile, clusterfile);
+  const bool have_cluster = !hostfile.empty() && !clusterfile.empty() && fs::exists(hostfile) && fs::exists(clusterfile);
+  const bool balance = have_cluster && !profile_dir.empty() && fs::is_directory(profile_dir);
+  if (balance) p.profiles = std::make_unique<ProfileSet>(ProfileSet::load(profile_dir, p.plan.model.num_layers));
+  const std::optional<Cluster> cluster =
+      have_cluster ? std::optional<Cluster>(Cluster::load(hostfile, clusterfile)) : std::nullopt;
+  const bool emulates = cluster && std::any_of(cluster->clusterfile().begin(), cluster->clusterfile().end(),
+                                               [](const ClusterfileEntry& e) { return e.emulate.has_value(); });
+  if (balance || emulates) {
     std::vector<int> ns;
     for (const auto& name : p.plan.plan.node_sequence) {
-      const int t = cluster.type_index(name);
+      const int t = cluster->type_index(name);
       if (t < 0) throw InputError(a.plan + ": node_sequence names '" + excerpt(name) + "', which " + hostfile + " lacks");
       ns.push_back(t);
     }
-    const RankLayout rl(cluster, ns);
-    for (int t : rl.rank_types()) p.rank_types.push_back(p.profiles->type_index(cluster.device_types()[t]));
+    const RankLayout rl(*cluster, ns);
+    for (int t : rl.rank_types()) {
+      const std::string& name = cluster->device_types()[t];
+      if (balance) p.rank_types.push_back(p.profiles->type_index(name));
+      p.rank_type_names.push_back(name);
+      const EmulatedDevice* e = cluster->emulation(name);
+      p.rank_emulation.push_back(e ? std::optional<EmulatedDevice>(*e) : std::nullopt);
+    }
   }
   p.layout = std::make_unique<PipelineLayout>(p.plan, p.rank_types, p.profiles.get());
 
@@ -201,6 +217,14 @@ int run_worker(const ReplayArgs& a, profiler::DistEnv env) {
       throw std::runtime_error("injected failure (HETPLAN_REPLAY_FAIL_RANK)");
     if (env.world_size > 1)
       live = std::make_unique<profiler::Liveness>(env, std::chrono::milliseconds(500), p.config.timeout);
+    // A rank of an emulated device type runs inside its SM partition (profiler/green_context.h).
+    std::unique_ptr<profiler::SmPartition> partition;
+    if (static_cast<std::size_t>(env.rank) < p.rank_emulation.size() && p.rank_emulation[env.rank]) {
+      partition = std::make_unique<profiler::SmPartition>(p.config.device, p.rank_type_names[env.rank],
+                                                          *p.rank_emulation[env.rank]);
+      write_json_file((fs::path(dir) / ("rank" + std::to_string(env.rank) + ".partition.json")).string(),
+                      partition->record());
+    }
     const RankReport r = run_pipeline_rank(*p.layout, p.config, env);
     write_json_file((fs::path(dir) / ("rank" + std::to_string(env.rank) + ".json")).string(), rank_report_to_json(r));
     if (!env.host.empty() && env.rank == 0)  // under torchrun across hosts: rank 0 reports
@@ -240,6 +264,15 @@ int run_replay(const ReplayArgs& a) {
   for (const auto& t : p.plan.plan.node_sequence) types += (types.empty() ? "" : ", ") + t;
   std::string mapping = "all " + std::to_string(layout.world()) + " ranks run on local " + local +
                         ", in rank order; the plan's device types (" + types + ") are not emulated";
+  if (std::any_of(p.rank_emulation.begin(), p.rank_emulation.end(), [](const auto& e) { return e.has_value(); })) {
+    mapping = "rank r runs on local " + local + " r;";
+    for (std::size_t r = 0; r < p.rank_emulation.size(); ++r) {
+      const auto& e = p.rank_emulation[r];
+      mapping += " rank " + std::to_string(r) + ": " + p.rank_type_names[r] +
+                 (e ? " (" + e->base + " restricted to " + std::to_string(e->sms) + " SMs)" : " (whole GPU)") +
+                 (r + 1 < p.rank_emulation.size() ? "," : "");
+    }
+  }
   std::cout << "replay: " << a.plan << ": " << layout.num_stages() << " stage(s), " << layout.batches()
             << " micro-batches of " << layout.micro_batch() << ", " << a.schedule << ", " << a.dtype << "\n";
   std::cout << "mapping: " << mapping << "\n";
@@ -319,7 +352,7 @@ int run_replay(const ReplayArgs& a) {
   out["losses"] = losses;
   ordered_json ranks = ordered_json::array();
   auto mb = [](const std::optional<double>& v) { return v ? ordered_json(*v) : ordered_json(nullptr); };
-  for (const auto& rep : reports)
+  for (const auto& rep : reports) {
     ranks.push_back({{"rank", rep.rank},
                      {"stage", rep.stage},
                      {"replica", rep.replica},
@@ -331,6 +364,11 @@ int run_replay(const ReplayArgs& a) {
                      {"peak_reserved_mb", mb(rep.peak_reserved_mb)},
                      {"device_used_mb", mb(rep.device_used_mb)},
                      {"memory_note", rep.memory_note.empty() ? ordered_json(nullptr) : ordered_json(rep.memory_note)}});
+    if (static_cast<std::size_t>(rep.rank) < p.rank_type_names.size())
+      ranks.back()["device_type"] = p.rank_type_names[rep.rank];
+    const fs::path partition = fs::path(dir) / ("rank" + std::to_string(rep.rank) + ".partition.json");
+    if (fs::exists(partition)) ranks.back()["sm_partition"] = read_json_file(partition.string());
+  }
   out["ranks"] = ranks;
   write_json_file(a.out, out);
 

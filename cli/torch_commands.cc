@@ -1,4 +1,4 @@
-// libhetplan_torch.so: the LibTorch subcommands (profile, replay), loaded by
+// libhetplan_torch.so: the LibTorch subcommands (profile, replay, gpu-probe), loaded by
 // the hetplan binary only when one of them runs.
 #include "cli/app_runner.h"
 
@@ -8,5 +8,6 @@ extern "C" int hetplan_torch_main(int argc, char** argv) {
   hetplan::cli::AppRunner runner(app);
   runner.add(hetplan::cli::add_profile_command(app, argc, argv));
   runner.add(hetplan::cli::add_replay_command(app, argc, argv));
+  runner.add(hetplan::cli::add_probe_command(app));
   return runner.run(argc, argv);
 }

@@ -353,6 +353,7 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   prof["statistic"] = "median; spread = (max - min) / median";
   prof["timer"] = req.device.is_cuda() ? "CUDA events" : "steady clock";
   prof["libtorch"] = TORCH_VERSION;
+  if (!req.emulation.is_null()) prof["emulation"] = req.emulation;
   if (L > 2) {
     const double ms = layer_median[1];
     prof["block_tflops"] = block_flops(c, bs, g.size()) / (ms * 1e-3) / 1e12;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "profiler/gpt.h"
+#include "sim/json_util.h"
 
 namespace hetplan::profiler {
 
@@ -46,6 +47,10 @@ struct ProfileRequest {
   std::string dtype_name = "fp32";
   std::string device_type = "CPU";  // the DeviceType name written into file names
   std::string out_dir;
+  // An emulated device type's SM partition (SmPartition::record(),
+  // profiler/green_context.h), written as the profile's profiler.emulation;
+  // null when the measurement had the whole device.
+  ordered_json emulation;
 };
 
 struct BatchOutcome {

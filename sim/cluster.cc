@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "sim/checked.h"
+#include "sim/gpu_specs.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 
@@ -91,11 +92,67 @@ std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path)
   return hosts;
 }
 
-std::vector<ClusterfileEntry> parse_clusterfile(const std::string& path) {
+namespace {
+
+const char* const kDeviceTypeShape = "{\"emulate\": {\"base\": \"<GPU type>\", \"sms\": <N>}}";
+
+// The clusterfile's "device_types" section (sim/cluster.h), validated: each
+// type a non-empty name whose value is exactly {"emulate": {"base", "sms"}},
+// the base a plain type other than itself.
+std::vector<std::pair<std::string, EmulatedDevice>> read_device_types(const ordered_json& j, const std::string& path) {
+  std::vector<std::pair<std::string, EmulatedDevice>> out;
+  const auto section = j.find(kDeviceTypesKey);
+  if (section == j.end()) return out;
+  const std::string where = kDeviceTypesKey;
+  if (!section->is_object())
+    throw InputError(key_where(path, where) + " must be an object mapping device type names to " + kDeviceTypeShape);
+  for (auto t = section->begin(); t != section->end(); ++t) {
+    const std::string& name = t.key();
+    const std::string tw = where + "." + name;
+    if (name.empty()) throw InputError(key_where(path, tw) + ": expected a non-empty device type name");
+    if (!t.value().is_object()) throw InputError(key_where(path, tw) + " must be an object " + kDeviceTypeShape);
+    for (auto k = t.value().begin(); k != t.value().end(); ++k)
+      if (k.key() != "emulate")
+        throw InputError(key_where(path, tw + "." + k.key()) + " is not a device type property (expected only 'emulate')");
+    const ordered_json& em = require_key(t.value(), "emulate", path, tw);
+    const std::string ew = tw + ".emulate";
+    if (!em.is_object()) throw InputError(key_where(path, ew) + " must be an object {\"base\": \"<GPU type>\", \"sms\": <N>}");
+    for (auto k = em.begin(); k != em.end(); ++k)
+      if (k.key() != "base" && k.key() != "sms")
+        throw InputError(key_where(path, ew + "." + k.key()) + " is not an emulation property (expected 'base' and 'sms')");
+    const ordered_json& base = require_key(em, "base", path, ew);
+    if (!base.is_string() || base.get<std::string>().empty())
+      throw InputError(key_where(path, ew + ".base") + " must name the GPU type emulated (a non-empty string, e.g. \"H200\")");
+    EmulatedDevice d;
+    d.base = base.get<std::string>();
+    if (d.base == name)
+      throw InputError(key_where(path, ew + ".base") + " is '" + excerpt(name) +
+                       "' itself; expected the real GPU type it restricts");
+    d.sms = static_cast<int>(require_integer(em, "sms", path, ew, rules::int_in(1, kMaxEmulatedSms)));
+    out.emplace_back(name, d);
+  }
+  for (const auto& [name, d] : out)
+    for (const auto& [other, unused] : out)
+      if (d.base == other)
+        throw InputError(key_where(path, where + "." + name + ".emulate.base") + " is '" + excerpt(d.base) +
+                         "', which is itself emulated; expected a real GPU type");
+  return out;
+}
+
+std::vector<ClusterfileEntry> parse_clusterfile_and_types(const std::string& path,
+                                                          std::vector<std::pair<std::string, EmulatedDevice>>* types) {
   const ordered_json j = read_json_file(path);
   if (!j.is_object()) throw InputError(path + ": expected a JSON object keyed by node ip");
+  *types = read_device_types(j, path);
+  const auto declared = [&](const std::string& name) -> const EmulatedDevice* {
+    for (const auto& [n, d] : *types)
+      if (n == name) return &d;
+    return nullptr;
+  };
   std::vector<ClusterfileEntry> out;
+  std::vector<bool> memory_given;
   for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == kDeviceTypesKey) continue;
     ClusterfileEntry e;
     e.ip = it.key();
     const ordered_json& v = it.value();
@@ -103,13 +160,63 @@ std::vector<ClusterfileEntry> parse_clusterfile(const std::string& path) {
     if (!type.is_string() || type.get<std::string>().empty())
       throw InputError(key_where(path, e.ip + ".instance_type") + " must be a device type name (a non-empty string)");
     e.instance_type = type.get<std::string>();
+    if (const EmulatedDevice* d = declared(e.instance_type)) e.emulate = *d;
     // Bandwidths are checked against their unit by check_clusterfile_bandwidths (sim/network.h).
     e.inter_bandwidth = require_number(v, "inter_bandwidth", path, e.ip, rules::kPositive);
     e.intra_bandwidth = require_number(v, "intra_bandwidth", path, e.ip, rules::kPositive);
-    e.memory_gb = require_number(v, "memory", path, e.ip, rules::positive_up_to(kMaxGpuMemoryGb));
+    memory_given.push_back(!e.emulate || v.contains("memory"));
+    if (memory_given.back())
+      e.memory_gb = require_number(v, "memory", path, e.ip, rules::positive_up_to(kMaxGpuMemoryGb));
     out.push_back(e);
   }
+  // An emulated type has its base GPU's memory: the base's first entry, else its datasheet.
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    ClusterfileEntry& e = out[i];
+    if (!e.emulate) continue;
+    const std::string& base = e.emulate->base;
+    double base_gb = -1;
+    std::string source;
+    for (const auto& b : out)
+      if (b.instance_type == base) {
+        base_gb = b.memory_gb;
+        source = "its entry '" + excerpt(b.ip) + "'";
+        break;
+      }
+    if (base_gb < 0) {
+      if (const GpuSpec* spec = find_gpu_spec(base)) {
+        base_gb = spec->memory_gb;
+        source = "its datasheet";
+      }
+    }
+    if (base_gb < 0) {
+      std::string known;
+      for (const auto& s : gpu_specs()) known += (known.empty() ? "" : ", ") + s->name;
+      throw InputError(key_where(path, std::string(kDeviceTypesKey) + "." + e.instance_type + ".emulate.base") + " is '" +
+                       excerpt(base) + "', which has no node entry in this file and is not a GPU hetplan knows (" +
+                       known + "), so the memory of '" + excerpt(e.instance_type) +
+                       "' is unknown; expected a base type with an entry");
+    }
+    if (memory_given[i] && e.memory_gb != base_gb)
+      throw InputError(key_where(path, e.ip + ".memory") + " is " + format_number(e.memory_gb) + " GB, but '" +
+                       excerpt(e.instance_type) + "' emulates '" + excerpt(base) + "', which has " +
+                       format_number(base_gb) + " GB (" + source +
+                       "); expected that, or no 'memory' key (an emulated type has its base GPU's memory)");
+    e.memory_gb = base_gb;
+  }
   return out;
+}
+
+}  // namespace
+
+std::vector<ClusterfileEntry> parse_clusterfile(const std::string& path) {
+  std::vector<std::pair<std::string, EmulatedDevice>> types;
+  return parse_clusterfile_and_types(path, &types);
+}
+
+std::vector<std::pair<std::string, EmulatedDevice>> parse_emulated_device_types(const std::string& path) {
+  std::vector<std::pair<std::string, EmulatedDevice>> types;
+  parse_clusterfile_and_types(path, &types);
+  return types;
 }
 
 Cluster Cluster::load(const std::string& hostfile_path, const std::string& clusterfile_path) {
@@ -174,6 +281,12 @@ Cluster Cluster::from_parts(const std::vector<std::pair<std::string, int>>& host
     if (t >= 0 && c.memory_mb_[t] < 0) c.memory_mb_[t] = e.memory_gb * 1024;
   }
   return c;
+}
+
+const EmulatedDevice* Cluster::emulation(const std::string& name) const {
+  for (const auto& e : clusterfile_)
+    if (e.instance_type == name && e.emulate) return &*e.emulate;
+  return nullptr;
 }
 
 int Cluster::type_index(const std::string& name) const {

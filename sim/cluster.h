@@ -4,9 +4,29 @@
 // clusterfile maps each ip to its instance type, bandwidths (GB/s, as Metis
 // writes them) and per-GPU memory (GB). Device types are kept sorted by name,
 // and a type is referred to by its index in that order everywhere else.
+//
+// Emulated device types. A clusterfile may declare, once, device types that
+// are a real GPU restricted to N of its SMs (run inside a CUDA green context,
+// profiler/green_context.h), under the reserved top-level key
+// "device_types" (no node ip is spelled so):
+//
+//   "device_types": {"H200-33sm": {"emulate": {"base": "H200", "sms": 33}}}
+//
+// Node entries then name the type like any other ("instance_type":
+// "H200-33sm"). An emulated type has its base GPU's memory: its entries may
+// leave "memory" out (it is then the first clusterfile entry of the base
+// type's, else the GpuSpec datasheet value, sim/gpu_specs.h), and one that
+// gives it must give exactly that. The base must be a plain (not emulated)
+// type; sms is an integer from 1 to kMaxEmulatedSms. The CUDA driver rounds
+// the SM count up to its partition granularity (documented as multiples of 8
+// SMs on H100/H200): the
+// granted count is recorded where the type runs (profiles, replay reports),
+// never assumed. The planner and the simulator treat an emulated type as any
+// other type: its speed comes from its profiles.
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +38,16 @@ inline constexpr int kMaxSlotsPerNode = 1024;
 inline constexpr int kMaxClusterGpus = 1000000;
 inline constexpr std::size_t kMaxHostfileLineChars = 1024;
 inline constexpr double kMaxGpuMemoryGb = 1e6;
+inline constexpr int kMaxEmulatedSms = 1024;
+// The clusterfile's reserved top-level key for device type declarations.
+inline constexpr const char* kDeviceTypesKey = "device_types";
+
+// A device type that is `base` restricted to `sms` SMs (see above).
+struct EmulatedDevice {
+  std::string base;  // a plain device type, e.g. "H200"
+  int sms = 0;       // requested SMs, 1 to kMaxEmulatedSms
+  bool operator==(const EmulatedDevice&) const = default;
+};
 
 struct ClusterNode {
   std::string ip;
@@ -34,6 +64,9 @@ struct ClusterfileEntry {
   double inter_bandwidth = 0;
   double intra_bandwidth = 0;
   double memory_gb = 0;
+  // Set when instance_type is declared emulated in the clusterfile's
+  // "device_types" (the same declaration on every entry of that type).
+  std::optional<EmulatedDevice> emulate = std::nullopt;
 };
 
 class Cluster {
@@ -52,6 +85,9 @@ class Cluster {
   int num_devices() const { return num_devices_; }
   int num_devices_of(int type) const { return devices_of_type_[type]; }
   int type_index(const std::string& name) const;  // -1 if absent
+  // The emulation declared for device type `name` in the clusterfile, or
+  // nullptr for a plain type (or a name no clusterfile entry uses).
+  const EmulatedDevice* emulation(const std::string& name) const;
 
   // Per-GPU memory in MB of the first clusterfile entry of this type, in file
   // order (Metis reads it that way, whatever node the GPU sits in).
@@ -86,8 +122,16 @@ std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path)
 
 // Parses a clusterfile. Memory must be in (0, kMaxGpuMemoryGb] GB and the
 // bandwidths positive; their plausible range depends on the unit and is
-// checked by check_clusterfile_bandwidths (sim/network.h).
+// checked by check_clusterfile_bandwidths (sim/network.h). The reserved key
+// "device_types" declares emulated types (above); its declarations are
+// attached to the entries of those types (ClusterfileEntry::emulate), and an
+// emulated entry's memory is its base's. Throws InputError naming the file,
+// the key and what was expected.
 std::vector<ClusterfileEntry> parse_clusterfile(const std::string& path);
+
+// The emulated types a clusterfile declares, by name, without its nodes
+// (for `hetplan profile --clusterfile`). Validated as parse_clusterfile does.
+std::vector<std::pair<std::string, EmulatedDevice>> parse_emulated_device_types(const std::string& path);
 
 // A hostfile of N GPUs per ip: for each ip in order, N/slots lines of
 // "<ip> slots=<slots>". With ips {0.0.0.1, 0.0.0.4} and slots 4 this is the

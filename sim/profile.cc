@@ -164,8 +164,8 @@ int name_number(const std::string& digits, int max, const char* what, const std:
 
 ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
   if (!fs::is_directory(dir)) throw InputError(dir + ": profile folder does not exist");
-  // Type names: letters, digits and inner hyphens (an emulated type such as H200-33sm).
-  static const std::regex name_re(R"(DeviceType\.([A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)_tp(\d+)_bs(\d+)\.json)");
+  // A type name is letters, digits and hyphens (an emulated type: H200-33sm, sim/cluster.h).
+  static const std::regex name_re(R"(DeviceType\.([A-Za-z0-9][A-Za-z0-9-]*)_tp(\d+)_bs(\d+)\.json)");
   std::vector<std::string> names;
   for (const auto& f : fs::directory_iterator(dir)) {
     if (f.is_regular_file()) names.push_back(f.path().filename().string());

@@ -2,7 +2,8 @@
 // each device type, tensor-parallel degree (tp) and micro-batch size (bs).
 //
 // It is read once from a folder of Metis-format files named
-// DeviceType.<TYPE>_tp<T>_bs<B>.json and then answers lookups from plain
+// DeviceType.<TYPE>_tp<T>_bs<B>.json (TYPE: letters, digits and hyphens, as
+// an emulated type's "H200-33sm") and then answers lookups from plain
 // arrays. Slice sums are summed left to right, so that a sum over layers
 // [s, e) is the same double Python's sum(list[s:e]) gives.
 //
