@@ -11,10 +11,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <cstdio>
+#include <cstdlib>
 
 #include "planner/search.h"
 #include "planner/periodic.h"
 #include "planner/top_k.h"
+#include "sim/data_load_balancer.h"
 #include "sim/input_error.h"
 #include "sim/plan_cost.h"
 #include "sim/rank_layout.h"
@@ -121,6 +124,43 @@ class StageEstimator {
           if (const LayerProfile* lp = profiles.find(pt, tp, bs)) per_sample_[t * (max_tp + 1) + tp].push_back({lp, bs});
       }
     }
+    // Mixed-type stages: the data load balancer's shares depend only on the replicas' types, tp and the
+    // micro-batch, not on the layers, so each (first rank, size, tp) keeps its distinct (type, share)
+    // replicas, and an estimate is its slowest replica's exact profile time. (Off where the table
+    // would be too large: the per-sample capacity bound below then stands in.)
+    const int R = layout.num_ranks();
+    if (static_cast<double>(R + 1) * (R + 1) * (max_tp + 1) <= 2e6) {
+      R_ = R;
+      mixed_.assign(static_cast<std::size_t>(R + 1) * (R + 1) * (max_tp + 1), MixedRef{});
+      std::vector<int> ptype(types);
+      for (int t = 0; t < types; ++t) ptype[t] = profiles.type_index(cluster.device_types()[t]);
+      std::vector<int> rtype, share;
+      for (int r = 0; r < R; ++r)
+        for (int s = 2; r + s <= R; ++s) {
+          if (layout.homogeneous(r, r + s)) continue;
+          for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+            const int dp = s / tp;
+            if (s % tp != 0 || dp > b_ || dp > kMaxReplicas) continue;
+            rtype.assign(dp, 0);
+            share.assign(dp, 0);
+            for (int d = 0; d < dp; ++d) rtype[d] = ptype[layout.type_of(r + d * tp)];
+            MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R + 1) + s) * (max_tp + 1) + tp];
+            if (!partition_data(profiles, rtype.data(), Strategy{dp, tp}, b_, share.data())) {
+              ref.count = -1;  // the simulator fails too
+              continue;
+            }
+            ref.offset = static_cast<int>(mixed_pairs_.size());
+            for (int d = 0; d < dp; ++d) {
+              if (share[d] == 0) continue;
+              const Slices* sl =
+                  &slices_[(static_cast<std::size_t>(layout.type_of(r + d * tp)) * (max_tp + 1) + tp) * (b_ + 1) + share[d]];
+              if (std::find(mixed_pairs_.begin() + ref.offset, mixed_pairs_.end(), sl) == mixed_pairs_.end())
+                mixed_pairs_.push_back(sl);
+            }
+            ref.count = static_cast<int>(mixed_pairs_.size()) - ref.offset;
+          }
+        }
+    }
   }
   // Stage [r, r + s) at (s / tp, tp) on layers [l, e).
   double estimate(int r, int s, int tp, int l, int e, bool homogeneous) const {
@@ -134,6 +174,19 @@ class StageEstimator {
       double t = 0;
       for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
       return t;
+    }
+    if (!mixed_.empty()) {
+      const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
+      if (ref.count < 0) return kInf;
+      double slowest = 0;
+      for (int i = ref.offset; i < ref.offset + ref.count; ++i) {
+        const Slices& sl = *mixed_pairs_[i];
+        if (sl.missing) return kInf;
+        double t = 0;
+        for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
+        slowest = std::max(slowest, t);
+      }
+      return slowest;
     }
     // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
     // its type's cheapest time per sample, and the shares sum to b.
@@ -163,8 +216,13 @@ class StageEstimator {
     bool missing = false;
     std::vector<const LayerProfile*> files;
   };
+  struct MixedRef {
+    int offset = 0, count = 0;  // count < 0: the load balancer lacks a profile
+  };
   const RankLayout* layout_;
-  int b_, max_tp_;
+  int b_, max_tp_, R_ = 0;
+  std::vector<MixedRef> mixed_;               // [r][s][tp], mixed-type stages only
+  std::vector<const Slices*> mixed_pairs_;    // each one's distinct (type, share) slicings
   std::vector<Slices> slices_;  // [type][tp][share]
   std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
 };
@@ -178,6 +236,13 @@ struct SuffixBound {
   int R = 0, L = 0, Q = 0;
   std::vector<double> h;
   std::vector<double> h_min;  // min over l' >= l of at(q, r, l'): the bound whatever layers the stage before takes
+  // g[q][r][l]: a lower bound on the sum of the forward + backward of the q stages (the compute that
+  // micro-batch m - 1 crosses on its way to the last stage and back); infinity where none exists.
+  std::vector<double> g;
+  double sum_at(int q, int r, int l) const {
+    if (g.empty()) return 0;
+    return g[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+  }
   double min_from(int q, int r, int l) const {
     if (h_min.empty()) return 0;
     return h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
@@ -189,6 +254,18 @@ struct SuffixBound {
   double& at(int q, int r, int l) { return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l]; }
 };
 
+// Micro-batch m - 1's path through a stage with `after` stages after it: micro-batch 0 arrives, the
+// stage runs its ops in order up to m - 1's forward, that forward crosses the stages after it and its
+// backward comes back, and the stage runs m - 1's backward. Under 1F1B the stage has then run its m
+// forwards and the `before_last` backwards before (m - 1)'s, besides m - 1's own; under GPipe it has
+// run every forward, and the path can instead take micro-batch 0's backward back and then run all m
+// backwards (`gpipe`).
+int before_last_backwards(int after, int m) { return std::max(0, m - 1 - std::min(after, m)); }
+// A lower bound on the compute (in units of one forward + backward) that path spends on the stage.
+int path_multiple(Schedule schedule, int after, int m) {
+  return schedule == Schedule::kGpipe ? m : 1 + before_last_backwards(after, m);
+}
+
 // One (node order, m, p) unit.
 struct Unit {
   int order = 0, m = 1, p = 1;
@@ -197,7 +274,7 @@ struct Unit {
 };
 
 struct Counters {
-  long long enumerated = 0, pruned = 0, costed = 0, infeasible = 0;
+  long long enumerated = 0, pruned = 0, costed = 0, infeasible = 0, stage_calls = 0;
 };
 
 struct Worker {
@@ -212,6 +289,8 @@ struct Worker {
   std::vector<double> fwd_prefix;           // [stage * setups + k]: forward chain to reach `stage`
   std::vector<double> c_prefix;             // every stage before `stage`: forward, sends, backward, accumulation
   std::vector<double> lb;                   // best lower bound so far along the path
+  std::vector<double> extra;                // max over the stages before of what micro-batch m - 1's path
+                                            // spends on that stage beyond its forward + backward
   std::vector<unsigned> mask;               // [stage]: setups still feasible
   std::vector<StageChoice> choice;
   std::vector<FastStageCost> leaf;          // [stage] for one setup
@@ -317,7 +396,7 @@ PlanSearchResult PlanSearch::run() const {
   const int Q = std::min({L, R, opt_.max_stages});
   std::vector<int> ms;
   for (int m = opt_.gbs; m >= 1; --m)
-    if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch) ms.push_back(m);
+    if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch && (!std::getenv("HETPLAN_ONLY_M") || m == std::atoi(std::getenv("HETPLAN_ONLY_M")))) ms.push_back(m);
   std::vector<Unit> units;
   for (int p = 1; p <= Q; ++p)
     for (std::size_t mi = 0; mi < ms.size(); ++mi)
@@ -340,10 +419,15 @@ PlanSearchResult PlanSearch::run() const {
     const double work = 0.25 * R * R * static_cast<double>(L) * L * Q;
     if (opt_.exhaustive || work > 4e9 || static_cast<double>(Q + 1) * (R + 1) * (L + 1) > 5e7) {
       h->h.clear();
+      h->g.clear();
       h->R = R, h->L = L, h->Q = Q;
       return;
     }
     h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
+    h->g.assign(h->h.size(), kInf);
+    auto g_at = [&](int q, int r, int l) -> double& {
+      return h->g[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+    };
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
@@ -358,14 +442,20 @@ PlanSearchResult PlanSearch::run() const {
               if (!std::isfinite(t)) continue;
               if (ends) {
                 h->at(1, r, l) = std::min(h->at(1, r, l), m * t);
+                g_at(1, r, l) = std::min(g_at(1, r, l), t);
                 continue;
               }
               const int q_max = std::min({Q, R - r, L - l});
               for (int q = 2; q <= q_max; ++q) {
                 const double next = h->at(q - 1, r + s, e);
                 if (!std::isfinite(next)) continue;
+                const double next_sum = g_at(q - 1, r + s, e);
                 double& cur = h->at(q, r, l);
-                cur = std::min(cur, std::max(m * t, t + next));
+                // The first of the q stages: all its work after micro-batch 0 arrives (m t), or the
+                // path through it to micro-batch m - 1's forward, the stages after and back (a t + sum).
+                cur = std::min(cur, std::max({m * t, t + next, path_multiple(schedule, q - 1, m) * t + next_sum}));
+                double& sum = g_at(q, r, l);
+                sum = std::min(sum, t + next_sum);
               }
             }
         }
@@ -424,6 +514,7 @@ PlanSearchResult PlanSearch::run() const {
     w.fwd_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.c_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.lb.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
+    w.extra.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.mask.assign(p + 1, 0);
     w.choice.resize(p);
     w.leaf.resize(p);
@@ -498,13 +589,16 @@ PlanSearchResult PlanSearch::run() const {
       const int k_max = last ? L - l : L - l - rest;
       const int k_min = last ? L - l : 1;
       // The prefix's bounds, the smallest over the settings still feasible.
-      double c_min = kInf, lb_min = kInf;
+      double c_min = kInf, lb_min = kInf, e_min = kInf;
       for (int q = 0; q < S; ++q)
         if (w.mask[i] & (1u << q)) {
           const std::size_t at = static_cast<std::size_t>(i) * S + q;
           c_min = std::min(c_min, w.c_prefix[at]);
           lb_min = std::min(lb_min, w.lb[at]);
+          e_min = std::min(e_min, w.extra[at]);
         }
+      const double own_path = path_multiple(schedule, rest, m);
+      const int nb = before_last_backwards(rest, m);
       for (int s = s_min; s <= s_max; ++s) {
         // Whatever layers this stage takes, the ranks after it cannot finish in time.
         if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) > bound.threshold()) {
@@ -529,7 +623,8 @@ PlanSearchResult PlanSearch::run() const {
                 ++w.c.pruned;
                 break;
               }
-              if (!last && c_min + t + sb.at(rest, r + s, l + k) > thr) {
+              if (!last && (c_min + t + sb.at(rest, r + s, l + k) > thr ||
+                            c_min + std::max(e_min + t, own_path * t) + sb.sum_at(rest, r + s, l + k) > thr)) {
                 ++w.c.pruned;
                 continue;
               }
@@ -542,6 +637,7 @@ PlanSearchResult PlanSearch::run() const {
             c.layer_end = l + k;
             FastStageCost* sc = &w.stage_cost[static_cast<std::size_t>(i) * S];
             std::string why;
+            ++w.c.stage_calls;
             if (!o.cost->stage(c, i, p, m, b, sc, w.first_infeasible_unit < 0 ? &why : nullptr)) {
               ++w.c.infeasible;
               if (w.first_infeasible_unit < 0 || unit_index < w.first_infeasible_unit) {
@@ -572,7 +668,14 @@ PlanSearchResult PlanSearch::run() const {
               w.fwd_prefix[next] = w.fwd_prefix[at] + fc.forward_ms + fc.send_forward_ms;
               w.c_prefix[next] = w.c_prefix[at] + fc.forward_ms + fc.send_forward_ms + fc.backward_ms +
                                  (m > 1 ? fc.accumulation_ms : 0.0) + fc.send_backward_ms;
-              if (!last && use_bounds) lb = std::max(lb, w.c_prefix[next] + sb.at(rest, r + s, l + k) + tail0);
+              // Micro-batch m - 1's path through this stage or one before it (see path_multiple).
+              const double ex = schedule == Schedule::kGpipe
+                                    ? (m - 1) * fc.forward_ms
+                                    : (m - 1) * fc.forward_ms + nb * fc.backward_ms + std::max(0, nb - 1) * fc.accumulation_ms;
+              w.extra[next] = std::max(w.extra[at], ex);
+              if (!last && use_bounds)
+                lb = std::max({lb, w.c_prefix[next] + sb.at(rest, r + s, l + k) + tail0,
+                               w.c_prefix[next] + w.extra[next] + sb.sum_at(rest, r + s, l + k) + tail0});
               w.lb[next] = lb;
               bound_min = std::min(bound_min, lb);
             }
@@ -631,6 +734,11 @@ PlanSearchResult PlanSearch::run() const {
       g_pruned.fetch_add(w.c.pruned - before.pruned, std::memory_order_relaxed);
       g_costed.fetch_add(w.c.costed - before.costed, std::memory_order_relaxed);
       units_done.fetch_add(1, std::memory_order_relaxed);
+      if (std::getenv("HETPLAN_UNIT_STATS") && units[i].first_size == 1) std::fprintf(stderr, "ROOT p=%d m=%d order=%d h=%g g=%g\n", units[i].p, units[i].m, units[i].order, suffix_bound(units[i]).at(units[i].p, 0, 0), suffix_bound(units[i]).sum_at(units[i].p, 0, 0));
+      if (std::getenv("HETPLAN_UNIT_STATS"))
+        std::fprintf(stderr, "UNIT p=%d m=%d order=%d s0=%d enum=%lld costed=%lld stagecalls=%lld\n", units[i].p, units[i].m,
+                     units[i].order, units[i].first_size, w.c.enumerated - before.enumerated,
+                     w.c.costed - before.costed, w.c.stage_calls - before.stage_calls);
     }
   });
 
