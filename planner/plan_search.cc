@@ -11,8 +11,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <cstdio>
-#include <cstdlib>
 
 #include "planner/search.h"
 #include "planner/periodic.h"
@@ -52,7 +50,11 @@ class SharedBound {
     std::lock_guard<std::mutex> lock(mu_);
     costs_.insert(std::upper_bound(costs_.begin(), costs_.end(), cost), cost);
     if (static_cast<int>(costs_.size()) > k_) costs_.pop_back();
-    if (static_cast<int>(costs_.size()) == k_) threshold_.store(costs_.back(), std::memory_order_relaxed);
+    // A hair above the K-th cost: a bound summed in another order than the cost itself may exceed a
+    // plan's exact cost by a few ulps, and must not prune a plan that ties the K-th (ties are broken by
+    // the plan order, not by which was found first).
+    if (static_cast<int>(costs_.size()) == k_)
+      threshold_.store(costs_.back() * (1 + 1e-9), std::memory_order_relaxed);
   }
 
  private:
@@ -93,8 +95,8 @@ struct OrderContext {
 class StageEstimator {
  public:
   StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, int micro_batch,
-                 int max_profiled_bs, int max_tp)
-      : layout_(&layout), b_(micro_batch), max_tp_(max_tp) {
+                 int max_profiled_bs, int max_tp, bool full_params)
+      : layout_(&layout), b_(micro_batch), max_tp_(max_tp), full_params_(full_params) {
     const int types = static_cast<int>(cluster.device_types().size());
     slices_.assign(static_cast<std::size_t>(types) * (max_tp + 1) * (b_ + 1), {});
     per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
@@ -162,8 +164,11 @@ class StageEstimator {
         }
     }
   }
-  // Stage [r, r + s) at (s / tp, tp) on layers [l, e).
-  double estimate(int r, int s, int tp, int l, int e, bool homogeneous) const {
+  // Stage [r, r + s) at (s / tp, tp) on layers [l, e). Sets *acc to a lower bound on its gradient
+  // accumulation per micro-batch: a measured one of a replica the stage has (the stage's is their
+  // largest) when every setup trains every parameter (LoRA scales it down), else 0.
+  double estimate(int r, int s, int tp, int l, int e, bool homogeneous, double* acc) const {
+    *acc = 0;
     const int dp = s / tp;
     if (homogeneous) {
       // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them;
@@ -173,6 +178,7 @@ class StageEstimator {
       if (sl.missing) return kInf;
       double t = 0;
       for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
+      if (full_params_ && sl.files[0]->has_grad_accumulation()) *acc = sl.files[0]->accumulation_time(l, e);
       return t;
     }
     if (!mixed_.empty()) {
@@ -185,6 +191,8 @@ class StageEstimator {
         double t = 0;
         for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
         slowest = std::max(slowest, t);
+        if (full_params_ && sl.files[0]->has_grad_accumulation())
+          *acc = std::max(*acc, sl.files[0]->accumulation_time(l, e));
       }
       return slowest;
     }
@@ -221,6 +229,7 @@ class StageEstimator {
   };
   const RankLayout* layout_;
   int b_, max_tp_, R_ = 0;
+  bool full_params_ = false;
   std::vector<MixedRef> mixed_;               // [r][s][tp], mixed-type stages only
   std::vector<const Slices*> mixed_pairs_;    // each one's distinct (type, share) slicings
   std::vector<Slices> slices_;  // [type][tp][share]
@@ -274,11 +283,63 @@ struct Unit {
 };
 
 struct Counters {
-  long long enumerated = 0, pruned = 0, costed = 0, infeasible = 0, stage_calls = 0;
+  long long enumerated = 0, pruned = 0, costed = 0, infeasible = 0;
+};
+
+// A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
+// unit group, its ranks, (dp, tp), layers, whether it is the first and the last stage, and its in-flight
+// micro-batches (the memory of its activations): not on the stages around it, so the same stage met
+// again under another pipeline depth or prefix is looked up. Direct-mapped, fixed size: a collision
+// overwrites; no allocation after construction. Costs are a pure function of the key, so the cache
+// never changes a result.
+class StageCache {
+ public:
+  StageCache(int setups, std::size_t bytes) : setups_(setups) {
+    std::size_t n = 1024;
+    while (n * 2 * (sizeof(Key) + setups * sizeof(FastStageCost)) <= bytes) n *= 2;
+    mask_ = n - 1;
+    keys_.assign(n, Key{~0ull, ~0ull});
+    vals_.resize(n * setups);
+  }
+  struct Key {
+    unsigned long long a, b;
+    bool operator==(const Key& o) const { return a == o.a && b == o.b; }
+  };
+  static Key key(int group, int r, int s, int tp, int l, int e, bool first, bool last, int in_flight) {
+    return Key{(static_cast<unsigned long long>(group) << 32) | (static_cast<unsigned long long>(r) << 1) | (first ? 1u : 0u),
+               (static_cast<unsigned long long>(s) << 40) | (static_cast<unsigned long long>(tp) << 32) |
+                   (static_cast<unsigned long long>(l) << 22) | (static_cast<unsigned long long>(e) << 12) |
+                   (static_cast<unsigned long long>(in_flight & 0x7ff) << 1) | (last ? 1u : 0u)};
+  }
+  // The slot for `k`: its costs if *hit, else where to store them.
+  FastStageCost* slot(const Key& k, bool* hit) {
+    const std::size_t i = index(k);
+    *hit = keys_[i] == k;
+    keys_[i] = k;
+    return &vals_[i * setups_];
+  }
+  std::size_t index(const Key& k) const {
+    unsigned long long h = k.a * 0x9e3779b97f4a7c15ull ^ (k.b + 0x632be59bd9b4e019ull + (k.a << 6));
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return h & mask_;
+  }
+  // Drops `k` (a stage that failed: not cached, so its reason is recomputed).
+  void invalidate(const Key& k) {
+    keys_[index(k)] = Key{~0ull, ~0ull};
+  }
+
+ private:
+  int setups_;
+  std::size_t mask_ = 0;
+  std::vector<Key> keys_;
+  std::vector<FastStageCost> vals_;
 };
 
 struct Worker {
-  explicit Worker(int k) : top(k) {}
+  Worker(int k, int setups) : top(k), cache(setups, static_cast<std::size_t>(24) << 20) {}
+  StageCache cache;
   TopPlans top;
   Counters c;
   long long first_infeasible_unit = -1;
@@ -396,7 +457,7 @@ PlanSearchResult PlanSearch::run() const {
   const int Q = std::min({L, R, opt_.max_stages});
   std::vector<int> ms;
   for (int m = opt_.gbs; m >= 1; --m)
-    if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch && (!std::getenv("HETPLAN_ONLY_M") || m == std::atoi(std::getenv("HETPLAN_ONLY_M")))) ms.push_back(m);
+    if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch) ms.push_back(m);
   std::vector<Unit> units;
   for (int p = 1; p <= Q; ++p)
     for (std::size_t mi = 0; mi < ms.size(); ++mi)
@@ -407,10 +468,12 @@ PlanSearchResult PlanSearch::run() const {
   // Suffix bounds, built once per (node order, m) by the first unit that needs one.
   std::vector<SuffixBound> bounds(orders.size() * ms.size());
   std::unique_ptr<std::once_flag[]> bound_once(new std::once_flag[bounds.size()]);
+  bool full_params = true;  // every setup trains every parameter (accumulation is not scaled down)
+  for (const TrainingSetup& st : setups) full_params = full_params && st.finetune == Finetune::kFull;
   auto build_bound = [&](const Unit& u, SuffixBound* h) {
     const OrderContext& o = orders[u.order];
     const int m = u.m, b = opt_.gbs / m;
-    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp);
+    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp, full_params);
     const StageEstimator& est = *h->est;
     h->R = R;
     h->L = L;
@@ -438,11 +501,13 @@ PlanSearchResult PlanSearch::run() const {
             for (int e = l + 1; e <= L; ++e) {
               const bool ends = r + s == R, all = e == L;
               if (ends != all) continue;
-              const double t = est.estimate(r, s, tp, l, e, homo);
+              double a;
+              const double t = est.estimate(r, s, tp, l, e, homo, &a);
               if (!std::isfinite(t)) continue;
+              const double busy = m * t + (m - 1) * a, csum = t + (m > 1 ? a : 0.0);
               if (ends) {
-                h->at(1, r, l) = std::min(h->at(1, r, l), m * t);
-                g_at(1, r, l) = std::min(g_at(1, r, l), t);
+                h->at(1, r, l) = std::min(h->at(1, r, l), busy);
+                g_at(1, r, l) = std::min(g_at(1, r, l), csum);
                 continue;
               }
               const int q_max = std::min({Q, R - r, L - l});
@@ -453,9 +518,9 @@ PlanSearchResult PlanSearch::run() const {
                 double& cur = h->at(q, r, l);
                 // The first of the q stages: all its work after micro-batch 0 arrives (m t), or the
                 // path through it to micro-batch m - 1's forward, the stages after and back (a t + sum).
-                cur = std::min(cur, std::max({m * t, t + next, path_multiple(schedule, q - 1, m) * t + next_sum}));
+                cur = std::min(cur, std::max({busy, csum + next, (path_multiple(schedule, q - 1, m) - 1) * t + csum + next_sum}));
                 double& sum = g_at(q, r, l);
-                sum = std::min(sum, t + next_sum);
+                sum = std::min(sum, csum + next_sum);
               }
             }
         }
@@ -486,7 +551,7 @@ PlanSearchResult PlanSearch::run() const {
   std::atomic<long long> g_enumerated{0}, g_pruned{0}, g_costed{0};
   const bool use_bounds = !opt_.exhaustive;
 
-  tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k); });
+  tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k, S); });
   std::optional<tbb::global_control> limit;
   if (opt_.threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, opt_.threads);
 
@@ -523,6 +588,7 @@ PlanSearchResult PlanSearch::run() const {
     long long since_check = 0;
 
     const SuffixBound& sb = suffix_bound(u);
+    const bool cacheable = L < 1024 && max_tp < 256;
     const StageEstimator& est = *sb.est;
 
     auto leaf = [&]() {
@@ -617,14 +683,16 @@ PlanSearchResult PlanSearch::run() const {
             ++w.c.enumerated;
             if (use_bounds) {
               const double thr = bound.threshold();
-              const double t = est.estimate(r, s, tp, l, l + k, homo);
+              double a;
+              const double t = est.estimate(r, s, tp, l, l + k, homo, &a);
+              const double csum = t + (m > 1 ? a : 0.0);
               // This stage's own compute only grows with k.
-              if (std::max(lb_min, c_min + m * t) > thr) {
+              if (std::max(lb_min, c_min + m * t + (m - 1) * a) > thr) {
                 ++w.c.pruned;
                 break;
               }
-              if (!last && (c_min + t + sb.at(rest, r + s, l + k) > thr ||
-                            c_min + std::max(e_min + t, own_path * t) + sb.sum_at(rest, r + s, l + k) > thr)) {
+              if (!last && (c_min + csum + sb.at(rest, r + s, l + k) > thr ||
+                            c_min + csum + std::max(e_min, (own_path - 1) * t) + sb.sum_at(rest, r + s, l + k) > thr)) {
                 ++w.c.pruned;
                 continue;
               }
@@ -637,8 +705,22 @@ PlanSearchResult PlanSearch::run() const {
             c.layer_end = l + k;
             FastStageCost* sc = &w.stage_cost[static_cast<std::size_t>(i) * S];
             std::string why;
-            ++w.c.stage_calls;
-            if (!o.cost->stage(c, i, p, m, b, sc, w.first_infeasible_unit < 0 ? &why : nullptr)) {
+            const StageCache::Key ck = cacheable ? StageCache::key(u.bound, r, s, tp, l, l + k, i == 0, last,
+                                                                   in_flight_microbatches(schedule, p, i, m))
+                                                 : StageCache::Key{};
+            bool hit = false;
+            FastStageCost* cached = cacheable ? w.cache.slot(ck, &hit) : nullptr;
+            bool ok = true;
+            if (hit) {
+              std::copy(cached, cached + S, sc);
+            } else {
+              ok = o.cost->stage(c, i, p, m, b, sc, w.first_infeasible_unit < 0 ? &why : nullptr);
+              if (cached) {
+                if (ok) std::copy(sc, sc + S, cached);
+                else *cached = FastStageCost(), w.cache.invalidate(ck);
+              }
+            }
+            if (!ok) {
               ++w.c.infeasible;
               if (w.first_infeasible_unit < 0 || unit_index < w.first_infeasible_unit) {
                 w.first_infeasible_unit = unit_index;
@@ -734,11 +816,6 @@ PlanSearchResult PlanSearch::run() const {
       g_pruned.fetch_add(w.c.pruned - before.pruned, std::memory_order_relaxed);
       g_costed.fetch_add(w.c.costed - before.costed, std::memory_order_relaxed);
       units_done.fetch_add(1, std::memory_order_relaxed);
-      if (std::getenv("HETPLAN_UNIT_STATS") && units[i].first_size == 1) std::fprintf(stderr, "ROOT p=%d m=%d order=%d h=%g g=%g\n", units[i].p, units[i].m, units[i].order, suffix_bound(units[i]).at(units[i].p, 0, 0), suffix_bound(units[i]).sum_at(units[i].p, 0, 0));
-      if (std::getenv("HETPLAN_UNIT_STATS"))
-        std::fprintf(stderr, "UNIT p=%d m=%d order=%d s0=%d enum=%lld costed=%lld stagecalls=%lld\n", units[i].p, units[i].m,
-                     units[i].order, units[i].first_size, w.c.enumerated - before.enumerated,
-                     w.c.costed - before.costed, w.c.stage_calls - before.stage_calls);
     }
   });
 
