@@ -280,6 +280,7 @@ struct Unit {
   int order = 0, m = 1, p = 1;
   int bound = 0;       // index of the (node order, m) suffix bound
   int first_size = 1;  // GPUs of stage 0 (units this small balance the threads)
+  int first_layers = 0;  // layers of stage 0; 0: any
 };
 
 struct Counters {
@@ -458,12 +459,24 @@ PlanSearchResult PlanSearch::run() const {
   std::vector<int> ms;
   for (int m = opt_.gbs; m >= 1; --m)
     if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch) ms.push_back(m);
+  // Units also split by stage 0's layers where that keeps them few: one (p, m, first size) can
+  // otherwise hold a fifth of the whole search, and the threads wait on it.
+  double split_units = 0;
+  for (int p = 2; p <= Q; ++p)
+    split_units += static_cast<double>(ms.size()) * orders.size() * (R - p + 1) * (L - p + 1);
+  const bool split_layers = split_units <= 2e6;
   std::vector<Unit> units;
   for (int p = 1; p <= Q; ++p)
     for (std::size_t mi = 0; mi < ms.size(); ++mi)
       for (const OrderContext& o : orders)
-        for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0)
-          units.push_back(Unit{o.index, ms[mi], p, static_cast<int>(o.index * ms.size() + mi), s0});
+        for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0) {
+          const int bound_index = static_cast<int>(o.index * ms.size() + mi);
+          if (p == 1 || !split_layers) {
+            units.push_back(Unit{o.index, ms[mi], p, bound_index, s0, 0});
+            continue;
+          }
+          for (int k0 = 1; k0 <= L - (p - 1); ++k0) units.push_back(Unit{o.index, ms[mi], p, bound_index, s0, k0});
+        }
 
   // Suffix bounds, built once per (node order, m) by the first unit that needs one.
   std::vector<SuffixBound> bounds(orders.size() * ms.size());
@@ -652,8 +665,8 @@ PlanSearchResult PlanSearch::run() const {
       const int rest = p - 1 - i;  // stages after this one
       const int s_max = i == 0 ? u.first_size : last ? R - r : R - r - rest;
       const int s_min = i == 0 ? u.first_size : last ? R - r : 1;
-      const int k_max = last ? L - l : L - l - rest;
-      const int k_min = last ? L - l : 1;
+      const int k_max = i == 0 && u.first_layers > 0 ? u.first_layers : last ? L - l : L - l - rest;
+      const int k_min = i == 0 && u.first_layers > 0 ? u.first_layers : last ? L - l : 1;
       // The prefix's bounds, the smallest over the settings still feasible.
       double c_min = kInf, lb_min = kInf, e_min = kInf;
       for (int q = 0; q < S; ++q)
