@@ -31,7 +31,7 @@
 //    first rank, first layer) per (node order, m) on each stage's compute:
 //    its slowest replica's profile time (for a mixed-type stage with the
 //    data load balancer's shares, which depend only on the replicas' types,
-//    tp and the micro-batch; past about 1400 GPUs, a per-sample capacity
+//    tp and the micro-batch; past a few hundred GPUs, a per-sample capacity
 //    bound instead), and, where every setup trains all parameters,
 //    its measured gradient accumulation;
 //  * micro-batch m - 1's path: after micro-batch 0 reaches a stage, the stage
