@@ -15,6 +15,7 @@
 #include "planner/search.h"
 #include "planner/periodic.h"
 #include "planner/top_k.h"
+#include "sim/data_load_balancer.h"
 #include "sim/input_error.h"
 #include "sim/plan_cost.h"
 #include "sim/rank_layout.h"
@@ -49,7 +50,11 @@ class SharedBound {
     std::lock_guard<std::mutex> lock(mu_);
     costs_.insert(std::upper_bound(costs_.begin(), costs_.end(), cost), cost);
     if (static_cast<int>(costs_.size()) > k_) costs_.pop_back();
-    if (static_cast<int>(costs_.size()) == k_) threshold_.store(costs_.back(), std::memory_order_relaxed);
+    // A hair above the K-th cost: a bound summed in another order than the cost itself may exceed a
+    // plan's exact cost by a few ulps, and must not prune a plan that ties the K-th (ties are broken by
+    // the plan order, not by which was found first).
+    if (static_cast<int>(costs_.size()) == k_)
+      threshold_.store(costs_.back() * (1 + 1e-9), std::memory_order_relaxed);
   }
 
  private:
@@ -90,8 +95,8 @@ struct OrderContext {
 class StageEstimator {
  public:
   StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, int micro_batch,
-                 int max_profiled_bs, int max_tp)
-      : layout_(&layout), b_(micro_batch), max_tp_(max_tp) {
+                 int max_profiled_bs, int max_tp, bool full_params)
+      : layout_(&layout), b_(micro_batch), max_tp_(max_tp), full_params_(full_params) {
     const int types = static_cast<int>(cluster.device_types().size());
     slices_.assign(static_cast<std::size_t>(types) * (max_tp + 1) * (b_ + 1), {});
     per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
@@ -121,9 +126,49 @@ class StageEstimator {
           if (const LayerProfile* lp = profiles.find(pt, tp, bs)) per_sample_[t * (max_tp + 1) + tp].push_back({lp, bs});
       }
     }
+    // Mixed-type stages: the data load balancer's shares depend only on the replicas' types, tp and the
+    // micro-batch, not on the layers, so each (first rank, size, tp) keeps its distinct (type, share)
+    // replicas, and an estimate is its slowest replica's exact profile time. (Off where the table
+    // would be too large: the per-sample capacity bound below then stands in.)
+    const int R = layout.num_ranks();
+    if (static_cast<double>(R + 1) * (R + 1) * (max_tp + 1) <= 2e6) {
+      R_ = R;
+      mixed_.assign(static_cast<std::size_t>(R + 1) * (R + 1) * (max_tp + 1), MixedRef{});
+      std::vector<int> ptype(types);
+      for (int t = 0; t < types; ++t) ptype[t] = profiles.type_index(cluster.device_types()[t]);
+      std::vector<int> rtype, share;
+      for (int r = 0; r < R; ++r)
+        for (int s = 2; r + s <= R; ++s) {
+          if (layout.homogeneous(r, r + s)) continue;
+          for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+            const int dp = s / tp;
+            if (s % tp != 0 || dp > b_ || dp > kMaxReplicas) continue;
+            rtype.assign(dp, 0);
+            share.assign(dp, 0);
+            for (int d = 0; d < dp; ++d) rtype[d] = ptype[layout.type_of(r + d * tp)];
+            MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R + 1) + s) * (max_tp + 1) + tp];
+            if (!partition_data(profiles, rtype.data(), Strategy{dp, tp}, b_, share.data())) {
+              ref.count = -1;  // the simulator fails too
+              continue;
+            }
+            ref.offset = static_cast<int>(mixed_pairs_.size());
+            for (int d = 0; d < dp; ++d) {
+              if (share[d] == 0) continue;
+              const Slices* sl =
+                  &slices_[(static_cast<std::size_t>(layout.type_of(r + d * tp)) * (max_tp + 1) + tp) * (b_ + 1) + share[d]];
+              if (std::find(mixed_pairs_.begin() + ref.offset, mixed_pairs_.end(), sl) == mixed_pairs_.end())
+                mixed_pairs_.push_back(sl);
+            }
+            ref.count = static_cast<int>(mixed_pairs_.size()) - ref.offset;
+          }
+        }
+    }
   }
-  // Stage [r, r + s) at (s / tp, tp) on layers [l, e).
-  double estimate(int r, int s, int tp, int l, int e, bool homogeneous) const {
+  // Stage [r, r + s) at (s / tp, tp) on layers [l, e). Sets *acc to a lower bound on its gradient
+  // accumulation per micro-batch: a measured one of a replica the stage has (the stage's is their
+  // largest) when every setup trains every parameter (LoRA scales it down), else 0.
+  double estimate(int r, int s, int tp, int l, int e, bool homogeneous, double* acc) const {
+    *acc = 0;
     const int dp = s / tp;
     if (homogeneous) {
       // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them;
@@ -133,7 +178,23 @@ class StageEstimator {
       if (sl.missing) return kInf;
       double t = 0;
       for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
+      if (full_params_ && sl.files[0]->has_grad_accumulation()) *acc = sl.files[0]->accumulation_time(l, e);
       return t;
+    }
+    if (!mixed_.empty()) {
+      const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
+      if (ref.count < 0) return kInf;
+      double slowest = 0;
+      for (int i = ref.offset; i < ref.offset + ref.count; ++i) {
+        const Slices& sl = *mixed_pairs_[i];
+        if (sl.missing) return kInf;
+        double t = 0;
+        for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
+        slowest = std::max(slowest, t);
+        if (full_params_ && sl.files[0]->has_grad_accumulation())
+          *acc = std::max(*acc, sl.files[0]->accumulation_time(l, e));
+      }
+      return slowest;
     }
     // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
     // its type's cheapest time per sample, and the shares sum to b.
@@ -163,8 +224,14 @@ class StageEstimator {
     bool missing = false;
     std::vector<const LayerProfile*> files;
   };
+  struct MixedRef {
+    int offset = 0, count = 0;  // count < 0: the load balancer lacks a profile
+  };
   const RankLayout* layout_;
-  int b_, max_tp_;
+  int b_, max_tp_, R_ = 0;
+  bool full_params_ = false;
+  std::vector<MixedRef> mixed_;               // [r][s][tp], mixed-type stages only
+  std::vector<const Slices*> mixed_pairs_;    // each one's distinct (type, share) slicings
   std::vector<Slices> slices_;  // [type][tp][share]
   std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
 };
@@ -178,6 +245,13 @@ struct SuffixBound {
   int R = 0, L = 0, Q = 0;
   std::vector<double> h;
   std::vector<double> h_min;  // min over l' >= l of at(q, r, l'): the bound whatever layers the stage before takes
+  // g[q][r][l]: a lower bound on the sum of the forward + backward of the q stages (the compute that
+  // micro-batch m - 1 crosses on its way to the last stage and back); infinity where none exists.
+  std::vector<double> g;
+  double sum_at(int q, int r, int l) const {
+    if (g.empty()) return 0;
+    return g[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+  }
   double min_from(int q, int r, int l) const {
     if (h_min.empty()) return 0;
     return h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
@@ -189,19 +263,84 @@ struct SuffixBound {
   double& at(int q, int r, int l) { return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l]; }
 };
 
+// Micro-batch m - 1's path through a stage with `after` stages after it: micro-batch 0 arrives, the
+// stage runs its ops in order up to m - 1's forward, that forward crosses the stages after it and its
+// backward comes back, and the stage runs m - 1's backward. Under 1F1B the stage has then run its m
+// forwards and the `before_last` backwards before (m - 1)'s, besides m - 1's own; under GPipe it has
+// run every forward, and the path can instead take micro-batch 0's backward back and then run all m
+// backwards (`gpipe`).
+int before_last_backwards(int after, int m) { return std::max(0, m - 1 - std::min(after, m)); }
+// A lower bound on the compute (in units of one forward + backward) that path spends on the stage.
+int path_multiple(Schedule schedule, int after, int m) {
+  return schedule == Schedule::kGpipe ? m : 1 + before_last_backwards(after, m);
+}
+
 // One (node order, m, p) unit.
 struct Unit {
   int order = 0, m = 1, p = 1;
   int bound = 0;       // index of the (node order, m) suffix bound
   int first_size = 1;  // GPUs of stage 0 (units this small balance the threads)
+  int first_layers = 0;  // layers of stage 0; 0: any
 };
 
 struct Counters {
   long long enumerated = 0, pruned = 0, costed = 0, infeasible = 0;
 };
 
+// A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
+// unit group, its ranks, (dp, tp), layers, whether it is the first and the last stage, and its in-flight
+// micro-batches (the memory of its activations): not on the stages around it, so the same stage met
+// again under another pipeline depth or prefix is looked up. Direct-mapped, fixed size: a collision
+// overwrites; no allocation after construction. Costs are a pure function of the key, so the cache
+// never changes a result.
+class StageCache {
+ public:
+  StageCache(int setups, std::size_t bytes) : setups_(setups) {
+    std::size_t n = 1024;
+    while (n * 2 * (sizeof(Key) + setups * sizeof(FastStageCost)) <= bytes) n *= 2;
+    mask_ = n - 1;
+    keys_.assign(n, Key{~0ull, ~0ull});
+    vals_.resize(n * setups);
+  }
+  struct Key {
+    unsigned long long a, b;
+    bool operator==(const Key& o) const { return a == o.a && b == o.b; }
+  };
+  static Key key(int group, int r, int s, int tp, int l, int e, bool first, bool last, int in_flight) {
+    return Key{(static_cast<unsigned long long>(group) << 32) | (static_cast<unsigned long long>(r) << 1) | (first ? 1u : 0u),
+               (static_cast<unsigned long long>(s) << 40) | (static_cast<unsigned long long>(tp) << 32) |
+                   (static_cast<unsigned long long>(l) << 22) | (static_cast<unsigned long long>(e) << 12) |
+                   (static_cast<unsigned long long>(in_flight & 0x7ff) << 1) | (last ? 1u : 0u)};
+  }
+  // The slot for `k`: its costs if *hit, else where to store them.
+  FastStageCost* slot(const Key& k, bool* hit) {
+    const std::size_t i = index(k);
+    *hit = keys_[i] == k;
+    keys_[i] = k;
+    return &vals_[i * setups_];
+  }
+  std::size_t index(const Key& k) const {
+    unsigned long long h = k.a * 0x9e3779b97f4a7c15ull ^ (k.b + 0x632be59bd9b4e019ull + (k.a << 6));
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return h & mask_;
+  }
+  // Drops `k` (a stage that failed: not cached, so its reason is recomputed).
+  void invalidate(const Key& k) {
+    keys_[index(k)] = Key{~0ull, ~0ull};
+  }
+
+ private:
+  int setups_;
+  std::size_t mask_ = 0;
+  std::vector<Key> keys_;
+  std::vector<FastStageCost> vals_;
+};
+
 struct Worker {
-  explicit Worker(int k) : top(k) {}
+  Worker(int k, int setups) : top(k), cache(setups, static_cast<std::size_t>(24) << 20) {}
+  StageCache cache;
   TopPlans top;
   Counters c;
   long long first_infeasible_unit = -1;
@@ -212,6 +351,8 @@ struct Worker {
   std::vector<double> fwd_prefix;           // [stage * setups + k]: forward chain to reach `stage`
   std::vector<double> c_prefix;             // every stage before `stage`: forward, sends, backward, accumulation
   std::vector<double> lb;                   // best lower bound so far along the path
+  std::vector<double> extra;                // max over the stages before of what micro-batch m - 1's path
+                                            // spends on that stage beyond its forward + backward
   std::vector<unsigned> mask;               // [stage]: setups still feasible
   std::vector<StageChoice> choice;
   std::vector<FastStageCost> leaf;          // [stage] for one setup
@@ -318,20 +459,34 @@ PlanSearchResult PlanSearch::run() const {
   std::vector<int> ms;
   for (int m = opt_.gbs; m >= 1; --m)
     if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch) ms.push_back(m);
+  // Units also split by stage 0's layers where that keeps them few: one (p, m, first size) can
+  // otherwise hold a fifth of the whole search, and the threads wait on it.
+  double split_units = 0;
+  for (int p = 2; p <= Q; ++p)
+    split_units += static_cast<double>(ms.size()) * orders.size() * (R - p + 1) * (L - p + 1);
+  const bool split_layers = split_units <= 2e6;
   std::vector<Unit> units;
   for (int p = 1; p <= Q; ++p)
     for (std::size_t mi = 0; mi < ms.size(); ++mi)
       for (const OrderContext& o : orders)
-        for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0)
-          units.push_back(Unit{o.index, ms[mi], p, static_cast<int>(o.index * ms.size() + mi), s0});
+        for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0) {
+          const int bound_index = static_cast<int>(o.index * ms.size() + mi);
+          if (p == 1 || !split_layers) {
+            units.push_back(Unit{o.index, ms[mi], p, bound_index, s0, 0});
+            continue;
+          }
+          for (int k0 = 1; k0 <= L - (p - 1); ++k0) units.push_back(Unit{o.index, ms[mi], p, bound_index, s0, k0});
+        }
 
   // Suffix bounds, built once per (node order, m) by the first unit that needs one.
   std::vector<SuffixBound> bounds(orders.size() * ms.size());
   std::unique_ptr<std::once_flag[]> bound_once(new std::once_flag[bounds.size()]);
+  bool full_params = true;  // every setup trains every parameter (accumulation is not scaled down)
+  for (const TrainingSetup& st : setups) full_params = full_params && st.finetune == Finetune::kFull;
   auto build_bound = [&](const Unit& u, SuffixBound* h) {
     const OrderContext& o = orders[u.order];
     const int m = u.m, b = opt_.gbs / m;
-    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp);
+    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp, full_params);
     const StageEstimator& est = *h->est;
     h->R = R;
     h->L = L;
@@ -340,10 +495,15 @@ PlanSearchResult PlanSearch::run() const {
     const double work = 0.25 * R * R * static_cast<double>(L) * L * Q;
     if (opt_.exhaustive || work > 4e9 || static_cast<double>(Q + 1) * (R + 1) * (L + 1) > 5e7) {
       h->h.clear();
+      h->g.clear();
       h->R = R, h->L = L, h->Q = Q;
       return;
     }
     h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
+    h->g.assign(h->h.size(), kInf);
+    auto g_at = [&](int q, int r, int l) -> double& {
+      return h->g[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+    };
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
@@ -354,18 +514,26 @@ PlanSearchResult PlanSearch::run() const {
             for (int e = l + 1; e <= L; ++e) {
               const bool ends = r + s == R, all = e == L;
               if (ends != all) continue;
-              const double t = est.estimate(r, s, tp, l, e, homo);
+              double a;
+              const double t = est.estimate(r, s, tp, l, e, homo, &a);
               if (!std::isfinite(t)) continue;
+              const double busy = m * t + (m - 1) * a, csum = t + (m > 1 ? a : 0.0);
               if (ends) {
-                h->at(1, r, l) = std::min(h->at(1, r, l), m * t);
+                h->at(1, r, l) = std::min(h->at(1, r, l), busy);
+                g_at(1, r, l) = std::min(g_at(1, r, l), csum);
                 continue;
               }
               const int q_max = std::min({Q, R - r, L - l});
               for (int q = 2; q <= q_max; ++q) {
                 const double next = h->at(q - 1, r + s, e);
                 if (!std::isfinite(next)) continue;
+                const double next_sum = g_at(q - 1, r + s, e);
                 double& cur = h->at(q, r, l);
-                cur = std::min(cur, std::max(m * t, t + next));
+                // The first of the q stages: all its work after micro-batch 0 arrives (m t), or the
+                // path through it to micro-batch m - 1's forward, the stages after and back (a t + sum).
+                cur = std::min(cur, std::max({busy, csum + next, (path_multiple(schedule, q - 1, m) - 1) * t + csum + next_sum}));
+                double& sum = g_at(q, r, l);
+                sum = std::min(sum, csum + next_sum);
               }
             }
         }
@@ -396,7 +564,7 @@ PlanSearchResult PlanSearch::run() const {
   std::atomic<long long> g_enumerated{0}, g_pruned{0}, g_costed{0};
   const bool use_bounds = !opt_.exhaustive;
 
-  tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k); });
+  tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k, S); });
   std::optional<tbb::global_control> limit;
   if (opt_.threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, opt_.threads);
 
@@ -424,6 +592,7 @@ PlanSearchResult PlanSearch::run() const {
     w.fwd_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.c_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.lb.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
+    w.extra.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.mask.assign(p + 1, 0);
     w.choice.resize(p);
     w.leaf.resize(p);
@@ -432,6 +601,7 @@ PlanSearchResult PlanSearch::run() const {
     long long since_check = 0;
 
     const SuffixBound& sb = suffix_bound(u);
+    const bool cacheable = L < 1024 && max_tp < 256;
     const StageEstimator& est = *sb.est;
 
     auto leaf = [&]() {
@@ -495,16 +665,19 @@ PlanSearchResult PlanSearch::run() const {
       const int rest = p - 1 - i;  // stages after this one
       const int s_max = i == 0 ? u.first_size : last ? R - r : R - r - rest;
       const int s_min = i == 0 ? u.first_size : last ? R - r : 1;
-      const int k_max = last ? L - l : L - l - rest;
-      const int k_min = last ? L - l : 1;
+      const int k_max = i == 0 && u.first_layers > 0 ? u.first_layers : last ? L - l : L - l - rest;
+      const int k_min = i == 0 && u.first_layers > 0 ? u.first_layers : last ? L - l : 1;
       // The prefix's bounds, the smallest over the settings still feasible.
-      double c_min = kInf, lb_min = kInf;
+      double c_min = kInf, lb_min = kInf, e_min = kInf;
       for (int q = 0; q < S; ++q)
         if (w.mask[i] & (1u << q)) {
           const std::size_t at = static_cast<std::size_t>(i) * S + q;
           c_min = std::min(c_min, w.c_prefix[at]);
           lb_min = std::min(lb_min, w.lb[at]);
+          e_min = std::min(e_min, w.extra[at]);
         }
+      const double own_path = path_multiple(schedule, rest, m);
+      const int nb = before_last_backwards(rest, m);
       for (int s = s_min; s <= s_max; ++s) {
         // Whatever layers this stage takes, the ranks after it cannot finish in time.
         if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) > bound.threshold()) {
@@ -523,13 +696,16 @@ PlanSearchResult PlanSearch::run() const {
             ++w.c.enumerated;
             if (use_bounds) {
               const double thr = bound.threshold();
-              const double t = est.estimate(r, s, tp, l, l + k, homo);
+              double a;
+              const double t = est.estimate(r, s, tp, l, l + k, homo, &a);
+              const double csum = t + (m > 1 ? a : 0.0);
               // This stage's own compute only grows with k.
-              if (std::max(lb_min, c_min + m * t) > thr) {
+              if (std::max(lb_min, c_min + m * t + (m - 1) * a) > thr) {
                 ++w.c.pruned;
                 break;
               }
-              if (!last && c_min + t + sb.at(rest, r + s, l + k) > thr) {
+              if (!last && (c_min + csum + sb.at(rest, r + s, l + k) > thr ||
+                            c_min + csum + std::max(e_min, (own_path - 1) * t) + sb.sum_at(rest, r + s, l + k) > thr)) {
                 ++w.c.pruned;
                 continue;
               }
@@ -542,7 +718,22 @@ PlanSearchResult PlanSearch::run() const {
             c.layer_end = l + k;
             FastStageCost* sc = &w.stage_cost[static_cast<std::size_t>(i) * S];
             std::string why;
-            if (!o.cost->stage(c, i, p, m, b, sc, w.first_infeasible_unit < 0 ? &why : nullptr)) {
+            const StageCache::Key ck = cacheable ? StageCache::key(u.bound, r, s, tp, l, l + k, i == 0, last,
+                                                                   in_flight_microbatches(schedule, p, i, m))
+                                                 : StageCache::Key{};
+            bool hit = false;
+            FastStageCost* cached = cacheable ? w.cache.slot(ck, &hit) : nullptr;
+            bool ok = true;
+            if (hit) {
+              std::copy(cached, cached + S, sc);
+            } else {
+              ok = o.cost->stage(c, i, p, m, b, sc, w.first_infeasible_unit < 0 ? &why : nullptr);
+              if (cached) {
+                if (ok) std::copy(sc, sc + S, cached);
+                else *cached = FastStageCost(), w.cache.invalidate(ck);
+              }
+            }
+            if (!ok) {
               ++w.c.infeasible;
               if (w.first_infeasible_unit < 0 || unit_index < w.first_infeasible_unit) {
                 w.first_infeasible_unit = unit_index;
@@ -572,7 +763,14 @@ PlanSearchResult PlanSearch::run() const {
               w.fwd_prefix[next] = w.fwd_prefix[at] + fc.forward_ms + fc.send_forward_ms;
               w.c_prefix[next] = w.c_prefix[at] + fc.forward_ms + fc.send_forward_ms + fc.backward_ms +
                                  (m > 1 ? fc.accumulation_ms : 0.0) + fc.send_backward_ms;
-              if (!last && use_bounds) lb = std::max(lb, w.c_prefix[next] + sb.at(rest, r + s, l + k) + tail0);
+              // Micro-batch m - 1's path through this stage or one before it (see path_multiple).
+              const double ex = schedule == Schedule::kGpipe
+                                    ? (m - 1) * fc.forward_ms
+                                    : (m - 1) * fc.forward_ms + nb * fc.backward_ms + std::max(0, nb - 1) * fc.accumulation_ms;
+              w.extra[next] = std::max(w.extra[at], ex);
+              if (!last && use_bounds)
+                lb = std::max({lb, w.c_prefix[next] + sb.at(rest, r + s, l + k) + tail0,
+                               w.c_prefix[next] + w.extra[next] + sb.sum_at(rest, r + s, l + k) + tail0});
               w.lb[next] = lb;
               bound_min = std::min(bound_min, lb);
             }

@@ -27,11 +27,24 @@
 //    sequence after micro-batch 0 has crossed the stages before it, and its
 //    gradients then pass back through them to stage 0's all-reduce and
 //    optimizer step;
-//  * the remaining layers on the remaining GPUs: the stage that is slowest per
-//    micro-batch is at least as slow as the remaining work (each layer at the
-//    cheapest GPU-time per sample any remaining device type's profiles
-//    record) spread over all remaining GPUs.
-// Both bounds only drop terms of the simulated time, so they never exceed it.
+//  * the stages still to choose, by a dynamic program over (stages left,
+//    first rank, first layer) per (node order, m) on each stage's compute:
+//    its slowest replica's profile time (for a mixed-type stage with the
+//    data load balancer's shares, which depend only on the replicas' types,
+//    tp and the micro-batch; past a few hundred GPUs, a per-sample capacity
+//    bound instead), and, where every setup trains all parameters,
+//    its measured gradient accumulation;
+//  * micro-batch m - 1's path: after micro-batch 0 reaches a stage, the stage
+//    runs its ops up to m - 1's forward (under 1F1B all its forwards and the
+//    backwards its warm-up leaves before it), m - 1 crosses every later stage
+//    and comes back, and its backward runs down to stage 0's all-reduce.
+// The bounds only drop terms of the simulated time, so they never exceed it;
+// the pruning threshold sits 1e-9 (relative) above the K-th best cost, so a
+// bound summed in another order than the cost never prunes a tie.
+// Stage costs are cached per worker (a stage's costs depend on its ranks,
+// (dp, tp), layers, m, whether it is first or last, and its in-flight
+// micro-batches, not on the stages around it): a fixed-size direct-mapped
+// table, so the hot path still allocates nothing.
 // The enumeration is streamed (depth first), so memory does not grow with
 // the number of plans. Ties in cost are broken by a fixed order on plans,
 // so results do not depend on the thread count (unless a time budget or a
