@@ -330,6 +330,9 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const Train
     s.kernels_per_layer = c.decode_kernels_per_layer;
     s.kv_repeat_materialised = c.kv_repeat_materialised;
     s.static_kv_cache = c.static_kv_cache;
+    s.attention_hbm_efficiency = c.attention_hbm_efficiency;
+    if (s.attention_hbm_efficiency > 0)
+      s.assumptions.push_back("attention HBM efficiency " + fixed(s.attention_hbm_efficiency, 2) + " measured");
     if (int4) s.int4_row_params_per_s = c.int4_row_params_per_s;
     if (int4 && s.int4_row_params_per_s > 0)
       s.assumptions.push_back("int4 kernel's per-row dequantisation " + fixed(s.int4_row_params_per_s / 1e12, 2) +

@@ -500,6 +500,7 @@ def measure_decode(s, fmt, batch, prompt=512, output=128):
             micro[name + "_ms"] = graph_time(fn) * 1e3
         except Exception as e:
             micro[name + "_error"] = repr(e)
+    micro["attention_kernels"] = count_kernels(attention)
     lin_params = s.L * s.h * (2 * s.a * s.d + 2 * s.kv * s.d + 3 * s.f)
     out = {"format": fmt, "batch": batch, "prompt": prompt, "output": output, "ms_per_token": ms,
            "cuda_graph": graph is not None, "weights_allocated_bytes": weights_bytes,
@@ -777,6 +778,19 @@ def main():
         r = rec.get(("bf16", 1))
         if r is not None and r.get("kernels_per_step"):
             inf["decode_kernels_per_layer"] = r["kernels_per_step"] / s.L
+        # The attention's HBM efficiency: its KV bytes (the static cache read, the GQA-expanded copy written
+        # and read) over the attention part's time alone at batch 8 (bf16), less its kernels' floor (the floor
+        # term of whatif counts those kernels).
+        r = rec.get(("bf16", 8))
+        floor = m.get("kernels", {}).get("graph_us_per_kernel", 0) * 1e-6
+        try:
+            T = r["prompt"] + r["output"]
+            kv_bytes = 2 * s.L * s.kv * s.d * 2 * r["batch"] * T * (1 + (2 * s.a / s.kv if s.a != s.kv else 0))
+            t = r["micro"]["attention_ms"] / 1e3 - (r["micro"].get("attention_kernels") or 0) * floor
+            if t > 0 and bw > 0:
+                inf["attention_hbm_efficiency"] = min(1.0, kv_bytes / t / bw)
+        except Exception:
+            pass
         inf["kv_repeat_materialised"] = True  # the decode loop above: repeat_interleave before SDPA
         inf["static_kv_cache"] = True         # preallocated to prompt + output, masked
     if "kernels" in m:

@@ -89,8 +89,9 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
   const double kv_len = s.static_kv_cache ? P + O : ctx;
   const double gqa = static_cast<double>(m.num_heads) / std::max<long long>(m.num_kv_heads, 1);
   const double kv_factor = 1 + (s.kv_repeat_materialised && gqa > 1 ? 2 * gqa : 0.0);
-  const double step_bytes = streamed + kv_per_token * b * kv_len * kv_factor;
-  double step_s = std::max(step_flops / peak, step_bytes / bw);
+  const double kv_bytes = kv_per_token * b * kv_len * kv_factor;
+  const double bw_attn = s.attention_hbm_efficiency > 0 ? g.memory_bw_gbs * 1e9 * s.attention_hbm_efficiency : bw;
+  double step_s = std::max(step_flops / peak, streamed / bw + kv_bytes / bw_attn);
   const bool int4 = s.weights == WeightFormat::kInt4Nf4 || s.weights == WeightFormat::kInt4Awq;
   if (int4 && s.int4_row_params_per_s > 0) step_s += b * lin_params / s.int4_row_params_per_s;
   if (s.kernel_floor_us > 0 && s.kernels_per_layer > 0) {

@@ -29,6 +29,9 @@
 //    copy: 2 x num_heads / num_kv_heads times the layer's KV bytes more;
 //  - a static KV cache (preallocated to prompt + output, masked): the
 //    attention reads the whole allocated cache every step, not the context;
+//  - the attention's own HBM efficiency (attention_hbm_efficiency): the KV
+//    bytes above move at that fraction of the bandwidth (an unfused repeat,
+//    mask and softmax stream worse than a GEMV); 0: hbm_efficiency;
 //  - a per-row dequantisation cost of int4 kernels (tinygemm-style kernels
 //    dequantise the weight tile for each row block, so their time grows with
 //    the batch): batch x the projections' parameters / int4_row_params_per_s. The efficiencies default to
@@ -69,6 +72,7 @@ struct InferenceSetup {
   double kernels_per_layer = 0;     // decode kernels per step / layers (the whole step's, spread over layers)
   bool kv_repeat_materialised = false;
   bool static_kv_cache = false;
+  double attention_hbm_efficiency = 0;  // 0: hbm_efficiency
   double int4_row_params_per_s = 0; // 0: no per-row dequantisation cost (int4 formats only)
   std::vector<std::string> assumptions;
 };

@@ -211,6 +211,7 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
     }
     num(inf, "prefill_compute_efficiency", "inference", &c.prefill_compute_efficiency, frac);
     num(inf, "kernel_floor_us", "inference", &c.kernel_floor_us, rules::positive_up_to(1e4));
+    num(inf, "attention_hbm_efficiency", "inference", &c.attention_hbm_efficiency, frac);
     num(inf, "decode_kernels_per_layer", "inference", &c.decode_kernels_per_layer, rules::positive_up_to(1e5));
     num(inf, "int4_row_params_per_s", "inference", &c.int4_row_params_per_s, rules::positive_up_to(1e18));
     auto flag = [&](const char* key, bool* out) {

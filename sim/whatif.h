@@ -59,6 +59,7 @@ inline constexpr double kElementwiseBytesPerTokenHidden = 20;
 //                 "elementwise_efficiency": ..},
 //    "inference": {"decode_hbm_efficiency": {"bf16": .., "int4": ..}, "prefill_compute_efficiency": ..,
 //                  "kernel_floor_us": .., "decode_kernels_per_layer": .., "int4_row_params_per_s": ..,
+//                  "attention_hbm_efficiency": ..,
 //                  "kv_repeat_materialised": bool, "static_kv_cache": bool}}
 // The inference keys are mechanism constants measured by micro-benchmarks (sim/inference.h): the decode
 // HBM efficiency of the projections' GEMV kernels alone, the per-kernel floor of a graph of small kernels,
@@ -81,6 +82,7 @@ struct WhatifCalibration {
   double decode_hbm_efficiency_bf16 = 0, decode_hbm_efficiency_int4 = 0;
   double prefill_compute_efficiency = 0;
   double kernel_floor_us = 0, decode_kernels_per_layer = 0, int4_row_params_per_s = 0;
+  double attention_hbm_efficiency = 0;
   bool kv_repeat_materialised = false, static_kv_cache = false;
 };
 // Reads `dir`/whatif_calibration.json if it exists (else an empty calibration). Throws InputError.

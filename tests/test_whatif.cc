@@ -259,6 +259,11 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
         Approx(base.decode_ms_per_token + kv_token * 8 * (640 * 7 - 576) / bw * 1e3).epsilon(1e-12));
   // Memory is unchanged by these mechanisms.
   CHECK(cost_inference(m, g, s).total_bytes() == base.total_bytes());
+  // The attention's own efficiency (0.25 instead of 0.75): the KV bytes take three times as long.
+  const double kv_ms = kv_token * 8 * 640 * 7 / bw * 1e3;
+  const double with_kv = cost_inference(m, g, s).decode_ms_per_token;
+  s.attention_hbm_efficiency = 0.25;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token == Approx(with_kv + 2 * kv_ms).epsilon(1e-12));
   s = InferenceSetup();
   s.batch = 8;
   s.weights = WeightFormat::kInt4Awq;
@@ -436,7 +441,8 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
       << R"({"host": {"cpu_cast_params_per_s": 5e9},
             "inference": {"decode_hbm_efficiency": {"bf16": 0.8, "int4": 0.6}, "kernel_floor_us": 2.5,
                           "decode_kernels_per_layer": 30, "int4_row_params_per_s": 1e13,
-                          "kv_repeat_materialised": true, "static_kv_cache": true}})";
+                          "kv_repeat_materialised": true, "static_kv_cache": true,
+                          "attention_hbm_efficiency": 0.4}})";
   const WhatifCalibration c = read_whatif_calibration(dir.string());
   CHECK(c.host.cpu_cast_params_per_s == 5e9);
   CHECK(c.kernel_floor_us == 2.5);
@@ -444,6 +450,7 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
   CHECK(c.int4_row_params_per_s == 1e13);
   CHECK(c.kv_repeat_materialised);
   CHECK(c.static_kv_cache);
+  CHECK(c.attention_hbm_efficiency == 0.4);
   const std::string cmd = "whatif --inference --hf-config " + hf("llama-3.2-3b.json") +
                           " --gpu H200 --micro-batch 8 --prompt 512 --output 128 --weights bf16,awq --profiles " +
                           dir.string() + " --json " + (dir / "p.json").string();
@@ -461,6 +468,7 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
     s.kernels_per_layer = 30;
     s.int4_row_params_per_s = i == 0 ? 0 : 1e13;
     s.kv_repeat_materialised = s.static_kv_cache = true;
+    s.attention_hbm_efficiency = 0.4;
     CHECK(rows[i]["decode_ms_per_token"].get<double>() ==
           Approx(cost_inference(m, g, s).decode_ms_per_token).epsilon(1e-9));
   }
