@@ -33,6 +33,8 @@ Fixes after the first H200 run (notes in the report of branch whatif2):
   - the offload emulation converted the bf16 gradients to fp32 on the CPU, a pass DeepSpeed does not make
     (it copies into its fp32 host buffer with Tensor.copy_, which converts on the GPU and moves 4 bytes per
     element): gradients now cross as fp32 into the pinned fp32 gradient buffers;
+  - the no-offload step kept its fp32 master gradients alive into the next step's backward (4 bytes per
+    parameter that a training loop's zero_grad(set_to_none=True) frees): they are now freed after the step;
   - ZeRO-3 emulation cast the updated weights into a staging buffer and then copied them again into the
     host weights: the cast now writes the host weights directly (one pass, as DeepSpeed's
     fp16_partitioned_groups_flat.copy_(fp32 partition)).
@@ -649,6 +651,7 @@ def measure_offload(s, batch, seq, mode):
             with torch.no_grad():
                 for m, p in zip(master, params):
                     p.copy_(m)
+                    m.grad = None  # as zero_grad(set_to_none=True): no fp32 gradients held into the next step
             mark("optimizer")
         else:
             grad_to_host(emb)
