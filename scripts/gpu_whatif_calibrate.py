@@ -254,8 +254,25 @@ def measure_block(s, batch, seq):
         for t in list(w.values()) + [x]:
             t.grad = None
 
+    # The no-offload trainer's optimizer step on a slice, as the replayed step runs it (fp32 gradients from the
+    # 16-bit ones, torch's fused Adam, the 16-bit weights written back).
+    n = 100_000_000
+    p16 = torch.zeros(n, dtype=BF16, device=DEV)
+    g16 = torch.randn(n, dtype=BF16, device=DEV)
+    m32 = p16.float().requires_grad_()
+    opt = torch.optim.Adam([m32], lr=1e-5, fused=True)
+
+    def opt_step():
+        m32.grad = g16.float()
+        opt.step()
+        with torch.no_grad():
+            p16.copy_(m32)
+        m32.grad = None
+
+    t_opt = timed(opt_step, 10)
+    del p16, g16, m32, opt
     return {"batch": batch, "seq": seq, "attention_fwd_bwd_ms": timed(attn, 10) * 1e3,
-            "block_fwd_bwd_ms": timed(block, 10) * 1e3,
+            "block_fwd_bwd_ms": timed(block, 10) * 1e3, "optimizer_params": n, "optimizer_ms": t_opt * 1e3,
             "block_linear_flops_per_token": 2 * s.h * (2 * s.a * s.d + 2 * s.kv * s.d + 3 * s.f)}
 
 
@@ -747,6 +764,8 @@ def main():
         t_elem = b["block_fwd_bwd_ms"] / 1e3 - t_gemm - t_attn
         if hbm > 0 and t_elem > 0:
             train["elementwise_efficiency"] = min(1.0, 3 * 20 * s.h * 2 * T / t_elem / hbm)
+    if "block" in m and hbm > 0:  # whatif's 30 bytes per parameter over the trainer's measured step
+        train["optimizer_hbm_efficiency"] = min(1.0, 30 * m["block"]["optimizer_params"] / (m["block"]["optimizer_ms"] / 1e3) / hbm)
     if train:
         cal["training"] = train
     # Decode mechanism constants, from the micro-benchmarks only (the end-to-end decode loop is the check):

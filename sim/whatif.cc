@@ -99,7 +99,10 @@ LayerTimes roofline_layers(const WhatifInput& in, const WhatifRow& row, int bs) 
     for (double& x : *v) x *= 1e3;
   // Adam on the GPU over every parameter (plan_cost scales it to the trainable share and ZeRO's partition):
   // kCpuAdamBytesPerParam bytes per parameter, as on the CPU.
-  t.optimizer_ms = static_cast<double>(m.parameter_count()) * kCpuAdamBytesPerParam / bw * 1e3;
+  const double bw_opt = in.calibration.optimizer_hbm_efficiency > 0
+                            ? g.memory_bw_gbs * 1e9 * in.calibration.optimizer_hbm_efficiency
+                            : bw;
+  t.optimizer_ms = static_cast<double>(m.parameter_count()) * kCpuAdamBytesPerParam / bw_opt * 1e3;
   return t;
 }
 
@@ -202,6 +205,7 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
     num(j["training"], "gemm_efficiency", "training", &c.gemm_efficiency, frac);
     num(j["training"], "attention_efficiency", "training", &c.attention_efficiency, frac);
     num(j["training"], "elementwise_efficiency", "training", &c.elementwise_efficiency, frac);
+    num(j["training"], "optimizer_hbm_efficiency", "training", &c.optimizer_hbm_efficiency, frac);
   }
   if (j.contains("inference")) {
     const ordered_json& inf = j["inference"];

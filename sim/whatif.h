@@ -56,7 +56,7 @@ inline constexpr double kElementwiseBytesPerTokenHidden = 20;
 // Measured corrections a profile folder may carry (whatif_calibration.json; every key optional):
 //   {"host": {"h2d_gbs": .., "d2h_gbs": .., "cpu_adam_params_per_s": .., "cpu_cast_params_per_s": ..},
 //    "training": {"qlora_dequant_factor": .., "gemm_efficiency": .., "attention_efficiency": ..,
-//                 "elementwise_efficiency": ..},
+//                 "elementwise_efficiency": .., "optimizer_hbm_efficiency": ..},
 //    "inference": {"decode_hbm_efficiency": {"bf16": .., "int4": ..}, "prefill_compute_efficiency": ..,
 //                  "kernel_floor_us": .., "decode_kernels_per_layer": .., "int4_row_params_per_s": ..,
 //                  "attention_hbm_efficiency": ..,
@@ -79,6 +79,10 @@ struct WhatifCalibration {
   // time that block's measured forward + backward leaves after its GEMMs and attention, as a fraction of the HBM
   // bandwidth; 0: WhatifInput::memory_efficiency.
   double elementwise_efficiency = 0;
+  // The GPU optimizer step: the roofline's kCpuAdamBytesPerParam bytes per parameter over the measured time
+  // of the trainer's step on a slice (fp32 gradients made, fused Adam, 16-bit weights written back), as a
+  // fraction of the HBM bandwidth; 0: WhatifInput::memory_efficiency.
+  double optimizer_hbm_efficiency = 0;
   double decode_hbm_efficiency_bf16 = 0, decode_hbm_efficiency_int4 = 0;
   double prefill_compute_efficiency = 0;
   double kernel_floor_us = 0, decode_kernels_per_layer = 0, int4_row_params_per_s = 0;

@@ -474,3 +474,29 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
   }
   CHECK(r.output.find("30.0 kernels per layer at a 2.50 us floor each (measured)") != std::string::npos);
 }
+
+TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimizer efficiencies", "[whatif][calibration]") {
+  const auto dir = test::scratch_dir("whatif-calibration-train");
+  const std::string base = "whatif --family llama --hidden-size 2048 --layers 20 --heads 16 --kv-heads 16 --ffn-size 5632"
+                           " --vocab-size 512 --seq 1024 --micro-batch 4 --gpus 1 --gpu H200 --flash-attention"
+                           " --rows \"single GPU\" --profiles " + dir.string() + " --json " + (dir / "p.json").string();
+  auto step = [&](const std::string& training) {
+    std::ofstream(dir / "whatif_calibration.json") << "{\"training\": {" + training + "}}";
+    test::CommandResult r = test::run_hetplan(base);
+    REQUIRE(r.exit_code == 0);
+    return read_json_file((dir / "p.json").string())["rows"][0]["step_ms"].get<double>();
+  };
+  const double plain = step("\"gemm_efficiency\": 0.7");
+  // Measured values equal to the ones they replace (attention at the GEMM efficiency, elementwise and optimizer
+  // at the default 0.75 of HBM) change nothing.
+  CHECK(step("\"gemm_efficiency\": 0.7, \"attention_efficiency\": 0.7, \"elementwise_efficiency\": 0.75, "
+             "\"optimizer_hbm_efficiency\": 0.75") == Approx(plain).epsilon(1e-12));
+  // The optimizer at a third of the bandwidth: 1.03e9 parameters x 30 B at 4.8 TB/s x 0.25 instead of x 0.75.
+  const double params = 1029783552;  // the replayed shape's parameters (scripts/gpu_whatif_calibrate.py reports it)
+  const double opt = step("\"gemm_efficiency\": 0.7, \"optimizer_hbm_efficiency\": 0.25");
+  // (Within 1e-5: the simulator scales the step by the stage's share of the profile's per-layer bytes and of the
+  // trainable parameters, each a ratio of sums that need not round to exactly 1.)
+  CHECK(opt - plain == Approx(params * 30 / 4800e9 * (1 / 0.25 - 1 / 0.75) * 1e3).epsilon(1e-5));
+  CHECK(step("\"gemm_efficiency\": 0.7, \"attention_efficiency\": 0.35") > plain);
+  CHECK(step("\"gemm_efficiency\": 0.7, \"elementwise_efficiency\": 0.3") > plain);
+}
