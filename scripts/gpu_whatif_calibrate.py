@@ -500,6 +500,7 @@ def measure_decode(s, fmt, batch, prompt=512, output=128):
             for n in names:
                 lin(xs[src[n]], w[n])
 
+    pos.fill_(prompt)  # (the loop left it at prompt + output, one past the cache)
     qx = torch.randn(batch, s.a, 1, s.d, dtype=BF16, device=DEV)
     kx = torch.randn(batch, s.kv, 1, s.d, dtype=BF16, device=DEV)
 

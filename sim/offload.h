@@ -25,14 +25,16 @@
 //    exceeds the backward shows). DeepSpeed copies a 16-bit gradient into
 //    its fp32 host buffer with one Tensor.copy_ (stage_1_and_2.py
 //    async_inplace_copy_grad_to_fp32_buffer_from_gpu; stage3.py likewise),
-//    and PyTorch's device-to-host copy converts on the source device
-//    (aten/src/ATen/native/cuda/Copy.cu: src.to(dst dtype) before the
-//    transfer), so 4 bytes per gradient element cross the link, not 2. The
+//    with non_blocking=True, and PyTorch converts a non-blocking
+//    cross-device copy on the GPU (aten/src/ATen/native/cuda/Copy.cu,
+//    copy_kernel_cuda: "If non_blocking is true - type conversions are
+//    performed on the GPU"), so 4 bytes per gradient element cross the
+//    link, not 2. The
 //    optimizer step then runs on the CPU, serially (CPU Adam over the rank's
 //    partition, the host's throughput shared by the ranks on it), then the
 //    updated fp32 partition is cast to the 16-bit dtype on the host
-//    (bit16 partition .copy_(fp32 partition): a host-to-device copy_ converts
-//    on the source, the CPU; with offload_params the 16-bit partition is on
+//    (bit16 partition .copy_(fp32 partition), blocking: Copy.cu converts a
+//    blocking copy on the CPU; with offload_params the 16-bit partition is on
 //    the host and the cast is all), at the host's measured cast throughput
 //    (HostSpec::cpu_cast_params_per_s), followed by the host-to-device copy of
 //    the updated 16-bit partition (not with offload_params, whose weights stay
