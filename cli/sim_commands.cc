@@ -304,7 +304,8 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const Train
             << fixed(g.memory_bw_gbs, 0) << " GB/s; " << g.source_url << "), batch " << a.micro_batch << ", prompt "
             << a.prompt << ", output " << a.output << "\n"
             << "roofline: prefill = max(FLOPs / (16-bit peak x compute eff.), bytes / (HBM x eff.)); decode step = "
-               "max(weights + KV bytes / (HBM x eff.), FLOPs / (peak x eff.)), mean over the output\n\n"
+               "max(weights + KV bytes / (HBM x eff.), FLOPs / (peak x eff.)) + measured per-kernel floor and int4 "
+               "per-row dequantisation where calibrated, mean over the output\n\n"
             << "| weights | TTFT ms | decode ms/token | tokens/s | weights GiB | KV cache GiB | total GiB | fits | "
                "assumptions |\n|---|---|---|---|---|---|---|---|---|\n";
   for (const std::string& w : split_list(a.weights)) {
@@ -324,7 +325,25 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const Train
                             (prefill > 0 ? " measured" : std::string(" (default)")));
     if (int4) s.assumptions.push_back("dequantised inside the GEMV/GEMM kernel (fused; packed bytes move)");
     if (s.weights == WeightFormat::kInt8) s.assumptions.push_back("weight-only int8 (W8A16), fused dequantisation");
-    s.assumptions.push_back("KV cache 16-bit; fused decode (no per-kernel launch floor)");
+    const WhatifCalibration& c = in.calibration;
+    s.kernel_floor_us = c.kernel_floor_us;
+    s.kernels_per_layer = c.decode_kernels_per_layer;
+    s.kv_repeat_materialised = c.kv_repeat_materialised;
+    s.static_kv_cache = c.static_kv_cache;
+    s.attention_hbm_efficiency = c.attention_hbm_efficiency;
+    if (s.attention_hbm_efficiency > 0)
+      s.assumptions.push_back("attention HBM efficiency " + fixed(s.attention_hbm_efficiency, 2) + " measured");
+    if (int4) s.int4_row_params_per_s = c.int4_row_params_per_s;
+    if (int4 && s.int4_row_params_per_s > 0)
+      s.assumptions.push_back("int4 kernel's per-row dequantisation " + fixed(s.int4_row_params_per_s / 1e12, 2) +
+                              "e12 params/s per batch row (measured)");
+    s.assumptions.push_back(
+        std::string("KV cache 16-bit") + (s.static_kv_cache ? ", static (the whole allocation read each step)" : "") +
+        (s.kv_repeat_materialised ? ", GQA repeat materialised (HF repeat_kv)" : "") + "; " +
+        (s.kernel_floor_us > 0 && s.kernels_per_layer > 0
+             ? fixed(s.kernels_per_layer, 1) + " kernels per layer at a " + fixed(s.kernel_floor_us, 2) +
+                   " us floor each (measured)"
+             : std::string("fused decode (no per-kernel launch floor)")));
     const InferenceResult r = cost_inference(in.shape, g, s, in.memory_gb);
     const std::string as = r.offered ? joined(r.assumptions) : "not offered: " + r.not_offered;
     if (!r.offered) {
@@ -448,7 +467,16 @@ int run_whatif(const WhatifArgs& a) {
             << "cost: each row is a one-stage plan through the simulator (as `simulate`), layer times a roofline: "
                "GEMMs at the row's dense peak x "
             << fixed(in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency, 2)
-            << ", elementwise traffic at HBM x " << fixed(a.memory_efficiency, 2) << "\n";
+            << ", attention at the 16-bit peak x "
+            << fixed(in.calibration.attention_efficiency > 0
+                         ? in.calibration.attention_efficiency
+                         : (in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency),
+                     2)
+            << ", elementwise traffic at HBM x "
+            << fixed(in.calibration.elementwise_efficiency > 0 ? in.calibration.elementwise_efficiency
+                                                                : a.memory_efficiency,
+                     2)
+            << "\n";
   if (!in.calibration.path.empty()) std::cout << "calibration: " << in.calibration.path << "\n";
   std::cout << "\n| strategy | GPUs | memory/GPU GiB | CPU/node GiB | step ms | tokens/s | fits | assumptions |\n"
             << "|---|---|---|---|---|---|---|---|\n";

@@ -14,10 +14,33 @@ Measures, on this machine:
             ZeRO-2-style optimizer offload (gradients copied to pinned host memory during the backward, CPU
             Adam, 16-bit weights copied back), and ZeRO-3-style parameter offload (each layer's weights fetched
             before its forward and its backward, one layer prefetched ahead, gradients to the host).
+Mechanism constants come from micro-benchmarks, never from the end-to-end checks above:
+  host      + the fp32 -> bf16 cast on the host (all cores) that follows CPU Adam;
+  kernels   the per-kernel floor: a CUDA graph of small decode-sized kernels (norm, add, silu, mul, KV write);
+  decode    + per format and batch, a CUDA graph of the projections' GEMVs and the LM head alone (the HBM
+            efficiency of the streamed weights, and the int4 kernel's per-row cost from batch 1 vs 8), the
+            kernel count of one decode step (torch.profiler), and the attention part alone (a diagnostic);
+  offload   + a per-phase breakdown of one instrumented step (a diagnostic).
 Writes OUT/whatif_calibration.json (the keys `hetplan whatif --profiles OUT` reads) and OUT/measurements.json.
 Each section is independent: a failure is recorded in measurements.json and the rest goes on.
+
+Fixes after the first H200 run (notes in the report of branch whatif2):
+  - sections leaked GPU memory into later ones (the QLoRA section's autograd.Function class is a reference
+    cycle holding its quantised weights until a gc pass): every section now starts after gc.collect() and
+    empty_cache(), and decode memory is measured from the allocation before its weights;
+  - decode's peak included the construction transients (bf16 weights and int32 codes before int4 packing):
+    the peak is reset once the weights are built;
+  - the offload emulation converted the bf16 gradients to fp32 on the CPU, a pass DeepSpeed does not make
+    (it copies into its fp32 host buffer with Tensor.copy_, which converts on the GPU and moves 4 bytes per
+    element): gradients now cross as fp32 into the pinned fp32 gradient buffers;
+  - the no-offload step kept its fp32 master gradients alive into the next step's backward (4 bytes per
+    parameter that a training loop's zero_grad(set_to_none=True) frees): they are now freed after the step;
+  - ZeRO-3 emulation cast the updated weights into a staging buffer and then copied them again into the
+    host weights: the cast now writes the host weights directly (one pass, as DeepSpeed's
+    fp16_partitioned_groups_flat.copy_(fp32 partition)).
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -99,8 +122,62 @@ def measure_host():
         except Exception as e:  # fused CPU Adam needs torch >= 2.4
             res["cpu_adam_error_" + str(fused)] = repr(e)
     res["cpu_adam_params_per_s"] = best
+    # The fp32 -> bf16 cast of the updated weights on the host (what follows CPU Adam in ZeRO-Offload),
+    # into pinned memory, all cores.
+    del opt
+    dst = torch.empty(p.numel(), dtype=BF16).pin_memory()
+    with torch.no_grad():
+        dst.copy_(p.detach())
+        t0 = time.perf_counter()
+        for _ in range(3):
+            dst.copy_(p.detach())
+    res["cpu_cast_params_per_s"] = p.numel() * 3 / (time.perf_counter() - t0)
     res["cpu_threads"] = torch.get_num_threads()
     return res
+
+
+# ------------------------------------------------------------------------------------------- kernels
+def measure_kernel_floor(s, batch=1, n=100):
+    """Per-kernel time of the small kernels of a decode step, in a CUDA graph (as the decode loop runs)."""
+    x = torch.randn(batch, 1, s.h, dtype=BF16, device=DEV)
+    w = torch.ones(s.h, dtype=BF16, device=DEV)
+    u = torch.randn(batch, 1, s.f, dtype=BF16, device=DEV)
+    kc = torch.zeros(batch, s.kv, 640, s.d, dtype=BF16, device=DEV)
+    kv = torch.randn(batch, s.kv, 1, s.d, dtype=BF16, device=DEV)
+    pos = torch.zeros(1, dtype=torch.long, device=DEV)
+
+    def body():  # 5 kernels: norm, residual add, silu, mul, KV write
+        for _ in range(n):
+            y = rms(x, w)
+            x.add_(y)
+            g = F.silu(u)
+            u.mul_(g)
+            kc.index_copy_(2, pos, kv)
+    per_iter = 5
+
+    s_ = torch.cuda.Stream()
+    s_.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s_):
+        body()
+    torch.cuda.current_stream().wait_stream(s_)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    t_graph = timed(graph.replay, 20)
+    t_eager = timed(body, 5)
+    # Count the kernels the body actually launched (rms_norm may be one kernel or several).
+    count = None
+    try:
+        from torch.profiler import profile, ProfilerActivity
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            body()
+            torch.cuda.synchronize()
+        count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:
+        pass
+    kernels = count if count else per_iter * n
+    return {"kernels": kernels, "kernels_counted": count is not None,
+            "graph_us_per_kernel": t_graph / kernels * 1e6, "eager_us_per_kernel": t_eager / kernels * 1e6}
 
 
 # ----------------------------------------------------------------------------------------- the model
@@ -154,6 +231,49 @@ def measure_gemm(s, tokens):
         t = timed(lambda: F.linear(x, w), 20)
         eff.append(2 * tokens * n * k / t)
     return {"gemm_tflops": [e / 1e12 for e in eff], "gemm_flops_mean": sum(eff) / len(eff)}
+
+
+# ----------------------------------------------------------------------------------------------- block
+def measure_block(s, batch, seq):
+    """One block's forward + backward at the replayed shape, and its fused causal attention alone."""
+    q, k, v = (torch.randn(batch, s.a, seq, s.d, dtype=BF16, device=DEV, requires_grad=True) for _ in range(3))
+    go = torch.randn(batch, s.a, seq, s.d, dtype=BF16, device=DEV)
+
+    def attn():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(go)
+        q.grad = k.grad = v.grad = None
+
+    w = block_weights(s)
+    for t in w.values():
+        t.requires_grad_()
+    x = torch.randn(batch, seq, s.h, dtype=BF16, device=DEV, requires_grad=True)
+    gy = torch.randn(batch, seq, s.h, dtype=BF16, device=DEV)
+
+    def block():
+        block_forward(s, w, x).backward(gy)
+        for t in list(w.values()) + [x]:
+            t.grad = None
+
+    # The no-offload trainer's optimizer step on a slice, as the replayed step runs it (fp32 gradients from the
+    # 16-bit ones, torch's fused Adam, the 16-bit weights written back).
+    n = 100_000_000
+    p16 = torch.zeros(n, dtype=BF16, device=DEV)
+    g16 = torch.randn(n, dtype=BF16, device=DEV)
+    m32 = p16.float().requires_grad_()
+    opt = torch.optim.Adam([m32], lr=1e-5, fused=True)
+
+    def opt_step():
+        m32.grad = g16.float()
+        opt.step()
+        with torch.no_grad():
+            p16.copy_(m32)
+        m32.grad = None
+
+    t_opt = timed(opt_step, 10)
+    del p16, g16, m32, opt
+    return {"batch": batch, "seq": seq, "attention_fwd_bwd_ms": timed(attn, 10) * 1e3,
+            "block_fwd_bwd_ms": timed(block, 10) * 1e3, "optimizer_params": n, "optimizer_ms": t_opt * 1e3,
+            "block_linear_flops_per_token": 2 * s.h * (2 * s.a * s.d + 2 * s.kv * s.d + 3 * s.f)}
 
 
 # ----------------------------------------------------------------------------------------------- qlora
@@ -256,9 +376,39 @@ def int4_linear_factory():
     return make, lin
 
 
+def count_kernels(fn):
+    """CUDA kernels (and copies/memsets) one call of fn launches, by torch.profiler; None if unavailable."""
+    try:
+        from torch.profiler import profile, ProfilerActivity
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:
+        return None
+
+
+def graph_time(fn, reps=50):
+    """Seconds per replay of fn captured in a CUDA graph."""
+    s_ = torch.cuda.Stream()
+    s_.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s_):
+        fn()
+    torch.cuda.current_stream().wait_stream(s_)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    t = timed(g.replay, reps)
+    del g
+    return t
+
+
 def measure_decode(s, fmt, batch, prompt=512, output=128):
+    gc.collect()
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()  # what earlier sections still hold (should be ~0)
     names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")
     emb = torch.randn(s.V, s.h, dtype=BF16, device=DEV) * 0.02
     layers = []
@@ -270,8 +420,10 @@ def measure_decode(s, fmt, batch, prompt=512, output=128):
             for n in names:
                 w[n] = make(w[n])
         layers.append(w)
+    gc.collect()
     torch.cuda.synchronize()
-    weights_bytes = torch.cuda.memory_allocated()
+    weights_bytes = torch.cuda.memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()  # the construction transients (bf16 weights, int32 codes) are not decode's
     lin = (lambda x, q: lin4(x, q)) if fmt == "int4" else F.linear
     T = prompt + output
     kc = [torch.zeros(batch, s.kv, T, s.d, dtype=BF16, device=DEV) for _ in range(s.L)]
@@ -317,6 +469,7 @@ def measure_decode(s, fmt, batch, prompt=512, output=128):
             step()
     except Exception:
         graph = None
+    kernels = count_kernels(step)  # one eager step (its writes are undone below)
     mask.zero_()
     mask[..., :prompt] = True
     pos.fill_(prompt)
@@ -328,9 +481,51 @@ def measure_decode(s, fmt, batch, prompt=512, output=128):
         run()
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) / (output - 1) * 1e3
+    peak = torch.cuda.max_memory_allocated() - base
+
+    # Micro-benchmarks on the same weights, each in a CUDA graph: the projections' GEMVs and the LM head alone
+    # (streamed weight bytes), and the attention part alone (KV write, GQA repeat, SDPA over the static cache).
+    xs = {"h": torch.randn(batch, 1, s.h, dtype=BF16, device=DEV), "a": torch.randn(batch, 1, s.a * s.d, dtype=BF16, device=DEV),
+          "f": torch.randn(batch, 1, s.f, dtype=BF16, device=DEV)}
+    src = {"wq": "h", "wk": "h", "wv": "h", "wo": "a", "wg": "h", "wu": "h", "wd": "f"}
+
+    def linears():
+        for w in layers:
+            for n in names:
+                lin(xs[src[n]], w[n])
+        F.linear(xs["h"], emb)
+
+    def linears_only_blocks():
+        for w in layers:
+            for n in names:
+                lin(xs[src[n]], w[n])
+
+    pos.fill_(prompt)  # (the loop left it at prompt + output, one past the cache)
+    qx = torch.randn(batch, s.a, 1, s.d, dtype=BF16, device=DEV)
+    kx = torch.randn(batch, s.kv, 1, s.d, dtype=BF16, device=DEV)
+
+    def attention():
+        for i in range(s.L):
+            kc[i].index_copy_(2, pos.view(1), kx)
+            vc[i].index_copy_(2, pos.view(1), kx)
+            kk, vv = kc[i], vc[i]
+            if s.kv != s.a:
+                kk = kk.repeat_interleave(s.a // s.kv, 1)
+                vv = vv.repeat_interleave(s.a // s.kv, 1)
+            F.scaled_dot_product_attention(qx, kk, vv, attn_mask=mask)
+
+    micro = {}
+    for name, fn in (("linears", linears), ("block_linears", linears_only_blocks), ("attention", attention)):
+        try:
+            micro[name + "_ms"] = graph_time(fn) * 1e3
+        except Exception as e:
+            micro[name + "_error"] = repr(e)
+    micro["attention_kernels"] = count_kernels(attention)
+    lin_params = s.L * s.h * (2 * s.a * s.d + 2 * s.kv * s.d + 3 * s.f)
     out = {"format": fmt, "batch": batch, "prompt": prompt, "output": output, "ms_per_token": ms,
            "cuda_graph": graph is not None, "weights_allocated_bytes": weights_bytes,
-           "peak_allocated_bytes": torch.cuda.max_memory_allocated()}
+           "peak_allocated_bytes": peak, "allocated_before_bytes": base, "kernels_per_step": kernels,
+           "projection_params": lin_params, "lm_head_bytes": emb.numel() * emb.element_size(), "micro": micro}
     del layers, kc, vc, graph
     torch.cuda.empty_cache()
     return out
@@ -339,6 +534,7 @@ def measure_decode(s, fmt, batch, prompt=512, output=128):
 # --------------------------------------------------------------------------------------------- offload
 def measure_offload(s, batch, seq, mode):
     """One replayed step; mode: none (GPU Adam), zero2_offload, zero3_offload."""
+    gc.collect()
     torch.cuda.empty_cache()
     names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd", "n1", "n2")
     emb = (torch.randn(s.V, s.h, dtype=BF16, device=DEV) * 0.02).requires_grad_()
@@ -356,9 +552,9 @@ def measure_offload(s, batch, seq, mode):
         opt = torch.optim.Adam(master, lr=1e-5, fused=True)
     else:
         master = [p.detach().float().cpu().pin_memory().requires_grad_() for p in params]
-        for m in master:
-            m.grad = torch.zeros_like(m)
-        # 16-bit pinned staging on the host: gradients arrive in it, updated weights leave from it.
+        for m in master:  # DeepSpeed's fp32 host gradient buffer (pinned): gradients arrive in it as fp32
+            m.grad = torch.zeros_like(m).pin_memory()
+        # 16-bit pinned staging on the host: updated weights leave from it.
         stage16 = [torch.empty(p.shape, dtype=BF16).pin_memory() for p in params]
         try:
             opt = torch.optim.Adam(master, lr=1e-5, fused=True)
@@ -376,7 +572,9 @@ def measure_offload(s, batch, seq, mode):
         ev.record()
         with torch.cuda.stream(copy):
             copy.wait_event(ev)
-            stage16[idx[id(p)]].copy_(p.grad, non_blocking=True)
+            # As DeepSpeed: one copy_ of the 16-bit gradient into the fp32 host buffer; PyTorch converts on
+            # the GPU (the source) and moves 4 bytes per element.
+            master[idx[id(p)]].grad.copy_(p.grad, non_blocking=True)
         p.grad.record_stream(copy)
         p.grad = None
 
@@ -408,6 +606,24 @@ def measure_offload(s, batch, seq, mode):
         for i in range(s.L):
             free(i)
 
+    host16_of = {}  # parameter index -> its host 16-bit tensor (ZeRO-3 parameter offload)
+    if mode == "zero3_offload":
+        for i in range(s.L):
+            for n, h in zip(names, host16[i]):
+                host16_of[idx[id(ws[i][n])]] = h
+    phases = None  # set to a dict by the instrumented step: synchronised wall time per phase
+
+    def mark(name):
+        nonlocal last
+        if phases is None:
+            return
+        torch.cuda.synchronize()
+        now = time.perf_counter()
+        phases[name] = (now - last) * 1e3
+        last = now
+
+    last = 0.0
+
     def step():
         x = emb[tokens]
         acts = []
@@ -422,6 +638,7 @@ def measure_offload(s, batch, seq, mode):
             if mode == "zero3_offload":
                 free(i)
             x = y
+        mark("forward")
         xl = x.detach().requires_grad_()
         loss = F.cross_entropy(F.linear(rms(xl, final_norm), head).float().view(-1, s.V), tokens.view(-1))
         loss.backward()
@@ -443,6 +660,7 @@ def measure_offload(s, batch, seq, mode):
                 free(i)
         x0 = emb[tokens]
         x0.backward(g)
+        mark("backward")
         if mode == "none":
             for m, p in zip(master, params):
                 m.grad = p.grad.float()
@@ -451,31 +669,40 @@ def measure_offload(s, batch, seq, mode):
             with torch.no_grad():
                 for m, p in zip(master, params):
                     p.copy_(m)
+                    m.grad = None  # as zero_grad(set_to_none=True): no fp32 gradients held into the next step
+            mark("optimizer")
         else:
             grad_to_host(emb)
             copy.synchronize()
             torch.cuda.synchronize()
-            with torch.no_grad():
-                for m, g16 in zip(master, stage16):
-                    m.grad.copy_(g16)
+            mark("d2h_tail")
             opt.step()  # CPU Adam, serial
+            mark("cpu_adam")
             with torch.no_grad():
-                for m, g16 in zip(master, stage16):
-                    g16.copy_(m)  # the updated 16-bit weights
-                for i, (m, p) in enumerate(zip(master, params)):
-                    if mode == "zero3_offload" and p.untyped_storage().size() == 0:
+                # The updated fp32 weights cast to 16 bits on the host, once: into the host weights themselves
+                # where ZeRO-3 keeps them there, else into the pinned staging the copy back reads.
+                for i, m in enumerate(master):
+                    dst = host16_of.get(i)
+                    (dst if dst is not None else stage16[i]).copy_(m)
+                mark("cpu_cast")
+                for i, p in enumerate(params):
+                    if i in host16_of:
                         continue  # stays on the host (fetched per layer)
                     p.copy_(stage16[i], non_blocking=True)
-                if mode == "zero3_offload":
-                    for i in range(s.L):
-                        for n, h in zip(names, host16[i]):
-                            h.copy_(stage16[idx[id(ws[i][n])]])
+            torch.cuda.synchronize()
+            mark("h2d")
         torch.cuda.synchronize()
 
     torch.cuda.reset_peak_memory_stats()
     t = timed(step, 3, warmup=1)
+    peak = torch.cuda.max_memory_allocated()
+    # One more step, synchronised at each phase boundary (a diagnostic: the syncs cost the overlap).
+    phases = {}
+    torch.cuda.synchronize()
+    last = time.perf_counter()
+    step()
     out = {"mode": mode, "batch": batch, "seq": seq, "step_ms": t * 1e3,
-           "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+           "peak_allocated_bytes": peak, "phases_ms_synchronised": phases,
            "parameters": sum(p.numel() for p in params)}
     del ws, params, master, opt
     torch.cuda.empty_cache()
@@ -492,11 +719,15 @@ def main():
     sections = {
         "host": lambda: measure_host(),
         "gemm": lambda: measure_gemm(REPLAY_1B, 4 * 1024),
+        "kernels": lambda: measure_kernel_floor(LLAMA_3B),
+        "block": lambda: measure_block(REPLAY_1B, 4, 1024),
         "qlora": lambda: measure_qlora(LLAMA_3B, 4, 4, 512),
         "decode": lambda: [measure_decode(LLAMA_3B, f, b) for f in ("bf16", "int4") for b in (1, 8)],
         "offload": lambda: [measure_offload(REPLAY_1B, 4, 1024, mode) for mode in ("none", "zero2_offload", "zero3_offload")],
     }
     for name, fn in sections.items():
+        gc.collect()
+        torch.cuda.empty_cache()
         t0 = time.time()
         try:
             m[name] = fn()
@@ -509,7 +740,8 @@ def main():
     cal = {"about": "Measured by scripts/gpu_whatif_calibrate.py on " + m["device"] + "; read by hetplan whatif --profiles DIR"}
     if "host" in m:
         cal["host"] = {"h2d_gbs": m["host"]["h2d_gbs"], "d2h_gbs": m["host"]["d2h_gbs"],
-                       "cpu_adam_params_per_s": m["host"]["cpu_adam_params_per_s"]}
+                       "cpu_adam_params_per_s": m["host"]["cpu_adam_params_per_s"],
+                       "cpu_cast_params_per_s": m["host"]["cpu_cast_params_per_s"]}
     train = {}
     if "qlora" in m and m["qlora"]["bitsandbytes"]:
         train["qlora_dequant_factor"] = m["qlora"]["factor"]
@@ -518,20 +750,76 @@ def main():
     peak = float(os.environ.get("HETPLAN_PEAK_TFLOPS", "0")) * 1e12
     if "gemm" in m and peak > 0:
         train["gemm_efficiency"] = min(1.0, m["gemm"]["gemm_flops_mean"] / peak)
+    # Attention and elementwise, from one block's micro-benchmark (never the end-to-end step): attention FLOPs
+    # as whatif counts them (4 x seq x heads x head_dim per token forward, twice that backward) over the fused
+    # SDPA's forward + backward time; the elementwise efficiency assigns what the block's forward + backward
+    # takes beyond the roofline's GEMM time (at the measured GEMM rate) and the attention to the roofline's
+    # elementwise bytes (20 x hidden x 2 B per token forward, twice that backward).
+    hbm = float(os.environ.get("HETPLAN_HBM_GBS", "0")) * 1e9
+    if "block" in m and "gemm" in m and peak > 0:
+        b, s = m["block"], REPLAY_1B
+        T = b["batch"] * b["seq"]
+        t_attn = b["attention_fwd_bwd_ms"] / 1e3
+        train["attention_efficiency"] = min(1.0, 3 * 4 * b["seq"] * s.a * s.d * T / t_attn / peak)
+        t_gemm = 3 * b["block_linear_flops_per_token"] * T / m["gemm"]["gemm_flops_mean"]
+        t_elem = b["block_fwd_bwd_ms"] / 1e3 - t_gemm - t_attn
+        if hbm > 0 and t_elem > 0:
+            train["elementwise_efficiency"] = min(1.0, 3 * 20 * s.h * 2 * T / t_elem / hbm)
+    if "block" in m and hbm > 0:  # whatif's 30 bytes per parameter over the trainer's measured step
+        train["optimizer_hbm_efficiency"] = min(1.0, 30 * m["block"]["optimizer_params"] / (m["block"]["optimizer_ms"] / 1e3) / hbm)
     if train:
         cal["training"] = train
-    # Decode HBM efficiency per format, from batch 1 (roofline bytes / measured time / datasheet bandwidth);
-    # batch 8 is kept as a check. The bandwidth comes from `hetplan whatif` (the catalogue), passed in by the .sh.
+    # Decode mechanism constants, from the micro-benchmarks only (the end-to-end decode loop is the check):
+    #  - HBM efficiency per format: the streamed weight bytes (projections and LM head) over the time of their
+    #    GEMVs alone at batch 1, less the int4 kernel's per-row cost; the bandwidth is the catalogue's (the .sh);
+    #  - int4 per-row cost: the projections' int4 GEMVs at batch 8 minus batch 1, per added row;
+    #  - the per-kernel floor (graph of small kernels) and the kernel count of one bf16 batch-1 step per layer;
+    #  - the implementation measured: HF-style materialised GQA repeat and a static (preallocated) KV cache.
     bw = float(os.environ.get("HETPLAN_HBM_GBS", "0")) * 1e9
-    if "decode" in m and bw > 0:
+    inf = {}
+    if "decode" in m:
         s = LLAMA_3B
+        rec = {(r["format"], r["batch"]): r for r in m["decode"]}
         eff = {}
-        for r in m["decode"]:
-            if r["batch"] != 1:
+        row_s = 0.0
+        b1, b8 = rec.get(("int4", 1)), rec.get(("int4", 8))
+        try:
+            row_s = max(0.0, (b8["micro"]["block_linears_ms"] - b1["micro"]["block_linears_ms"]) / 1e3 / (b8["batch"] - b1["batch"]))
+            if row_s > 0:
+                inf["int4_row_params_per_s"] = b1["projection_params"] / row_s
+        except Exception:
+            row_s = 0.0
+        for fmt in ("bf16", "int4"):
+            r = rec.get((fmt, 1))
+            if r is None or bw <= 0 or "linears_ms" not in r.get("micro", {}):
                 continue
-            kv = 2 * s.L * s.kv * s.d * 2 * r["batch"] * (r["prompt"] + r["output"] / 2)
-            eff["bf16" if r["format"] == "bf16" else "int4"] = (r["weights_allocated_bytes"] + kv) / (r["ms_per_token"] / 1e3) / bw
-        cal["inference"] = {"decode_hbm_efficiency": {k: min(1.0, v) for k, v in eff.items()}}
+            t = r["micro"]["linears_ms"] / 1e3 - (row_s * r["batch"] if fmt == "int4" else 0.0)
+            if t > 0:
+                eff[fmt] = min(1.0, r["weights_allocated_bytes"] / t / bw)
+        if eff:
+            inf["decode_hbm_efficiency"] = eff
+        r = rec.get(("bf16", 1))
+        if r is not None and r.get("kernels_per_step"):
+            inf["decode_kernels_per_layer"] = r["kernels_per_step"] / s.L
+        # The attention's HBM efficiency: its KV bytes (the static cache read, the GQA-expanded copy written
+        # and read) over the attention part's time alone at batch 8 (bf16), less its kernels' floor (the floor
+        # term of whatif counts those kernels).
+        r = rec.get(("bf16", 8))
+        floor = m.get("kernels", {}).get("graph_us_per_kernel", 0) * 1e-6
+        try:
+            T = r["prompt"] + r["output"]
+            kv_bytes = 2 * s.L * s.kv * s.d * 2 * r["batch"] * T * (1 + (2 * s.a / s.kv if s.a != s.kv else 0))
+            t = r["micro"]["attention_ms"] / 1e3 - (r["micro"].get("attention_kernels") or 0) * floor
+            if t > 0 and bw > 0:
+                inf["attention_hbm_efficiency"] = min(1.0, kv_bytes / t / bw)
+        except Exception:
+            pass
+        inf["kv_repeat_materialised"] = True  # the decode loop above: repeat_interleave before SDPA
+        inf["static_kv_cache"] = True         # preallocated to prompt + output, masked
+    if "kernels" in m:
+        inf["kernel_floor_us"] = m["kernels"]["graph_us_per_kernel"]
+    if inf:
+        cal["inference"] = inf
     with open(os.path.join(a.out, "whatif_calibration.json"), "w") as f:
         json.dump(cal, f, indent=2)
     print(json.dumps(cal, indent=2))

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # On a GPU machine, after scripts/gpu_build.sh and `source scripts/gpu_env.sh`:
 #   scripts/gpu_whatif_calibrate.sh OUT
-# Measures what `hetplan whatif` takes from a profile folder (host pinned copy bandwidth, CPU Adam,
-# GEMM efficiency, QLoRA dequantisation, decode HBM efficiency) into OUT/whatif_calibration.json, and
-# checks whatif against measurements on this machine (issue 10's must-show):
+# Measures, by micro-benchmarks, the mechanism constants `hetplan whatif` takes from a profile folder
+# (host pinned copy bandwidth, CPU Adam, the host's fp32->bf16 cast, GEMM efficiency, attention and
+# elementwise efficiency of one block, QLoRA dequantisation, the decode GEMVs' HBM efficiency per format,
+# the int4 kernel's per-row cost, the per-kernel floor and a decode step's kernel count) into
+# OUT/whatif_calibration.json, and checks whatif against end-to-end measurements on this machine, which
+# calibrate nothing (issue 10's must-show):
 #   - offload: a replayed ~1B Llama-shaped step on one GPU, no offload / ZeRO-2-style optimizer offload /
 #     ZeRO-3-style parameter offload, against `whatif --profiles OUT` (target: within 15%);
 #   - decode: a Llama-3.2-3B-shaped decode loop at bf16 and INT4, batch 1 and 8, against
-#     `whatif --inference --profiles OUT` (target: within 10%; batch 1 calibrates the HBM efficiency,
-#     batch 8 is the check).
+#     `whatif --inference --profiles OUT` (target: within 10%; both batches are checks).
 # Results: OUT/measurements.json, OUT/whatif_calibration.json, OUT/pred_*.json and OUT/summary.md.
 # A few minutes on one H100/H200. Copy OUT/whatif_calibration.json into a profile folder (e.g.
 # profiles/H200/) and pass --profiles that folder to whatif to use it.
@@ -77,6 +79,24 @@ for b in (1, 8):
             row(f"decode {meas['format']} batch {b} weights + KV", p_mem, meas["peak_allocated_bytes"] / 2**30, "GiB")
     except Exception as e:
         lines.append(f"| decode b{b} | error | {e!r} | |")
+try:
+    cal = json.load(open(os.path.join(out, "whatif_calibration.json")))
+    lines += ["", "## mechanism constants (micro-benchmarks; read by whatif)", "", "| key | value |", "|---|---|"]
+    for sec in ("host", "training", "inference"):
+        for k, v in cal.get(sec, {}).items():
+            lines.append(f"| {sec}.{k} | {json.dumps(v)} |")
+    lines += ["", "## diagnostics (not read by whatif)", ""]
+    for r in m.get("offload", []):
+        lines.append(f"- offload {r['mode']}: synchronised phases (ms) {json.dumps({k: round(v, 2) for k, v in r.get('phases_ms_synchronised', {}).items()})}")
+    for r in m.get("decode", []):
+        lines.append(f"- decode {r['format']} b{r['batch']}: kernels/step {r.get('kernels_per_step')}, micro (ms) "
+                     f"{json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.get('micro', {}).items()})}")
+    if "kernels" in m:
+        lines.append(f"- kernel floor: {json.dumps(m['kernels'])}")
+    if "block" in m:
+        lines.append(f"- block: {json.dumps(m['block'])}")
+except Exception as e:
+    lines.append(f"(mechanism table: {e!r})")
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

@@ -1,6 +1,7 @@
 #include "sim/inference.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "sim/input_error.h"
 
@@ -59,7 +60,7 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
 
   double lin_params = 0;
   for (const auto& l : m.block_linears()) lin_params += static_cast<double>(l.in) * l.out;
-  lin_params *= L;
+  lin_params *= L;  // (the int4 per-row cost below is over these)
   const double other_params = static_cast<double>(m.parameter_count()) - lin_params;
   const double quant_bits = weight_quant(s.weights).bits_per_param();
   r.weights_bytes = lin_params * quant_bits / 8 + other_params * 2;
@@ -83,8 +84,21 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
   // Every weight byte (the LM head's too: the embedding table when tied, in other_params) and the KV cache.
   // An untied embedding table is not streamed: a step reads only the batch's rows of it.
   const double streamed = r.weights_bytes - (m.tied_embeddings ? 0.0 : V * h * 2);
-  const double step_bytes = streamed + kv_per_token * b * ctx;
-  r.decode_ms_per_token = std::max(step_flops / peak, step_bytes / bw) * 1e3;
+  // The KV bytes the attention reads: the context (or the whole static cache), plus the expanded copy a
+  // materialised GQA repeat writes and reads again.
+  const double kv_len = s.static_kv_cache ? P + O : ctx;
+  const double gqa = static_cast<double>(m.num_heads) / std::max<long long>(m.num_kv_heads, 1);
+  const double kv_factor = 1 + (s.kv_repeat_materialised && gqa > 1 ? 2 * gqa : 0.0);
+  const double kv_bytes = kv_per_token * b * kv_len * kv_factor;
+  const double bw_attn = s.attention_hbm_efficiency > 0 ? g.memory_bw_gbs * 1e9 * s.attention_hbm_efficiency : bw;
+  double step_s = std::max(step_flops / peak, streamed / bw + kv_bytes / bw_attn);
+  const bool int4 = s.weights == WeightFormat::kInt4Nf4 || s.weights == WeightFormat::kInt4Awq;
+  if (int4 && s.int4_row_params_per_s > 0) step_s += b * lin_params / s.int4_row_params_per_s;
+  if (s.kernel_floor_us > 0 && s.kernels_per_layer > 0) {
+    const double streamed_kernels = m.block_linears().size() * L + 1;  // the projections' GEMVs, the LM head
+    step_s += std::max(0.0, s.kernels_per_layer * L - streamed_kernels) * s.kernel_floor_us * 1e-6;
+  }
+  r.decode_ms_per_token = step_s * 1e3;
   r.tokens_per_s = b / (r.decode_ms_per_token / 1e3);
   return r;
 }

@@ -14,7 +14,27 @@
 //    quantisation dequantises inside the kernel (AWQ/Marlin/bitsandbytes
 //    GEMV): the weights' packed bytes move; the GEMMs run at the 16-bit peak.
 // The per-token latency is the mean over the output (the KV cache grows
-// from prompt to prompt + output tokens). The efficiencies default to
+// from prompt to prompt + output tokens).
+// Mechanisms an implementation adds to the decode step (each off by default,
+// set from a calibration that measured them separately):
+//  - a per-kernel floor: an unfused decode step runs many small kernels
+//    (norms, rotary, residual adds, KV-cache writes, softmax, casts) whose
+//    time is a floor (launch or graph-replay gap, ramp-up and drain), not
+//    bytes over bandwidth. Time added: (kernels_per_layer x layers -
+//    the streamed GEMV/GEMM kernels, 7 per layer and the LM head, whose
+//    time is their bytes) x kernel_floor_us;
+//  - a materialised GQA repeat (HF transformers' repeat_kv in eager/SDPA
+//    attention): each layer's K and V are expanded to num_heads before the
+//    attention reads them, so the step also writes and reads the expanded
+//    copy: 2 x num_heads / num_kv_heads times the layer's KV bytes more;
+//  - a static KV cache (preallocated to prompt + output, masked): the
+//    attention reads the whole allocated cache every step, not the context;
+//  - the attention's own HBM efficiency (attention_hbm_efficiency): the KV
+//    bytes above move at that fraction of the bandwidth (an unfused repeat,
+//    mask and softmax stream worse than a GEMV); 0: hbm_efficiency;
+//  - a per-row dequantisation cost of int4 kernels (tinygemm-style kernels
+//    dequantise the weight tile for each row block, so their time grows with
+//    the batch): batch x the projections' parameters / int4_row_params_per_s. The efficiencies default to
 // stated values and are replaced by a profile's measurements
 // (WhatifCalibration, sim/whatif.h) where present.
 // Thread-safety: pure functions.
@@ -48,6 +68,12 @@ struct InferenceSetup {
   double hbm_efficiency = kDefaultDecodeHbmEfficiency;
   double compute_efficiency = kDefaultPrefillComputeEfficiency;
   double framework_bytes = 1024.0 * 1024 * 1024;  // CUDA context and workspaces
+  double kernel_floor_us = 0;       // 0: fused decode (no per-kernel floor)
+  double kernels_per_layer = 0;     // decode kernels per step / layers (the whole step's, spread over layers)
+  bool kv_repeat_materialised = false;
+  bool static_kv_cache = false;
+  double attention_hbm_efficiency = 0;  // 0: hbm_efficiency
+  double int4_row_params_per_s = 0; // 0: no per-row dequantisation cost (int4 formats only)
   std::vector<std::string> assumptions;
 };
 

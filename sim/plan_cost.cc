@@ -292,6 +292,8 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
         if (host.h2d_bytes_per_s <= 0) host.h2d_bytes_per_s = d.h2d_bytes_per_s;
         if (host.cpu_adam_params_per_s <= 0) host.cpu_adam_params_per_s = d.cpu_adam_params_per_s;
       }
+      if (host.cpu_cast_params_per_s <= 0)  // measured separately (calibration's host.cpu_cast_params_per_s)
+        host.cpu_cast_params_per_s = default_host_spec(16.0).cpu_cast_params_per_s;
       const int ranks_per_host = node_ranks_[layout_->node_of(begin)];
       const OffloadTime ot = offload_time(setup, host, trainable, full_on_rank * 2, dp, ranks_per_host,
                                           c.forward_ms, c.backward_ms);

@@ -48,7 +48,12 @@ LayerTimes roofline_layers(const WhatifInput& in, const WhatifRow& row, int bs) 
   const double peak16 = g.peak_of(compute_precision(s.precision == Precision::kFp8 ? Precision::kBf16 : s.precision));
   const double peak_gemm = g.peak_of(compute_precision(s.precision)) * 1e12 * gemm_eff;
   const double peak_other = peak16 * 1e12 * gemm_eff;  // attention and adapters: not in fp8 (TE's default recipe)
+  const double peak_attn =
+      in.calibration.attention_efficiency > 0 ? peak16 * 1e12 * in.calibration.attention_efficiency : peak_other;
   const double bw = g.memory_bw_gbs * 1e9 * in.memory_efficiency;
+  const double bw_elem = in.calibration.elementwise_efficiency > 0
+                             ? g.memory_bw_gbs * 1e9 * in.calibration.elementwise_efficiency
+                             : bw;
   const double e = s.precision == Precision::kFp32 ? 4 : 2;
   const double T = static_cast<double>(bs) * in.seq;
   const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
@@ -62,8 +67,8 @@ LayerTimes roofline_layers(const WhatifInput& in, const WhatifRow& row, int bs) 
     if (peft && (s.lora_targets & l.target)) lora += 2.0 * s.lora_rank * (l.in + l.out);
   }
   const double attention = 4.0 * in.seq * m.num_heads * m.head_dim;  // per token, as ModelShape counts it
-  const double elem = kElementwiseBytesPerTokenHidden * h * e * T * elem_factor / bw;
-  const double gemm_fwd = linear * T / peak_gemm, attn_fwd = attention * T / peak_other, lora_fwd = lora * T / peak_other;
+  const double elem = kElementwiseBytesPerTokenHidden * h * e * T * elem_factor / bw_elem;
+  const double gemm_fwd = linear * T / peak_gemm, attn_fwd = attention * T / peak_attn, lora_fwd = lora * T / peak_other;
   // Dequantising the frozen base before each GEMM that uses it (forward, and the backward's input gradient).
   double dequant = 0;
   const bool measured_dequant = quantised_base(s) && in.calibration.qlora_dequant_factor > 0;
@@ -94,7 +99,10 @@ LayerTimes roofline_layers(const WhatifInput& in, const WhatifRow& row, int bs) 
     for (double& x : *v) x *= 1e3;
   // Adam on the GPU over every parameter (plan_cost scales it to the trainable share and ZeRO's partition):
   // kCpuAdamBytesPerParam bytes per parameter, as on the CPU.
-  t.optimizer_ms = static_cast<double>(m.parameter_count()) * kCpuAdamBytesPerParam / bw * 1e3;
+  const double bw_opt = in.calibration.optimizer_hbm_efficiency > 0
+                            ? g.memory_bw_gbs * 1e9 * in.calibration.optimizer_hbm_efficiency
+                            : bw;
+  t.optimizer_ms = static_cast<double>(m.parameter_count()) * kCpuAdamBytesPerParam / bw_opt * 1e3;
   return t;
 }
 
@@ -187,6 +195,7 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
     num(j["host"], "h2d_gbs", "host", &h2d, gbs);
     num(j["host"], "d2h_gbs", "host", &d2h, gbs);
     num(j["host"], "cpu_adam_params_per_s", "host", &c.host.cpu_adam_params_per_s, rules::positive_up_to(1e15));
+    num(j["host"], "cpu_cast_params_per_s", "host", &c.host.cpu_cast_params_per_s, rules::positive_up_to(1e15));
     c.host.h2d_bytes_per_s = h2d * 1e9;
     c.host.d2h_bytes_per_s = d2h * 1e9;
     c.host.source = "measured (" + c.path + ")";
@@ -194,6 +203,9 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
   if (j.contains("training")) {
     num(j["training"], "qlora_dequant_factor", "training", &c.qlora_dequant_factor, rules::positive_up_to(100));
     num(j["training"], "gemm_efficiency", "training", &c.gemm_efficiency, frac);
+    num(j["training"], "attention_efficiency", "training", &c.attention_efficiency, frac);
+    num(j["training"], "elementwise_efficiency", "training", &c.elementwise_efficiency, frac);
+    num(j["training"], "optimizer_hbm_efficiency", "training", &c.optimizer_hbm_efficiency, frac);
   }
   if (j.contains("inference")) {
     const ordered_json& inf = j["inference"];
@@ -202,6 +214,17 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
       num(inf["decode_hbm_efficiency"], "int4", "inference.decode_hbm_efficiency", &c.decode_hbm_efficiency_int4, frac);
     }
     num(inf, "prefill_compute_efficiency", "inference", &c.prefill_compute_efficiency, frac);
+    num(inf, "kernel_floor_us", "inference", &c.kernel_floor_us, rules::positive_up_to(1e4));
+    num(inf, "attention_hbm_efficiency", "inference", &c.attention_hbm_efficiency, frac);
+    num(inf, "decode_kernels_per_layer", "inference", &c.decode_kernels_per_layer, rules::positive_up_to(1e5));
+    num(inf, "int4_row_params_per_s", "inference", &c.int4_row_params_per_s, rules::positive_up_to(1e18));
+    auto flag = [&](const char* key, bool* out) {
+      if (!inf.is_object() || !inf.contains(key)) return;
+      if (!inf[key].is_boolean()) throw InputError(c.path + ": inference." + key + ": expected true or false");
+      *out = inf[key].get<bool>();
+    };
+    flag("kv_repeat_materialised", &c.kv_repeat_materialised);
+    flag("static_kv_cache", &c.static_kv_cache);
   }
   return c;
 }
@@ -408,7 +431,10 @@ WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
     r.assumptions.push_back("host: " + fixed(h2d / 1e9, 1) + " GB/s pinned copies per GPU (" +
                             (h.h2d_bytes_per_s > 0 ? measured_by : std::string("default")) + "), CPU Adam " +
                             fixed(adam / 1e9, 2) + "e9 params/s per host (" +
-                            (h.cpu_adam_params_per_s > 0 ? measured_by : std::string("default")) + ") shared by " +
+                            (h.cpu_adam_params_per_s > 0 ? measured_by : std::string("default")) + "), fp32->16-bit cast " +
+                            fixed((h.cpu_cast_params_per_s > 0 ? h.cpu_cast_params_per_s : d.cpu_cast_params_per_s) / 1e9, 2) +
+                            "e9 params/s (" + (h.cpu_cast_params_per_s > 0 ? measured_by : std::string("default")) +
+                            "), gradients fp32 device-to-host; shared by " +
                             std::to_string(std::min(in.gpus_per_node, r.gpus)) + " ranks" +
                             (measured ? std::string() : "; defaults: " + d.source.substr(10)));
   }

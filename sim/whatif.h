@@ -54,17 +54,40 @@ inline constexpr double kCompileElementwiseFactor = 0.5;
 inline constexpr double kElementwiseBytesPerTokenHidden = 20;
 
 // Measured corrections a profile folder may carry (whatif_calibration.json; every key optional):
-//   {"host": {"h2d_gbs": .., "d2h_gbs": .., "cpu_adam_params_per_s": ..},
-//    "training": {"qlora_dequant_factor": .., "gemm_efficiency": ..},
-//    "inference": {"decode_hbm_efficiency": {"bf16": .., "int4": ..}, "prefill_compute_efficiency": ..}}
+//   {"host": {"h2d_gbs": .., "d2h_gbs": .., "cpu_adam_params_per_s": .., "cpu_cast_params_per_s": ..},
+//    "training": {"qlora_dequant_factor": .., "gemm_efficiency": .., "attention_efficiency": ..,
+//                 "elementwise_efficiency": .., "optimizer_hbm_efficiency": ..},
+//    "inference": {"decode_hbm_efficiency": {"bf16": .., "int4": ..}, "prefill_compute_efficiency": ..,
+//                  "kernel_floor_us": .., "decode_kernels_per_layer": .., "int4_row_params_per_s": ..,
+//                  "attention_hbm_efficiency": ..,
+//                  "kv_repeat_materialised": bool, "static_kv_cache": bool}}
+// The inference keys are mechanism constants measured by micro-benchmarks (sim/inference.h): the decode
+// HBM efficiency of the projections' GEMV kernels alone, the per-kernel floor of a graph of small kernels,
+// the kernel count of one decode step, the int4 kernel's per-row cost; the two booleans name what the
+// measured implementation does (HF-style eager attention with a static cache).
 // Written by scripts/gpu_whatif_calibrate.sh. Absent values stay 0 (= the stated defaults).
 struct WhatifCalibration {
   std::string path;                  // empty: none read
   HostSpec host;                     // zero fields: defaults
   double qlora_dequant_factor = 0;   // QLoRA step time / LoRA step time, measured; 0: roofline
   double gemm_efficiency = 0;        // 0: WhatifInput::gemm_efficiency
+  // Attention (fused SDPA forward + backward) FLOPs as the roofline counts them (4 x seq x heads x head_dim
+  // per token forward, twice that backward) over the measured time, as a fraction of the 16-bit peak;
+  // 0: gemm efficiency (the roofline's default for attention).
+  double attention_efficiency = 0;
+  // The roofline's elementwise bytes (kElementwiseBytesPerTokenHidden) of one block forward + backward over the
+  // time that block's measured forward + backward leaves after its GEMMs and attention, as a fraction of the HBM
+  // bandwidth; 0: WhatifInput::memory_efficiency.
+  double elementwise_efficiency = 0;
+  // The GPU optimizer step: the roofline's kCpuAdamBytesPerParam bytes per parameter over the measured time
+  // of the trainer's step on a slice (fp32 gradients made, fused Adam, 16-bit weights written back), as a
+  // fraction of the HBM bandwidth; 0: WhatifInput::memory_efficiency.
+  double optimizer_hbm_efficiency = 0;
   double decode_hbm_efficiency_bf16 = 0, decode_hbm_efficiency_int4 = 0;
   double prefill_compute_efficiency = 0;
+  double kernel_floor_us = 0, decode_kernels_per_layer = 0, int4_row_params_per_s = 0;
+  double attention_hbm_efficiency = 0;
+  bool kv_repeat_materialised = false, static_kv_cache = false;
 };
 // Reads `dir`/whatif_calibration.json if it exists (else an empty calibration). Throws InputError.
 WhatifCalibration read_whatif_calibration(const std::string& dir);

@@ -204,23 +204,78 @@ TEST_CASE("DeepSpeed buffers and offload time follow the stated rules", "[whatif
   h.h2d_bytes_per_s = 10e9;
   h.d2h_bytes_per_s = 20e9;
   h.cpu_adam_params_per_s = 4e9;
+  h.cpu_cast_params_per_s = 8e9;
   s = TrainingSetup();
   s.zero_stage = 2;
   s.offload_optimizer = true;
-  // 8e9 trainable over dp 4: 2e9 per rank. d2h 2e9 x 2 B / 20 GB/s = 200 ms, hidden by a 300 ms backward;
-  // CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s; the updated partition back: 2e9 x 2 B / 10 GB/s = 400 ms.
+  // 8e9 trainable over dp 4: 2e9 per rank. d2h of fp32 gradients (DeepSpeed's fp32 host buffer):
+  // 2e9 x 4 B / 20 GB/s = 400 ms, 100 ms beyond a 300 ms backward; CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s;
+  // the fp32 -> bf16 cast on the host 2e9 / (8e9 / 4) = 1 s; the updated partition back: 2e9 x 2 B / 10 GB/s = 400 ms.
   OffloadTime t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
-  CHECK(t.backward_exposed_ms == 0);
+  CHECK(t.backward_exposed_ms == Approx(100).epsilon(1e-12));
   CHECK(t.forward_exposed_ms == 0);
-  CHECK(t.step_ms == Approx(2000 + 400).epsilon(1e-12));
-  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 150);  // only what exceeds the backward shows
-  CHECK(t.backward_exposed_ms == Approx(50).epsilon(1e-12));
+  CHECK(t.step_ms == Approx(2000 + 1000 + 400).epsilon(1e-12));
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);  // hidden by a longer backward
+  CHECK(t.backward_exposed_ms == 0);
+  s.precision = Precision::kFp32;  // fp32 weights: no cast; the copy back moves 4 B per element
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);
+  CHECK(t.step_ms == Approx(2000 + 800).epsilon(1e-12));
+  s.precision = TrainingSetup().precision;
   s.zero_stage = 3;
-  s.offload_params = true;  // weights stay on the host: no copy back; each pass fetches 16e9 / 4 B at 10 GB/s
+  s.offload_params = true;  // weights stay on the host: cast there, no copy back; each pass fetches 16e9 / 4 B at 10 GB/s
   t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
-  CHECK(t.step_ms == Approx(2000).epsilon(1e-12));
+  CHECK(t.step_ms == Approx(2000 + 1000).epsilon(1e-12));
   CHECK(t.forward_exposed_ms == Approx(400 - 100).epsilon(1e-12));
-  CHECK(t.backward_exposed_ms == Approx((400 - 300) + (200 - 300 > 0 ? 200 - 300 : 0)).epsilon(1e-12));
+  CHECK(t.backward_exposed_ms == Approx((400 - 300) + (400 - 300)).epsilon(1e-12));
+  // Unmeasured cast: the default is 6 bytes per parameter over the default host memory bandwidth.
+  CHECK(default_host_spec(32).cpu_cast_params_per_s == Approx(kDefaultHostMemoryGBps * 1e9 / 6).epsilon(1e-12));
+}
+
+TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, static cache, int4 per-row cost",
+          "[whatif][inference]") {
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  const GpuSpec& g = *find_gpu_spec("H200");
+  InferenceSetup s;
+  s.batch = 8;
+  s.prompt = 512;
+  s.output = 128;
+  const InferenceResult base = cost_inference(m, g, s);
+  const double bw = 4800e9 * kDefaultDecodeHbmEfficiency;
+  const double L = m.num_layers;
+  const double kv_token = 2.0 * L * m.num_kv_heads * m.head_dim * 2;
+  // Kernel floor: (30 x 28 - (7 x 28 + 1)) kernels x 2.5 us.
+  s.kernel_floor_us = 2.5;
+  s.kernels_per_layer = 30;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token ==
+        Approx(base.decode_ms_per_token + (30 * L - (7 * L + 1)) * 2.5e-3).epsilon(1e-12));
+  s.kernel_floor_us = 0;
+  // Static cache: the whole allocation (640 tokens) instead of the mean context (576).
+  s.static_kv_cache = true;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token ==
+        Approx(base.decode_ms_per_token + kv_token * 8 * (640 - 576) / bw * 1e3).epsilon(1e-12));
+  // Materialised repeat (24 heads over 8 KV heads): the expanded copy written and read, 2 x 3 more KV bytes.
+  s.kv_repeat_materialised = true;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token ==
+        Approx(base.decode_ms_per_token + kv_token * 8 * (640 * 7 - 576) / bw * 1e3).epsilon(1e-12));
+  // Memory is unchanged by these mechanisms.
+  CHECK(cost_inference(m, g, s).total_bytes() == base.total_bytes());
+  // The attention's own efficiency (0.25 instead of 0.75): the KV bytes take three times as long.
+  const double kv_ms = kv_token * 8 * 640 * 7 / bw * 1e3;
+  const double with_kv = cost_inference(m, g, s).decode_ms_per_token;
+  s.attention_hbm_efficiency = 0.25;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token == Approx(with_kv + 2 * kv_ms).epsilon(1e-12));
+  s = InferenceSetup();
+  s.batch = 8;
+  s.weights = WeightFormat::kInt4Awq;
+  const InferenceResult awq = cost_inference(m, g, s);
+  s.int4_row_params_per_s = 1e13;
+  double lin = 0;
+  for (const auto& l : m.block_linears()) lin += static_cast<double>(l.in) * l.out;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token ==
+        Approx(awq.decode_ms_per_token + 8 * lin * L / 1e13 * 1e3).epsilon(1e-12));
+  s.weights = WeightFormat::kBf16;  // the per-row cost is the int4 kernels'
+  s.int4_row_params_per_s = 1e13;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token == base.decode_ms_per_token);
 }
 
 TEST_CASE("inference roofline: memory exact, decode bandwidth-bound at batch 1", "[whatif][inference]") {
@@ -376,4 +431,72 @@ TEST_CASE("whatif_calibration.json: measured host, GEMM and decode efficiencies 
   CHECK(slow > fast);  // 2e9 params/s of CPU Adam against the default 3.3e9
   std::ofstream(dir / "whatif_calibration.json") << R"({"host": {"h2d_gbs": -1}})";
   CHECK_THROWS_AS(read_whatif_calibration(dir.string()), InputError);
+  std::ofstream(dir / "whatif_calibration.json") << R"({"inference": {"static_kv_cache": 1}})";
+  CHECK_THROWS_AS(read_whatif_calibration(dir.string()), InputError);
+}
+
+TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference", "[whatif][calibration]") {
+  const auto dir = test::scratch_dir("whatif-calibration-mech");
+  std::ofstream(dir / "whatif_calibration.json")
+      << R"({"host": {"cpu_cast_params_per_s": 5e9},
+            "inference": {"decode_hbm_efficiency": {"bf16": 0.8, "int4": 0.6}, "kernel_floor_us": 2.5,
+                          "decode_kernels_per_layer": 30, "int4_row_params_per_s": 1e13,
+                          "kv_repeat_materialised": true, "static_kv_cache": true,
+                          "attention_hbm_efficiency": 0.4}})";
+  const WhatifCalibration c = read_whatif_calibration(dir.string());
+  CHECK(c.host.cpu_cast_params_per_s == 5e9);
+  CHECK(c.kernel_floor_us == 2.5);
+  CHECK(c.decode_kernels_per_layer == 30);
+  CHECK(c.int4_row_params_per_s == 1e13);
+  CHECK(c.kv_repeat_materialised);
+  CHECK(c.static_kv_cache);
+  CHECK(c.attention_hbm_efficiency == 0.4);
+  const std::string cmd = "whatif --inference --hf-config " + hf("llama-3.2-3b.json") +
+                          " --gpu H200 --micro-batch 8 --prompt 512 --output 128 --weights bf16,awq --profiles " +
+                          dir.string() + " --json " + (dir / "p.json").string();
+  test::CommandResult r = test::run_hetplan(cmd);
+  REQUIRE(r.exit_code == 0);
+  const auto rows = read_json_file((dir / "p.json").string())["rows"];
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  const GpuSpec& g = *find_gpu_spec("H200");
+  for (int i = 0; i < 2; ++i) {
+    InferenceSetup s;
+    s.weights = i == 0 ? WeightFormat::kBf16 : WeightFormat::kInt4Awq;
+    s.batch = 8;
+    s.hbm_efficiency = i == 0 ? 0.8 : 0.6;
+    s.kernel_floor_us = 2.5;
+    s.kernels_per_layer = 30;
+    s.int4_row_params_per_s = i == 0 ? 0 : 1e13;
+    s.kv_repeat_materialised = s.static_kv_cache = true;
+    s.attention_hbm_efficiency = 0.4;
+    CHECK(rows[i]["decode_ms_per_token"].get<double>() ==
+          Approx(cost_inference(m, g, s).decode_ms_per_token).epsilon(1e-9));
+  }
+  CHECK(r.output.find("30.0 kernels per layer at a 2.50 us floor each (measured)") != std::string::npos);
+}
+
+TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimizer efficiencies", "[whatif][calibration]") {
+  const auto dir = test::scratch_dir("whatif-calibration-train");
+  const std::string base = "whatif --family llama --hidden-size 2048 --layers 20 --heads 16 --kv-heads 16 --ffn-size 5632"
+                           " --vocab-size 512 --seq 1024 --micro-batch 4 --gpus 1 --gpu H200 --flash-attention"
+                           " --rows \"single GPU\" --profiles " + dir.string() + " --json " + (dir / "p.json").string();
+  auto step = [&](const std::string& training) {
+    std::ofstream(dir / "whatif_calibration.json") << "{\"training\": {" + training + "}}";
+    test::CommandResult r = test::run_hetplan(base);
+    REQUIRE(r.exit_code == 0);
+    return read_json_file((dir / "p.json").string())["rows"][0]["step_ms"].get<double>();
+  };
+  const double plain = step("\"gemm_efficiency\": 0.7");
+  // Measured values equal to the ones they replace (attention at the GEMM efficiency, elementwise and optimizer
+  // at the default 0.75 of HBM) change nothing.
+  CHECK(step("\"gemm_efficiency\": 0.7, \"attention_efficiency\": 0.7, \"elementwise_efficiency\": 0.75, "
+             "\"optimizer_hbm_efficiency\": 0.75") == Approx(plain).epsilon(1e-12));
+  // The optimizer at a third of the bandwidth: 1.03e9 parameters x 30 B at 4.8 TB/s x 0.25 instead of x 0.75.
+  const double params = 1029783552;  // the replayed shape's parameters (scripts/gpu_whatif_calibrate.py reports it)
+  const double opt = step("\"gemm_efficiency\": 0.7, \"optimizer_hbm_efficiency\": 0.25");
+  // (Within 1e-5: the simulator scales the step by the stage's share of the profile's per-layer bytes and of the
+  // trainable parameters, each a ratio of sums that need not round to exactly 1.)
+  CHECK(opt - plain == Approx(params * 30 / 4800e9 * (1 / 0.25 - 1 / 0.75) * 1e3).epsilon(1e-5));
+  CHECK(step("\"gemm_efficiency\": 0.7, \"attention_efficiency\": 0.35") > plain);
+  CHECK(step("\"gemm_efficiency\": 0.7, \"elementwise_efficiency\": 0.3") > plain);
 }
