@@ -318,9 +318,13 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
     for (auto& w : pending) w();
     pending.clear();
 
-    if (groups.dp && !zopt) {
+    // ZeRO-1 reduce-scatters the main gradients in its step (Megatron's distributed optimizer), after the
+    // tied embedding's pairs have summed theirs (sums commute); a tied embedding summed over stages of
+    // different (dp, tp) needs every replica's gradient reduced first, so there it all-reduces here.
+    const bool reduce_in_step = zero && !groups.emb_full;
+    if (groups.dp && !zopt && !reduce_in_step) {
       timed("allreduce", -1, [&] {
-        groups.dp->all_reduce(mp_adam->flat_main_grads());  // one flat fp32 buffer (ZeRO-1 too)
+        groups.dp->all_reduce(mp_adam->flat_main_grads());  // one flat fp32 buffer
       });
     }
     if (groups.emb && tied.defined()) {
@@ -350,7 +354,9 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
       if (zopt) {
         zopt->step();
       } else if (zero) {
-        mp_adam->step_sharded([&](std::vector<torch::Tensor>& out, torch::Tensor& in) { groups.dp->all_gather(out, in); });
+        profiler::MixedPrecisionAdam::Collective rs;
+        if (reduce_in_step) rs = [&](torch::Tensor& out, torch::Tensor& in) { groups.dp->reduce_scatter(out, in); };
+        mp_adam->step_sharded(rs, [&](torch::Tensor& out, torch::Tensor& in) { groups.dp->all_gather_flat(out, in); });
       } else {
         mp_adam->step();
       }

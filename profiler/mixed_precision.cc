@@ -74,14 +74,16 @@ void MixedPrecisionAdam::init(double lr) {
   if (shards > 1) {
     shard_len_ = (n + shards - 1) / shards;
     flat_ = torch::zeros({shard_len_ * shards}, f32);
-    torch::Tensor flat_params = torch::zeros({shard_len_ * shards}, f32);
+    flat_params_ = torch::zeros({shard_len_ * shards}, params_[0].options().requires_grad(false));
     int64_t offset = 0;
-    for (const auto& p : params_) {
+    for (auto& p : params_) {
       main_grads_.push_back(flat_.narrow(0, offset, p.numel()).view(p.sizes()));
-      flat_params.narrow(0, offset, p.numel()).copy_(p.detach().reshape({-1}));
+      torch::Tensor view = flat_params_.narrow(0, offset, p.numel()).view(p.sizes());
+      view.copy_(p.detach());
+      p.set_data(view);
       offset += p.numel();
     }
-    masters_.push_back(flat_params.narrow(0, shard * shard_len_, shard_len_).clone());
+    masters_.push_back(flat_params_.narrow(0, shard * shard_len_, shard_len_).to(torch::kFloat32).clone());
     flat_master_ = masters_.back();
     adam_ = std::make_unique<FlatAdam>(flat_master_, lr);
     return;
@@ -130,20 +132,16 @@ void MixedPrecisionAdam::zero_grad() {
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
 }
 
-void MixedPrecisionAdam::step_sharded(const AllGather& all_gather) {
-  torch::Tensor& master = masters_[0];
-  adam_->step(flat_.narrow(0, shard_ * shard_len_, shard_len_));
+void MixedPrecisionAdam::step_sharded(const Collective& reduce_scatter, const Collective& all_gather) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> slices;
-  for (int r = 0; r < shards_; ++r) slices.push_back(torch::empty_like(master));
-  torch::Tensor mine = master.detach();
-  all_gather(slices, mine);
-  const torch::Tensor full = torch::cat(slices);
-  int64_t offset = 0;
-  for (auto& p : params_) {
-    p.copy_(full.narrow(0, offset, p.numel()).view(p.sizes()));  // rounded to the parameter's dtype
-    offset += p.numel();
-  }
+  torch::Tensor grad = flat_.narrow(0, shard_ * shard_len_, shard_len_);
+  if (reduce_scatter) reduce_scatter(grad, flat_);
+  adam_->step(grad);
+  torch::Tensor mine = flat_params_.narrow(0, shard_ * shard_len_, shard_len_);
+  mine.copy_(flat_master_);  // rounded to the parameters' dtype
+  // In place on a GPU (NCCL reads this rank's chunk of the output); a copy elsewhere.
+  torch::Tensor in = mine.is_cuda() ? mine : mine.clone();
+  all_gather(flat_params_, in);
 }
 
 void MixedPrecisionAdam::step() {

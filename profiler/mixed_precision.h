@@ -17,13 +17,15 @@
 // main_grads() as needed; then step(); zero_grad() before the next step.
 //
 // ZeRO-1 (Megatron's distributed optimizer), with `shards` > 1: the main
-// gradients are one flat fp32 buffer (flat_main_grads(), to sum over the
-// data-parallel group; main_grads() are views into it), and this rank keeps
-// fp32 masters and Adam moments only for its slice `shard` of the flattened
-// parameters (padded to a multiple of `shards`): 2 + 4 + 12 / shards bytes
-// per bf16 parameter. step_sharded() updates that slice and all-gathers the
-// updated slices into every parameter. Adam is elementwise, so the result
-// equals the unsharded step's bit for bit.
+// gradients are one flat fp32 buffer (flat_main_grads(); main_grads() are
+// views into it), the parameters views of one flat 16-bit buffer, both
+// padded to a multiple of `shards`, and this rank keeps fp32 masters and
+// Adam moments only for its slice `shard`: 2 + 4 + 12 / shards bytes per
+// bf16 parameter. step_sharded() reduce-scatters the main gradients over the
+// data-parallel group (in place: this rank's slice of the buffer receives
+// the sum), updates the slice, and all-gathers the updated 16-bit slices
+// into the parameters' buffer (in place); no other buffer is allocated.
+// Adam is elementwise, so the result equals the unsharded step's.
 // Not thread-safe; the parameters must outlive it.
 #pragma once
 
@@ -70,10 +72,13 @@ class MixedPrecisionAdam {
   torch::Tensor main_grad_of(const torch::Tensor& param) const;
   void zero_grad();
   void step();  // REQUIRES: shards == 1
-  // REQUIRES: shards > 1, and `all_gather(out, in)` gathers `in` of every
-  // shard, in shard order, into `out` (shards tensors shaped like `in`).
-  using AllGather = std::function<void(std::vector<torch::Tensor>& out, torch::Tensor& in)>;
-  void step_sharded(const AllGather& all_gather);
+  // REQUIRES: shards > 1. `reduce_scatter(out, in)` puts this shard's chunk
+  // of the group's sum of the flat `in` into `out` (null: the main gradients
+  // are summed already); `all_gather(out, in)` gathers every shard's `in`, in
+  // shard order, into the flat `out`. Both may be called with `out` / `in`
+  // aliasing this shard's chunk of the other (NCCL's in-place forms).
+  using Collective = std::function<void(torch::Tensor& out, torch::Tensor& in)>;
+  void step_sharded(const Collective& reduce_scatter, const Collective& all_gather);
   int shards() const { return shards_; }
   torch::Tensor& flat_main_grads() { return flat_; }  // main_grads() are views of it
   // The tensors Adam updates: fp32 masters (or the fp32 parameters themselves).
