@@ -337,16 +337,25 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
         }
         // Activations as the profiler measured them on this rank's GPU type, tp and micro-batch, when it did.
         MeasuredActivations measured;
-        const LayerProfile* mp = rank_ptype_[r] >= 0 ? profiles.find(rank_ptype_[r], tp, mb) : nullptr;
-        const bool use_measured = mp && mp->has_activation_split() && setup.finetune == Finetune::kFull &&
-                                  setup.precision != Precision::kFp32;
+        // A share no file measured (the data balancer's uneven splits) scales the nearest measured
+        // micro-batch size, the largest below it if any: activations are linear in the batch.
+        const LayerProfile* mp = nullptr;
+        if (rank_ptype_[r] >= 0 && setup.finetune == Finetune::kFull && setup.precision != Precision::kFp32) {
+          const int top = std::min(profiles.max_bs(), 2 * mb);
+          for (int b = std::min(mb, top); b >= 1 && !mp; --b)
+            if (const LayerProfile* q = profiles.find(rank_ptype_[r], tp, b); q && q->has_activation_split()) mp = q;
+          for (int b = mb + 1; b <= top && !mp; ++b)
+            if (const LayerProfile* q = profiles.find(rank_ptype_[r], tp, b); q && q->has_activation_split()) mp = q;
+        }
+        const bool use_measured = mp != nullptr;
         if (use_measured) {
-          measured.stored = mp->activation(start, end) * kMiB;
+          const double scale = static_cast<double>(mb) / mp->bs;
+          measured.stored = mp->activation(start, end) * kMiB * scale;
           // The most one layer holds beyond what is stored at that moment: during its backward the
           // later layers of the same micro-batch have already freed theirs.
           double later = 0;
           for (int l = end - 1; l >= start; --l) {
-            measured.working = std::max(measured.working, mp->working_mb[l] * kMiB - later);
+            measured.working = std::max(measured.working, (mp->working_mb[l] * kMiB - later) * scale);
             later += mp->activation_mb[l] * kMiB;
           }
           measured.recompute = mp->recompute == "full"        ? Recompute::kFull

@@ -149,6 +149,7 @@ class ProfileSet {
   // that tp that records one, else framework_mb(type); -1 if none does.
   double framework_mb(int type, int tp) const;
   int max_tp() const { return max_tp_; }
+  int max_bs() const { return max_bs_; }
 
   // The gradient all-reduce bus bandwidth (GB/s) measured among GPUs of a
   // device type: from its files of the largest tp that record one; -1 if none.

@@ -468,6 +468,8 @@ TEST_CASE("replay under torchrun: a node that never joins ends the other within 
   CHECK(seconds >= 0);
   CHECK(seconds < kTimeout + 15);  // + LibTorch's start-up and the liveness check
   CHECK(r.output.find("rank 2 (host 127.0.0.2) never joined") != std::string::npos);
+}
+
 // dp 2, tp 2, pp 2 (8 Gloo ranks): ZeRO and recomputation with every kind of
 // parallelism in play. The tied embedding is split over the two stages, so
 // its gradient is also summed between them (from the dp chunks under ZeRO-2/3).

@@ -477,16 +477,24 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
     }
     CHECK(b.gpu_total() == b.allocated_peak() + b.framework);
   }
-  // A file without the split falls back to the analytic terms.
+  // A micro-batch whose file lacks the split (bs 4) scales the largest measured size below it (bs 2):
+  // activations and working sets are linear in the batch.
   FastStageCost f;
   StageDetail d;
   std::string why;
   REQUIRE(model.explain_stage(c, 1, 3, 2, 4, 0, &f, &d, &why));
+  CHECK(d.ranks[0].breakdown.activations == 2 * stored * 2);
+  CHECK(d.ranks[0].breakdown.recompute_workspace == working * 2);
+  // With no split measured at all, the analytic terms.
+  TrainingSetup fp32 = setup;
+  fp32.precision = Precision::kFp32;  // measured bf16 activations do not describe an fp32 run
+  const PlanCostModel model32(sim, layout, {fp32});
+  d = StageDetail();
+  REQUIRE(model32.explain_stage(c, 1, 3, 2, 4, 0, &f, &d, &why));
   shard.micro_batch = 4;
   shard.in_flight = 2;
-  TrainingSetup s = setup;
-  s.framework_bytes = 1200 * MiB;
-  CHECK(d.ranks[0].breakdown.activations == rank_memory(shape, s, shard).activations);
+  fp32.framework_bytes = 1200 * MiB;
+  CHECK(d.ranks[0].breakdown.activations == rank_memory(shape, fp32, shard).activations);
 }
 
 }  // namespace hetplan
