@@ -68,8 +68,8 @@ single_ms=$(grep -oE '^iteration_ms: median [0-9.]+' "$out/single.log" | awk '{p
   echo "torchrun (2 nodes x 1 GPU): exit $r0/$r1, iteration_ms median ${tr_ms:-none}"
   echo "hetplan replay (1 launcher, 2 GPUs): exit $rs, iteration_ms median ${single_ms:-none}"
   if [ -n "${tr_ms:-}" ] && [ -n "${single_ms:-}" ]; then
-    ratio=$(echo "scale=4; $tr_ms / $single_ms" | bc)
-    ok=$(echo "$ratio >= 0.95 && $ratio <= 1.05" | bc)
+    ratio=$(python3 -c "print(f'{$tr_ms / $single_ms:.4f}')")
+    ok=$(python3 -c "print(int(0.95 <= $tr_ms / $single_ms <= 1.05))")
     echo "ratio torchrun / replay: $ratio ($([ "$ok" = 1 ] && echo PASS || echo FAIL): goal 0.95 to 1.05)"
   else
     echo "ratio: n/a (FAIL: a run reported no iteration time; see launch/node*.log and single.log)"
