@@ -40,8 +40,9 @@ struct CommandResult {
   std::string output;
 };
 
-inline CommandResult run_hetplan(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + (env.empty() ? "" : " ") + HETPLAN_BINARY + " " + args + " 2>&1";
+// A shell command line, stdout and stderr together.
+inline CommandResult run_shell(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed: " + cmd);
   std::string out;
@@ -49,6 +50,10 @@ inline CommandResult run_hetplan(const std::string& args, const std::string& env
   while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+inline CommandResult run_hetplan(const std::string& args, const std::string& env = "") {
+  return run_shell(env + (env.empty() ? "" : " ") + HETPLAN_BINARY + " " + args);
 }
 
 inline std::string shared_dir() {

@@ -369,15 +369,7 @@ TEST_CASE("replay in bf16 (pp 2, dp 2, ZeRO-1) on the CPU: losses within bf16's 
 
 namespace {
 
-test::CommandResult run_shell(const std::string& cmd) {
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed: " + cmd);
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using test::run_shell;
 
 // Writes the two-host plan and exports it; returns the folder of the launch scripts.
 fs::path export_two_host_plan(const fs::path& dir, const std::string& replay_args) {
