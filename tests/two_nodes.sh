@@ -33,12 +33,12 @@ case "$mode" in
     kill -9 -- "-$p1"
     t=$(now)
     wait $p0; r0=$?
-    echo "node0_exit=$r0 seconds_after_kill=$(echo "$(now) - $t" | bc)"
+    echo "node0_exit=$r0 seconds_after_kill=$(awk "BEGIN { print $(now) - $t }")"
     echo "--- node0.log"; cat "$dir/node0.log" ;;
   absent)
     t=$(now)
     bash "$s0" >"$dir/node0.log" 2>&1; r0=$?
-    echo "node0_exit=$r0 seconds=$(echo "$(now) - $t" | bc)"
+    echo "node0_exit=$r0 seconds=$(awk "BEGIN { print $(now) - $t }")"
     echo "--- node0.log"; cat "$dir/node0.log" ;;
   *) echo "two_nodes.sh: mode train, kill or absent" >&2; exit 2 ;;
 esac
