@@ -84,12 +84,15 @@ class C10dCollectives : public CommGroup {
 #endif
     const bool narrow_float = in.scalar_type() == torch::kBFloat16 || in.scalar_type() == torch::kHalf;
     torch::Tensor i = (narrow_float ? in.to(torch::kFloat32) : in).contiguous().view({-1});
+    // Straight into `out`'s chunks where no conversion is needed (no temporary of the whole size).
+    const bool direct = !narrow_float && out.scalar_type() == i.scalar_type();
     std::vector<torch::Tensor> chunks;
-    for (int r = 0; r < size(); ++r) chunks.push_back(torch::empty_like(i));
+    for (int r = 0; r < size(); ++r)
+      chunks.push_back(direct ? out.view({-1}).narrow(0, r * n, n) : torch::empty_like(i));
     std::vector<std::vector<torch::Tensor>> o{chunks};
     std::vector<torch::Tensor> iv{i};
     pg_->allgather(o, iv)->wait();
-    out.view({-1}).copy_(torch::cat(o[0]));
+    if (!direct) out.view({-1}).copy_(torch::cat(o[0]));
   }
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }

@@ -648,5 +648,6 @@ TEST_CASE("replay's measured peak falls with each ZeRO stage: ZeRO-3 saves half 
   CHECK(peak[2] > peak[3]);
   // ZeRO-3 keeps 4 / 2 bytes of fp32 weights per parameter instead of 4; a
   // gathered unit (at most the 131k-parameter embedding) is transient.
-  CHECK(std::abs((peak[2] - peak[3]) - 2 * params) <= 4 * 131072 * 2);
+  // (+ 64 KiB: Gloo's and autograd's small allocations vary by a few KB from run to run.)
+  CHECK(std::abs((peak[2] - peak[3]) - 2 * params) <= 4 * 131072 * 2 + 65536);
 }
