@@ -323,9 +323,7 @@ int run_replay(const ReplayArgs& a) {
   out["mapping"] = mapping;
   out["schedule"] = a.schedule;
   out["dtype"] = a.dtype;
-  out["recompute"] = p.config.model.recompute == Recompute::kFull        ? "full"
-                     : p.config.model.recompute == Recompute::kSelective ? "selective"
-                                                                          : "none";
+  out["recompute"] = to_string(p.config.model.recompute);
   // 1: fp32 masters and Adam state sharded over each stage's dp group; 2: and
   // the fp32 gradients (reduce-scattered); 3: and the 16-bit weights (gathered per layer).
   out["zero_stage_executed"] = p.config.zero_stage;

@@ -333,9 +333,7 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   mem["attention"] = "materialized";
 #endif
   mem["cross_entropy"] = "vocab_parallel";
-  mem["recompute"] = c.recompute == Recompute::kFull        ? "full"
-                     : c.recompute == Recompute::kSelective ? "selective"
-                                                            : "none";
+  mem["recompute"] = to_string(c.recompute);
   // What the process holds beyond the tensors (on a GPU it has to itself).
   if (const int64_t fw = meter.framework_bytes(); fw >= 0) mem["framework_mb"] = std::round(fw / 1048.576) / 1000.0;
   j["execution_memory"] = mem;

@@ -339,14 +339,10 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
         MeasuredActivations measured;
         // A share no file measured (the data balancer's uneven splits) scales the nearest measured
         // micro-batch size, the largest below it if any: activations are linear in the batch.
-        const LayerProfile* mp = nullptr;
-        if (rank_ptype_[r] >= 0 && setup.finetune == Finetune::kFull && setup.precision != Precision::kFp32) {
-          const int top = std::min(profiles.max_bs(), 2 * mb);
-          for (int b = std::min(mb, top); b >= 1 && !mp; --b)
-            if (const LayerProfile* q = profiles.find(rank_ptype_[r], tp, b); q && q->has_activation_split()) mp = q;
-          for (int b = mb + 1; b <= top && !mp; ++b)
-            if (const LayerProfile* q = profiles.find(rank_ptype_[r], tp, b); q && q->has_activation_split()) mp = q;
-        }
+        const LayerProfile* mp =
+            rank_ptype_[r] >= 0 && setup.finetune == Finetune::kFull && setup.precision != Precision::kFp32
+                ? profiles.activation_profile(rank_ptype_[r], tp, mb)
+                : nullptr;
         const bool use_measured = mp != nullptr;
         if (use_measured) {
           const double scale = static_cast<double>(mb) / mp->bs;
@@ -358,9 +354,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
             measured.working = std::max(measured.working, (mp->working_mb[l] * kMiB - later) * scale);
             later += mp->activation_mb[l] * kMiB;
           }
-          measured.recompute = mp->recompute == "full"        ? Recompute::kFull
-                               : mp->recompute == "selective" ? Recompute::kSelective
-                                                              : Recompute::kNone;
+          measured.recompute = mp->recompute;
         }
         memo_breakdown = rank_memory(shape, rank_setup, shard, sp, use_measured ? &measured : nullptr);
         memo_total = memo_breakdown.gpu_total();

@@ -86,7 +86,6 @@ void ProfileSet::add(const std::string& type, LayerProfile p) {
   if (p.has_grad_accumulation()) p.accumulation_time = SliceSums(p.grad_accumulation_ms);
   if (p.has_activation_split()) {
     p.activation = SliceSums(p.activation_mb);
-    p.working = SliceSums(p.working_mb);
   }
   if (std::find(types_.begin(), types_.end(), type) == types_.end()) {
     types_.push_back(type);
@@ -105,6 +104,15 @@ double ProfileSet::framework_mb(int type, int tp) const {
     if (!best || e.bs < best->bs) best = &e;
   }
   return best ? best->framework_mb : framework_mb(type);
+}
+
+const LayerProfile* ProfileSet::activation_profile(int type, int tp, int bs) const {
+  const int top = std::min(max_bs_, 2 * bs);
+  for (int b = std::min(bs, top); b >= 1; --b)
+    if (const LayerProfile* p = find(type, tp, b); p && p->has_activation_split()) return p;
+  for (int b = bs + 1; b <= top; ++b)
+    if (const LayerProfile* p = find(type, tp, b); p && p->has_activation_split()) return p;
+  return nullptr;
 }
 
 void ProfileSet::rebuild_index() {
@@ -235,15 +243,16 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
                        "the other (expected both or neither)");
     for (const char* key : {"attention", "recompute"}) {
       if (!em.contains(key)) continue;
-      if (!em[key].is_string())
-        throw InputError(key_where(path, std::string("execution_memory.") + key) + " must be a string");
+      const std::string where = key_where(path, std::string("execution_memory.") + key);
+      if (!em[key].is_string()) throw InputError(where + " must be a string");
       const std::string v = em[key].get<std::string>();
-      const bool ok = std::string(key) == "attention" ? (v == "fused" || v == "materialized")
-                                                      : (v == "none" || v == "selective" || v == "full");
-      if (!ok)
-        throw InputError(path + ": key 'execution_memory." + key + "': '" + excerpt(v) + "' is not one of " +
-                         (std::string(key) == "attention" ? "fused, materialized" : "none, selective, full"));
-      (std::string(key) == "attention" ? p.attention : p.recompute) = v;
+      if (std::string(key) == "recompute") {
+        p.recompute = parse_recompute(v, where);
+      } else if (v == "fused" || v == "materialized") {
+        p.attention = v;
+      } else {
+        throw InputError(where + ": '" + excerpt(v) + "': expected fused or materialized");
+      }
     }
     if (em.contains("state_bytes_per_parameter"))
       p.state_bytes_per_parameter = require_number(em, "state_bytes_per_parameter", path, "execution_memory",

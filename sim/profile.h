@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/memory_model.h"
 #include "sim/model_config.h"
 
 namespace hetplan {
@@ -96,12 +97,13 @@ struct LayerProfile {
   // forward or backward holds beyond that at any one moment.
   std::vector<double> activation_mb, working_mb;
   // execution_memory.attention / recompute / state_bytes_per_parameter, as
-  // the profiler ran the layers ("" / 0 when absent).
-  std::string attention, recompute;
+  // the profiler ran the layers ("", none and 0 when absent).
+  std::string attention;
+  Recompute recompute = Recompute::kNone;
   double state_bytes_per_parameter = 0;
   bool has_activation_split() const { return !activation_mb.empty(); }
   double total_layer_ms = 0;       // sum(layer_ms)
-  SliceSums time, memory, forward_time, accumulation_time, activation, working;
+  SliceSums time, memory, forward_time, accumulation_time, activation;
   bool has_forward() const { return !forward_ms.empty(); }
   bool has_grad_accumulation() const { return !grad_accumulation_ms.empty(); }
 };
@@ -149,7 +151,10 @@ class ProfileSet {
   // that tp that records one, else framework_mb(type); -1 if none does.
   double framework_mb(int type, int tp) const;
   int max_tp() const { return max_tp_; }
-  int max_bs() const { return max_bs_; }
+  // The file whose measured activations (layer_activation_mb) describe a
+  // micro-batch of `bs` on (type, tp), to be scaled by bs / its bs: the
+  // largest measured bs <= `bs`, else the smallest up to 2 bs; nullptr if none.
+  const LayerProfile* activation_profile(int type, int tp, int bs) const;
 
   // The gradient all-reduce bus bandwidth (GB/s) measured among GPUs of a
   // device type: from its files of the largest tp that record one; -1 if none.
