@@ -329,11 +329,9 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
         TrainingSetup rank_setup = setup;
         if (rank_setup.framework_bytes < 0) {
           const int pt = rank_ptype_[r];
-          // At tp's own measurement (NCCL's buffers), else the largest tp measured below it.
-          double fw = 0;
-          for (int t = std::min(tp, framework_tps_ - 1); pt >= 0 && t >= 1 && fw <= 0; --t)
-            fw = ptype_framework_[static_cast<std::size_t>(pt) * framework_tps_ + t];
-          rank_setup.framework_bytes = fw;
+          rank_setup.framework_bytes =
+              pt >= 0 ? ptype_framework_[static_cast<std::size_t>(pt) * framework_tps_ + std::min(tp, framework_tps_ - 1)]
+                      : 0;
         }
         // Activations as the profiler measured them on this rank's GPU type, tp and micro-batch, when it did.
         MeasuredActivations measured;

@@ -136,8 +136,8 @@ class PlanCostModel {
   double act_bytes_per_sample_ = 0;       // seq x hidden x 2 (bf16)
   std::vector<int> rank_ptype_;           // profile type of each rank (-1: none)
   std::vector<double> rank_capacity_;     // bytes of each rank
-  std::vector<double> ptype_framework_;   // [profile type * (max tp + 1) + tp]: framework bytes when setup asks
-                                          // (< 0) for measured
+  std::vector<double> ptype_framework_;   // [profile type * (max tp + 1) + tp]: ProfileSet::framework_mb in
+                                          // bytes (0: none), when the setup asks (< 0) for the measured one
   int framework_tps_ = 1;                 // max tp + 1
   std::vector<int> node_ranks_;           // GPUs of each RankLayout node
   std::vector<double> ptype_hbm_bytes_per_s_;  // per profile type: datasheet HBM bandwidth (0: unknown)

@@ -97,13 +97,22 @@ void ProfileSet::add(const std::string& type, LayerProfile p) {
 }
 
 double ProfileSet::framework_mb(int type, int tp) const {
-  const LayerProfile* best = nullptr;
-  for (std::size_t i = 0; i < entries_.size(); ++i) {
-    const LayerProfile& e = entries_[i];
-    if (e.tp != tp || e.framework_mb < 0 || type_index(entry_types_[i]) != type) continue;
-    if (!best || e.bs < best->bs) best = &e;
-  }
-  return best ? best->framework_mb : framework_mb(type);
+  // tp's own: its smallest-bs file that records one.
+  const auto own = [&](int t) {
+    const LayerProfile* best = nullptr;
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const LayerProfile& e = entries_[i];
+      if (e.tp != t || e.framework_mb <= 0 || type_index(entry_types_[i]) != type) continue;
+      if (!best || e.bs < best->bs) best = &e;
+    }
+    return best ? best->framework_mb : -1.0;
+  };
+  const int top = std::min(tp, max_tp_);
+  if (const double v = own(top); v > 0) return v;
+  if (const double v = framework_mb(type); v > 0) return v;
+  for (int t = top - 1; t >= 1; --t)
+    if (const double v = own(t); v > 0) return v;
+  return -1;
 }
 
 const LayerProfile* ProfileSet::activation_profile(int type, int tp, int bs) const {

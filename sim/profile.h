@@ -147,8 +147,10 @@ class ProfileSet {
     return p ? p->framework_mb : -1;
   }
   // The framework constant (MB) of a device type at tensor-parallel degree
-  // `tp` (NCCL's buffers grow with the group): from the smallest-bs file of
-  // that tp that records one, else framework_mb(type); -1 if none does.
+  // `tp` (NCCL's buffers grow with the group; a tp above the largest profiled
+  // reads that one): from the smallest-bs file of that tp that records one,
+  // else framework_mb(type), else the largest tp below it that has one; -1 if
+  // none does.
   double framework_mb(int type, int tp) const;
   int max_tp() const { return max_tp_; }
   // The file whose measured activations (layer_activation_mb) describe a
