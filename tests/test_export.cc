@@ -113,6 +113,9 @@ const std::set<std::string> kTorchrunFlags = {"--nnodes",        "--node-rank", 
 std::string hf(const std::string& name) { return std::string(HETPLAN_SOURCE_DIR) + "/tests/data/hf/" + name; }
 
 // A plan of `layers` Metis layers (blocks + 2) over stages with the given sizes.
+// The repository's clusterfile (0.0.0.4 A100, 0.0.0.1 V100): these tests need no outside data.
+const std::string kRepoClusterfile = std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/clusterfile.json";
+
 PlanFile plan(int metis_layers, int hidden, std::vector<int> groups, std::vector<std::pair<int, int>> st,
               std::vector<int> lp, int batches, int gbs, int zero = -1, const std::string& recompute = "",
               std::vector<std::string> types = {"H200"}) {
@@ -265,7 +268,7 @@ TEST_CASE("export: plans Megatron cannot run end in one line naming the stage an
   // Two GPU types: the placement names the stage's type.
   const auto dir = test::scratch_dir("export-types");
   std::ofstream((dir / "hostfile").string()) << "0.0.0.4 slots=4\n0.0.0.1 slots=4\n";
-  const Cluster c = Cluster::load((dir / "hostfile").string(), test::sample_clusterfile());
+  const Cluster c = Cluster::load((dir / "hostfile").string(), kRepoClusterfile);
   const RankLayout rl(c, {c.type_index("A100"), c.type_index("V100")});
   const ParallelLayout pl(c, rl);
   CHECK_THROWS_WITH(export_megatron(plan(34, 4096, {4, 4}, {{4, 1}, {4, 1}}, {0, 20, 34}, 8, 64, -1, "", {"A100", "V100"}),
@@ -283,7 +286,7 @@ TEST_CASE("export --to torchrun: one script per host, the plan's ranks on the ho
   ordered_json j = {{"node_sequence", {"A100", "V100"}}, {"device_groups", {4, 4, 4}},
                     {"strategies", {{2, 2}, {2, 2}, {4, 1}}}, {"batches", 4}, {"layer_partition", {0, 4, 8, 10}},
                     {"gbs", 32},  {"hostfile", (dir / "hostfile").string()},
-                    {"clusterfile", test::sample_clusterfile()},
+                    {"clusterfile", kRepoClusterfile},
                     {"model", {{"num_layers", 10}, {"hidden_size", 1024}, {"sequence_length", 1024},
                                {"vocab_size", 50257}, {"attention_heads", 16}}}};
   write_json_file((dir / "plan.json").string(), j);
