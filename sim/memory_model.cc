@@ -228,6 +228,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   const double unit = s.accounting == ZeroAccounting::kDeepSpeed ? p.largest_module : p.largest_layer;
   const int shard_dp = s.shard_group > 0 ? std::min(r.dp, s.shard_group) : r.dp;  // HYBRID_SHARD: within a group
   out.states = model_state_bytes(trainable, frozen_bytes, unit / tp, s, shard_dp, r.gpus_per_node);
+  const double zero_transient = out.states.transient;
   if (s.finetune == Finetune::kQlora && p.linear_weights > 0) {
     // The projection being computed is dequantised to bf16 for its GEMM.
     double largest_linear = 0;
@@ -272,21 +273,49 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   if (measured) {
     // Measured on the GPU: what the kernels really keep. A plan that recomputes
     // differently from the profiled run scales the stored bytes by the analytic
-    // ratio of the two settings, and a full recomputation the profile did not
-    // run adds the re-materialised layer to the working set.
-    double stored = measured->stored;
-    double working = measured->working;
-    if (measured->recompute != s.recompute) {
-      TrainingSetup as_profiled = s;
-      as_profiled.recompute = measured->recompute;
-      RankShard one = r;
-      one.in_flight = 1;
-      const double then = rank_memory(m, as_profiled, one, p).activations;
-      if (then > 0) stored *= per_mb / then;
-      if (s.recompute == Recompute::kFull) working += one_layer_full;
+    // ratio of the two settings; a full recomputation the profile did not run
+    // re-materialises one block during that block's backward.
+    constexpr double kMiB = 1024.0 * 1024.0;
+    double ratio = 1;
+    bool rematerialise = false;
+    if (measured->recompute != s.recompute && any_block) {
+      // Only the blocks recompute: the embedding and the head store the same either way.
+      const double then = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
+                                                 measured->recompute, s.flash_attention, s.precision);
+      if (then > 0) ratio = block_avg / then;
+      rematerialise = s.recompute == Recompute::kFull;
+    }
+    // ZeRO-2/3 with layer units (FSDP, Megatron, replay): the unit of the layer
+    // running is gathered (ZeRO-3), and its fp32 gradient bucket lives until
+    // it is reduce-scattered. DeepSpeed's module units stay in states.transient.
+    const bool layer_units = s.zero_stage >= 2 && s.accounting != ZeroAccounting::kDeepSpeed &&
+                             s.finetune == Finetune::kFull && s.precision != Precision::kFp32;
+    const double gathered_b = s.zero_stage >= 3 ? 2 + (s.precision == Precision::kFp8 ? 1 : 0) : 0;
+    const double bucket_b = 4 + 2;  // the fp32 bucket and the 16-bit gradient being added into it
+    if (layer_units) out.states.transient -= zero_transient;  // counted layer by layer below
+    const double vh = static_cast<double>(m.vocab_size) * m.hidden_size;
+    const double embedding_unit = vh / tp + (static_cast<double>(m.embedding_params()) - vh);
+    const double block_unit = static_cast<double>(m.block_sharded_params()) / tp + m.block_replicated_params();
+    double stored = 0, peak = 0, later = 0;
+    for (int l = r.end_layer - 1; l >= r.first_layer; --l) {
+      const int i = l - r.first_layer;
+      const bool block = l > 0 && l < last;
+      const double held = measured->activation_mb[i] * kMiB * measured->scale * (block ? ratio : 1.0);
+      stored += held;
+      double unit_l = block_unit;
+      if (l == 0) unit_l = embedding_unit;
+      if (l == last)  // the head, or the tied embedding gathered for it on the same stage
+        unit_l = (!m.tied_embeddings || (r.pp > 1 && r.first_layer > 0)) ? vh / tp + m.norm_params()
+                                                                          : embedding_unit + m.norm_params();
+      const double running = measured->working_mb[i] * kMiB * measured->scale +
+                             (block && rematerialise ? one_layer_full : 0.0) +
+                             (layer_units ? gathered_b * unit_l : 0.0);
+      peak = std::max(peak, running - later);
+      if (layer_units) peak = std::max(peak, (gathered_b + bucket_b) * unit_l - later - held);
+      later += held;
     }
     out.activations = stored * r.in_flight;
-    out.recompute_workspace = working;
+    out.recompute_workspace = peak;
   }
   out.framework = s.framework_bytes;
   return out;

@@ -109,14 +109,22 @@ struct MemoryBreakdown {
 
 // Activations of a rank's layers as `hetplan profile` measured them on its
 // GPU type, at its tp and micro-batch size (execution_memory.layer_activation_mb
-// and layer_working_mb): for one micro-batch, the bytes the layers' forwards
-// store until their backwards, and the most one layer's forward or backward
-// holds beyond what the micro-batch has stored at that moment. rank_memory
-// takes them in place of the analytic terms (which then only rescale them
-// when the plan recomputes differently from the profiled run).
+// and layer_working_mb): per Metis layer, for one micro-batch of the profiled
+// size, the MiB its forward stores until its backward and the most its forward
+// or backward holds beyond what is stored at that moment. rank_memory takes
+// them in place of the analytic terms, scaled by `scale` (the rank's share of
+// the micro-batch over the profiled one), and by the analytic ratio when the
+// plan recomputes differently from the profiled run. The rank's peak is then
+// found layer by layer: what one layer holds while it runs (its working set,
+// a re-materialised block under full recomputation, the ZeRO-3 unit gathered
+// for it), or while its ZeRO-2/3 gradient bucket is reduce-scattered, over the
+// activations the micro-batch still stores at that moment.
+// Plain data: the arrays point into the ProfileSet and must outlive the call;
+// indexed by the rank's Metis layers [first_layer, end_layer).
 struct MeasuredActivations {
-  double stored = 0;
-  double working = 0;
+  const double* activation_mb = nullptr;
+  const double* working_mb = nullptr;
+  double scale = 1;
   Recompute recompute = Recompute::kNone;  // how the profiled run recomputed
 };
 

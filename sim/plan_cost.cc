@@ -343,15 +343,9 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
                 : nullptr;
         const bool use_measured = mp != nullptr;
         if (use_measured) {
-          const double scale = static_cast<double>(mb) / mp->bs;
-          measured.stored = mp->activation(start, end) * kMiB * scale;
-          // The most one layer holds beyond what is stored at that moment: during its backward the
-          // later layers of the same micro-batch have already freed theirs.
-          double later = 0;
-          for (int l = end - 1; l >= start; --l) {
-            measured.working = std::max(measured.working, (mp->working_mb[l] * kMiB - later) * scale);
-            later += mp->activation_mb[l] * kMiB;
-          }
+          measured.activation_mb = mp->activation_mb.data() + start;
+          measured.working_mb = mp->working_mb.data() + start;
+          measured.scale = static_cast<double>(mb) / mp->bs;
           measured.recompute = mp->recompute;
         }
         memo_breakdown = rank_memory(shape, rank_setup, shard, sp, use_measured ? &measured : nullptr);

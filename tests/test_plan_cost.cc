@@ -495,6 +495,38 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
   shard.in_flight = 2;
   fp32.framework_bytes = 1200 * MiB;
   CHECK(d.ranks[0].breakdown.activations == rank_memory(shape, fp32, shard).activations);
+
+  // ZeRO-2/3 with layer units, layer by layer: the last stage (Metis layers 7-9, the head last)
+  // at dp 2, one micro-batch of 2 in flight. While layer l's backward runs it holds its working set
+  // (and, ZeRO-3, its gathered 16-bit unit) over what the layers before it still store; its fp32
+  // bucket (with the 16-bit gradient being added) lives once its own activations are freed.
+  // Not the largest unit on top of the largest working set, which no moment of the backward holds.
+  std::vector<TrainingSetup> zs(2, setup);
+  zs[0].zero_stage = 2;
+  zs[1].zero_stage = 3;
+  const PlanCostModel zmodel(sim, layout, zs);
+  const StageChoice last{0, 2, Strategy{2, 1}, 7, 10};
+  const double vh = static_cast<double>(shape.vocab_size) * shape.hidden_size;
+  const double head_unit = vh + shape.norm_params();  // the tied head's copy on the last stage
+  const double block_unit = static_cast<double>(shape.block_sharded_params() + shape.block_replicated_params());
+  for (int k = 0; k < 2; ++k) {
+    INFO("ZeRO-" << zs[k].zero_stage);
+    const double gathered = k == 1 ? 2 : 0;
+    double expect = 0, later = 0;
+    for (int l = 9; l >= 7; --l) {
+      const double unit = l == 9 ? head_unit : block_unit;
+      const double held = (100.0 + l) * MiB;
+      expect = std::max(expect, (l == 9 ? 500.0 : 50.0) * MiB + gathered * unit - later);
+      expect = std::max(expect, (gathered + 6) * unit - later - held);
+      later += held;
+    }
+    d = StageDetail();
+    REQUIRE(zmodel.explain_stage(last, 2, 3, 4, 2, k, &f, &d, &why));
+    const MemoryBreakdown& z = d.ranks[0].breakdown;
+    CHECK(z.states.transient == 0);  // no unit is counted apart from the layer it belongs to
+    CHECK(z.recompute_workspace == Approx(expect).epsilon(1e-12));
+    CHECK(z.activations == Approx(later).epsilon(1e-12));
+  }
 }
 
 }  // namespace hetplan
