@@ -164,6 +164,12 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   // Transformer blocks among Metis layers [start, end) (layer 0 is the embedding, the last the head).
   const int blocks = std::max(0, std::min(end, shape.metis_num_layers() - 1) - std::max(start, 1));
 
+  // Outside the layers, per micro-batch: what the profiled whole-model pass took beyond its layers
+  // (fb_sync: adding the new gradients into the fp32 main gradients, a pass over every parameter, and
+  // the pass's own overhead) falls on each replica by its stage's share of the parameters.
+  const double param_share = sim.layer_bytes(start, end) / model_bytes_;
+  double slowest_outside = 0;
+
   // Setup-independent per-replica costs; the stage runs at its slowest replica's pace.
   double slowest = -1, slowest_base = 0, slowest_forward = -1, slowest_block_forward = -1, sustained = 1, tpx_fwd = 0,
          tpx_bwd = 0;
@@ -183,9 +189,12 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
                            net_.intra_node_all_reduce_seconds(layout_->node_of(first), tp, bytes);
       extra = 2.0 * blocks * std::max(0.0, delta) * 1e3;
     }
-    const double total = c.total_ms + 2 * extra;
+    const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, share[d]));
+    const double outside = lp ? std::max(0.0, lp->fb_sync_ms) * param_share : 0.0;
+    const double total = c.total_ms + 2 * extra + outside;
     if (total >= slowest) {
       slowest = total;
+      slowest_outside = outside;
       slowest_base = c.total_ms;
       slowest_forward = c.forward_ms;
       slowest_block_forward = c.block_forward_ms;
@@ -197,11 +206,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     acc_raw[d] = c.accumulation_ms;
     opt_raw[d] = c.optimizer_ms;
   }
-  double extra = 0;  // outside the layers: fb_sync on the last stage, the batch generator on the first
-  if (index == p - 1) {
-    const LayerProfile* lp = profiles.find(rtype[0], tp, std::max(1, max_share));
-    if (lp) extra += std::max(0.0, lp->fb_sync_ms);
-  }
+  double extra = slowest_outside;  // and the batch generator on the first stage
   if (index == 0) extra += profiles.model().batch_generator_ms;
   const double forward = slowest_forward >= 0 ? slowest_forward : slowest_base * (1 - opt.backward_share);
   // Recomputation runs the blocks' forward again, never the embedding's or the head's.
@@ -214,7 +219,6 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const double send_forward =
       index + 1 < p && next_rank ? net_.p2p_seconds(begin + size - 1, begin + size, p2p_bytes) * 1e3 : 0.0;
   const double send_backward = index > 0 && prev_rank ? net_.p2p_seconds(begin, begin - 1, p2p_bytes) * 1e3 : 0.0;
-  const double param_share = sim.layer_bytes(start, end) / model_bytes_;
   const int in_flight = in_flight_microbatches(opt.schedule, p, index, batches);
 
   ShardParams sp;

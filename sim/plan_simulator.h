@@ -16,8 +16,10 @@
 // across nodes adds its all-reduces' inter-node time), split into forward and backward by
 // the profile's layer_forward_ms where it records it, else by
 // `backward_share`. Recomputation adds the recomputed part of the forward to
-// the backward. The last stage adds the profile's time outside the layers
-// (fb_sync), stage 0 the batch generator.
+// the backward. Each stage adds its share of the parameters times the
+// profile's time outside the layers (fb_sync: mostly the pass over every
+// parameter that adds new gradients into the fp32 main gradients), stage 0
+// the batch generator.
 //
 // Every micro-batch after an iteration's first also adds its gradients into
 // the ones already there (the profile measures each layer's backward with

@@ -91,16 +91,21 @@ TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[
   REQUIRE(sim.stages.size() == 2);
   const double bg = profiles.model().batch_generator_ms;
   const double s0_layers = slice(s0->layer_ms, 0, 5), s1_layers = slice(s1->layer_ms, 5, 10);
-  // Stage 0 adds the batch generator (split 1/3 : 2/3), the last stage fb_sync.
-  CHECK(sim.stages[0].forward_ms == Approx(s0_layers / 4 + bg / 3).epsilon(1e-12));
-  CHECK(sim.stages[0].backward_ms == Approx(s0_layers * 3 / 4 + bg * 2 / 3).epsilon(1e-12));
-  CHECK(sim.stages[1].forward_ms == Approx(s1_layers / 4 + s1->fb_sync_ms / 3).epsilon(1e-12));
+  const auto& bytes = profiles.model().parameters_per_layer_bytes;
+  const double total = slice(bytes, 0, 10);
+  const double share0 = slice(bytes, 0, 5) / total, share1 = slice(bytes, 5, 10) / total;
+  // Each stage adds its parameter share of its file's fb_sync, stage 0 also the batch generator
+  // (split 1/3 : 2/3).
+  REQUIRE(s0->fb_sync_ms > 0);
+  REQUIRE(s1->fb_sync_ms > 0);
+  const double out0 = s0->fb_sync_ms * share0 + bg, out1 = s1->fb_sync_ms * share1;
+  CHECK(sim.stages[0].forward_ms == Approx(s0_layers / 4 + out0 / 3).epsilon(1e-12));
+  CHECK(sim.stages[0].backward_ms == Approx(s0_layers * 3 / 4 + out0 * 2 / 3).epsilon(1e-12));
+  CHECK(sim.stages[1].forward_ms == Approx(s1_layers / 4 + out1 / 3).epsilon(1e-12));
   // Accumulation: 0.1 + ... + 0.5 and 0.6 + ... + 1.0, whatever the micro-batch.
   CHECK(sim.stages[0].accumulation_ms == Approx(1.5).epsilon(1e-12));
   CHECK(sim.stages[1].accumulation_ms == Approx(4.0).epsilon(1e-12));
   // Optimizer: each file's own step (once, not Metis's twice) times the stage's share of the parameter bytes.
-  const auto& bytes = profiles.model().parameters_per_layer_bytes;
-  const double total = slice(bytes, 0, 10);
   CHECK(sim.stages[0].optimizer_ms == Approx(s0->optimizer_ms * slice(bytes, 0, 5) / total).epsilon(1e-12));
   CHECK(sim.stages[1].optimizer_ms == Approx(s1->optimizer_ms * slice(bytes, 5, 10) / total).epsilon(1e-12));
 }
@@ -113,7 +118,10 @@ TEST_CASE("files without the extensions: 2/3 backward, datasheet HBM accumulatio
   REQUIRE(!s0->has_forward());
   const PlanSimulation sim = TwoStagePlan().run(profiles);
   const double bg = profiles.model().batch_generator_ms;
-  CHECK(sim.stages[0].forward_ms == Approx((slice(s0->layer_ms, 0, 5) + bg) / 3).epsilon(1e-12));
+  const auto& bytes = profiles.model().parameters_per_layer_bytes;
+  const double share0 = slice(bytes, 0, 5) / slice(bytes, 0, 10);
+  CHECK(sim.stages[0].forward_ms ==
+        Approx((slice(s0->layer_ms, 0, 5) + std::max(0.0, s0->fb_sync_ms) * share0 + bg) / 3).epsilon(1e-12));
   // Three passes (read old, read new, write sum) over the rank's bf16 gradients at 2039 GB/s.
   const SearchOptions o = test::table1_search_options(10);
   const ModelShape shape = shape_from_model_config(o.model);
