@@ -109,6 +109,8 @@ struct SimulateArgs {
   std::string collectives = "measured";
   std::string cost_model = "sim";
   int max_profiled_bs = 0;  // --cost-model metis: 0, the profiles' largest
+  double min_group_scale_variance = 1;
+  int max_permute_len = 128;
   bool burst_clocks = false;
   SetupArgs setup;
   bool zero_given = false, recompute_given = false, schedule_given = false;  // else the plan file's setting
@@ -124,6 +126,8 @@ int run_simulate_metis(const SimulateArgs& a, const PlanFile& pf, const std::str
   const ProfileSet profiles = ProfileSet::load(profile_dir, pf.model.num_layers);
   MetisEstimateOptions o;
   o.max_profiled_batch_size = a.max_profiled_bs;
+  o.min_group_scale_variance = a.min_group_scale_variance;
+  o.max_permute_len = a.max_permute_len;
   const MetisEstimate e = metis_estimate(cluster, profiles, pf, o);
 
   std::cout << "plan: " << a.plan << " (" << pf.plan.device_groups.size() << " stages, " << pf.plan.batches
@@ -137,6 +141,14 @@ int run_simulate_metis(const SimulateArgs& a, const PlanFile& pf, const std::str
   } else {
     std::cout << "iteration_ms: skipped (Metis cannot cost this plan: " << e.skipped << ")\n";
   }
+  if (e.label > 0) {
+    std::cout << "search_label: the Metis search also visits this plan labelled as " << e.label
+              << " stage(s) and costs only those then (the reference's quirk, planner/inter_stage.h): ";
+    if (e.label_costed) std::cout << "iteration_ms " << fixed(e.label_terms.total, 3) << "\n";
+    else std::cout << "skipped (" << e.label_skipped << ")\n";
+  }
+  if (e.visit_labels.empty())
+    std::cout << "search: the Metis search never generates these device groups and micro-batches (outside its space)\n";
   if (pf.plan.cost > 0) std::cout << "plan_cost_ms: " << fixed(pf.plan.cost, 3) << " (the cost search recorded, by its cost model)\n";
   if (!e.memory_known) {
     std::cout << "memory: skipped (Metis cannot size this plan: " << e.memory_skipped << ")\n";
@@ -632,6 +644,14 @@ Runner add_simulate_command(CLI::App& app) {
                 "With --cost-model metis: as search's (a mixed stage's batch slice above it is not costed); "
                 "default: the profiles' largest")
       ->check(CLI::Range(0, kMaxProfileBs));
+  s->add_option("--min_group_scale_variance,--min-group-scale-variance", a->min_group_scale_variance,
+                "With --cost-model metis: as search's (which device groups its search visits)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--max_permute_len,--max-permute-len", a->max_permute_len,
+                "With --cost-model metis: as search's (which device groups its search visits)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, kMaxModelLayers));
   add_setup_options(s, a->setup, kFrameworkFromProfiles);
   CLI::Option* zero = s->get_option("--zero");
   CLI::Option* recompute = s->get_option("--recompute");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "planner/inter_stage.h"
 #include "planner/layer_balancer.h"
 #include "planner/search.h"
 #include "sim/input_error.h"
@@ -57,6 +58,30 @@ MetisEstimate metis_estimate(const Cluster& cluster, const ProfileSet& profiles,
   out.costed = cost_model.cost(isp, layout, plan.strategies.data(), plan.layer_partition.data(), &out.terms, &skip);
   if (!out.costed) out.skipped = profiles.expected_path(skip.type, skip.tp, skip.bs) + ": " + skip.reason;
 
+  // The search's visits of these groups (planner/search.cc walks the same list).
+  InterStageOptions io;
+  io.num_device_types = static_cast<int>(cluster.device_types().size());
+  io.num_devices = cluster.num_devices();
+  io.gbs = pf.gbs;
+  io.num_layers = pf.model.num_layers;
+  io.variance = options.min_group_scale_variance;
+  io.max_permute_len = options.max_permute_len;
+  InterStagePlanGenerator generator(io);
+  const std::vector<InterStagePlan> visits = generator.all();
+  const auto& sequences = generator.node_sequences();
+  for (const InterStagePlan& v : visits) {
+    if (sequences[v.ns_idx] != ns || v.batches != plan.batches || *v.device_groups != plan.device_groups) continue;
+    out.visit_labels.push_back(v.num_stage);
+    if (v.num_stage < isp.num_stages() && out.label == 0) {
+      out.label = v.num_stage;
+      InterStagePlan labelled = isp;
+      labelled.num_stage = v.num_stage;
+      out.label_costed = cost_model.cost(labelled, layout, plan.strategies.data(), plan.layer_partition.data(),
+                                         &out.label_terms, &skip);
+      if (!out.label_costed) out.label_skipped = profiles.expected_path(skip.type, skip.tp, skip.bs) + ": " + skip.reason;
+    }
+  }
+
   const int stages = isp.num_stages();
   const LayerLoadBalancer balancer(profiles, profiles.model().norm_layer_duration);
   out.stage_memory_mb.assign(stages, 0.0);
@@ -79,14 +104,22 @@ MetisEstimate metis_estimate(const Cluster& cluster, const ProfileSet& profiles,
   return out;
 }
 
+namespace {
+
+ordered_json terms_json(const CostTerms& t) {
+  return {{"execution", t.execution}, {"fb_sync", t.fb_sync}, {"parameter_update", t.parameter_update},
+          {"dp", t.dp},           {"pp", t.pp},           {"batch_generate", t.batch_generate},
+          {"total", t.total}};
+}
+
+}  // namespace
+
 ordered_json metis_estimate_to_json(const MetisEstimate& e) {
   ordered_json j;
   j["cost_model"] = "metis";
   j["iteration_ms"] = e.costed ? ordered_json(e.terms.total) : ordered_json(nullptr);
   if (e.costed) {
-    j["terms"] = {{"execution", e.terms.execution}, {"fb_sync", e.terms.fb_sync},
-                  {"parameter_update", e.terms.parameter_update}, {"dp", e.terms.dp}, {"pp", e.terms.pp},
-                  {"batch_generate", e.terms.batch_generate}, {"total", e.terms.total}};
+    j["terms"] = terms_json(e.terms);
   } else {
     j["skipped"] = e.skipped;
   }
@@ -103,6 +136,15 @@ ordered_json metis_estimate_to_json(const MetisEstimate& e) {
   }
   j["stages"] = stages;
   if (!e.memory_known) j["memory_skipped"] = e.memory_skipped;
+  j["search_visits"] = e.visit_labels;
+  if (e.label > 0) {
+    ordered_json l;
+    l["num_stage"] = e.label;
+    l["iteration_ms"] = e.label_costed ? ordered_json(e.label_terms.total) : ordered_json(nullptr);
+    if (e.label_costed) l["terms"] = terms_json(e.label_terms);
+    else l["skipped"] = e.label_skipped;
+    j["search_label"] = l;
+  }
   return j;
 }
 
