@@ -98,15 +98,8 @@ int run_metis_search(const SearchArgs& a) {
   o.gbs = a.gbs;
   o.max_profiled_tp = a.max_tp;
   o.max_profiled_bs = a.max_bs;
-  if (o.max_profiled_tp <= 0 || o.max_profiled_bs <= 0) {
-    int tp = 0, bs = 0;
-    for (const auto& e : profiles.entries()) {
-      tp = std::max(tp, e.tp);
-      bs = std::max(bs, e.bs);
-    }
-    if (o.max_profiled_tp <= 0) o.max_profiled_tp = tp;
-    if (o.max_profiled_bs <= 0) o.max_profiled_bs = bs;
-  }
+  if (o.max_profiled_tp <= 0) o.max_profiled_tp = profiles.max_tp();
+  if (o.max_profiled_bs <= 0) o.max_profiled_bs = profiles.max_bs();
   o.min_group_scale_variance = a.variance;
   o.max_permute_len = a.max_permute_len;
   o.use_strat = a.use_strat;

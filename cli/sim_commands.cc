@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "planner/metis_estimate.h"
+#include "sim/network.h"
 #include "sim/gpu_specs.h"
 #include "sim/checked.h"
 #include "sim/input_error.h"
@@ -105,12 +107,73 @@ TrainingSetup make_setup(const SetupArgs& a) {
 struct SimulateArgs {
   std::string plan, schedule = "1f1b", profiles, hostfile, clusterfile, hf_config, trace, json_out;
   std::string collectives = "measured";
+  std::string cost_model = "sim";
+  int max_profiled_bs = 0;  // --cost-model metis: 0, the profiles' largest
+  double min_group_scale_variance = 1;
+  int max_permute_len = 128;
   bool burst_clocks = false;
   SetupArgs setup;
   bool zero_given = false, recompute_given = false, schedule_given = false;  // else the plan file's setting
 };
 
+// --cost-model metis: what the Metis formula predicts for the plan (planner/metis_estimate.h).
+int run_simulate_metis(const SimulateArgs& a, const PlanFile& pf, const std::string& hostfile,
+                       const std::string& clusterfile, const std::string& profile_dir) {
+  if (!a.trace.empty()) throw InputError("--trace: the Metis formula has no schedule to trace; use --cost-model sim");
+  const Cluster cluster = Cluster::load(hostfile, clusterfile);
+  check_clusterfile_bandwidths(cluster.clusterfile(), cluster.clusterfile_path(),
+                               parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit"));
+  const ProfileSet profiles = ProfileSet::load(profile_dir, pf.model.num_layers);
+  MetisEstimateOptions o;
+  o.max_profiled_batch_size = a.max_profiled_bs;
+  o.min_group_scale_variance = a.min_group_scale_variance;
+  o.max_permute_len = a.max_permute_len;
+  const MetisEstimate e = metis_estimate(cluster, profiles, pf, o);
+
+  std::cout << "plan: " << a.plan << " (" << pf.plan.device_groups.size() << " stages, " << pf.plan.batches
+            << " micro-batches, gbs " << pf.gbs << "), cost model metis (the formula of search --cost-model metis)\n";
+  if (e.costed) {
+    const CostTerms& t = e.terms;
+    std::cout << "iteration_ms: " << fixed(t.total, 3) << "\n";
+    std::cout << "terms: execution " << fixed(t.execution, 3) << ", fb_sync " << fixed(t.fb_sync, 3)
+              << ", parameter_update " << fixed(t.parameter_update, 3) << ", dp " << fixed(t.dp, 3) << ", pp "
+              << fixed(t.pp, 3) << ", batch_generate " << fixed(t.batch_generate, 3) << "\n";
+  } else {
+    std::cout << "iteration_ms: skipped (Metis cannot cost this plan: " << e.skipped << ")\n";
+  }
+  if (e.label > 0) {
+    std::cout << "search_label: the Metis search also visits this plan labelled as " << e.label
+              << " stage(s) and costs only those then (the reference's quirk, planner/inter_stage.h): ";
+    if (e.label_costed) std::cout << "iteration_ms " << fixed(e.label_terms.total, 3) << "\n";
+    else std::cout << "skipped (" << e.label_skipped << ")\n";
+  }
+  if (e.visit_labels.empty())
+    std::cout << "search: the Metis search never generates these device groups and micro-batches (outside its space)\n";
+  if (pf.plan.cost > 0) std::cout << "plan_cost_ms: " << fixed(pf.plan.cost, 3) << " (the cost search recorded, by its cost model)\n";
+  if (!e.memory_known) {
+    std::cout << "memory: skipped (Metis cannot size this plan: " << e.memory_skipped << ")\n";
+  } else {
+    std::cout << "| stage | ranks | memory demand MB (each rank) | stage capacity MB (Metis checks against) |\n"
+              << "|---|---|---|---|\n";
+    int begin = 0;
+    for (std::size_t s = 0; s < e.stage_memory_mb.size(); ++s) {
+      const int end = begin + pf.plan.device_groups[s];
+      std::cout << "| " << s << " | " << begin << "-" << end - 1 << " | " << fixed(e.stage_memory_mb[s], 1) << " | "
+                << fixed(e.stage_capacity_mb[s], 1) << " |\n";
+      begin = end;
+    }
+  }
+  if (!a.json_out.empty()) {
+    ordered_json j = metis_estimate_to_json(e);
+    j["plan"] = plan_file_to_json(pf);
+    write_json_file(a.json_out, j);
+  }
+  return 0;
+}
+
 int run_simulate(const SimulateArgs& a) {
+  if (a.cost_model != "sim" && a.cost_model != "metis")
+    throw InputError("--cost-model: '" + excerpt(a.cost_model) + "': expected sim (the default) or metis");
   const PlanFile pf = read_plan_file(a.plan);
   SetupArgs setup_args = a.setup;
   if (!a.zero_given && pf.zero_stage >= 0) setup_args.zero = pf.zero_stage;
@@ -121,6 +184,7 @@ int run_simulate(const SimulateArgs& a) {
   if (hostfile.empty() || clusterfile.empty())
     throw InputError(a.plan + ": no 'hostfile'/'clusterfile' in the plan; pass --hostfile and --clusterfile");
   if (profile_dir.empty()) throw InputError(a.plan + ": no 'profile_dir' in the plan; pass --profiles");
+  if (a.cost_model == "metis") return run_simulate_metis(a, pf, hostfile, clusterfile, profile_dir);
   const Cluster cluster = Cluster::load(hostfile, clusterfile);
   const ProfileSet profiles = ProfileSet::load(profile_dir, pf.model.num_layers);
   ModelShape shape = a.hf_config.empty() ? shape_from_model_config(pf.model) : read_hf_config(a.hf_config);
@@ -571,6 +635,23 @@ Runner add_simulate_command(CLI::App& app) {
               "Cost every stage at the profiles' burst timings (by default the pace-setting stage runs at the "
               "sustained, power-limited pace the profiler measured, where it did)");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
+  s->add_option("--cost-model,--cost_model", a->cost_model,
+                "sim (the simulator) or metis: the Metis reference's iteration cost and per-stage memory demand for "
+                "the plan, as `search --cost-model metis` computes them (the setup, schedule and network options "
+                "do not apply to it)")
+      ->capture_default_str();
+  s->add_option("--max_profiled_batch_size,--max-profiled-batch-size", a->max_profiled_bs,
+                "With --cost-model metis: as search's (a mixed stage's batch slice above it is not costed); "
+                "default: the profiles' largest")
+      ->check(CLI::Range(0, kMaxProfileBs));
+  s->add_option("--min_group_scale_variance,--min-group-scale-variance", a->min_group_scale_variance,
+                "With --cost-model metis: as search's (which device groups its search visits)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--max_permute_len,--max-permute-len", a->max_permute_len,
+                "With --cost-model metis: as search's (which device groups its search visits)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, kMaxModelLayers));
   add_setup_options(s, a->setup, kFrameworkFromProfiles);
   CLI::Option* zero = s->get_option("--zero");
   CLI::Option* recompute = s->get_option("--recompute");

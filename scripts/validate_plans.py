@@ -26,6 +26,12 @@ Memory: predicted `allocated_peak` (model states, activations, working set;
 what the caching allocator's peak counts) against replay's peak allocated per
 rank; where replay reports the device memory in use (CUDA context and NCCL
 included), that too against the predicted total.
+
+Side by side, every plan is also scored by the Metis formula (`hetplan simulate
+--cost-model metis`, the cost and memory demand `search --cost-model metis`
+computes, written to NAME.metis.json with the other predictions): its
+iteration time and per-rank memory against the same measurements. Run folders
+from before this have no NAME.metis.json; --table DIR --resimulate adds them.
 """
 import argparse
 import glob
@@ -151,7 +157,31 @@ def searched_plan(suite, p, binary, work, log):
         if key in best:
             plan[key] = best[key]
     plan["chosen_by"] = f"hetplan search --cost-model {cm}"
+    if cm == "metis" and p["search"].get("args"):
+        plan["metis_search_args"] = p["search"]["args"]
     return plan
+
+
+# The Metis search options that choose what `simulate --cost-model metis` reproduces.
+METIS_FLAGS = ("--max_profiled_batch_size", "--max-profiled-batch-size", "--min_group_scale_variance",
+               "--min-group-scale-variance", "--max_permute_len", "--max-permute-len")
+
+
+def metis_args(plan):
+    """The Metis search options of a plan that `search --cost-model metis` chose (its suite args)."""
+    out, args = [], plan.get("metis_search_args", [])
+    for i, a in enumerate(args):
+        flag = a.split("=", 1)[0]
+        if flag in METIS_FLAGS:
+            out += [a] if "=" in a else args[i:i + 2]
+    return out
+
+
+def simulate_metis(binary, plan_path, work, name, log=None):
+    """The Metis formula's estimate for a plan, to NAME.metis.json (a plan it cannot take is reported, not fatal)."""
+    plan = json.load(open(plan_path))
+    run([binary, "simulate", "--plan", plan_path, "--cost-model", "metis", "--json", f"{work}/{name}.metis.json"]
+        + metis_args(plan), log, check=False)
 
 
 def profile_models(suite, binary, log):
@@ -175,8 +205,18 @@ def fmt_list(v, f="{:.0f}"):
     return "/".join(f.format(x) for x in v)
 
 
+def pct(v):
+    return f"{100 * v:+.1f}%"
+
+
+def mape_line(apes):
+    return f"{100 * sum(apes) / len(apes):.2f}% (worst {100 * max(apes):.1f}%)"
+
+
 def table(work, suite_name, machine):
     rows, t_ape, m_ape, u_ape = [], [], [], []
+    mt_ape, mm_ape, ms_ape, metis_notes = [], [], [], []  # the Metis formula's
+    any_metis = False
     plans = sorted(glob.glob(f"{work}/*.plan.json"))
     order = json.load(open(f"{work}/order.json")) if os.path.exists(f"{work}/order.json") else None
     if order:
@@ -186,8 +226,9 @@ def table(work, suite_name, machine):
     out.append(f"Machine: {machine}.\n")
     out.append("| plan | model | stages: GPUs (dp,tp) layers | m x gbs | ZeRO | recompute | schedule | simulated ms | "
                "measured ms (spread) | time error | predicted peak MB per rank | measured peak MB per rank | "
-               "worst memory error |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+               "worst memory error | Metis ms | Metis time error | Metis peak MB per rank | "
+               "Metis worst memory error |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for f in plans:
         name = os.path.basename(f)[: -len(".plan.json")]
         p = json.load(open(f))
@@ -201,6 +242,26 @@ def table(work, suite_name, machine):
                            enumerate(zip(p["device_groups"], p["strategies"])))
         pred_alloc = [r["allocated_peak"] / MiB for r in sorted(sim["ranks"], key=lambda r: r["rank"])]
         pred_total = [r["total"] / MiB for r in sorted(sim["ranks"], key=lambda r: r["rank"])]
+        mp = f"{work}/{name}.metis.json"
+        metis = json.load(open(mp)) if os.path.exists(mp) else None
+        any_metis |= metis is not None
+        label = p.get("chosen_by", "").split()[-1] + "'s best" if p.get("chosen_by") else ""
+        shown = f"{name} ({label})" if label else name
+        metis_ms_s, metis_err_s, metis_mem_s, metis_merr_s = ("not run", "", "", "") if metis is None else ("", "", "", "")
+        if metis is not None:
+            if metis.get("iteration_ms") is None:
+                metis_ms_s = "skipped"
+                metis_notes.append(f"{shown}: Metis cannot cost it: {metis.get('skipped', '')}")
+            else:
+                metis_ms_s = f"{metis['iteration_ms']:.1f}"
+                sl = metis.get("search_label")
+                if sl and sl.get("iteration_ms") is not None:
+                    metis_ms_s += f" (search: {sl['iteration_ms']:.1f} as {sl['num_stage']} stage)"
+            if metis.get("ranks"):
+                metis_mem_s = fmt_list([x["memory_mb"] for x in sorted(metis["ranks"], key=lambda x: x["rank"])])
+            elif "memory_skipped" in metis:
+                metis_mem_s = "skipped"
+                metis_notes.append(f"{shown}: Metis cannot size its memory: {metis['memory_skipped']}")
         rp = f"{work}/{name}.replay.json"
         meas_s, err_s, mm_s, merr_s = "not measured", "", "", ""
         if os.path.exists(rp):
@@ -223,12 +284,27 @@ def table(work, suite_name, machine):
                 if used:
                     u_ape.append(abs((used - pt) / used))
             merr_s = f"{100 * max(errs, key=abs):+.1f}%" if errs else ""
-        if p.get("chosen_by"):
-            name = f"{name} ({p['chosen_by'].split()[-1]}'s best)"
-        rows.append(name)
-        out.append(f"| {name} | {meta.get('model', '')} | {stages} | {p['batches']} x {p['gbs']} | "
+            if metis is not None and metis.get("iteration_ms") is not None:
+                e = (meas - metis["iteration_ms"]) / meas
+                mt_ape.append(abs(e))
+                metis_err_s = pct(e)
+                # As the Metis search scores the plan: the least of its visits' costs.
+                sl = metis.get("search_label") or {}
+                scored = min(x for x in (metis["iteration_ms"], sl.get("iteration_ms")) if x is not None)
+                ms_ape.append(abs((meas - scored) / meas))
+            if metis is not None and metis.get("ranks"):
+                by_rank = {x["rank"]: x["memory_mb"] for x in metis["ranks"]}
+                errs = []
+                for x in ranks:
+                    if x["rank"] in by_rank and x["peak_memory_mb"] > 0:
+                        errs.append((x["peak_memory_mb"] - by_rank[x["rank"]]) / x["peak_memory_mb"])
+                mm_ape += [abs(e) for e in errs]
+                metis_merr_s = pct(max(errs, key=abs)) if errs else ""
+        rows.append(shown)
+        out.append(f"| {shown} | {meta.get('model', '')} | {stages} | {p['batches']} x {p['gbs']} | "
                    f"{p.get('zero_stage', 0)} | {p.get('recompute', 'none')} | {p.get('schedule', '1f1b')} | "
-                   f"{sim['iteration_ms']:.1f} | {meas_s} | {err_s} | {fmt_list(pred_alloc)} | {mm_s} | {merr_s} |")
+                   f"{sim['iteration_ms']:.1f} | {meas_s} | {err_s} | {fmt_list(pred_alloc)} | {mm_s} | {merr_s} | "
+                   f"{metis_ms_s} | {metis_err_s} | {metis_mem_s} | {metis_merr_s} |")
     out.append("")
     if t_ape:
         out.append(f"Iteration-time MAPE over {len(t_ape)} plans: {100 * sum(t_ape) / len(t_ape):.2f}% "
@@ -238,9 +314,28 @@ def table(work, suite_name, machine):
         if u_ape:
             out.append(f"Device memory in use (CUDA context, NCCL included) MAPE over {len(u_ape)} ranks: "
                        f"{100 * sum(u_ape) / len(u_ape):.2f}%.")
+    if mt_ape or mm_ape:
+        line = "Metis formula: "
+        line += f"iteration-time MAPE over {len(mt_ape)} plans: {mape_line(mt_ape)}" if mt_ape else \
+            "iteration time: no plan costed"
+        line += f"; per-rank memory MAPE over {len(mm_ape)} ranks: {mape_line(mm_ape)}." if mm_ape else \
+            "; memory: no plan sized."
+        out.append(line)
+        if ms_ape != mt_ape:
+            out.append(f"Metis as its search scores plans (the least of its visits' costs: a plan visited first "
+                       f"labelled as one stage is costed on its first stage only, the reference's quirk): "
+                       f"iteration-time MAPE over {len(ms_ape)} plans: {mape_line(ms_ape)}.")
+    elif t_ape and not any_metis:
+        out.append("Metis formula: not run in this folder (no NAME.metis.json); re-score with --table DIR --resimulate.")
+    for n in metis_notes:
+        out.append(f"- {n}")
     out.append("\nerror = (measured - predicted) / measured. Measured: median iteration of `hetplan replay` "
                "(bf16 weights, fp32 main gradients, masters and Adam states) and each rank's peak allocated "
-               "memory; predicted: `hetplan simulate` from the profiles alone.")
+               "memory; predicted: `hetplan simulate` from the profiles alone. Metis: `hetplan simulate "
+               "--cost-model metis`, the cost and memory demand of `search --cost-model metis` for the plan "
+               "(every stage costed; where its search also visits the plan labelled as one stage, that cost is "
+               "shown as \"search:\"); its memory is the stage's demand (5 x the profiled layer memory), given to "
+               "each rank of the stage; it does not model ZeRO, recomputation or the schedule.")
     return "\n".join(out) + "\n"
 
 
@@ -272,6 +367,7 @@ def main():
                 name = os.path.basename(f)[: -len(".plan.json")]
                 meta = json.load(open(f"{work}/{name}.meta.json"))
                 run([a.bin, "simulate", "--plan", f, "--hf-config", meta["hf_config"], "--json", f"{work}/{name}.sim.json"])
+                simulate_metis(a.bin, f, work, name)
         text = table(work, info.get("suite", "suite"), info.get("machine", "unknown"))
         print(text)
         if a.report:
@@ -299,6 +395,7 @@ def main():
         json.dump({"model": p["model"], "hf_config": m["hf_config"], "note": p.get("note", "")},
                   open(f"{work}/{p['name']}.meta.json", "w"), indent=1)
         run([a.bin, "simulate", "--plan", f, "--hf-config", m["hf_config"], "--json", f"{work}/{p['name']}.sim.json"], log)
+        simulate_metis(a.bin, f, work, p["name"], log)
     for p in plans:
         m = suite["models"][p["model"]]
         f = f"{work}/{p['name']}.plan.json"

@@ -152,7 +152,9 @@ class ProfileSet {
   // else framework_mb(type), else the largest tp below it that has one; -1 if
   // none does.
   double framework_mb(int type, int tp) const;
+  // The largest tp and bs of any file (0 before finalize()).
   int max_tp() const { return max_tp_; }
+  int max_bs() const { return max_bs_; }
   // The file whose measured activations (layer_activation_mb) describe a
   // micro-batch of `bs` on (type, tp), to be scaled by bs / its bs: the
   // largest measured bs <= `bs`, else the smallest up to 2 bs; nullptr if none.
