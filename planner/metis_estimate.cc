@@ -59,14 +59,8 @@ MetisEstimate metis_estimate(const Cluster& cluster, const ProfileSet& profiles,
   if (!out.costed) out.skipped = profiles.expected_path(skip.type, skip.tp, skip.bs) + ": " + skip.reason;
 
   // The search's visits of these groups (planner/search.cc walks the same list).
-  InterStageOptions io;
-  io.num_device_types = static_cast<int>(cluster.device_types().size());
-  io.num_devices = cluster.num_devices();
-  io.gbs = pf.gbs;
-  io.num_layers = pf.model.num_layers;
-  io.variance = options.min_group_scale_variance;
-  io.max_permute_len = options.max_permute_len;
-  InterStagePlanGenerator generator(io);
+  InterStagePlanGenerator generator(metis_inter_stage_options(cluster, pf.gbs, pf.model.num_layers,
+                                                              options.min_group_scale_variance, options.max_permute_len));
   const std::vector<InterStagePlan> visits = generator.all();
   const auto& sequences = generator.node_sequences();
   for (const InterStagePlan& v : visits) {

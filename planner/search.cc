@@ -81,19 +81,25 @@ MetisSearch::MetisSearch(const Cluster& cluster, const ProfileSet& profiles, Sea
                      " layers, but --num_layers is " + std::to_string(opt_.model.num_layers));
 }
 
+InterStageOptions metis_inter_stage_options(const Cluster& cluster, int gbs, int num_layers, double variance,
+                                            int max_permute_len) {
+  InterStageOptions io;
+  io.num_device_types = static_cast<int>(cluster.device_types().size());
+  io.num_devices = cluster.num_devices();
+  io.gbs = gbs;
+  io.num_layers = num_layers;
+  io.variance = variance;
+  io.max_permute_len = max_permute_len;
+  return io;
+}
+
 SearchResult MetisSearch::run() const {
   const auto t0 = std::chrono::steady_clock::now();
   const Cluster& cluster = *cluster_;
   const ProfileSet& profiles = *profiles_;
 
-  InterStageOptions io;
-  io.num_device_types = static_cast<int>(cluster.device_types().size());
-  io.num_devices = cluster.num_devices();
-  io.gbs = opt_.gbs;
-  io.num_layers = opt_.model.num_layers;
-  io.variance = opt_.min_group_scale_variance;
-  io.max_permute_len = opt_.max_permute_len;
-  InterStagePlanGenerator generator(io);
+  InterStagePlanGenerator generator(metis_inter_stage_options(cluster, opt_.gbs, opt_.model.num_layers,
+                                                              opt_.min_group_scale_variance, opt_.max_permute_len));
   const std::vector<InterStagePlan> plans = generator.all();
 
   // Per node sequence: where each rank sits, and its profile type.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/inter_stage.h"
 #include "sim/cluster.h"
 #include "sim/input_error.h"
 #include "sim/model_config.h"
@@ -52,6 +53,13 @@ struct SearchResult {
 // The error both searches give for a cluster device type without profiles:
 // it names the clusterfile key and the types the profile folder has.
 InputError unknown_device_type(const Cluster& cluster, const ProfileSet& profiles, const std::string& name);
+
+// The inter-stage generator's settings of a Metis search over `cluster`
+// (every device of every type, the search's gbs, layers, variance and
+// permutation limit): what MetisSearch walks, and what metis_estimate
+// replays to find the labels a plan is visited with.
+InterStageOptions metis_inter_stage_options(const Cluster& cluster, int gbs, int num_layers, double variance,
+                                            int max_permute_len);
 
 class MetisSearch {
  public:
