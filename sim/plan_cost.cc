@@ -221,6 +221,8 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const double send_backward = index > 0 && prev_rank ? net_.p2p_seconds(begin, begin - 1, p2p_bytes) * 1e3 : 0.0;
   const int in_flight = in_flight_microbatches(opt.schedule, p, index, batches);
 
+  const bool tied_pipeline_ends = p > 1 && shape.tied_embeddings;
+  const double vh = static_cast<double>(shape.vocab_size) * shape.hidden_size;
   ShardParams sp;
   double prev_grad_bytes = -1, prev_ar = 0, prev_ar_weights = 0;
   for (int k = k0; k < k0 + nk; ++k) {
@@ -282,6 +284,16 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
         c.forward_ms += ag;
         c.backward_ms += ag + rs;
         break;
+    }
+    // Tied embeddings over a pipeline: the first and the last stage each hold the embedding and
+    // all-reduce its gradient between them after the backward (Megatron's embedding-group all-reduce),
+    // before the step. The partner stage is at the other end of the layout's rank order.
+    if (tied_pipeline_ends && (index == 0 || index == p - 1)) {
+      const int partner = index == 0 ? layout_->num_ranks() - 1 : 0;
+      const double bytes = vh / tp * reduced_gradient_bytes(setup);
+      c.allreduce_ms +=
+          net_.all_reduce_seconds_strided(std::min(begin, partner), std::max(1, std::abs(partner - begin)), 2, bytes) *
+          1e3;
     }
     c.optimizer_ms = optimizer / (setup.zero_stage >= 1 ? dp : 1);
     if (setup.offload_optimizer || (setup.offload_params && setup.zero_stage >= 3)) {

@@ -36,7 +36,9 @@
 //
 // p2p sizes are bf16 activations, split over tp (Megatron's scatter/gather);
 // the dp all-reduce moves each stage's gradients (x1.5 for ZeRO-3,
-// Rajbhandari et al. 2020, Sec. 7.2.2) over the Network. The optimizer step
+// Rajbhandari et al. 2020, Sec. 7.2.2) over the Network; with tied
+// embeddings over a pipeline, the first and the last stage also all-reduce
+// the embedding's gradient between them before the step. The optimizer step
 // is the profile's at the stage's tp (optimizer_time_ms, once: Metis counts
 // it twice), times the stage's share of the parameter bytes, over dp with
 // ZeRO. With ZeRO-Offload (TrainingSetup::offload_optimizer / offload_params)

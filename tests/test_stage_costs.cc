@@ -55,10 +55,13 @@ struct TwoStagePlan {
   std::vector<Strategy> strategies{{2, 1}, {1, 2}};
   std::vector<int> partition{0, 5, 10};
   int batches = 8, gbs = 32;
+  bool tied = true;  // the embedding and the LM head share their weights
 
   PlanSimulation run(const ProfileSet& profiles, SimulationOptions so = {}) const {
     const SearchOptions o = test::table1_search_options(10);
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(o.model), o.model.sequence_length, so);
+    ModelShape shape = shape_from_model_config(o.model);
+    shape.tied_embeddings = tied;
+    const PlanSimulator sim(cluster, profiles, shape, o.model.sequence_length, so);
     const RankLayout layout(cluster, {0});
     PlanSimulation out;
     std::string why;
@@ -137,7 +140,8 @@ TEST_CASE("files without the extensions: 2/3 backward, datasheet HBM accumulatio
 TEST_CASE("measured all-reduce bandwidth replaces the clusterfile's inside a node", "[sim][network]") {
   REQUIRE_SHARED_DATA();
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
-  const TwoStagePlan plan;
+  TwoStagePlan plan;
+  plan.tied = false;  // only the data-parallel all-reduce (the tied ends' is the next test's)
   SimulationOptions clusterfile;
   clusterfile.measured_collectives = false;
   const PlanSimulation m = plan.run(profiles), c = plan.run(profiles, clusterfile);
@@ -149,6 +153,24 @@ TEST_CASE("measured all-reduce bandwidth replaces the clusterfile's inside a nod
   CHECK(m.stages[1].allreduce_ms == 0);  // dp 1
   // p2p keeps the clusterfile's link.
   CHECK(m.stages[0].send_forward_ms == c.stages[0].send_forward_ms);
+}
+
+TEST_CASE("tied embeddings over a pipeline: both ends all-reduce the embedding gradient", "[sim][network]") {
+  REQUIRE_SHARED_DATA();
+  const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
+  TwoStagePlan untied;
+  untied.tied = false;
+  const PlanSimulation t = TwoStagePlan().run(profiles), u = untied.run(profiles);
+  // Stage 0 (tp 1) and stage 1 (tp 2) share one node: a 2-rank all-reduce of the embedding's
+  // gradient (vocab x hidden / tp, 2 bytes each without fp32 main gradients) at the measured bus
+  // bandwidth, 2 hops of latency, added after each end's backward.
+  const SearchOptions o = test::table1_search_options(10);
+  const double vh = static_cast<double>(o.model.vocab_size) * o.model.hidden_size;
+  const double lat = 2 * NetworkOptions{}.intra_latency_s * 1e3;
+  CHECK(u.stages[1].allreduce_ms == 0);
+  CHECK(t.stages[0].allreduce_ms - u.stages[0].allreduce_ms == Approx(lat + vh * 2 / (kBusbwGbs * 1e9) * 1e3));
+  CHECK(t.stages[1].allreduce_ms == Approx(lat + vh / 2 * 2 / (kBusbwGbs * 1e9) * 1e3));
+  CHECK(t.timeline.iteration_ms > u.timeline.iteration_ms);
 }
 
 TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][recompute]") {
