@@ -87,16 +87,29 @@ struct OrderContext {
   bool tp_inside_nodes(int r, int s, int tp) const { return tp_fail[tp][r] >= r + s; }
 };
 
-// Lower bounds on a stage's forward + backward time per micro-batch (ms),
-// from the same profile look-ups the simulator makes, leaving out every term
-// that only adds (the first and last stages' extras, recomputation, the
-// sustained stretch, communication). Look-ups are resolved once, so an
-// estimate is a few slice sums.
+// Lower bounds on a stage's costs per micro-batch (ms), from the same profile
+// look-ups the simulator makes, leaving out every term that only adds (the
+// first and last stages' extras, recomputation, ZeRO's collectives, the
+// sustained stretch, cross-node tp): its forward + backward, a lower bound on
+// each of the two, its measured gradient accumulation, and its two p2p sends
+// (exact: they depend only on the ranks, tp and the largest replica share).
+// Look-ups are resolved once, so an estimate is a few slice sums.
+struct StageEstimate {
+  double t = 0;       // forward + backward of the slowest replica (<= the stage's forward_ms + backward_ms)
+  double f = 0, b = 0;  // <= forward_ms, <= backward_ms (f + b <= t)
+  double a = 0;       // <= accumulation_ms
+  // A lower bound on n_f forwards and n_b backwards: f + b <= t, so the smaller count is taken at t.
+  double runs(double n_f, double n_b) const {
+    return n_f <= n_b ? n_f * t + (n_b - n_f) * b : n_b * t + (n_f - n_b) * f;
+  }
+};
+
 class StageEstimator {
  public:
-  StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, int micro_batch,
-                 int max_profiled_bs, int max_tp, bool full_params)
-      : layout_(&layout), b_(micro_batch), max_tp_(max_tp), full_params_(full_params) {
+  StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
+                 int micro_batch, int max_profiled_bs, int max_tp, bool full_params, double backward_share)
+      : layout_(&layout), cost_(&cost), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
+        forward_share_(1 - backward_share) {
     const int types = static_cast<int>(cluster.device_types().size());
     slices_.assign(static_cast<std::size_t>(types) * (max_tp + 1) * (b_ + 1), {});
     per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
@@ -108,19 +121,21 @@ class StageEstimator {
           Slices& sl = slices_[(static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (b_ + 1) + share];
           if (const LayerProfile* lp = profiles.find(pt, tp, share)) {
             sl.files.push_back(lp);
-            continue;
-          }
-          for (int bit = 30; bit >= 0; --bit) {
-            const int slice = 1 << bit;
-            if (!(share & slice)) continue;
-            const LayerProfile* lp = slice <= max_profiled_bs ? profiles.find(pt, tp, slice) : nullptr;
-            if (!lp) {
-              sl.missing = true;
-              sl.files.clear();
-              break;
+          } else {
+            for (int bit = 30; bit >= 0; --bit) {
+              const int slice = 1 << bit;
+              if (!(share & slice)) continue;
+              const LayerProfile* lp = slice <= max_profiled_bs ? profiles.find(pt, tp, slice) : nullptr;
+              if (!lp) {
+                sl.missing = true;
+                sl.files.clear();
+                break;
+              }
+              sl.files.push_back(lp);
             }
-            sl.files.push_back(lp);
           }
+          sl.forward_known = !sl.files.empty();
+          for (const LayerProfile* lp : sl.files) sl.forward_known = sl.forward_known && lp->has_forward();
         }
         for (int bs = 1; bs <= b_; ++bs)
           if (const LayerProfile* lp = profiles.find(pt, tp, bs)) per_sample_[t * (max_tp + 1) + tp].push_back({lp, bs});
@@ -153,6 +168,7 @@ class StageEstimator {
             }
             ref.offset = static_cast<int>(mixed_pairs_.size());
             for (int d = 0; d < dp; ++d) {
+              ref.max_share = std::max(ref.max_share, share[d]);
               if (share[d] == 0) continue;
               const Slices* sl =
                   &slices_[(static_cast<std::size_t>(layout.type_of(r + d * tp)) * (max_tp + 1) + tp) * (b_ + 1) + share[d]];
@@ -164,37 +180,68 @@ class StageEstimator {
         }
     }
   }
-  // Stage [r, r + s) at (s / tp, tp) on layers [l, e). Sets *acc to a lower bound on its gradient
-  // accumulation per micro-batch: a measured one of a replica the stage has (the stage's is their
-  // largest) when every setup trains every parameter (LoRA scales it down), else 0.
-  double estimate(int r, int s, int tp, int l, int e, bool homogeneous, double* acc) const {
-    *acc = 0;
+  // Stage [r, r + s) at (s / tp, tp) on layers [l, e). `split`: f and b are bounded apart (else 0: a tp
+  // group across nodes adds to both, and its slowest replica need not be the one estimated). The
+  // accumulation bound is a measured one of a replica the stage has (the stage's is their largest)
+  // when every setup trains every parameter (LoRA scales it down), else 0. t = infinity when a profile
+  // the simulator needs is missing.
+  StageEstimate estimate(int r, int s, int tp, int l, int e, bool homogeneous, bool split) const {
+    StageEstimate x;
     const int dp = s / tp;
     if (homogeneous) {
-      // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them;
-      // infinity when a profile it needs is missing (the simulator then fails too).
+      // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them.
       const Slices& sl = slices_[(static_cast<std::size_t>(layout_->type_of(r)) * (max_tp_ + 1) + tp) * (b_ + 1) +
                                  (b_ + dp - 1) / dp];
-      if (sl.missing) return kInf;
-      double t = 0;
-      for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
-      if (full_params_ && sl.files[0]->has_grad_accumulation()) *acc = sl.files[0]->accumulation_time(l, e);
-      return t;
+      if (sl.missing) {
+        x.t = kInf;
+        return x;
+      }
+      x.t = time(sl, l, e);
+      if (split) {
+        x.f = forward(sl, l, e, x.t);
+        x.b = std::max(0.0, x.t - x.f);
+        // Uneven shares: the slowest replica may be one with a sample less (a share costed from
+        // slices can take longer than a larger share with its own file): f and b bound both.
+        const int low = b_ / dp;
+        if (b_ % dp != 0 && low > 0) {
+          const Slices& lo = slices_[(static_cast<std::size_t>(layout_->type_of(r)) * (max_tp_ + 1) + tp) * (b_ + 1) + low];
+          if (!lo.missing) {
+            const double t = time(lo, l, e), f = forward(lo, l, e, t);
+            x.f = std::min(x.f, f);
+            x.b = std::min(x.b, std::max(0.0, t - f));
+          }
+        }
+      }
+      if (full_params_ && sl.files[0]->has_grad_accumulation()) x.a = sl.files[0]->accumulation_time(l, e);
+      return x;
     }
     if (!mixed_.empty()) {
       const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
-      if (ref.count < 0) return kInf;
-      double slowest = 0;
+      if (ref.count < 0) {
+        x.t = kInf;
+        return x;
+      }
+      // The slowest replica is one of these: each of f and b is at least the smallest over them.
+      double f_min = kInf, b_min = kInf;
       for (int i = ref.offset; i < ref.offset + ref.count; ++i) {
         const Slices& sl = *mixed_pairs_[i];
-        if (sl.missing) return kInf;
-        double t = 0;
-        for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
-        slowest = std::max(slowest, t);
+        if (sl.missing) {
+          x.t = kInf;
+          return x;
+        }
+        const double t = time(sl, l, e);
+        x.t = std::max(x.t, t);
+        const double f = forward(sl, l, e, t);
+        f_min = std::min(f_min, f);
+        b_min = std::min(b_min, std::max(0.0, t - f));
         if (full_params_ && sl.files[0]->has_grad_accumulation())
-          *acc = std::max(*acc, sl.files[0]->accumulation_time(l, e));
+          x.a = std::max(x.a, sl.files[0]->accumulation_time(l, e));
       }
-      return slowest;
+      if (split && ref.count > 0) {
+        x.f = f_min;
+        x.b = b_min;
+      }
+      return x;
     }
     // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
     // its type's cheapest time per sample, and the shares sum to b.
@@ -207,72 +254,111 @@ class StageEstimator {
         double best = kInf;
         for (const auto& [lp, bs] : per_sample_[type * (max_tp_ + 1) + tp]) best = std::min(best, lp->time(l, e) / bs);
         if (type >= 8) {
-          if (std::isfinite(best) && best <= 0) return 0;
+          if (std::isfinite(best) && best <= 0) return x;
           if (std::isfinite(best)) capacity += 1 / best;
           continue;
         }
         wt = best;
       }
-      if (std::isfinite(wt) && wt <= 0) return 0;  // a free replica: no bound
+      if (std::isfinite(wt) && wt <= 0) return x;  // a free replica: no bound
       if (std::isfinite(wt)) capacity += 1 / wt;
     }
-    return capacity > 0 ? b_ / capacity : 0;
+    x.t = capacity > 0 ? b_ / capacity : 0;
+    return x;
+  }
+  // The stage's two p2p sends (exactly stage()'s): forward to rank r + s unless it ends the ranks,
+  // backward to rank r - 1 unless it starts them. 0 where the largest share is not known here.
+  void sends(int r, int s, int tp, bool homogeneous, double* forward, double* backward) const {
+    int share = 0;
+    if (homogeneous) {
+      share = (b_ + s / tp - 1) / (s / tp);
+    } else if (!mixed_.empty()) {
+      share = std::max(0, mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp].max_share);
+    }
+    const int R = layout_->num_ranks();
+    *forward = share > 0 && r + s < R ? cost_->p2p_ms(r + s - 1, r + s, share, tp) : 0.0;
+    *backward = share > 0 && r > 0 ? cost_->p2p_ms(r, r - 1, share, tp) : 0.0;
   }
 
  private:
   struct Slices {
     bool missing = false;
+    bool forward_known = false;  // every file splits out the forward
     std::vector<const LayerProfile*> files;
   };
   struct MixedRef {
     int offset = 0, count = 0;  // count < 0: the load balancer lacks a profile
+    int max_share = 0;
   };
+  static double time(const Slices& sl, int l, int e) {
+    double t = 0;
+    for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
+    return t;
+  }
+  // The forward of these slices, as stage() splits it: measured, else the total's forward share.
+  double forward(const Slices& sl, int l, int e, double t) const {
+    if (!sl.forward_known) return t * forward_share_;
+    double f = 0;
+    for (const LayerProfile* lp : sl.files) f += lp->forward_time(l, e);
+    return f;
+  }
   const RankLayout* layout_;
+  const PlanCostModel* cost_;
   int b_, max_tp_, R_ = 0;
   bool full_params_ = false;
+  double forward_share_ = 1.0 / 3.0;
   std::vector<MixedRef> mixed_;               // [r][s][tp], mixed-type stages only
   std::vector<const Slices*> mixed_pairs_;    // each one's distinct (type, share) slicings
   std::vector<Slices> slices_;  // [type][tp][share]
   std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
 };
 
-// For one (node order, m): H[q][r][l], a lower bound on
-//   max over the q stages j covering ranks [r, R) and layers [l, L) of
-//   (sum over the stages before j of their forward + backward) + m x (j's forward + backward),
-// minimised over every way to form those stages; infinity where none exists.
+// For one (node order, m): H[q][r][l], a lower bound on the longest of the
+// paths below through the q stages covering ranks [r, R) and layers [l, L),
+// each from micro-batch 0's arrival at the first of them to the last
+// backward's send back out of it, minimised over every way to form those
+// stages; infinity where none exists. The paths: for each stage j of them,
+// the forward chain to j, then either all j's compute, or one of the two
+// paths of PathCounts through j and the stages after it, then the backward
+// chain back.
 struct SuffixBound {
   std::unique_ptr<StageEstimator> est;  // this (node order, m)'s stage estimates
   int R = 0, L = 0, Q = 0;
   std::vector<double> h;
   std::vector<double> h_min;  // min over l' >= l of at(q, r, l'): the bound whatever layers the stage before takes
-  // g[q][r][l]: a lower bound on the sum of the forward + backward of the q stages (the compute that
-  // micro-batch m - 1 crosses on its way to the last stage and back); infinity where none exists.
-  std::vector<double> g;
-  double sum_at(int q, int r, int l) const {
-    if (g.empty()) return 0;
-    return g[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
-  }
-  double min_from(int q, int r, int l) const {
-    if (h_min.empty()) return 0;
-    return h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
-  }
-  double at(int q, int r, int l) const {
-    if (h.empty()) return 0;
-    return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
-  }
-  double& at(int q, int r, int l) { return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l]; }
+  // g[q][r][l]: a lower bound on micro-batch m - 1's round trip through the q stages (forwards, backwards
+  // with accumulation, sends); g0 the same for micro-batch 0 (no accumulation). Infinity where none exists.
+  std::vector<double> g, g0;
+  std::size_t index(int q, int r, int l) const { return (static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l; }
+  double sum_at(int q, int r, int l) const { return g.empty() || q == 0 ? 0 : g[index(q, r, l)]; }
+  double sum0_at(int q, int r, int l) const { return g0.empty() || q == 0 ? 0 : g0[index(q, r, l)]; }
+  double min_from(int q, int r, int l) const { return h_min.empty() ? 0 : h_min[index(q, r, l)]; }
+  double at(int q, int r, int l) const { return h.empty() ? 0 : h[index(q, r, l)]; }
+  double& at(int q, int r, int l) { return h[index(q, r, l)]; }
 };
 
-// Micro-batch m - 1's path through a stage with `after` stages after it: micro-batch 0 arrives, the
-// stage runs its ops in order up to m - 1's forward, that forward crosses the stages after it and its
-// backward comes back, and the stage runs m - 1's backward. Under 1F1B the stage has then run its m
-// forwards and the `before_last` backwards before (m - 1)'s, besides m - 1's own; under GPipe it has
-// run every forward, and the path can instead take micro-batch 0's backward back and then run all m
-// backwards (`gpipe`).
-int before_last_backwards(int after, int m) { return std::max(0, m - 1 - std::min(after, m)); }
-// A lower bound on the compute (in units of one forward + backward) that path spends on the stage.
-int path_multiple(Schedule schedule, int after, int m) {
-  return schedule == Schedule::kGpipe ? m : 1 + before_last_backwards(after, m);
+// Two paths through a stage j with `after` stages after it, each a chain of dependencies of the
+// timeline (its ops in stage order, and the sends between stages), as counts of j's forwards,
+// backwards and accumulations, and which micro-batch's round trip through the stages after j it takes:
+//  * end: micro-batch 0 arrives, j runs its ops up to micro-batch m - 1's forward (under 1F1B: its m
+//    forwards and the backwards its warm-up leaves before it), that forward crosses the stages after it
+//    and its backward comes back (a round trip with accumulation), and j runs m - 1's backward;
+//  * start: micro-batch 0 arrives, j runs its forward, it crosses the stages after and comes back (no
+//    accumulation: micro-batch 0), and j runs every op from micro-batch 0's backward on: all m
+//    backwards and the forwards its warm-up left after it (under GPipe the round trip can only start
+//    after j's last forward, since every later stage also runs all its forwards first: all m).
+struct PathCounts {
+  int forwards = 0, backwards = 0, accumulations = 0;
+};
+PathCounts end_path(Schedule schedule, int after, int m) {
+  if (schedule == Schedule::kGpipe) return {m, 1, m > 1 ? 1 : 0};
+  const int nb = std::max(0, m - 1 - std::min(after, m));  // backwards before m - 1's forward
+  return {m, nb + 1, nb >= 1 ? nb : (m > 1 ? 1 : 0)};
+}
+PathCounts start_path(Schedule schedule, int after, int m) {
+  if (schedule == Schedule::kGpipe) return {m, m, m - 1};
+  const int warmup = std::min(after, m);
+  return {1 + m - std::min(warmup + 1, m), m, m - 1};
 }
 
 // One (node order, m, p) unit.
@@ -353,6 +439,9 @@ struct Worker {
   std::vector<double> lb;                   // best lower bound so far along the path
   std::vector<double> extra;                // max over the stages before of what micro-batch m - 1's path
                                             // spends on that stage beyond its forward + backward
+  std::vector<double> c0_prefix;            // c_prefix without accumulation (micro-batch 0's passes)
+  std::vector<double> xstart;               // max over the stages before of their start path less c0_prefix
+                                            // at the stage after them
   std::vector<unsigned> mask;               // [stage]: setups still feasible
   std::vector<StageChoice> choice;
   std::vector<FastStageCost> leaf;          // [stage] for one setup
@@ -486,7 +575,8 @@ PlanSearchResult PlanSearch::run() const {
   auto build_bound = [&](const Unit& u, SuffixBound* h) {
     const OrderContext& o = orders[u.order];
     const int m = u.m, b = opt_.gbs / m;
-    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp, full_params);
+    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, b, sim_->options().max_profiled_bs,
+                                              max_tp, full_params, sim_->options().backward_share);
     const StageEstimator& est = *h->est;
     h->R = R;
     h->L = L;
@@ -496,44 +586,53 @@ PlanSearchResult PlanSearch::run() const {
     if (opt_.exhaustive || work > 4e9 || static_cast<double>(Q + 1) * (R + 1) * (L + 1) > 5e7) {
       h->h.clear();
       h->g.clear();
-      h->R = R, h->L = L, h->Q = Q;
+      h->g0.clear();
       return;
     }
     h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
     h->g.assign(h->h.size(), kInf);
-    auto g_at = [&](int q, int r, int l) -> double& {
-      return h->g[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
-    };
+    h->g0.assign(h->h.size(), kInf);
+    std::vector<PathCounts> ends(Q + 1), starts(Q + 1);
+    for (int q = 1; q <= Q; ++q) {
+      ends[q] = end_path(schedule, q - 1, m);
+      starts[q] = start_path(schedule, q - 1, m);
+    }
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
         for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
           if (s % tp != 0 || s / tp > b || !o.tp_profiled(r, s, tp)) continue;
-          if (!opt_.allow_cross_node_tp && !o.tp_inside_nodes(r, s, tp)) continue;
+          const bool inside = o.tp_inside_nodes(r, s, tp);
+          if (!opt_.allow_cross_node_tp && !inside) continue;
+          double sf, sb;
+          est.sends(r, s, tp, homo, &sf, &sb);
+          const bool ends_ranks = r + s == R;
           for (int l = 0; l < L; ++l)
             for (int e = l + 1; e <= L; ++e) {
-              const bool ends = r + s == R, all = e == L;
-              if (ends != all) continue;
-              double a;
-              const double t = est.estimate(r, s, tp, l, e, homo, &a);
-              if (!std::isfinite(t)) continue;
-              const double busy = m * t + (m - 1) * a, csum = t + (m > 1 ? a : 0.0);
-              if (ends) {
-                h->at(1, r, l) = std::min(h->at(1, r, l), busy);
-                g_at(1, r, l) = std::min(g_at(1, r, l), csum);
+              if (ends_ranks != (e == L)) continue;
+              const StageEstimate x = est.estimate(r, s, tp, l, e, homo, inside);
+              if (!std::isfinite(x.t)) continue;
+              const double busy = m * x.t + (m - 1) * x.a + sb;
+              const double c0 = x.t + sf + sb, csum = c0 + (m > 1 ? x.a : 0.0);
+              const std::size_t here = h->index(1, r, l);
+              if (ends_ranks) {
+                h->h[here] = std::min(h->h[here], busy);
+                h->g[here] = std::min(h->g[here], csum);
+                h->g0[here] = std::min(h->g0[here], c0);
                 continue;
               }
               const int q_max = std::min({Q, R - r, L - l});
               for (int q = 2; q <= q_max; ++q) {
-                const double next = h->at(q - 1, r + s, e);
-                if (!std::isfinite(next)) continue;
-                const double next_sum = g_at(q - 1, r + s, e);
-                double& cur = h->at(q, r, l);
-                // The first of the q stages: all its work after micro-batch 0 arrives (m t), or the
-                // path through it to micro-batch m - 1's forward, the stages after and back (a t + sum).
-                cur = std::min(cur, std::max({busy, csum + next, (path_multiple(schedule, q - 1, m) - 1) * t + csum + next_sum}));
-                double& sum = g_at(q, r, l);
-                sum = std::min(sum, csum + next_sum);
+                const std::size_t next = h->index(q - 1, r + s, e);
+                if (!std::isfinite(h->h[next])) continue;
+                const PathCounts& pe = ends[q];
+                const PathCounts& ps = starts[q];
+                const double end = x.runs(pe.forwards, pe.backwards) + pe.accumulations * x.a + sf + sb + h->g[next];
+                const double start = x.runs(ps.forwards, ps.backwards) + ps.accumulations * x.a + sf + sb + h->g0[next];
+                const std::size_t cur = h->index(q, r, l);
+                h->h[cur] = std::min(h->h[cur], std::max({busy, csum + h->h[next], end, start}));
+                h->g[cur] = std::min(h->g[cur], csum + h->g[next]);
+                h->g0[cur] = std::min(h->g0[cur], c0 + h->g0[next]);
               }
             }
         }
@@ -593,6 +692,8 @@ PlanSearchResult PlanSearch::run() const {
     w.c_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.lb.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.extra.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
+    w.c0_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
+    w.xstart.assign(static_cast<std::size_t>(p + 1) * S, -kInf);
     w.mask.assign(p + 1, 0);
     w.choice.resize(p);
     w.leaf.resize(p);
@@ -667,20 +768,25 @@ PlanSearchResult PlanSearch::run() const {
       const int s_min = i == 0 ? u.first_size : last ? R - r : 1;
       const int k_max = i == 0 && u.first_layers > 0 ? u.first_layers : last ? L - l : L - l - rest;
       const int k_min = i == 0 && u.first_layers > 0 ? u.first_layers : last ? L - l : 1;
-      // The prefix's bounds, the smallest over the settings still feasible.
-      double c_min = kInf, lb_min = kInf, e_min = kInf;
+      // The prefix's bounds, the smallest over the settings still feasible (each term's smallest: their
+      // sum is at most every setting's).
+      double c_min = kInf, c0_min = kInf, lb_min = kInf, e_min = kInf, xs_min = kInf, tail_min = i == 0 ? 0.0 : kInf;
       for (int q = 0; q < S; ++q)
         if (w.mask[i] & (1u << q)) {
           const std::size_t at = static_cast<std::size_t>(i) * S + q;
           c_min = std::min(c_min, w.c_prefix[at]);
+          c0_min = std::min(c0_min, w.c0_prefix[at]);
           lb_min = std::min(lb_min, w.lb[at]);
           e_min = std::min(e_min, w.extra[at]);
+          xs_min = std::min(xs_min, w.xstart[at]);
+          if (i > 0) tail_min = std::min(tail_min, w.stage_cost[q].allreduce_ms + w.stage_cost[q].optimizer_ms);
         }
-      const double own_path = path_multiple(schedule, rest, m);
-      const int nb = before_last_backwards(rest, m);
+      const PathCounts pe = end_path(schedule, rest, m), ps = start_path(schedule, rest, m);
+      const int nb = pe.backwards - 1;  // backwards before micro-batch m - 1's forward
+      const int nf_start = ps.forwards;
       for (int s = s_min; s <= s_max; ++s) {
         // Whatever layers this stage takes, the ranks after it cannot finish in time.
-        if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) > bound.threshold()) {
+        if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) + tail_min > bound.threshold()) {
           ++w.c.enumerated;
           ++w.c.pruned;
           continue;
@@ -691,21 +797,28 @@ PlanSearchResult PlanSearch::run() const {
           const int dp = s / tp;
           if (dp > b) continue;  // every replica trains at least one sample
           if (!o.tp_profiled(r, s, tp)) continue;
-          if (!opt_.allow_cross_node_tp && !o.tp_inside_nodes(r, s, tp)) continue;
+          const bool inside = o.tp_inside_nodes(r, s, tp);
+          if (!opt_.allow_cross_node_tp && !inside) continue;
+          double sfw = 0, sbw = 0;
+          if (use_bounds) est.sends(r, s, tp, homo, &sfw, &sbw);
           for (int k = k_min; k <= k_max; ++k) {
             ++w.c.enumerated;
             if (use_bounds) {
               const double thr = bound.threshold();
-              double a;
-              const double t = est.estimate(r, s, tp, l, l + k, homo, &a);
-              const double csum = t + (m > 1 ? a : 0.0);
+              const StageEstimate x = est.estimate(r, s, tp, l, l + k, homo, inside);
+              const double c0 = x.t + sfw + sbw, csum = c0 + (m > 1 ? x.a : 0.0);
               // This stage's own compute only grows with k.
-              if (std::max(lb_min, c_min + m * t + (m - 1) * a) > thr) {
+              if (std::max(lb_min, c_min + sbw + m * x.t + (m - 1) * x.a + tail_min) > thr) {
                 ++w.c.pruned;
                 break;
               }
-              if (!last && (c_min + csum + sb.at(rest, r + s, l + k) > thr ||
-                            c_min + csum + std::max(e_min, (own_path - 1) * t) + sb.sum_at(rest, r + s, l + k) > thr)) {
+              const double g = sb.sum_at(rest, r + s, l + k), g0 = sb.sum0_at(rest, r + s, l + k);
+              const double own_end = x.runs(pe.forwards, pe.backwards) + pe.accumulations * x.a + sfw + sbw;
+              const double own_start = x.runs(ps.forwards, ps.backwards) + ps.accumulations * x.a + sfw + sbw;
+              const double path = std::max({c_min + (last ? 0.0 : sb.at(rest, r + s, l + k)) + csum,
+                                            c_min + std::max(e_min + csum, own_end) + g,
+                                            c_min + own_start + g0, xs_min + c0_min + c0 + g0});
+              if (path + tail_min > thr) {
                 ++w.c.pruned;
                 continue;
               }
@@ -760,17 +873,25 @@ PlanSearchResult PlanSearch::run() const {
               const double own = std::max(w.fwd_prefix[at] + busy + fc.allreduce_ms + fc.optimizer_ms,
                                           w.c_prefix[at] + fc.send_backward_ms + busy + tail0);
               double lb = std::max(w.lb[at], own);
+              const double pass0 = fc.forward_ms + fc.send_forward_ms + fc.backward_ms + fc.send_backward_ms;
               w.fwd_prefix[next] = w.fwd_prefix[at] + fc.forward_ms + fc.send_forward_ms;
-              w.c_prefix[next] = w.c_prefix[at] + fc.forward_ms + fc.send_forward_ms + fc.backward_ms +
-                                 (m > 1 ? fc.accumulation_ms : 0.0) + fc.send_backward_ms;
-              // Micro-batch m - 1's path through this stage or one before it (see path_multiple).
-              const double ex = schedule == Schedule::kGpipe
-                                    ? (m - 1) * fc.forward_ms
-                                    : (m - 1) * fc.forward_ms + nb * fc.backward_ms + std::max(0, nb - 1) * fc.accumulation_ms;
+              w.c_prefix[next] = w.c_prefix[at] + pass0 + (m > 1 ? fc.accumulation_ms : 0.0);
+              w.c0_prefix[next] = w.c0_prefix[at] + pass0;
+              // The end path (end_path) through this stage or one before it: what it spends on that
+              // stage beyond one pass; the stages after it up to the frontier are their passes.
+              const double ex = (pe.forwards - 1) * fc.forward_ms + nb * fc.backward_ms +
+                                std::max(0, pe.accumulations - (m > 1 ? 1 : 0)) * fc.accumulation_ms;
               w.extra[next] = std::max(w.extra[at], ex);
-              if (!last && use_bounds)
-                lb = std::max({lb, w.c_prefix[next] + sb.at(rest, r + s, l + k) + tail0,
-                               w.c_prefix[next] + w.extra[next] + sb.sum_at(rest, r + s, l + k) + tail0});
+              // The start path (start_path) through this stage: all of it but the round trip after this
+              // stage, less the passes of micro-batch 0 up to the frontier (added back at each frontier).
+              const double xs = w.c_prefix[at] + nf_start * fc.forward_ms + m * fc.backward_ms +
+                                (m - 1) * fc.accumulation_ms + fc.send_forward_ms + fc.send_backward_ms -
+                                w.c0_prefix[next];
+              w.xstart[next] = std::max(w.xstart[at], xs);
+              if (use_bounds)
+                lb = std::max({lb, w.c_prefix[next] + (last ? 0.0 : sb.at(rest, r + s, l + k)) + tail0,
+                               w.c_prefix[next] + w.extra[next] + sb.sum_at(rest, r + s, l + k) + tail0,
+                               w.xstart[next] + w.c0_prefix[next] + sb.sum0_at(rest, r + s, l + k) + tail0});
               w.lb[next] = lb;
               bound_min = std::min(bound_min, lb);
             }

@@ -208,12 +208,10 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const double block_forward =
       slowest_block_forward >= 0 ? slowest_block_forward : (end > start ? forward * blocks / (end - start) : 0.0);
   // p2p over the boundary link, bf16 activations split over tp.
-  const double p2p_bytes = act_bytes_per_sample_ * max_share / tp;
   // (A stage with no rank beyond it on that side has no link to cost.)
   const bool next_rank = begin + size < layout_->num_ranks(), prev_rank = begin > 0;
-  const double send_forward =
-      index + 1 < p && next_rank ? net_.p2p_seconds(begin + size - 1, begin + size, p2p_bytes) * 1e3 : 0.0;
-  const double send_backward = index > 0 && prev_rank ? net_.p2p_seconds(begin, begin - 1, p2p_bytes) * 1e3 : 0.0;
+  const double send_forward = index + 1 < p && next_rank ? p2p_ms(begin + size - 1, begin + size, max_share, tp) : 0.0;
+  const double send_backward = index > 0 && prev_rank ? p2p_ms(begin, begin - 1, max_share, tp) : 0.0;
   const double param_share = sim.layer_bytes(start, end) / model_bytes_;
   const int in_flight = in_flight_microbatches(opt.schedule, p, index, batches);
 
