@@ -106,10 +106,12 @@ struct StageEstimate {
 
 class StageEstimator {
  public:
+  // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
   StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
-                 int micro_batch, int max_profiled_bs, int max_tp, bool full_params, double backward_share)
+                 int micro_batch, int max_profiled_bs, int max_tp, bool full_params, double backward_share,
+                 const std::vector<double>& unmeasured_acc, int layers)
       : layout_(&layout), cost_(&cost), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
-        forward_share_(1 - backward_share) {
+        forward_share_(1 - backward_share), unmeasured_acc_(&unmeasured_acc), L_(layers) {
     const int types = static_cast<int>(cluster.device_types().size());
     slices_.assign(static_cast<std::size_t>(types) * (max_tp + 1) * (b_ + 1), {});
     per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
@@ -134,6 +136,8 @@ class StageEstimator {
               sl.files.push_back(lp);
             }
           }
+          sl.type = t;
+          sl.tp = tp;
           sl.forward_known = !sl.files.empty();
           for (const LayerProfile* lp : sl.files) sl.forward_known = sl.forward_known && lp->has_forward();
         }
@@ -212,7 +216,7 @@ class StageEstimator {
           }
         }
       }
-      if (full_params_ && sl.files[0]->has_grad_accumulation()) x.a = sl.files[0]->accumulation_time(l, e);
+      x.a = accumulation(sl, l, e);
       return x;
     }
     if (!mixed_.empty()) {
@@ -234,8 +238,7 @@ class StageEstimator {
         const double f = forward(sl, l, e, t);
         f_min = std::min(f_min, f);
         b_min = std::min(b_min, std::max(0.0, t - f));
-        if (full_params_ && sl.files[0]->has_grad_accumulation())
-          x.a = std::max(x.a, sl.files[0]->accumulation_time(l, e));
+        x.a = std::max(x.a, accumulation(sl, l, e));
       }
       if (split && ref.count > 0) {
         x.f = f_min;
@@ -282,6 +285,7 @@ class StageEstimator {
 
  private:
   struct Slices {
+    int type = 0, tp = 1;
     bool missing = false;
     bool forward_known = false;  // every file splits out the forward
     std::vector<const LayerProfile*> files;
@@ -295,6 +299,14 @@ class StageEstimator {
     for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
     return t;
   }
+  // A lower bound on the accumulation of a replica with these slices: its file's measured one when every
+  // setup trains every parameter (LoRA scales it down), else, when its file does not measure it, the
+  // least over the setups of what stage() derives from bytes.
+  double accumulation(const Slices& sl, int l, int e) const {
+    const LayerProfile* lp = sl.files[0];
+    if (lp->has_grad_accumulation()) return full_params_ ? lp->accumulation_time(l, e) : 0.0;
+    return (*unmeasured_acc_)[((static_cast<std::size_t>(sl.type) * (max_tp_ + 1) + sl.tp) * (L_ + 1) + l) * (L_ + 1) + e];
+  }
   // The forward of these slices, as stage() splits it: measured, else the total's forward share.
   double forward(const Slices& sl, int l, int e, double t) const {
     if (!sl.forward_known) return t * forward_share_;
@@ -307,6 +319,8 @@ class StageEstimator {
   int b_, max_tp_, R_ = 0;
   bool full_params_ = false;
   double forward_share_ = 1.0 / 3.0;
+  const std::vector<double>* unmeasured_acc_;
+  int L_;
   std::vector<MixedRef> mixed_;               // [r][s][tp], mixed-type stages only
   std::vector<const Slices*> mixed_pairs_;    // each one's distinct (type, share) slicings
   std::vector<Slices> slices_;  // [type][tp][share]
@@ -329,7 +343,8 @@ struct SuffixBound {
   // g[q][r][l]: a lower bound on micro-batch m - 1's round trip through the q stages (forwards, backwards
   // with accumulation, sends); g0 the same for micro-batch 0 (no accumulation). Infinity where none exists.
   std::vector<double> g, g0;
-  std::size_t index(int q, int r, int l) const { return (static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l; }
+  // [r][l][q]: the dynamic program's inner loop runs over q, contiguous.
+  std::size_t index(int q, int r, int l) const { return (static_cast<std::size_t>(r) * (L + 1) + l) * (Q + 1) + q; }
   double sum_at(int q, int r, int l) const { return g.empty() || q == 0 ? 0 : g[index(q, r, l)]; }
   double sum0_at(int q, int r, int l) const { return g0.empty() || q == 0 ? 0 : g0[index(q, r, l)]; }
   double min_from(int q, int r, int l) const { return h_min.empty() ? 0 : h_min[index(q, r, l)]; }
@@ -359,6 +374,39 @@ PathCounts start_path(Schedule schedule, int after, int m) {
   if (schedule == Schedule::kGpipe) return {m, m, m - 1};
   const int warmup = std::min(after, m);
   return {1 + m - std::min(warmup + 1, m), m, m - 1};
+}
+
+// One step of the suffix bound's dynamic program (see SuffixBound) for a stage x with every q in
+// [2, q_max]: hc/gc/g0c[q] are this stage's entries, hn/gn/g0n[q] the entries q - 1 of the stages after
+// it (infinity where none exists, which leaves hc/gc/g0c alone). `coef` holds 8 rows of `stride` per-q
+// coefficients: the end path's t, f, b, a, then the start path's. Written for the compiler to
+// vectorise: distinct arrays, no branch (no value is NaN).
+void relax_suffix(int q_max, const double* __restrict coef, int stride, const StageEstimate& x, double busy,
+                  double csum, double c0, double sends, const double* __restrict hn, const double* __restrict gn,
+                  const double* __restrict g0n, double* __restrict hc, double* __restrict gc,
+                  double* __restrict g0c) {
+  const double* __restrict e_t = coef;
+  const double* __restrict e_f = coef + stride;
+  const double* __restrict e_b = coef + 2 * stride;
+  const double* __restrict e_a = coef + 3 * stride;
+  const double* __restrict s_t = coef + 4 * stride;
+  const double* __restrict s_f = coef + 5 * stride;
+  const double* __restrict s_b = coef + 6 * stride;
+  const double* __restrict s_a = coef + 7 * stride;
+  const double t = x.t, f = x.f, b = x.b, a = x.a;
+  for (int q = 2; q <= q_max; ++q) {
+    const double end = e_t[q] * t + e_f[q] * f + e_b[q] * b + e_a[q] * a + sends + gn[q];
+    const double start = s_t[q] * t + s_f[q] * f + s_b[q] * b + s_a[q] * a + sends + g0n[q];
+    const double via = csum + hn[q];
+    const double m1 = busy < via ? via : busy;
+    const double m2 = end < start ? start : end;
+    const double v = m1 < m2 ? m2 : m1;
+    hc[q] = v < hc[q] ? v : hc[q];
+    const double gv = csum + gn[q];
+    gc[q] = gv < gc[q] ? gv : gc[q];
+    const double g0v = c0 + g0n[q];
+    g0c[q] = g0v < g0c[q] ? g0v : g0c[q];
+  }
 }
 
 // One (node order, m, p) unit.
@@ -567,6 +615,19 @@ PlanSearchResult PlanSearch::run() const {
           for (int k0 = 1; k0 <= L - (p - 1); ++k0) units.push_back(Unit{o.index, ms[mi], p, bound_index, s0, k0});
         }
 
+  // [type][tp][l][e]: PlanCostModel::unmeasured_accumulation_ms of the type's profiles (any order's model:
+  // it does not depend on the layout), for the estimates of replicas whose files do not measure it.
+  std::vector<double> unmeasured_acc(static_cast<std::size_t>(n_types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
+  if (!opt_.exhaustive)
+    for (int t = 0; t < n_types; ++t) {
+      const int pt = profiles.type_index(cluster.device_types()[t]);
+      for (int tp = 1; tp <= max_tp; ++tp)
+        for (int l = 0; l < L; ++l)
+          for (int e = l + 1; e <= L; ++e)
+            unmeasured_acc[((static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (L + 1) + l) * (L + 1) + e] =
+                orders[0].cost->unmeasured_accumulation_ms(pt, tp, l, e);
+    }
+
   // Suffix bounds, built once per (node order, m) by the first unit that needs one.
   std::vector<SuffixBound> bounds(orders.size() * ms.size());
   std::unique_ptr<std::once_flag[]> bound_once(new std::once_flag[bounds.size()]);
@@ -576,7 +637,7 @@ PlanSearchResult PlanSearch::run() const {
     const OrderContext& o = orders[u.order];
     const int m = u.m, b = opt_.gbs / m;
     h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, b, sim_->options().max_profiled_bs,
-                                              max_tp, full_params, sim_->options().backward_share);
+                                              max_tp, full_params, sim_->options().backward_share, unmeasured_acc, L);
     const StageEstimator& est = *h->est;
     h->R = R;
     h->L = L;
@@ -592,11 +653,31 @@ PlanSearchResult PlanSearch::run() const {
     h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
     h->g.assign(h->h.size(), kInf);
     h->g0.assign(h->h.size(), kInf);
-    std::vector<PathCounts> ends(Q + 1), starts(Q + 1);
+    // Per q (stages from this one to the last), each path's counts as coefficients of t, f, b and a
+    // (StageEstimate::runs), so that the inner loop over q is straight-line arithmetic.
+    std::vector<double> coef(static_cast<std::size_t>(8) * (Q + 1), 0.0);
+    double* e_t = coef.data();  // see relax_suffix
+    double* e_f = e_t + (Q + 1);
+    double* e_b = e_f + (Q + 1);
+    double* e_a = e_b + (Q + 1);
+    double* s_t = e_a + (Q + 1);
+    double* s_f = s_t + (Q + 1);
+    double* s_b = s_f + (Q + 1);
+    double* s_a = s_b + (Q + 1);
+    auto set_coef = [](const PathCounts& c, double* t, double* f, double* b, double* a) {
+      const int lo = std::min(c.forwards, c.backwards);
+      *t = lo;
+      *f = c.forwards - lo;
+      *b = c.backwards - lo;
+      *a = c.accumulations;
+    };
     for (int q = 1; q <= Q; ++q) {
-      ends[q] = end_path(schedule, q - 1, m);
-      starts[q] = start_path(schedule, q - 1, m);
+      set_coef(end_path(schedule, q - 1, m), &e_t[q], &e_f[q], &e_b[q], &e_a[q]);
+      set_coef(start_path(schedule, q - 1, m), &s_t[q], &s_f[q], &s_b[q], &s_a[q]);
     }
+    double* H = h->h.data();
+    double* G = h->g.data();
+    double* G0 = h->g0.data();
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
@@ -614,26 +695,25 @@ PlanSearchResult PlanSearch::run() const {
               if (!std::isfinite(x.t)) continue;
               const double busy = m * x.t + (m - 1) * x.a + sb;
               const double c0 = x.t + sf + sb, csum = c0 + (m > 1 ? x.a : 0.0);
-              const std::size_t here = h->index(1, r, l);
+              const std::size_t here = h->index(0, r, l);
               if (ends_ranks) {
-                h->h[here] = std::min(h->h[here], busy);
-                h->g[here] = std::min(h->g[here], csum);
-                h->g0[here] = std::min(h->g0[here], c0);
+                H[here + 1] = std::min(H[here + 1], busy);
+                G[here + 1] = std::min(G[here + 1], csum);
+                G0[here + 1] = std::min(G0[here + 1], c0);
                 continue;
               }
-              const int q_max = std::min({Q, R - r, L - l});
-              for (int q = 2; q <= q_max; ++q) {
-                const std::size_t next = h->index(q - 1, r + s, e);
-                if (!std::isfinite(h->h[next])) continue;
-                const PathCounts& pe = ends[q];
-                const PathCounts& ps = starts[q];
-                const double end = x.runs(pe.forwards, pe.backwards) + pe.accumulations * x.a + sf + sb + h->g[next];
-                const double start = x.runs(ps.forwards, ps.backwards) + ps.accumulations * x.a + sf + sb + h->g0[next];
-                const std::size_t cur = h->index(q, r, l);
-                h->h[cur] = std::min(h->h[cur], std::max({busy, csum + h->h[next], end, start}));
-                h->g[cur] = std::min(h->g[cur], csum + h->g[next]);
-                h->g0[cur] = std::min(h->g0[cur], c0 + h->g0[next]);
-              }
+              // (The stages after it number at most min(R - r - s, L - e).)
+              const int q_max = std::min({Q, 1 + R - r - s, 1 + L - e});
+              // Entry q - 1 of the stages after (infinity where none exists: it then leaves these alone).
+              const std::size_t next = h->index(0, r + s, e) - 1;
+              const double* hn = H + next;
+              const double* gn = G + next;
+              const double* g0n = G0 + next;
+              double* hc = H + here;
+              double* gc = G + here;
+              double* g0c = G0 + here;
+              const double sends = sf + sb;
+              relax_suffix(q_max, coef.data(), Q + 1, x, busy, csum, c0, sends, hn, gn, g0n, hc, gc, g0c);
             }
         }
       }
@@ -641,11 +721,11 @@ PlanSearchResult PlanSearch::run() const {
   auto finish_bound = [&](SuffixBound* h) {
     h->h_min = h->h;
     if (h->h.empty()) return;
-    for (int q = 0; q <= Q; ++q)
-      for (int r = 0; r <= R; ++r)
-        for (int l = L - 1; l >= 0; --l) {
-          double& cur = h->h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
-          cur = std::min(cur, h->h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l + 1]);
+    for (int r = 0; r <= R; ++r)
+      for (int l = L - 1; l >= 0; --l)
+        for (int q = 0; q <= Q; ++q) {
+          double& cur = h->h_min[h->index(q, r, l)];
+          cur = std::min(cur, h->h_min[h->index(q, r, l + 1)]);
         }
   };
   auto suffix_bound = [&](const Unit& u) -> const SuffixBound& {
@@ -945,6 +1025,7 @@ PlanSearchResult PlanSearch::run() const {
     for (std::size_t i = range.begin(); i != range.end(); ++i) {
       if (stop.load(std::memory_order_relaxed) || check_stop()) return;
       const Counters before = w.c;
+      const auto tu = Clock::now();
       run_unit(w, static_cast<long long>(i));
       g_enumerated.fetch_add(w.c.enumerated - before.enumerated, std::memory_order_relaxed);
       g_pruned.fetch_add(w.c.pruned - before.pruned, std::memory_order_relaxed);

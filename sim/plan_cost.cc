@@ -374,6 +374,21 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   return true;
 }
 
+double PlanCostModel::unmeasured_accumulation_ms(int ptype, int tp, int start, int end) const {
+  const double hbm = ptype_hbm_bytes_per_s_[ptype];
+  if (!(hbm > 0)) return 0;
+  double least = std::numeric_limits<double>::infinity();
+  for (const TrainingSetup& setup : setups_) {
+    // As stage_impl: a stage whose first layer is not 0 is never alone (pp > 1).
+    const ShardParams sp = shard_params(sim_->shape_, start, end, start > 0 ? 2 : 1, setup);
+    const double full_on_rank = sp.on_rank(tp);
+    const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / tp;
+    const double grad_bytes = trainable * reduced_gradient_bytes(setup);
+    least = std::min(least, 3 * grad_bytes / hbm * 1e3);
+  }
+  return least;
+}
+
 int PlanCostModel::pace_stage(const FastStageCost* c, int p, int batches) const {
   if (!sim_->opt_.sustained_clocks || p < 1) return -1;
   // The stage with the most compute never waits: its forward and backward (not the memory-bound

@@ -111,6 +111,12 @@ class PlanCostModel {
     return net_.p2p_seconds(from, to, act_bytes_per_sample_ * max_share / tp) * 1e3;
   }
 
+  // The least, over the setups, of the gradient accumulation per micro-batch that stage() gives a
+  // replica of profile type `ptype` at tp on layers [start, end) whose profile does not measure it (its
+  // gradient read twice and written once at the datasheet's HBM bandwidth; 0 where that is unknown).
+  // A lower bound for the search; allocates nothing.
+  double unmeasured_accumulation_ms(int ptype, int tp, int start, int end) const;
+
   // The stage that sets the pipeline's pace (largest busy_ms(batches), the first on ties), whose
   // forward and backward iteration_ms stretches by its sustained_factor; -1 when the simulator's
   // sustained_clocks is off or that factor is 1.
