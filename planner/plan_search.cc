@@ -473,7 +473,7 @@ class StageCache {
 };
 
 struct Worker {
-  Worker(int k, int setups) : top(k), cache(setups, static_cast<std::size_t>(24) << 20) {}
+  Worker(int k, int setups) : cache(setups, static_cast<std::size_t>(24) << 20), top(k) {}
   StageCache cache;
   TopPlans top;
   Counters c;
@@ -1025,7 +1025,6 @@ PlanSearchResult PlanSearch::run() const {
     for (std::size_t i = range.begin(); i != range.end(); ++i) {
       if (stop.load(std::memory_order_relaxed) || check_stop()) return;
       const Counters before = w.c;
-      const auto tu = Clock::now();
       run_unit(w, static_cast<long long>(i));
       g_enumerated.fetch_add(w.c.enumerated - before.enumerated, std::memory_order_relaxed);
       g_pruned.fetch_add(w.c.pruned - before.pruned, std::memory_order_relaxed);
