@@ -1020,6 +1020,17 @@ PlanSearchResult PlanSearch::run() const {
     opt_.progress(pr);
   }) : std::function<void()>());
 
+  // Every (node order, m)'s suffix bound first, all threads at once: built lazily, the first units of
+  // each group would wait on one thread's build.
+  if (use_bounds) {
+    std::vector<Unit> builders(bounds.size());
+    std::vector<char> used(bounds.size(), 0);
+    for (const Unit& u : units) builders[u.bound] = u, used[u.bound] = 1;
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, builders.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
+      for (std::size_t i = range.begin(); i != range.end(); ++i)
+        if (used[i] && !check_stop()) suffix_bound(builders[i]);
+    });
+  }
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, units.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
     Worker& w = workers.local();
     for (std::size_t i = range.begin(); i != range.end(); ++i) {
