@@ -832,7 +832,8 @@ PlanSearchResult PlanSearch::run() const {
     };
 
     // Depth-first over stages: stage i starts at rank r and layer l.
-    std::function<void(int, int, int)> dfs = [&](int i, int r, int l) {
+    // (A generic lambda that takes itself: no std::function, so no allocation per unit.)
+    auto dfs = [&](auto& self, int i, int r, int l) -> void {
       if (stop.load(std::memory_order_relaxed)) return;
       if (++since_check >= 1024) {
         since_check = 0;
@@ -995,13 +996,13 @@ PlanSearchResult PlanSearch::run() const {
               continue;
             }
             w.mask[i + 1] = mk;
-            dfs(i + 1, r + s, l + k);
+            self(self, i + 1, r + s, l + k);
             if (stop.load(std::memory_order_relaxed)) return;
           }
         }
       }
     };
-    dfs(0, 0, 0);
+    dfs(dfs, 0, 0, 0);
   };
 
   // Progress from a side thread.
