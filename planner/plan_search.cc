@@ -591,6 +591,12 @@ PlanSearchResult PlanSearch::run() const {
     orders.push_back(std::move(o));
   } while (std::next_permutation(perm.begin(), perm.end()));
 
+  // Without cross-node tp, no tp above the largest node can be used: the tables below stop there.
+  if (!opt_.allow_cross_node_tp) {
+    int largest_node = 1;
+    for (int x : orders[0].node_run) largest_node = std::max(largest_node, x);
+    max_tp = std::min(max_tp, largest_node);
+  }
   const int R = cluster.num_devices();
   const int Q = std::min({L, R, opt_.max_stages});
   std::vector<int> ms;
