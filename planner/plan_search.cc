@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -684,6 +685,9 @@ PlanSearchResult PlanSearch::run() const {
     double* H = h->h.data();
     double* G = h->g.data();
     double* G0 = h->g0.data();
+    // A homogeneous stage's estimates depend only on its type, tp and dp: each (type, tp, dp)'s [l][e]
+    // is computed once (while this table is built) for every first rank.
+    std::vector<std::vector<StageEstimate>> homogeneous(static_cast<std::size_t>(n_types) * (max_tp + 1) * (b + 1));
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
@@ -694,10 +698,21 @@ PlanSearchResult PlanSearch::run() const {
           double sf, sb;
           est.sends(r, s, tp, homo, &sf, &sb);
           const bool ends_ranks = r + s == R;
+          const StageEstimate* cached = nullptr;
+          if (homo && inside) {
+            std::vector<StageEstimate>& c =
+                homogeneous[(static_cast<std::size_t>(o.layout->type_of(r)) * (max_tp + 1) + tp) * (b + 1) + s / tp];
+            if (c.empty()) {
+              c.resize(static_cast<std::size_t>(L + 1) * (L + 1));
+              for (int l = 0; l < L; ++l)
+                for (int e = l + 1; e <= L; ++e) c[static_cast<std::size_t>(l) * (L + 1) + e] = est.estimate(r, s, tp, l, e, true, true);
+            }
+            cached = c.data();
+          }
           for (int l = 0; l < L; ++l)
-            for (int e = l + 1; e <= L; ++e) {
-              if (ends_ranks != (e == L)) continue;
-              const StageEstimate x = est.estimate(r, s, tp, l, e, homo, inside);
+            for (int e = ends_ranks ? L : l + 1; e <= (ends_ranks ? L : L - 1); ++e) {
+              const StageEstimate x =
+                  cached ? cached[static_cast<std::size_t>(l) * (L + 1) + e] : est.estimate(r, s, tp, l, e, homo, inside);
               if (!std::isfinite(x.t)) continue;
               const double busy = m * x.t + (m - 1) * x.a + sb;
               const double c0 = x.t + sf + sb, csum = c0 + (m > 1 ? x.a : 0.0);
@@ -1029,6 +1044,7 @@ PlanSearchResult PlanSearch::run() const {
 
   // Every (node order, m)'s suffix bound first, all threads at once: built lazily, the first units of
   // each group would wait on one thread's build.
+  const auto tpre = Clock::now();
   if (use_bounds) {
     std::vector<Unit> builders(bounds.size());
     std::vector<char> used(bounds.size(), 0);
@@ -1038,6 +1054,7 @@ PlanSearchResult PlanSearch::run() const {
         if (used[i] && !check_stop()) suffix_bound(builders[i]);
     });
   }
+  if (std::getenv("HETPLAN_DBG")) fprintf(stderr, "setup %.3f s, bounds %.3f s\n", std::chrono::duration<double>(tpre - t0).count(), std::chrono::duration<double>(Clock::now() - tpre).count());
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, units.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
     Worker& w = workers.local();
     for (std::size_t i = range.begin(); i != range.end(); ++i) {
