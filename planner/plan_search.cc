@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -157,6 +157,8 @@ class StageEstimator {
       std::vector<int> ptype(types);
       for (int t = 0; t < types; ++t) ptype[t] = profiles.type_index(cluster.device_types()[t]);
       std::vector<int> rtype, share;
+      std::vector<const Slices*> list;
+      std::map<std::vector<const Slices*>, int> interned;
       for (int r = 0; r < R; ++r)
         for (int s = 2; r + s <= R; ++s) {
           if (layout.homogeneous(r, r + s)) continue;
@@ -171,16 +173,20 @@ class StageEstimator {
               ref.count = -1;  // the simulator fails too
               continue;
             }
-            ref.offset = static_cast<int>(mixed_pairs_.size());
+            list.clear();
             for (int d = 0; d < dp; ++d) {
               ref.max_share = std::max(ref.max_share, share[d]);
               if (share[d] == 0) continue;
               const Slices* sl =
                   &slices_[(static_cast<std::size_t>(layout.type_of(r + d * tp)) * (max_tp + 1) + tp) * (b_ + 1) + share[d]];
-              if (std::find(mixed_pairs_.begin() + ref.offset, mixed_pairs_.end(), sl) == mixed_pairs_.end())
-                mixed_pairs_.push_back(sl);
+              if (std::find(list.begin(), list.end(), sl) == list.end()) list.push_back(sl);
             }
-            ref.count = static_cast<int>(mixed_pairs_.size()) - ref.offset;
+            // Stages with the same replicas (as (type, share) slicings) share one list: one estimate.
+            std::sort(list.begin(), list.end());
+            auto [it, fresh] = interned.try_emplace(list, static_cast<int>(mixed_pairs_.size()));
+            if (fresh) mixed_pairs_.insert(mixed_pairs_.end(), list.begin(), list.end());
+            ref.offset = it->second;
+            ref.count = static_cast<int>(list.size());
           }
         }
     }
@@ -270,6 +276,14 @@ class StageEstimator {
     x.t = capacity > 0 ? b_ / capacity : 0;
     return x;
   }
+  // Which mixed-type stages share estimates: stages with equal keys (>= 0) have equal estimates; -1
+  // where not known (homogeneous stages, no mixed table, or a missing profile).
+  int mixed_key(int r, int s, int tp) const {
+    if (mixed_.empty()) return -1;
+    const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
+    return ref.count > 0 ? ref.offset : -1;
+  }
+  int mixed_keys() const { return static_cast<int>(mixed_pairs_.size()); }
   // The stage's two p2p sends (exactly stage()'s): forward to rank r + s unless it ends the ranks,
   // backward to rank r - 1 unless it starts them. 0 where the largest share is not known here.
   void sends(int r, int s, int tp, bool homogeneous, double* forward, double* backward) const {
@@ -688,6 +702,7 @@ PlanSearchResult PlanSearch::run() const {
     // A homogeneous stage's estimates depend only on its type, tp and dp: each (type, tp, dp)'s [l][e]
     // is computed once (while this table is built) for every first rank.
     std::vector<std::vector<StageEstimate>> homogeneous(static_cast<std::size_t>(n_types) * (max_tp + 1) * (b + 1));
+    std::vector<std::vector<StageEstimate>> mixed(est.mixed_keys());  // by StageEstimator::mixed_key
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
@@ -699,13 +714,15 @@ PlanSearchResult PlanSearch::run() const {
           est.sends(r, s, tp, homo, &sf, &sb);
           const bool ends_ranks = r + s == R;
           const StageEstimate* cached = nullptr;
-          if (homo && inside) {
+          const int mk = homo || !inside ? -1 : est.mixed_key(r, s, tp);
+          if ((homo && inside) || mk >= 0) {
             std::vector<StageEstimate>& c =
-                homogeneous[(static_cast<std::size_t>(o.layout->type_of(r)) * (max_tp + 1) + tp) * (b + 1) + s / tp];
+                homo ? homogeneous[(static_cast<std::size_t>(o.layout->type_of(r)) * (max_tp + 1) + tp) * (b + 1) + s / tp]
+                     : mixed[mk];
             if (c.empty()) {
               c.resize(static_cast<std::size_t>(L + 1) * (L + 1));
               for (int l = 0; l < L; ++l)
-                for (int e = l + 1; e <= L; ++e) c[static_cast<std::size_t>(l) * (L + 1) + e] = est.estimate(r, s, tp, l, e, true, true);
+                for (int e = l + 1; e <= L; ++e) c[static_cast<std::size_t>(l) * (L + 1) + e] = est.estimate(r, s, tp, l, e, homo, true);
             }
             cached = c.data();
           }
@@ -1044,7 +1061,6 @@ PlanSearchResult PlanSearch::run() const {
 
   // Every (node order, m)'s suffix bound first, all threads at once: built lazily, the first units of
   // each group would wait on one thread's build.
-  const auto tpre = Clock::now();
   if (use_bounds) {
     std::vector<Unit> builders(bounds.size());
     std::vector<char> used(bounds.size(), 0);
@@ -1054,7 +1070,6 @@ PlanSearchResult PlanSearch::run() const {
         if (used[i] && !check_stop()) suffix_bound(builders[i]);
     });
   }
-  if (std::getenv("HETPLAN_DBG")) fprintf(stderr, "setup %.3f s, bounds %.3f s\n", std::chrono::duration<double>(tpre - t0).count(), std::chrono::duration<double>(Clock::now() - tpre).count());
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, units.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
     Worker& w = workers.local();
     for (std::size_t i = range.begin(); i != range.end(); ++i) {
