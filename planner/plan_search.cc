@@ -362,8 +362,23 @@ struct SuffixBound {
   std::size_t index(int q, int r, int l) const { return (static_cast<std::size_t>(r) * (L + 1) + l) * (Q + 1) + q; }
   double sum_at(int q, int r, int l) const { return g.empty() || q == 0 ? 0 : g[index(q, r, l)]; }
   double sum0_at(int q, int r, int l) const { return g0.empty() || q == 0 ? 0 : g0[index(q, r, l)]; }
-  double min_from(int q, int r, int l) const { return h_min.empty() ? 0 : h_min[index(q, r, l)]; }
-  double at(int q, int r, int l) const { return h.empty() ? 0 : h[index(q, r, l)]; }
+  double min_from(int q, int r, int l) const {
+    if (h_min.empty()) return capacity(r, std::max(l, L - q));  // each of the q stages takes a layer
+    return h_min[index(q, r, l)];
+  }
+  double at(int q, int r, int l) const { return h.empty() ? capacity(r, l) : h[index(q, r, l)]; }
+  // Without the table (too large): the throughput bound. Stage j's m forwards and backwards take at
+  // least gbs x (its layers' least GPU-ms per sample) / (its ranks' GPUs); with each type's costs at
+  // least kappa_type times a reference type's, layer by layer, the largest over the stages is at least
+  // gbs x the reference's GPU-ms of layers [l, L) / (sum over ranks [r, R) of 1 / kappa): cap_layers
+  // holds the reference's prefix sums, cap_ranks the suffix sums of 1 / kappa. 0 where not built.
+  std::vector<double> cap_layers, cap_ranks;
+  double cap_gbs = 0;
+  double capacity(int r, int l) const {
+    if (cap_ranks.empty() || l >= L) return 0;
+    const double rate = cap_ranks[r];
+    return rate > 0 && std::isfinite(rate) ? cap_gbs * (cap_layers[L] - cap_layers[l]) / rate : 0.0;
+  }
   double& at(int q, int r, int l) { return h[index(q, r, l)]; }
 };
 
@@ -649,6 +664,39 @@ PlanSearchResult PlanSearch::run() const {
                 orders[0].cost->unmeasured_accumulation_ms(pt, tp, l, e);
     }
 
+  // The throughput bound's per-type data (SuffixBound::capacity): per type and layer, the least GPU-ms
+  // per sample over its files (tp x time / bs: a replica of tp GPUs runs a share of its slices, each at
+  // least its bs x that); kappa[type], the least ratio to type 0's over the layers; and type 0's prefix
+  // sums. Built only where the per-rank table is too large.
+  struct Throughput {
+    std::vector<double> kappa, reference;
+  } throughput;
+  const double table_work = 0.25 * R * R * static_cast<double>(L) * L * Q;
+  const bool table_fits = table_work <= opt_.suffix_table_limit && static_cast<double>(Q + 1) * (R + 1) * (L + 1) <= 5e7;
+  if (!opt_.exhaustive && !opt_.allow_cross_node_tp && !table_fits) {
+    std::vector<std::vector<double>> per_layer(n_types, std::vector<double>(L, kInf));
+    for (int t = 0; t < n_types; ++t) {
+      const int pt = profiles.type_index(cluster.device_types()[t]);
+      for (const LayerProfile& e : profiles.entries()) {
+        if (e.tp < 1 || e.tp > max_tp || e.bs < 1 || profiles.find(pt, e.tp, e.bs) != &e) continue;
+        for (int l = 0; l < L; ++l) per_layer[t][l] = std::min(per_layer[t][l], e.tp * e.time(l, l + 1) / e.bs);
+      }
+    }
+    bool known = true;
+    for (int t = 0; t < n_types; ++t)
+      for (int l = 0; l < L; ++l) known = known && std::isfinite(per_layer[t][l]);
+    if (known) {
+      throughput.kappa.assign(n_types, kInf);
+      for (int t = 0; t < n_types; ++t)
+        for (int l = 0; l < L; ++l)
+          if (per_layer[0][l] > 0) throughput.kappa[t] = std::min(throughput.kappa[t], per_layer[t][l] / per_layer[0][l]);
+      throughput.reference.assign(L + 1, 0.0);
+      for (int l = 0; l < L; ++l) throughput.reference[l + 1] = throughput.reference[l] + per_layer[0][l];
+      for (double& k : throughput.kappa)
+        if (!std::isfinite(k)) k = 0;  // every layer free on type 0: no bound
+    }
+  }
+
   // Suffix bounds, built once per (node order, m) by the first unit that needs one.
   std::vector<SuffixBound> bounds(orders.size() * ms.size());
   std::unique_ptr<std::once_flag[]> bound_once(new std::once_flag[bounds.size()]);
@@ -663,12 +711,20 @@ PlanSearchResult PlanSearch::run() const {
     h->R = R;
     h->L = L;
     h->Q = Q;
-    // Too large a table (hundreds of GPUs) or not used: 0 everywhere, a bound that never prunes.
-    const double work = 0.25 * R * R * static_cast<double>(L) * L * Q;
-    if (opt_.exhaustive || work > 4e9 || static_cast<double>(Q + 1) * (R + 1) * (L + 1) > 5e7) {
+    // Too large a table (hundreds of GPUs): the throughput bound (SuffixBound::capacity) where it was
+    // built; not used: 0 everywhere, a bound that never prunes.
+    if (opt_.exhaustive || !table_fits) {
       h->h.clear();
       h->g.clear();
       h->g0.clear();
+      if (opt_.exhaustive || throughput.kappa.empty()) return;
+      h->cap_gbs = opt_.gbs;
+      h->cap_layers = throughput.reference;
+      h->cap_ranks.assign(R + 1, 0.0);
+      for (int r = R - 1; r >= 0; --r) {
+        const double k = throughput.kappa[o.layout->type_of(r)];
+        h->cap_ranks[r] = h->cap_ranks[r + 1] + (k > 0 ? 1 / k : kInf);
+      }
       return;
     }
     h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);

@@ -49,7 +49,11 @@
 //    per-sample capacity bound instead), its forward and backward each
 //    bounded apart (measured, or the backward share), its gradient
 //    accumulation (measured, else from bytes, the least over the settings),
-//    and its p2p sends (exact).
+//    and its p2p sends (exact). Where that table would be too large
+//    (suffix_table_limit; hundreds of GPUs), a throughput bound stands in:
+//    some stage of the rest takes at least gbs x the rest's layers' least
+//    GPU-ms per sample (each type's at least kappa times a reference type's)
+//    over the rest's GPUs, weighted by 1 / kappa.
 // The bounds only drop terms of the simulated time, so they never exceed it;
 // the pruning threshold sits 1e-9 (relative) above the K-th best cost, so a
 // bound summed in another order than the cost never prunes a tie.
@@ -92,6 +96,9 @@ struct PlanSearchOptions {
   int threads = 0;  // 0: TBB's default
   // Off only for tests: no bound is used, every plan of the space is costed.
   bool exhaustive = false;
+  // The largest suffix-bound table (in dynamic-program steps, 0.25 R^2 L^2 Q) the search builds per
+  // (node order, m); above it, the throughput bound stands in. Tests lower it to exercise that bound.
+  double suffix_table_limit = 4e9;
   // Stop after this many seconds (0: no limit) and return the best plans
   // found so far, marked cut short.
   double time_budget_s = 0;
