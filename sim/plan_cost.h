@@ -114,7 +114,7 @@ class PlanCostModel {
   // The least, over the setups, of the gradient accumulation per micro-batch that stage() gives a
   // replica of profile type `ptype` at tp on layers [start, end) whose profile does not measure it (its
   // gradient read twice and written once at the datasheet's HBM bandwidth; 0 where that is unknown).
-  // A lower bound for the search; allocates nothing.
+  // A lower bound for the search, which tabulates it once per search (not on its hot path).
   double unmeasured_accumulation_ms(int ptype, int tp, int start, int end) const;
 
   // The stage that sets the pipeline's pace (largest busy_ms(batches), the first on ties), whose
