@@ -406,12 +406,20 @@ PathCounts start_path(Schedule schedule, int after, int m) {
   return {1 + m - std::min(warmup + 1, m), m, m - 1};
 }
 
+// x86-64 with GCC: also an AVX2 build of the function, chosen at load time where the CPU has it (4
+// doubles a vector instead of SSE2's 2; no FMA, so the same values).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define HETPLAN_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#else
+#define HETPLAN_AVX2_CLONE
+#endif
+
 // One step of the suffix bound's dynamic program (see SuffixBound) for a stage x with every q in
 // [2, q_max]: hc/gc/g0c[q] are this stage's entries, hn/gn/g0n[q] the entries q - 1 of the stages after
 // it (infinity where none exists, which leaves hc/gc/g0c alone). `coef` holds 8 rows of `stride` per-q
 // coefficients: the end path's t, f, b, a, then the start path's. Written for the compiler to
 // vectorise: distinct arrays, no branch (no value is NaN).
-void relax_suffix(int q_max, const double* __restrict coef, int stride, const StageEstimate& x, double busy,
+HETPLAN_AVX2_CLONE void relax_suffix(int q_max, const double* __restrict coef, int stride, const StageEstimate& x, double busy,
                   double csum, double c0, double sends, const double* __restrict hn, const double* __restrict gn,
                   const double* __restrict g0n, double* __restrict hc, double* __restrict gc,
                   double* __restrict g0c) {
