@@ -367,6 +367,19 @@ struct SuffixBound {
     return h_min[index(q, r, l)];
   }
   double at(int q, int r, int l) const { return h.empty() ? capacity(r, l) : h[index(q, r, l)]; }
+  // The stage estimates the table was built from, where kept: [type][tp][dp] for homogeneous stages,
+  // [StageEstimator::mixed_key] for mixed ones, each [l][e]; nullptr where not kept.
+  std::vector<std::vector<StageEstimate>> est_homogeneous, est_mixed;
+  int est_tps = 0, est_dps = 0;
+  const StageEstimate* estimates(int type, int tp, int dp, int mixed_key) const {
+    const std::vector<StageEstimate>* v = nullptr;
+    if (mixed_key >= 0) {
+      if (static_cast<std::size_t>(mixed_key) < est_mixed.size()) v = &est_mixed[mixed_key];
+    } else if (dp < est_dps && !est_homogeneous.empty()) {
+      v = &est_homogeneous[(static_cast<std::size_t>(type) * est_tps + tp) * est_dps + dp];
+    }
+    return v && !v->empty() ? v->data() : nullptr;
+  }
   // Without the table (too large): the throughput bound. Stage j's m forwards and backwards take at
   // least gbs x (its layers' least GPU-ms per sample) / (its ranks' GPUs); with each type's costs at
   // least kappa_type times a reference type's, layer by layer, the largest over the stages is at least
@@ -764,9 +777,13 @@ PlanSearchResult PlanSearch::run() const {
     double* G = h->g.data();
     double* G0 = h->g0.data();
     // A homogeneous stage's estimates depend only on its type, tp and dp: each (type, tp, dp)'s [l][e]
-    // is computed once (while this table is built) for every first rank.
-    std::vector<std::vector<StageEstimate>> homogeneous(static_cast<std::size_t>(n_types) * (max_tp + 1) * (b + 1));
-    std::vector<std::vector<StageEstimate>> mixed(est.mixed_keys());  // by StageEstimator::mixed_key
+    // is computed once for every first rank (and kept for the search, SuffixBound::estimates).
+    h->est_tps = max_tp + 1;
+    h->est_dps = b + 1;
+    std::vector<std::vector<StageEstimate>>& homogeneous = h->est_homogeneous;
+    std::vector<std::vector<StageEstimate>>& mixed = h->est_mixed;  // by StageEstimator::mixed_key
+    homogeneous.assign(static_cast<std::size_t>(n_types) * (max_tp + 1) * (b + 1), {});
+    mixed.assign(est.mixed_keys(), {});
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
@@ -821,6 +838,14 @@ PlanSearchResult PlanSearch::run() const {
       }
   };
   auto finish_bound = [&](SuffixBound* h) {
+    // The estimates stay for the search unless they hold too much memory (then the search recomputes them).
+    std::size_t kept = 0;
+    for (const auto& v : h->est_homogeneous) kept += v.size();
+    for (const auto& v : h->est_mixed) kept += v.size();
+    if (kept * sizeof(StageEstimate) > (std::size_t{8} << 20)) {
+      h->est_homogeneous = {};
+      h->est_mixed = {};
+    }
     h->h_min = h->h;
     if (h->h.empty()) return;
     for (int r = 0; r <= R; ++r)
@@ -983,12 +1008,20 @@ PlanSearchResult PlanSearch::run() const {
           const bool inside = o.tp_inside_nodes(r, s, tp);
           if (!opt_.allow_cross_node_tp && !inside) continue;
           double sfw = 0, sbw = 0;
-          if (use_bounds) est.sends(r, s, tp, homo, &sfw, &sbw);
+          const StageEstimate* kept = nullptr;
+          if (use_bounds) {
+            est.sends(r, s, tp, homo, &sfw, &sbw);
+            if (inside) {
+              const int mk = homo ? -1 : est.mixed_key(r, s, tp);
+              kept = homo ? sb.estimates(o.layout->type_of(r), tp, dp, -1) : mk >= 0 ? sb.estimates(0, tp, dp, mk) : nullptr;
+            }
+          }
           for (int k = k_min; k <= k_max; ++k) {
             ++w.c.enumerated;
             if (use_bounds) {
               const double thr = bound.threshold();
-              const StageEstimate x = est.estimate(r, s, tp, l, l + k, homo, inside);
+              const StageEstimate x = kept ? kept[static_cast<std::size_t>(l) * (L + 1) + l + k]
+                                           : est.estimate(r, s, tp, l, l + k, homo, inside);
               const double c0 = x.t + sfw + sbw, csum = c0 + (m > 1 ? x.a : 0.0);
               // This stage's own compute only grows with k.
               if (std::max(lb_min, c_min + sbw + m * x.t + (m - 1) * x.a + tail_min) > thr) {
