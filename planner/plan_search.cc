@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -87,16 +88,31 @@ struct OrderContext {
   bool tp_inside_nodes(int r, int s, int tp) const { return tp_fail[tp][r] >= r + s; }
 };
 
-// Lower bounds on a stage's forward + backward time per micro-batch (ms),
-// from the same profile look-ups the simulator makes, leaving out every term
-// that only adds (the first and last stages' extras, recomputation, the
-// sustained stretch, communication). Look-ups are resolved once, so an
-// estimate is a few slice sums.
+// Lower bounds on a stage's costs per micro-batch (ms), from the same profile
+// look-ups the simulator makes, leaving out every term that only adds (the
+// first and last stages' extras, recomputation, ZeRO's collectives, the
+// sustained stretch, cross-node tp): its forward + backward, a lower bound on
+// each of the two, its measured gradient accumulation, and its two p2p sends
+// (exact: they depend only on the ranks, tp and the largest replica share).
+// Look-ups are resolved once, so an estimate is a few slice sums.
+struct StageEstimate {
+  double t = 0;       // forward + backward of the slowest replica (<= the stage's forward_ms + backward_ms)
+  double f = 0, b = 0;  // <= forward_ms, <= backward_ms (f + b <= t)
+  double a = 0;       // <= accumulation_ms
+  // A lower bound on n_f forwards and n_b backwards: f + b <= t, so the smaller count is taken at t.
+  double runs(double n_f, double n_b) const {
+    return n_f <= n_b ? n_f * t + (n_b - n_f) * b : n_b * t + (n_f - n_b) * f;
+  }
+};
+
 class StageEstimator {
  public:
-  StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, int micro_batch,
-                 int max_profiled_bs, int max_tp, bool full_params)
-      : layout_(&layout), b_(micro_batch), max_tp_(max_tp), full_params_(full_params) {
+  // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
+  StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
+                 int micro_batch, int max_profiled_bs, int max_tp, bool full_params, double backward_share,
+                 const std::vector<double>& unmeasured_acc, int layers)
+      : layout_(&layout), cost_(&cost), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
+        forward_share_(1 - backward_share), unmeasured_acc_(&unmeasured_acc), L_(layers) {
     const int types = static_cast<int>(cluster.device_types().size());
     slices_.assign(static_cast<std::size_t>(types) * (max_tp + 1) * (b_ + 1), {});
     per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
@@ -108,19 +124,23 @@ class StageEstimator {
           Slices& sl = slices_[(static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (b_ + 1) + share];
           if (const LayerProfile* lp = profiles.find(pt, tp, share)) {
             sl.files.push_back(lp);
-            continue;
-          }
-          for (int bit = 30; bit >= 0; --bit) {
-            const int slice = 1 << bit;
-            if (!(share & slice)) continue;
-            const LayerProfile* lp = slice <= max_profiled_bs ? profiles.find(pt, tp, slice) : nullptr;
-            if (!lp) {
-              sl.missing = true;
-              sl.files.clear();
-              break;
+          } else {
+            for (int bit = 30; bit >= 0; --bit) {
+              const int slice = 1 << bit;
+              if (!(share & slice)) continue;
+              const LayerProfile* lp = slice <= max_profiled_bs ? profiles.find(pt, tp, slice) : nullptr;
+              if (!lp) {
+                sl.missing = true;
+                sl.files.clear();
+                break;
+              }
+              sl.files.push_back(lp);
             }
-            sl.files.push_back(lp);
           }
+          sl.type = t;
+          sl.tp = tp;
+          sl.forward_known = !sl.files.empty();
+          for (const LayerProfile* lp : sl.files) sl.forward_known = sl.forward_known && lp->has_forward();
         }
         for (int bs = 1; bs <= b_; ++bs)
           if (const LayerProfile* lp = profiles.find(pt, tp, bs)) per_sample_[t * (max_tp + 1) + tp].push_back({lp, bs});
@@ -137,6 +157,8 @@ class StageEstimator {
       std::vector<int> ptype(types);
       for (int t = 0; t < types; ++t) ptype[t] = profiles.type_index(cluster.device_types()[t]);
       std::vector<int> rtype, share;
+      std::vector<const Slices*> list;
+      std::map<std::vector<const Slices*>, int> interned;
       for (int r = 0; r < R; ++r)
         for (int s = 2; r + s <= R; ++s) {
           if (layout.homogeneous(r, r + s)) continue;
@@ -151,50 +173,85 @@ class StageEstimator {
               ref.count = -1;  // the simulator fails too
               continue;
             }
-            ref.offset = static_cast<int>(mixed_pairs_.size());
+            list.clear();
             for (int d = 0; d < dp; ++d) {
+              ref.max_share = std::max(ref.max_share, share[d]);
               if (share[d] == 0) continue;
               const Slices* sl =
                   &slices_[(static_cast<std::size_t>(layout.type_of(r + d * tp)) * (max_tp + 1) + tp) * (b_ + 1) + share[d]];
-              if (std::find(mixed_pairs_.begin() + ref.offset, mixed_pairs_.end(), sl) == mixed_pairs_.end())
-                mixed_pairs_.push_back(sl);
+              if (std::find(list.begin(), list.end(), sl) == list.end()) list.push_back(sl);
             }
-            ref.count = static_cast<int>(mixed_pairs_.size()) - ref.offset;
+            // Stages with the same replicas (as (type, share) slicings) share one list: one estimate.
+            std::sort(list.begin(), list.end());
+            auto [it, fresh] = interned.try_emplace(list, static_cast<int>(mixed_pairs_.size()));
+            if (fresh) mixed_pairs_.insert(mixed_pairs_.end(), list.begin(), list.end());
+            ref.offset = it->second;
+            ref.count = static_cast<int>(list.size());
           }
         }
     }
   }
-  // Stage [r, r + s) at (s / tp, tp) on layers [l, e). Sets *acc to a lower bound on its gradient
-  // accumulation per micro-batch: a measured one of a replica the stage has (the stage's is their
-  // largest) when every setup trains every parameter (LoRA scales it down), else 0.
-  double estimate(int r, int s, int tp, int l, int e, bool homogeneous, double* acc) const {
-    *acc = 0;
+  // Stage [r, r + s) at (s / tp, tp) on layers [l, e). `split`: f and b are bounded apart (else 0: a tp
+  // group across nodes adds to both, and its slowest replica need not be the one estimated). The
+  // accumulation bound is a measured one of a replica the stage has (the stage's is their largest)
+  // when every setup trains every parameter (LoRA scales it down), else 0. t = infinity when a profile
+  // the simulator needs is missing.
+  StageEstimate estimate(int r, int s, int tp, int l, int e, bool homogeneous, bool split) const {
+    StageEstimate x;
     const int dp = s / tp;
     if (homogeneous) {
-      // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them;
-      // infinity when a profile it needs is missing (the simulator then fails too).
+      // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them.
       const Slices& sl = slices_[(static_cast<std::size_t>(layout_->type_of(r)) * (max_tp_ + 1) + tp) * (b_ + 1) +
                                  (b_ + dp - 1) / dp];
-      if (sl.missing) return kInf;
-      double t = 0;
-      for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
-      if (full_params_ && sl.files[0]->has_grad_accumulation()) *acc = sl.files[0]->accumulation_time(l, e);
-      return t;
+      if (sl.missing) {
+        x.t = kInf;
+        return x;
+      }
+      x.t = time(sl, l, e);
+      if (split) {
+        x.f = forward(sl, l, e, x.t);
+        x.b = std::max(0.0, x.t - x.f);
+        // Uneven shares: the slowest replica may be one with a sample less (a share costed from
+        // slices can take longer than a larger share with its own file): f and b bound both.
+        const int low = b_ / dp;
+        if (b_ % dp != 0 && low > 0) {
+          const Slices& lo = slices_[(static_cast<std::size_t>(layout_->type_of(r)) * (max_tp_ + 1) + tp) * (b_ + 1) + low];
+          if (!lo.missing) {
+            const double t = time(lo, l, e), f = forward(lo, l, e, t);
+            x.f = std::min(x.f, f);
+            x.b = std::min(x.b, std::max(0.0, t - f));
+          }
+        }
+      }
+      x.a = accumulation(sl, l, e);
+      return x;
     }
     if (!mixed_.empty()) {
       const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
-      if (ref.count < 0) return kInf;
-      double slowest = 0;
+      if (ref.count < 0) {
+        x.t = kInf;
+        return x;
+      }
+      // The slowest replica is one of these: each of f and b is at least the smallest over them.
+      double f_min = kInf, b_min = kInf;
       for (int i = ref.offset; i < ref.offset + ref.count; ++i) {
         const Slices& sl = *mixed_pairs_[i];
-        if (sl.missing) return kInf;
-        double t = 0;
-        for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
-        slowest = std::max(slowest, t);
-        if (full_params_ && sl.files[0]->has_grad_accumulation())
-          *acc = std::max(*acc, sl.files[0]->accumulation_time(l, e));
+        if (sl.missing) {
+          x.t = kInf;
+          return x;
+        }
+        const double t = time(sl, l, e);
+        x.t = std::max(x.t, t);
+        const double f = forward(sl, l, e, t);
+        f_min = std::min(f_min, f);
+        b_min = std::min(b_min, std::max(0.0, t - f));
+        x.a = std::max(x.a, accumulation(sl, l, e));
       }
-      return slowest;
+      if (split && ref.count > 0) {
+        x.f = f_min;
+        x.b = b_min;
+      }
+      return x;
     }
     // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
     // its type's cheapest time per sample, and the shares sum to b.
@@ -207,72 +264,200 @@ class StageEstimator {
         double best = kInf;
         for (const auto& [lp, bs] : per_sample_[type * (max_tp_ + 1) + tp]) best = std::min(best, lp->time(l, e) / bs);
         if (type >= 8) {
-          if (std::isfinite(best) && best <= 0) return 0;
+          if (std::isfinite(best) && best <= 0) return x;
           if (std::isfinite(best)) capacity += 1 / best;
           continue;
         }
         wt = best;
       }
-      if (std::isfinite(wt) && wt <= 0) return 0;  // a free replica: no bound
+      if (std::isfinite(wt) && wt <= 0) return x;  // a free replica: no bound
       if (std::isfinite(wt)) capacity += 1 / wt;
     }
-    return capacity > 0 ? b_ / capacity : 0;
+    x.t = capacity > 0 ? b_ / capacity : 0;
+    return x;
+  }
+  // Which mixed-type stages share estimates: stages with equal keys (>= 0) have equal estimates; -1
+  // where not known (homogeneous stages, no mixed table, or a missing profile).
+  int mixed_key(int r, int s, int tp) const {
+    if (mixed_.empty()) return -1;
+    const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
+    return ref.count > 0 ? ref.offset : -1;
+  }
+  int mixed_keys() const { return static_cast<int>(mixed_pairs_.size()); }
+  // The stage's two p2p sends (exactly stage()'s): forward to rank r + s unless it ends the ranks,
+  // backward to rank r - 1 unless it starts them. 0 where the largest share is not known here.
+  void sends(int r, int s, int tp, bool homogeneous, double* forward, double* backward) const {
+    int share = 0;
+    if (homogeneous) {
+      share = (b_ + s / tp - 1) / (s / tp);
+    } else if (!mixed_.empty()) {
+      share = std::max(0, mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp].max_share);
+    }
+    const int R = layout_->num_ranks();
+    *forward = share > 0 && r + s < R ? cost_->p2p_ms(r + s - 1, r + s, share, tp) : 0.0;
+    *backward = share > 0 && r > 0 ? cost_->p2p_ms(r, r - 1, share, tp) : 0.0;
   }
 
  private:
   struct Slices {
+    int type = 0, tp = 1;
     bool missing = false;
+    bool forward_known = false;  // every file splits out the forward
     std::vector<const LayerProfile*> files;
   };
   struct MixedRef {
     int offset = 0, count = 0;  // count < 0: the load balancer lacks a profile
+    int max_share = 0;
   };
+  static double time(const Slices& sl, int l, int e) {
+    double t = 0;
+    for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
+    return t;
+  }
+  // A lower bound on the accumulation of a replica with these slices: its file's measured one when every
+  // setup trains every parameter (LoRA scales it down), else, when its file does not measure it, the
+  // least over the setups of what stage() derives from bytes.
+  double accumulation(const Slices& sl, int l, int e) const {
+    const LayerProfile* lp = sl.files[0];
+    if (lp->has_grad_accumulation()) return full_params_ ? lp->accumulation_time(l, e) : 0.0;
+    return (*unmeasured_acc_)[((static_cast<std::size_t>(sl.type) * (max_tp_ + 1) + sl.tp) * (L_ + 1) + l) * (L_ + 1) + e];
+  }
+  // The forward of these slices, as stage() splits it: measured, else the total's forward share.
+  double forward(const Slices& sl, int l, int e, double t) const {
+    if (!sl.forward_known) return t * forward_share_;
+    double f = 0;
+    for (const LayerProfile* lp : sl.files) f += lp->forward_time(l, e);
+    return f;
+  }
   const RankLayout* layout_;
+  const PlanCostModel* cost_;
   int b_, max_tp_, R_ = 0;
   bool full_params_ = false;
+  double forward_share_ = 1.0 / 3.0;
+  const std::vector<double>* unmeasured_acc_;
+  int L_;
   std::vector<MixedRef> mixed_;               // [r][s][tp], mixed-type stages only
   std::vector<const Slices*> mixed_pairs_;    // each one's distinct (type, share) slicings
   std::vector<Slices> slices_;  // [type][tp][share]
   std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
 };
 
-// For one (node order, m): H[q][r][l], a lower bound on
-//   max over the q stages j covering ranks [r, R) and layers [l, L) of
-//   (sum over the stages before j of their forward + backward) + m x (j's forward + backward),
-// minimised over every way to form those stages; infinity where none exists.
+// For one (node order, m): H[q][r][l], a lower bound on the longest of the
+// paths below through the q stages covering ranks [r, R) and layers [l, L),
+// each from micro-batch 0's arrival at the first of them to the last
+// backward's send back out of it, minimised over every way to form those
+// stages; infinity where none exists. The paths: for each stage j of them,
+// the forward chain to j, then either all j's compute, or one of the two
+// paths of PathCounts through j and the stages after it, then the backward
+// chain back.
 struct SuffixBound {
   std::unique_ptr<StageEstimator> est;  // this (node order, m)'s stage estimates
   int R = 0, L = 0, Q = 0;
   std::vector<double> h;
   std::vector<double> h_min;  // min over l' >= l of at(q, r, l'): the bound whatever layers the stage before takes
-  // g[q][r][l]: a lower bound on the sum of the forward + backward of the q stages (the compute that
-  // micro-batch m - 1 crosses on its way to the last stage and back); infinity where none exists.
-  std::vector<double> g;
-  double sum_at(int q, int r, int l) const {
-    if (g.empty()) return 0;
-    return g[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
-  }
+  // g[q][r][l]: a lower bound on micro-batch m - 1's round trip through the q stages (forwards, backwards
+  // with accumulation, sends); g0 the same for micro-batch 0 (no accumulation). Infinity where none exists.
+  std::vector<double> g, g0;
+  // [r][l][q]: the dynamic program's inner loop runs over q, contiguous.
+  std::size_t index(int q, int r, int l) const { return (static_cast<std::size_t>(r) * (L + 1) + l) * (Q + 1) + q; }
+  double sum_at(int q, int r, int l) const { return g.empty() || q == 0 ? 0 : g[index(q, r, l)]; }
+  double sum0_at(int q, int r, int l) const { return g0.empty() || q == 0 ? 0 : g0[index(q, r, l)]; }
   double min_from(int q, int r, int l) const {
-    if (h_min.empty()) return 0;
-    return h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+    if (h_min.empty()) return capacity(r, std::max(l, L - q));  // each of the q stages takes a layer
+    return h_min[index(q, r, l)];
   }
-  double at(int q, int r, int l) const {
-    if (h.empty()) return 0;
-    return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+  double at(int q, int r, int l) const { return h.empty() ? capacity(r, l) : h[index(q, r, l)]; }
+  // The stage estimates the table was built from, where kept: [type][tp][dp] for homogeneous stages,
+  // [StageEstimator::mixed_key] for mixed ones, each [l][e]; nullptr where not kept.
+  std::vector<std::vector<StageEstimate>> est_homogeneous, est_mixed;
+  int est_tps = 0, est_dps = 0;
+  const StageEstimate* estimates(int type, int tp, int dp, int mixed_key) const {
+    const std::vector<StageEstimate>* v = nullptr;
+    if (mixed_key >= 0) {
+      if (static_cast<std::size_t>(mixed_key) < est_mixed.size()) v = &est_mixed[mixed_key];
+    } else if (dp < est_dps && !est_homogeneous.empty()) {
+      v = &est_homogeneous[(static_cast<std::size_t>(type) * est_tps + tp) * est_dps + dp];
+    }
+    return v && !v->empty() ? v->data() : nullptr;
   }
-  double& at(int q, int r, int l) { return h[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l]; }
+  // Without the table (too large): the throughput bound. Stage j's m forwards and backwards take at
+  // least gbs x (its layers' least GPU-ms per sample) / (its ranks' GPUs); with each type's costs at
+  // least kappa_type times a reference type's, layer by layer, the largest over the stages is at least
+  // gbs x the reference's GPU-ms of layers [l, L) / (sum over ranks [r, R) of 1 / kappa): cap_layers
+  // holds the reference's prefix sums, cap_ranks the suffix sums of 1 / kappa. 0 where not built.
+  std::vector<double> cap_layers, cap_ranks;
+  double cap_gbs = 0;
+  double capacity(int r, int l) const {
+    if (cap_ranks.empty() || l >= L) return 0;
+    const double rate = cap_ranks[r];
+    return rate > 0 && std::isfinite(rate) ? cap_gbs * (cap_layers[L] - cap_layers[l]) / rate : 0.0;
+  }
+  double& at(int q, int r, int l) { return h[index(q, r, l)]; }
 };
 
-// Micro-batch m - 1's path through a stage with `after` stages after it: micro-batch 0 arrives, the
-// stage runs its ops in order up to m - 1's forward, that forward crosses the stages after it and its
-// backward comes back, and the stage runs m - 1's backward. Under 1F1B the stage has then run its m
-// forwards and the `before_last` backwards before (m - 1)'s, besides m - 1's own; under GPipe it has
-// run every forward, and the path can instead take micro-batch 0's backward back and then run all m
-// backwards (`gpipe`).
-int before_last_backwards(int after, int m) { return std::max(0, m - 1 - std::min(after, m)); }
-// A lower bound on the compute (in units of one forward + backward) that path spends on the stage.
-int path_multiple(Schedule schedule, int after, int m) {
-  return schedule == Schedule::kGpipe ? m : 1 + before_last_backwards(after, m);
+// Two paths through a stage j with `after` stages after it, each a chain of dependencies of the
+// timeline (its ops in stage order, and the sends between stages), as counts of j's forwards,
+// backwards and accumulations, and which micro-batch's round trip through the stages after j it takes:
+//  * end: micro-batch 0 arrives, j runs its ops up to micro-batch m - 1's forward (under 1F1B: its m
+//    forwards and the backwards its warm-up leaves before it), that forward crosses the stages after it
+//    and its backward comes back (a round trip with accumulation), and j runs m - 1's backward;
+//  * start: micro-batch 0 arrives, j runs its forward, it crosses the stages after and comes back (no
+//    accumulation: micro-batch 0), and j runs every op from micro-batch 0's backward on: all m
+//    backwards and the forwards its warm-up left after it (under GPipe the round trip can only start
+//    after j's last forward, since every later stage also runs all its forwards first: all m).
+struct PathCounts {
+  int forwards = 0, backwards = 0, accumulations = 0;
+};
+PathCounts end_path(Schedule schedule, int after, int m) {
+  if (schedule == Schedule::kGpipe) return {m, 1, m > 1 ? 1 : 0};
+  const int nb = std::max(0, m - 1 - std::min(after, m));  // backwards before m - 1's forward
+  return {m, nb + 1, nb >= 1 ? nb : (m > 1 ? 1 : 0)};
+}
+PathCounts start_path(Schedule schedule, int after, int m) {
+  if (schedule == Schedule::kGpipe) return {m, m, m - 1};
+  const int warmup = std::min(after, m);
+  return {1 + m - std::min(warmup + 1, m), m, m - 1};
+}
+
+// x86-64 with GCC: also an AVX2 build of the function, chosen at load time where the CPU has it (4
+// doubles a vector instead of SSE2's 2; no FMA, so the same values).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define HETPLAN_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#else
+#define HETPLAN_AVX2_CLONE
+#endif
+
+// One step of the suffix bound's dynamic program (see SuffixBound) for a stage x with every q in
+// [2, q_max]: hc/gc/g0c[q] are this stage's entries, hn/gn/g0n[q] the entries q - 1 of the stages after
+// it (infinity where none exists, which leaves hc/gc/g0c alone). `coef` holds 8 rows of `stride` per-q
+// coefficients: the end path's t, f, b, a, then the start path's. Written for the compiler to
+// vectorise: distinct arrays, no branch (no value is NaN).
+HETPLAN_AVX2_CLONE void relax_suffix(int q_max, const double* __restrict coef, int stride, const StageEstimate& x, double busy,
+                  double csum, double c0, double sends, const double* __restrict hn, const double* __restrict gn,
+                  const double* __restrict g0n, double* __restrict hc, double* __restrict gc,
+                  double* __restrict g0c) {
+  const double* __restrict e_t = coef;
+  const double* __restrict e_f = coef + stride;
+  const double* __restrict e_b = coef + 2 * stride;
+  const double* __restrict e_a = coef + 3 * stride;
+  const double* __restrict s_t = coef + 4 * stride;
+  const double* __restrict s_f = coef + 5 * stride;
+  const double* __restrict s_b = coef + 6 * stride;
+  const double* __restrict s_a = coef + 7 * stride;
+  const double t = x.t, f = x.f, b = x.b, a = x.a;
+  for (int q = 2; q <= q_max; ++q) {
+    const double end = e_t[q] * t + e_f[q] * f + e_b[q] * b + e_a[q] * a + sends + gn[q];
+    const double start = s_t[q] * t + s_f[q] * f + s_b[q] * b + s_a[q] * a + sends + g0n[q];
+    const double via = csum + hn[q];
+    const double m1 = busy < via ? via : busy;
+    const double m2 = end < start ? start : end;
+    const double v = m1 < m2 ? m2 : m1;
+    hc[q] = v < hc[q] ? v : hc[q];
+    const double gv = csum + gn[q];
+    gc[q] = gv < gc[q] ? gv : gc[q];
+    const double g0v = c0 + g0n[q];
+    g0c[q] = g0v < g0c[q] ? g0v : g0c[q];
+  }
 }
 
 // One (node order, m, p) unit.
@@ -339,7 +524,7 @@ class StageCache {
 };
 
 struct Worker {
-  Worker(int k, int setups) : top(k), cache(setups, static_cast<std::size_t>(24) << 20) {}
+  Worker(int k, int setups) : cache(setups, static_cast<std::size_t>(24) << 20), top(k) {}
   StageCache cache;
   TopPlans top;
   Counters c;
@@ -353,6 +538,9 @@ struct Worker {
   std::vector<double> lb;                   // best lower bound so far along the path
   std::vector<double> extra;                // max over the stages before of what micro-batch m - 1's path
                                             // spends on that stage beyond its forward + backward
+  std::vector<double> c0_prefix;            // c_prefix without accumulation (micro-batch 0's passes)
+  std::vector<double> xstart;               // max over the stages before of their start path less c0_prefix
+                                            // at the stage after them
   std::vector<unsigned> mask;               // [stage]: setups still feasible
   std::vector<StageChoice> choice;
   std::vector<FastStageCost> leaf;          // [stage] for one setup
@@ -454,6 +642,12 @@ PlanSearchResult PlanSearch::run() const {
     orders.push_back(std::move(o));
   } while (std::next_permutation(perm.begin(), perm.end()));
 
+  // Without cross-node tp, no tp above the largest node can be used: the tables below stop there.
+  if (!opt_.allow_cross_node_tp) {
+    int largest_node = 1;
+    for (int x : orders[0].node_run) largest_node = std::max(largest_node, x);
+    max_tp = std::min(max_tp, largest_node);
+  }
   const int R = cluster.num_devices();
   const int Q = std::min({L, R, opt_.max_stages});
   std::vector<int> ms;
@@ -478,6 +672,52 @@ PlanSearchResult PlanSearch::run() const {
           for (int k0 = 1; k0 <= L - (p - 1); ++k0) units.push_back(Unit{o.index, ms[mi], p, bound_index, s0, k0});
         }
 
+  // [type][tp][l][e]: PlanCostModel::unmeasured_accumulation_ms of the type's profiles (any order's model:
+  // it does not depend on the layout), for the estimates of replicas whose files do not measure it.
+  std::vector<double> unmeasured_acc(static_cast<std::size_t>(n_types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
+  if (!opt_.exhaustive)
+    for (int t = 0; t < n_types; ++t) {
+      const int pt = profiles.type_index(cluster.device_types()[t]);
+      for (int tp = 1; tp <= max_tp; ++tp)
+        for (int l = 0; l < L; ++l)
+          for (int e = l + 1; e <= L; ++e)
+            unmeasured_acc[((static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (L + 1) + l) * (L + 1) + e] =
+                orders[0].cost->unmeasured_accumulation_ms(pt, tp, l, e);
+    }
+
+  // The throughput bound's per-type data (SuffixBound::capacity): per type and layer, the least GPU-ms
+  // per sample over its files (tp x time / bs: a replica of tp GPUs runs a share of its slices, each at
+  // least its bs x that); kappa[type], the least ratio to type 0's over the layers; and type 0's prefix
+  // sums. Built only where the per-rank table is too large.
+  struct Throughput {
+    std::vector<double> kappa, reference;
+  } throughput;
+  const double table_work = 0.25 * R * R * static_cast<double>(L) * L * Q;
+  const bool table_fits = table_work <= opt_.suffix_table_limit && static_cast<double>(Q + 1) * (R + 1) * (L + 1) <= 5e7;
+  if (!opt_.exhaustive && !opt_.allow_cross_node_tp && !table_fits) {
+    std::vector<std::vector<double>> per_layer(n_types, std::vector<double>(L, kInf));
+    for (int t = 0; t < n_types; ++t) {
+      const int pt = profiles.type_index(cluster.device_types()[t]);
+      for (const LayerProfile& e : profiles.entries()) {
+        if (e.tp < 1 || e.tp > max_tp || e.bs < 1 || profiles.find(pt, e.tp, e.bs) != &e) continue;
+        for (int l = 0; l < L; ++l) per_layer[t][l] = std::min(per_layer[t][l], e.tp * e.time(l, l + 1) / e.bs);
+      }
+    }
+    bool known = true;
+    for (int t = 0; t < n_types; ++t)
+      for (int l = 0; l < L; ++l) known = known && std::isfinite(per_layer[t][l]);
+    if (known) {
+      throughput.kappa.assign(n_types, kInf);
+      for (int t = 0; t < n_types; ++t)
+        for (int l = 0; l < L; ++l)
+          if (per_layer[0][l] > 0) throughput.kappa[t] = std::min(throughput.kappa[t], per_layer[t][l] / per_layer[0][l]);
+      throughput.reference.assign(L + 1, 0.0);
+      for (int l = 0; l < L; ++l) throughput.reference[l + 1] = throughput.reference[l] + per_layer[0][l];
+      for (double& k : throughput.kappa)
+        if (!std::isfinite(k)) k = 0;  // every layer free on type 0: no bound
+    }
+  }
+
   // Suffix bounds, built once per (node order, m) by the first unit that needs one.
   std::vector<SuffixBound> bounds(orders.size() * ms.size());
   std::unique_ptr<std::once_flag[]> bound_once(new std::once_flag[bounds.size()]);
@@ -486,67 +726,133 @@ PlanSearchResult PlanSearch::run() const {
   auto build_bound = [&](const Unit& u, SuffixBound* h) {
     const OrderContext& o = orders[u.order];
     const int m = u.m, b = opt_.gbs / m;
-    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, b, sim_->options().max_profiled_bs, max_tp, full_params);
+    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, b, sim_->options().max_profiled_bs,
+                                              max_tp, full_params, sim_->options().backward_share, unmeasured_acc, L);
     const StageEstimator& est = *h->est;
     h->R = R;
     h->L = L;
     h->Q = Q;
-    // Too large a table (hundreds of GPUs) or not used: 0 everywhere, a bound that never prunes.
-    const double work = 0.25 * R * R * static_cast<double>(L) * L * Q;
-    if (opt_.exhaustive || work > 4e9 || static_cast<double>(Q + 1) * (R + 1) * (L + 1) > 5e7) {
+    // Too large a table (hundreds of GPUs): the throughput bound (SuffixBound::capacity) where it was
+    // built; not used: 0 everywhere, a bound that never prunes.
+    if (opt_.exhaustive || !table_fits) {
       h->h.clear();
       h->g.clear();
-      h->R = R, h->L = L, h->Q = Q;
+      h->g0.clear();
+      if (opt_.exhaustive || throughput.kappa.empty()) return;
+      h->cap_gbs = opt_.gbs;
+      h->cap_layers = throughput.reference;
+      h->cap_ranks.assign(R + 1, 0.0);
+      for (int r = R - 1; r >= 0; --r) {
+        const double k = throughput.kappa[o.layout->type_of(r)];
+        h->cap_ranks[r] = h->cap_ranks[r + 1] + (k > 0 ? 1 / k : kInf);
+      }
       return;
     }
     h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
     h->g.assign(h->h.size(), kInf);
-    auto g_at = [&](int q, int r, int l) -> double& {
-      return h->g[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
+    h->g0.assign(h->h.size(), kInf);
+    // Per q (stages from this one to the last), each path's counts as coefficients of t, f, b and a
+    // (StageEstimate::runs), so that the inner loop over q is straight-line arithmetic.
+    std::vector<double> coef(static_cast<std::size_t>(8) * (Q + 1), 0.0);
+    double* e_t = coef.data();  // see relax_suffix
+    double* e_f = e_t + (Q + 1);
+    double* e_b = e_f + (Q + 1);
+    double* e_a = e_b + (Q + 1);
+    double* s_t = e_a + (Q + 1);
+    double* s_f = s_t + (Q + 1);
+    double* s_b = s_f + (Q + 1);
+    double* s_a = s_b + (Q + 1);
+    auto set_coef = [](const PathCounts& c, double* t, double* f, double* b, double* a) {
+      const int lo = std::min(c.forwards, c.backwards);
+      *t = lo;
+      *f = c.forwards - lo;
+      *b = c.backwards - lo;
+      *a = c.accumulations;
     };
+    for (int q = 1; q <= Q; ++q) {
+      set_coef(end_path(schedule, q - 1, m), &e_t[q], &e_f[q], &e_b[q], &e_a[q]);
+      set_coef(start_path(schedule, q - 1, m), &s_t[q], &s_f[q], &s_b[q], &s_a[q]);
+    }
+    double* H = h->h.data();
+    double* G = h->g.data();
+    double* G0 = h->g0.data();
+    // A homogeneous stage's estimates depend only on its type, tp and dp: each (type, tp, dp)'s [l][e]
+    // is computed once for every first rank (and kept for the search, SuffixBound::estimates).
+    h->est_tps = max_tp + 1;
+    h->est_dps = b + 1;
+    std::vector<std::vector<StageEstimate>>& homogeneous = h->est_homogeneous;
+    std::vector<std::vector<StageEstimate>>& mixed = h->est_mixed;  // by StageEstimator::mixed_key
+    homogeneous.assign(static_cast<std::size_t>(n_types) * (max_tp + 1) * (b + 1), {});
+    mixed.assign(est.mixed_keys(), {});
     for (int r = R - 1; r >= 0; --r)
       for (int s = 1; s <= R - r; ++s) {
         const bool homo = o.homogeneous(r, s);
         for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
           if (s % tp != 0 || s / tp > b || !o.tp_profiled(r, s, tp)) continue;
-          if (!opt_.allow_cross_node_tp && !o.tp_inside_nodes(r, s, tp)) continue;
+          const bool inside = o.tp_inside_nodes(r, s, tp);
+          if (!opt_.allow_cross_node_tp && !inside) continue;
+          double sf, sb;
+          est.sends(r, s, tp, homo, &sf, &sb);
+          const bool ends_ranks = r + s == R;
+          const StageEstimate* cached = nullptr;
+          const int mk = homo || !inside ? -1 : est.mixed_key(r, s, tp);
+          if ((homo && inside) || mk >= 0) {
+            std::vector<StageEstimate>& c =
+                homo ? homogeneous[(static_cast<std::size_t>(o.layout->type_of(r)) * (max_tp + 1) + tp) * (b + 1) + s / tp]
+                     : mixed[mk];
+            if (c.empty()) {
+              c.resize(static_cast<std::size_t>(L + 1) * (L + 1));
+              for (int l = 0; l < L; ++l)
+                for (int e = l + 1; e <= L; ++e) c[static_cast<std::size_t>(l) * (L + 1) + e] = est.estimate(r, s, tp, l, e, homo, true);
+            }
+            cached = c.data();
+          }
           for (int l = 0; l < L; ++l)
-            for (int e = l + 1; e <= L; ++e) {
-              const bool ends = r + s == R, all = e == L;
-              if (ends != all) continue;
-              double a;
-              const double t = est.estimate(r, s, tp, l, e, homo, &a);
-              if (!std::isfinite(t)) continue;
-              const double busy = m * t + (m - 1) * a, csum = t + (m > 1 ? a : 0.0);
-              if (ends) {
-                h->at(1, r, l) = std::min(h->at(1, r, l), busy);
-                g_at(1, r, l) = std::min(g_at(1, r, l), csum);
+            for (int e = ends_ranks ? L : l + 1; e <= (ends_ranks ? L : L - 1); ++e) {
+              const StageEstimate x =
+                  cached ? cached[static_cast<std::size_t>(l) * (L + 1) + e] : est.estimate(r, s, tp, l, e, homo, inside);
+              if (!std::isfinite(x.t)) continue;
+              const double busy = m * x.t + (m - 1) * x.a + sb;
+              const double c0 = x.t + sf + sb, csum = c0 + (m > 1 ? x.a : 0.0);
+              const std::size_t here = h->index(0, r, l);
+              if (ends_ranks) {
+                H[here + 1] = std::min(H[here + 1], busy);
+                G[here + 1] = std::min(G[here + 1], csum);
+                G0[here + 1] = std::min(G0[here + 1], c0);
                 continue;
               }
-              const int q_max = std::min({Q, R - r, L - l});
-              for (int q = 2; q <= q_max; ++q) {
-                const double next = h->at(q - 1, r + s, e);
-                if (!std::isfinite(next)) continue;
-                const double next_sum = g_at(q - 1, r + s, e);
-                double& cur = h->at(q, r, l);
-                // The first of the q stages: all its work after micro-batch 0 arrives (m t), or the
-                // path through it to micro-batch m - 1's forward, the stages after and back (a t + sum).
-                cur = std::min(cur, std::max({busy, csum + next, (path_multiple(schedule, q - 1, m) - 1) * t + csum + next_sum}));
-                double& sum = g_at(q, r, l);
-                sum = std::min(sum, csum + next_sum);
-              }
+              // (The stages after it number at most min(R - r - s, L - e).)
+              const int q_max = std::min({Q, 1 + R - r - s, 1 + L - e});
+              // Entry q - 1 of the stages after (infinity where none exists: it then leaves these alone).
+              const std::size_t next = h->index(0, r + s, e) - 1;
+              const double* hn = H + next;
+              const double* gn = G + next;
+              const double* g0n = G0 + next;
+              double* hc = H + here;
+              double* gc = G + here;
+              double* g0c = G0 + here;
+              const double sends = sf + sb;
+              relax_suffix(q_max, coef.data(), Q + 1, x, busy, csum, c0, sends, hn, gn, g0n, hc, gc, g0c);
             }
         }
       }
   };
   auto finish_bound = [&](SuffixBound* h) {
+    // The estimates stay for the search unless they hold too much memory (then the search recomputes them).
+    std::size_t kept = 0;
+    for (const auto& v : h->est_homogeneous) kept += v.size();
+    for (const auto& v : h->est_mixed) kept += v.size();
+    if (kept * sizeof(StageEstimate) > (std::size_t{8} << 20)) {
+      h->est_homogeneous = {};
+      h->est_mixed = {};
+    }
     h->h_min = h->h;
     if (h->h.empty()) return;
-    for (int q = 0; q <= Q; ++q)
-      for (int r = 0; r <= R; ++r)
-        for (int l = L - 1; l >= 0; --l) {
-          double& cur = h->h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l];
-          cur = std::min(cur, h->h_min[(static_cast<std::size_t>(q) * (R + 1) + r) * (L + 1) + l + 1]);
+    for (int r = 0; r <= R; ++r)
+      for (int l = L - 1; l >= 0; --l)
+        for (int q = 0; q <= Q; ++q) {
+          double& cur = h->h_min[h->index(q, r, l)];
+          cur = std::min(cur, h->h_min[h->index(q, r, l + 1)]);
         }
   };
   auto suffix_bound = [&](const Unit& u) -> const SuffixBound& {
@@ -593,6 +899,8 @@ PlanSearchResult PlanSearch::run() const {
     w.c_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.lb.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
     w.extra.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
+    w.c0_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
+    w.xstart.assign(static_cast<std::size_t>(p + 1) * S, -kInf);
     w.mask.assign(p + 1, 0);
     w.choice.resize(p);
     w.leaf.resize(p);
@@ -651,7 +959,8 @@ PlanSearchResult PlanSearch::run() const {
     };
 
     // Depth-first over stages: stage i starts at rank r and layer l.
-    std::function<void(int, int, int)> dfs = [&](int i, int r, int l) {
+    // (A generic lambda that takes itself: no std::function, so no allocation per unit.)
+    auto dfs = [&](auto& self, int i, int r, int l) -> void {
       if (stop.load(std::memory_order_relaxed)) return;
       if (++since_check >= 1024) {
         since_check = 0;
@@ -667,20 +976,25 @@ PlanSearchResult PlanSearch::run() const {
       const int s_min = i == 0 ? u.first_size : last ? R - r : 1;
       const int k_max = i == 0 && u.first_layers > 0 ? u.first_layers : last ? L - l : L - l - rest;
       const int k_min = i == 0 && u.first_layers > 0 ? u.first_layers : last ? L - l : 1;
-      // The prefix's bounds, the smallest over the settings still feasible.
-      double c_min = kInf, lb_min = kInf, e_min = kInf;
+      // The prefix's bounds, the smallest over the settings still feasible (each term's smallest: their
+      // sum is at most every setting's).
+      double c_min = kInf, c0_min = kInf, lb_min = kInf, e_min = kInf, xs_min = kInf, tail_min = i == 0 ? 0.0 : kInf;
       for (int q = 0; q < S; ++q)
         if (w.mask[i] & (1u << q)) {
           const std::size_t at = static_cast<std::size_t>(i) * S + q;
           c_min = std::min(c_min, w.c_prefix[at]);
+          c0_min = std::min(c0_min, w.c0_prefix[at]);
           lb_min = std::min(lb_min, w.lb[at]);
           e_min = std::min(e_min, w.extra[at]);
+          xs_min = std::min(xs_min, w.xstart[at]);
+          if (i > 0) tail_min = std::min(tail_min, w.stage_cost[q].allreduce_ms + w.stage_cost[q].optimizer_ms);
         }
-      const double own_path = path_multiple(schedule, rest, m);
-      const int nb = before_last_backwards(rest, m);
+      const PathCounts pe = end_path(schedule, rest, m), ps = start_path(schedule, rest, m);
+      const int nb = pe.backwards - 1;  // backwards before micro-batch m - 1's forward
+      const int nf_start = ps.forwards;
       for (int s = s_min; s <= s_max; ++s) {
         // Whatever layers this stage takes, the ranks after it cannot finish in time.
-        if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) > bound.threshold()) {
+        if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) + tail_min > bound.threshold()) {
           ++w.c.enumerated;
           ++w.c.pruned;
           continue;
@@ -691,21 +1005,36 @@ PlanSearchResult PlanSearch::run() const {
           const int dp = s / tp;
           if (dp > b) continue;  // every replica trains at least one sample
           if (!o.tp_profiled(r, s, tp)) continue;
-          if (!opt_.allow_cross_node_tp && !o.tp_inside_nodes(r, s, tp)) continue;
+          const bool inside = o.tp_inside_nodes(r, s, tp);
+          if (!opt_.allow_cross_node_tp && !inside) continue;
+          double sfw = 0, sbw = 0;
+          const StageEstimate* kept = nullptr;
+          if (use_bounds) {
+            est.sends(r, s, tp, homo, &sfw, &sbw);
+            if (inside) {
+              const int mk = homo ? -1 : est.mixed_key(r, s, tp);
+              kept = homo ? sb.estimates(o.layout->type_of(r), tp, dp, -1) : mk >= 0 ? sb.estimates(0, tp, dp, mk) : nullptr;
+            }
+          }
           for (int k = k_min; k <= k_max; ++k) {
             ++w.c.enumerated;
             if (use_bounds) {
               const double thr = bound.threshold();
-              double a;
-              const double t = est.estimate(r, s, tp, l, l + k, homo, &a);
-              const double csum = t + (m > 1 ? a : 0.0);
+              const StageEstimate x = kept ? kept[static_cast<std::size_t>(l) * (L + 1) + l + k]
+                                           : est.estimate(r, s, tp, l, l + k, homo, inside);
+              const double c0 = x.t + sfw + sbw, csum = c0 + (m > 1 ? x.a : 0.0);
               // This stage's own compute only grows with k.
-              if (std::max(lb_min, c_min + m * t + (m - 1) * a) > thr) {
+              if (std::max(lb_min, c_min + sbw + m * x.t + (m - 1) * x.a + tail_min) > thr) {
                 ++w.c.pruned;
                 break;
               }
-              if (!last && (c_min + csum + sb.at(rest, r + s, l + k) > thr ||
-                            c_min + csum + std::max(e_min, (own_path - 1) * t) + sb.sum_at(rest, r + s, l + k) > thr)) {
+              const double g = sb.sum_at(rest, r + s, l + k), g0 = sb.sum0_at(rest, r + s, l + k);
+              const double own_end = x.runs(pe.forwards, pe.backwards) + pe.accumulations * x.a + sfw + sbw;
+              const double own_start = x.runs(ps.forwards, ps.backwards) + ps.accumulations * x.a + sfw + sbw;
+              const double path = std::max({c_min + (last ? 0.0 : sb.at(rest, r + s, l + k)) + csum,
+                                            c_min + std::max(e_min + csum, own_end) + g,
+                                            c_min + own_start + g0, xs_min + c0_min + c0 + g0});
+              if (path + tail_min > thr) {
                 ++w.c.pruned;
                 continue;
               }
@@ -760,17 +1089,25 @@ PlanSearchResult PlanSearch::run() const {
               const double own = std::max(w.fwd_prefix[at] + busy + fc.allreduce_ms + fc.optimizer_ms,
                                           w.c_prefix[at] + fc.send_backward_ms + busy + tail0);
               double lb = std::max(w.lb[at], own);
+              const double pass0 = fc.forward_ms + fc.send_forward_ms + fc.backward_ms + fc.send_backward_ms;
               w.fwd_prefix[next] = w.fwd_prefix[at] + fc.forward_ms + fc.send_forward_ms;
-              w.c_prefix[next] = w.c_prefix[at] + fc.forward_ms + fc.send_forward_ms + fc.backward_ms +
-                                 (m > 1 ? fc.accumulation_ms : 0.0) + fc.send_backward_ms;
-              // Micro-batch m - 1's path through this stage or one before it (see path_multiple).
-              const double ex = schedule == Schedule::kGpipe
-                                    ? (m - 1) * fc.forward_ms
-                                    : (m - 1) * fc.forward_ms + nb * fc.backward_ms + std::max(0, nb - 1) * fc.accumulation_ms;
+              w.c_prefix[next] = w.c_prefix[at] + pass0 + (m > 1 ? fc.accumulation_ms : 0.0);
+              w.c0_prefix[next] = w.c0_prefix[at] + pass0;
+              // The end path (end_path) through this stage or one before it: what it spends on that
+              // stage beyond one pass; the stages after it up to the frontier are their passes.
+              const double ex = (pe.forwards - 1) * fc.forward_ms + nb * fc.backward_ms +
+                                std::max(0, pe.accumulations - (m > 1 ? 1 : 0)) * fc.accumulation_ms;
               w.extra[next] = std::max(w.extra[at], ex);
-              if (!last && use_bounds)
-                lb = std::max({lb, w.c_prefix[next] + sb.at(rest, r + s, l + k) + tail0,
-                               w.c_prefix[next] + w.extra[next] + sb.sum_at(rest, r + s, l + k) + tail0});
+              // The start path (start_path) through this stage: all of it but the round trip after this
+              // stage, less the passes of micro-batch 0 up to the frontier (added back at each frontier).
+              const double xs = w.c_prefix[at] + nf_start * fc.forward_ms + m * fc.backward_ms +
+                                (m - 1) * fc.accumulation_ms + fc.send_forward_ms + fc.send_backward_ms -
+                                w.c0_prefix[next];
+              w.xstart[next] = std::max(w.xstart[at], xs);
+              if (use_bounds)
+                lb = std::max({lb, w.c_prefix[next] + (last ? 0.0 : sb.at(rest, r + s, l + k)) + tail0,
+                               w.c_prefix[next] + w.extra[next] + sb.sum_at(rest, r + s, l + k) + tail0,
+                               w.xstart[next] + w.c0_prefix[next] + sb.sum0_at(rest, r + s, l + k) + tail0});
               w.lb[next] = lb;
               bound_min = std::min(bound_min, lb);
             }
@@ -794,13 +1131,13 @@ PlanSearchResult PlanSearch::run() const {
               continue;
             }
             w.mask[i + 1] = mk;
-            dfs(i + 1, r + s, l + k);
+            self(self, i + 1, r + s, l + k);
             if (stop.load(std::memory_order_relaxed)) return;
           }
         }
       }
     };
-    dfs(0, 0, 0);
+    dfs(dfs, 0, 0, 0);
   };
 
   // Progress from a side thread.
@@ -819,6 +1156,17 @@ PlanSearchResult PlanSearch::run() const {
     opt_.progress(pr);
   }) : std::function<void()>());
 
+  // Every (node order, m)'s suffix bound first, all threads at once: built lazily, the first units of
+  // each group would wait on one thread's build.
+  if (use_bounds) {
+    std::vector<Unit> builders(bounds.size());
+    std::vector<char> used(bounds.size(), 0);
+    for (const Unit& u : units) builders[u.bound] = u, used[u.bound] = 1;
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, builders.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
+      for (std::size_t i = range.begin(); i != range.end(); ++i)
+        if (used[i] && !check_stop()) suffix_bound(builders[i]);
+    });
+  }
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, units.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
     Worker& w = workers.local();
     for (std::size_t i = range.begin(); i != range.end(); ++i) {

@@ -20,24 +20,40 @@
 // GPU's memory.
 //
 // The search is exact over that space: it returns the same best plans as
-// exhaustive enumeration (tests/test_plan_search.cc checks this), because it
-// only prunes a partial plan when a lower bound on every completion's
-// iteration time is already above the K-th best cost found:
+// exhaustive enumeration (tests/test_plan_search.cc checks this, on measured
+// and analytic profiles, 1F1B and GPipe, with and without cross-node tp),
+// because it only prunes a partial plan when a lower bound on every
+// completion's iteration time is already above the K-th best cost found.
+// Each bound is the length of a chain of dependencies of the timeline (a
+// path of its task graph), so it never exceeds the longest one:
 //  * a stage's own work: a stage must run all its forwards and backwards in
 //    sequence after micro-batch 0 has crossed the stages before it, and its
 //    gradients then pass back through them to stage 0's all-reduce and
-//    optimizer step;
+//    optimizer step (or it runs its own all-reduce and step);
+//  * micro-batch m - 1's path (end path): after micro-batch 0 reaches a
+//    stage, the stage runs its ops up to m - 1's forward (under 1F1B all its
+//    forwards and the backwards its warm-up leaves before it), m - 1 crosses
+//    every later stage and comes back, and its backward runs down to stage
+//    0's all-reduce;
+//  * micro-batch 0's path (start path): the stage runs micro-batch 0's
+//    forward, it crosses every later stage and comes back (no accumulation),
+//    and the stage then runs every op from that backward on (all m backwards
+//    and the forwards its warm-up left); under GPipe the round trip follows
+//    the stage's last forward;
 //  * the stages still to choose, by a dynamic program over (stages left,
-//    first rank, first layer) per (node order, m) on each stage's compute:
-//    its slowest replica's profile time (for a mixed-type stage with the
-//    data load balancer's shares, which depend only on the replicas' types,
-//    tp and the micro-batch; past a few hundred GPUs, a per-sample capacity
-//    bound instead), and, where every setup trains all parameters,
-//    its measured gradient accumulation;
-//  * micro-batch m - 1's path: after micro-batch 0 reaches a stage, the stage
-//    runs its ops up to m - 1's forward (under 1F1B all its forwards and the
-//    backwards its warm-up leaves before it), m - 1 crosses every later stage
-//    and comes back, and its backward runs down to stage 0's all-reduce.
+//    first rank, first layer) per (node order, m) that takes the least over
+//    every way to form them of the longest of those paths, on each stage's
+//    estimates: its slowest replica's profile time (for a mixed-type stage
+//    with the data load balancer's shares, which depend only on the
+//    replicas' types, tp and the micro-batch; past a few hundred GPUs, a
+//    per-sample capacity bound instead), its forward and backward each
+//    bounded apart (measured, or the backward share), its gradient
+//    accumulation (measured, else from bytes, the least over the settings),
+//    and its p2p sends (exact). Where that table would be too large
+//    (suffix_table_limit; hundreds of GPUs), a throughput bound stands in:
+//    some stage of the rest takes at least gbs x the rest's layers' least
+//    GPU-ms per sample (each type's at least kappa times a reference type's)
+//    over the rest's GPUs, weighted by 1 / kappa.
 // The bounds only drop terms of the simulated time, so they never exceed it;
 // the pruning threshold sits 1e-9 (relative) above the K-th best cost, so a
 // bound summed in another order than the cost never prunes a tie.
@@ -80,6 +96,9 @@ struct PlanSearchOptions {
   int threads = 0;  // 0: TBB's default
   // Off only for tests: no bound is used, every plan of the space is costed.
   bool exhaustive = false;
+  // The largest suffix-bound table (in dynamic-program steps, 0.25 R^2 L^2 Q) the search builds per
+  // (node order, m); above it, the throughput bound stands in. Tests lower it to exercise that bound.
+  double suffix_table_limit = 4e9;
   // Stop after this many seconds (0: no limit) and return the best plans
   // found so far, marked cut short.
   double time_budget_s = 0;

@@ -213,12 +213,10 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const double block_forward =
       slowest_block_forward >= 0 ? slowest_block_forward : (end > start ? forward * blocks / (end - start) : 0.0);
   // p2p over the boundary link, bf16 activations split over tp.
-  const double p2p_bytes = act_bytes_per_sample_ * max_share / tp;
   // (A stage with no rank beyond it on that side has no link to cost.)
   const bool next_rank = begin + size < layout_->num_ranks(), prev_rank = begin > 0;
-  const double send_forward =
-      index + 1 < p && next_rank ? net_.p2p_seconds(begin + size - 1, begin + size, p2p_bytes) * 1e3 : 0.0;
-  const double send_backward = index > 0 && prev_rank ? net_.p2p_seconds(begin, begin - 1, p2p_bytes) * 1e3 : 0.0;
+  const double send_forward = index + 1 < p && next_rank ? p2p_ms(begin + size - 1, begin + size, max_share, tp) : 0.0;
+  const double send_backward = index > 0 && prev_rank ? p2p_ms(begin, begin - 1, max_share, tp) : 0.0;
   const int in_flight = in_flight_microbatches(opt.schedule, p, index, batches);
 
   const bool tied_pipeline_ends = p > 1 && shape.tied_embeddings;
@@ -390,6 +388,21 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     }
   }
   return true;
+}
+
+double PlanCostModel::unmeasured_accumulation_ms(int ptype, int tp, int start, int end) const {
+  const double hbm = ptype_hbm_bytes_per_s_[ptype];
+  if (!(hbm > 0)) return 0;
+  double least = std::numeric_limits<double>::infinity();
+  for (const TrainingSetup& setup : setups_) {
+    // As stage_impl: a stage whose first layer is not 0 is never alone (pp > 1).
+    const ShardParams sp = shard_params(sim_->shape_, start, end, start > 0 ? 2 : 1, setup);
+    const double full_on_rank = sp.on_rank(tp);
+    const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / tp;
+    const double grad_bytes = trainable * reduced_gradient_bytes(setup);
+    least = std::min(least, 3 * grad_bytes / hbm * 1e3);
+  }
+  return least;
 }
 
 int PlanCostModel::pace_stage(const FastStageCost* c, int p, int batches) const {

@@ -104,6 +104,19 @@ class PlanCostModel {
   bool explain_stage(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int k,
                      FastStageCost* out, StageDetail* detail, std::string* why) const;
 
+  // A p2p send of one micro-batch's activations (or their gradients) from rank `from` to rank `to` by a
+  // stage whose largest replica share is `max_share` samples at tp (bf16, split over tp): the
+  // send_forward_ms / send_backward_ms stage() gives. No allocation.
+  double p2p_ms(int from, int to, int max_share, int tp) const {
+    return net_.p2p_seconds(from, to, act_bytes_per_sample_ * max_share / tp) * 1e3;
+  }
+
+  // The least, over the setups, of the gradient accumulation per micro-batch that stage() gives a
+  // replica of profile type `ptype` at tp on layers [start, end) whose profile does not measure it (its
+  // gradient read twice and written once at the datasheet's HBM bandwidth; 0 where that is unknown).
+  // A lower bound for the search, which tabulates it once per search (not on its hot path).
+  double unmeasured_accumulation_ms(int ptype, int tp, int start, int end) const;
+
   // The stage that sets the pipeline's pace (largest busy_ms(batches), the first on ties), whose
   // forward and backward iteration_ms stretches by its sustained_factor; -1 when the simulator's
   // sustained_clocks is off or that factor is 1.

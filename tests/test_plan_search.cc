@@ -4,7 +4,11 @@
 // the simulator's iteration time.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "fixtures.h"
 #include "planner/plan_search.h"
@@ -56,8 +60,17 @@ struct Case {
   int gbs;
 };
 
-// 24 small clusters: 1-3 types, nodes of 1-4 GPUs of mixed sizes, odd totals.
-std::vector<Case> cases() {
+// 24 small clusters: 1-3 types, nodes of 1-4 GPUs of mixed sizes, odd totals; `uneven`: 6 more whose
+// micro-batches split unevenly over the replicas (7, 10 and 11 samples).
+std::vector<Case> cases(bool uneven = false) {
+  std::vector<Case> extra = {
+      {{{"10.0.0.1", 2}}, 7},
+      {{{"10.0.0.3", 3}}, 10},
+      {{{"10.0.0.1", 4}, {"10.0.0.1", 3}}, 11},
+      {{{"10.0.0.2", 3}, {"10.0.0.1", 2}}, 10},
+      {{{"10.0.0.4", 2}, {"10.0.0.3", 3}}, 7},
+      {{{"10.0.0.1", 3}, {"10.0.0.3", 1}}, 11},
+  };
   std::vector<Case> out = {
       {{{"10.0.0.1", 3}}, 6},
       {{{"10.0.0.1", 2}, {"10.0.0.3", 3}}, 4},
@@ -82,6 +95,7 @@ std::vector<Case> cases() {
     c.gbs = gbss[rng() % 8];
     out.push_back(c);
   }
+  if (uneven) out.insert(out.end(), extra.begin(), extra.end());
   return out;
 }
 
@@ -100,18 +114,25 @@ SimulationOptions sim_options() {
 
 }  // namespace
 
-TEST_CASE("the pruned search returns what exhaustive search returns, on 24 small clusters", "[plan_search]") {
-  const ProfileSet& profiles = small_profiles();
+// The pruned search against exhaustive enumeration on the 24 clusters: same best plans, same costs,
+// same settings, in the same order. `cross_node_tp` also lets tp groups span nodes.
+// `table_limit`: PlanSearchOptions::suffix_table_limit (0: the throughput bound instead of the table).
+void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
+                                     bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit) {
   int compared = 0, with_plans = 0;
-  for (const Case& c : cases()) {
+  long long pruned_costed = 0, full_costed = 0;
+  const std::vector<Case> all = cases(uneven);
+  for (const Case& c : all) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, so);
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 3;
+    o.allow_cross_node_tp = cross_node_tp;
+    o.suffix_table_limit = table_limit;
     // Two settings, so that the per-setting bounds are exercised too.
-    TrainingSetup a = sim_options().setup, b = a;
+    TrainingSetup a = so.setup, b = a;
     b.zero_stage = 1;
     b.recompute = Recompute::kFull;
     o.setups = {a, b};
@@ -132,11 +153,78 @@ TEST_CASE("the pruned search returns what exhaustive search returns, on 24 small
       CHECK(pruned.top[i].setup == full.top[i].setup);
     }
     CHECK(pruned.costed <= full.costed);
+    pruned_costed += pruned.costed;
+    full_costed += full.costed;
     ++compared;
     if (!full.top.empty()) ++with_plans;
   }
-  CHECK(compared == 24);
+  CHECK(compared == static_cast<int>(all.size()));
   CHECK(with_plans >= 20);
+  // The bounds prune: a search that costs every plan would pass the checks above too.
+  CHECK(pruned_costed * (table_limit > 0 ? 2 : 1) < full_costed);
+}
+
+// small_profiles() with what the analytic files leave out, as a profiler measures it: each layer's
+// forward (a share of its time that varies by layer, tp and bs), its gradient accumulation, a
+// sustained (power-limited) pace on the A100, and a bs-4 file faster than its bs-2 and bs-1 slices
+// together (so a replica with a sample less than another can be the slower one).
+const ProfileSet& measured_profiles() {
+  static std::unique_ptr<ProfileSet> set;
+  if (!set) {
+    small_profiles();
+    const auto from = test::scratch_dir("plan-search-profiles");
+    const auto dir = test::scratch_dir("plan-search-measured");
+    for (const auto& entry : std::filesystem::directory_iterator(from)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.path().extension() != ".json") continue;
+      std::ifstream in(entry.path());
+      nlohmann::json j = nlohmann::json::parse(in);
+      nlohmann::json& et = j["execution_time"];
+      const int bs = std::stoi(name.substr(name.rfind("_bs") + 3));
+      const int tp = std::stoi(name.substr(name.rfind("_tp") + 3));
+      std::vector<double> layers = et["layer_compute_total_ms"].get<std::vector<double>>();
+      if (bs == 4)
+        for (double& v : layers) v *= 0.55;
+      std::vector<double> forward, accumulation;
+      for (std::size_t i = 0; i < layers.size(); ++i) {
+        forward.push_back(layers[i] * (0.25 + 0.05 * static_cast<double>((i * 7 + tp * 3 + bs) % 5)));
+        accumulation.push_back(layers[i] * 0.03);
+      }
+      et["layer_compute_total_ms"] = layers;
+      et["layer_forward_ms"] = forward;
+      et["layer_grad_accumulation_ms"] = accumulation;
+      if (name.find("A100") != std::string::npos)
+        et["sustained_forward_backward_ms"] = et["forward_backward_time_ms"].get<double>() * 1.15;
+      std::ofstream(dir / name) << j.dump();
+    }
+    set = std::make_unique<ProfileSet>(ProfileSet::load(dir.string(), 6));
+  }
+  return *set;
+}
+
+TEST_CASE("the pruned search returns what exhaustive search returns, on 24 small clusters", "[plan_search]") {
+  expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false);
+}
+
+// Each bound the search prunes with, exercised where it differs: the forward and backward bounded
+// apart (measured forwards, or the backward share), measured accumulation, a sustained pace, uneven
+// shares, GPipe's paths and 1F1B's, and tp groups across nodes (where f and b are not bounded apart).
+TEST_CASE("the pruned search returns what exhaustive search returns: measured profiles, GPipe, cross-node tp",
+          "[plan_search]") {
+  SimulationOptions gpipe = sim_options();
+  gpipe.schedule = Schedule::kGpipe;
+  SECTION("measured, 1F1B") { expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true); }
+  SECTION("measured, GPipe") { expect_pruned_equals_exhaustive(measured_profiles(), gpipe, false, true); }
+  SECTION("analytic, GPipe") { expect_pruned_equals_exhaustive(small_profiles(), gpipe, false); }
+  SECTION("measured, 1F1B, tp across nodes") {
+    expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), true, true);
+  }
+  SECTION("analytic, GPipe, tp across nodes") { expect_pruned_equals_exhaustive(small_profiles(), gpipe, true); }
+  // The throughput bound that stands in for the table on clusters too large for it.
+  SECTION("measured, 1F1B, throughput bound") {
+    expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true, 0);
+  }
+  SECTION("analytic, GPipe, throughput bound") { expect_pruned_equals_exhaustive(small_profiles(), gpipe, false, true, 0); }
 }
 
 TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp in a node, and fit", "[plan_search]") {
