@@ -122,21 +122,10 @@ class StageEstimator {
         // The simulator's slicing of a share: its own file, else its power-of-two slices.
         for (int share = 1; share <= b_; ++share) {
           Slices& sl = slices_[(static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (b_ + 1) + share];
-          if (const LayerProfile* lp = profiles.find(pt, tp, share)) {
-            sl.files.push_back(lp);
-          } else {
-            for (int bit = 30; bit >= 0; --bit) {
-              const int slice = 1 << bit;
-              if (!(share & slice)) continue;
-              const LayerProfile* lp = slice <= max_profiled_bs ? profiles.find(pt, tp, slice) : nullptr;
-              if (!lp) {
-                sl.missing = true;
-                sl.files.clear();
-                break;
-              }
-              sl.files.push_back(lp);
-            }
-          }
+          const LayerProfile* files[32];
+          const int n = profiles.share_files(pt, tp, share, max_profiled_bs, files);
+          if (n < 0) sl.missing = true;
+          sl.files.assign(files, files + std::max(0, n));
           sl.type = t;
           sl.tp = tp;
           sl.forward_known = !sl.files.empty();

@@ -34,20 +34,11 @@ bool replica_cost(const ProfileSet& profiles, int max_profiled_bs, int type, int
     return true;
   }
   const LayerProfile* slices[32];
-  int n = 0;
-  if (const LayerProfile* p = profiles.find(type, tp, bs)) {
-    slices[n++] = p;
-  } else {
-    for (int bit = 30; bit >= 0; --bit) {
-      const int slice = 1 << bit;
-      if (!(bs & slice)) continue;
-      const LayerProfile* p = slice <= max_profiled_bs ? profiles.find(type, tp, slice) : nullptr;
-      if (!p) {
-        if (why) *why = profiles.missing_message(type, tp, slice, "a replica's share of the micro-batch");
-        return false;
-      }
-      slices[n++] = p;
-    }
+  int missing = 0;
+  const int n = profiles.share_files(type, tp, bs, max_profiled_bs, slices, &missing);
+  if (n < 0) {
+    if (why) *why = profiles.missing_message(type, tp, missing, "a replica's share of the micro-batch");
+    return false;
   }
   bool forward_known = true;
   double forward = 0, block_forward = 0;

@@ -132,6 +132,31 @@ class ProfileSet {
   int num_layers() const { return num_layers_; }
   const std::vector<LayerProfile>& entries() const { return entries_; }
 
+  // The files that price a share of `bs` samples at (type, tp), as Metis
+  // slices it: the share's own file, else one file per set bit of bs (its
+  // power-of-two slices, each at most max_profiled_bs). Writes them to
+  // out[0..31] and returns how many; returns -1 if a slice has no file, with
+  // *missing_bs set to that slice. REQUIRES: bs >= 1. Allocates nothing.
+  int share_files(int type, int tp, int bs, int max_profiled_bs, const LayerProfile* out[32],
+                  int* missing_bs = nullptr) const {
+    if (const LayerProfile* p = find(type, tp, bs)) {
+      out[0] = p;
+      return 1;
+    }
+    int n = 0;
+    for (int bit = 30; bit >= 0; --bit) {
+      const int slice = 1 << bit;
+      if (!(bs & slice)) continue;
+      const LayerProfile* p = slice <= max_profiled_bs ? find(type, tp, slice) : nullptr;
+      if (!p) {
+        if (missing_bs) *missing_bs = slice;
+        return -1;
+      }
+      out[n++] = p;
+    }
+    return n;
+  }
+
   // nullptr if there is no file for (type, tp, bs).
   const LayerProfile* find(int type, int tp, int bs) const {
     if (type < 0 || tp < 0 || bs < 0 || tp > max_tp_ || bs > max_bs_ || index_.empty()) return nullptr;
