@@ -137,6 +137,27 @@ def measure_host():
 
 
 # ------------------------------------------------------------------------------------------- kernels
+def capture_graph(fn):
+    """fn captured in a CUDA graph, after one warm-up run on a side stream (as capture requires)."""
+    s_ = torch.cuda.Stream()
+    s_.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s_):
+        fn()
+    torch.cuda.current_stream().wait_stream(s_)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def graph_time(fn, reps=50):
+    """Seconds per replay of fn captured in a CUDA graph."""
+    g = capture_graph(fn)
+    t = timed(g.replay, reps)
+    del g
+    return t
+
+
 def measure_kernel_floor(s, batch=1, n=100):
     """Per-kernel time of the small kernels of a decode step, in a CUDA graph (as the decode loop runs)."""
     x = torch.randn(batch, 1, s.h, dtype=BF16, device=DEV)
@@ -155,15 +176,7 @@ def measure_kernel_floor(s, batch=1, n=100):
             kc.index_copy_(2, pos, kv)
     per_iter = 5
 
-    s_ = torch.cuda.Stream()
-    s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        body()
-    torch.cuda.current_stream().wait_stream(s_)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    t_graph = timed(graph.replay, 20)
+    t_graph = graph_time(body, 20)
     t_eager = timed(body, 5)
     # Count the kernels the body actually launched (rms_norm may be one kernel or several).
     count = None
@@ -389,20 +402,6 @@ def count_kernels(fn):
         return None
 
 
-def graph_time(fn, reps=50):
-    """Seconds per replay of fn captured in a CUDA graph."""
-    s_ = torch.cuda.Stream()
-    s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        fn()
-    torch.cuda.current_stream().wait_stream(s_)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    t = timed(g.replay, reps)
-    del g
-    return t
-
 
 def measure_decode(s, fmt, batch, prompt=512, output=128):
     gc.collect()
@@ -459,14 +458,7 @@ def measure_decode(s, fmt, batch, prompt=512, output=128):
     pos.fill_(prompt)
     graph = None
     try:
-        s_ = torch.cuda.Stream()
-        s_.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s_):
-            step()
-        torch.cuda.current_stream().wait_stream(s_)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph = capture_graph(step)
     except Exception:
         graph = None
     kernels = count_kernels(step)  # one eager step (its writes are undone below)
