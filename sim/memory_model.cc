@@ -39,6 +39,12 @@ PerParam per_param(const TrainingSetup& s) {
   return {w, 2, 0, 4, 8};
 }
 
+// Whether the last Metis layer of a stage holding layers [first, ...] of a
+// pp-stage pipeline has an LM head of its own: untied, or tied with an
+// embedding on another stage (Megatron keeps a copy there). Otherwise the head
+// is the embedding this stage holds.
+bool head_has_own_weights(const ModelShape& m, int pp, int first) { return !m.tied_embeddings || (pp > 1 && first > 0); }
+
 }  // namespace
 
 ModelStateBytes model_state_bytes(double trainable, double frozen_weight_bytes, double largest_module,
@@ -190,7 +196,7 @@ ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const 
     } else if (layer == last) {
       out.replicated += m.norm_params();
       // Untied: the LM head. Tied with the embedding on another stage: Megatron keeps a copy here.
-      if (!m.tied_embeddings || (pp > 1 && first > 0)) {
+      if (head_has_own_weights(m, pp, first)) {
         out.sharded += vh;
         out.largest_module = std::max(out.largest_module, vh);
         out.largest_layer = std::max(out.largest_layer, vh + m.norm_params());
@@ -305,8 +311,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
       double unit_l = block_unit;
       if (l == 0) unit_l = embedding_unit;
       if (l == last)  // the head, or the tied embedding gathered for it on the same stage
-        unit_l = (!m.tied_embeddings || (r.pp > 1 && r.first_layer > 0)) ? vh / tp + m.norm_params()
-                                                                          : embedding_unit + m.norm_params();
+        unit_l = (head_has_own_weights(m, r.pp, r.first_layer) ? vh / tp : embedding_unit) + m.norm_params();
       const double running = measured->working_mb[i] * kMiB * measured->scale +
                              (block && rematerialise ? one_layer_full : 0.0) +
                              (layer_units ? gathered_b * unit_l : 0.0);

@@ -12,6 +12,12 @@ namespace hetplan {
 
 namespace {
 
+// Adding a micro-batch's gradients into the ones already there, where the profile did not measure it:
+// read the new and the old gradient and write the sum, at the datasheet's HBM bandwidth (0 if unknown).
+double datasheet_accumulation_ms(double grad_bytes, double hbm_bytes_per_s) {
+  return hbm_bytes_per_s > 0 ? 3 * grad_bytes / hbm_bytes_per_s * 1e3 : 0;
+}
+
 constexpr double kMiB = 1024.0 * 1024.0;
 
 // What one data-parallel replica's profiles say about layers [start, end).
@@ -227,9 +233,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       // Measured accumulation covers every parameter; LoRA accumulates only its adapters.
       double acc = acc_raw[d] >= 0 ? acc_raw[d] * trainable / full_on_rank : -1;
       if (acc < 0) {
-        // Not measured: read the new and the old gradient and write the sum, at the datasheet's HBM bandwidth.
-        const double hbm = ptype_hbm_bytes_per_s_[rtype[d]];
-        acc = hbm > 0 ? 3 * grad_bytes / hbm * 1e3 : 0;
+        acc = datasheet_accumulation_ms(grad_bytes, ptype_hbm_bytes_per_s_[rtype[d]]);
       }
       accumulation = std::max(accumulation, acc);
       // The file's optimizer step is this tp's shard of the whole model; the stage steps its share of it.
@@ -391,7 +395,7 @@ double PlanCostModel::unmeasured_accumulation_ms(int ptype, int tp, int start, i
     const double full_on_rank = sp.on_rank(tp);
     const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / tp;
     const double grad_bytes = trainable * reduced_gradient_bytes(setup);
-    least = std::min(least, 3 * grad_bytes / hbm * 1e3);
+    least = std::min(least, datasheet_accumulation_ms(grad_bytes, hbm));
   }
   return least;
 }
