@@ -251,7 +251,7 @@ TEST_CASE("hostfile limits: GPUs per node, GPUs in all, line length", "[validati
   expect_error(search(s.dir / "bad", s.clusterfile, s.profiles), {"bad:1: expected '<ip> slots=<N>'", "yyy..."});
 }
 
-TEST_CASE("clusterfile: one bandwidth rule for search and simulate; memory positive", "[validation]") {
+TEST_CASE("clusterfile: one bandwidth rule for search and simulate, memory positive", "[validation]") {
   const auto& s = setup();
   for (const auto& [key, value] : std::vector<std::pair<std::string, double>>{{"inter_bandwidth", 1e-300},
                                                                               {"intra_bandwidth", 1e308}}) {

@@ -533,7 +533,7 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
 
 namespace hetplan {
 
-TEST_CASE("ZeRO's collectives: once per iteration (0, 1), per micro-batch (2: reduce-scatter; 3: gathers too)",
+TEST_CASE("ZeRO's collectives: once per iteration (0, 1), per micro-batch (2: reduce-scatter, 3: gathers too)",
           "[plan_cost][zero]") {
   const Setup16& s = setup16();
   std::vector<TrainingSetup> setups(4);
@@ -553,14 +553,18 @@ TEST_CASE("ZeRO's collectives: once per iteration (0, 1), per micro-batch (2: re
   const Network net(s.cluster, layout, sim.options().network);
   const double ar_grad = net.all_reduce_seconds_strided(0, 1, 4, n * 4) * 1e3;
   const double ar_weights = net.all_reduce_seconds_strided(0, 1, 4, n * 2) * 1e3;
+  // The model ties its embeddings and the stage is the first of 2: whatever the ZeRO stage, it also
+  // all-reduces the embedding's fp32 gradient with the last stage (the other end of the ranks).
+  REQUIRE(shape.tied_embeddings);
+  const double tied = net.all_reduce_seconds_strided(0, 15, 2, static_cast<double>(shape.vocab_size) * shape.hidden_size * 4) * 1e3;
   CHECK(reduced_gradient_bytes(setups[0]) == 4);
-  CHECK(f[0].allreduce_ms == ar_grad);
-  CHECK(f[1].allreduce_ms == Approx(ar_grad / 2 + ar_weights / 2).epsilon(1e-12));
+  CHECK(f[0].allreduce_ms == Approx(ar_grad + tied).epsilon(1e-12));
+  CHECK(f[1].allreduce_ms == Approx(ar_grad / 2 + ar_weights / 2 + tied).epsilon(1e-12));
   CHECK(f[1].forward_ms == f[0].forward_ms);
   CHECK(f[1].backward_ms == f[0].backward_ms);
-  CHECK(f[2].allreduce_ms == Approx(ar_weights / 2).epsilon(1e-12));
+  CHECK(f[2].allreduce_ms == Approx(ar_weights / 2 + tied).epsilon(1e-12));
   CHECK(f[2].backward_ms == Approx(f[0].backward_ms + ar_grad / 2).epsilon(1e-12));
-  CHECK(f[3].allreduce_ms == 0);
+  CHECK(f[3].allreduce_ms == Approx(tied).epsilon(1e-12));
   CHECK(f[3].forward_ms == Approx(f[0].forward_ms + ar_weights / 2).epsilon(1e-12));
   CHECK(f[3].backward_ms == Approx(f[0].backward_ms + ar_weights / 2 + ar_grad / 2).epsilon(1e-12));
   // The optimizer steps a 1/dp shard from ZeRO-1 on.

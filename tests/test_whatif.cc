@@ -81,7 +81,7 @@ TEST_CASE("GPU catalogue: every entry, names, precisions", "[whatif][catalogue]"
   CHECK(find_gpu_spec("MI300X")->supports(ComputePrecision::kFp8));
 }
 
-TEST_CASE("GPU catalogue: --gpu-spec adds an entry; bad files are refused by key", "[whatif][catalogue]") {
+TEST_CASE("GPU catalogue: --gpu-spec adds an entry, bad files are refused by key", "[whatif][catalogue]") {
   const auto dir = test::scratch_dir("gpu-spec");
   const fs::path f = dir / "mygpu.json";
   std::ofstream(f) << R"({"name": "TESTGPU-42", "memory_gb": 24, "memory_bw_gbs": 1000, "link_gbs": 32,
@@ -108,7 +108,7 @@ TEST_CASE("GPU catalogue: --gpu-spec adds an entry; bad files are refused by key
   CHECK(r.output.find("bad.json: key 'gpus[0].memory_gb'") != std::string::npos);
 }
 
-TEST_CASE("whatif: V100 fp8 is one line; MI210 and RTX 5090 run", "[whatif][cli]") {
+TEST_CASE("whatif: V100 fp8 is one line, MI210 and RTX 5090 run", "[whatif][cli]") {
   test::CommandResult r = test::run_hetplan("whatif --precision fp8 --gpu V100");
   CHECK(r.exit_code == 2);
   CHECK(r.output.rfind("hetplan: error: --precision fp8: V100 has no fp8 (it supports fp32, fp16; https://", 0) == 0);
