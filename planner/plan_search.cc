@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <type_traits>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -331,6 +333,51 @@ class StageEstimator {
   std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
 };
 
+// Where the estimate of layers [l, e) of L sits in a stage's estimates: rows by l, each e = l + 1 .. L
+// (contiguous in e), L (L + 1) / 2 in all. REQUIRES: 0 <= l < e <= L.
+inline std::size_t span_index(int L, int l, int e) {
+  return static_cast<std::size_t>(l) * L - static_cast<std::size_t>(l) * (l - 1) / 2 + (e - l - 1);
+}
+inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) / 2; }
+
+// The estimates of homogeneous stages, [span_index(L, l, e)] each, shared by every (node order, m) group: such a
+// stage's estimate (StageEstimator::estimate) depends only on its type, tp, its slowest replica's share
+// of the micro-batch and whether the shares are uneven, not on the group or the stage's ranks. Each is
+// computed once, by its first caller, within a memory budget; past it, get() returns nullptr and callers
+// compute their own. Thread-safe.
+class HomogeneousEstimates {
+ public:
+  HomogeneousEstimates(int types, int max_tp, int max_micro_batch, int layers, std::size_t budget_bytes)
+      : tps_(max_tp + 1), shares_(max_micro_batch + 1), L_(layers), budget_(budget_bytes),
+        v_(static_cast<std::size_t>(types) * tps_ * shares_ * 2), once_(new std::once_flag[v_.size()]) {}
+  // Stage [r, r + s), homogeneous of `type`, at (s / tp, tp) with micro-batch b: its estimates of
+  // layers [l, e) at [span_index(layers, l, e)], or nullptr (over the budget). REQUIRES: tp <= max_tp,
+  // b <= max_micro_batch, s / tp <= b.
+  const StageEstimate* get(const StageEstimator& est, int type, int r, int s, int tp, int b) {
+    const int dp = s / tp, share = (b + dp - 1) / dp;
+    const std::size_t k = ((static_cast<std::size_t>(type) * tps_ + tp) * shares_ + share) * 2 + (b % dp != 0 ? 1 : 0);
+    std::call_once(once_[k], [&] {
+      const std::size_t n = spans(L_);
+      if (used_.fetch_add(n * sizeof(StageEstimate)) + n * sizeof(StageEstimate) > budget_) {
+        used_.fetch_sub(n * sizeof(StageEstimate));
+        return;
+      }
+      std::vector<StageEstimate>& c = v_[k];
+      c.resize(n);
+      for (int l = 0; l < L_; ++l)
+        for (int e = l + 1; e <= L_; ++e) c[span_index(L_, l, e)] = est.estimate(r, s, tp, l, e, true, true);
+    });
+    return v_[k].empty() ? nullptr : v_[k].data();
+  }
+
+ private:
+  int tps_, shares_, L_;
+  std::size_t budget_;
+  std::atomic<std::size_t> used_{0};
+  std::vector<std::vector<StageEstimate>> v_;  // [type][tp][share][uneven]
+  std::unique_ptr<std::once_flag[]> once_;
+};
+
 // For one (node order, m): H[q][r][l], a lower bound on the longest of the
 // paths below through the q stages covering ranks [r, R) and layers [l, L),
 // each from micro-batch 0's arrival at the first of them to the last
@@ -356,18 +403,12 @@ struct SuffixBound {
     return h_min[index(q, r, l)];
   }
   double at(int q, int r, int l) const { return h.empty() ? capacity(r, l) : h[index(q, r, l)]; }
-  // The stage estimates the table was built from, where kept: [type][tp][dp] for homogeneous stages,
-  // [StageEstimator::mixed_key] for mixed ones, each [l][e]; nullptr where not kept.
-  std::vector<std::vector<StageEstimate>> est_homogeneous, est_mixed;
-  int est_tps = 0, est_dps = 0;
-  const StageEstimate* estimates(int type, int tp, int dp, int mixed_key) const {
-    const std::vector<StageEstimate>* v = nullptr;
-    if (mixed_key >= 0) {
-      if (static_cast<std::size_t>(mixed_key) < est_mixed.size()) v = &est_mixed[mixed_key];
-    } else if (dp < est_dps && !est_homogeneous.empty()) {
-      v = &est_homogeneous[(static_cast<std::size_t>(type) * est_tps + tp) * est_dps + dp];
-    }
-    return v && !v->empty() ? v->data() : nullptr;
+  // The estimates of mixed-type stages the table was built from, where kept: [StageEstimator::mixed_key],
+  // each [span_index(L, l, e)]; nullptr where not kept. (Homogeneous ones: HomogeneousEstimates.)
+  std::vector<std::vector<StageEstimate>> est_mixed;
+  const StageEstimate* mixed_estimates(int mixed_key) const {
+    if (mixed_key < 0 || static_cast<std::size_t>(mixed_key) >= est_mixed.size()) return nullptr;
+    return est_mixed[mixed_key].empty() ? nullptr : est_mixed[mixed_key].data();
   }
   // Without the table (too large): the throughput bound. Stage j's m forwards and backwards take at
   // least gbs x (its layers' least GPU-ms per sample) / (its ranks' GPUs); with each type's costs at
@@ -469,17 +510,22 @@ struct Counters {
 // never changes a result.
 class StageCache {
  public:
+  // Slots in zeroed memory from the system (calloc): a page is only backed once a stage is stored on
+  // it, so a search that meets few stages does not pay for the whole table.
   StageCache(int setups, std::size_t bytes) : setups_(setups) {
     std::size_t n = 1024;
     while (n * 2 * (sizeof(Key) + setups * sizeof(FastStageCost)) <= bytes) n *= 2;
     mask_ = n - 1;
-    keys_.assign(n, Key{~0ull, ~0ull});
-    vals_.resize(n * setups);
+    keys_.reset(static_cast<Key*>(std::calloc(n, sizeof(Key))));
+    vals_.reset(static_cast<FastStageCost*>(std::calloc(n * setups, sizeof(FastStageCost))));
+    if (!keys_ || !vals_) throw std::bad_alloc();
   }
+  // A stage's key; never all zero (s >= 1), the empty slot's.
   struct Key {
     unsigned long long a, b;
     bool operator==(const Key& o) const { return a == o.a && b == o.b; }
   };
+  static_assert(std::is_trivially_copyable_v<Key> && std::is_trivially_copyable_v<FastStageCost>);
   static Key key(int group, int r, int s, int tp, int l, int e, bool first, bool last, int in_flight) {
     return Key{(static_cast<unsigned long long>(group) << 32) | (static_cast<unsigned long long>(r) << 1) | (first ? 1u : 0u),
                (static_cast<unsigned long long>(s) << 40) | (static_cast<unsigned long long>(tp) << 32) |
@@ -501,19 +547,20 @@ class StageCache {
     return h & mask_;
   }
   // Drops `k` (a stage that failed: not cached, so its reason is recomputed).
-  void invalidate(const Key& k) {
-    keys_[index(k)] = Key{~0ull, ~0ull};
-  }
+  void invalidate(const Key& k) { keys_[index(k)] = Key{0, 0}; }
 
  private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
   int setups_;
   std::size_t mask_ = 0;
-  std::vector<Key> keys_;
-  std::vector<FastStageCost> vals_;
+  std::unique_ptr<Key[], Free> keys_;
+  std::unique_ptr<FastStageCost[], Free> vals_;
 };
 
 struct Worker {
-  Worker(int k, int setups) : cache(setups, static_cast<std::size_t>(24) << 20), top(k) {}
+  Worker(int k, int setups) : cache(setups, static_cast<std::size_t>(2) << 20), top(k) {}
   StageCache cache;
   TopPlans top;
   Counters c;
@@ -707,152 +754,6 @@ PlanSearchResult PlanSearch::run() const {
     }
   }
 
-  // Suffix bounds, built once per (node order, m) by the first unit that needs one.
-  std::vector<SuffixBound> bounds(orders.size() * ms.size());
-  std::unique_ptr<std::once_flag[]> bound_once(new std::once_flag[bounds.size()]);
-  bool full_params = true;  // every setup trains every parameter (accumulation is not scaled down)
-  for (const TrainingSetup& st : setups) full_params = full_params && st.finetune == Finetune::kFull;
-  auto build_bound = [&](const Unit& u, SuffixBound* h) {
-    const OrderContext& o = orders[u.order];
-    const int m = u.m, b = opt_.gbs / m;
-    h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, b, sim_->options().max_profiled_bs,
-                                              max_tp, full_params, sim_->options().backward_share, unmeasured_acc, L);
-    const StageEstimator& est = *h->est;
-    h->R = R;
-    h->L = L;
-    h->Q = Q;
-    // Too large a table (hundreds of GPUs): the throughput bound (SuffixBound::capacity) where it was
-    // built; not used: 0 everywhere, a bound that never prunes.
-    if (opt_.exhaustive || !table_fits) {
-      h->h.clear();
-      h->g.clear();
-      h->g0.clear();
-      if (opt_.exhaustive || throughput.kappa.empty()) return;
-      h->cap_gbs = opt_.gbs;
-      h->cap_layers = throughput.reference;
-      h->cap_ranks.assign(R + 1, 0.0);
-      for (int r = R - 1; r >= 0; --r) {
-        const double k = throughput.kappa[o.layout->type_of(r)];
-        h->cap_ranks[r] = h->cap_ranks[r + 1] + (k > 0 ? 1 / k : kInf);
-      }
-      return;
-    }
-    h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
-    h->g.assign(h->h.size(), kInf);
-    h->g0.assign(h->h.size(), kInf);
-    // Per q (stages from this one to the last), each path's counts as coefficients of t, f, b and a
-    // (StageEstimate::runs), so that the inner loop over q is straight-line arithmetic.
-    std::vector<double> coef(static_cast<std::size_t>(8) * (Q + 1), 0.0);
-    double* e_t = coef.data();  // see relax_suffix
-    double* e_f = e_t + (Q + 1);
-    double* e_b = e_f + (Q + 1);
-    double* e_a = e_b + (Q + 1);
-    double* s_t = e_a + (Q + 1);
-    double* s_f = s_t + (Q + 1);
-    double* s_b = s_f + (Q + 1);
-    double* s_a = s_b + (Q + 1);
-    auto set_coef = [](const PathCounts& c, double* t, double* f, double* b, double* a) {
-      const int lo = std::min(c.forwards, c.backwards);
-      *t = lo;
-      *f = c.forwards - lo;
-      *b = c.backwards - lo;
-      *a = c.accumulations;
-    };
-    for (int q = 1; q <= Q; ++q) {
-      set_coef(end_path(schedule, q - 1, m), &e_t[q], &e_f[q], &e_b[q], &e_a[q]);
-      set_coef(start_path(schedule, q - 1, m), &s_t[q], &s_f[q], &s_b[q], &s_a[q]);
-    }
-    double* H = h->h.data();
-    double* G = h->g.data();
-    double* G0 = h->g0.data();
-    // A homogeneous stage's estimates depend only on its type, tp and dp: each (type, tp, dp)'s [l][e]
-    // is computed once for every first rank (and kept for the search, SuffixBound::estimates).
-    h->est_tps = max_tp + 1;
-    h->est_dps = b + 1;
-    std::vector<std::vector<StageEstimate>>& homogeneous = h->est_homogeneous;
-    std::vector<std::vector<StageEstimate>>& mixed = h->est_mixed;  // by StageEstimator::mixed_key
-    homogeneous.assign(static_cast<std::size_t>(n_types) * (max_tp + 1) * (b + 1), {});
-    mixed.assign(est.mixed_keys(), {});
-    for (int r = R - 1; r >= 0; --r)
-      for (int s = 1; s <= R - r; ++s) {
-        const bool homo = o.homogeneous(r, s);
-        for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
-          if (s % tp != 0 || s / tp > b || !o.tp_profiled(r, s, tp)) continue;
-          const bool inside = o.tp_inside_nodes(r, s, tp);
-          if (!opt_.allow_cross_node_tp && !inside) continue;
-          double sf, sb;
-          est.sends(r, s, tp, homo, &sf, &sb);
-          const bool ends_ranks = r + s == R;
-          const StageEstimate* cached = nullptr;
-          const int mk = homo || !inside ? -1 : est.mixed_key(r, s, tp);
-          if ((homo && inside) || mk >= 0) {
-            std::vector<StageEstimate>& c =
-                homo ? homogeneous[(static_cast<std::size_t>(o.layout->type_of(r)) * (max_tp + 1) + tp) * (b + 1) + s / tp]
-                     : mixed[mk];
-            if (c.empty()) {
-              c.resize(static_cast<std::size_t>(L + 1) * (L + 1));
-              for (int l = 0; l < L; ++l)
-                for (int e = l + 1; e <= L; ++e) c[static_cast<std::size_t>(l) * (L + 1) + e] = est.estimate(r, s, tp, l, e, homo, true);
-            }
-            cached = c.data();
-          }
-          for (int l = 0; l < L; ++l)
-            for (int e = ends_ranks ? L : l + 1; e <= (ends_ranks ? L : L - 1); ++e) {
-              const StageEstimate x =
-                  cached ? cached[static_cast<std::size_t>(l) * (L + 1) + e] : est.estimate(r, s, tp, l, e, homo, inside);
-              if (!std::isfinite(x.t)) continue;
-              const double busy = m * x.t + (m - 1) * x.a + sb;
-              const double c0 = x.t + sf + sb, csum = c0 + (m > 1 ? x.a : 0.0);
-              const std::size_t here = h->index(0, r, l);
-              if (ends_ranks) {
-                H[here + 1] = std::min(H[here + 1], busy);
-                G[here + 1] = std::min(G[here + 1], csum);
-                G0[here + 1] = std::min(G0[here + 1], c0);
-                continue;
-              }
-              // (The stages after it number at most min(R - r - s, L - e).)
-              const int q_max = std::min({Q, 1 + R - r - s, 1 + L - e});
-              // Entry q - 1 of the stages after (infinity where none exists: it then leaves these alone).
-              const std::size_t next = h->index(0, r + s, e) - 1;
-              const double* hn = H + next;
-              const double* gn = G + next;
-              const double* g0n = G0 + next;
-              double* hc = H + here;
-              double* gc = G + here;
-              double* g0c = G0 + here;
-              const double sends = sf + sb;
-              relax_suffix(q_max, coef.data(), Q + 1, x, busy, csum, c0, sends, hn, gn, g0n, hc, gc, g0c);
-            }
-        }
-      }
-  };
-  auto finish_bound = [&](SuffixBound* h) {
-    // The estimates stay for the search unless they hold too much memory (then the search recomputes them).
-    std::size_t kept = 0;
-    for (const auto& v : h->est_homogeneous) kept += v.size();
-    for (const auto& v : h->est_mixed) kept += v.size();
-    if (kept * sizeof(StageEstimate) > (std::size_t{8} << 20)) {
-      h->est_homogeneous = {};
-      h->est_mixed = {};
-    }
-    h->h_min = h->h;
-    if (h->h.empty()) return;
-    for (int r = 0; r <= R; ++r)
-      for (int l = L - 1; l >= 0; --l)
-        for (int q = 0; q <= Q; ++q) {
-          double& cur = h->h_min[h->index(q, r, l)];
-          cur = std::min(cur, h->h_min[h->index(q, r, l + 1)]);
-        }
-  };
-  auto suffix_bound = [&](const Unit& u) -> const SuffixBound& {
-    std::call_once(bound_once[u.bound], [&] {
-      build_bound(u, &bounds[u.bound]);
-      finish_bound(&bounds[u.bound]);
-    });
-    return bounds[u.bound];
-  };
-
-  SharedBound bound(opt_.top_k);
   std::atomic<bool> stop{false};
   std::atomic<int> stop_why{0};  // 1: time budget, 2: cancelled
   std::atomic<long long> units_done{0};
@@ -879,8 +780,153 @@ PlanSearchResult PlanSearch::run() const {
     return false;
   };
 
+  // Suffix bounds, one per (node order, m), built in two passes (see the phases below): first the
+  // entries of one stage (q = 1: stages that end the ranks), then the deeper ones.
+  SharedBound bound(opt_.top_k);
+  std::vector<SuffixBound> bounds(orders.size() * ms.size());
+  bool full_params = true;  // every setup trains every parameter (accumulation is not scaled down)
+  for (const TrainingSetup& st : setups) full_params = full_params && st.finetune == Finetune::kFull;
+  std::optional<HomogeneousEstimates> homogeneous;
+  if (!opt_.exhaustive && table_fits) homogeneous.emplace(n_types, max_tp, opt_.gbs, L, std::size_t{128} << 20);
+  // `last_stages`: create the estimator and the table and fill its entries q = 1 (exact); else its
+  // entries q >= 2. These leave out every stage whose own compute exceeds the pruning threshold at the
+  // time: a plan with such a stage costs more than the threshold (which only falls), and the entries
+  // stay lower bounds on every plan made of the stages kept, which is what pruning needs.
+  auto build_bound = [&](const Unit& u, SuffixBound* h, bool last_stages) {
+    const OrderContext& o = orders[u.order];
+    const int m = u.m, b = opt_.gbs / m;
+    if (last_stages) {
+      h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, b, sim_->options().max_profiled_bs,
+                                                max_tp, full_params, sim_->options().backward_share, unmeasured_acc, L);
+      h->R = R;
+      h->L = L;
+      h->Q = Q;
+      // Too large a table (hundreds of GPUs): the throughput bound (SuffixBound::capacity) where it was
+      // built; not used: 0 everywhere, a bound that never prunes.
+      if (opt_.exhaustive || !table_fits) {
+        if (opt_.exhaustive || throughput.kappa.empty()) return;
+        h->cap_gbs = opt_.gbs;
+        h->cap_layers = throughput.reference;
+        h->cap_ranks.assign(R + 1, 0.0);
+        for (int r = R - 1; r >= 0; --r) {
+          const double k = throughput.kappa[o.layout->type_of(r)];
+          h->cap_ranks[r] = h->cap_ranks[r + 1] + (k > 0 ? 1 / k : kInf);
+        }
+        return;
+      }
+      h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
+      h->g.assign(h->h.size(), kInf);
+      h->g0.assign(h->h.size(), kInf);
+      h->est_mixed.assign(h->est->mixed_keys(), {});
+    } else if (h->h.empty()) {
+      return;
+    }
+    const StageEstimator& est = *h->est;
+    // Per q (stages from this one to the last), each path's counts as coefficients of t, f, b and a
+    // (StageEstimate::runs), so that the inner loop over q is straight-line arithmetic.
+    std::vector<double> coef(static_cast<std::size_t>(8) * (Q + 1), 0.0);
+    double* e_t = coef.data();  // see relax_suffix
+    double* e_f = e_t + (Q + 1);
+    double* e_b = e_f + (Q + 1);
+    double* e_a = e_b + (Q + 1);
+    double* s_t = e_a + (Q + 1);
+    double* s_f = s_t + (Q + 1);
+    double* s_b = s_f + (Q + 1);
+    double* s_a = s_b + (Q + 1);
+    auto set_coef = [](const PathCounts& c, double* t, double* f, double* b, double* a) {
+      const int lo = std::min(c.forwards, c.backwards);
+      *t = lo;
+      *f = c.forwards - lo;
+      *b = c.backwards - lo;
+      *a = c.accumulations;
+    };
+    for (int q = 1; q <= Q; ++q) {
+      set_coef(end_path(schedule, q - 1, m), &e_t[q], &e_f[q], &e_b[q], &e_a[q]);
+      set_coef(start_path(schedule, q - 1, m), &s_t[q], &s_f[q], &s_b[q], &s_a[q]);
+    }
+    double* H = h->h.data();
+    double* G = h->g.data();
+    double* G0 = h->g0.data();
+    std::vector<std::vector<StageEstimate>>& mixed = h->est_mixed;  // by StageEstimator::mixed_key
+    for (int r = R - 1; r >= 0; --r) {
+      if (!last_stages && check_stop()) return;
+      for (int s = last_stages ? R - r : 1; s <= (last_stages ? R - r : R - r - 1); ++s) {
+        const bool homo = o.homogeneous(r, s);
+        for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+          if (s % tp != 0 || s / tp > b || !o.tp_profiled(r, s, tp)) continue;
+          const bool inside = o.tp_inside_nodes(r, s, tp);
+          if (!opt_.allow_cross_node_tp && !inside) continue;
+          double sf, sb;
+          est.sends(r, s, tp, homo, &sf, &sb);
+          const bool ends_ranks = r + s == R;
+          const StageEstimate* cached = nullptr;
+          const int mk = homo || !inside ? -1 : est.mixed_key(r, s, tp);
+          if (homo && inside) {
+            cached = homogeneous->get(est, o.layout->type_of(r), r, s, tp, b);
+          } else if (mk >= 0) {
+            std::vector<StageEstimate>& c = mixed[mk];
+            if (c.empty()) {
+              c.resize(spans(L));
+              for (int l = 0; l < L; ++l)
+                for (int e = l + 1; e <= L; ++e) c[span_index(L, l, e)] = est.estimate(r, s, tp, l, e, homo, true);
+            }
+            cached = c.data();
+          }
+          const double threshold = last_stages ? kInf : bound.threshold();
+          for (int l = 0; l < L; ++l)
+            for (int e = ends_ranks ? L : l + 1; e <= (ends_ranks ? L : L - 1); ++e) {
+              const StageEstimate x =
+                  cached ? cached[span_index(L, l, e)] : est.estimate(r, s, tp, l, e, homo, inside);
+              if (!std::isfinite(x.t)) continue;
+              const double busy = m * x.t + (m - 1) * x.a + sb;
+              // (A stage's time and accumulation only grow with its layers: so do those after it.)
+              if (busy > threshold) break;
+              const double c0 = x.t + sf + sb, csum = c0 + (m > 1 ? x.a : 0.0);
+              const std::size_t here = h->index(0, r, l);
+              if (ends_ranks) {
+                H[here + 1] = std::min(H[here + 1], busy);
+                G[here + 1] = std::min(G[here + 1], csum);
+                G0[here + 1] = std::min(G0[here + 1], c0);
+                continue;
+              }
+              // (The stages after it number at most min(R - r - s, L - e).)
+              const int q_max = std::min({Q, 1 + R - r - s, 1 + L - e});
+              // Entry q - 1 of the stages after (infinity where none exists: it then leaves these alone).
+              const std::size_t next = h->index(0, r + s, e) - 1;
+              relax_suffix(q_max, coef.data(), Q + 1, x, busy, csum, c0, sf + sb, H + next, G + next, G0 + next,
+                           H + here, G + here, G0 + here);
+            }
+        }
+      }
+    }
+  };
+  // h_min from h; `final`: the table is complete, and kept mixed estimates that hold too much memory are
+  // dropped (the search then recomputes them).
+  auto finish_bound = [&](SuffixBound* h, bool final) {
+    if (final) {
+      std::size_t kept = 0;
+      for (const auto& v : h->est_mixed) kept += v.size();
+      if (kept * sizeof(StageEstimate) > (std::size_t{8} << 20)) h->est_mixed = {};
+    }
+    h->h_min = h->h;
+    if (h->h.empty()) return;
+    for (int r = 0; r <= R; ++r)
+      for (int l = L - 1; l >= 0; --l)
+        for (int q = 0; q <= Q; ++q) {
+          double& cur = h->h_min[h->index(q, r, l)];
+          cur = std::min(cur, h->h_min[h->index(q, r, l + 1)]);
+        }
+  };
   auto run_unit = [&](Worker& w, long long unit_index) {
     const Unit u = units[unit_index];
+    // The depth-first search's first test below (stage 0's size is the unit's), before anything is set
+    // up: most units end there.
+    if (use_bounds && u.p > 1 &&
+        bounds[u.bound].min_from(u.p - 1, u.first_size, u.first_layers > 0 ? u.first_layers : 1) > bound.threshold()) {
+      ++w.c.enumerated;
+      ++w.c.pruned;
+      return;
+    }
     const OrderContext& o = orders[u.order];
     const int p = u.p, m = u.m, b = opt_.gbs / m;
     w.stage_cost.resize(static_cast<std::size_t>(p) * S);
@@ -897,7 +943,7 @@ PlanSearchResult PlanSearch::run() const {
     w.mask[0] = all;
     long long since_check = 0;
 
-    const SuffixBound& sb = suffix_bound(u);
+    const SuffixBound& sb = bounds[u.bound];
     const bool cacheable = L < 1024 && max_tp < 256;
     const StageEstimator& est = *sb.est;
 
@@ -1000,16 +1046,16 @@ PlanSearchResult PlanSearch::run() const {
           const StageEstimate* kept = nullptr;
           if (use_bounds) {
             est.sends(r, s, tp, homo, &sfw, &sbw);
-            if (inside) {
-              const int mk = homo ? -1 : est.mixed_key(r, s, tp);
-              kept = homo ? sb.estimates(o.layout->type_of(r), tp, dp, -1) : mk >= 0 ? sb.estimates(0, tp, dp, mk) : nullptr;
-            }
+            if (inside)
+              kept = !homo ? sb.mixed_estimates(est.mixed_key(r, s, tp))
+                     : homogeneous ? homogeneous->get(est, o.layout->type_of(r), r, s, tp, b)
+                                   : nullptr;
           }
           for (int k = k_min; k <= k_max; ++k) {
             ++w.c.enumerated;
             if (use_bounds) {
               const double thr = bound.threshold();
-              const StageEstimate x = kept ? kept[static_cast<std::size_t>(l) * (L + 1) + l + k]
+              const StageEstimate x = kept ? kept[span_index(L, l, l + k)]
                                            : est.estimate(r, s, tp, l, l + k, homo, inside);
               const double c0 = x.t + sfw + sbw, csum = c0 + (m > 1 ? x.a : 0.0);
               // This stage's own compute only grows with k.
@@ -1145,29 +1191,49 @@ PlanSearchResult PlanSearch::run() const {
     opt_.progress(pr);
   }) : std::function<void()>());
 
-  // Every (node order, m)'s suffix bound first, all threads at once: built lazily, the first units of
-  // each group would wait on one thread's build.
-  if (use_bounds) {
-    std::vector<Unit> builders(bounds.size());
-    std::vector<char> used(bounds.size(), 0);
-    for (const Unit& u : units) builders[u.bound] = u, used[u.bound] = 1;
+  // The search in phases, each with all threads:
+  //  1. every (node order, m)'s estimator and the one-stage entries of its suffix bound;
+  //  2. the units of one and two stages, which need no more of it: their best is often near the
+  //     optimum, so the threshold is low before the costly part of the tables is built;
+  //  3. the deeper entries, leaving out stages whose own compute is already above that threshold;
+  //  4. the units of three stages and more.
+  std::vector<Unit> builders(bounds.size());
+  std::vector<char> used(bounds.size(), 0);
+  for (const Unit& u : units) builders[u.bound] = u, used[u.bound] = 1;
+  auto build_all = [&](bool last_stages) {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, builders.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
       for (std::size_t i = range.begin(); i != range.end(); ++i)
-        if (used[i] && !check_stop()) suffix_bound(builders[i]);
+        if (used[i] && !check_stop()) {
+          build_bound(builders[i], &bounds[i], last_stages);
+          finish_bound(&bounds[i], !last_stages);
+        }
     });
+  };
+  auto run_units = [&](std::size_t begin, std::size_t end) {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(begin, end, 1), [&](const tbb::blocked_range<std::size_t>& range) {
+      Worker& w = workers.local();
+      for (std::size_t i = range.begin(); i != range.end(); ++i) {
+        if (stop.load(std::memory_order_relaxed) || check_stop()) return;
+        const Counters before = w.c;
+        run_unit(w, static_cast<long long>(i));
+        g_enumerated.fetch_add(w.c.enumerated - before.enumerated, std::memory_order_relaxed);
+        g_pruned.fetch_add(w.c.pruned - before.pruned, std::memory_order_relaxed);
+        g_costed.fetch_add(w.c.costed - before.costed, std::memory_order_relaxed);
+        units_done.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  };
+  // Units are in order of p.
+  const std::size_t shallow = static_cast<std::size_t>(
+      std::find_if(units.begin(), units.end(), [](const Unit& u) { return u.p > 2; }) - units.begin());
+  build_all(true);
+  if (use_bounds) {
+    run_units(0, shallow);
+    build_all(false);
+    run_units(shallow, units.size());
+  } else {
+    run_units(0, units.size());
   }
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, units.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
-    Worker& w = workers.local();
-    for (std::size_t i = range.begin(); i != range.end(); ++i) {
-      if (stop.load(std::memory_order_relaxed) || check_stop()) return;
-      const Counters before = w.c;
-      run_unit(w, static_cast<long long>(i));
-      g_enumerated.fetch_add(w.c.enumerated - before.enumerated, std::memory_order_relaxed);
-      g_pruned.fetch_add(w.c.pruned - before.pruned, std::memory_order_relaxed);
-      g_costed.fetch_add(w.c.costed - before.costed, std::memory_order_relaxed);
-      units_done.fetch_add(1, std::memory_order_relaxed);
-    }
-  });
 
   reporter.stop();
 
