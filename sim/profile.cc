@@ -97,15 +97,14 @@ void ProfileSet::add(const std::string& type, LayerProfile p) {
 }
 
 double ProfileSet::framework_mb(int type, int tp) const {
-  // tp's own: its smallest-bs file that records one.
+  // tp's own: its smallest-bs file that records one (the index's bs slots are in increasing bs).
   const auto own = [&](int t) {
-    const LayerProfile* best = nullptr;
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const LayerProfile& e = entries_[i];
-      if (e.tp != t || e.framework_mb <= 0 || type_index(entry_types_[i]) != type) continue;
-      if (!best || e.bs < best->bs) best = &e;
-    }
-    return best ? best->framework_mb : -1.0;
+    if (type < 0 || static_cast<std::size_t>(type) >= types_.size() || t < 1 || t > max_tp_ || tp_slot_[t] < 0)
+      return -1.0;
+    const int* row = &index_[(static_cast<std::size_t>(type) * num_tps_ + tp_slot_[t]) * num_bss_];
+    for (std::size_t b = 0; b < num_bss_; ++b)
+      if (row[b] >= 0 && entries_[row[b]].framework_mb > 0) return entries_[row[b]].framework_mb;
+    return -1.0;
   };
   const int top = std::min(tp, max_tp_);
   if (const double v = own(top); v > 0) return v;
