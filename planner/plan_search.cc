@@ -3,6 +3,7 @@
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <chrono>
@@ -1191,31 +1192,43 @@ PlanSearchResult PlanSearch::run() const {
     opt_.progress(pr);
   }) : std::function<void()>());
 
-  // The search in phases, each with all threads:
-  //  1. every (node order, m)'s estimator and the one-stage entries of its suffix bound;
-  //  2. the units of one and two stages, which need no more of it: their best is often near the
-  //     optimum, so the threshold is low before the costly part of the tables is built;
-  //  3. the deeper entries, leaving out stages whose own compute is already above that threshold;
-  //  4. the units of three stages and more.
-  std::vector<Unit> builders(bounds.size());
-  std::vector<char> used(bounds.size(), 0);
-  for (const Unit& u : units) builders[u.bound] = u, used[u.bound] = 1;
-  auto build_all = [&](bool last_stages) {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, builders.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
-      for (std::size_t i = range.begin(); i != range.end(); ++i)
-        if (used[i] && !check_stop()) {
-          build_bound(builders[i], &bounds[i], last_stages);
-          finish_bound(&bounds[i], !last_stages);
-        }
+  // The search in two phases, each over the (node order, m) groups:
+  //  1. a group's estimator and the one-stage entries of its suffix bound, then its units of one and
+  //     two stages, which need no more of it: their best is often near the optimum, so the threshold
+  //     is low before the costly part of the tables is built;
+  //  2. a group's deeper entries, leaving out stages whose own compute is already above that
+  //     threshold, then its units of three stages and more.
+  // Groups are taken in order of decreasing micro-batch (more (dp, tp) options: the costlier tables),
+  // each by the next free thread, and the threads share each group's units: none is left alone with a
+  // large table at the end of a phase.
+  const std::size_t n_groups = bounds.size();
+  std::vector<Unit> builders(n_groups);
+  std::vector<std::vector<int>> shallow_units(n_groups), deep_units(n_groups);
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    if (shallow_units[u.bound].empty() && deep_units[u.bound].empty()) builders[u.bound] = u;
+    (u.p <= 2 ? shallow_units : deep_units)[u.bound].push_back(static_cast<int>(i));
+  }
+  std::vector<int> group_order;
+  for (std::size_t g = 0; g < n_groups; ++g)
+    if (!shallow_units[g].empty() || !deep_units[g].empty()) group_order.push_back(static_cast<int>(g));
+  std::stable_sort(group_order.begin(), group_order.end(),
+                   [&](int x, int y) { return builders[x].m < builders[y].m; });
+  auto for_each_group = [&](auto&& body) {
+    std::atomic<std::size_t> next{0};
+    const int lanes = std::max(1, tbb::this_task_arena::max_concurrency());
+    tbb::parallel_for(0, lanes, [&](int) {
+      for (std::size_t i = next.fetch_add(1); i < group_order.size() && !check_stop(); i = next.fetch_add(1))
+        body(group_order[i]);
     });
   };
-  auto run_units = [&](std::size_t begin, std::size_t end) {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(begin, end, 1), [&](const tbb::blocked_range<std::size_t>& range) {
+  auto run_units = [&](const std::vector<int>& list) {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, list.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
       Worker& w = workers.local();
       for (std::size_t i = range.begin(); i != range.end(); ++i) {
         if (stop.load(std::memory_order_relaxed) || check_stop()) return;
         const Counters before = w.c;
-        run_unit(w, static_cast<long long>(i));
+        run_unit(w, list[i]);
         g_enumerated.fetch_add(w.c.enumerated - before.enumerated, std::memory_order_relaxed);
         g_pruned.fetch_add(w.c.pruned - before.pruned, std::memory_order_relaxed);
         g_costed.fetch_add(w.c.costed - before.costed, std::memory_order_relaxed);
@@ -1223,17 +1236,16 @@ PlanSearchResult PlanSearch::run() const {
       }
     });
   };
-  // Units are in order of p.
-  const std::size_t shallow = static_cast<std::size_t>(
-      std::find_if(units.begin(), units.end(), [](const Unit& u) { return u.p > 2; }) - units.begin());
-  build_all(true);
-  if (use_bounds) {
-    run_units(0, shallow);
-    build_all(false);
-    run_units(shallow, units.size());
-  } else {
-    run_units(0, units.size());
-  }
+  for_each_group([&](int g) {
+    build_bound(builders[g], &bounds[g], true);
+    finish_bound(&bounds[g], false);
+    run_units(shallow_units[g]);
+  });
+  for_each_group([&](int g) {
+    build_bound(builders[g], &bounds[g], false);
+    finish_bound(&bounds[g], true);
+    run_units(deep_units[g]);
+  });
 
   reporter.stop();
 
