@@ -108,23 +108,28 @@ struct StageEstimate {
   }
 };
 
-class StageEstimator {
+// The simulator's slicing of a replica's share of a micro-batch: its own profile file, else its
+// power-of-two slices (ProfileSet::share_files).
+struct Slices {
+  int type = 0, tp = 1;
+  bool missing = false;
+  bool forward_known = false;  // every file splits out the forward
+  std::vector<const LayerProfile*> files;
+};
+
+// Slices of every (cluster type, tp, share), shared by every (node order, m) group: they depend on
+// nothing else. Read-only after construction (thread-safe); REQUIRES: the profiles outlive it.
+class ShareSlices {
  public:
-  // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
-  StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
-                 int micro_batch, int max_profiled_bs, int max_tp, bool full_params, double backward_share,
-                 const std::vector<double>& unmeasured_acc, int layers)
-      : layout_(&layout), cost_(&cost), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
-        forward_share_(1 - backward_share), unmeasured_acc_(&unmeasured_acc), L_(layers) {
+  ShareSlices(const ProfileSet& profiles, const Cluster& cluster, int max_tp, int max_share, int max_profiled_bs)
+      : tps_(max_tp + 1), shares_(max_share + 1) {
     const int types = static_cast<int>(cluster.device_types().size());
-    slices_.assign(static_cast<std::size_t>(types) * (max_tp + 1) * (b_ + 1), {});
-    per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
+    v_.resize(static_cast<std::size_t>(types) * tps_ * shares_);
     for (int t = 0; t < types; ++t) {
       const int pt = profiles.type_index(cluster.device_types()[t]);
-      for (int tp = 1; tp <= max_tp; ++tp) {
-        // The simulator's slicing of a share: its own file, else its power-of-two slices.
-        for (int share = 1; share <= b_; ++share) {
-          Slices& sl = slices_[(static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (b_ + 1) + share];
+      for (int tp = 1; tp <= max_tp; ++tp)
+        for (int share = 1; share <= max_share; ++share) {
+          Slices& sl = v_[(static_cast<std::size_t>(t) * tps_ + tp) * shares_ + share];
           const LayerProfile* files[32];
           const int n = profiles.share_files(pt, tp, share, max_profiled_bs, files);
           if (n < 0) sl.missing = true;
@@ -134,6 +139,68 @@ class StageEstimator {
           sl.forward_known = !sl.files.empty();
           for (const LayerProfile* lp : sl.files) sl.forward_known = sl.forward_known && lp->has_forward();
         }
+    }
+  }
+  // REQUIRES: 1 <= tp <= max_tp, 1 <= share <= max_share.
+  const Slices& at(int type, int tp, int share) const {
+    return v_[(static_cast<std::size_t>(type) * tps_ + tp) * shares_ + share];
+  }
+
+ private:
+  int tps_, shares_;
+  std::vector<Slices> v_;  // [type][tp][share]
+};
+
+// The distinct replicas of mixed-type stages, as sorted lists of slicings, shared by every (node order,
+// m) group: stages with the same list have the same estimates, which the list keeps once computed
+// (StageEstimates below). Thread-safe; an entry's address is stable for the object's lifetime.
+class StageEstimator;
+class MixedLists {
+ public:
+  explicit MixedLists(std::size_t budget_bytes) : budget_(budget_bytes) {}
+  struct Entry {
+    std::vector<const Slices*> list;
+    std::once_flag once;
+    std::vector<StageEstimate> estimates;  // [span_index], once computed within the budget; else empty
+  };
+  Entry* intern(const std::vector<const Slices*>& sorted_list) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, fresh] = index_.try_emplace(sorted_list, nullptr);
+    if (fresh) {
+      entries_.push_back(std::make_unique<Entry>());
+      entries_.back()->list = sorted_list;
+      it->second = entries_.back().get();
+    }
+    return it->second;
+  }
+  // The estimates of layers [l, e) at [span_index(layers, l, e)] of every stage with `entry` (`est`'s
+  // stage [r, r + s) at tp is one), computed by the first caller; nullptr for a null entry or past the
+  // memory budget.
+  const StageEstimate* estimates(Entry* entry, const StageEstimator& est, int r, int s, int tp, int layers);
+
+ private:
+  std::size_t budget_;
+  std::atomic<std::size_t> used_{0};
+  std::mutex mu_;
+  std::map<std::vector<const Slices*>, Entry*> index_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+};
+
+class StageEstimator {
+ public:
+  // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
+  // REQUIRES: `slices` covers max_tp and shares up to micro_batch; `slices`, `mixed_lists`,
+  // `unmeasured_acc`, the layout, cost model and profiles outlive the estimator.
+  StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
+                 const ShareSlices& slices, MixedLists& mixed_lists, int micro_batch, int max_tp, bool full_params,
+                 double backward_share, const std::vector<double>& unmeasured_acc, int layers)
+      : layout_(&layout), cost_(&cost), slices_(&slices), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
+        forward_share_(1 - backward_share), unmeasured_acc_(&unmeasured_acc), L_(layers) {
+    const int types = static_cast<int>(cluster.device_types().size());
+    per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
+    for (int t = 0; t < types; ++t) {
+      const int pt = profiles.type_index(cluster.device_types()[t]);
+      for (int tp = 1; tp <= max_tp; ++tp) {
         for (int bs = 1; bs <= b_; ++bs)
           if (const LayerProfile* lp = profiles.find(pt, tp, bs)) per_sample_[t * (max_tp + 1) + tp].push_back({lp, bs});
       }
@@ -150,7 +217,6 @@ class StageEstimator {
       for (int t = 0; t < types; ++t) ptype[t] = profiles.type_index(cluster.device_types()[t]);
       std::vector<int> rtype, share;
       std::vector<const Slices*> list;
-      std::map<std::vector<const Slices*>, int> interned;
       for (int r = 0; r < R; ++r)
         for (int s = 2; r + s <= R; ++s) {
           if (layout.homogeneous(r, r + s)) continue;
@@ -169,15 +235,12 @@ class StageEstimator {
             for (int d = 0; d < dp; ++d) {
               ref.max_share = std::max(ref.max_share, share[d]);
               if (share[d] == 0) continue;
-              const Slices* sl =
-                  &slices_[(static_cast<std::size_t>(layout.type_of(r + d * tp)) * (max_tp + 1) + tp) * (b_ + 1) + share[d]];
+              const Slices* sl = &slices.at(layout.type_of(r + d * tp), tp, share[d]);
               if (std::find(list.begin(), list.end(), sl) == list.end()) list.push_back(sl);
             }
             // Stages with the same replicas (as (type, share) slicings) share one list: one estimate.
             std::sort(list.begin(), list.end());
-            auto [it, fresh] = interned.try_emplace(list, static_cast<int>(mixed_pairs_.size()));
-            if (fresh) mixed_pairs_.insert(mixed_pairs_.end(), list.begin(), list.end());
-            ref.offset = it->second;
+            ref.entry = mixed_lists.intern(list);
             ref.count = static_cast<int>(list.size());
           }
         }
@@ -193,8 +256,7 @@ class StageEstimator {
     const int dp = s / tp;
     if (homogeneous) {
       // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them.
-      const Slices& sl = slices_[(static_cast<std::size_t>(layout_->type_of(r)) * (max_tp_ + 1) + tp) * (b_ + 1) +
-                                 (b_ + dp - 1) / dp];
+      const Slices& sl = slices_->at(layout_->type_of(r), tp, (b_ + dp - 1) / dp);
       if (sl.missing) {
         x.t = kInf;
         return x;
@@ -207,7 +269,7 @@ class StageEstimator {
         // slices can take longer than a larger share with its own file): f and b bound both.
         const int low = b_ / dp;
         if (b_ % dp != 0 && low > 0) {
-          const Slices& lo = slices_[(static_cast<std::size_t>(layout_->type_of(r)) * (max_tp_ + 1) + tp) * (b_ + 1) + low];
+          const Slices& lo = slices_->at(layout_->type_of(r), tp, low);
           if (!lo.missing) {
             const double t = time(lo, l, e), f = forward(lo, l, e, t);
             x.f = std::min(x.f, f);
@@ -226,8 +288,8 @@ class StageEstimator {
       }
       // The slowest replica is one of these: each of f and b is at least the smallest over them.
       double f_min = kInf, b_min = kInf;
-      for (int i = ref.offset; i < ref.offset + ref.count; ++i) {
-        const Slices& sl = *mixed_pairs_[i];
+      for (const Slices* slp : ref.entry->list) {
+        const Slices& sl = *slp;
         if (sl.missing) {
           x.t = kInf;
           return x;
@@ -268,14 +330,13 @@ class StageEstimator {
     x.t = capacity > 0 ? b_ / capacity : 0;
     return x;
   }
-  // Which mixed-type stages share estimates: stages with equal keys (>= 0) have equal estimates; -1
-  // where not known (homogeneous stages, no mixed table, or a missing profile).
-  int mixed_key(int r, int s, int tp) const {
-    if (mixed_.empty()) return -1;
+  // Which mixed-type stages share estimates: stages with the same entry have the same estimates;
+  // nullptr where not known (homogeneous stages, no mixed table, or a missing profile).
+  MixedLists::Entry* mixed_entry(int r, int s, int tp) const {
+    if (mixed_.empty()) return nullptr;
     const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
-    return ref.count > 0 ? ref.offset : -1;
+    return ref.count > 0 ? ref.entry : nullptr;
   }
-  int mixed_keys() const { return static_cast<int>(mixed_pairs_.size()); }
   // The stage's two p2p sends (exactly stage()'s): forward to rank r + s unless it ends the ranks,
   // backward to rank r - 1 unless it starts them. 0 where the largest share is not known here.
   void sends(int r, int s, int tp, bool homogeneous, double* forward, double* backward) const {
@@ -291,14 +352,9 @@ class StageEstimator {
   }
 
  private:
-  struct Slices {
-    int type = 0, tp = 1;
-    bool missing = false;
-    bool forward_known = false;  // every file splits out the forward
-    std::vector<const LayerProfile*> files;
-  };
   struct MixedRef {
-    int offset = 0, count = 0;  // count < 0: the load balancer lacks a profile
+    MixedLists::Entry* entry = nullptr;
+    int count = 0;  // count < 0: the load balancer lacks a profile
     int max_share = 0;
   };
   static double time(const Slices& sl, int l, int e) {
@@ -323,14 +379,13 @@ class StageEstimator {
   }
   const RankLayout* layout_;
   const PlanCostModel* cost_;
+  const ShareSlices* slices_;
   int b_, max_tp_, R_ = 0;
   bool full_params_ = false;
   double forward_share_ = 1.0 / 3.0;
   const std::vector<double>* unmeasured_acc_;
   int L_;
-  std::vector<MixedRef> mixed_;               // [r][s][tp], mixed-type stages only
-  std::vector<const Slices*> mixed_pairs_;    // each one's distinct (type, share) slicings
-  std::vector<Slices> slices_;  // [type][tp][share]
+  std::vector<MixedRef> mixed_;  // [r][s][tp], mixed-type stages only
   std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
 };
 
@@ -340,6 +395,21 @@ inline std::size_t span_index(int L, int l, int e) {
   return static_cast<std::size_t>(l) * L - static_cast<std::size_t>(l) * (l - 1) / 2 + (e - l - 1);
 }
 inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) / 2; }
+
+const StageEstimate* MixedLists::estimates(Entry* entry, const StageEstimator& est, int r, int s, int tp, int layers) {
+  if (!entry) return nullptr;
+  std::call_once(entry->once, [&] {
+    const std::size_t bytes = spans(layers) * sizeof(StageEstimate);
+    if (used_.fetch_add(bytes) + bytes > budget_) {
+      used_.fetch_sub(bytes);
+      return;
+    }
+    entry->estimates.resize(spans(layers));
+    for (int l = 0; l < layers; ++l)
+      for (int e = l + 1; e <= layers; ++e) entry->estimates[span_index(layers, l, e)] = est.estimate(r, s, tp, l, e, false, true);
+  });
+  return entry->estimates.empty() ? nullptr : entry->estimates.data();
+}
 
 // The estimates of homogeneous stages, [span_index(L, l, e)] each, shared by every (node order, m) group: such a
 // stage's estimate (StageEstimator::estimate) depends only on its type, tp, its slowest replica's share
@@ -404,13 +474,6 @@ struct SuffixBound {
     return h_min[index(q, r, l)];
   }
   double at(int q, int r, int l) const { return h.empty() ? capacity(r, l) : h[index(q, r, l)]; }
-  // The estimates of mixed-type stages the table was built from, where kept: [StageEstimator::mixed_key],
-  // each [span_index(L, l, e)]; nullptr where not kept. (Homogeneous ones: HomogeneousEstimates.)
-  std::vector<std::vector<StageEstimate>> est_mixed;
-  const StageEstimate* mixed_estimates(int mixed_key) const {
-    if (mixed_key < 0 || static_cast<std::size_t>(mixed_key) >= est_mixed.size()) return nullptr;
-    return est_mixed[mixed_key].empty() ? nullptr : est_mixed[mixed_key].data();
-  }
   // Without the table (too large): the throughput bound. Stage j's m forwards and backwards take at
   // least gbs x (its layers' least GPU-ms per sample) / (its ranks' GPUs); with each type's costs at
   // least kappa_type times a reference type's, layer by layer, the largest over the stages is at least
@@ -787,6 +850,11 @@ PlanSearchResult PlanSearch::run() const {
   std::vector<SuffixBound> bounds(orders.size() * ms.size());
   bool full_params = true;  // every setup trains every parameter (accumulation is not scaled down)
   for (const TrainingSetup& st : setups) full_params = full_params && st.finetune == Finetune::kFull;
+  // Shared by the groups: slicings up to the largest micro-batch, and (for the tables' path) the estimates
+  // of homogeneous stages and of mixed stages' replica lists, each within a memory budget.
+  const ShareSlices share_slices(profiles, cluster, max_tp, ms.empty() ? 1 : opt_.gbs / ms.back(),
+                                 sim_->options().max_profiled_bs);
+  MixedLists mixed_lists(std::size_t{128} << 20);
   std::optional<HomogeneousEstimates> homogeneous;
   if (!opt_.exhaustive && table_fits) homogeneous.emplace(n_types, max_tp, opt_.gbs, L, std::size_t{128} << 20);
   // `last_stages`: create the estimator and the table and fill its entries q = 1 (exact); else its
@@ -797,7 +865,7 @@ PlanSearchResult PlanSearch::run() const {
     const OrderContext& o = orders[u.order];
     const int m = u.m, b = opt_.gbs / m;
     if (last_stages) {
-      h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, b, sim_->options().max_profiled_bs,
+      h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, share_slices, mixed_lists, b,
                                                 max_tp, full_params, sim_->options().backward_share, unmeasured_acc, L);
       h->R = R;
       h->L = L;
@@ -818,7 +886,6 @@ PlanSearchResult PlanSearch::run() const {
       h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
       h->g.assign(h->h.size(), kInf);
       h->g0.assign(h->h.size(), kInf);
-      h->est_mixed.assign(h->est->mixed_keys(), {});
     } else if (h->h.empty()) {
       return;
     }
@@ -848,7 +915,6 @@ PlanSearchResult PlanSearch::run() const {
     double* H = h->h.data();
     double* G = h->g.data();
     double* G0 = h->g0.data();
-    std::vector<std::vector<StageEstimate>>& mixed = h->est_mixed;  // by StageEstimator::mixed_key
     for (int r = R - 1; r >= 0; --r) {
       if (!last_stages && check_stop()) return;
       for (int s = last_stages ? R - r : 1; s <= (last_stages ? R - r : R - r - 1); ++s) {
@@ -861,18 +927,9 @@ PlanSearchResult PlanSearch::run() const {
           est.sends(r, s, tp, homo, &sf, &sb);
           const bool ends_ranks = r + s == R;
           const StageEstimate* cached = nullptr;
-          const int mk = homo || !inside ? -1 : est.mixed_key(r, s, tp);
-          if (homo && inside) {
-            cached = homogeneous->get(est, o.layout->type_of(r), r, s, tp, b);
-          } else if (mk >= 0) {
-            std::vector<StageEstimate>& c = mixed[mk];
-            if (c.empty()) {
-              c.resize(spans(L));
-              for (int l = 0; l < L; ++l)
-                for (int e = l + 1; e <= L; ++e) c[span_index(L, l, e)] = est.estimate(r, s, tp, l, e, homo, true);
-            }
-            cached = c.data();
-          }
+          if (inside)
+            cached = homo ? homogeneous->get(est, o.layout->type_of(r), r, s, tp, b)
+                          : mixed_lists.estimates(est.mixed_entry(r, s, tp), est, r, s, tp, L);
           const double threshold = last_stages ? kInf : bound.threshold();
           for (int l = 0; l < L; ++l)
             for (int e = ends_ranks ? L : l + 1; e <= (ends_ranks ? L : L - 1); ++e) {
@@ -901,14 +958,8 @@ PlanSearchResult PlanSearch::run() const {
       }
     }
   };
-  // h_min from h; `final`: the table is complete, and kept mixed estimates that hold too much memory are
-  // dropped (the search then recomputes them).
-  auto finish_bound = [&](SuffixBound* h, bool final) {
-    if (final) {
-      std::size_t kept = 0;
-      for (const auto& v : h->est_mixed) kept += v.size();
-      if (kept * sizeof(StageEstimate) > (std::size_t{8} << 20)) h->est_mixed = {};
-    }
+  // h_min from h.
+  auto finish_bound = [&](SuffixBound* h) {
     h->h_min = h->h;
     if (h->h.empty()) return;
     for (int r = 0; r <= R; ++r)
@@ -930,14 +981,14 @@ PlanSearchResult PlanSearch::run() const {
     }
     const OrderContext& o = orders[u.order];
     const int p = u.p, m = u.m, b = opt_.gbs / m;
+    // Stage i's entries are written when stage i - 1 is chosen: only stage 0's need a value.
+    const std::size_t n = static_cast<std::size_t>(p + 1) * S;
     w.stage_cost.resize(static_cast<std::size_t>(p) * S);
-    w.fwd_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
-    w.c_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
-    w.lb.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
-    w.extra.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
-    w.c0_prefix.assign(static_cast<std::size_t>(p + 1) * S, 0.0);
-    w.xstart.assign(static_cast<std::size_t>(p + 1) * S, -kInf);
-    w.mask.assign(p + 1, 0);
+    for (std::vector<double>* v : {&w.fwd_prefix, &w.c_prefix, &w.lb, &w.extra, &w.c0_prefix, &w.xstart}) {
+      if (v->size() < n) v->resize(n);
+      std::fill(v->begin(), v->begin() + S, v == &w.xstart ? -kInf : 0.0);
+    }
+    w.mask.resize(p + 1);
     w.choice.resize(p);
     w.leaf.resize(p);
     const unsigned all = S >= 32 ? 0xffffffffu : ((1u << S) - 1);
@@ -1048,9 +1099,9 @@ PlanSearchResult PlanSearch::run() const {
           if (use_bounds) {
             est.sends(r, s, tp, homo, &sfw, &sbw);
             if (inside)
-              kept = !homo ? sb.mixed_estimates(est.mixed_key(r, s, tp))
-                     : homogeneous ? homogeneous->get(est, o.layout->type_of(r), r, s, tp, b)
-                                   : nullptr;
+              kept = !homogeneous ? nullptr
+                     : homo        ? homogeneous->get(est, o.layout->type_of(r), r, s, tp, b)
+                                   : mixed_lists.estimates(est.mixed_entry(r, s, tp), est, r, s, tp, L);
           }
           for (int k = k_min; k <= k_max; ++k) {
             ++w.c.enumerated;
@@ -1238,12 +1289,12 @@ PlanSearchResult PlanSearch::run() const {
   };
   for_each_group([&](int g) {
     build_bound(builders[g], &bounds[g], true);
-    finish_bound(&bounds[g], false);
+    finish_bound(&bounds[g]);
     run_units(shallow_units[g]);
   });
   for_each_group([&](int g) {
     build_bound(builders[g], &bounds[g], false);
-    finish_bound(&bounds[g], true);
+    finish_bound(&bounds[g]);
     run_units(deep_units[g]);
   });
 
