@@ -526,10 +526,11 @@ PathCounts start_path(Schedule schedule, int after, int m) {
 // it (infinity where none exists, which leaves hc/gc/g0c alone). `coef` holds 8 rows of `stride` per-q
 // coefficients: the end path's t, f, b, a, then the start path's. Written for the compiler to
 // vectorise: distinct arrays, no branch (no value is NaN).
-HETPLAN_AVX2_CLONE void relax_suffix(int q_max, const double* __restrict coef, int stride, const StageEstimate& x, double busy,
-                  double csum, double c0, double sends, const double* __restrict hn, const double* __restrict gn,
-                  const double* __restrict g0n, double* __restrict hc, double* __restrict gc,
-                  double* __restrict g0c) {
+[[gnu::always_inline]] inline void relax_suffix(int q_max, const double* __restrict coef, int stride, StageEstimate x,
+                                                double busy, double csum, double c0, double sends,
+                                                const double* __restrict hn, const double* __restrict gn,
+                                                const double* __restrict g0n, double* __restrict hc,
+                                                double* __restrict gc, double* __restrict g0c) {
   const double* __restrict e_t = coef;
   const double* __restrict e_f = coef + stride;
   const double* __restrict e_b = coef + 2 * stride;
@@ -551,6 +552,31 @@ HETPLAN_AVX2_CLONE void relax_suffix(int q_max, const double* __restrict coef, i
     gc[q] = gv < gc[q] ? gv : gc[q];
     const double g0v = c0 + g0n[q];
     g0c[q] = g0v < g0c[q] ? g0v : g0c[q];
+  }
+}
+
+// The steps of the suffix bound's dynamic program for a stage at one (dp, tp) starting at one layer l
+// and ending at each layer e in [e_begin, e_end) in turn (xs[e - e_begin] its estimate; a stage with no
+// stage after it is not here): H, G, G0 are the tables, `next0` the index of (q = -1, the rank after
+// the stage, layer 0), so that the entries q - 1 after a stage ending at e start at next0 + e (Q + 1);
+// hc/gc/g0c the stage's own entries. A stage whose busy time is above `threshold` ends the walk (its
+// time and accumulation only grow with its layers); one with no estimate (a missing profile) is skipped.
+// One call per row, so the dynamic program's inner loops are all in the vectorised clone.
+HETPLAN_AVX2_CLONE void relax_row(const StageEstimate* xs, int e_begin, int e_end, int q_cap, int L, int Q, int m,
+                                  double sf, double sb, double threshold, const double* coef, const double* H,
+                                  const double* G, const double* G0, std::size_t next0, double* hc, double* gc,
+                                  double* g0c) {
+  const double md = m, m1 = m - 1, acc = m > 1 ? 1.0 : 0.0;
+  for (int e = e_begin; e < e_end; ++e) {
+    const StageEstimate x = xs[e - e_begin];
+    if (!std::isfinite(x.t)) continue;
+    const double busy = md * x.t + m1 * x.a + sb;
+    if (busy > threshold) break;
+    const double c0 = x.t + sf + sb, csum = c0 + acc * x.a;
+    // (The stages after it number at most min(R - r - s, L - e).)
+    const int q_max = std::min(q_cap, 1 + L - e);
+    const std::size_t next = next0 + static_cast<std::size_t>(e) * (Q + 1);
+    relax_suffix(q_max, coef, Q + 1, x, busy, csum, c0, sf + sb, H + next, G + next, G0 + next, hc, gc, g0c);
   }
 }
 
@@ -915,6 +941,7 @@ PlanSearchResult PlanSearch::run() const {
     double* H = h->h.data();
     double* G = h->g.data();
     double* G0 = h->g0.data();
+    std::vector<StageEstimate> row(L);  // one row of estimates where none are kept
     for (int r = R - 1; r >= 0; --r) {
       if (!last_stages && check_stop()) return;
       for (int s = last_stages ? R - r : 1; s <= (last_stages ? R - r : R - r - 1); ++s) {
@@ -931,29 +958,25 @@ PlanSearchResult PlanSearch::run() const {
             cached = homo ? homogeneous->get(est, o.layout->type_of(r), r, s, tp, b)
                           : mixed_lists.estimates(est.mixed_entry(r, s, tp), est, r, s, tp, L);
           const double threshold = last_stages ? kInf : bound.threshold();
-          for (int l = 0; l < L; ++l)
-            for (int e = ends_ranks ? L : l + 1; e <= (ends_ranks ? L : L - 1); ++e) {
-              const StageEstimate x =
-                  cached ? cached[span_index(L, l, e)] : est.estimate(r, s, tp, l, e, homo, inside);
+          for (int l = 0; l < L; ++l) {
+            const std::size_t here = h->index(0, r, l);
+            if (ends_ranks) {  // the last stage: its entries q = 1
+              const StageEstimate x = cached ? cached[span_index(L, l, L)] : est.estimate(r, s, tp, l, L, homo, inside);
               if (!std::isfinite(x.t)) continue;
               const double busy = m * x.t + (m - 1) * x.a + sb;
-              // (A stage's time and accumulation only grow with its layers: so do those after it.)
-              if (busy > threshold) break;
               const double c0 = x.t + sf + sb, csum = c0 + (m > 1 ? x.a : 0.0);
-              const std::size_t here = h->index(0, r, l);
-              if (ends_ranks) {
-                H[here + 1] = std::min(H[here + 1], busy);
-                G[here + 1] = std::min(G[here + 1], csum);
-                G0[here + 1] = std::min(G0[here + 1], c0);
-                continue;
-              }
-              // (The stages after it number at most min(R - r - s, L - e).)
-              const int q_max = std::min({Q, 1 + R - r - s, 1 + L - e});
-              // Entry q - 1 of the stages after (infinity where none exists: it then leaves these alone).
-              const std::size_t next = h->index(0, r + s, e) - 1;
-              relax_suffix(q_max, coef.data(), Q + 1, x, busy, csum, c0, sf + sb, H + next, G + next, G0 + next,
-                           H + here, G + here, G0 + here);
+              H[here + 1] = std::min(H[here + 1], busy);
+              G[here + 1] = std::min(G[here + 1], csum);
+              G0[here + 1] = std::min(G0[here + 1], c0);
+              continue;
             }
+            // Layers [l, e) for e < L (a stage follows), as one row of estimates.
+            const StageEstimate* xs = cached ? cached + span_index(L, l, l + 1) : row.data();
+            if (!cached)
+              for (int e = l + 1; e < L; ++e) row[e - l - 1] = est.estimate(r, s, tp, l, e, homo, inside);
+            relax_row(xs, l + 1, L, std::min(Q, 1 + R - r - s), L, Q, m, sf, sb, threshold, coef.data(), H, G, G0,
+                      h->index(0, r + s, 0) - 1, H + here, G + here, G0 + here);
+          }
         }
       }
     }
