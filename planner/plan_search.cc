@@ -154,14 +154,54 @@ class ShareSlices {
 // The distinct replicas of mixed-type stages, as sorted lists of slicings, shared by every (node order,
 // m) group: stages with the same list have the same estimates, which the list keeps once computed
 // (StageEstimates below). Thread-safe; an entry's address is stable for the object's lifetime.
+// A memory budget shared by the kept estimates. Thread-safe.
+class EstimateBudget {
+ public:
+  explicit EstimateBudget(std::size_t bytes) : limit_(bytes) {}
+  bool take(std::size_t bytes) {
+    if (used_.fetch_add(bytes) + bytes <= limit_) return true;
+    used_.fetch_sub(bytes);
+    return false;
+  }
+
+ private:
+  std::size_t limit_;
+  std::atomic<std::size_t> used_{0};
+};
+
+// One kept set of stage estimates, filled by the first caller that claims it (within the budget). A
+// caller that finds another thread filling it does not wait: get() returns nullptr and it computes its
+// own, the same values. Thread-safe.
+class EstimateSlot {
+ public:
+  // `fill(v)` writes the estimates into v (sized `n`).
+  template <class Fill>
+  const StageEstimate* get(std::size_t n, EstimateBudget& budget, Fill&& fill) {
+    int state = state_.load(std::memory_order_acquire);
+    if (state == kEmpty && state_.compare_exchange_strong(state, kFilling, std::memory_order_acquire)) {
+      if (budget.take(n * sizeof(StageEstimate))) {
+        v_.resize(n);
+        fill(v_.data());
+      }
+      state_.store(kReady, std::memory_order_release);
+      state = kReady;
+    }
+    return state == kReady && !v_.empty() ? v_.data() : nullptr;
+  }
+
+ private:
+  enum { kEmpty, kFilling, kReady };
+  std::atomic<int> state_{kEmpty};
+  std::vector<StageEstimate> v_;
+};
+
 class StageEstimator;
 class MixedLists {
  public:
-  explicit MixedLists(std::size_t budget_bytes) : budget_(budget_bytes) {}
+  explicit MixedLists(EstimateBudget& budget) : budget_(&budget) {}
   struct Entry {
     std::vector<const Slices*> list;
-    std::once_flag once;
-    std::vector<StageEstimate> estimates;  // [span_index], once computed within the budget; else empty
+    EstimateSlot estimates;  // [span_index(L, l, e)]
   };
   Entry* intern(const std::vector<const Slices*>& sorted_list) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -179,8 +219,7 @@ class MixedLists {
   const StageEstimate* estimates(Entry* entry, const StageEstimator& est, int r, int s, int tp, int layers);
 
  private:
-  std::size_t budget_;
-  std::atomic<std::size_t> used_{0};
+  EstimateBudget* budget_;
   std::mutex mu_;
   std::map<std::vector<const Slices*>, Entry*> index_;
   std::vector<std::unique_ptr<Entry>> entries_;
@@ -217,6 +256,7 @@ class StageEstimator {
       for (int t = 0; t < types; ++t) ptype[t] = profiles.type_index(cluster.device_types()[t]);
       std::vector<int> rtype, share;
       std::vector<const Slices*> list;
+      std::map<std::vector<const Slices*>, MixedLists::Entry*> interned;  // this estimator's: few locks
       for (int r = 0; r < R; ++r)
         for (int s = 2; r + s <= R; ++s) {
           if (layout.homogeneous(r, r + s)) continue;
@@ -240,7 +280,9 @@ class StageEstimator {
             }
             // Stages with the same replicas (as (type, share) slicings) share one list: one estimate.
             std::sort(list.begin(), list.end());
-            ref.entry = mixed_lists.intern(list);
+            MixedLists::Entry*& entry = interned[list];
+            if (!entry) entry = mixed_lists.intern(list);
+            ref.entry = entry;
             ref.count = static_cast<int>(list.size());
           }
         }
@@ -398,55 +440,38 @@ inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) /
 
 const StageEstimate* MixedLists::estimates(Entry* entry, const StageEstimator& est, int r, int s, int tp, int layers) {
   if (!entry) return nullptr;
-  std::call_once(entry->once, [&] {
-    const std::size_t bytes = spans(layers) * sizeof(StageEstimate);
-    if (used_.fetch_add(bytes) + bytes > budget_) {
-      used_.fetch_sub(bytes);
-      return;
-    }
-    entry->estimates.resize(spans(layers));
+  return entry->estimates.get(spans(layers), *budget_, [&](StageEstimate* v) {
     for (int l = 0; l < layers; ++l)
-      for (int e = l + 1; e <= layers; ++e) entry->estimates[span_index(layers, l, e)] = est.estimate(r, s, tp, l, e, false, true);
+      for (int e = l + 1; e <= layers; ++e) v[span_index(layers, l, e)] = est.estimate(r, s, tp, l, e, false, true);
   });
-  return entry->estimates.empty() ? nullptr : entry->estimates.data();
 }
 
 // The estimates of homogeneous stages, [span_index(L, l, e)] each, shared by every (node order, m) group: such a
 // stage's estimate (StageEstimator::estimate) depends only on its type, tp, its slowest replica's share
 // of the micro-batch and whether the shares are uneven, not on the group or the stage's ranks. Each is
-// computed once, by its first caller, within a memory budget; past it, get() returns nullptr and callers
-// compute their own. Thread-safe.
+// computed once, by its first caller, within a memory budget (EstimateSlot: past it, or while another
+// thread fills it, get() returns nullptr and callers compute their own). Thread-safe.
 class HomogeneousEstimates {
  public:
-  HomogeneousEstimates(int types, int max_tp, int max_micro_batch, int layers, std::size_t budget_bytes)
-      : tps_(max_tp + 1), shares_(max_micro_batch + 1), L_(layers), budget_(budget_bytes),
-        v_(static_cast<std::size_t>(types) * tps_ * shares_ * 2), once_(new std::once_flag[v_.size()]) {}
+  HomogeneousEstimates(int types, int max_tp, int max_micro_batch, int layers, EstimateBudget& budget)
+      : tps_(max_tp + 1), shares_(max_micro_batch + 1), L_(layers), budget_(&budget),
+        slots_(new EstimateSlot[static_cast<std::size_t>(types) * tps_ * shares_ * 2]) {}
   // Stage [r, r + s), homogeneous of `type`, at (s / tp, tp) with micro-batch b: its estimates of
   // layers [l, e) at [span_index(layers, l, e)], or nullptr (over the budget). REQUIRES: tp <= max_tp,
   // b <= max_micro_batch, s / tp <= b.
   const StageEstimate* get(const StageEstimator& est, int type, int r, int s, int tp, int b) {
     const int dp = s / tp, share = (b + dp - 1) / dp;
     const std::size_t k = ((static_cast<std::size_t>(type) * tps_ + tp) * shares_ + share) * 2 + (b % dp != 0 ? 1 : 0);
-    std::call_once(once_[k], [&] {
-      const std::size_t n = spans(L_);
-      if (used_.fetch_add(n * sizeof(StageEstimate)) + n * sizeof(StageEstimate) > budget_) {
-        used_.fetch_sub(n * sizeof(StageEstimate));
-        return;
-      }
-      std::vector<StageEstimate>& c = v_[k];
-      c.resize(n);
+    return slots_[k].get(spans(L_), *budget_, [&](StageEstimate* v) {
       for (int l = 0; l < L_; ++l)
-        for (int e = l + 1; e <= L_; ++e) c[span_index(L_, l, e)] = est.estimate(r, s, tp, l, e, true, true);
+        for (int e = l + 1; e <= L_; ++e) v[span_index(L_, l, e)] = est.estimate(r, s, tp, l, e, true, true);
     });
-    return v_[k].empty() ? nullptr : v_[k].data();
   }
 
  private:
   int tps_, shares_, L_;
-  std::size_t budget_;
-  std::atomic<std::size_t> used_{0};
-  std::vector<std::vector<StageEstimate>> v_;  // [type][tp][share][uneven]
-  std::unique_ptr<std::once_flag[]> once_;
+  EstimateBudget* budget_;
+  std::unique_ptr<EstimateSlot[]> slots_;  // [type][tp][share][uneven]
 };
 
 // For one (node order, m): H[q][r][l], a lower bound on the longest of the
@@ -586,6 +611,7 @@ struct Unit {
   int bound = 0;       // index of the (node order, m) suffix bound
   int first_size = 1;  // GPUs of stage 0 (units this small balance the threads)
   int first_layers = 0;  // layers of stage 0; 0: any
+  long long ordinal = 0;  // place in the search's order of units
 };
 
 struct Counters {
@@ -716,6 +742,8 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
 
 PlanSearchResult PlanSearch::run() const {
   const auto t0 = Clock::now();
+  std::optional<tbb::global_control> limit;
+  if (opt_.threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, opt_.threads);
   const Cluster& cluster = *cluster_;
   const ProfileSet& profiles = *profiles_;
   const int L = profiles.num_layers();
@@ -785,18 +813,26 @@ PlanSearchResult PlanSearch::run() const {
   for (int p = 2; p <= Q; ++p)
     split_units += static_cast<double>(ms.size()) * orders.size() * (R - p + 1) * (L - p + 1);
   const bool split_layers = split_units <= 2e6;
-  std::vector<Unit> units;
-  for (int p = 1; p <= Q; ++p)
-    for (std::size_t mi = 0; mi < ms.size(); ++mi)
-      for (const OrderContext& o : orders)
-        for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0) {
-          const int bound_index = static_cast<int>(o.index * ms.size() + mi);
-          if (p == 1 || !split_layers) {
-            units.push_back(Unit{o.index, ms[mi], p, bound_index, s0, 0});
-            continue;
-          }
-          for (int k0 = 1; k0 <= L - (p - 1); ++k0) units.push_back(Unit{o.index, ms[mi], p, bound_index, s0, k0});
+  // The units of group (node order, m) g = order * ms.size() + m's index, with p in [p_begin, p_end],
+  // each with its place in the search's order of units: by p, m, node order, stage 0's size and layers
+  // (the first infeasible one found gives the reason reported). Each group makes its own, when it runs.
+  auto group_units = [&](int g, int p_begin, int p_end, std::vector<Unit>* out) {
+    out->clear();
+    const int order = g / static_cast<int>(ms.size()), mi = g % static_cast<int>(ms.size());
+    for (int p = p_begin; p <= std::min(p_end, Q); ++p)
+      for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0) {
+        const long long base = ((static_cast<long long>(p) * static_cast<long long>(ms.size()) + mi) *
+                                    static_cast<long long>(orders.size()) + order) * (R + 1) + s0;
+        if (p == 1 || !split_layers) {
+          out->push_back(Unit{order, ms[mi], p, g, s0, 0, base * (L + 1)});
+          continue;
         }
+        for (int k0 = 1; k0 <= L - (p - 1); ++k0) out->push_back(Unit{order, ms[mi], p, g, s0, k0, base * (L + 1) + k0});
+      }
+  };
+  long long units_total = 0;
+  for (int p = 1; p <= Q; ++p)
+    units_total += static_cast<long long>(ms.size() * orders.size()) * (p == 1 ? 1 : (R - p + 1) * (split_layers ? L - p + 1 : 1));
 
   // [type][tp][l][e]: PlanCostModel::unmeasured_accumulation_ms of the type's profiles (any order's model:
   // it does not depend on the layout), for the estimates of replicas whose files do not measure it.
@@ -851,8 +887,6 @@ PlanSearchResult PlanSearch::run() const {
   const bool use_bounds = !opt_.exhaustive;
 
   tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k, S); });
-  std::optional<tbb::global_control> limit;
-  if (opt_.threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, opt_.threads);
 
   auto check_stop = [&]() {
     if (stop.load(std::memory_order_relaxed)) return true;
@@ -880,9 +914,10 @@ PlanSearchResult PlanSearch::run() const {
   // of homogeneous stages and of mixed stages' replica lists, each within a memory budget.
   const ShareSlices share_slices(profiles, cluster, max_tp, ms.empty() ? 1 : opt_.gbs / ms.back(),
                                  sim_->options().max_profiled_bs);
-  MixedLists mixed_lists(std::size_t{128} << 20);
+  EstimateBudget estimate_budget(std::size_t{256} << 20);
+  MixedLists mixed_lists(estimate_budget);
   std::optional<HomogeneousEstimates> homogeneous;
-  if (!opt_.exhaustive && table_fits) homogeneous.emplace(n_types, max_tp, opt_.gbs, L, std::size_t{128} << 20);
+  if (!opt_.exhaustive && table_fits) homogeneous.emplace(n_types, max_tp, opt_.gbs, L, estimate_budget);
   // `last_stages`: create the estimator and the table and fill its entries q = 1 (exact); else its
   // entries q >= 2. These leave out every stage whose own compute exceeds the pruning threshold at the
   // time: a plan with such a stage costs more than the threshold (which only falls), and the entries
@@ -992,8 +1027,8 @@ PlanSearchResult PlanSearch::run() const {
           cur = std::min(cur, h->h_min[h->index(q, r, l + 1)]);
         }
   };
-  auto run_unit = [&](Worker& w, long long unit_index) {
-    const Unit u = units[unit_index];
+  auto run_unit = [&](Worker& w, const Unit& u) {
+    const long long unit_index = u.ordinal;
     // The depth-first search's first test below (stage 0's size is the unit's), before anything is set
     // up: most units end there.
     if (use_bounds && u.p > 1 &&
@@ -1254,7 +1289,7 @@ PlanSearchResult PlanSearch::run() const {
   Periodic reporter(opt_.progress ? std::function<void()>([&] {
     PlanSearchProgress pr;
     pr.units_done = units_done.load();
-    pr.units_total = static_cast<long long>(units.size());
+    pr.units_total = units_total;
     pr.enumerated = g_enumerated.load();
     pr.pruned = g_pruned.load();
     pr.costed = g_costed.load();
@@ -1266,26 +1301,25 @@ PlanSearchResult PlanSearch::run() const {
     opt_.progress(pr);
   }) : std::function<void()>());
 
-  // The search in two phases, each over the (node order, m) groups:
-  //  1. a group's estimator and the one-stage entries of its suffix bound, then its units of one and
-  //     two stages, which need no more of it: their best is often near the optimum, so the threshold
-  //     is low before the costly part of the tables is built;
-  //  2. a group's deeper entries, leaving out stages whose own compute is already above that
-  //     threshold, then its units of three stages and more.
+  // The search in phases over the (node order, m) groups:
+  //  1. every group's estimator and the one-stage entries of its suffix bound, the groups shared out
+  //     among the threads;
+  //  2. the units of one and two stages, which need no more of the tables, group after group with all
+  //     threads in one group at a time: the first plans found set the threshold for the rest (threads
+  //     that each started a group of their own would each search without one), and their best is
+  //     often near the optimum, so the threshold is low before the costly part of the tables is built;
+  //  3. per group, its deeper entries, leaving out stages whose own compute is already above that
+  //     threshold, then its units of three stages and more, the groups shared out among the threads
+  //     and the threads sharing each group's units.
   // Groups are taken in order of decreasing micro-batch (more (dp, tp) options: the costlier tables),
-  // each by the next free thread, and the threads share each group's units: none is left alone with a
-  // large table at the end of a phase.
+  // each by the next free thread: none is left alone with a large table at the end of a phase.
   const std::size_t n_groups = bounds.size();
   std::vector<Unit> builders(n_groups);
-  std::vector<std::vector<int>> shallow_units(n_groups), deep_units(n_groups);
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    const Unit& u = units[i];
-    if (shallow_units[u.bound].empty() && deep_units[u.bound].empty()) builders[u.bound] = u;
-    (u.p <= 2 ? shallow_units : deep_units)[u.bound].push_back(static_cast<int>(i));
-  }
   std::vector<int> group_order;
-  for (std::size_t g = 0; g < n_groups; ++g)
-    if (!shallow_units[g].empty() || !deep_units[g].empty()) group_order.push_back(static_cast<int>(g));
+  for (std::size_t g = 0; g < n_groups; ++g) {
+    builders[g] = Unit{static_cast<int>(g / ms.size()), ms[g % ms.size()], 1, static_cast<int>(g), R, 0, 0};
+    group_order.push_back(static_cast<int>(g));
+  }
   std::stable_sort(group_order.begin(), group_order.end(),
                    [&](int x, int y) { return builders[x].m < builders[y].m; });
   auto for_each_group = [&](auto&& body) {
@@ -1296,7 +1330,7 @@ PlanSearchResult PlanSearch::run() const {
         body(group_order[i]);
     });
   };
-  auto run_units = [&](const std::vector<int>& list) {
+  auto run_units = [&](const std::vector<Unit>& list) {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, list.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
       Worker& w = workers.local();
       // The shared counters (progress only) are added to once per range, not per unit: the threads
@@ -1317,12 +1351,21 @@ PlanSearchResult PlanSearch::run() const {
   for_each_group([&](int g) {
     build_bound(builders[g], &bounds[g], true);
     finish_bound(&bounds[g]);
-    run_units(shallow_units[g]);
   });
+  {
+    std::vector<Unit> list;
+    for (int g : group_order) {
+      if (check_stop()) break;
+      group_units(g, 1, 2, &list);
+      run_units(list);
+    }
+  }
   for_each_group([&](int g) {
     build_bound(builders[g], &bounds[g], false);
     finish_bound(&bounds[g]);
-    run_units(deep_units[g]);
+    std::vector<Unit> list;
+    group_units(g, 3, Q, &list);
+    run_units(list);
   });
 
   reporter.stop();
