@@ -151,9 +151,6 @@ class ShareSlices {
   std::vector<Slices> v_;  // [type][tp][share]
 };
 
-// The distinct replicas of mixed-type stages, as sorted lists of slicings, shared by every (node order,
-// m) group: stages with the same list have the same estimates, which the list keeps once computed
-// (StageEstimates below). Thread-safe; an entry's address is stable for the object's lifetime.
 // A memory budget shared by the kept estimates. Thread-safe.
 class EstimateBudget {
  public:
@@ -196,6 +193,9 @@ class EstimateSlot {
 };
 
 class StageEstimator;
+// The distinct replicas of mixed-type stages, as sorted lists of slicings, shared by every (node order,
+// m) group: stages with the same list have the same estimates, which the entry keeps once computed.
+// Thread-safe; an entry's address is stable for the object's lifetime.
 class MixedLists {
  public:
   explicit MixedLists(EstimateBudget& budget) : budget_(&budget) {}
