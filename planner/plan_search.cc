@@ -680,6 +680,8 @@ struct Worker {
   StageCache cache;
   TopPlans top;
   Counters c;
+  Counters published;     // the part of c added to the shared (progress) counters
+  long long since_check = 0;  // units and enumerations since the stop flags and the clock were read
   long long first_infeasible_unit = -1;
   std::string first_infeasible_reason;
   PipelineScratch scratch;
@@ -1027,6 +1029,22 @@ PlanSearchResult PlanSearch::run() const {
           cur = std::min(cur, h->h_min[h->index(q, r, l + 1)]);
         }
   };
+  // The worker's counts into the shared (progress) counters: added to now and then, not per unit,
+  // since the threads would contend on their cache line.
+  auto publish = [&](Worker& w) {
+    g_enumerated.fetch_add(w.c.enumerated - w.published.enumerated, std::memory_order_relaxed);
+    g_pruned.fetch_add(w.c.pruned - w.published.pruned, std::memory_order_relaxed);
+    g_costed.fetch_add(w.c.costed - w.published.costed, std::memory_order_relaxed);
+    w.published = w.c;
+  };
+  // Every 1024 units or enumerations: publish, read the clock and the flags. True: stop.
+  auto every_so_often = [&](Worker& w) {
+    if (stop.load(std::memory_order_relaxed)) return true;
+    if (++w.since_check < 1024) return false;
+    w.since_check = 0;
+    publish(w);
+    return check_stop();
+  };
   auto run_unit = [&](Worker& w, const Unit& u) {
     const long long unit_index = u.ordinal;
     // The depth-first search's first test below (stage 0's size is the unit's), before anything is set
@@ -1051,8 +1069,6 @@ PlanSearchResult PlanSearch::run() const {
     w.leaf.resize(p);
     const unsigned all = S >= 32 ? 0xffffffffu : ((1u << S) - 1);
     w.mask[0] = all;
-    long long since_check = 0;
-
     const SuffixBound& sb = bounds[u.bound];
     const bool cacheable = L < 1024 && max_tp < 256;
     const StageEstimator& est = *sb.est;
@@ -1107,10 +1123,7 @@ PlanSearchResult PlanSearch::run() const {
     // (A generic lambda that takes itself: no std::function, so no allocation per unit.)
     auto dfs = [&](auto& self, int i, int r, int l) -> void {
       if (stop.load(std::memory_order_relaxed)) return;
-      if (++since_check >= 1024) {
-        since_check = 0;
-        if (check_stop()) return;
-      }
+      if (every_so_often(w)) return;
       if (i == p) {
         leaf();
         return;
@@ -1163,6 +1176,7 @@ PlanSearchResult PlanSearch::run() const {
           }
           for (int k = k_min; k <= k_max; ++k) {
             ++w.c.enumerated;
+            if (every_so_often(w)) return;
             if (use_bounds) {
               const double thr = bound.threshold();
               const StageEstimate x = kept ? kept[span_index(L, l, l + k)]
@@ -1333,40 +1347,61 @@ PlanSearchResult PlanSearch::run() const {
   auto run_units = [&](const std::vector<Unit>& list) {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, list.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
       Worker& w = workers.local();
-      // The shared counters (progress only) are added to once per range, not per unit: the threads
-      // would otherwise contend on their cache line.
-      // The clock (time budget) is read every 64 units.
-      const Counters before = w.c;
       long long done = 0;
-      for (std::size_t i = range.begin(); i != range.end(); ++i, ++done) {
-        if (stop.load(std::memory_order_relaxed) || (done % 64 == 0 && check_stop())) break;
-        run_unit(w, list[i]);
-      }
-      g_enumerated.fetch_add(w.c.enumerated - before.enumerated, std::memory_order_relaxed);
-      g_pruned.fetch_add(w.c.pruned - before.pruned, std::memory_order_relaxed);
-      g_costed.fetch_add(w.c.costed - before.costed, std::memory_order_relaxed);
+      for (std::size_t i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++done) run_unit(w, list[i]);
       units_done.fetch_add(done, std::memory_order_relaxed);
     });
+  };
+  // Unit `index` of the whole search's order (by p, m, node order, stage 0's size and layers), the
+  // order group_units() gives each group's.
+  std::vector<long long> p_first(Q + 2, 0);  // index of the first unit of each p
+  for (int p = 1; p <= Q; ++p)
+    p_first[p + 1] = p_first[p] + static_cast<long long>(ms.size() * orders.size()) *
+                                      (p == 1 ? 1 : (R - p + 1) * (split_layers ? L - p + 1 : 1));
+  auto unit_at = [&](long long index) {
+    const int p = static_cast<int>(std::upper_bound(p_first.begin() + 1, p_first.end(), index) - p_first.begin()) - 1;
+    const long long per_group = p == 1 ? 1 : (R - p + 1) * (split_layers ? L - p + 1 : 1);
+    const long long rem = index - p_first[p], g_in_p = rem / per_group, within = rem % per_group;
+    const int mi = static_cast<int>(g_in_p / static_cast<long long>(orders.size()));
+    const int order = static_cast<int>(g_in_p % static_cast<long long>(orders.size()));
+    const int s0 = p == 1 ? R : 1 + static_cast<int>(split_layers ? within / (L - p + 1) : within);
+    const int k0 = p == 1 || !split_layers ? 0 : 1 + static_cast<int>(within % (L - p + 1));
+    const long long base = ((static_cast<long long>(p) * static_cast<long long>(ms.size()) + mi) *
+                                static_cast<long long>(orders.size()) + order) * (R + 1) + s0;
+    return Unit{order, ms[mi], p, order * static_cast<int>(ms.size()) + mi, s0, k0, base * (L + 1) + k0};
   };
   for_each_group([&](int g) {
     build_bound(builders[g], &bounds[g], true);
     finish_bound(&bounds[g]);
   });
-  {
-    std::vector<Unit> list;
-    for (int g : group_order) {
-      if (check_stop()) break;
-      group_units(g, 1, 2, &list);
-      run_units(list);
+  if (!homogeneous) {
+    // No per-rank tables (exhaustive, or too large a cluster): nothing gains from a threshold before
+    // them, and the shallow plans of a large cluster are often out of memory, so the units run in the
+    // search's order, the threads starting far apart in it (at different depths).
+    tbb::parallel_for(tbb::blocked_range<long long>(0, units_total, 1), [&](const tbb::blocked_range<long long>& range) {
+      Worker& w = workers.local();
+      long long done = 0;
+      for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++done) run_unit(w, unit_at(i));
+      units_done.fetch_add(done, std::memory_order_relaxed);
+    });
+  } else {
+    {
+      std::vector<Unit> list;
+      for (int g : group_order) {
+        if (check_stop()) break;
+        group_units(g, 1, 2, &list);
+        run_units(list);
+      }
     }
+    for_each_group([&](int g) {
+      build_bound(builders[g], &bounds[g], false);
+      finish_bound(&bounds[g]);
+      std::vector<Unit> list;
+      group_units(g, 3, Q, &list);
+      run_units(list);
+    });
   }
-  for_each_group([&](int g) {
-    build_bound(builders[g], &bounds[g], false);
-    finish_bound(&bounds[g]);
-    std::vector<Unit> list;
-    group_units(g, 3, Q, &list);
-    run_units(list);
-  });
+  for (Worker& w : workers) publish(w);
 
   reporter.stop();
 

@@ -15,6 +15,9 @@
 #   48        A100 + V100 + H100, 16 each, 40 layers. Goal: <= 30 s.
 #   3x256     A100 + V100 + H100, 256 each, 8 per node. Goal: <= 60 s.
 #   settings  the 32 case with --zero auto --recompute auto vs plain. Goal: <= 3x.
+# The row-2 cases run their two commands in turn, A B A B ..., HETPLAN_BENCH_REPEATS times each
+# (default 15) and print medians and the median of the pairs' ratios. HETPLAN_BENCH_BUDGET (seconds,
+# default 240) cuts a long case short; it then reports its best so far.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/hetplan
@@ -39,12 +42,31 @@ run() {
     echo "bench_search: $name failed: $(tail -1 "$work/$name.err")" >&2; echo "nan nan"; return 0; }
   awk '{printf "%.3f %.0f\n", $1, $2/1024}' "$work/$name.time"
 }
+# pair NAME_A NAME_B N: runs the commands in arrays cmd_a and cmd_b in turn, A B A B ..., N times each
+# (one run of each first, not counted), and prints "median_wall_a median_wall_b median_ratio_a/b
+# max_rss_a_mb max_rss_b_mb": pairing keeps the ratio meaningful when the machine's speed drifts.
+pair() {
+  local a=$1 b=$2 n=$3 i t0 t1 wa=() wb=() ra=0 rb=0 r
+  for ((i = 0; i <= n; i++)); do
+    t0=$EPOCHREALTIME; /usr/bin/time -f "%M" -o "$work/$a.time" "$bin" "${cmd_a[@]}" >"$work/$a.out" 2>"$work/$a.err"; t1=$EPOCHREALTIME
+    ((i > 0)) && wa+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')")
+    r=$(cat "$work/$a.time"); ((r > ra)) && ra=$r
+    t0=$EPOCHREALTIME; /usr/bin/time -f "%M" -o "$work/$b.time" "$bin" "${cmd_b[@]}" >"$work/$b.out" 2>"$work/$b.err"; t1=$EPOCHREALTIME
+    ((i > 0)) && wb+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')")
+    r=$(cat "$work/$b.time"); ((r > rb)) && rb=$r
+  done
+  median() { sort -g | awk '{v[NR] = $1} END{print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+  printf '%.3f %.3f %.2f %.0f %.0f\n' "$(printf '%s\n' "${wa[@]}" | median)" "$(printf '%s\n' "${wb[@]}" | median)" \
+    "$(paste <(printf '%s\n' "${wa[@]}") <(printf '%s\n' "${wb[@]}") | awk '{print $1 / $2}' | median)" \
+    "$((ra / 1024))" "$((rb / 1024))"
+}
 best() {
   local b; b=$(sed -n 's/^1, \([^,]*\),.*/\1/p' "$work/$1.out" | head -1)
   if grep -q "cut short" "$work/$1.out"; then echo "$b (cut short at the budget)"; else echo "$b"; fi
 }
 # A budget so that a case past its goal still ends (and reports its best so far).
 budget=(--time-budget "${HETPLAN_BENCH_BUDGET:-240}")
+reps=${HETPLAN_BENCH_REPEATS:-15}  # paired runs of the row-2 cases
 
 analytic() { # layers types out
   [[ -d $3 ]] || "$bin" gen-profiles --analytic "$1" 64 --types "$2" --max-tp 8 --hidden-size 4096 --seq-len 2048 \
@@ -68,17 +90,21 @@ for c in $cases; do
       "$bin" gen-hostfile 32 --out "$work/row2.hostfile" >/dev/null
       common=(search -q --num_layers 20 --gbs 128 --hostfile "$work/row2.hostfile"
               --clusterfile "$samples/clusterfile.json" --profiles "$work/row2")
+      # Medians of $reps paired runs: a whole search here takes a tenth of a second.
       if [[ $c == row2 ]]; then
-        read -r wm rm < <(run row2_metis "${common[@]}" --cost-model metis --max_profiled_tp_degree 128 \
-          --max_profiled_batch_size 128 --min_group_scale_variance 1 --max_permute_len 128)
-        read -r wd rd < <(run row2_default "${common[@]}")
+        cmd_a=("${common[@]}")
+        cmd_b=("${common[@]}" --cost-model metis --max_profiled_tp_degree 128 --max_profiled_batch_size 128
+               --min_group_scale_variance 1 --max_permute_len 128)
+        read -r wd wm ratio rd rm < <(pair row2_default row2_metis "$reps")
         row "row 2" "--cost-model metis" "$wm" "$rm" "$(best row2_metis)" - -
-        row "row 2" "default" "$wd" "$rd" "$(best row2_default)" "$(awk -v a="$wd" -v b="$wm" 'BEGIN{printf "%.2fx metis", a/b}')" "<= 2x"
+        row "row 2" "default" "$wd" "$rd" "$(best row2_default)" "${ratio}x metis (median of $reps pairs)" "<= 2x"
       else
-        read -r w1 r1 < <(run row2_t1 "${common[@]}" --threads 1)
-        read -r w2 r2 < <(run row2_t2 "${common[@]}" --threads 2)
+        cmd_a=("${common[@]}" --threads 2)
+        cmd_b=("${common[@]}" --threads 1)
+        read -r w2 w1 ratio r2 r1 < <(pair row2_t2 row2_t1 "$reps")
         row "row 2" "default --threads 1" "$w1" "$r1" "$(best row2_t1)" - -
-        row "row 2" "default --threads 2" "$w2" "$r2" "$(best row2_t2)" "$(awk -v a="$w1" -v b="$w2" 'BEGIN{printf "%.2fx faster", a/b}')" ">= 1.8x"
+        row "row 2" "default --threads 2" "$w2" "$r2" "$(best row2_t2)" \
+          "$(awk -v x="$ratio" 'BEGIN{printf "%.2fx faster", 1 / x}') (median of $reps pairs)" ">= 1.8x"
       fi ;;
     32|settings)
       analytic 26 A100,V100 "$work/p26"
