@@ -946,11 +946,29 @@ PlanSearchResult PlanSearch::run() const {
         }
         return;
       }
-      h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
+      // Only the entries q <= 1 for now (a small table): the full one comes with the deeper entries.
+      h->Q = std::min(Q, 1);
+      h->h.assign(static_cast<std::size_t>(h->Q + 1) * (R + 1) * (L + 1), kInf);
       h->g.assign(h->h.size(), kInf);
       h->g0.assign(h->h.size(), kInf);
     } else if (h->h.empty()) {
       return;
+    } else if (h->Q < Q) {
+      // The full table, with the entries q <= 1 computed before.
+      const int q_small = h->Q;
+      std::vector<double> hs = std::move(h->h), gs = std::move(h->g), g0s = std::move(h->g0);
+      h->Q = Q;
+      h->h.assign(static_cast<std::size_t>(Q + 1) * (R + 1) * (L + 1), kInf);
+      h->g.assign(h->h.size(), kInf);
+      h->g0.assign(h->h.size(), kInf);
+      for (int r = 0; r <= R; ++r)
+        for (int l = 0; l <= L; ++l)
+          for (int q = 0; q <= q_small; ++q) {
+            const std::size_t from = (static_cast<std::size_t>(r) * (L + 1) + l) * (q_small + 1) + q, to = h->index(q, r, l);
+            h->h[to] = hs[from];
+            h->g[to] = gs[from];
+            h->g0[to] = g0s[from];
+          }
     }
     const StageEstimator& est = *h->est;
     // Per q (stages from this one to the last), each path's counts as coefficients of t, f, b and a
@@ -1024,7 +1042,7 @@ PlanSearchResult PlanSearch::run() const {
     if (h->h.empty()) return;
     for (int r = 0; r <= R; ++r)
       for (int l = L - 1; l >= 0; --l)
-        for (int q = 0; q <= Q; ++q) {
+        for (int q = 0; q <= h->Q; ++q) {
           double& cur = h->h_min[h->index(q, r, l)];
           cur = std::min(cur, h->h_min[h->index(q, r, l + 1)]);
         }
