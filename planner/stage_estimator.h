@@ -1,0 +1,416 @@
+// The search's lower bounds on single stages (planner/plan_search.cc): StageEstimate and the
+// StageEstimator that makes them from the same profile look-ups as the simulator, and the stores
+// that share them between the search's (node order, m) groups: ShareSlices (the simulator's
+// slicing of a replica's share), HomogeneousEstimates and MixedLists (kept estimates, each
+// filled once within an EstimateBudget through an EstimateSlot). An estimate never exceeds what
+// PlanCostModel::stage charges for the same stage (tests/test_plan_search.cc checks the search
+// that uses them against exhaustive enumeration).
+//
+// Internal to the planner: only plan_search.cc includes it.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "sim/cluster.h"
+#include "sim/data_load_balancer.h"
+#include "sim/plan_cost.h"
+#include "sim/profile.h"
+#include "sim/rank_layout.h"
+
+namespace hetplan::stage_estimates {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Lower bounds on a stage's costs per micro-batch (ms), from the same profile
+// look-ups the simulator makes, leaving out every term that only adds (the
+// first and last stages' extras, recomputation, ZeRO's collectives, the
+// sustained stretch, cross-node tp): its forward + backward, a lower bound on
+// each of the two, its measured gradient accumulation, and its two p2p sends
+// (exact: they depend only on the ranks, tp and the largest replica share).
+// Look-ups are resolved once, so an estimate is a few slice sums.
+struct StageEstimate {
+  double t = 0;       // forward + backward of the slowest replica (<= the stage's forward_ms + backward_ms)
+  double f = 0, b = 0;  // <= forward_ms, <= backward_ms (f + b <= t)
+  double a = 0;       // <= accumulation_ms
+  // A lower bound on n_f forwards and n_b backwards: f + b <= t, so the smaller count is taken at t.
+  double runs(double n_f, double n_b) const {
+    return n_f <= n_b ? n_f * t + (n_b - n_f) * b : n_b * t + (n_f - n_b) * f;
+  }
+};
+
+// The simulator's slicing of a replica's share of a micro-batch: its own profile file, else its
+// power-of-two slices (ProfileSet::share_files).
+struct Slices {
+  int type = 0, tp = 1;
+  bool missing = false;
+  bool forward_known = false;  // every file splits out the forward
+  std::vector<const LayerProfile*> files;
+};
+
+// Slices of every (cluster type, tp, share), shared by every (node order, m) group: they depend on
+// nothing else. Read-only after construction (thread-safe); REQUIRES: the profiles outlive it.
+class ShareSlices {
+ public:
+  ShareSlices(const ProfileSet& profiles, const Cluster& cluster, int max_tp, int max_share, int max_profiled_bs)
+      : tps_(max_tp + 1), shares_(max_share + 1) {
+    const int types = static_cast<int>(cluster.device_types().size());
+    v_.resize(static_cast<std::size_t>(types) * tps_ * shares_);
+    for (int t = 0; t < types; ++t) {
+      const int pt = profiles.type_index(cluster.device_types()[t]);
+      for (int tp = 1; tp <= max_tp; ++tp)
+        for (int share = 1; share <= max_share; ++share) {
+          Slices& sl = v_[(static_cast<std::size_t>(t) * tps_ + tp) * shares_ + share];
+          const LayerProfile* files[32];
+          const int n = profiles.share_files(pt, tp, share, max_profiled_bs, files);
+          if (n < 0) sl.missing = true;
+          sl.files.assign(files, files + std::max(0, n));
+          sl.type = t;
+          sl.tp = tp;
+          sl.forward_known = !sl.files.empty();
+          for (const LayerProfile* lp : sl.files) sl.forward_known = sl.forward_known && lp->has_forward();
+        }
+    }
+  }
+  // REQUIRES: 1 <= tp <= max_tp, 1 <= share <= max_share.
+  const Slices& at(int type, int tp, int share) const {
+    return v_[(static_cast<std::size_t>(type) * tps_ + tp) * shares_ + share];
+  }
+
+ private:
+  int tps_, shares_;
+  std::vector<Slices> v_;  // [type][tp][share]
+};
+
+// A memory budget shared by the kept estimates. Thread-safe.
+class EstimateBudget {
+ public:
+  explicit EstimateBudget(std::size_t bytes) : limit_(bytes) {}
+  bool take(std::size_t bytes) {
+    if (used_.fetch_add(bytes) + bytes <= limit_) return true;
+    used_.fetch_sub(bytes);
+    return false;
+  }
+
+ private:
+  std::size_t limit_;
+  std::atomic<std::size_t> used_{0};
+};
+
+// One kept set of stage estimates, filled by the first caller that claims it (within the budget). A
+// caller that finds another thread filling it does not wait: get() returns nullptr and it computes its
+// own, the same values. Thread-safe.
+class EstimateSlot {
+ public:
+  // `fill(v)` writes the estimates into v (sized `n`).
+  template <class Fill>
+  const StageEstimate* get(std::size_t n, EstimateBudget& budget, Fill&& fill) {
+    int state = state_.load(std::memory_order_acquire);
+    if (state == kEmpty && state_.compare_exchange_strong(state, kFilling, std::memory_order_acquire)) {
+      if (budget.take(n * sizeof(StageEstimate))) {
+        v_.resize(n);
+        fill(v_.data());
+      }
+      state_.store(kReady, std::memory_order_release);
+      state = kReady;
+    }
+    return state == kReady && !v_.empty() ? v_.data() : nullptr;
+  }
+
+ private:
+  enum { kEmpty, kFilling, kReady };
+  std::atomic<int> state_{kEmpty};
+  std::vector<StageEstimate> v_;
+};
+
+class StageEstimator;
+// The distinct replicas of mixed-type stages, as sorted lists of slicings, shared by every (node order,
+// m) group: stages with the same list have the same estimates, which the entry keeps once computed.
+// Thread-safe; an entry's address is stable for the object's lifetime.
+class MixedLists {
+ public:
+  explicit MixedLists(EstimateBudget& budget) : budget_(&budget) {}
+  struct Entry {
+    std::vector<const Slices*> list;
+    EstimateSlot estimates;  // [span_index(L, l, e)]
+  };
+  Entry* intern(const std::vector<const Slices*>& sorted_list) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, fresh] = index_.try_emplace(sorted_list, nullptr);
+    if (fresh) {
+      entries_.push_back(std::make_unique<Entry>());
+      entries_.back()->list = sorted_list;
+      it->second = entries_.back().get();
+    }
+    return it->second;
+  }
+  // The estimates of layers [l, e) at [span_index(layers, l, e)] of every stage with `entry` (`est`'s
+  // stage [r, r + s) at tp is one), computed by the first caller; nullptr for a null entry or past the
+  // memory budget.
+  const StageEstimate* estimates(Entry* entry, const StageEstimator& est, int r, int s, int tp, int layers);
+
+ private:
+  EstimateBudget* budget_;
+  std::mutex mu_;
+  std::map<std::vector<const Slices*>, Entry*> index_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+};
+
+class StageEstimator {
+ public:
+  // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
+  // REQUIRES: `slices` covers max_tp and shares up to micro_batch; `slices`, `mixed_lists`,
+  // `unmeasured_acc`, the layout, cost model and profiles outlive the estimator.
+  StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
+                 const ShareSlices& slices, MixedLists& mixed_lists, int micro_batch, int max_tp, bool full_params,
+                 double backward_share, const std::vector<double>& unmeasured_acc, int layers)
+      : layout_(&layout), cost_(&cost), slices_(&slices), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
+        forward_share_(1 - backward_share), unmeasured_acc_(&unmeasured_acc), L_(layers) {
+    const int types = static_cast<int>(cluster.device_types().size());
+    per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
+    for (int t = 0; t < types; ++t) {
+      const int pt = profiles.type_index(cluster.device_types()[t]);
+      for (int tp = 1; tp <= max_tp; ++tp) {
+        for (int bs = 1; bs <= b_; ++bs)
+          if (const LayerProfile* lp = profiles.find(pt, tp, bs)) per_sample_[t * (max_tp + 1) + tp].push_back({lp, bs});
+      }
+    }
+    // Mixed-type stages: the data load balancer's shares depend only on the replicas' types, tp and the
+    // micro-batch, not on the layers, so each (first rank, size, tp) keeps its distinct (type, share)
+    // replicas, and an estimate is its slowest replica's exact profile time. (Off where the table
+    // would be too large: the per-sample capacity bound below then stands in.)
+    const int R = layout.num_ranks();
+    if (static_cast<double>(R + 1) * (R + 1) * (max_tp + 1) <= 2e6) {
+      R_ = R;
+      mixed_.assign(static_cast<std::size_t>(R + 1) * (R + 1) * (max_tp + 1), MixedRef{});
+      std::vector<int> ptype(types);
+      for (int t = 0; t < types; ++t) ptype[t] = profiles.type_index(cluster.device_types()[t]);
+      std::vector<int> rtype, share;
+      std::vector<const Slices*> list;
+      std::map<std::vector<const Slices*>, MixedLists::Entry*> interned;  // this estimator's: few locks
+      for (int r = 0; r < R; ++r)
+        for (int s = 2; r + s <= R; ++s) {
+          if (layout.homogeneous(r, r + s)) continue;
+          for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+            const int dp = s / tp;
+            if (s % tp != 0 || dp > b_ || dp > kMaxReplicas) continue;
+            rtype.assign(dp, 0);
+            share.assign(dp, 0);
+            for (int d = 0; d < dp; ++d) rtype[d] = ptype[layout.type_of(r + d * tp)];
+            MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R + 1) + s) * (max_tp + 1) + tp];
+            if (!partition_data(profiles, rtype.data(), Strategy{dp, tp}, b_, share.data())) {
+              ref.count = -1;  // the simulator fails too
+              continue;
+            }
+            list.clear();
+            for (int d = 0; d < dp; ++d) {
+              ref.max_share = std::max(ref.max_share, share[d]);
+              if (share[d] == 0) continue;
+              const Slices* sl = &slices.at(layout.type_of(r + d * tp), tp, share[d]);
+              if (std::find(list.begin(), list.end(), sl) == list.end()) list.push_back(sl);
+            }
+            // Stages with the same replicas (as (type, share) slicings) share one list: one estimate.
+            std::sort(list.begin(), list.end());
+            MixedLists::Entry*& entry = interned[list];
+            if (!entry) entry = mixed_lists.intern(list);
+            ref.entry = entry;
+            ref.count = static_cast<int>(list.size());
+          }
+        }
+    }
+  }
+  // Stage [r, r + s) at (s / tp, tp) on layers [l, e). `split`: f and b are bounded apart (else 0: a tp
+  // group across nodes adds to both, and its slowest replica need not be the one estimated). The
+  // accumulation bound is a measured one of a replica the stage has (the stage's is their largest)
+  // when every setup trains every parameter (LoRA scales it down), else 0. t = infinity when a profile
+  // the simulator needs is missing.
+  StageEstimate estimate(int r, int s, int tp, int l, int e, bool homogeneous, bool split) const {
+    StageEstimate x;
+    const int dp = s / tp;
+    if (homogeneous) {
+      // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them.
+      const Slices& sl = slices_->at(layout_->type_of(r), tp, (b_ + dp - 1) / dp);
+      if (sl.missing) {
+        x.t = kInf;
+        return x;
+      }
+      x.t = time(sl, l, e);
+      if (split) {
+        x.f = forward(sl, l, e, x.t);
+        x.b = std::max(0.0, x.t - x.f);
+        // Uneven shares: the slowest replica may be one with a sample less (a share costed from
+        // slices can take longer than a larger share with its own file): f and b bound both.
+        const int low = b_ / dp;
+        if (b_ % dp != 0 && low > 0) {
+          const Slices& lo = slices_->at(layout_->type_of(r), tp, low);
+          if (!lo.missing) {
+            const double t = time(lo, l, e), f = forward(lo, l, e, t);
+            x.f = std::min(x.f, f);
+            x.b = std::min(x.b, std::max(0.0, t - f));
+          }
+        }
+      }
+      x.a = accumulation(sl, l, e);
+      return x;
+    }
+    if (!mixed_.empty()) {
+      const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
+      if (ref.count < 0) {
+        x.t = kInf;
+        return x;
+      }
+      // The slowest replica is one of these: each of f and b is at least the smallest over them.
+      double f_min = kInf, b_min = kInf;
+      for (const Slices* slp : ref.entry->list) {
+        const Slices& sl = *slp;
+        if (sl.missing) {
+          x.t = kInf;
+          return x;
+        }
+        const double t = time(sl, l, e);
+        x.t = std::max(x.t, t);
+        const double f = forward(sl, l, e, t);
+        f_min = std::min(f_min, f);
+        b_min = std::min(b_min, std::max(0.0, t - f));
+        x.a = std::max(x.a, accumulation(sl, l, e));
+      }
+      if (split && ref.count > 0) {
+        x.f = f_min;
+        x.b = b_min;
+      }
+      return x;
+    }
+    // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
+    // its type's cheapest time per sample, and the shares sum to b.
+    double w[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    double capacity = 0;
+    for (int d = 0; d < dp; ++d) {
+      const int type = layout_->type_of(r + d * tp);
+      double& wt = w[type & 7];
+      if (type >= 8 || wt < 0) {
+        double best = kInf;
+        for (const auto& [lp, bs] : per_sample_[type * (max_tp_ + 1) + tp]) best = std::min(best, lp->time(l, e) / bs);
+        if (type >= 8) {
+          if (std::isfinite(best) && best <= 0) return x;
+          if (std::isfinite(best)) capacity += 1 / best;
+          continue;
+        }
+        wt = best;
+      }
+      if (std::isfinite(wt) && wt <= 0) return x;  // a free replica: no bound
+      if (std::isfinite(wt)) capacity += 1 / wt;
+    }
+    x.t = capacity > 0 ? b_ / capacity : 0;
+    return x;
+  }
+  // Which mixed-type stages share estimates: stages with the same entry have the same estimates;
+  // nullptr where not known (homogeneous stages, no mixed table, or a missing profile).
+  MixedLists::Entry* mixed_entry(int r, int s, int tp) const {
+    if (mixed_.empty()) return nullptr;
+    const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
+    return ref.count > 0 ? ref.entry : nullptr;
+  }
+  // The stage's two p2p sends (exactly stage()'s): forward to rank r + s unless it ends the ranks,
+  // backward to rank r - 1 unless it starts them. 0 where the largest share is not known here.
+  void sends(int r, int s, int tp, bool homogeneous, double* forward, double* backward) const {
+    int share = 0;
+    if (homogeneous) {
+      share = (b_ + s / tp - 1) / (s / tp);
+    } else if (!mixed_.empty()) {
+      share = std::max(0, mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp].max_share);
+    }
+    const int R = layout_->num_ranks();
+    *forward = share > 0 && r + s < R ? cost_->p2p_ms(r + s - 1, r + s, share, tp) : 0.0;
+    *backward = share > 0 && r > 0 ? cost_->p2p_ms(r, r - 1, share, tp) : 0.0;
+  }
+
+ private:
+  struct MixedRef {
+    MixedLists::Entry* entry = nullptr;
+    int count = 0;  // count < 0: the load balancer lacks a profile
+    int max_share = 0;
+  };
+  static double time(const Slices& sl, int l, int e) {
+    double t = 0;
+    for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
+    return t;
+  }
+  // A lower bound on the accumulation of a replica with these slices: its file's measured one when every
+  // setup trains every parameter (LoRA scales it down), else, when its file does not measure it, the
+  // least over the setups of what stage() derives from bytes.
+  double accumulation(const Slices& sl, int l, int e) const {
+    const LayerProfile* lp = sl.files[0];
+    if (lp->has_grad_accumulation()) return full_params_ ? lp->accumulation_time(l, e) : 0.0;
+    return (*unmeasured_acc_)[((static_cast<std::size_t>(sl.type) * (max_tp_ + 1) + sl.tp) * (L_ + 1) + l) * (L_ + 1) + e];
+  }
+  // The forward of these slices, as stage() splits it: measured, else the total's forward share.
+  double forward(const Slices& sl, int l, int e, double t) const {
+    if (!sl.forward_known) return t * forward_share_;
+    double f = 0;
+    for (const LayerProfile* lp : sl.files) f += lp->forward_time(l, e);
+    return f;
+  }
+  const RankLayout* layout_;
+  const PlanCostModel* cost_;
+  const ShareSlices* slices_;
+  int b_, max_tp_, R_ = 0;
+  bool full_params_ = false;
+  double forward_share_ = 1.0 / 3.0;
+  const std::vector<double>* unmeasured_acc_;
+  int L_;
+  std::vector<MixedRef> mixed_;  // [r][s][tp], mixed-type stages only
+  std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
+};
+
+// Where the estimate of layers [l, e) of L sits in a stage's estimates: rows by l, each e = l + 1 .. L
+// (contiguous in e), L (L + 1) / 2 in all. REQUIRES: 0 <= l < e <= L.
+inline std::size_t span_index(int L, int l, int e) {
+  return static_cast<std::size_t>(l) * L - static_cast<std::size_t>(l) * (l - 1) / 2 + (e - l - 1);
+}
+inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) / 2; }
+
+inline const StageEstimate* MixedLists::estimates(Entry* entry, const StageEstimator& est, int r, int s, int tp, int layers) {
+  if (!entry) return nullptr;
+  return entry->estimates.get(spans(layers), *budget_, [&](StageEstimate* v) {
+    for (int l = 0; l < layers; ++l)
+      for (int e = l + 1; e <= layers; ++e) v[span_index(layers, l, e)] = est.estimate(r, s, tp, l, e, false, true);
+  });
+}
+
+// The estimates of homogeneous stages, [span_index(L, l, e)] each, shared by every (node order, m) group: such a
+// stage's estimate (StageEstimator::estimate) depends only on its type, tp, its slowest replica's share
+// of the micro-batch and whether the shares are uneven, not on the group or the stage's ranks. Each is
+// computed once, by its first caller, within a memory budget (EstimateSlot: past it, or while another
+// thread fills it, get() returns nullptr and callers compute their own). Thread-safe.
+class HomogeneousEstimates {
+ public:
+  HomogeneousEstimates(int types, int max_tp, int max_micro_batch, int layers, EstimateBudget& budget)
+      : tps_(max_tp + 1), shares_(max_micro_batch + 1), L_(layers), budget_(&budget),
+        slots_(new EstimateSlot[static_cast<std::size_t>(types) * tps_ * shares_ * 2]) {}
+  // Stage [r, r + s), homogeneous of `type`, at (s / tp, tp) with micro-batch b: its estimates of
+  // layers [l, e) at [span_index(layers, l, e)], or nullptr (over the budget). REQUIRES: tp <= max_tp,
+  // b <= max_micro_batch, s / tp <= b.
+  const StageEstimate* get(const StageEstimator& est, int type, int r, int s, int tp, int b) {
+    const int dp = s / tp, share = (b + dp - 1) / dp;
+    const std::size_t k = ((static_cast<std::size_t>(type) * tps_ + tp) * shares_ + share) * 2 + (b % dp != 0 ? 1 : 0);
+    return slots_[k].get(spans(L_), *budget_, [&](StageEstimate* v) {
+      for (int l = 0; l < L_; ++l)
+        for (int e = l + 1; e <= L_; ++e) v[span_index(L_, l, e)] = est.estimate(r, s, tp, l, e, true, true);
+    });
+  }
+
+ private:
+  int tps_, shares_, L_;
+  EstimateBudget* budget_;
+  std::unique_ptr<EstimateSlot[]> slots_;  // [type][tp][share][uneven]
+};
+
+}  // namespace hetplan::stage_estimates
