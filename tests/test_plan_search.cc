@@ -4,6 +4,7 @@
 // the simulator's iteration time.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -12,6 +13,7 @@
 
 #include "fixtures.h"
 #include "planner/plan_search.h"
+#include "planner/stage_estimator.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "sim/parallel_layout.h"
@@ -300,6 +302,51 @@ TEST_CASE("a cancelled search returns what it found and says it was cut short", 
   const PlanSearchResult full = PlanSearch(cluster, profiles, sim, o).run();
   CHECK_FALSE(full.cut_short);
   CHECK_FALSE(full.top.empty());
+}
+
+}  // namespace hetplan
+
+namespace hetplan {
+
+TEST_CASE("stage estimates: span_index lays layer spans out row by row, the budget and the slot keep their word",
+          "[plan_search][estimates]") {
+  using namespace stage_estimates;
+  // span_index is a bijection of {(l, e): 0 <= l < e <= L} onto [0, L (L + 1) / 2), contiguous in e.
+  for (int L : {1, 2, 7, 42}) {
+    std::vector<int> seen(spans(L), 0);
+    std::size_t next = 0;
+    for (int l = 0; l < L; ++l)
+      for (int e = l + 1; e <= L; ++e) {
+        const std::size_t i = span_index(L, l, e);
+        REQUIRE(i == next++);
+        ++seen[i];
+      }
+    CHECK(next == spans(L));
+    CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<long>(spans(L)));
+  }
+  // The budget gives what is left and no more.
+  EstimateBudget budget(100);
+  CHECK(budget.take(60));
+  CHECK_FALSE(budget.take(60));
+  CHECK(budget.take(40));
+  CHECK_FALSE(budget.take(1));
+  // A slot is filled once; within the budget it keeps the estimates, past it every caller gets nullptr.
+  EstimateBudget roomy(10 * sizeof(StageEstimate)), tight(sizeof(StageEstimate));
+  EstimateSlot slot, over;
+  int fills = 0;
+  auto fill = [&](StageEstimate* v) {
+    ++fills;
+    for (int i = 0; i < 3; ++i) v[i] = StageEstimate{1.0 + i, 0.5, 0.5, 0.25};
+  };
+  const StageEstimate* a = slot.get(3, roomy, fill);
+  const StageEstimate* b = slot.get(3, roomy, fill);
+  REQUIRE(a != nullptr);
+  CHECK(a == b);
+  CHECK(fills == 1);
+  CHECK(a[2].t == 3.0);
+  CHECK(over.get(3, tight, fill) == nullptr);
+  CHECK(over.get(3, tight, fill) == nullptr);
+  CHECK(fills == 1);  // past the budget nothing is filled
 }
 
 }  // namespace hetplan
