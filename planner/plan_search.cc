@@ -7,14 +7,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <type_traits>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 
 #include "planner/search.h"
 #include "planner/periodic.h"
@@ -437,23 +437,35 @@ PlanSearchResult PlanSearch::run() const {
   // The units of group (node order, m) g = order * ms.size() + m's index, with p in [p_begin, p_end],
   // each with its place in the search's order of units: by p, m, node order, stage 0's size and layers
   // (the first infeasible one found gives the reason reported). Each group makes its own, when it runs.
+  const int n_ms = static_cast<int>(ms.size()), n_orders = static_cast<int>(orders.size());
+  // A group's units of p stages: stage 0's size (all ranks for p = 1), and its layers where split.
+  auto units_per_group = [&](int p) -> long long {
+    return p == 1 ? 1 : static_cast<long long>(R - p + 1) * (split_layers ? L - p + 1 : 1);
+  };
+  // The unit (p, m's index, node order, stage 0's size and layers; k0 = 0: any), with its place in the
+  // search's order of units, by those fields in turn (the first infeasible one found gives the reason
+  // reported). Group g = order * n_ms + m's index.
+  auto make_unit = [&](int p, int mi, int order, int s0, int k0) {
+    const long long base = ((static_cast<long long>(p) * n_ms + mi) * n_orders + order) * (R + 1) + s0;
+    return Unit{order, ms[mi], p, order * n_ms + mi, s0, k0, base * (L + 1) + k0};
+  };
+  // Group g's units with p in [p_begin, p_end], in the search's order. Each group makes its own, when it runs.
   auto group_units = [&](int g, int p_begin, int p_end, std::vector<Unit>* out) {
     out->clear();
-    const int order = g / static_cast<int>(ms.size()), mi = g % static_cast<int>(ms.size());
+    const int order = g / n_ms, mi = g % n_ms;
     for (int p = p_begin; p <= std::min(p_end, Q); ++p)
       for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0) {
-        const long long base = ((static_cast<long long>(p) * static_cast<long long>(ms.size()) + mi) *
-                                    static_cast<long long>(orders.size()) + order) * (R + 1) + s0;
         if (p == 1 || !split_layers) {
-          out->push_back(Unit{order, ms[mi], p, g, s0, 0, base * (L + 1)});
+          out->push_back(make_unit(p, mi, order, s0, 0));
           continue;
         }
-        for (int k0 = 1; k0 <= L - (p - 1); ++k0) out->push_back(Unit{order, ms[mi], p, g, s0, k0, base * (L + 1) + k0});
+        for (int k0 = 1; k0 <= L - (p - 1); ++k0) out->push_back(make_unit(p, mi, order, s0, k0));
       }
   };
-  long long units_total = 0;
-  for (int p = 1; p <= Q; ++p)
-    units_total += static_cast<long long>(ms.size() * orders.size()) * (p == 1 ? 1 : (R - p + 1) * (split_layers ? L - p + 1 : 1));
+  // Index in the search's order of the first unit of each p; the last entry is the number of units.
+  std::vector<long long> p_first(Q + 2, 0);
+  for (int p = 1; p <= Q; ++p) p_first[p + 1] = p_first[p] + static_cast<long long>(n_ms) * n_orders * units_per_group(p);
+  const long long units_total = p_first[Q + 1];
 
   // [type][tp][l][e]: PlanCostModel::unmeasured_accumulation_ms of the type's profiles (any order's model:
   // it does not depend on the layout), for the estimates of replicas whose files do not measure it.
@@ -539,13 +551,21 @@ PlanSearchResult PlanSearch::run() const {
   MixedLists mixed_lists(estimate_budget);
   std::optional<HomogeneousEstimates> homogeneous;
   if (!opt_.exhaustive && table_fits) homogeneous.emplace(n_types, max_tp, opt_.gbs, L, estimate_budget);
+  // The estimates kept for stage [r, r + s) at (s / tp, tp) with micro-batch b, where its tp groups stay
+  // inside nodes and the per-rank tables are built; else nullptr (callers compute their own).
+  auto kept_estimates = [&](const OrderContext& o, const StageEstimator& est, int r, int s, int tp, int b, bool homo,
+                            bool inside) -> const StageEstimate* {
+    if (!homogeneous || !inside) return nullptr;
+    return homo ? homogeneous->get(est, o.layout->type_of(r), r, s, tp, b)
+                : mixed_lists.estimates(est.mixed_entry(r, s, tp), est, r, s, tp, L);
+  };
   // `last_stages`: create the estimator and the table and fill its entries q = 1 (exact); else its
   // entries q >= 2. These leave out every stage whose own compute exceeds the pruning threshold at the
   // time: a plan with such a stage costs more than the threshold (which only falls), and the entries
   // stay lower bounds on every plan made of the stages kept, which is what pruning needs.
-  auto build_bound = [&](const Unit& u, SuffixBound* h, bool last_stages) {
-    const OrderContext& o = orders[u.order];
-    const int m = u.m, b = opt_.gbs / m;
+  auto build_bound = [&](int g, SuffixBound* h, bool last_stages) {
+    const OrderContext& o = orders[g / n_ms];
+    const int m = ms[g % n_ms], b = opt_.gbs / m;
     if (last_stages) {
       h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, share_slices, mixed_lists, b,
                                                 max_tp, full_params, sim_->options().backward_share, unmeasured_acc, L);
@@ -627,10 +647,7 @@ PlanSearchResult PlanSearch::run() const {
           double sf, sb;
           est.sends(r, s, tp, homo, &sf, &sb);
           const bool ends_ranks = r + s == R;
-          const StageEstimate* cached = nullptr;
-          if (inside)
-            cached = homo ? homogeneous->get(est, o.layout->type_of(r), r, s, tp, b)
-                          : mixed_lists.estimates(est.mixed_entry(r, s, tp), est, r, s, tp, L);
+          const StageEstimate* cached = kept_estimates(o, est, r, s, tp, b, homo, inside);
           const double threshold = last_stages ? kInf : bound.threshold();
           for (int l = 0; l < L; ++l) {
             const std::size_t here = h->index(0, r, l);
@@ -806,10 +823,7 @@ PlanSearchResult PlanSearch::run() const {
           const StageEstimate* kept = nullptr;
           if (use_bounds) {
             est.sends(r, s, tp, homo, &sfw, &sbw);
-            if (inside)
-              kept = !homogeneous ? nullptr
-                     : homo        ? homogeneous->get(est, o.layout->type_of(r), r, s, tp, b)
-                                   : mixed_lists.estimates(est.mixed_entry(r, s, tp), est, r, s, tp, L);
+            kept = kept_estimates(o, est, r, s, tp, b, homo, inside);
           }
           for (int k = k_min; k <= k_max; ++k) {
             ++w.c.enumerated;
@@ -964,15 +978,9 @@ PlanSearchResult PlanSearch::run() const {
   //     and the threads sharing each group's units.
   // Groups are taken in order of decreasing micro-batch (more (dp, tp) options: the costlier tables),
   // each by the next free thread: none is left alone with a large table at the end of a phase.
-  const std::size_t n_groups = bounds.size();
-  std::vector<Unit> builders(n_groups);
-  std::vector<int> group_order;
-  for (std::size_t g = 0; g < n_groups; ++g) {
-    builders[g] = Unit{static_cast<int>(g / ms.size()), ms[g % ms.size()], 1, static_cast<int>(g), R, 0, 0};
-    group_order.push_back(static_cast<int>(g));
-  }
-  std::stable_sort(group_order.begin(), group_order.end(),
-                   [&](int x, int y) { return builders[x].m < builders[y].m; });
+  std::vector<int> group_order(bounds.size());
+  for (std::size_t g = 0; g < group_order.size(); ++g) group_order[g] = static_cast<int>(g);
+  std::stable_sort(group_order.begin(), group_order.end(), [&](int x, int y) { return ms[x % n_ms] < ms[y % n_ms]; });
   auto for_each_group = [&](auto&& body) {
     std::atomic<std::size_t> next{0};
     const int lanes = std::max(1, tbb::this_task_arena::max_concurrency());
@@ -989,26 +997,17 @@ PlanSearchResult PlanSearch::run() const {
       units_done.fetch_add(done, std::memory_order_relaxed);
     });
   };
-  // Unit `index` of the whole search's order (by p, m, node order, stage 0's size and layers), the
-  // order group_units() gives each group's.
-  std::vector<long long> p_first(Q + 2, 0);  // index of the first unit of each p
-  for (int p = 1; p <= Q; ++p)
-    p_first[p + 1] = p_first[p] + static_cast<long long>(ms.size() * orders.size()) *
-                                      (p == 1 ? 1 : (R - p + 1) * (split_layers ? L - p + 1 : 1));
+  // Unit `index` of the search's order (the order group_units() gives each group's).
   auto unit_at = [&](long long index) {
     const int p = static_cast<int>(std::upper_bound(p_first.begin() + 1, p_first.end(), index) - p_first.begin()) - 1;
-    const long long per_group = p == 1 ? 1 : (R - p + 1) * (split_layers ? L - p + 1 : 1);
+    const long long per_group = units_per_group(p);
     const long long rem = index - p_first[p], g_in_p = rem / per_group, within = rem % per_group;
-    const int mi = static_cast<int>(g_in_p / static_cast<long long>(orders.size()));
-    const int order = static_cast<int>(g_in_p % static_cast<long long>(orders.size()));
     const int s0 = p == 1 ? R : 1 + static_cast<int>(split_layers ? within / (L - p + 1) : within);
     const int k0 = p == 1 || !split_layers ? 0 : 1 + static_cast<int>(within % (L - p + 1));
-    const long long base = ((static_cast<long long>(p) * static_cast<long long>(ms.size()) + mi) *
-                                static_cast<long long>(orders.size()) + order) * (R + 1) + s0;
-    return Unit{order, ms[mi], p, order * static_cast<int>(ms.size()) + mi, s0, k0, base * (L + 1) + k0};
+    return make_unit(p, static_cast<int>(g_in_p / n_orders), static_cast<int>(g_in_p % n_orders), s0, k0);
   };
   for_each_group([&](int g) {
-    build_bound(builders[g], &bounds[g], true);
+    build_bound(g, &bounds[g], true);
     finish_bound(&bounds[g]);
   });
   if (!homogeneous) {
@@ -1031,7 +1030,7 @@ PlanSearchResult PlanSearch::run() const {
       }
     }
     for_each_group([&](int g) {
-      build_bound(builders[g], &bounds[g], false);
+      build_bound(g, &bounds[g], false);
       finish_bound(&bounds[g]);
       std::vector<Unit> list;
       group_units(g, 3, Q, &list);

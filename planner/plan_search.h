@@ -54,12 +54,14 @@
 //    some stage of the rest takes at least gbs x the rest's layers' least
 //    GPU-ms per sample (each type's at least kappa times a reference type's)
 //    over the rest's GPUs, weighted by 1 / kappa.
-//    The search runs in phases: the table's one-stage entries, the plans of
+//    With the per-rank tables, the search runs in phases: the table's
+//    one-stage entries, the plans of
 //    one and two stages (whose best is often close to the optimum), then
 //    the deeper entries, which leave out every stage whose own compute is
 //    already above the threshold (a plan with it cannot be kept, and the
 //    entries still bound every plan made of the stages kept), then the
-//    deeper plans.
+//    deeper plans. Without them, the plans are taken in order of pipeline
+//    depth, the threads starting far apart in that order.
 // The bounds only drop terms of the simulated time, so they never exceed it;
 // the pruning threshold sits 1e-9 (relative) above the K-th best cost, so a
 // bound summed in another order than the cost never prunes a tie.
