@@ -55,7 +55,7 @@ class TrackingParser : public nlohmann::detail::json_sax_dom_parser<ordered_json
     return Base::start_object(n);
   }
   bool key(std::string& k) {
-    frames_.back().key = excerpt(k, 40);
+    frames_.back().key.assign(k);  // quoted (excerpt) only in an error's path: this runs for every key
     return Base::key(k);
   }
   bool end_object() {
@@ -116,7 +116,7 @@ class TrackingParser : public nlohmann::detail::json_sax_dom_parser<ordered_json
         p += ']';
       } else {
         if (!p.empty()) p += '.';
-        p += f.key;
+        p += excerpt(f.key, 40);
       }
     }
     return p;
@@ -281,10 +281,17 @@ std::string describe(const NumberRule& r) {
   return out;
 }
 
+namespace {
+
+bool satisfies(double v, const NumberRule& r) {
+  return std::isfinite(v) && (r.min_exclusive ? v > r.min : v >= r.min) && v <= r.max &&
+         (!r.integer || v == std::trunc(v));
+}
+
+}  // namespace
+
 double check_number(double v, const NumberRule& r, const std::string& where) {
-  const bool ok = std::isfinite(v) && (r.min_exclusive ? v > r.min : v >= r.min) && v <= r.max &&
-                  (!r.integer || v == std::trunc(v));
-  if (!ok) throw InputError(where + ": expected " + describe(r) + ", got " + format_number(v));
+  if (!satisfies(v, r)) throw InputError(where + ": expected " + describe(r) + ", got " + format_number(v));
   return v;
 }
 
@@ -332,7 +339,9 @@ double number_value(const ordered_json& v, const std::string& file, const std::s
   if (!v.is_number())
     throw InputError(key_where(file, path) + " must be a number (expected " + describe(rule) + "), got " +
                      type_name(v));
-  return check_number(v.get<double>(), rule, key_where(file, path));
+  const double d = v.get<double>();
+  // The key path is spelled out only for the message: profiles hold thousands of numbers.
+  return satisfies(d, rule) ? d : check_number(d, rule, key_where(file, path));
 }
 
 double require_number(const ordered_json& j, const std::string& key, const std::string& file,
@@ -367,7 +376,14 @@ std::vector<double> require_number_list(const ordered_json& j, const std::string
                      std::to_string(max_size));
   std::vector<double> out;
   out.reserve(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out.push_back(number_value(v[i], file, path + "[" + std::to_string(i) + "]", rule));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const ordered_json& e = v[i];
+    if (e.is_number() && satisfies(e.get<double>(), rule)) {
+      out.push_back(e.get<double>());
+    } else {
+      number_value(e, file, path + "[" + std::to_string(i) + "]", rule);  // throws, naming the entry
+    }
+  }
   return out;
 }
 

@@ -1,9 +1,9 @@
 #include "sim/profile.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <tuple>
 
 #include "sim/input_error.h"
@@ -176,12 +176,43 @@ int name_number(const std::string& digits, int max, const char* what, const std:
   return std::stoi(digits.substr(first));
 }
 
+// A profile file's name split into its parts: "DeviceType." TYPE "_tp" DIGITS
+// "_bs" DIGITS ".json", TYPE a letter or digit then letters, digits and
+// hyphens (an emulated type: H200-33sm, sim/cluster.h). False for any other
+// name. (A hand-written match: compiling the equivalent std::regex cost more
+// than reading a profile folder.)
+struct ProfileName {
+  std::string type, tp_digits, bs_digits;
+};
+
+bool parse_profile_name(const std::string& name, ProfileName& out) {
+  const auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  std::size_t i = 0;
+  const auto literal = [&](const char* lit) {
+    const std::size_t n = std::char_traits<char>::length(lit);
+    if (name.compare(i, n, lit) != 0) return false;
+    i += n;
+    return true;
+  };
+  const auto span = [&](auto pred) {
+    const std::size_t from = i;
+    while (i < name.size() && pred(name[i])) ++i;
+    return name.substr(from, i - from);
+  };
+  if (!literal("DeviceType.") || i >= name.size() || !alnum(name[i])) return false;
+  out.type = span([&](char c) { return alnum(c) || c == '-'; });
+  if (!literal("_tp")) return false;
+  out.tp_digits = span(digit);
+  if (out.tp_digits.empty() || !literal("_bs")) return false;
+  out.bs_digits = span(digit);
+  return !out.bs_digits.empty() && literal(".json") && i == name.size();
+}
+
 }  // namespace
 
 ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
   if (!fs::is_directory(dir)) throw InputError(dir + ": profile folder does not exist");
-  // A type name is letters, digits and hyphens (an emulated type: H200-33sm, sim/cluster.h).
-  static const std::regex name_re(R"(DeviceType\.([A-Za-z0-9][A-Za-z0-9-]*)_tp(\d+)_bs(\d+)\.json)");
   std::vector<std::string> names;
   for (const auto& f : fs::directory_iterator(dir)) {
     if (f.is_regular_file()) names.push_back(f.path().filename().string());
@@ -201,14 +232,14 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
   std::vector<Pending> loaded;
   std::map<std::tuple<std::string, int, int>, std::string> seen;
   for (const auto& name : names) {
-    std::smatch m;
-    if (name.size() > 200 || !std::regex_match(name, m, name_re)) continue;  // other files (READMEs, notes) are not profiles
+    ProfileName m;
+    if (name.size() > 200 || !parse_profile_name(name, m)) continue;  // other files (READMEs, notes) are not profiles
     const std::string path = (fs::path(dir) / name).string();
     LayerProfile p;
     p.path = path;
-    p.tp = name_number(m[2], kMaxProfileTp, "tp", path);
-    p.bs = name_number(m[3], kMaxProfileBs, "bs", path);
-    auto [it, fresh] = seen.emplace(std::make_tuple(m[1].str(), p.tp, p.bs), path);
+    p.tp = name_number(m.tp_digits, kMaxProfileTp, "tp", path);
+    p.bs = name_number(m.bs_digits, kMaxProfileBs, "bs", path);
+    auto [it, fresh] = seen.emplace(std::make_tuple(m.type, p.tp, p.bs), path);
     if (!fresh)
       throw InputError(path + ": the same device, tp and bs as " + it->second + " (keep one of the two files)");
     ordered_json j = read_json_file(path);
@@ -277,8 +308,8 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
       throw InputError(path + ": expected " + std::to_string(num_layers) +
                        " entries in 'execution_time.layer_compute_total_ms' (--num_layers), found " +
                        std::to_string(p.layer_ms.size()));
-    set.add(m[1], std::move(p));
-    loaded.push_back({m[1], path, std::move(j)});
+    set.add(m.type, std::move(p));
+    loaded.push_back({m.type, path, std::move(j)});
   }
   if (set.entries_.empty())
     throw InputError(dir + ": no profile files (expected files named DeviceType.<TYPE>_tp<T>_bs<B>.json)");

@@ -335,6 +335,19 @@ TEST_CASE("profile file names: tp and bs limits, no giant index", "[validation]"
   CHECK(far->path == (a / "DeviceType.A100_tp1024_bs65536.json").string());
   CHECK(set.find(set.type_index("A100"), 1024, 65535) == nullptr);
   CHECK(set.find(set.type_index("A100"), 1, 1)->tp == 1);
+  // Only DeviceType.<TYPE>_tp<T>_bs<B>.json is a profile (TYPE: a letter or digit, then letters, digits and
+  // hyphens); the rest of the folder is left alone, however close the name.
+  for (const char* other : {"DeviceType.A100_tp1_bs1.json.bak", "DeviceType.A100_tp1_bs1.jsonx",
+                            "DeviceType.-A100_tp3_bs1.json", "DeviceType._tp3_bs1.json", "DeviceType.A100_tp_bs1.json",
+                            "DeviceType.A100_tp3_bs.json", "DeviceType.A1 00_tp3_bs1.json", "DeviceType.A100_tp3_bs1",
+                            "xDeviceType.A100_tp3_bs1.json", "DeviceType.A100_tp3x_bs1.json", "devicetype.A100_tp3_bs1.json"})
+    fs::copy(a / "DeviceType.A100_tp1_bs1.json", a / other);
+  fs::copy(a / "DeviceType.A100_tp1_bs1.json", a / "DeviceType.H200-33sm_tp2_bs4.json");
+  const ProfileSet named = ProfileSet::load(a.string(), 10);
+  CHECK(named.device_types() == std::vector<std::string>{"A100", "H200-33sm", "V100"});
+  CHECK(named.find(named.type_index("A100"), 3, 1) == nullptr);
+  REQUIRE(named.find(named.type_index("H200-33sm"), 2, 4) != nullptr);
+  CHECK(named.find(named.type_index("H200-33sm"), 2, 4)->path == (a / "DeviceType.H200-33sm_tp2_bs4.json").string());
 }
 
 TEST_CASE("a memory list one short of the layers is Metis's: the last layer counts 0 MB", "[validation]") {
