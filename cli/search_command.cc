@@ -91,7 +91,7 @@ PlanFile plan_context(const SearchArgs& a) {
 
 int run_metis_search(const SearchArgs& a) {
   const Cluster cluster = load_cluster(a);
-  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
+  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads);
 
   SearchOptions o;
   o.model = a.model;
@@ -167,7 +167,7 @@ int run_metis_search(const SearchArgs& a) {
 // memory, keep tp inside nodes and train every layer and sample (planner/plan_search.h).
 int run_default_search(const SearchArgs& a) {
   const Cluster cluster = load_cluster(a);
-  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers);
+  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads);
 
   SimulationOptions so;
   so.schedule = parse_schedule(a.schedule, "--schedule");

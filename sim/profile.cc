@@ -1,6 +1,9 @@
 #include "sim/profile.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
 #include <cctype>
 #include <filesystem>
 #include <map>
@@ -209,9 +212,90 @@ bool parse_profile_name(const std::string& name, ProfileName& out) {
   return !out.bs_digits.empty() && literal(".json") && i == name.size();
 }
 
+// One profile file, read and checked: its LayerProfile (tp and bs from its
+// name) and its JSON document. Throws InputError naming the file and key.
+LayerProfile read_profile(const std::string& path, int tp, int bs, int num_layers, ordered_json* json) {
+  const NumberRule positive_ms = rules::positive_up_to(kMaxProfileMs);
+  const NumberRule non_negative_ms = rules::non_negative_up_to(kMaxProfileMs);
+  const NumberRule non_negative_mb = rules::non_negative_up_to(kMaxProfileMb);
+  const std::size_t max_layers = kMaxProfileLayers;
+  LayerProfile p;
+  p.path = path;
+  p.tp = tp;
+  p.bs = bs;
+  ordered_json& j = *json;
+  j = read_json_file(path);
+  const ordered_json& et = require_key(j, "execution_time", path, "");
+  p.layer_ms = require_number_list(et, "layer_compute_total_ms", path, "execution_time", positive_ms, max_layers);
+  p.forward_backward_ms = require_number(et, "forward_backward_time_ms", path, "execution_time", positive_ms);
+  const ordered_json& em = require_key(j, "execution_memory", path, "");
+  p.memory_mb =
+      require_number_list(em, "layer_memory_total_mb", path, "execution_memory", non_negative_mb, max_layers);
+  if (em.contains("framework_mb"))
+    p.framework_mb = require_number(em, "framework_mb", path, "execution_memory", non_negative_mb);
+  if (et.contains("optimizer_time_ms"))
+    p.optimizer_ms = require_number(et, "optimizer_time_ms", path, "execution_time", non_negative_ms);
+  if (p.layer_ms.empty()) throw InputError(path + ": 'execution_time.layer_compute_total_ms' is empty");
+  // One memory entry per layer, or one fewer (Metis's samples; the last layer then counts 0 MB, see profile.h).
+  if (p.memory_mb.size() != p.layer_ms.size() && p.memory_mb.size() + 1 != p.layer_ms.size())
+    throw InputError(path + ": 'execution_memory.layer_memory_total_mb' has " + std::to_string(p.memory_mb.size()) +
+                     " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) +
+                     ", as 'execution_time.layer_compute_total_ms' has) or one fewer (the last layer then counts 0 MB, "
+                     "as in Metis)");
+  if (et.contains("sustained_forward_backward_ms"))
+    p.sustained_fb_ms = require_number(et, "sustained_forward_backward_ms", path, "execution_time", positive_ms);
+  if (j.contains("communication") && j["communication"].is_object() &&
+      j["communication"].contains("allreduce_busbw_gbs")) {
+    // A measurement, not a datasheet figure: CPU (Gloo) runs measure a few MB/s, so only
+    // positivity and the upper end of the clusterfile rule apply.
+    p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication",
+                                           rules::positive_up_to(1e4));
+  }
+  for (const char* key : {"layer_activation_mb", "layer_working_mb"}) {
+    if (!em.contains(key)) continue;
+    std::vector<double> v = require_number_list(em, key, path, "execution_memory", non_negative_mb, max_layers);
+    if (v.size() != p.layer_ms.size())
+      throw InputError(path + ": 'execution_memory." + key + "' has " + std::to_string(v.size()) +
+                       " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
+    (std::string(key) == "layer_activation_mb" ? p.activation_mb : p.working_mb) = std::move(v);
+  }
+  if (p.activation_mb.empty() != p.working_mb.empty())
+    throw InputError(path + ": 'execution_memory' has one of 'layer_activation_mb' and 'layer_working_mb' but not "
+                     "the other (expected both or neither)");
+  for (const char* key : {"attention", "recompute"}) {
+    if (!em.contains(key)) continue;
+    const std::string where = key_where(path, std::string("execution_memory.") + key);
+    if (!em[key].is_string()) throw InputError(where + " must be a string");
+    const std::string v = em[key].get<std::string>();
+    if (std::string(key) == "recompute") {
+      p.recompute = parse_recompute(v, where);
+    } else if (v == "fused" || v == "materialized") {
+      p.attention = v;
+    } else {
+      throw InputError(where + ": '" + excerpt(v) + "': expected fused or materialized");
+    }
+  }
+  if (em.contains("state_bytes_per_parameter"))
+    p.state_bytes_per_parameter = require_number(em, "state_bytes_per_parameter", path, "execution_memory",
+                                                 rules::positive_up_to(64));
+  for (const char* key : {"layer_forward_ms", "layer_grad_accumulation_ms"}) {
+    if (!et.contains(key)) continue;
+    std::vector<double> v = require_number_list(et, key, path, "execution_time", non_negative_ms, max_layers);
+    if (v.size() != p.layer_ms.size())
+      throw InputError(path + ": 'execution_time." + key + "' has " + std::to_string(v.size()) +
+                       " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
+    (std::string(key) == "layer_forward_ms" ? p.forward_ms : p.grad_accumulation_ms) = std::move(v);
+  }
+  if (num_layers > 0 && static_cast<int>(p.layer_ms.size()) != num_layers)
+    throw InputError(path + ": expected " + std::to_string(num_layers) +
+                     " entries in 'execution_time.layer_compute_total_ms' (--num_layers), found " +
+                     std::to_string(p.layer_ms.size()));
+  return p;
+}
+
 }  // namespace
 
-ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
+ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads) {
   if (!fs::is_directory(dir)) throw InputError(dir + ": profile folder does not exist");
   std::vector<std::string> names;
   for (const auto& f : fs::directory_iterator(dir)) {
@@ -219,98 +303,67 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
   }
   std::sort(names.begin(), names.end());
 
-  const NumberRule positive_ms = rules::positive_up_to(kMaxProfileMs);
-  const NumberRule non_negative_ms = rules::non_negative_up_to(kMaxProfileMs);
-  const NumberRule non_negative_mb = rules::non_negative_up_to(kMaxProfileMb);
-  const std::size_t max_layers = kMaxProfileLayers;
-  ProfileSet set;
-  set.dir_ = dir;
-  struct Pending {
+  // The profiles in name order, up to the first name that repeats another's (device, tp, bs): its
+  // error comes after those of the files before it, as a reading in order would give them.
+  struct File {
     std::string type, path;
+    int tp = 0, bs = 0;
+    LayerProfile profile;
     ordered_json json;
+    std::exception_ptr error;
   };
-  std::vector<Pending> loaded;
+  std::vector<File> files;
+  std::exception_ptr name_error;
   std::map<std::tuple<std::string, int, int>, std::string> seen;
   for (const auto& name : names) {
     ProfileName m;
     if (name.size() > 200 || !parse_profile_name(name, m)) continue;  // other files (READMEs, notes) are not profiles
-    const std::string path = (fs::path(dir) / name).string();
-    LayerProfile p;
-    p.path = path;
-    p.tp = name_number(m.tp_digits, kMaxProfileTp, "tp", path);
-    p.bs = name_number(m.bs_digits, kMaxProfileBs, "bs", path);
-    auto [it, fresh] = seen.emplace(std::make_tuple(m.type, p.tp, p.bs), path);
-    if (!fresh)
-      throw InputError(path + ": the same device, tp and bs as " + it->second + " (keep one of the two files)");
-    ordered_json j = read_json_file(path);
-    const ordered_json& et = require_key(j, "execution_time", path, "");
-    p.layer_ms = require_number_list(et, "layer_compute_total_ms", path, "execution_time", positive_ms, max_layers);
-    p.forward_backward_ms = require_number(et, "forward_backward_time_ms", path, "execution_time", positive_ms);
-    const ordered_json& em = require_key(j, "execution_memory", path, "");
-    p.memory_mb =
-        require_number_list(em, "layer_memory_total_mb", path, "execution_memory", non_negative_mb, max_layers);
-    if (em.contains("framework_mb"))
-      p.framework_mb = require_number(em, "framework_mb", path, "execution_memory", non_negative_mb);
-    if (et.contains("optimizer_time_ms"))
-      p.optimizer_ms = require_number(et, "optimizer_time_ms", path, "execution_time", non_negative_ms);
-    if (p.layer_ms.empty()) throw InputError(path + ": 'execution_time.layer_compute_total_ms' is empty");
-    // One memory entry per layer, or one fewer (Metis's samples; the last layer then counts 0 MB, see profile.h).
-    if (p.memory_mb.size() != p.layer_ms.size() && p.memory_mb.size() + 1 != p.layer_ms.size())
-      throw InputError(path + ": 'execution_memory.layer_memory_total_mb' has " + std::to_string(p.memory_mb.size()) +
-                       " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) +
-                       ", as 'execution_time.layer_compute_total_ms' has) or one fewer (the last layer then counts 0 MB, "
-                       "as in Metis)");
-    if (et.contains("sustained_forward_backward_ms"))
-      p.sustained_fb_ms = require_number(et, "sustained_forward_backward_ms", path, "execution_time", positive_ms);
-    if (j.contains("communication") && j["communication"].is_object() &&
-        j["communication"].contains("allreduce_busbw_gbs")) {
-      // A measurement, not a datasheet figure: CPU (Gloo) runs measure a few MB/s, so only
-      // positivity and the upper end of the clusterfile rule apply.
-      p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication",
-                                             rules::positive_up_to(1e4));
+    File f;
+    f.type = m.type;
+    f.path = (fs::path(dir) / name).string();
+    try {
+      f.tp = name_number(m.tp_digits, kMaxProfileTp, "tp", f.path);
+      f.bs = name_number(m.bs_digits, kMaxProfileBs, "bs", f.path);
+      auto [it, fresh] = seen.emplace(std::make_tuple(m.type, f.tp, f.bs), f.path);
+      if (!fresh)
+        throw InputError(f.path + ": the same device, tp and bs as " + it->second + " (keep one of the two files)");
+    } catch (const InputError&) {
+      name_error = std::current_exception();
+      break;
     }
-    for (const char* key : {"layer_activation_mb", "layer_working_mb"}) {
-      if (!em.contains(key)) continue;
-      std::vector<double> v = require_number_list(em, key, path, "execution_memory", non_negative_mb, max_layers);
-      if (v.size() != p.layer_ms.size())
-        throw InputError(path + ": 'execution_memory." + key + "' has " + std::to_string(v.size()) +
-                         " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
-      (std::string(key) == "layer_activation_mb" ? p.activation_mb : p.working_mb) = std::move(v);
-    }
-    if (p.activation_mb.empty() != p.working_mb.empty())
-      throw InputError(path + ": 'execution_memory' has one of 'layer_activation_mb' and 'layer_working_mb' but not "
-                       "the other (expected both or neither)");
-    for (const char* key : {"attention", "recompute"}) {
-      if (!em.contains(key)) continue;
-      const std::string where = key_where(path, std::string("execution_memory.") + key);
-      if (!em[key].is_string()) throw InputError(where + " must be a string");
-      const std::string v = em[key].get<std::string>();
-      if (std::string(key) == "recompute") {
-        p.recompute = parse_recompute(v, where);
-      } else if (v == "fused" || v == "materialized") {
-        p.attention = v;
-      } else {
-        throw InputError(where + ": '" + excerpt(v) + "': expected fused or materialized");
+    files.push_back(std::move(f));
+  }
+
+  // Read and check the files, `threads` at a time (each thread takes the next file).
+  std::atomic<std::size_t> next{0};
+  auto read_some = [&] {
+    for (std::size_t i = next.fetch_add(1); i < files.size(); i = next.fetch_add(1)) {
+      File& f = files[i];
+      try {
+        f.profile = read_profile(f.path, f.tp, f.bs, num_layers, &f.json);
+      } catch (...) {
+        f.error = std::current_exception();
       }
     }
-    if (em.contains("state_bytes_per_parameter"))
-      p.state_bytes_per_parameter = require_number(em, "state_bytes_per_parameter", path, "execution_memory",
-                                                   rules::positive_up_to(64));
-    for (const char* key : {"layer_forward_ms", "layer_grad_accumulation_ms"}) {
-      if (!et.contains(key)) continue;
-      std::vector<double> v = require_number_list(et, key, path, "execution_time", non_negative_ms, max_layers);
-      if (v.size() != p.layer_ms.size())
-        throw InputError(path + ": 'execution_time." + key + "' has " + std::to_string(v.size()) +
-                         " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
-      (std::string(key) == "layer_forward_ms" ? p.forward_ms : p.grad_accumulation_ms) = std::move(v);
-    }
-    if (num_layers > 0 && static_cast<int>(p.layer_ms.size()) != num_layers)
-      throw InputError(path + ": expected " + std::to_string(num_layers) +
-                       " entries in 'execution_time.layer_compute_total_ms' (--num_layers), found " +
-                       std::to_string(p.layer_ms.size()));
-    set.add(m.type, std::move(p));
-    loaded.push_back({m.type, path, std::move(j)});
+  };
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::size_t helpers = std::min<std::size_t>(threads - 1, files.size() / 8);
+  {
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < helpers; ++t) pool.emplace_back(read_some);
+    read_some();
+    for (auto& t : pool) t.join();
   }
+
+  const NumberRule non_negative_ms = rules::non_negative_up_to(kMaxProfileMs);
+  const std::size_t max_layers = kMaxProfileLayers;
+  ProfileSet set;
+  set.dir_ = dir;
+  for (File& f : files) {
+    if (f.error) std::rethrow_exception(f.error);
+    set.add(f.type, std::move(f.profile));
+  }
+  if (name_error) std::rethrow_exception(name_error);
   if (set.entries_.empty())
     throw InputError(dir + ": no profile files (expected files named DeviceType.<TYPE>_tp<T>_bs<B>.json)");
 
@@ -321,7 +374,7 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers) {
     throw InputError(set.expected_path(0, 1, 1) +
                      ": missing; the model-level values come from the tp1_bs1 file of the first device type (" +
                      first_type + ")");
-  for (const auto& p : loaded) {
+  for (const File& p : files) {
     if (p.path != first->path) continue;
     const ordered_json& et = require_key(p.json, "execution_time", p.path, "");
     const double opt = require_number(et, "optimizer_time_ms", p.path, "execution_time", non_negative_ms);

@@ -122,8 +122,11 @@ struct ModelProfile {
 class ProfileSet {
  public:
   // Reads every DeviceType.*_tp*_bs*.json in `dir`. `num_layers` > 0 checks
-  // that every file has that many layer times. Throws InputError.
-  static ProfileSet load(const std::string& dir, int num_layers = 0);
+  // that every file has that many layer times. Throws InputError: of the
+  // files in name order, the first one's error, whatever `threads` is.
+  // `threads` > 1 reads files on that many threads at once (this one and
+  // threads - 1 started here, at most one per 8 files); 0: one per core.
+  static ProfileSet load(const std::string& dir, int num_layers = 0, int threads = 1);
 
   const std::string& dir() const { return dir_; }
   const std::vector<std::string>& device_types() const { return types_; }

@@ -350,6 +350,45 @@ TEST_CASE("profile file names: tp and bs limits, no giant index", "[validation]"
   CHECK(named.find(named.type_index("H200-33sm"), 2, 4)->path == (a / "DeviceType.H200-33sm_tp2_bs4.json").string());
 }
 
+TEST_CASE("profiles read on several threads: the same set, and the first file's error in name order", "[validation]") {
+  const auto& s = setup();
+  const ProfileSet one = ProfileSet::load(s.profiles.string(), 10, 1);
+  for (int threads : {0, 2, 3, 16}) {
+    const ProfileSet many = ProfileSet::load(s.profiles.string(), 10, threads);
+    REQUIRE(many.entries().size() == one.entries().size());
+    for (std::size_t i = 0; i < one.entries().size(); ++i) {
+      CHECK(many.entries()[i].path == one.entries()[i].path);
+      CHECK(many.entries()[i].layer_ms == one.entries()[i].layer_ms);
+      CHECK(many.entries()[i].memory_mb == one.entries()[i].memory_mb);
+    }
+    CHECK(many.model().parameters_per_layer_bytes == one.model().parameters_per_layer_bytes);
+    CHECK(many.model().norm_layer_duration == one.model().norm_layer_duration);
+  }
+  // Three faults: a bad number in the A100 tp1 bs2 file, a repeated (device, tp, bs) further on in name
+  // order, and a bad number in a V100 file after that. The first in name order is reported, whatever the threads.
+  const fs::path d = profiles_with("three-faults", [](json& j) { j["execution_time"]["layer_compute_total_ms"][1] = 0; },
+                                   "DeviceType.A100_tp1_bs2.json");
+  fs::copy(d / "DeviceType.A100_tp1_bs1.json", d / "DeviceType.A100_tp01_bs4.json");
+  json v = read(d / "DeviceType.V100_tp1_bs1.json");
+  v["execution_memory"]["layer_memory_total_mb"][0] = -1;
+  write_json(d / "DeviceType.V100_tp1_bs1.json", v);
+  for (int threads : {1, 2, 5}) {
+    INFO("threads " << threads);
+    CHECK_THROWS_WITH(ProfileSet::load(d.string(), 10, threads),
+                      Catch::Contains("DeviceType.A100_tp1_bs2.json: key 'execution_time.layer_compute_total_ms[1]'"));
+  }
+  fs::remove(d / "DeviceType.A100_tp1_bs2.json");
+  for (int threads : {1, 2, 5}) {
+    INFO("threads " << threads);
+    CHECK_THROWS_WITH(ProfileSet::load(d.string(), 10, threads),
+                      Catch::Contains("DeviceType.A100_tp1_bs4.json: the same device, tp and bs as"));
+  }
+  fs::remove(d / "DeviceType.A100_tp01_bs4.json");
+  for (int threads : {1, 2, 5})
+    CHECK_THROWS_WITH(ProfileSet::load(d.string(), 10, threads),
+                      Catch::Contains("DeviceType.V100_tp1_bs1.json: key 'execution_memory.layer_memory_total_mb[0]'"));
+}
+
 TEST_CASE("a memory list one short of the layers is Metis's: the last layer counts 0 MB", "[validation]") {
   const fs::path p = profiles_with("nine", [](json& j) { j["execution_memory"]["layer_memory_total_mb"].erase(9); });
   const ProfileSet set = ProfileSet::load(p.string(), 10);
