@@ -234,7 +234,7 @@ int run_default_search(const SearchArgs& a) {
   std::cout << "search: simulated iteration time (" << to_string(so.schedule) << "), " << cluster.num_devices()
             << " GPUs, gbs " << a.gbs << ", " << profiles.num_layers() << " layers\n";
   std::cout << "enumerated: " << result.enumerated << ", pruned: " << result.pruned << ", costed: " << result.costed
-            << ", infeasible: " << result.infeasible << ", time: " << python_float(std::round(result.seconds * 1e3) / 1e3)
+            << ", infeasible: " << result.infeasible << ", time: " << python_float(std::round(result.seconds * 1e4) / 1e4)
             << " s" << (result.cut_short ? " (cut short)" : "") << "\n";
   std::cout << "rank, iteration_ms, node_sequence, device_groups, strategies(dp_deg, tp_deg), batches(number of batch), "
                "layer_partition\n";

@@ -44,21 +44,25 @@ run() {
 }
 # pair NAME_A NAME_B N: runs the commands in arrays cmd_a and cmd_b in turn, A B A B ..., N times each
 # (one run of each first, not counted), and prints "median_wall_a median_wall_b median_ratio_a/b
-# max_rss_a_mb max_rss_b_mb": pairing keeps the ratio meaningful when the machine's speed drifts.
+# max_rss_a_mb max_rss_b_mb median_search_ratio_a/b": pairing keeps the ratio meaningful when the
+# machine's speed drifts. The last is the ratio of the searches' own times (the "time: S s" each
+# prints: the search alone, without starting the process and reading the inputs).
 pair() {
-  local a=$1 b=$2 n=$3 i t0 t1 wa=() wb=() ra=0 rb=0 r
+  local a=$1 b=$2 n=$3 i t0 t1 wa=() wb=() sa=() sb=() ra=0 rb=0 r
+  search_s() { sed -n 's/.*, time: \([0-9.e+-]*\) s.*/\1/p' "$1" | head -1; }
   for ((i = 0; i <= n; i++)); do
     t0=$EPOCHREALTIME; /usr/bin/time -f "%M" -o "$work/$a.time" "$bin" "${cmd_a[@]}" >"$work/$a.out" 2>"$work/$a.err"; t1=$EPOCHREALTIME
-    ((i > 0)) && wa+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')")
+    ((i > 0)) && wa+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')") && sa+=("$(search_s "$work/$a.out")")
     r=$(cat "$work/$a.time"); ((r > ra)) && ra=$r
     t0=$EPOCHREALTIME; /usr/bin/time -f "%M" -o "$work/$b.time" "$bin" "${cmd_b[@]}" >"$work/$b.out" 2>"$work/$b.err"; t1=$EPOCHREALTIME
-    ((i > 0)) && wb+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')")
+    ((i > 0)) && wb+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')") && sb+=("$(search_s "$work/$b.out")")
     r=$(cat "$work/$b.time"); ((r > rb)) && rb=$r
   done
   median() { sort -g | awk '{v[NR] = $1} END{print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
-  printf '%.3f %.3f %.2f %.0f %.0f\n' "$(printf '%s\n' "${wa[@]}" | median)" "$(printf '%s\n' "${wb[@]}" | median)" \
-    "$(paste <(printf '%s\n' "${wa[@]}") <(printf '%s\n' "${wb[@]}") | awk '{print $1 / $2}' | median)" \
-    "$((ra / 1024))" "$((rb / 1024))"
+  ratios() { paste <(printf '%s\n' "$@" | head -n "$n") <(printf '%s\n' "$@" | tail -n "$n") |
+    awk '$1 != "" && $2 > 0 {print $1 / $2}' | median; }
+  printf '%.3f %.3f %.2f %.0f %.0f %s\n' "$(printf '%s\n' "${wa[@]}" | median)" "$(printf '%s\n' "${wb[@]}" | median)" \
+    "$(ratios "${wa[@]}" "${wb[@]}")" "$((ra / 1024))" "$((rb / 1024))" "$(r=$(ratios "${sa[@]}" "${sb[@]}"); echo "${r:--}")"
 }
 best() {
   local b; b=$(sed -n 's/^1, \([^,]*\),.*/\1/p' "$work/$1.out" | head -1)
@@ -95,16 +99,16 @@ for c in $cases; do
         cmd_a=("${common[@]}")
         cmd_b=("${common[@]}" --cost-model metis --max_profiled_tp_degree 128 --max_profiled_batch_size 128
                --min_group_scale_variance 1 --max_permute_len 128)
-        read -r wd wm ratio rd rm < <(pair row2_default row2_metis "$reps")
+        read -r wd wm ratio rd rm sratio < <(pair row2_default row2_metis "$reps")
         row "row 2" "--cost-model metis" "$wm" "$rm" "$(best row2_metis)" - -
         row "row 2" "default" "$wd" "$rd" "$(best row2_default)" "${ratio}x metis (median of $reps pairs)" "<= 2x"
       else
         cmd_a=("${common[@]}" --threads 2)
         cmd_b=("${common[@]}" --threads 1)
-        read -r w2 w1 ratio r2 r1 < <(pair row2_t2 row2_t1 "$reps")
+        read -r w2 w1 ratio r2 r1 sratio < <(pair row2_t2 row2_t1 "$reps")
         row "row 2" "default --threads 1" "$w1" "$r1" "$(best row2_t1)" - -
         row "row 2" "default --threads 2" "$w2" "$r2" "$(best row2_t2)" \
-          "$(awk -v x="$ratio" 'BEGIN{printf "%.2fx faster", 1 / x}') (median of $reps pairs)" ">= 1.8x"
+          "$(awk -v x="$ratio" -v s="$sratio" 'BEGIN{printf "%.2fx faster; the search alone %.2fx", 1 / x, 1 / s}') (medians of $reps pairs)" ">= 1.8x"
       fi ;;
     32|settings)
       analytic 26 A100,V100 "$work/p26"
