@@ -6,6 +6,9 @@
 // only when asked for, so the planner and simulator start instantly.
 #include <dlfcn.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <climits>
@@ -47,12 +50,27 @@ int run_torch_command(int argc, char** argv) {
 #endif
 }
 
+// The search builds tables of a few MB per (node order, micro-batch) group and frees each when its
+// group is done. By default glibc serves blocks that large with fresh mmaps and gives freed memory
+// back to the kernel, so every table faults its pages in anew (row 2: 6.6k page faults, 10k on two
+// threads). Kept in the heap instead, the next table reuses them (4.0k and 5.0k). Peak memory is
+// unchanged: only memory already freed is kept, and only up to kKeepFreed.
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  constexpr int kLargestFromHeap = 32 << 20;  // glibc's upper limit for M_MMAP_THRESHOLD on 64-bit
+  constexpr int kKeepFreed = 256 << 20;
+  mallopt(M_MMAP_THRESHOLD, kLargestFromHeap);
+  mallopt(M_TRIM_THRESHOLD, kKeepFreed);
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "profile") == 0 || std::strcmp(argv[1], "replay") == 0 ||
                    std::strcmp(argv[1], "gpu-probe") == 0))
     return run_torch_command(argc, argv);
+  keep_freed_memory();
 
   CLI::App app{
       "hetplan: plan and simulate parallel training on heterogeneous GPU clusters.\n\n"

@@ -132,6 +132,12 @@ struct SuffixBound {
     return rate > 0 && std::isfinite(rate) ? cap_gbs * (cap_layers[L] - cap_layers[l]) / rate : 0.0;
   }
   double& at(int q, int r, int l) { return h[index(q, r, l)]; }
+  // Frees the tables and the estimator: once the group's units are done, the next group's tables reuse
+  // the memory instead of faulting in fresh pages.
+  void release() {
+    for (std::vector<double>* v : {&h, &h_min, &g, &g0}) std::vector<double>().swap(*v);
+    est.reset();
+  }
 };
 
 // Two paths through a stage j with `after` stages after it, each a chain of dependencies of the
@@ -1043,6 +1049,7 @@ PlanSearchResult PlanSearch::run() const {
       std::vector<Unit> list;
       group_units(g, 3, Q, &list);
       run_units(list);
+      bounds[g].release();  // every unit of the group is done
     });
   }
   for (Worker& w : workers) publish(w);
