@@ -242,6 +242,7 @@ struct Unit {
 
 struct Counters {
   long long enumerated = 0, pruned = 0, costed = 0, infeasible = 0;
+  long long units = 0;  // work units finished
 };
 
 // A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
@@ -696,6 +697,7 @@ PlanSearchResult PlanSearch::run() const {
     g_enumerated.fetch_add(w.c.enumerated - w.published.enumerated, std::memory_order_relaxed);
     g_pruned.fetch_add(w.c.pruned - w.published.pruned, std::memory_order_relaxed);
     g_costed.fetch_add(w.c.costed - w.published.costed, std::memory_order_relaxed);
+    units_done.fetch_add(w.c.units - w.published.units, std::memory_order_relaxed);
     w.published = w.c;
   };
   // Every 1024 units or enumerations: publish, read the clock and the flags. True: stop.
@@ -1006,9 +1008,7 @@ PlanSearchResult PlanSearch::run() const {
   auto run_units = [&](const std::vector<Unit>& list) {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, list.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
       Worker& w = workers.local();
-      long long done = 0;
-      for (std::size_t i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++done) run_unit(w, list[i]);
-      units_done.fetch_add(done, std::memory_order_relaxed);
+      for (std::size_t i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units) run_unit(w, list[i]);
     });
   };
   // Unit `index` of the search's order (the order group_units() gives each group's).
@@ -1030,9 +1030,7 @@ PlanSearchResult PlanSearch::run() const {
     // search's order, the threads starting far apart in it (at different depths).
     tbb::parallel_for(tbb::blocked_range<long long>(0, units_total, 1), [&](const tbb::blocked_range<long long>& range) {
       Worker& w = workers.local();
-      long long done = 0;
-      for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++done) run_unit(w, unit_at(i));
-      units_done.fetch_add(done, std::memory_order_relaxed);
+      for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units) run_unit(w, unit_at(i));
     });
   } else {
     {
