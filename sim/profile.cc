@@ -251,14 +251,17 @@ LayerProfile read_profile(const std::string& path, int tp, int bs, int num_layer
     p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication",
                                            rules::positive_up_to(1e4));
   }
-  for (const char* key : {"layer_activation_mb", "layer_working_mb"}) {
-    if (!em.contains(key)) continue;
-    std::vector<double> v = require_number_list(em, key, path, "execution_memory", non_negative_mb, max_layers);
-    if (v.size() != p.layer_ms.size())
-      throw InputError(path + ": 'execution_memory." + key + "' has " + std::to_string(v.size()) +
+  // section.key, if present: one number per layer (as many as layer_compute_total_ms has), each by `rule`.
+  auto per_layer = [&](const ordered_json& section, const char* section_name, const char* key, const NumberRule& rule,
+                       std::vector<double>* out) {
+    if (!section.contains(key)) return;
+    *out = require_number_list(section, key, path, section_name, rule, max_layers);
+    if (out->size() != p.layer_ms.size())
+      throw InputError(path + ": '" + section_name + "." + key + "' has " + std::to_string(out->size()) +
                        " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
-    (std::string(key) == "layer_activation_mb" ? p.activation_mb : p.working_mb) = std::move(v);
-  }
+  };
+  per_layer(em, "execution_memory", "layer_activation_mb", non_negative_mb, &p.activation_mb);
+  per_layer(em, "execution_memory", "layer_working_mb", non_negative_mb, &p.working_mb);
   if (p.activation_mb.empty() != p.working_mb.empty())
     throw InputError(path + ": 'execution_memory' has one of 'layer_activation_mb' and 'layer_working_mb' but not "
                      "the other (expected both or neither)");
@@ -278,14 +281,8 @@ LayerProfile read_profile(const std::string& path, int tp, int bs, int num_layer
   if (em.contains("state_bytes_per_parameter"))
     p.state_bytes_per_parameter = require_number(em, "state_bytes_per_parameter", path, "execution_memory",
                                                  rules::positive_up_to(64));
-  for (const char* key : {"layer_forward_ms", "layer_grad_accumulation_ms"}) {
-    if (!et.contains(key)) continue;
-    std::vector<double> v = require_number_list(et, key, path, "execution_time", non_negative_ms, max_layers);
-    if (v.size() != p.layer_ms.size())
-      throw InputError(path + ": 'execution_time." + key + "' has " + std::to_string(v.size()) +
-                       " entries, expected one per layer (" + std::to_string(p.layer_ms.size()) + ")");
-    (std::string(key) == "layer_forward_ms" ? p.forward_ms : p.grad_accumulation_ms) = std::move(v);
-  }
+  per_layer(et, "execution_time", "layer_forward_ms", non_negative_ms, &p.forward_ms);
+  per_layer(et, "execution_time", "layer_grad_accumulation_ms", non_negative_ms, &p.grad_accumulation_ms);
   if (num_layers > 0 && static_cast<int>(p.layer_ms.size()) != num_layers)
     throw InputError(path + ": expected " + std::to_string(num_layers) +
                      " entries in 'execution_time.layer_compute_total_ms' (--num_layers), found " +
