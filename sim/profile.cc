@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <thread>
-#include <cctype>
 #include <filesystem>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "sim/input_error.h"
@@ -189,8 +188,8 @@ struct ProfileName {
 };
 
 bool parse_profile_name(const std::string& name, ProfileName& out) {
-  const auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
   const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const auto alnum = [&](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || digit(c); };  // ASCII
   std::size_t i = 0;
   const auto literal = [&](const char* lit) {
     const std::size_t n = std::char_traits<char>::length(lit);
