@@ -1,7 +1,6 @@
 #include "planner/plan_search.h"
 
 #include <tbb/enumerable_thread_specific.h>
-#include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -370,9 +369,15 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
 }
 
 PlanSearchResult PlanSearch::run() const {
+  if (opt_.threads <= 0) return search();
+  // An arena of that many slots, not a global_control: lifting a global limit of one thread at the end
+  // made TBB start a worker just as the process exited (a thread created and torn down for nothing).
+  tbb::task_arena arena(opt_.threads);
+  return arena.execute([&] { return search(); });
+}
+
+PlanSearchResult PlanSearch::search() const {
   const auto t0 = Clock::now();
-  std::optional<tbb::global_control> limit;
-  if (opt_.threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, opt_.threads);
   const Cluster& cluster = *cluster_;
   const ProfileSet& profiles = *profiles_;
   const int L = profiles.num_layers();

@@ -158,6 +158,8 @@ class PlanSearch {
   PlanSearchResult run() const;
 
  private:
+  PlanSearchResult search() const;  // run()'s work, in the task arena of opt_.threads threads
+
   const Cluster* cluster_;
   const ProfileSet* profiles_;
   const PlanSimulator* sim_;
