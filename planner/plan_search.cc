@@ -164,8 +164,9 @@ PathCounts start_path(Schedule schedule, int after, int m) {
 }
 
 // x86-64 with GCC: also an AVX2 build of the function, chosen at load time where the CPU has it (4
-// doubles a vector instead of SSE2's 2; no FMA, so the same values).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// doubles a vector instead of SSE2's 2; no FMA, so the same values). Not under ThreadSanitizer: the
+// loader runs the choosing function (an ifunc resolver) before TSan's runtime is up, and it crashes.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define HETPLAN_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
 #else
 #define HETPLAN_AVX2_CLONE
