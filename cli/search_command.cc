@@ -318,7 +318,9 @@ Runner add_search_command(CLI::App& app) {
                 "(parameters, FLOPs, activations); its blocks + 2 must equal --num_layers");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
   s->add_option("--top", a->top, "Report the K cheapest plans")->capture_default_str()->check(CLI::PositiveNumber);
-  s->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  s->add_option("--threads", a->threads,
+                "Threads that read the profiles and search (default: all cores); the plans found do not depend on "
+                "it unless --time-budget or Ctrl-C cuts the search short");
   s->add_flag("--progress", a->progress, "Show progress on stderr even when it is not a terminal");
   s->add_flag("--quiet,-q", a->quiet, "No progress output");
   s->add_option("--cost-model,--cost_model", a->cost_model,
