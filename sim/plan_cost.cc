@@ -219,7 +219,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const bool tied_pipeline_ends = p > 1 && shape.tied_embeddings;
   const double vh = static_cast<double>(shape.vocab_size) * shape.hidden_size;
   ShardParams sp;
-  double prev_grad_bytes = -1, prev_ar = 0, prev_ar_weights = 0;
+  double prev_grad_bytes = -1, prev_ar = 0, prev_weight_bytes = -1, prev_ar_weights = 0;
   for (int k = k0; k < k0 + nk; ++k) {
     const TrainingSetup& setup = setups_[k];
     FastStageCost& c = out[k - k0];
@@ -248,23 +248,29 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     c.send_forward_ms = send_forward;
     c.send_backward_ms = send_backward;
     // Data-parallel gradient all-reduce of each tp slice: tp index t's group is begin + t, + tp, ...
+    // (Each the slowest over the slices; recomputed only when its bytes change between settings.)
+    auto slowest_all_reduce = [&](double bytes) {
+      double ar = 0;
+      for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, bytes));
+      return ar;
+    };
     if (grad_bytes != prev_grad_bytes) {
-      double ar = 0, ar_weights = 0;
-      const double weight_bytes = trainable * 2;  // the 16-bit weights ZeRO gathers
-      for (int t = 0; t < tp; ++t) {
-        ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, grad_bytes));
-        if (dp > 1) ar_weights = std::max(ar_weights, net_.all_reduce_seconds_strided(begin + t, tp, dp, weight_bytes));
-      }
       prev_grad_bytes = grad_bytes;
-      prev_ar = ar;
-      prev_ar_weights = ar_weights;
+      prev_ar = slowest_all_reduce(grad_bytes);
+    }
+    // The 16-bit weights ZeRO gathers: only a setting with ZeRO over more than one replica moves them.
+    const bool zero_sharded = dp > 1 && setup.zero_stage >= 1;
+    const double weight_bytes = trainable * 2;
+    if (zero_sharded && weight_bytes != prev_weight_bytes) {
+      prev_weight_bytes = weight_bytes;
+      prev_ar_weights = slowest_all_reduce(weight_bytes);
     }
     // A ring reduce-scatter or all-gather moves half an all-reduce's bytes. ZeRO-1 (Megatron's distributed
     // optimizer): reduce-scatter the gradients and all-gather the updated weights once per iteration.
     // ZeRO-2 (DeepSpeed stage 2): each micro-batch's backward reduce-scatters its gradients; the step
     // all-gathers the weights. ZeRO-3 (FSDP): each micro-batch gathers the weights before its forward and
     // again before its backward, which reduce-scatters the gradients; nothing is left for the step.
-    const double rs = prev_ar * 1e3 / 2, ag = prev_ar_weights * 1e3 / 2;
+    const double rs = prev_ar * 1e3 / 2, ag = zero_sharded ? prev_ar_weights * 1e3 / 2 : 0.0;
     c.allreduce_ms = 0;
     switch (dp > 1 ? setup.zero_stage : 0) {
       case 0: c.allreduce_ms = prev_ar * 1e3; break;
