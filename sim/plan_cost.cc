@@ -173,9 +173,16 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   int max_share = 0;
   // Per replica, what the setup-dependent parts need: measured accumulation and optimizer step.
   double acc_raw[kMaxReplicas], opt_raw[kMaxReplicas];
+  // A replica's profile costs depend only on its type and share: replicas like the one before reuse them
+  // (a stage's replicas come in runs of one type and share; hundreds of them in a large stage).
+  ReplicaCost c;
+  double outside = 0;
   for (int d = 0; d < dp; ++d) {
-    ReplicaCost c;
-    if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, share[d], start, end, &c, why)) return false;
+    if (d == 0 || rtype[d] != rtype[d - 1] || share[d] != share[d - 1]) {
+      if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, share[d], start, end, &c, why)) return false;
+      const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, share[d]));
+      outside = lp ? std::max(0.0, lp->fb_sync_ms) * param_share : 0.0;
+    }
     // A tp group across nodes: Megatron's 2 forward and 2 backward all-reduces per block over the
     // inter-node link instead of the intra-node one the profile measured.
     double extra = 0;
@@ -186,8 +193,6 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
                            net_.intra_node_all_reduce_seconds(layout_->node_of(first), tp, bytes);
       extra = 2.0 * blocks * std::max(0.0, delta) * 1e3;
     }
-    const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, share[d]));
-    const double outside = lp ? std::max(0.0, lp->fb_sync_ms) * param_share : 0.0;
     const double total = c.total_ms + 2 * extra + outside;
     if (total >= slowest) {
       slowest = total;
