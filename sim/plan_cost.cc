@@ -108,7 +108,11 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
     recompute_fraction_.push_back(recomputed_forward_fraction(sim.shape_, s.recompute, sim.seq_) /
                                   (s.recompute == Recompute::kFull ? std::max(1, s.recompute_every) : 1));
   node_ranks_.assign(n > 0 ? layout.node_of(n - 1) + 1 : 0, 0);
-  for (int r = 0; r < n; ++r) ++node_ranks_[layout.node_of(r)];
+  node_end_.assign(node_ranks_.size(), 0);
+  for (int r = 0; r < n; ++r) {
+    ++node_ranks_[layout.node_of(r)];
+    node_end_[layout.node_of(r)] = r + 1;
+  }
 }
 
 Schedule PlanCostModel::schedule() const { return sim_->opt_.schedule; }
@@ -323,16 +327,28 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     }
 
     // Memory of each rank, with its own replica's share; ranks alike in (type, share, node size) agree.
+    // The fast path takes them a run at a time (the ranks of one node whose replicas have one share:
+    // the same type, share, node size and capacity); explaining lists every rank.
     c.peak_memory_bytes = 0;
     c.min_headroom_bytes = std::numeric_limits<double>::infinity();
     int memo_type = -2, memo_share = -1, memo_gpn = -1;
     double memo_total = 0;
     MemoryBreakdown memo_breakdown;
-    for (int r = begin; r < begin + size; ++r) {
+    for (int r = begin, run_end; r < begin + size; r = run_end) {
       const int d = grid_replica(begin, st, r);
       const int type = layout_->type_of(r);
       const int mb = std::max(1, share[d]);
-      const int gpn = node_ranks_[layout_->node_of(r)];
+      const int node = layout_->node_of(r);
+      const int gpn = node_ranks_[node];
+      run_end = r + 1;
+      if (!detail) {
+        run_end = std::min(begin + size, node_end_[node]);
+        for (int e = d + 1; grid_rank(begin, st, e, 0) < run_end; ++e)
+          if (std::max(1, share[e]) != mb) {
+            run_end = grid_rank(begin, st, e, 0);
+            break;
+          }
+      }
       if (detail || type != memo_type || mb != memo_share || gpn != memo_gpn) {
         RankShard shard;
         shard.first_layer = start;
