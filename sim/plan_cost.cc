@@ -239,6 +239,8 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     const double grad_bytes = trainable * reduced_gradient_bytes(setup);
     double accumulation = 0, optimizer = 0;
     for (int d = 0; d < dp; ++d) {
+      // A replica like the one before (type, measured accumulation and step) adds nothing to the maxima.
+      if (d > 0 && rtype[d] == rtype[d - 1] && acc_raw[d] == acc_raw[d - 1] && opt_raw[d] == opt_raw[d - 1]) continue;
       // Measured accumulation covers every parameter; LoRA accumulates only its adapters.
       double acc = acc_raw[d] >= 0 ? acc_raw[d] * trainable / full_on_rank : -1;
       if (acc < 0) {
