@@ -17,7 +17,6 @@ bool partition_data(const ProfileSet& profiles, const int* replica_types, Strate
   const int dp = strategy.dp;
   if (dp > kMaxReplicas) throw std::length_error("data load balancer: more than 4096 data-parallel replicas");
   double share[kMaxReplicas];
-  int order[kMaxReplicas];
   double remainder_ratio[kMaxReplicas];
   double total = 0.0;
   for (int i = 0; i < dp; ++i) {
@@ -36,19 +35,27 @@ bool partition_data(const ProfileSet& profiles, const int* replica_types, Strate
     out[i] = static_cast<int>(want);  // Python int(): truncation
     remainder_ratio[i] = want - out[i];
     assigned += out[i];
-    order[i] = i;
   }
-  // Stable sort of replica indices by fractional part, largest first.
-  for (int i = 1; i < dp; ++i) {
-    const int v = order[i];
-    int j = i;
-    while (j > 0 && remainder_ratio[order[j - 1]] < remainder_ratio[v]) {
-      order[j] = order[j - 1];
-      --j;
-    }
-    order[j] = v;
+  // The remainder goes one by one in a stable sort of the replicas by fractional part, largest first.
+  // Replicas of one type have the same fractional part, so the sort is by the few distinct values
+  // (largest first), each value's replicas in index order: the same order, without a sort over dp.
+  double distinct[kMaxReplicas];
+  int n_distinct = 0;
+  for (int i = 0; i < dp; ++i) {
+    int j = 0;
+    while (j < n_distinct && !(distinct[j] == remainder_ratio[i])) ++j;
+    if (j < n_distinct) continue;
+    // Insert keeping `distinct` in decreasing order.
+    for (j = n_distinct++; j > 0 && distinct[j - 1] < remainder_ratio[i]; --j) distinct[j] = distinct[j - 1];
+    distinct[j] = remainder_ratio[i];
   }
-  for (long i = 0; i < bs - assigned; ++i) out[order[i]] += 1;
+  long left = bs - assigned;
+  for (int v = 0; v < n_distinct && left > 0; ++v)
+    for (int i = 0; i < dp && left > 0; ++i)
+      if (remainder_ratio[i] == distinct[v]) {
+        out[i] += 1;
+        --left;
+      }
   return true;
 }
 

@@ -13,12 +13,16 @@
 // cluster is gen_hostfile.py 16 (32 GPUs: V100 nodes first in the hostfile).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <random>
+
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "planner/intra_stage.h"
 #include "planner/layer_balancer.h"
+#include "sim/analytic_profiles.h"
 #include "sim/data_load_balancer.h"
 #include "sim/rank_layout.h"
 #include "tests/fixtures.h"
@@ -399,6 +403,51 @@ TEST_CASE("data load balancer splits a micro-batch over heterogeneous replicas",
     const DataCase& c = kDataCases[i];
     INFO("case " << i << ": dp " << c.strategy.dp << " tp " << c.strategy.tp << " bs " << c.bs);
     CHECK(partition_data(profiles, c.rank_types, c.strategy, c.bs) == c.result);
+  }
+}
+
+TEST_CASE("data load balancer: the remainder goes as a stable sort by fractional part would give it",
+          "[balancers][data_load_balancer]") {
+  // Its reference form (Metis's): floor each replica's proportional share, then hand the remaining samples one
+  // by one to the replicas in a stable sort by fractional part, largest first. partition_data groups the
+  // replicas by their (few) distinct fractional parts instead; the two must agree exactly.
+  const auto dir = test::scratch_dir("balancer-analytic");
+  AnalyticOptions o;
+  o.model.num_layers = 6;
+  o.max_bs = 1;
+  o.max_tp = 2;
+  o.device_types = {"A100", "H100", "V100", "A10040GB"};
+  generate_analytic_profiles(o, dir.string());
+  const ProfileSet profiles = ProfileSet::load(dir.string(), 6);
+  const int n_types = static_cast<int>(profiles.device_types().size());
+  REQUIRE(n_types == 4);
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int dp = 1 + static_cast<int>(rng() % 200), tp = 1 + static_cast<int>(rng() % 2);
+    const int bs = dp + static_cast<int>(rng() % (4 * dp));
+    const int used = 1 + static_cast<int>(rng() % n_types);
+    std::vector<int> types(dp);
+    for (int& t : types) t = static_cast<int>(rng() % used);
+    if (trial % 3 == 0) std::sort(types.begin(), types.end());  // runs of one type, as stages have
+    std::vector<int> got(dp);
+    REQUIRE(partition_data(profiles, types.data(), Strategy{dp, tp}, bs, got.data()));
+    // The reference.
+    std::vector<double> share(dp), frac(dp);
+    double total = 0;
+    for (int i = 0; i < dp; ++i) total += share[i] = 1.0 / profiles.find(types[i], tp, 1)->total_layer_ms;
+    std::vector<int> want(dp), order(dp);
+    long assigned = 0;
+    for (int i = 0; i < dp; ++i) {
+      const double w = bs * (share[i] / total);
+      want[i] = static_cast<int>(w);
+      frac[i] = w - want[i];
+      assigned += want[i];
+      order[i] = i;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return frac[a] > frac[b]; });
+    for (long i = 0; i < bs - assigned; ++i) want[order[i]] += 1;
+    INFO("trial " << trial << ": dp " << dp << ", tp " << tp << ", bs " << bs << ", types used " << used);
+    REQUIRE(got == want);
   }
 }
 
