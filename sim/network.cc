@@ -68,6 +68,8 @@ Network::Network(const Cluster& cluster, const RankLayout& layout, NetworkOption
                             opt_.intra_collective_bytes_per_s[type] > 0;
       node_collective_.push_back(measured ? opt_.intra_collective_bytes_per_s[type] : node_intra_.back());
     }
+  node_end_.assign(node_collective_.size(), 0);
+  for (int r = 0; r < layout.num_ranks(); ++r) node_end_[layout.node_of(r)] = r + 1;
 }
 
 double Network::link_bandwidth(int a, int b) const {
@@ -140,94 +142,71 @@ double Network::all_reduce_seconds(const std::vector<int>& ranks, double bytes) 
   return std::min(ring_all_reduce_seconds(ranks, bytes), hierarchical_all_reduce_seconds(ranks, bytes));
 }
 
-}  // namespace hetplan
-
-namespace hetplan {
-
-namespace {
-// Ring bottleneck over ranks first + i * stride for i in [i0, i1), closing the ring.
-template <class Bw, class Lat>
-void strided_bottleneck(int first, int stride, int i0, int i1, Bw bw_of, Lat lat_of, double* bandwidth,
-                        double* latency) {
-  double bw = std::numeric_limits<double>::infinity(), lat = 0;
-  const int n = i1 - i0;
-  for (int i = 0; i < n; ++i) {
-    const int a = first + (i0 + i) * stride, b = first + (i0 + (i + 1) % n) * stride;
-    bw = std::min(bw, bw_of(a, b));
-    lat = std::max(lat, lat_of(a, b));
+void Network::strided_all_reduces(int first, int stride, int count, double bytes, double* ring, double* hier) const {
+  const double n = static_cast<double>(count);
+  const double intra_lat = opt_.intra_latency_s, inter_lat = opt_.inter_latency_s;
+  // Ring over all members: (k - 1) links inside each node of k members, one link between consecutive
+  // nodes, and the link from the last member back to the first.
+  double ring_bw = std::numeric_limits<double>::infinity(), ring_lat = 0;
+  // Hierarchical: a ring inside each node (its all-gather, twice), then a ring over the nodes' first
+  // members (the leaders) with bytes / the most members of a node.
+  double intra = 0, leader_bw = std::numeric_limits<double>::infinity(), leader_lat = 0;
+  int runs = 0, per_node = 0, first_node = -1, prev_node = -1;
+  for (int i = 0; i < count;) {
+    const int rank = first + i * stride, node = layout_->node_of(rank);
+    const int members = std::min(count - i, (node_end_[node] - rank + stride - 1) / stride);
+    if (members > 1) {
+      ring_bw = std::min(ring_bw, node_collective_[node]);
+      ring_lat = std::max(ring_lat, intra_lat);
+      const double k = static_cast<double>(members);
+      intra = std::max(intra, 2 * ((k - 1) * intra_lat + (k - 1) / k * bytes / node_collective_[node]));
+    }
+    if (prev_node >= 0) {
+      const double bw = std::min(node_inter_[prev_node], node_inter_[node]);
+      ring_bw = std::min(ring_bw, bw);
+      ring_lat = std::max(ring_lat, inter_lat);
+      leader_bw = std::min(leader_bw, bw);
+      leader_lat = std::max(leader_lat, inter_lat);
+    } else {
+      first_node = node;
+    }
+    per_node = std::max(per_node, members);
+    ++runs;
+    prev_node = node;
+    i += members;
   }
-  *bandwidth = bw;
-  *latency = lat;
+  if (runs == 1) {  // the wrap link inside the one node (with two or more members: count >= 2)
+    ring_bw = std::min(ring_bw, node_collective_[first_node]);
+    ring_lat = std::max(ring_lat, intra_lat);
+  } else {  // the wrap links back to the first node, for both rings
+    const double bw = std::min(node_inter_[prev_node], node_inter_[first_node]);
+    ring_bw = std::min(ring_bw, bw);
+    ring_lat = std::max(ring_lat, inter_lat);
+    leader_bw = std::min(leader_bw, bw);
+    leader_lat = std::max(leader_lat, inter_lat);
+  }
+  *ring = 2 * (n - 1) * ring_lat + 2 * (n - 1) / n * bytes / ring_bw;
+  if (runs == 1) {
+    *hier = *ring;
+    return;
+  }
+  const double leader_bytes = bytes / static_cast<double>(per_node);
+  const double nl = static_cast<double>(runs);
+  const double inter = leader_bytes > 0 ? 2 * (nl - 1) * leader_lat + 2 * (nl - 1) / nl * leader_bytes / leader_bw : 0.0;
+  *hier = intra + inter;
 }
-}  // namespace
 
 double Network::ring_all_reduce_seconds_strided(int first, int stride, int count, double bytes) const {
-  const double n = static_cast<double>(count);
-  if (n <= 1 || bytes <= 0) return 0.0;
-  double bw, lat;
-  strided_bottleneck(
-      first, stride, 0, count, [&](int a, int b) { return collective_bandwidth(a, b); },
-      [&](int a, int b) { return link_latency(a, b); }, &bw, &lat);
-  return 2 * (n - 1) * lat + 2 * (n - 1) / n * bytes / bw;
+  if (count <= 1 || bytes <= 0) return 0.0;
+  double ring, hier;
+  strided_all_reduces(first, stride, count, bytes, &ring, &hier);
+  return ring;
 }
 
 double Network::all_reduce_seconds_strided(int first, int stride, int count, double bytes) const {
-  const double ring = ring_all_reduce_seconds_strided(first, stride, count, bytes);
-  // hierarchical_all_reduce_seconds: ranks in order, so each node's ranks are one run.
-  double hier;
-  if (count <= 1 || bytes <= 0) {
-    hier = 0.0;
-  } else {
-    auto node = [&](int i) { return layout_->node_of(first + i * stride); };
-    int runs = 0;
-    for (int i = 0; i < count; ++i)
-      if (i == 0 || node(i) != node(i - 1)) ++runs;
-    if (runs == 1) {
-      hier = ring;
-    } else {
-      double intra = 0;
-      std::size_t per_node = 0;
-      for (int i0 = 0; i0 < count;) {
-        int i1 = i0 + 1;
-        while (i1 < count && node(i1) == node(i0)) ++i1;
-        // 2 * all_gather_seconds(run, bytes)
-        const double n = static_cast<double>(i1 - i0);
-        double ag = 0.0;
-        if (n > 1) {
-          double bw, lat;
-          strided_bottleneck(
-              first, stride, i0, i1, [&](int a, int b) { return collective_bandwidth(a, b); },
-              [&](int a, int b) { return link_latency(a, b); }, &bw, &lat);
-          ag = (n - 1) * lat + (n - 1) / n * bytes / bw;
-        }
-        intra = std::max(intra, 2 * ag);
-        per_node = std::max(per_node, static_cast<std::size_t>(i1 - i0));
-        i0 = i1;
-      }
-      // Ring over the runs' leaders with bytes / per_node.
-      const double leader_bytes = bytes / static_cast<double>(per_node);
-      double inter = 0.0;
-      const double nl = static_cast<double>(runs);
-      if (leader_bytes > 0) {
-        double bw = std::numeric_limits<double>::infinity(), lat = 0;
-        int first_leader = -1, prev = -1;
-        auto link = [&](int a, int b) {
-          bw = std::min(bw, collective_bandwidth(a, b));
-          lat = std::max(lat, link_latency(a, b));
-        };
-        for (int i = 0; i < count; ++i) {
-          if (i > 0 && node(i) == node(i - 1)) continue;
-          const int r = first + i * stride;
-          if (prev >= 0) link(prev, r);
-          else first_leader = r;
-          prev = r;
-        }
-        link(prev, first_leader);
-        inter = 2 * (nl - 1) * lat + 2 * (nl - 1) / nl * leader_bytes / bw;
-      }
-      hier = intra + inter;
-    }
-  }
+  if (count <= 1 || bytes <= 0) return 0.0;
+  double ring, hier;
+  strided_all_reduces(first, stride, count, bytes, &ring, &hier);
   return std::min(ring, hier);
 }
 

@@ -84,11 +84,16 @@ class Network {
   // Slowest link and largest latency of the ring over `ranks` in order, for a collective.
   void ring_bottleneck(const std::vector<int>& ranks, double* bandwidth, double* latency) const;
   double collective_bandwidth(int a, int b) const;
+  // The ring and the hierarchical all-reduce of `bytes` over the n ranks first, first + stride, ...,
+  // walked node by node (a node is a range of ranks, so its members are one run): the same links, so
+  // the same bottlenecks, as a walk rank by rank, in O(nodes) instead of O(n). REQUIRES: n >= 2, bytes > 0.
+  void strided_all_reduces(int first, int stride, int n, double bytes, double* ring, double* hier) const;
 
   const RankLayout* layout_;
   NetworkOptions opt_;
   std::vector<double> node_intra_, node_inter_;  // bytes/s, per layout node
   std::vector<double> node_collective_;           // bytes/s inside the node, for collectives
+  std::vector<int> node_end_;                     // one past each layout node's last rank
 };
 
 }  // namespace hetplan

@@ -4,8 +4,15 @@
 // 2 (p - 1) / p of the data per rank in 2 (p - 1) steps).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
 #include "sim/input_error.h"
 #include "sim/network.h"
+#include "sim/rank_layout.h"
 
 using namespace hetplan;
 
@@ -81,4 +88,98 @@ TEST_CASE("ring and hierarchical all-reduce", "[network]") {
   CHECK(hier < n.ring_all_reduce_seconds(all, B));
   // All-gather: (n-1)/n of the data.
   CHECK(n.all_gather_seconds({0, 1, 2, 3}, B) == Approx(3 * 1e-6 + 0.75 * B / 300e9).epsilon(1e-12));
+}
+
+namespace {
+
+// The strided all-reduces as they were first written, rank by rank: the ring over every member, and the
+// hierarchical one over each node's run of members and then the runs' leaders (collective bandwidth =
+// link bandwidth: no measured collectives).
+double reference_strided(const Network& n, const RankLayout& layout, int first, int stride, int count, double bytes,
+                         bool ring_only) {
+  if (count <= 1 || bytes <= 0) return 0.0;
+  auto ring_over = [&](int i0, int i1, double* bw, double* lat) {
+    *bw = std::numeric_limits<double>::infinity();
+    *lat = 0;
+    const int k = i1 - i0;
+    for (int i = 0; i < k; ++i) {
+      const int a = first + (i0 + i) * stride, b = first + (i0 + (i + 1) % k) * stride;
+      *bw = std::min(*bw, n.link_bandwidth(a, b));
+      *lat = std::max(*lat, n.link_latency(a, b));
+    }
+  };
+  const double c = count;
+  double bw, lat;
+  ring_over(0, count, &bw, &lat);
+  const double ring = 2 * (c - 1) * lat + 2 * (c - 1) / c * bytes / bw;
+  if (ring_only) return ring;
+  auto node = [&](int i) { return layout.node_of(first + i * stride); };
+  double intra = 0, leader_bw = std::numeric_limits<double>::infinity(), leader_lat = 0;
+  int runs = 0, per_node = 0, prev = -1, first_leader = -1;
+  for (int i0 = 0; i0 < count;) {
+    int i1 = i0 + 1;
+    while (i1 < count && node(i1) == node(i0)) ++i1;
+    const double k = i1 - i0;
+    if (k > 1) {
+      ring_over(i0, i1, &bw, &lat);
+      intra = std::max(intra, 2 * ((k - 1) * lat + (k - 1) / k * bytes / bw));
+    }
+    const int leader = first + i0 * stride;
+    if (prev >= 0) {
+      leader_bw = std::min(leader_bw, n.link_bandwidth(prev, leader));
+      leader_lat = std::max(leader_lat, n.link_latency(prev, leader));
+    } else {
+      first_leader = leader;
+    }
+    prev = leader;
+    per_node = std::max(per_node, i1 - i0);
+    ++runs;
+    i0 = i1;
+  }
+  if (runs == 1) return ring;
+  leader_bw = std::min(leader_bw, n.link_bandwidth(prev, first_leader));
+  leader_lat = std::max(leader_lat, n.link_latency(prev, first_leader));
+  const double nl = runs, leader_bytes = bytes / per_node;
+  const double inter = 2 * (nl - 1) * leader_lat + 2 * (nl - 1) / nl * leader_bytes / leader_bw;
+  return std::min(ring, intra + inter);
+}
+
+}  // namespace
+
+TEST_CASE("strided all-reduces walked node by node equal the rank-by-rank walk exactly", "[network]") {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    // 1-3 types, each with its own intra and inter bandwidth; 1-12 nodes of 1-8 GPUs each.
+    const int types = 1 + static_cast<int>(rng() % 3);
+    std::vector<ClusterfileEntry> cf;
+    const char* names[] = {"A100", "V100", "H100"};
+    for (int t = 0; t < types; ++t)
+      cf.push_back({"10.0.0." + std::to_string(t + 1), names[t], 5.0 + static_cast<double>(rng() % 200),
+                    50.0 + static_cast<double>(rng() % 800), 80});
+    std::vector<std::pair<std::string, int>> hosts;
+    const int nodes = 1 + static_cast<int>(rng() % 12);
+    for (int i = 0; i < nodes; ++i)
+      hosts.emplace_back("10.0.0." + std::to_string(1 + rng() % types), 1 + static_cast<int>(rng() % 8));
+    const Cluster c = Cluster::from_parts(hosts, cf, "hostfile", "cluster.json");
+    std::vector<int> sequence(c.device_types().size());
+    for (std::size_t t = 0; t < sequence.size(); ++t) sequence[t] = static_cast<int>(t);
+    std::shuffle(sequence.begin(), sequence.end(), rng);
+    const RankLayout layout(c, sequence);
+    NetworkOptions o;
+    o.intra_latency_s = 1e-6 * (1 + rng() % 5);
+    o.inter_latency_s = 1e-5 * (1 + rng() % 5);
+    const Network n(c, layout, o);
+    const int R = layout.num_ranks();
+    for (int q = 0; q < 40; ++q) {
+      const int stride = 1 + static_cast<int>(rng() % 8), first = static_cast<int>(rng() % R);
+      const int most = (R - 1 - first) / stride + 1;
+      const int count = 1 + static_cast<int>(rng() % most);
+      const double bytes = q % 10 == 0 ? 0.0 : 1e6 * (1 + rng() % 5000);
+      INFO("trial " << trial << ": " << R << " ranks; first " << first << ", stride " << stride << ", count " << count);
+      CHECK(n.all_reduce_seconds_strided(first, stride, count, bytes) ==
+            reference_strided(n, layout, first, stride, count, bytes, false));
+      CHECK(n.ring_all_reduce_seconds_strided(first, stride, count, bytes) ==
+            reference_strided(n, layout, first, stride, count, bytes, true));
+    }
+  }
 }
