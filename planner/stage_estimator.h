@@ -290,7 +290,7 @@ class StageEstimator {
     }
     // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
     // its type's cheapest time per sample, and the shares sum to b.
-    double w[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    double w[8] = {-1, -1, -1, -1, -1, -1, -1, -1}, inv_w[8];  // per type (the first 8): time, 1 / time
     double capacity = 0;
     for (int d = 0; d < dp; ++d) {
       const int type = layout_->type_of(r + d * tp);
@@ -304,9 +304,10 @@ class StageEstimator {
           continue;
         }
         wt = best;
+        inv_w[type] = 1 / best;
       }
       if (std::isfinite(wt) && wt <= 0) return x;  // a free replica: no bound
-      if (std::isfinite(wt)) capacity += 1 / wt;
+      if (std::isfinite(wt)) capacity += inv_w[type];
     }
     x.t = capacity > 0 ? b_ / capacity : 0;
     return x;

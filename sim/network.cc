@@ -152,14 +152,18 @@ void Network::strided_all_reduces(int first, int stride, int count, double bytes
   // members (the leaders) with bytes / the most members of a node.
   double intra = 0, leader_bw = std::numeric_limits<double>::infinity(), leader_lat = 0;
   int runs = 0, per_node = 0, first_node = -1, prev_node = -1;
+  int last_members = 0;  // the node before's members and collective bandwidth: an equal node adds nothing new
+  double last_collective = -1;
   for (int i = 0; i < count;) {
     const int rank = first + i * stride, node = layout_->node_of(rank);
     const int members = std::min(count - i, (node_end_[node] - rank + stride - 1) / stride);
-    if (members > 1) {
+    if (members > 1 && !(members == last_members && node_collective_[node] == last_collective)) {
       ring_bw = std::min(ring_bw, node_collective_[node]);
       ring_lat = std::max(ring_lat, intra_lat);
       const double k = static_cast<double>(members);
       intra = std::max(intra, 2 * ((k - 1) * intra_lat + (k - 1) / k * bytes / node_collective_[node]));
+      last_members = members;
+      last_collective = node_collective_[node];
     }
     if (prev_node >= 0) {
       const double bw = std::min(node_inter_[prev_node], node_inter_[node]);
