@@ -68,8 +68,6 @@ Network::Network(const Cluster& cluster, const RankLayout& layout, NetworkOption
                             opt_.intra_collective_bytes_per_s[type] > 0;
       node_collective_.push_back(measured ? opt_.intra_collective_bytes_per_s[type] : node_intra_.back());
     }
-  node_end_.assign(node_collective_.size(), 0);
-  for (int r = 0; r < layout.num_ranks(); ++r) node_end_[layout.node_of(r)] = r + 1;
 }
 
 double Network::link_bandwidth(int a, int b) const {
@@ -156,7 +154,7 @@ void Network::strided_all_reduces(int first, int stride, int count, double bytes
   double last_collective = -1;
   for (int i = 0; i < count;) {
     const int rank = first + i * stride, node = layout_->node_of(rank);
-    const int members = std::min(count - i, (node_end_[node] - rank + stride - 1) / stride);
+    const int members = std::min(count - i, (layout_->node_end(node) - rank + stride - 1) / stride);
     if (members > 1 && !(members == last_members && node_collective_[node] == last_collective)) {
       ring_bw = std::min(ring_bw, node_collective_[node]);
       ring_lat = std::max(ring_lat, intra_lat);

@@ -93,7 +93,6 @@ class Network {
   NetworkOptions opt_;
   std::vector<double> node_intra_, node_inter_;  // bytes/s, per layout node
   std::vector<double> node_collective_;           // bytes/s inside the node, for collectives
-  std::vector<int> node_end_;                     // one past each layout node's last rank
 };
 
 }  // namespace hetplan

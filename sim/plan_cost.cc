@@ -107,12 +107,6 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
   for (const TrainingSetup& s : setups_)
     recompute_fraction_.push_back(recomputed_forward_fraction(sim.shape_, s.recompute, sim.seq_) /
                                   (s.recompute == Recompute::kFull ? std::max(1, s.recompute_every) : 1));
-  node_ranks_.assign(n > 0 ? layout.node_of(n - 1) + 1 : 0, 0);
-  node_end_.assign(node_ranks_.size(), 0);
-  for (int r = 0; r < n; ++r) {
-    ++node_ranks_[layout.node_of(r)];
-    node_end_[layout.node_of(r)] = r + 1;
-  }
 }
 
 Schedule PlanCostModel::schedule() const { return sim_->opt_.schedule; }
@@ -320,7 +314,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       }
       if (host.cpu_cast_params_per_s <= 0)  // measured separately (calibration's host.cpu_cast_params_per_s)
         host.cpu_cast_params_per_s = default_host_spec(16.0).cpu_cast_params_per_s;
-      const int ranks_per_host = node_ranks_[layout_->node_of(begin)];
+      const int ranks_per_host = layout_->node_size(layout_->node_of(begin));
       const OffloadTime ot = offload_time(setup, host, trainable, full_on_rank * 2, dp, ranks_per_host,
                                           c.forward_ms, c.backward_ms);
       c.forward_ms += ot.forward_exposed_ms;
@@ -341,10 +335,10 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       const int type = layout_->type_of(r);
       const int mb = std::max(1, share[d]);
       const int node = layout_->node_of(r);
-      const int gpn = node_ranks_[node];
+      const int gpn = layout_->node_size(node);
       run_end = r + 1;
       if (!detail) {
-        run_end = std::min(begin + size, node_end_[node]);
+        run_end = std::min(begin + size, layout_->node_end(node));
         for (int e = d + 1; grid_rank(begin, st, e, 0) < run_end; ++e)
           if (std::max(1, share[e]) != mb) {
             run_end = grid_rank(begin, st, e, 0);

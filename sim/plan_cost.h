@@ -152,8 +152,6 @@ class PlanCostModel {
   std::vector<double> ptype_framework_;   // [profile type * (max tp + 1) + tp]: ProfileSet::framework_mb in
                                           // bytes (0: none), when the setup asks (< 0) for the measured one
   int framework_tps_ = 1;                 // max tp + 1
-  std::vector<int> node_ranks_;           // GPUs of each RankLayout node
-  std::vector<int> node_end_;             // one past each RankLayout node's last rank (nodes are rank ranges)
   std::vector<double> ptype_hbm_bytes_per_s_;  // per profile type: datasheet HBM bandwidth (0: unknown)
   std::vector<double> recompute_fraction_;     // per setup: recomputed_forward_fraction
 };

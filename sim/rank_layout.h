@@ -21,6 +21,9 @@ class RankLayout {
   int num_ranks() const { return static_cast<int>(rank_type_.size()); }
   int type_of(int rank) const { return rank_type_[rank]; }
   int node_of(int rank) const { return rank_node_[rank]; }
+  // A node's ranks are one range, [node_end(node) - node_size(node), node_end(node)).
+  int node_end(int node) const { return node_end_[node]; }
+  int node_size(int node) const { return node_size_[node]; }
   const std::vector<int>& rank_types() const { return rank_type_; }
   const std::vector<int>& node_sequence() const { return node_sequence_; }
 
@@ -44,6 +47,7 @@ class RankLayout {
   const Cluster* cluster_;
   std::vector<int> node_sequence_;
   std::vector<int> rank_type_, rank_node_, node_type_;
+  std::vector<int> node_end_, node_size_;  // per node: one past its last rank, its GPUs
 };
 
 }  // namespace hetplan
