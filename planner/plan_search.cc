@@ -5,7 +5,6 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
-#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include "planner/search.h"
@@ -996,12 +996,12 @@ PlanSearchResult PlanSearch::search() const {
   // micro-batches at a time, node order by node order (m1 o1, m2 o1, m1 o2, m2 o2, ...): groups taken
   // at once then mostly differ in their micro-batch, and so in the estimates they fill (shared by the
   // node orders of one micro-batch), so that two threads seldom compute the same estimate.
-  std::vector<int> m_rank(n_ms);  // 0: the largest micro-batch
-  for (int i = 0; i < n_ms; ++i)
-    m_rank[i] = static_cast<int>(std::count_if(ms.begin(), ms.end(), [&](int m) { return m < ms[i]; }));
   std::vector<int> group_order(bounds.size());
   for (std::size_t g = 0; g < group_order.size(); ++g) group_order[g] = static_cast<int>(g);
-  auto order_key = [&](int g) { return std::make_tuple(m_rank[g % n_ms] / 2, g / n_ms, m_rank[g % n_ms] % 2); };
+  auto order_key = [&](int g) {
+    const int rank = n_ms - 1 - g % n_ms;  // 0: the largest micro-batch (ms runs from the most micro-batches)
+    return std::make_tuple(rank / 2, g / n_ms, rank % 2);
+  };
   std::sort(group_order.begin(), group_order.end(), [&](int x, int y) { return order_key(x) < order_key(y); });
   auto for_each_group = [&](auto&& body) {
     std::atomic<std::size_t> next{0};
