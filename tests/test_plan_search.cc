@@ -304,10 +304,6 @@ TEST_CASE("a cancelled search returns what it found and says it was cut short", 
   CHECK_FALSE(full.top.empty());
 }
 
-}  // namespace hetplan
-
-namespace hetplan {
-
 TEST_CASE("stage estimates: span_index lays layer spans out row by row, the budget and the slot keep their word",
           "[plan_search][estimates]") {
   using namespace stage_estimates;
