@@ -96,7 +96,12 @@ inline std::string sample_clusterfile() { return samples_dir() + "/clusterfile.j
 
 // A scratch folder unique to this test process.
 inline std::filesystem::path scratch_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("hetplan-test-" + std::to_string(::getpid())) / name;
+  const auto root = std::filesystem::temp_directory_path() / ("hetplan-test-" + std::to_string(::getpid()));
+  // Pids are reused: a folder of this pid left by an earlier test process (with its files: a
+  // calibration file where a test expects none) is emptied at this process's first call.
+  static const bool emptied = (std::filesystem::remove_all(root), true);
+  (void)emptied;
+  auto p = root / name;
   std::filesystem::create_directories(p);
   return p;
 }
