@@ -162,6 +162,7 @@ ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
 
 // One rank of a tp group started by us or by torchrun.
 int run_worker(const ProfileArgs& a, const DistEnv& env) {
+  ignore_broken_pipes();
   const torch::Device device = parse_device(a.device, env.local_rank);
   ProfileRequest req = make_request(a, device);
   use_device(device);

@@ -202,6 +202,7 @@ std::string describe_peers(profiler::Liveness& live, const profiler::DistEnv& en
 }
 
 int run_worker(const ReplayArgs& a, profiler::DistEnv env) {
+  profiler::ignore_broken_pipes();
   const std::string dir = work_dir(a);
   std::error_code ec;
   fs::create_directories(dir, ec);

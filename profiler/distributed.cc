@@ -302,6 +302,8 @@ std::shared_ptr<TensorParallelGroup::Collectives> make_thread_gloo_collectives(c
 #endif
 }
 
+void ignore_broken_pipes() { ::signal(SIGPIPE, SIG_IGN); }
+
 int free_local_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

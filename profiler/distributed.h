@@ -109,6 +109,13 @@ std::shared_ptr<TensorParallelGroup::Collectives> make_thread_gloo_collectives(c
 // A TCP port that was free a moment ago on 127.0.0.1.
 int free_local_port();
 
+// Makes a write to a connection whose peer has gone fail with EPIPE, which
+// Gloo and the store turn into an error naming the peer, instead of killing
+// this process with SIGPIPE before it can say anything. Python ignores
+// SIGPIPE at start-up, so PyTorch's own ranks never meet it either. Call at
+// the start of each rank process (not in commands that print to a pipe).
+void ignore_broken_pipes();
+
 struct LaunchResult {
   std::vector<int> exit_codes;  // per rank; 128 + signal if killed
   bool ok() const;

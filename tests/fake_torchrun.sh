@@ -37,6 +37,8 @@ for ((left = nproc; left > 0; left--)); do
   wait -n
   rc=$?
   if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
+    # Like torchrun's report of a failed worker (128 + N: killed by signal N).
+    echo "fake_torchrun: a worker exited with code $rc; stopping the others" >&2
     status=1
     kill -TERM "${pids[@]}" 2>/dev/null
   fi

@@ -2,6 +2,12 @@
 // matches the single-GPU model, profile runs write files the planner reads,
 // and running out of memory skips a (tp, bs) without ending the run.
 
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 #include <filesystem>
 #include <thread>
 
@@ -325,4 +331,35 @@ TEST_CASE("recomputation (full, selective) gives bit-identical losses and gradie
       for (std::size_t i = 0; i < runs[0].second.size(); ++i) CHECK(torch::equal(runs[k].second[i], runs[0].second[i]));
     }
   }
+}
+
+// A rank whose peer died must report it, not vanish: without
+// ignore_broken_pipes() a write to the dead peer's socket kills the process
+// with SIGPIPE before it prints anything (the torchrun kill test failed so,
+// once in about ten runs).
+TEST_CASE("a rank process survives a write to a peer that has gone (EPIPE, not SIGPIPE)", "[profiler][distributed]") {
+  const auto write_to_closed_peer = [](bool ignore) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {  // the child: only async-signal-safe calls
+      if (ignore)
+        ignore_broken_pipes();
+      else
+        ::signal(SIGPIPE, SIG_DFL);  // as in a new process; this one's parent may ignore it
+      int fds[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) ::_exit(3);
+      ::close(fds[1]);
+      const char byte = 1;
+      const bool epipe = ::write(fds[0], &byte, 1) < 0 && errno == EPIPE;
+      ::_exit(epipe ? 0 : 2);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    return status;
+  };
+  const int ignored = write_to_closed_peer(true);
+  CHECK(WIFEXITED(ignored));
+  CHECK(WEXITSTATUS(ignored) == 0);
+  const int by_default = write_to_closed_peer(false);
+  CHECK(WIFSIGNALED(by_default));
+  CHECK(WTERMSIG(by_default) == SIGPIPE);
 }
