@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -106,8 +107,9 @@ class EstimateBudget {
 };
 
 // One kept set of stage estimates, filled by the first caller that claims it (within the budget). A
-// caller that finds another thread filling it does not wait: get() returns nullptr and it computes its
-// own, the same values. Thread-safe.
+// caller that finds another thread filling it waits for it: a fill takes microseconds, and a caller
+// that computed its own instead would compute them again at each call until the fill ends (on two
+// threads that made a group's table four times slower). Thread-safe; `fill` must not wait on a slot.
 class EstimateSlot {
  public:
   // `fill(v)` writes the estimates into v (sized `n`).
@@ -121,6 +123,10 @@ class EstimateSlot {
       }
       state_.store(kReady, std::memory_order_release);
       state = kReady;
+    }
+    while (state == kFilling) {
+      std::this_thread::yield();
+      state = state_.load(std::memory_order_acquire);
     }
     return state == kReady && !v_.empty() ? v_.data() : nullptr;
   }
@@ -389,8 +395,8 @@ inline const StageEstimate* MixedLists::estimates(Entry* entry, const StageEstim
 // The estimates of homogeneous stages, [span_index(L, l, e)] each, shared by every (node order, m) group: such a
 // stage's estimate (StageEstimator::estimate) depends only on its type, tp, its slowest replica's share
 // of the micro-batch and whether the shares are uneven, not on the group or the stage's ranks. Each is
-// computed once, by its first caller, within a memory budget (EstimateSlot: past it, or while another
-// thread fills it, get() returns nullptr and callers compute their own). Thread-safe.
+// computed once, by its first caller, within a memory budget (EstimateSlot: past it, get() returns
+// nullptr and callers compute their own; while another thread fills it, they wait). Thread-safe.
 class HomogeneousEstimates {
  public:
   HomogeneousEstimates(int types, int max_tp, int max_micro_batch, int layers, EstimateBudget& budget)
