@@ -13,10 +13,15 @@ is about (G x 3.00 + A x 3.00 + O x 1.55) / (G + A + O) with these shares. Issue
 for this block under the 33-SM type.
 
   python3 scripts/gpu_block_breakdown.py OUT.json [--hidden 8192 --ffn 28672 --heads 64 --kv-heads 8
-                                                   --seq 2048 --bs 1,2,4 --iters 3 --sms N]
+                                                   --seq 2048 --bs 1,2,4 --iters 3 --sms N --compile]
 
 --sms N runs every kernel on a stream of a CUDA green context of N SMs (torch.cuda.GreenContext; the
 driver rounds N up to its granularity), the emulated device type's way of running.
+
+--compile runs the block through torch.compile (TorchInductor), which fuses the elementwise work
+(norms, rotary, SwiGLU, residual adds) into a few Triton kernels and leaves the GEMMs and attention
+to cuBLAS and SDPA, as a framework with fused kernels (Megatron with Transformer Engine) would: what a
+block's slowdown under an SM partition becomes when its elementwise share is small.
 """
 import contextlib
 import argparse
@@ -92,6 +97,7 @@ def main():
     ap.add_argument("--bs", default="1,2,4")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--sms", type=int, default=0)
+    ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cuda")
     where = contextlib.nullcontext()
@@ -101,13 +107,14 @@ def main():
     torch.manual_seed(0)
     block = Block(a.hidden, a.ffn, a.heads, a.kv_heads).to(dev, torch.bfloat16)
     flops_per_token = 6 * sum(p.numel() for p in block.parameters())  # forward + backward of the matmuls
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shape": vars(a), "runs": []}
+    model = torch.compile(block) if a.compile else block
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shape": vars(a), "compiled": a.compile, "runs": []}
     for bs in [int(x) for x in a.bs.split(",")]:
         x = torch.randn(bs, a.seq, a.hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)
 
         def step():
             with where:
-                y = block(x)
+                y = model(x)
                 y.backward(torch.ones_like(y))
 
         for _ in range(3):
@@ -140,7 +147,7 @@ def main():
         frac = {k: v / total for k, v in shares.items()}
         predicted = (frac["gemm"] + frac["attention"]) * 3.00 + frac["other"] * 1.55
         top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
-        run = {"bs": bs, "sms": a.sms, "block_ms": ms, "kind_ms": {k: v / 1e3 / a.iters for k, v in shares.items()}, "tflops": flops_per_token * bs * a.seq / ms / 1e9,
+        run = {"bs": bs, "sms": a.sms, "compiled": a.compile, "block_ms": ms, "kind_ms": {k: v / 1e3 / a.iters for k, v in shares.items()}, "tflops": flops_per_token * bs * a.seq / ms / 1e9,
                "kernel_ms": total / 1e3 / a.iters, "share": frac,
                "predicted_33sm_slowdown": predicted,
                "top_kernels": [{"name": k[:120], "ms": v / 1e3 / a.iters, "kind": kind(k)} for k, v in top]}
