@@ -8,10 +8,13 @@
 #include <unistd.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
+#include <sys/mman.h>
 #endif
 
 #include <CLI/CLI.hpp>
 #include <climits>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -55,12 +58,26 @@ int run_torch_command(int argc, char** argv) {
 // back to the kernel, so every table faults its pages in anew (row 2: 6.6k page faults, 10k on two
 // threads). Kept in the heap instead, the next table reuses them (4.0k and 5.0k). Peak memory is
 // unchanged: only memory already freed is kept, and only up to kKeepFreed.
+// The faults that remain are the first touch of the peak's pages, 1.5-3 us each on a VM. So the main
+// heap also asks for transparent huge pages (one fault per 2 MB; a no-op where THP is off): its first
+// kHugeHeap bytes are reserved at once and madvised. Row 2: 4.0k faults -> 0.9k on one thread (5.0k
+// -> 2.2k on two: other threads keep glibc's arenas of their own; one shared arena was slower), the
+// search 7-8% faster on one thread and 6% on two, peak RSS +1-2 MB.
 void keep_freed_memory() {
 #if defined(__GLIBC__)
   constexpr int kLargestFromHeap = 32 << 20;  // glibc's upper limit for M_MMAP_THRESHOLD on 64-bit
   constexpr int kKeepFreed = 256 << 20;
+  constexpr int kHugeHeap = 64 << 20;
+  constexpr std::uintptr_t kHugePage = 2 << 20;
   mallopt(M_MMAP_THRESHOLD, kLargestFromHeap);
   mallopt(M_TRIM_THRESHOLD, kKeepFreed);
+  mallopt(M_TOP_PAD, kHugeHeap);
+  void* probe = std::malloc(1 << 20);  // grows the heap by kHugeHeap more (virtual memory: untouched)
+  const auto lo = (reinterpret_cast<std::uintptr_t>(probe) + kHugePage - 1) & ~(kHugePage - 1);
+  const auto hi = reinterpret_cast<std::uintptr_t>(sbrk(0)) & ~(kHugePage - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+  std::free(probe);
+  mallopt(M_TOP_PAD, 128 << 10);  // glibc's default
 #endif
 }
 
