@@ -337,6 +337,9 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads)
       File& f = files[i];
       try {
         f.profile = read_profile(f.path, f.tp, f.bs, num_layers, &f.json);
+        // Only a tp1_bs1 file's document is read again below (the model-level values); the others are
+        // freed here, by the thread that read them, not one after the other at the end.
+        if (f.tp != 1 || f.bs != 1) f.json = ordered_json();
       } catch (...) {
         f.error = std::current_exception();
       }
