@@ -74,8 +74,12 @@ void keep_freed_memory() {
   mallopt(M_TOP_PAD, kHugeHeap);
   void* probe = std::malloc(1 << 20);  // grows the heap by kHugeHeap more (virtual memory: untouched)
   const auto lo = (reinterpret_cast<std::uintptr_t>(probe) + kHugePage - 1) & ~(kHugePage - 1);
-  const auto hi = reinterpret_cast<std::uintptr_t>(sbrk(0)) & ~(kHugePage - 1);
-  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+  void* brk = sbrk(0);
+  const auto hi = reinterpret_cast<std::uintptr_t>(brk) & ~(kHugePage - 1);
+  // Only where the block came from the heap below the break (not where a sanitizer's allocator serves
+  // malloc from its own mappings).
+  if (brk != reinterpret_cast<void*>(-1) && hi > lo && hi - lo <= 2 * static_cast<std::uintptr_t>(kHugeHeap))
+    madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
   std::free(probe);
   mallopt(M_TOP_PAD, 128 << 10);  // glibc's default
 #endif
