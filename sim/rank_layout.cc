@@ -17,7 +17,6 @@ RankLayout::RankLayout(const Cluster& cluster, const std::vector<int>& node_sequ
         rank_node_.push_back(node);
       }
       node_end_.push_back(static_cast<int>(rank_type_.size()));
-      node_size_.push_back(n.num_devices);
     }
   }
 }

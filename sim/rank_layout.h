@@ -23,7 +23,7 @@ class RankLayout {
   int node_of(int rank) const { return rank_node_[rank]; }
   // A node's ranks are one range, [node_end(node) - node_size(node), node_end(node)).
   int node_end(int node) const { return node_end_[node]; }
-  int node_size(int node) const { return node_size_[node]; }
+  int node_size(int node) const { return node_end_[node] - (node > 0 ? node_end_[node - 1] : 0); }
   const std::vector<int>& rank_types() const { return rank_type_; }
   const std::vector<int>& node_sequence() const { return node_sequence_; }
 
@@ -47,7 +47,7 @@ class RankLayout {
   const Cluster* cluster_;
   std::vector<int> node_sequence_;
   std::vector<int> rank_type_, rank_node_, node_type_;
-  std::vector<int> node_end_, node_size_;  // per node: one past its last rank, its GPUs
+  std::vector<int> node_end_;  // per node: one past its last rank
 };
 
 }  // namespace hetplan
