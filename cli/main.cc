@@ -63,7 +63,7 @@ int run_torch_command(int argc, char** argv) {
 // kHugeHeap bytes are reserved at once and madvised. Row 2: 4.0k faults -> 0.9k on one thread (5.0k
 // -> 2.2k on two: other threads keep glibc's arenas of their own; one shared arena was slower), the
 // search 7-8% faster on one thread and 6% on two, peak RSS +1-2 MB.
-void keep_freed_memory() {
+void tune_heap() {
 #if defined(__GLIBC__)
   constexpr int kLargestFromHeap = 32 << 20;  // glibc's upper limit for M_MMAP_THRESHOLD on 64-bit
   constexpr int kKeepFreed = 256 << 20;
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "profile") == 0 || std::strcmp(argv[1], "replay") == 0 ||
                    std::strcmp(argv[1], "gpu-probe") == 0))
     return run_torch_command(argc, argv);
-  keep_freed_memory();
+  tune_heap();
 
   CLI::App app{
       "hetplan: plan and simulate parallel training on heterogeneous GPU clusters.\n\n"
