@@ -6,20 +6,16 @@
 // only when asked for, so the planner and simulator start instantly.
 #include <dlfcn.h>
 #include <unistd.h>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#include <sys/mman.h>
-#endif
 
 #include <CLI/CLI.hpp>
 #include <climits>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
 
 #include "cli/app_runner.h"
+#include "cli/heap.h"
 
 namespace {
 
@@ -53,45 +49,13 @@ int run_torch_command(int argc, char** argv) {
 #endif
 }
 
-// The search builds tables of a few MB per (node order, micro-batch) group and frees each when its
-// group is done. By default glibc serves blocks that large with fresh mmaps and gives freed memory
-// back to the kernel, so every table faults its pages in anew (row 2: 6.6k page faults, 10k on two
-// threads). Kept in the heap instead, the next table reuses them (4.0k and 5.0k). Peak memory is
-// unchanged: only memory already freed is kept, and only up to kKeepFreed.
-// The faults that remain are the first touch of the peak's pages, 1.5-3 us each on a VM. So the main
-// heap also asks for transparent huge pages (one fault per 2 MB; a no-op where THP is off): its first
-// kHugeHeap bytes are reserved at once and madvised. Row 2: 4.0k faults -> 0.9k on one thread (5.0k
-// -> 2.2k on two: other threads keep glibc's arenas of their own; one shared arena was slower), the
-// search 7-8% faster on one thread and 6% on two, peak RSS +1-2 MB.
-void tune_heap() {
-#if defined(__GLIBC__)
-  constexpr int kLargestFromHeap = 32 << 20;  // glibc's upper limit for M_MMAP_THRESHOLD on 64-bit
-  constexpr int kKeepFreed = 256 << 20;
-  constexpr int kHugeHeap = 64 << 20;
-  constexpr std::uintptr_t kHugePage = 2 << 20;
-  mallopt(M_MMAP_THRESHOLD, kLargestFromHeap);
-  mallopt(M_TRIM_THRESHOLD, kKeepFreed);
-  mallopt(M_TOP_PAD, kHugeHeap);
-  void* probe = std::malloc(1 << 20);  // grows the heap by kHugeHeap more (virtual memory: untouched)
-  const auto lo = (reinterpret_cast<std::uintptr_t>(probe) + kHugePage - 1) & ~(kHugePage - 1);
-  void* brk = sbrk(0);
-  const auto hi = reinterpret_cast<std::uintptr_t>(brk) & ~(kHugePage - 1);
-  // Only where the block came from the heap below the break (not where a sanitizer's allocator serves
-  // malloc from its own mappings).
-  if (brk != reinterpret_cast<void*>(-1) && hi > lo && hi - lo <= 2 * static_cast<std::uintptr_t>(kHugeHeap))
-    madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-  std::free(probe);
-  mallopt(M_TOP_PAD, 128 << 10);  // glibc's default
-#endif
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "profile") == 0 || std::strcmp(argv[1], "replay") == 0 ||
                    std::strcmp(argv[1], "gpu-probe") == 0))
     return run_torch_command(argc, argv);
-  tune_heap();
+  hetplan::cli::tune_heap();
 
   CLI::App app{
       "hetplan: plan and simulate parallel training on heterogeneous GPU clusters.\n\n"

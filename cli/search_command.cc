@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/heap.h"
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -197,6 +198,7 @@ int run_default_search(const SearchArgs& a) {
   o.threads = a.threads;
   o.time_budget_s = a.time_budget;
   o.cancel = &g_interrupted;
+  o.on_worker_start = [] { tune_thread_heap(); };
   const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
   if (show_progress)
     o.progress = [](const PlanSearchProgress& p) {

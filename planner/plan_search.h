@@ -114,6 +114,10 @@ struct PlanSearchOptions {
   const std::atomic<bool>* cancel = nullptr;
   // Called about once a second with the progress so far, if set.
   std::function<void(const struct PlanSearchProgress&)> progress;
+  // Called once on each worker thread the search starts (not on the thread calling run()), before
+  // that thread takes any work, if set: where a process prepares per-thread resources (hetplan's
+  // main() has each worker's malloc arena ask for huge pages). It must not change any value.
+  std::function<void()> on_worker_start;
 };
 
 struct PlanSearchProgress {
@@ -158,7 +162,7 @@ class PlanSearch {
   PlanSearchResult run() const;
 
  private:
-  PlanSearchResult search() const;  // run()'s work, in the task arena of opt_.threads threads
+  PlanSearchResult search() const;  // run()'s work, in a task arena of opt_.threads threads (0: TBB's default)
 
   const Cluster* cluster_;
   const ProfileSet* profiles_;

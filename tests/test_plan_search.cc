@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -285,6 +288,35 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
     CHECK(one.top[i].plan.device_groups == two.top[i].plan.device_groups);
     CHECK(one.top[i].plan.layer_partition == two.top[i].plan.layer_partition);
   }
+}
+
+TEST_CASE("on_worker_start runs once on each worker thread, never on the caller, and changes nothing", "[plan_search]") {
+  const ProfileSet& profiles = small_profiles();
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 2}, {"10.0.0.1", 3}, {"10.0.0.3", 2}}, clusterfile());
+  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  PlanSearchOptions o;
+  o.gbs = 12;
+  o.top_k = 5;
+  o.threads = 1;
+  const PlanSearchResult plain = PlanSearch(cluster, profiles, sim, o).run();
+  std::mutex mu;
+  std::vector<std::thread::id> called;
+  o.threads = 3;
+  o.on_worker_start = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    called.push_back(std::this_thread::get_id());
+  };
+  const PlanSearch search(cluster, profiles, sim, o);
+  for (int run = 0; run < 3; ++run) {  // TBB keeps its workers: a second run starts none anew
+    const PlanSearchResult r = search.run();
+    REQUIRE(r.top.size() == plain.top.size());
+    for (std::size_t i = 0; i < r.top.size(); ++i) CHECK(r.top[i].plan.cost == plain.top[i].plan.cost);
+  }
+  std::vector<std::thread::id> distinct = called;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  CHECK(distinct.size() == called.size());  // once per thread
+  CHECK(std::find(called.begin(), called.end(), std::this_thread::get_id()) == called.end());
 }
 
 TEST_CASE("a cancelled search returns what it found and says it was cut short", "[plan_search]") {
