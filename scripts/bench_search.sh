@@ -10,7 +10,8 @@
 #   row2      Table-1 row 2 (20 layers, 32 V100 + 32 A100, Metis's synthetic profiles
 #             from DIR, default ../shared/metis-samples; skipped without them):
 #             default search vs --cost-model metis. Goal: default <= 2x Metis.
-#   threads   row 2 with --threads 1 vs --threads 2. Goal: >= 1.8x.
+#   threads   row 2 with --threads 1 vs --threads 2. Goal: >= 1.8x. Also the machine's ceiling for
+#             two threads: two one-thread searches at once against one alone (see ceiling()).
 #   32        16 V100 + 16 A100, 24 layers, analytic profiles. Goal: <= 10 s, <= 1 GB.
 #   48        A100 + V100 + H100, 16 each, 40 layers. Goal: <= 30 s.
 #   3x256     A100 + V100 + H100, 256 each, 8 per node. Goal: <= 60 s.
@@ -64,6 +65,27 @@ pair() {
   printf '%.3f %.3f %.2f %.0f %.0f %s\n' "$(printf '%s\n' "${wa[@]}" | median)" "$(printf '%s\n' "${wb[@]}" | median)" \
     "$(ratios "${wa[@]}" "${wb[@]}")" "$((ra / 1024))" "$((rb / 1024))" "$(r=$(ratios "${sa[@]}" "${sb[@]}"); echo "${r:--}")"
 }
+# ceiling N: the machine's own limit for two threads on this work. One search on one thread alone, then
+# two of them started together, N times in turn (one round first, not counted); prints the medians of
+# "2 x alone / together" for the whole processes and for the searches' own times (the slower of the
+# two): what a perfect split of one search over two threads would give, with the two cores' sharing
+# (caches, memory, the hypervisor) included. Uses cmd_b.
+ceiling() {
+  local n=$1 i t0 t1 t2 wr=() sr=() s1 s2 s3
+  search_s() { sed -n 's/.*, time: \([0-9.e+-]*\) s.*/\1/p' "$1" | head -1; }
+  for ((i = 0; i <= n; i++)); do
+    t0=$EPOCHREALTIME; "$bin" "${cmd_b[@]}" >"$work/ceiling1.out" 2>&1; t1=$EPOCHREALTIME
+    "$bin" "${cmd_b[@]}" >"$work/ceiling2.out" 2>&1 &
+    "$bin" "${cmd_b[@]}" >"$work/ceiling3.out" 2>&1
+    wait; t2=$EPOCHREALTIME
+    ((i > 0)) || continue
+    s1=$(search_s "$work/ceiling1.out"); s2=$(search_s "$work/ceiling2.out"); s3=$(search_s "$work/ceiling3.out")
+    wr+=("$(awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN{print 2 * (b - a) / (c - b)}')")
+    sr+=("$(awk -v a="$s1" -v b="$s2" -v c="$s3" 'BEGIN{m = b > c ? b : c; print 2 * a / m}')")
+  done
+  median() { sort -g | awk '{v[NR] = $1} END{print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+  printf '%.2f %.2f\n' "$(printf '%s\n' "${wr[@]}" | median)" "$(printf '%s\n' "${sr[@]}" | median)"
+}
 best() {
   local b; b=$(sed -n 's/^1, \([^,]*\),.*/\1/p' "$work/$1.out" | head -1)
   if grep -q "cut short" "$work/$1.out"; then echo "$b (cut short at the budget)"; else echo "$b"; fi
@@ -109,6 +131,9 @@ for c in $cases; do
         row "row 2" "default --threads 1" "$w1" "$r1" "$(best row2_t1)" - -
         row "row 2" "default --threads 2" "$w2" "$r2" "$(best row2_t2)" \
           "$(awk -v x="$ratio" -v s="$sratio" 'BEGIN{printf "%.2fx faster; the search alone %.2fx", 1 / x, 1 / s}') (medians of $reps pairs)" ">= 1.8x"
+        read -r cw cs < <(ceiling "$reps")
+        row "row 2" "two --threads 1 at once, against one alone" - - - \
+          "the machine's ceiling for two threads: ${cw}x; the searches alone ${cs}x (medians of $reps rounds)" -
       fi ;;
     32|settings)
       analytic 26 A100,V100 "$work/p26"
