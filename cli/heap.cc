@@ -1,20 +1,25 @@
 #include "cli/heap.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 
 #if defined(__GLIBC__)
+#include <dlfcn.h>
 #include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <filesystem>
 #endif
 
 // A sanitizer replaces malloc: glibc's layout, which tune_thread_heap reads, is not there.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define HETPLAN_FOREIGN_MALLOC 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer) || \
+    __has_feature(hwaddress_sanitizer)
 #define HETPLAN_FOREIGN_MALLOC 1
 #endif
 #endif
@@ -25,21 +30,46 @@ namespace {
 [[maybe_unused]] constexpr std::uintptr_t kHugePage = 2 << 20;
 
 #if defined(__GLIBC__)
-// After `freed` (a block just freed back to the top of its heap, from where the next block is carved),
-// the heap's memory below the next huge-page boundary is small-page backed (pages there were touched
-// before the madvise). A block from `freed` up to that boundary, never freed, makes the blocks after it
-// start at the boundary; returns it (nullptr if the boundary is too close to bother). Its chunk ends 16
-// bytes below the boundary (glibc: a chunk of n + 8 bytes rounded up to 16, starting 16 bytes before
-// its block): the next chunk's header is there, and that chunk's block starts at the boundary.
-void* fill_to_huge_page(std::uintptr_t freed) {
-  const std::uintptr_t boundary = (freed + kHugePage - 1) & ~(kHugePage - 1);
-  return boundary - freed > 64 ? std::malloc(boundary - freed - 8) : nullptr;
-}
-// The blocks fill_to_huge_page set aside, never freed (volatile: the compiler may not drop the malloc).
+// The blocks kept below a heap's first huge-page boundary, never freed (volatile: the compiler may not
+// drop the allocation).
 void* volatile main_kept = nullptr;
 thread_local void* volatile thread_kept = nullptr;
+
+// `block` (at address p, the last block carved from its heap's top) resized in place to end just below
+// the first huge-page boundary at or above `touched` (the end of the memory glibc has written since the
+// madvise: the top's header after the block): the heap's blocks after it then start at that boundary,
+// and the memory below it, small-page backed (a 2 MB range with any page touched before the madvise
+// never gets a huge page), is kept aside. glibc: a block of n bytes is a chunk of n + 8 rounded up to
+// 16, starting 16 bytes before it; so n = boundary - p - 8 makes the chunk end 16 bytes below the
+// boundary, where the next chunk's header goes. realloc shrinks or grows in place into the top (not
+// free + malloc, which could take a free chunk elsewhere in the heap). Frees `block` instead where the
+// boundary is too close to bother.
+void* fill_to_huge_page(void* block, std::uintptr_t p, std::uintptr_t touched) {
+  const std::uintptr_t boundary = (std::max(p, touched) + kHugePage - 1) & ~(kHugePage - 1);
+  if (boundary - p <= 64) {
+    std::free(block);
+    return nullptr;
+  }
+  return std::realloc(block, boundary - p - 8);
+}
 #endif
 }  // namespace
+
+std::string thread_heap_unsupported() {
+#if !defined(__GLIBC__)
+  return "not glibc";
+#elif defined(HETPLAN_FOREIGN_MALLOC)
+  return "a sanitizer's allocator";
+#else
+  // glibc exports its allocator also as __libc_malloc; valgrind and preloaded allocators replace malloc.
+  if (dlsym(RTLD_DEFAULT, "malloc") != dlsym(RTLD_DEFAULT, "__libc_malloc"))
+    return "malloc is not glibc's (valgrind or a preloaded allocator)";
+  std::error_code ec;
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage", ec))
+    return "this kernel has no transparent huge pages";
+  return "";
+#endif
+}
 
 // The search builds tables of a few MB per (node order, micro-batch) group and frees each when its
 // group is done. By default glibc serves blocks that large with fresh mmaps and gives freed memory
@@ -50,7 +80,7 @@ thread_local void* volatile thread_kept = nullptr;
 // heap also asks for transparent huge pages (one fault per 2 MB; a no-op where THP is off): its first
 // kHugeHeap bytes are reserved at once and madvised. Row 2: 4.0k faults -> 0.9k on one thread, the
 // search 7-8% faster, peak RSS +1-2 MB. The heap's memory up to the first huge-page boundary is then
-// set aside (fill_to_huge_page): 0.8k -> 0.3k faults, the search 2% faster on one thread, 4% on two.
+// set aside (fill_to_huge_page): 0.8k -> 0.3k faults, the search 2-4% faster on one thread.
 // (Other threads have arenas of their own: tune_thread_heap.)
 void tune_heap() {
 #if defined(__GLIBC__)
@@ -60,18 +90,24 @@ void tune_heap() {
   mallopt(M_MMAP_THRESHOLD, kLargestFromHeap);
   mallopt(M_TRIM_THRESHOLD, kKeepFreed);
   mallopt(M_TOP_PAD, kHugeHeap);
-  void* probe = std::malloc(1 << 20);  // grows the heap by kHugeHeap more (virtual memory: untouched)
+  // Before the probe: nothing may be allocated between it and fill_to_huge_page's realloc, which must
+  // find the heap's top right after it (this check allocates).
+  const bool glibc_malloc = thread_heap_unsupported().empty();
+  constexpr std::size_t kProbe = 1 << 20;
+  void* probe = std::malloc(kProbe);  // grows the heap by kHugeHeap more (virtual memory: untouched)
   const auto p = reinterpret_cast<std::uintptr_t>(probe);
   const auto lo = (p + kHugePage - 1) & ~(kHugePage - 1);
   void* brk = sbrk(0);
   const auto hi = reinterpret_cast<std::uintptr_t>(brk) & ~(kHugePage - 1);
   // Only where the block came from the heap below the break (not where a sanitizer's allocator serves
   // malloc from its own mappings).
-  const bool advised = brk != reinterpret_cast<void*>(-1) && hi > lo &&
+  const bool advised = glibc_malloc && brk != reinterpret_cast<void*>(-1) && hi > lo &&
                        hi - lo <= 2 * static_cast<std::uintptr_t>(kHugeHeap) &&
                        madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) == 0;
-  std::free(probe);
-  if (advised && !main_kept) main_kept = fill_to_huge_page(p);
+  if (advised && !main_kept)
+    main_kept = fill_to_huge_page(probe, p, p + kProbe + 32);  // the top's header was written after it
+  else
+    std::free(probe);
   mallopt(M_TOP_PAD, 128 << 10);  // glibc's default
 #endif
 }
@@ -80,32 +116,34 @@ void tune_heap() {
 // kArenaHeap bytes aligned to that size (glibc's HEAP_MAX_SIZE on 64-bit), made writable as it grows,
 // its first page holding the arena's header. Without this, a search worker faulted its tables in 4 KB
 // at a time (row 2 on two threads: 2.8k faults, 1.9k of them the worker's, against 0.8k on one thread).
-//  1. A block of kGrow bytes (below M_MMAP_THRESHOLD, so from the arena) makes the heap writable that
-//     far; freed, it stays in the arena (M_TRIM_THRESHOLD above it), untouched.
-//  2. The whole heap is madvised for huge pages.
-//  3. The arena's first 2 MB cannot be huge-page backed (its header page is already there): a block
-//     up to the next 2 MB boundary is kept for the thread's life, so the thread's blocks come from above.
-// Only where the block came from a thread arena's heap: not mmapped on its own (glibc's count of such
-// blocks did not grow) and not from the main heap (below the break).
+//  1. A block of kGrow bytes makes the heap writable that far (virtual memory: untouched).
+//  2. Only where that block is in a thread arena's heap: its chunk's size word (the 8 bytes before it)
+//     has glibc's NON_MAIN_ARENA bit and not IS_MMAPPED, and it lies inside one aligned heap.
+//  3. The whole heap is madvised for huge pages.
+//  4. The block is shrunk in place to end below the heap's next 2 MB boundary and kept (see
+//     fill_to_huge_page): the rest goes back to the top (M_TRIM_THRESHOLD keeps it there, untouched),
+//     and the thread's later blocks start on a huge page.
 bool tune_thread_heap() {
 #if defined(__GLIBC__) && !defined(HETPLAN_FOREIGN_MALLOC)
   constexpr std::uintptr_t kArenaHeap = 64 << 20;
   constexpr std::size_t kGrow = 24 << 20;
-  thread_local int state = 0;         // 1: done, 2: not possible here
+  constexpr std::size_t kNonMainArena = 0x4, kMmapped = 0x2;
+  thread_local int state = 0;  // 1: done here, 2: not possible here
   if (state != 0) return state == 1;
   state = 2;
-  const std::size_t mmapped_before = mallinfo2().hblks;
+  if (!thread_heap_unsupported().empty()) return false;  // before the probe (it allocates): see tune_heap
   void* probe = std::malloc(kGrow);
   if (!probe) return false;
-  const bool own_mapping = mallinfo2().hblks != mmapped_before;
   const auto p = reinterpret_cast<std::uintptr_t>(probe);
-  const auto brk = reinterpret_cast<std::uintptr_t>(sbrk(0));
+  const std::size_t size_word = *reinterpret_cast<const volatile std::size_t*>(p - sizeof(std::size_t));
   const std::uintptr_t base = p & ~(kArenaHeap - 1);
-  const bool thread_heap = !own_mapping && p > brk && p + kGrow <= base + kArenaHeap;
-  const bool advised = thread_heap && madvise(reinterpret_cast<void*>(base), kArenaHeap, MADV_HUGEPAGE) == 0;
-  std::free(probe);
-  if (!advised) return false;
-  thread_kept = fill_to_huge_page(p);
+  const bool own_heap = (size_word & kNonMainArena) && !(size_word & kMmapped) && p + kGrow <= base + kArenaHeap;
+  if (!own_heap || madvise(reinterpret_cast<void*>(base), kArenaHeap, MADV_HUGEPAGE) != 0) {
+    std::free(probe);
+    return false;
+  }
+  // (Its top's header, written at p + kGrow, leaves that one 2 MB range on small pages.)
+  thread_kept = fill_to_huge_page(probe, p, p);
   state = 1;
   return true;
 #else

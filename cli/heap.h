@@ -2,30 +2,36 @@
 // tables of a few MB per (node order, micro-batch) group, built, read and
 // freed, on a machine where each first touch of a page is a fault of a few
 // microseconds (a VM). Both calls only change where memory comes from and how
-// it is paged in: never a value, and no-ops outside glibc or under a sanitizer's
-// allocator.
+// it is paged in: never a value. Neither does anything where malloc is not
+// glibc's own (another libc, a sanitizer, valgrind, a preloaded allocator).
 //
 // Thread-safety: tune_heap() once, at the start of main(), before other threads
 // exist; tune_thread_heap() on the thread whose arena it prepares (any number of
 // threads at once).
 #pragma once
 
+#include <string>
+
 namespace hetplan::cli {
 
 // The main heap: keeps freed memory (up to 256 MB) instead of returning it, and
 // serves blocks up to 32 MB from the heap; its first 64 MB ask for transparent
-// huge pages (one fault per 2 MB where THP is on, else nothing changes).
+// huge pages (one fault per 2 MB where THP is on, else nothing changes), and the
+// blocks after the call start at a 2 MB boundary (the memory below it is kept
+// aside for the process's life: under 2 MB of address space, one page of memory).
 void tune_heap();
 
 // The calling thread's own malloc arena (glibc gives each new thread one): the
-// same huge-page advice for the arena's heap, past the arena's first 2 MB (already
-// touched, so not huge-page backed: a block of the rest of them is kept for the
-// thread's life, about 2 MB of address space and one page of memory). Meant for a
-// worker thread before its first work (PlanSearchOptions::on_worker_start).
-// Returns true where it did so: false outside glibc, under a sanitizer's
-// allocator, where the thread's blocks do not come from an arena of its own
-// (tune_heap() not called first: then 24 MB is above glibc's mmap threshold), or
-// where the kernel has no transparent huge pages (madvise refused).
+// same for the arena's heap. Meant for a worker thread before its first work
+// (PlanSearchOptions::on_worker_start). Does its work once per thread; returns
+// true where it did it: false where thread_heap_unsupported() names a reason,
+// or where this thread has no heap of its own (glibc's arena limit reached, or
+// its heaps made smaller than a 24 MB block by a tunable).
 bool tune_thread_heap();
+
+// Why tune_thread_heap() cannot work in this process ("" where it can): not
+// glibc, a sanitizer's allocator, malloc not glibc's (valgrind or a preloaded
+// allocator), or a kernel without transparent huge pages.
+std::string thread_heap_unsupported();
 
 }  // namespace hetplan::cli

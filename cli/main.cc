@@ -19,7 +19,7 @@
 
 namespace {
 
-int run_torch_command(int argc, char** argv) {
+int run_torch_command([[maybe_unused]] int argc, char** argv) {
 #if defined(HETPLAN_TORCH_PLUGIN)
   std::string dir = ".";
   char self[PATH_MAX];

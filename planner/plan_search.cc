@@ -3,7 +3,6 @@
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
-#include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +20,7 @@
 #include "planner/periodic.h"
 #include "planner/stage_estimator.h"
 #include "planner/top_k.h"
+#include "planner/worker_start.h"
 #include "sim/data_load_balancer.h"
 #include "sim/input_error.h"
 #include "sim/plan_cost.h"
@@ -370,33 +370,11 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
     if (profiles.type_index(name) < 0) throw unknown_device_type(cluster, profiles, name);
 }
 
-namespace {
-
-// Runs `hook` once on each worker thread as it first enters `arena` (TBB's workers move between arenas
-// and may enter one many times; a thread-local flag keeps it to once per thread).
-class WorkerStart : public tbb::task_scheduler_observer {
- public:
-  WorkerStart(tbb::task_arena& arena, const std::function<void()>& hook)
-      : tbb::task_scheduler_observer(arena), hook_(hook) {
-    if (hook_) observe(true);
-  }
-  ~WorkerStart() override { observe(false); }
-  void on_scheduler_entry(bool worker) override {
-    thread_local bool started = false;
-    if (!worker || started) return;
-    started = true;
-    hook_();
-  }
-
- private:
-  const std::function<void()>& hook_;
-};
-
-}  // namespace
-
 PlanSearchResult PlanSearch::run() const {
   // An arena of that many slots, not a global_control: lifting a global limit of one thread at the end
   // made TBB start a worker just as the process exited (a thread created and torn down for nothing).
+  // Always an arena of its own (TBB's default size for threads 0), so that the observer sees its
+  // workers: a caller's own arena or task_group limits do not reach into it.
   tbb::task_arena arena(opt_.threads > 0 ? opt_.threads : tbb::task_arena::automatic);
   WorkerStart start(arena, opt_.on_worker_start);
   return arena.execute([&] { return search(); });

@@ -114,9 +114,11 @@ struct PlanSearchOptions {
   const std::atomic<bool>* cancel = nullptr;
   // Called about once a second with the progress so far, if set.
   std::function<void(const struct PlanSearchProgress&)> progress;
-  // Called once on each worker thread the search starts (not on the thread calling run()), before
-  // that thread takes any work, if set: where a process prepares per-thread resources (hetplan's
-  // main() has each worker's malloc arena ask for huge pages). It must not change any value.
+  // Called on each TBB worker thread as it first joins a run(), before that thread takes any work
+  // there, if set: where a process prepares per-thread resources (hetplan's main() has each worker's
+  // malloc arena ask for huge pages). TBB keeps its workers, so a later run() calls it again on the
+  // same threads: it must be idempotent per thread, and it must not change any value. Not called on
+  // the thread calling run() (unless that thread is itself a TBB worker).
   std::function<void()> on_worker_start;
 };
 

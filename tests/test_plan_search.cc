@@ -5,6 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -13,10 +16,14 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <tbb/info.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "fixtures.h"
 #include "planner/plan_search.h"
 #include "planner/stage_estimator.h"
+#include "planner/worker_start.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "sim/parallel_layout.h"
@@ -290,7 +297,7 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
   }
 }
 
-TEST_CASE("on_worker_start runs once on each worker thread, never on the caller, and changes nothing", "[plan_search]") {
+TEST_CASE("on_worker_start runs once on each worker thread of a run, never on the caller, and changes nothing", "[plan_search]") {
   const ProfileSet& profiles = small_profiles();
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 2}, {"10.0.0.1", 3}, {"10.0.0.3", 2}}, clusterfile());
   const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
@@ -307,16 +314,59 @@ TEST_CASE("on_worker_start runs once on each worker thread, never on the caller,
     called.push_back(std::this_thread::get_id());
   };
   const PlanSearch search(cluster, profiles, sim, o);
-  for (int run = 0; run < 3; ++run) {  // TBB keeps its workers: a second run starts none anew
+  // (Whether a worker joins a search this small depends on the machine's load; WorkerStart's own test
+  // below makes one join.)
+  for (int run = 0; run < 5; ++run) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      called.clear();
+    }
     const PlanSearchResult r = search.run();
     REQUIRE(r.top.size() == plain.top.size());
     for (std::size_t i = 0; i < r.top.size(); ++i) CHECK(r.top[i].plan.cost == plain.top[i].plan.cost);
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::thread::id> distinct = called;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    CHECK(distinct.size() == called.size());  // once per thread within a run
+    CHECK(std::find(called.begin(), called.end(), std::this_thread::get_id()) == called.end());
   }
-  std::vector<std::thread::id> distinct = called;
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  CHECK(distinct.size() == called.size());  // once per thread
-  CHECK(std::find(called.begin(), called.end(), std::this_thread::get_id()) == called.end());
+}
+
+TEST_CASE("WorkerStart runs its hook on a worker before that worker's first task, once per thread", "[plan_search]") {
+  if (tbb::info::default_concurrency() < 2) {
+    std::cout << "HETPLAN_SKIP: one CPU: TBB starts no worker" << std::endl;
+    return;
+  }
+  static thread_local int hooked_in = -1;  // the round whose hook last ran on this thread
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<int> hook_calls{0};
+    const std::function<void()> hook = [&] {
+      hooked_in = round;
+      ++hook_calls;
+    };
+    tbb::task_arena arena(2);
+    WorkerStart start(arena, hook);
+    // Tasks that each wait (up to 30 s) until two have started: one of them can only run on a worker.
+    std::atomic<int> started{0}, worker_tasks{0}, worker_tasks_hooked{0};
+    arena.execute([&] {
+      tbb::parallel_for(0, 4, [&](int) {
+        ++started;
+        if (std::this_thread::get_id() != caller) {
+          ++worker_tasks;
+          if (hooked_in == round) ++worker_tasks_hooked;
+        }
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      }, tbb::simple_partitioner());
+    });
+    CHECK(worker_tasks.load() >= 1);                           // a worker ran a task ...
+    CHECK(worker_tasks_hooked.load() == worker_tasks.load());  // ... each after its hook of this round
+    CHECK(hook_calls.load() >= 1);
+    CHECK(hook_calls.load() <= 4);  // once per thread: at most one per task here
+    CHECK(hooked_in != round);      // never on the caller
+  }
 }
 
 TEST_CASE("a cancelled search returns what it found and says it was cut short", "[plan_search]") {
