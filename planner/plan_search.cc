@@ -371,12 +371,10 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
 }
 
 PlanSearchResult PlanSearch::run() const {
+  if (opt_.threads <= 0) return search();
   // An arena of that many slots, not a global_control: lifting a global limit of one thread at the end
   // made TBB start a worker just as the process exited (a thread created and torn down for nothing).
-  // Always an arena of its own (TBB's default size for threads 0), so that the observer sees its
-  // workers: a caller's own arena or task_group limits do not reach into it.
-  tbb::task_arena arena(opt_.threads > 0 ? opt_.threads : tbb::task_arena::automatic);
-  WorkerStart start(arena, opt_.on_worker_start);
+  tbb::task_arena arena(opt_.threads);
   return arena.execute([&] { return search(); });
 }
 
@@ -1006,16 +1004,20 @@ PlanSearchResult PlanSearch::search() const {
     return std::make_tuple(rank / 2, g / n_ms, rank % 2);
   };
   std::sort(group_order.begin(), group_order.end(), [&](int x, int y) { return order_key(x) < order_key(y); });
+  // Every parallel task body below starts with start.enter(): a worker's first task runs the hook.
+  WorkerStart start(opt_.on_worker_start);
   auto for_each_group = [&](auto&& body) {
     std::atomic<std::size_t> next{0};
     const int lanes = std::max(1, tbb::this_task_arena::max_concurrency());
     tbb::parallel_for(0, lanes, [&](int) {
+      start.enter();
       for (std::size_t i = next.fetch_add(1); i < group_order.size() && !check_stop(); i = next.fetch_add(1))
         body(group_order[i]);
     });
   };
   auto run_units = [&](const std::vector<Unit>& list) {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, list.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
+      start.enter();
       Worker& w = workers.local();
       for (std::size_t i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units) run_unit(w, list[i]);
     });
@@ -1038,6 +1040,7 @@ PlanSearchResult PlanSearch::search() const {
     // them, and the shallow plans of a large cluster are often out of memory, so the units run in the
     // search's order, the threads starting far apart in it (at different depths).
     tbb::parallel_for(tbb::blocked_range<long long>(0, units_total, 1), [&](const tbb::blocked_range<long long>& range) {
+      start.enter();
       Worker& w = workers.local();
       for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units) run_unit(w, unit_at(i));
     });

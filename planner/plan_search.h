@@ -164,7 +164,7 @@ class PlanSearch {
   PlanSearchResult run() const;
 
  private:
-  PlanSearchResult search() const;  // run()'s work, in a task arena of opt_.threads threads (0: TBB's default)
+  PlanSearchResult search() const;  // run()'s work, in the task arena of opt_.threads threads
 
   const Cluster* cluster_;
   const ProfileSet* profiles_;

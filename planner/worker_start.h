@@ -1,43 +1,41 @@
-// WorkerStart: runs a hook on each TBB worker thread as it first enters an
-// arena while this object observes it, before that thread runs any task there
-// (tbb::task_scheduler_observer's entry callback). A worker may leave and enter
-// again: the hook runs once per thread per WorkerStart. TBB keeps its workers,
-// so a later WorkerStart runs it again on the same threads: a hook must be
-// idempotent per thread.
+// WorkerStart: runs a hook once on each thread that calls enter(), other than
+// the thread that made the WorkerStart. PlanSearch calls enter() first in each
+// of its parallel task bodies, so a TBB worker runs the hook before it does any
+// of the search's work. (Not a tbb::task_scheduler_observer: oneTBB 2021 keeps an
+// observer's proxy alive after observe(false) while workers still refer to it,
+// and LeakSanitizer reported it at exit.)
 //
-// Not on threads that are not TBB workers (the thread calling execute()).
-// REQUIRES: `arena` and `hook` outlive the WorkerStart. An empty hook observes
-// nothing. Thread-safety: the hook may run on several workers at once.
+// Once per thread per WorkerStart: TBB keeps its workers, so a later WorkerStart
+// (a later search) runs the hook again on the same threads; a hook must be
+// idempotent per thread. enter() with an empty hook does nothing.
+// Thread-safety: enter() from any number of threads at once; the hook may run
+// on several threads at once. REQUIRES: `hook` outlives the WorkerStart.
 #pragma once
 
 #include <tbb/enumerable_thread_specific.h>
-#include <tbb/task_arena.h>
-#include <tbb/task_scheduler_observer.h>
 
 #include <functional>
+#include <thread>
 
 namespace hetplan {
 
-class WorkerStart : public tbb::task_scheduler_observer {
+class WorkerStart {
  public:
-  WorkerStart(tbb::task_arena& arena, const std::function<void()>& hook)
-      : tbb::task_scheduler_observer(arena), hook_(hook) {
-    if (hook_) observe(true);
-  }
-  ~WorkerStart() override { observe(false); }  // waits for callbacks still running
+  explicit WorkerStart(const std::function<void()>& hook) : hook_(hook), owner_(std::this_thread::get_id()) {}
   WorkerStart(const WorkerStart&) = delete;
   WorkerStart& operator=(const WorkerStart&) = delete;
 
-  void on_scheduler_entry(bool worker) override {
-    if (!worker) return;
+  void enter() {
+    if (!hook_) return;
     char& started = started_.local();
     if (started) return;
     started = 1;
-    hook_();
+    if (std::this_thread::get_id() != owner_) hook_();
   }
 
  private:
   const std::function<void()>& hook_;
+  const std::thread::id owner_;
   tbb::enumerable_thread_specific<char> started_{0};
 };
 
