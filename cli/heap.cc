@@ -56,19 +56,23 @@ void* fill_to_huge_page(void* block, std::uintptr_t p, std::uintptr_t touched) {
 }  // namespace
 
 std::string thread_heap_unsupported() {
+  // The process's answer, found once (by tune_heap, at the start of main()), not again on every thread.
+  static const std::string why = [] () -> std::string {
 #if !defined(__GLIBC__)
-  return "not glibc";
+    return "not glibc";
 #elif defined(HETPLAN_FOREIGN_MALLOC)
-  return "a sanitizer's allocator";
+    return "a sanitizer's allocator";
 #else
-  // glibc exports its allocator also as __libc_malloc; valgrind and preloaded allocators replace malloc.
-  if (dlsym(RTLD_DEFAULT, "malloc") != dlsym(RTLD_DEFAULT, "__libc_malloc"))
-    return "malloc is not glibc's (valgrind or a preloaded allocator)";
-  std::error_code ec;
-  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage", ec))
-    return "this kernel has no transparent huge pages";
-  return "";
+    // glibc exports its allocator also as __libc_malloc; valgrind and preloaded allocators replace malloc.
+    if (dlsym(RTLD_DEFAULT, "malloc") != dlsym(RTLD_DEFAULT, "__libc_malloc"))
+      return "malloc is not glibc's (valgrind or a preloaded allocator)";
+    std::error_code ec;
+    if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage", ec))
+      return "this kernel has no transparent huge pages";
+    return "";
 #endif
+  }();
+  return why;
 }
 
 // The search builds tables of a few MB per (node order, micro-batch) group and frees each when its
