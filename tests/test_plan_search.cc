@@ -277,17 +277,22 @@ TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp i
   }
 }
 
-TEST_CASE("the default search does not depend on the thread count", "[plan_search]") {
+// The thread tests' cluster: 7 GPUs of three types in nodes of 2, 3 and 2, with the small model.
+struct SevenGpus {
   const ProfileSet& profiles = small_profiles();
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 2}, {"10.0.0.1", 3}, {"10.0.0.3", 2}}, clusterfile());
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const PlanSimulator sim{cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options()};
+};
+
+TEST_CASE("the default search does not depend on the thread count", "[plan_search]") {
+  const SevenGpus c;
   PlanSearchOptions o;
   o.gbs = 12;
   o.top_k = 10;
   o.threads = 1;
-  const PlanSearchResult one = PlanSearch(cluster, profiles, sim, o).run();
+  const PlanSearchResult one = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
   o.threads = 2;
-  const PlanSearchResult two = PlanSearch(cluster, profiles, sim, o).run();
+  const PlanSearchResult two = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
   REQUIRE(one.top.size() == 10);
   REQUIRE(two.top.size() == 10);
   for (std::size_t i = 0; i < one.top.size(); ++i) {
@@ -298,14 +303,12 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
 }
 
 TEST_CASE("on_worker_start runs once on each worker thread of a run, never on the caller, and changes nothing", "[plan_search]") {
-  const ProfileSet& profiles = small_profiles();
-  const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 2}, {"10.0.0.1", 3}, {"10.0.0.3", 2}}, clusterfile());
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const SevenGpus c;
   PlanSearchOptions o;
   o.gbs = 12;
   o.top_k = 5;
   o.threads = 1;
-  const PlanSearchResult plain = PlanSearch(cluster, profiles, sim, o).run();
+  const PlanSearchResult plain = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
   std::mutex mu;
   std::vector<std::thread::id> called;
   o.threads = 3;
@@ -313,7 +316,7 @@ TEST_CASE("on_worker_start runs once on each worker thread of a run, never on th
     std::lock_guard<std::mutex> lock(mu);
     called.push_back(std::this_thread::get_id());
   };
-  const PlanSearch search(cluster, profiles, sim, o);
+  const PlanSearch search(c.cluster, c.profiles, c.sim, o);
   // (Whether a worker joins a search this small depends on the machine's load; WorkerStart's own test
   // below makes one join.)
   for (int run = 0; run < 5; ++run) {
