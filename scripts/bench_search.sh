@@ -43,6 +43,10 @@ run() {
     echo "bench_search: $name failed: $(tail -1 "$work/$name.err")" >&2; echo "nan nan"; return 0; }
   awk '{printf "%.3f %.0f\n", $1, $2/1024}' "$work/$name.time"
 }
+# search_s FILE: the search's own time ("time: S s") in a search's output.
+search_s() { sed -n 's/.*, time: \([0-9.e+-]*\) s.*/\1/p' "$1" | head -1; }
+# median: of the numbers on standard input, one a line.
+median() { sort -g | awk '{v[NR] = $1} END{print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 # pair NAME_A NAME_B N: runs the commands in arrays cmd_a and cmd_b in turn, A B A B ..., N times each
 # (one run of each first, not counted), and prints "median_wall_a median_wall_b median_ratio_a/b
 # max_rss_a_mb max_rss_b_mb median_search_ratio_a/b": pairing keeps the ratio meaningful when the
@@ -50,7 +54,6 @@ run() {
 # prints: the search alone, without starting the process and reading the inputs).
 pair() {
   local a=$1 b=$2 n=$3 i t0 t1 wa=() wb=() sa=() sb=() ra=0 rb=0 r
-  search_s() { sed -n 's/.*, time: \([0-9.e+-]*\) s.*/\1/p' "$1" | head -1; }
   for ((i = 0; i <= n; i++)); do
     t0=$EPOCHREALTIME; /usr/bin/time -f "%M" -o "$work/$a.time" "$bin" "${cmd_a[@]}" >"$work/$a.out" 2>"$work/$a.err"; t1=$EPOCHREALTIME
     ((i > 0)) && wa+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')") && sa+=("$(search_s "$work/$a.out")")
@@ -59,7 +62,6 @@ pair() {
     ((i > 0)) && wb+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')") && sb+=("$(search_s "$work/$b.out")")
     r=$(cat "$work/$b.time"); ((r > rb)) && rb=$r
   done
-  median() { sort -g | awk '{v[NR] = $1} END{print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
   ratios() { paste <(printf '%s\n' "$@" | head -n "$n") <(printf '%s\n' "$@" | tail -n "$n") |
     awk '$1 != "" && $2 > 0 {print $1 / $2}' | median; }
   printf '%.3f %.3f %.2f %.0f %.0f %s\n' "$(printf '%s\n' "${wa[@]}" | median)" "$(printf '%s\n' "${wb[@]}" | median)" \
@@ -72,7 +74,6 @@ pair() {
 # (caches, memory, the hypervisor) included. Uses cmd_b.
 ceiling() {
   local n=$1 i t0 t1 t2 wr=() sr=() s1 s2 s3
-  search_s() { sed -n 's/.*, time: \([0-9.e+-]*\) s.*/\1/p' "$1" | head -1; }
   for ((i = 0; i <= n; i++)); do
     t0=$EPOCHREALTIME; "$bin" "${cmd_b[@]}" >"$work/ceiling1.out" 2>&1; t1=$EPOCHREALTIME
     "$bin" "${cmd_b[@]}" >"$work/ceiling2.out" 2>&1 &
@@ -83,7 +84,6 @@ ceiling() {
     wr+=("$(awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN{print 2 * (b - a) / (c - b)}')")
     sr+=("$(awk -v a="$s1" -v b="$s2" -v c="$s3" 'BEGIN{m = b > c ? b : c; print 2 * a / m}')")
   done
-  median() { sort -g | awk '{v[NR] = $1} END{print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
   printf '%.2f %.2f\n' "$(printf '%s\n' "${wr[@]}" | median)" "$(printf '%s\n' "${sr[@]}" | median)"
 }
 best() {
