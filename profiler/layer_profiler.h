@@ -15,8 +15,14 @@
 // runs the whole model's forward+backward back to back for about that long
 // (a pass count the tp ranks agree on) and
 // records the pace it settles at (sustained_forward_backward_ms): the burst
-// timings above leave the GPU idle between passes, so they see boost clocks
-// that a GPU busy all the time cannot hold under its power limit.
+// timings above leave the GPU idle between passes, so they start at boost
+// clocks that a GPU busy all the time cannot hold under its power limit.
+// They hold them only for the first tens of ms of a pass: an H200 running
+// GEMMs back to back keeps its boost for 40-80 ms and then slows ~16% to its
+// power-capped pace, and 20 ms idle restores it (logs/greenctx_h200.md,
+// round 7). So a pass longer than that (large layers at large bs) is
+// partly at the capped pace already, and its burst and sustained timings
+// come out close.
 // Memory: per layer, what MixedPrecisionAdam holds per parameter (weights,
 // fp32 main gradients, fp32 masters unless fp32, Adam moments) + the
 // allocator's peak over that layer's forward and backward, each gradient
