@@ -295,7 +295,16 @@ std::string megatron_args_text(const MegatronArgs& m, const std::string& header)
   std::string s = header;
   for (const auto& n : m.notes) s += "# note: " + n + "\n";
   s += "MEGATRON_ARGS=(\n";
-  for (const auto& [flag, value] : m.args) s += "  " + flag + (value.empty() ? "" : " " + shell_quote(value)) + "\n";
+  // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "  " + flag + ... here.
+  for (const auto& [flag, value] : m.args) {
+    s += "  ";
+    s += flag;
+    if (!value.empty()) {
+      s += ' ';
+      s += shell_quote(value);
+    }
+    s += '\n';
+  }
   return s + ")\n";
 }
 
