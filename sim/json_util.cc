@@ -216,56 +216,50 @@ class FastJson {
     out = d;
     return true;
   }
+  // At an object's or array's opening byte: its elements up to `close`, each read by `element` (which
+  // starts at the element's first byte), separated by commas.
+  template <class Element>
+  bool elements(char close, Element element) {
+    ++p_;
+    space();
+    if (p_ < end_ && *p_ == close) {
+      ++p_;
+      return true;
+    }
+    while (true) {
+      if (!element()) return false;
+      space();
+      if (p_ == end_) return false;
+      if (*p_ == close) {
+        ++p_;
+        return true;
+      }
+      if (*p_++ != ',') return false;
+      space();
+    }
+  }
   bool value(ordered_json& out, int depth) {
     if (p_ == end_) return false;
     switch (*p_) {
       case '{': {
         if (depth >= kMaxDepth) return false;
-        ++p_;
         out = ordered_json::object();
-        space();
-        if (p_ < end_ && *p_ == '}') {
-          ++p_;
-          return true;
-        }
         std::string key;
-        while (true) {
+        return elements('}', [&] {
           if (p_ == end_ || *p_ != '"' || !string(key)) return false;
           space();
           if (p_ == end_ || *p_++ != ':') return false;
           space();
-          if (!value(out[key], depth + 1)) return false;
-          space();
-          if (p_ == end_) return false;
-          if (*p_ == '}') {
-            ++p_;
-            return true;
-          }
-          if (*p_++ != ',') return false;
-          space();
-        }
+          return value(out[key], depth + 1);
+        });
       }
       case '[': {
         if (depth >= kMaxDepth) return false;
-        ++p_;
         out = ordered_json::array();
-        space();
-        if (p_ < end_ && *p_ == ']') {
-          ++p_;
-          return true;
-        }
-        while (true) {
+        return elements(']', [&] {
           out.push_back(nullptr);
-          if (!value(out.back(), depth + 1)) return false;
-          space();
-          if (p_ == end_) return false;
-          if (*p_ == ']') {
-            ++p_;
-            return true;
-          }
-          if (*p_++ != ',') return false;
-          space();
-        }
+          return value(out.back(), depth + 1);
+        });
       }
       case '"': {
         std::string s;
