@@ -627,7 +627,7 @@ TEST_CASE("replay's measured peak falls with each ZeRO stage: ZeRO-3 saves half 
   std::vector<double> peak;
   double params = 0;
   for (int z = 0; z <= 3; ++z) {
-    const std::string out = (dir / ("r" + std::to_string(z) + ".json")).string();
+    const std::string out = (dir / (std::string("r") + std::to_string(z) + ".json")).string();  // (GCC 12 -Wrestrict)
     const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype fp32 --iters 1 --warmup 1 --zero " +
                                                     std::to_string(z) + " --plan " + (dir / "plan.json").string() +
                                                     " --out " + out);

@@ -506,7 +506,7 @@ TEST_CASE("the fast JSON reader builds exactly what nlohmann builds, and leaves 
   same_as_nlohmann(doubles.dump(2));
   // Left to nlohmann: escapes, non-ASCII bytes, a byte-order mark, numbers it cannot convert exactly,
   // deep nesting, and every syntax error.
-  for (const std::string text :
+  for (const std::string& text :
        {std::string("\"a\\nb\""), std::string("\"caf\xc3\xa9\""), std::string("\xef\xbb\xbf{}"), std::string("1e400"),
         std::string("1e-400"), std::string(65, '[') + std::string(65, ']'), std::string(""), std::string("01"),
         std::string("1."), std::string(".5"), std::string("-"), std::string("[1,]"), std::string("{\"a\":1,}"),
