@@ -13,10 +13,14 @@ is about (G x 3.00 + A x 3.00 + O x 1.55) / (G + A + O) with these shares. Issue
 for this block under the 33-SM type.
 
   python3 scripts/gpu_block_breakdown.py OUT.json [--hidden 8192 --ffn 28672 --heads 64 --kv-heads 8
-                                                   --seq 2048 --bs 1,2,4 --iters 3 --sms N --compile]
+                                                   --seq 2048 --bs 1,2,4 --iters 3 --sms N --compile --idle-ms N]
 
 --sms N runs every kernel on a stream of a CUDA green context of N SMs (torch.cuda.GreenContext; the
 driver rounds N up to its granularity), the emulated device type's way of running.
+
+--idle-ms N also times the forward and the backward each on its own after N ms of idle: boost clocks, where each
+op is shorter than the GPU's power-cap onset (40-80 ms on an H200, logs/greenctx_h200.md round 7), against the
+back-to-back timing above.
 
 --compile runs the block through torch.compile (TorchInductor), which fuses the elementwise work
 (norms, rotary, SwiGLU, residual adds) into a few Triton kernels and leaves the GEMMs and attention
@@ -27,6 +31,7 @@ import contextlib
 import argparse
 import json
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +103,7 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--sms", type=int, default=0)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--idle-ms", type=float, default=0)
     a = ap.parse_args()
     dev = torch.device("cuda")
     where = contextlib.nullcontext()
@@ -129,6 +135,30 @@ def main():
             end.record()
         torch.cuda.synchronize()
         ms = start.elapsed_time(end) / a.iters
+        boost = None
+        if a.idle_ms > 0:
+            # The forward and the backward each timed alone after idle_ms of idle (boost clocks, where the
+            # op is shorter than the GPU's power-cap onset): medians over the iterations.
+            fwd, bwd = [], []
+            for _ in range(a.iters):
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+                torch.cuda.synchronize()
+                time.sleep(a.idle_ms / 1e3)
+                with where:
+                    ev[0].record()
+                    y = model(x)
+                    ev[1].record()
+                torch.cuda.synchronize()
+                time.sleep(a.idle_ms / 1e3)
+                with where:
+                    ev[2].record()
+                    y.backward(torch.ones_like(y))
+                    ev[3].record()
+                torch.cuda.synchronize()
+                fwd.append(ev[0].elapsed_time(ev[1]))
+                bwd.append(ev[2].elapsed_time(ev[3]))
+            boost = {"forward_ms": sorted(fwd)[len(fwd) // 2], "backward_ms": sorted(bwd)[len(bwd) // 2]}
+            boost["block_ms"] = boost["forward_ms"] + boost["backward_ms"]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(a.iters):
                 step()
@@ -151,6 +181,10 @@ def main():
                "kernel_ms": total / 1e3 / a.iters, "share": frac,
                "predicted_33sm_slowdown": predicted,
                "top_kernels": [{"name": k[:120], "ms": v / 1e3 / a.iters, "kind": kind(k)} for k, v in top]}
+        if boost:
+            run["boost"] = boost
+            print(f"bs {bs}: forward and backward each after {a.idle_ms:g} ms idle: {boost['forward_ms']:.2f} + "
+                  f"{boost['backward_ms']:.2f} = {boost['block_ms']:.2f} ms (back to back: {ms:.2f} ms)", flush=True)
         result["runs"].append(run)
         print(f"bs {bs}: block {ms:.2f} ms, kernels {run['kernel_ms']:.2f} ms; gemm {frac['gemm']:.1%}, "
               f"attention {frac['attention']:.1%}, other {frac['other']:.1%}; "
