@@ -39,6 +39,7 @@ struct ProfileArgs {
   std::string clusterfile;  // declares emulated device types (sim/cluster.h)
   int warmup = 3, iters = 10, timeout_s = 600;
   double sustained_seconds = -1;  // -1: 3 on GPUs, 0 on CPU
+  double boost_idle_ms = -1;      // -1: 30 on GPUs, 0 on CPU
   int64_t cpu_memory_limit_mb = 0;
   uint64_t seed = 1234;
   std::vector<std::string> argv;  // as given, to start ranks with
@@ -101,7 +102,7 @@ std::string status_path(const std::string& out, int tp) {
 ordered_json outcome_json(int tp, const BatchOutcome& o) {
   return {{"tp", tp},        {"bs", o.bs},         {"ok", o.ok},
           {"error", o.error}, {"path", o.path},     {"block_ms", o.block_ms},
-          {"block_tflops", o.block_tflops}, {"block_spread", o.block_spread}};
+          {"block_tflops", o.block_tflops}, {"block_spread", o.block_spread}, {"block_boost_ms", o.block_boost_ms}};
 }
 
 void print_outcome(int tp, const BatchOutcome& o) {
@@ -110,8 +111,9 @@ void print_outcome(int tp, const BatchOutcome& o) {
     std::cout << "skipped (" << o.error << ")\n";
   } else {
     std::cout << "block " << std::fixed << std::setprecision(3) << o.block_ms << " ms, " << std::setprecision(1)
-              << o.block_tflops << " TFLOP/s, spread " << std::setprecision(1) << 100 * o.block_spread << "%"
-              << (o.path.empty() ? "" : "  -> " + o.path) << "\n";
+              << o.block_tflops << " TFLOP/s, spread " << std::setprecision(1) << 100 * o.block_spread << "%";
+    if (o.block_boost_ms > 0) std::cout << ", from idle " << std::setprecision(3) << o.block_boost_ms << " ms";
+    std::cout << (o.path.empty() ? "" : "  -> " + o.path) << "\n";
   }
   std::cout.unsetf(std::ios::fixed);
   std::cout << std::flush;
@@ -152,6 +154,7 @@ ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
   r.warmup = a.warmup;
   r.iters = a.iters;
   r.sustained_seconds = a.sustained_seconds >= 0 ? a.sustained_seconds : (device.is_cuda() ? 3.0 : 0.0);
+  r.boost_idle_ms = a.boost_idle_ms >= 0 ? a.boost_idle_ms : (device.is_cuda() ? 30.0 : 0.0);
   r.device = device;
   r.dtype = parse_dtype(a.dtype);
   r.dtype_name = a.dtype;
@@ -242,6 +245,7 @@ int run_profile(ProfileArgs a) {
       o.block_ms = j["block_ms"];
       o.block_tflops = j["block_tflops"];
       o.block_spread = j["block_spread"];
+      o.block_boost_ms = j.value("block_boost_ms", 0.0);
       print_outcome(tp, o);
       summary.push_back(outcome_json(tp, o));
     }
@@ -319,6 +323,11 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
   s->add_option("--sustained-seconds", a->sustained_seconds,
                 "Also run the whole model back to back this long and record the pace a GPU that never idles holds "
                 "under its power limit (sustained_forward_backward_ms); 0 skips it (default: 3 on GPUs, 0 on CPU)");
+  s->add_option("--boost-idle-ms", a->boost_idle_ms,
+                "Also time each layer's forward and backward on its own after this many ms of idle, the pace of a "
+                "GPU at its boost clocks, which a chained pass of large layers does not hold (layer_boost_ms; not "
+                "used by the simulator); 0 skips it (default: 30 on GPUs, 0 on CPU)")
+      ->check(CLI::Range(0.0, 10000.0));
   s->add_option("--out,-o", a->out, "Output folder")->required();
   s->add_option("--host", a->host,
                 "Measure the host for offload costs (pinned copy GB/s, CPU Adam) into OUT/whatif_calibration.json: "

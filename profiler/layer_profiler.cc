@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "profiler/device_meter.h"
 #include "profiler/mixed_precision.h"
@@ -27,6 +28,7 @@ struct Measurement {
   std::vector<std::vector<double>> forward_ms, accumulation_ms;  // [layer][iteration]
   std::vector<std::vector<double>> host_ms;                       // [layer][repeat]
   std::vector<double> sustained_fb_ms;                            // back-to-back passes, in order
+  std::vector<std::vector<double>> boost_ms;                      // [layer][iteration]: from idle
   std::vector<double> fb_ms, optimizer_ms, batch_ms;
   std::vector<double> layer_mb;
   // Per layer and micro-batch: the bytes its forward stores for the backward,
@@ -117,6 +119,49 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
     m.batch_ms.push_back(meter.elapsed_ms(b0, b1));
     m.fb_ms.push_back(meter.elapsed_ms(f0, f1));
     m.optimizer_ms.push_back(meter.elapsed_ms(f1, f2));
+  }
+
+  // Boost pace: each layer's forward, then its backward, timed on its own
+  // after boost_idle_ms of idle. A GPU that idles ~20 ms is back at its
+  // boost clocks, and an H200 holds them for the first 40-80 ms of work
+  // (logs/greenctx_h200.md, round 7): so every op here starts at boost,
+  // where the chained pass above is power-capped after its first tens of ms.
+  if (req.boost_idle_ms > 0) {
+    const auto idle = std::chrono::duration<double, std::milli>(req.boost_idle_ms);
+    const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
+    model.head().set_targets(torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts));
+    std::vector<torch::Tensor> ins(L);
+    {
+      torch::NoGradGuard no_grad;
+      torch::Tensor x = ids;
+      for (std::size_t i = 0; i < L; ++i) {
+        ins[i] = x;
+        if (i + 1 < L) x = layers[i]->forward(x);
+      }
+    }
+    m.boost_ms.assign(L, {});
+    for (int it = 0; it < req.iters; ++it)
+      for (std::size_t i = 0; i < L; ++i) {
+        torch::Tensor in = i == 0 ? ins[i] : ins[i].detach().requires_grad_(true);
+        meter.clear_marks();
+        meter.sync();
+        std::this_thread::sleep_for(idle);
+        const int f0 = meter.mark();
+        torch::Tensor out = layers[i]->forward(in);
+        const int f1 = meter.mark();
+        meter.sync();
+        std::this_thread::sleep_for(idle);
+        const int b0 = meter.mark();
+        if (i + 1 == L) {
+          out.backward();
+        } else {
+          out.backward(torch::ones_like(out));
+        }
+        const int b1 = meter.mark();
+        meter.sync();
+        m.boost_ms[i].push_back(meter.elapsed_ms(f0, f1) + meter.elapsed_ms(b0, b1));
+      }
+    drop_grads(params);
   }
 
   // Memory, one layer at a time: what its forward and backward add on top of
@@ -289,6 +334,12 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   et["layer_forward_ms"] = forward;
   et["layer_grad_accumulation_ms"] = accumulation;
   et["layer_host_ms"] = host;
+  if (!m.boost_ms.empty()) {
+    ordered_json boost = ordered_json::array();
+    for (std::size_t i = 0; i < L; ++i) boost.push_back(median(m.boost_ms[i]));
+    et["layer_boost_ms"] = boost;
+    et["boost_idle_ms"] = req.boost_idle_ms;
+  }
   if (!m.sustained_fb_ms.empty()) {
     et["sustained_forward_backward_ms"] = median(m.sustained_fb_ms);
     et["sustained_passes"] = m.sustained_fb_ms.size();
@@ -425,6 +476,8 @@ std::vector<BatchOutcome> profile_batch_sizes(const ProfileRequest& req, const T
                            ? j["execution_time"]["layer_compute_spread"][1].get<double>()
                            : 0.0;
       o.block_tflops = j["profiler"].contains("block_tflops") ? j["profiler"]["block_tflops"].get<double>() : 0.0;
+      if (j["execution_time"].contains("layer_boost_ms") && j["execution_time"]["layer_boost_ms"].size() > 2)
+        o.block_boost_ms = j["execution_time"]["layer_boost_ms"][1].get<double>();
       if (group.rank() == 0) {
         fs::create_directories(req.out_dir);
         o.path = (fs::path(req.out_dir) / ("DeviceType." + req.device_type + "_tp" + std::to_string(group.size()) +

@@ -22,7 +22,10 @@
 // power-capped pace, and 20 ms idle restores it (logs/greenctx_h200.md,
 // round 7). So a pass longer than that (large layers at large bs) is
 // partly at the capped pace already, and its burst and sustained timings
-// come out close.
+// come out close. With boost_idle_ms > 0 it also times each layer's forward
+// and backward on its own, each after that much idle (layer_boost_ms): the
+// boost-clock pace of every layer, however large (logs/greenctx_h200.md,
+// round 8). The simulator does not read it.
 // Memory: per layer, what MixedPrecisionAdam holds per parameter (weights,
 // fp32 main gradients, fp32 masters unless fp32, Adam moments) + the
 // allocator's peak over that layer's forward and backward, each gradient
@@ -48,6 +51,9 @@ struct ProfileRequest {
   // Seconds of back-to-back whole-model forward+backward after the burst
   // measurement (0: skip), for the sustained, power-limited pace.
   double sustained_seconds = 0;
+  // > 0: each layer's forward and backward also timed on its own after this many ms of idle
+  // (layer_boost_ms): the GPU's boost-clock pace, which a chained pass of large layers does not hold.
+  double boost_idle_ms = 0;
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;
   std::string dtype_name = "fp32";
@@ -67,6 +73,7 @@ struct BatchOutcome {
   double block_ms = 0;      // median fwd+bwd of one transformer block
   double block_tflops = 0;  // achieved by that block
   double block_spread = 0;  // (max - min) / median over iterations
+  double block_boost_ms = 0;  // its forward and backward each timed alone after idle (0: not measured)
 };
 
 // Profiles every batch size in order. An out-of-memory error skips that

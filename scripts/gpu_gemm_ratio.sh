@@ -35,14 +35,22 @@ def blocks(t):
     p = os.path.join(out, t, "profile_run.json")
     return {r["bs"]: r for r in json.load(open(p)) if r.get("ok")} if os.path.exists(p) else {}
 b = blocks(base)
-lines = ["| type | bs | block ms | whole H200 block ms | slowdown | block TFLOP/s |", "|---|---|---|---|---|---|"]
+# block_ms: the block's forward + backward in the chained pass (layer_compute_total_ms); block_boost_ms: each timed on
+# its own after idle (layer_boost_ms, boost clocks; 0 where not measured).
+def boost(r):
+    return r.get("block_boost_ms", 0) or 0
+lines = ["| type | bs | block ms | whole H200 block ms | slowdown | block TFLOP/s | from idle: block ms | whole H200 ms | slowdown |",
+         "|---|---|---|---|---|---|---|---|---|"]
 for t in types:
     for bs, r in sorted(blocks(t).items()):
         if bs in b:
+            idle = (f"{boost(r):.2f} | {boost(b[bs]):.2f} | {boost(r) / boost(b[bs]):.2f}x" if boost(r) and boost(b[bs])
+                    else "- | - | -")
             lines.append(f"| {t} | {bs} | {r['block_ms']:.2f} | {b[bs]['block_ms']:.2f} | "
-                         f"{r['block_ms'] / b[bs]['block_ms']:.2f}x | {r['block_tflops']:.0f} |")
+                         f"{r['block_ms'] / b[bs]['block_ms']:.2f}x | {r['block_tflops']:.0f} | {idle} |")
 for bs, r in sorted(b.items()):
-    lines.append(f"| {base} | {bs} | {r['block_ms']:.2f} | - | 1.00x | {r['block_tflops']:.0f} |")
+    lines.append(f"| {base} | {bs} | {r['block_ms']:.2f} | - | 1.00x | {r['block_tflops']:.0f} | "
+                 f"{boost(r):.2f} | - | 1.00x |")
 text = "\n".join(lines)
 print(text)
 open(os.path.join(out, "ratios.md"), "w").write(text + "\n")

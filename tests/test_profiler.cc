@@ -128,7 +128,8 @@ TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
   const auto dir = test::scratch_dir("profile-run");
   fs::remove_all(dir);
   REQUIRE(test::run_hetplan("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
-              "--tp 1,2 --bs 1,2 --dtype fp32 --warmup 1 --iters 3 --sustained-seconds 0.2 --device-type CPU --out " +
+              "--tp 1,2 --bs 1,2 --dtype fp32 --warmup 1 --iters 3 --sustained-seconds 0.2 --boost-idle-ms 1 --device-type CPU "
+              "--out " +
               dir.string()).exit_code == 0);
   const ProfileSet profiles = ProfileSet::load(dir.string(), 4);
   REQUIRE(profiles.device_types() == std::vector<std::string>{"CPU"});
@@ -158,6 +159,17 @@ TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
   CHECK(f["execution_time"]["layer_compute_spread"].size() == 4);
   CHECK(f["model"]["parameters"]["parameters_per_layer_bytes"][1] == (12 * 32 * 32 + 13 * 32) * 4);
   CHECK(f["execution_time"]["layer_host_ms"].size() == 4);
+  // Each layer's forward and backward also timed on its own after idle (--boost-idle-ms).
+  REQUIRE(f["execution_time"]["layer_boost_ms"].size() == 4);
+  for (const auto& ms : f["execution_time"]["layer_boost_ms"]) CHECK(ms.get<double>() > 0);
+  CHECK(f["execution_time"]["boost_idle_ms"] == 1.0);
+  const ordered_json run = read_json_file((dir / "profile_run.json").string());
+  REQUIRE(run.size() == 4);
+  for (const auto& o : run) {
+    CHECK(o["block_boost_ms"].get<double>() > 0);
+    if (o["tp"] == 2 && o["bs"] == 2)
+      CHECK(o["block_boost_ms"].get<double>() == f["execution_time"]["layer_boost_ms"][1].get<double>());
+  }
   // The sustained pass count is agreed by the tp ranks (a deadline per rank would leave one in a collective).
   CHECK(f["execution_time"]["sustained_passes"].get<int>() >= 1);
   CHECK(profiles.find(0, 2, 2)->sustained_fb_ms > 0);
