@@ -39,7 +39,7 @@ struct ProfileArgs {
   std::string clusterfile;  // declares emulated device types (sim/cluster.h)
   int warmup = 3, iters = 10, timeout_s = 600;
   double sustained_seconds = -1;  // -1: 3 on GPUs, 0 on CPU
-  double boost_idle_ms = -1;      // -1: 30 on GPUs, 0 on CPU
+  double boost_idle_ms = 0;       // 0: off
   int64_t cpu_memory_limit_mb = 0;
   uint64_t seed = 1234;
   std::vector<std::string> argv;  // as given, to start ranks with
@@ -154,7 +154,7 @@ ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
   r.warmup = a.warmup;
   r.iters = a.iters;
   r.sustained_seconds = a.sustained_seconds >= 0 ? a.sustained_seconds : (device.is_cuda() ? 3.0 : 0.0);
-  r.boost_idle_ms = a.boost_idle_ms >= 0 ? a.boost_idle_ms : (device.is_cuda() ? 30.0 : 0.0);
+  r.boost_idle_ms = a.boost_idle_ms;
   r.device = device;
   r.dtype = parse_dtype(a.dtype);
   r.dtype_name = a.dtype;
@@ -326,7 +326,9 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
   s->add_option("--boost-idle-ms", a->boost_idle_ms,
                 "Also time each layer's forward and backward on its own after this many ms of idle, the pace of a "
                 "GPU at its boost clocks, which a chained pass of large layers does not hold (layer_boost_ms; not "
-                "used by the simulator); 0 skips it (default: 30 on GPUs, 0 on CPU)")
+                "used by the simulator; 30 suits an H200: it is back at boost after 20 ms idle); 0 skips it. It adds "
+                "2 x layers x iters x that much idle per (tp, bs)")
+      ->capture_default_str()
       ->check(CLI::Range(0.0, 10000.0));
   s->add_option("--out,-o", a->out, "Output folder")->required();
   s->add_option("--host", a->host,

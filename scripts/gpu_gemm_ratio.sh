@@ -17,7 +17,7 @@ cfg=scripts/validation/gemm-bound-8192-2l.json
 # GPUs to use (GEMM_GPUS="2 3" on a shared machine): one type per GPU at a time.
 read -r -a gpus <<< "${GEMM_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd' ')}"
 mkdir -p "$out"
-common=(profile --hf-config "$cfg" --num-layers 4 --seq-len 2048 --tp 1 --bs 1,2,4 --iters 6)
+common=(profile --hf-config "$cfg" --num-layers 4 --seq-len 2048 --tp 1 --bs 1,2,4 --iters 6 --boost-idle-ms 30)
 i=0
 for t in H200 "${types[@]}"; do
   (( i > 0 && i % ${#gpus[@]} == 0 )) && wait
