@@ -13,7 +13,7 @@ is about (G x 3.00 + A x 3.00 + O x 1.55) / (G + A + O) with these shares. Issue
 for this block under the 33-SM type.
 
   python3 scripts/gpu_block_breakdown.py OUT.json [--hidden 8192 --ffn 28672 --heads 64 --kv-heads 8
-                                                   --seq 2048 --bs 1,2,4 --iters 3 --sms N --compile --idle-ms N]
+                                                   --seq 2048 --bs 1,2,4 --iters 3 --sms N --compile --idle-ms N --aten-fused]
 
 --sms N runs every kernel on a stream of a CUDA green context of N SMs (torch.cuda.GreenContext; the
 driver rounds N up to its granularity), the emulated device type's way of running.
@@ -21,6 +21,9 @@ driver rounds N up to its granularity), the emulated device type's way of runnin
 --idle-ms N also times the forward and the backward each on its own after N ms of idle: boost clocks, where each
 op is shorter than the GPU's power-cap onset (40-80 ms on an H200, logs/greenctx_h200.md round 7), against the
 back-to-back timing above.
+
+--aten-fused keeps the block eager but uses what ATen offers a C++ (LibTorch) model: F.rms_norm, the rotary tables
+built once, and GQA inside scaled_dot_product_attention (enable_gqa) instead of repeated keys and values.
 
 --compile runs the block through torch.compile (TorchInductor), which fuses the elementwise work
 (norms, rotary, SwiGLU, residual adds) into a few Triton kernels and leaves the GEMMs and attention
@@ -39,9 +42,10 @@ from torch.profiler import ProfilerActivity, profile
 
 
 class Block(torch.nn.Module):
-    def __init__(self, h, ffn, heads, kv_heads):
+    def __init__(self, h, ffn, heads, kv_heads, aten_fused=False):
         super().__init__()
         self.heads, self.kv, self.d = heads, kv_heads, h // heads
+        self.aten_fused, self.tables = aten_fused, {}
         self.ln1 = torch.nn.Parameter(torch.ones(h))
         self.ln2 = torch.nn.Parameter(torch.ones(h))
         self.qkv = torch.nn.Linear(h, (heads + 2 * kv_heads) * self.d, bias=False)
@@ -65,20 +69,42 @@ class Block(torch.nn.Module):
         rotated = torch.cat([-x.narrow(-1, d // 2, d // 2), x.narrow(-1, 0, d // 2)], -1)
         return x * cos + rotated * sin
 
+    def fused_rotary(self, x, theta=500000.0):
+        # The cos and sin tables built once per (sequence, head dim, dtype), as frameworks do, not per call.
+        s, d = x.size(-2), x.size(-1)
+        key = (s, d, x.dtype, x.device)
+        if key not in self.tables:
+            with torch.no_grad():
+                inv = torch.pow(theta, torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d).reciprocal()
+                emb = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv).repeat(1, 2)
+                self.tables[key] = (emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+        cos, sin = self.tables[key]
+        rotated = torch.cat([-x.narrow(-1, d // 2, d // 2), x.narrow(-1, 0, d // 2)], -1)
+        return x * cos + rotated * sin
+
     def forward(self, x):
         b, s, _ = x.shape
         group = self.heads // self.kv
-        qkv = self.qkv(self.norm(x, self.ln1)).view(b, s, self.kv, group + 2, self.d)
+        if self.aten_fused:  # ATen's own RMSNorm (one kernel on CUDA in recent PyTorch)
+            normed = F.rms_norm(x, (x.size(-1),), self.ln1, 1e-5)
+        else:
+            normed = self.norm(x, self.ln1)
+        qkv = self.qkv(normed).view(b, s, self.kv, group + 2, self.d)
         q = qkv.narrow(3, 0, group).reshape(b, s, self.heads, self.d).transpose(1, 2)
         k = qkv.select(3, group).transpose(1, 2)
         v = qkv.select(3, group + 1).transpose(1, 2)
-        q, k = self.rotary(q), self.rotary(k)
-        if group > 1:
-            k = k.repeat_interleave(group, 1)
-            v = v.repeat_interleave(group, 1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, self.heads * self.d)
+        if self.aten_fused:  # rotary tables cached; GQA inside SDPA, no repeated keys and values
+            q, k = self.fused_rotary(q), self.fused_rotary(k)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
+        else:
+            q, k = self.rotary(q), self.rotary(k)
+            if group > 1:
+                k = k.repeat_interleave(group, 1)
+                v = v.repeat_interleave(group, 1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(b, s, self.heads * self.d)
         h1 = x + self.proj(y)
-        z = self.norm(h1, self.ln2)
+        z = F.rms_norm(h1, (h1.size(-1),), self.ln2, 1e-5) if self.aten_fused else self.norm(h1, self.ln2)
         return h1 + self.fc2(F.silu(self.gate(z)) * self.fc1(z))
 
 
@@ -104,6 +130,7 @@ def main():
     ap.add_argument("--sms", type=int, default=0)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--idle-ms", type=float, default=0)
+    ap.add_argument("--aten-fused", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cuda")
     where = contextlib.nullcontext()
@@ -111,7 +138,7 @@ def main():
         green = torch.cuda.GreenContext.create(a.sms, 0)
         where = torch.cuda.stream(green.Stream())
     torch.manual_seed(0)
-    block = Block(a.hidden, a.ffn, a.heads, a.kv_heads).to(dev, torch.bfloat16)
+    block = Block(a.hidden, a.ffn, a.heads, a.kv_heads, a.aten_fused).to(dev, torch.bfloat16)
     flops_per_token = 6 * sum(p.numel() for p in block.parameters())  # forward + backward of the matmuls
     model = torch.compile(block) if a.compile else block
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shape": vars(a), "compiled": a.compile, "runs": []}
