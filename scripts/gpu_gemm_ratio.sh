@@ -8,7 +8,7 @@
 # when the machine has enough (CUDA_VISIBLE_DEVICES), else one after another. Results: OUT/<type>/ and
 # OUT/ratios.md.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${1:?usage: scripts/gpu_gemm_ratio.sh OUT [TYPE ...]}; shift
 types=("$@"); [[ ${#types[@]} -gt 0 ]] || types=(H200-33sm H200-66sm)
 source scripts/gpu_env.sh
