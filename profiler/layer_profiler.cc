@@ -36,6 +36,32 @@ struct Measurement {
   std::vector<double> stored_mb, working_mb;
 };
 
+// For timing layers one at a time: a fresh batch (its targets set on the head) run through the model
+// without gradients, and each layer's input kept.
+std::vector<torch::Tensor> layer_inputs(GPT& model, int bs, const torch::TensorOptions& opts) {
+  const GPTConfig& c = model.config();
+  const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
+  model.head().set_targets(torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts));
+  auto& layers = model.layers();
+  std::vector<torch::Tensor> ins(layers.size());
+  torch::NoGradGuard no_grad;
+  torch::Tensor x = ids;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    ins[i] = x;
+    if (i + 1 < layers.size()) x = layers[i]->forward(x);
+  }
+  return ins;
+}
+
+// The backward of one layer's output: the last layer's is the loss; the others take a gradient of ones.
+void layer_backward(const torch::Tensor& out, bool last) {
+  if (last) {
+    out.backward();
+  } else {
+    out.backward(torch::ones_like(out));
+  }
+}
+
 // One measured configuration: all layers, `iters` times after `warmup`.
 Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelGroup& group, int bs,
                     DeviceMeter& meter) {
@@ -128,17 +154,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
   // where the chained pass above is power-capped after its first tens of ms.
   if (req.boost_idle_ms > 0) {
     const auto idle = std::chrono::duration<double, std::milli>(req.boost_idle_ms);
-    const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
-    model.head().set_targets(torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts));
-    std::vector<torch::Tensor> ins(L);
-    {
-      torch::NoGradGuard no_grad;
-      torch::Tensor x = ids;
-      for (std::size_t i = 0; i < L; ++i) {
-        ins[i] = x;
-        if (i + 1 < L) x = layers[i]->forward(x);
-      }
-    }
+    const std::vector<torch::Tensor> ins = layer_inputs(model, bs, opts);
     m.boost_ms.assign(L, {});
     for (int it = 0; it < req.iters; ++it)
       for (std::size_t i = 0; i < L; ++i) {
@@ -152,11 +168,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
         meter.sync();
         std::this_thread::sleep_for(idle);
         const int b0 = meter.mark();
-        if (i + 1 == L) {
-          out.backward();
-        } else {
-          out.backward(torch::ones_like(out));
-        }
+        layer_backward(out, i + 1 == L);
         const int b1 = meter.mark();
         meter.sync();
         m.boost_ms[i].push_back(meter.elapsed_ms(f0, f1) + meter.elapsed_ms(b0, b1));
@@ -201,17 +213,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
   // micro-batches), a stage that never waits for its neighbours runs at the
   // host's pace, not the device's.
   {
-    const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
-    model.head().set_targets(torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts));
-    std::vector<torch::Tensor> ins(L);
-    torch::Tensor x = ids;
-    {
-      torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < L; ++i) {
-        ins[i] = x;
-        if (i + 1 < L) x = layers[i]->forward(x);
-      }
-    }
+    const std::vector<torch::Tensor> ins = layer_inputs(model, bs, opts);
     m.host_ms.assign(L, {});
     for (int rep = 0; rep < 3; ++rep)
       for (std::size_t i = 0; i < L; ++i) {
@@ -219,11 +221,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
         meter.sync();
         const auto t0 = std::chrono::steady_clock::now();
         torch::Tensor out = layers[i]->forward(in);
-        if (i + 1 == L) {
-          out.backward();
-        } else {
-          out.backward(torch::ones_like(out));
-        }
+        layer_backward(out, i + 1 == L);
         const auto t1 = std::chrono::steady_clock::now();
         meter.sync();
         m.host_ms[i].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
@@ -253,11 +251,7 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
       const int64_t after_forward = meter.allocated();
       const int64_t forward_peak = meter.peak();
       meter.reset_peak();
-      if (i + 1 == L) {
-        out.backward();
-      } else {
-        out.backward(torch::ones_like(out));
-      }
+      layer_backward(out, i + 1 == L);
       meter.sync();
       const int64_t backward_peak = meter.peak();
       const int64_t activations = std::max(forward_peak, backward_peak) - base;  // with one transient gradient at a time
