@@ -30,7 +30,6 @@ built once, and GQA inside scaled_dot_product_attention (enable_gqa) instead of 
 to cuBLAS and SDPA, as a framework with fused kernels (Megatron with Transformer Engine) would: what a
 block's slowdown under an SM partition becomes when its elementwise share is small.
 """
-import contextlib
 import argparse
 import json
 import sys
@@ -39,6 +38,8 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
+
+from sm_partition import on_sms
 
 
 class Block(torch.nn.Module):
@@ -54,57 +55,51 @@ class Block(torch.nn.Module):
         self.fc1 = torch.nn.Linear(h, ffn, bias=False)
         self.fc2 = torch.nn.Linear(ffn, h, bias=False)
 
-    @staticmethod
-    def norm(x, w, eps=1e-5):
+    def norm(self, x, w, eps=1e-5):
+        if self.aten_fused:  # ATen's own RMSNorm (one kernel on CUDA in recent PyTorch)
+            return F.rms_norm(x, (x.size(-1),), w, eps)
         xf = x.float()
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
     @staticmethod
-    def rotary(x, theta=500000.0):
-        s, d = x.size(-2), x.size(-1)
-        inv = torch.pow(theta, torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d).reciprocal()
-        freqs = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)
+    def rotary_tables(s, d, dtype, device, theta=500000.0):
+        inv = torch.pow(theta, torch.arange(0, d, 2, device=device, dtype=torch.float32) / d).reciprocal()
+        freqs = torch.outer(torch.arange(s, device=device, dtype=torch.float32), inv)
         emb = torch.cat([freqs, freqs], -1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        rotated = torch.cat([-x.narrow(-1, d // 2, d // 2), x.narrow(-1, 0, d // 2)], -1)
-        return x * cos + rotated * sin
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def fused_rotary(self, x, theta=500000.0):
-        # The cos and sin tables built once per (sequence, head dim, dtype), as frameworks do, not per call.
+    def rotary(self, x):
         s, d = x.size(-2), x.size(-1)
-        key = (s, d, x.dtype, x.device)
-        if key not in self.tables:
-            with torch.no_grad():
-                inv = torch.pow(theta, torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d).reciprocal()
-                emb = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv).repeat(1, 2)
-                self.tables[key] = (emb.cos().to(x.dtype), emb.sin().to(x.dtype))
-        cos, sin = self.tables[key]
+        if self.aten_fused:
+            # The cos and sin tables built once per (sequence, head dim, dtype), as frameworks do.
+            key = (s, d, x.dtype, x.device)
+            if key not in self.tables:
+                with torch.no_grad():
+                    self.tables[key] = self.rotary_tables(s, d, x.dtype, x.device)
+            cos, sin = self.tables[key]
+        else:  # per call, as profiler/gpt.cc's block
+            cos, sin = self.rotary_tables(s, d, x.dtype, x.device)
         rotated = torch.cat([-x.narrow(-1, d // 2, d // 2), x.narrow(-1, 0, d // 2)], -1)
         return x * cos + rotated * sin
 
     def forward(self, x):
         b, s, _ = x.shape
         group = self.heads // self.kv
-        if self.aten_fused:  # ATen's own RMSNorm (one kernel on CUDA in recent PyTorch)
-            normed = F.rms_norm(x, (x.size(-1),), self.ln1, 1e-5)
-        else:
-            normed = self.norm(x, self.ln1)
-        qkv = self.qkv(normed).view(b, s, self.kv, group + 2, self.d)
+        qkv = self.qkv(self.norm(x, self.ln1)).view(b, s, self.kv, group + 2, self.d)
         q = qkv.narrow(3, 0, group).reshape(b, s, self.heads, self.d).transpose(1, 2)
         k = qkv.select(3, group).transpose(1, 2)
         v = qkv.select(3, group + 1).transpose(1, 2)
-        if self.aten_fused:  # rotary tables cached; GQA inside SDPA, no repeated keys and values
-            q, k = self.fused_rotary(q), self.fused_rotary(k)
+        q, k = self.rotary(q), self.rotary(k)
+        if self.aten_fused:  # GQA inside SDPA, no repeated keys and values
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
         else:
-            q, k = self.rotary(q), self.rotary(k)
             if group > 1:
                 k = k.repeat_interleave(group, 1)
                 v = v.repeat_interleave(group, 1)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).reshape(b, s, self.heads * self.d)
         h1 = x + self.proj(y)
-        z = F.rms_norm(h1, (h1.size(-1),), self.ln2, 1e-5) if self.aten_fused else self.norm(h1, self.ln2)
+        z = self.norm(h1, self.ln2)
         return h1 + self.fc2(F.silu(self.gate(z)) * self.fc1(z))
 
 
@@ -133,10 +128,7 @@ def main():
     ap.add_argument("--aten-fused", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cuda")
-    where = contextlib.nullcontext()
-    if a.sms > 0:
-        green = torch.cuda.GreenContext.create(a.sms, 0)
-        where = torch.cuda.stream(green.Stream())
+    where = on_sms(a.sms)
     torch.manual_seed(0)
     block = Block(a.hidden, a.ffn, a.heads, a.kv_heads, a.aten_fused).to(dev, torch.bfloat16)
     flops_per_token = 6 * sum(p.numel() for p in block.parameters())  # forward + backward of the matmuls

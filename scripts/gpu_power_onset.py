@@ -8,11 +8,12 @@ For each idle gap (seconds, the GPU left idle before the run): the TFLOP/s of th
 10, 20, 50, 100, 200, ... and the time from the run's start at which they fall 5% below the first GEMMs'.
 """
 import argparse
-import contextlib
 import json
 import time
 
 import torch
+
+from sm_partition import on_sms
 
 
 def main():
@@ -23,10 +24,7 @@ def main():
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--sms", type=int, default=0)
     a = ap.parse_args()
-    where = contextlib.nullcontext()
-    if a.sms > 0:
-        green = torch.cuda.GreenContext.create(a.sms, 0)
-        where = torch.cuda.stream(green.Stream())
+    where = on_sms(a.sms)
     n = a.n
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

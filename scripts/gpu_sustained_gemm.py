@@ -16,7 +16,6 @@ a 70B-shaped block at bs 4, sequence 2048 (8192 tokens, hidden 8192, ffn 28672).
 --rest: seconds idle before each run, so that each starts from a cool, unthrottled GPU.
 """
 import argparse
-import contextlib
 import csv
 import io
 import json
@@ -26,6 +25,8 @@ import threading
 import time
 
 import torch
+
+from sm_partition import on_sms
 
 
 def sampler(stop, rows):
@@ -47,12 +48,7 @@ def sampler(stop, rows):
 
 def run(sms, shape, seconds, window):
     m, n, k = shape
-    where = contextlib.nullcontext()
-    granted = torch.cuda.get_device_properties(0).multi_processor_count
-    if sms > 0:
-        green = torch.cuda.GreenContext.create(sms, 0)
-        stream = green.Stream()
-        where = torch.cuda.stream(stream)
+    where = on_sms(sms)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
