@@ -132,9 +132,10 @@ class TrackingParser : public nlohmann::detail::json_sax_dom_parser<ordered_json
 };
 
 // A reader for the JSON that hetplan's own tools and most others write, faster than nlohmann's
-// lexer (it reads Table-1 row 2's 128 profile files in about 2 ms less: logs/bench_search.md): it builds exactly the document nlohmann's parser builds (a number with neither
-// fraction nor exponent is an integer where it fits: int64 when negative, uint64 otherwise, else a
-// double, as nlohmann's lexer types it; a repeated key keeps its first place and its last value),
+// lexer (it reads Table-1 row 2's 128 profile files in about 2 ms less: logs/bench_search.md). It
+// builds exactly the document nlohmann's parser builds (a number with neither fraction nor exponent
+// is an integer where it fits: int64 when negative, uint64 otherwise, else a double, as nlohmann's
+// lexer types it; a repeated key keeps its first place and its last value),
 // and gives up (false) on anything else: a string with an escape, a control or non-ASCII byte, a
 // byte-order mark, nesting deeper than kMaxDepth, a number it cannot convert exactly (an overflow or
 // underflow), any syntax error. The caller then parses with nlohmann, which gives the document or
