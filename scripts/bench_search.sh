@@ -45,8 +45,7 @@ run() {
 }
 # search_s FILE: the search's own time ("time: S s") in a search's output.
 search_s() { sed -n 's/.*, time: \([0-9.e+-]*\) s.*/\1/p' "$1" | head -1; }
-# median: of the numbers on standard input, one a line.
-median() { sort -g | awk '{v[NR] = $1} END{print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+source scripts/bench_lib.sh  # median
 # pair NAME_A NAME_B N: runs the commands in arrays cmd_a and cmd_b in turn, A B A B ..., N times each
 # (one run of each first, not counted), and prints "median_wall_a median_wall_b median_ratio_a/b
 # max_rss_a_mb max_rss_b_mb median_search_ratio_a/b": pairing keeps the ratio meaningful when the

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
 }
 EOF
 cc -O2 -o "$work/loop" "$work/loop.c"
-median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+source "$(dirname "$0")/bench_lib.sh"  # median
 printf '| loop | alone s | two at once s (slower copy) | 2 x alone / together |\n|---|---|---|---|\n'
 for kind in chain ilp l2 dram; do
   : > "$work/alone"; : > "$work/both"
