@@ -16,7 +16,23 @@ constexpr double kInitStd = 0.02;
 
 uint64_t seed_for(const GPTConfig& c, int64_t layer, int64_t tensor) { return c.seed + 1000 * layer + tensor; }
 
-torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+// What ATen offers a LibTorch model depends on its version: fused attention
+// (2.0), ATen's RMSNorm (2.4, one fused kernel on CUDA in recent releases),
+// grouped-query heads inside fused attention (2.5).
+#define HETPLAN_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// Causal attention of q [b, heads, s, d] over k, v [b, heads / group, s, d]:
+// query head i attends with key/value head i / group.
+torch::Tensor causal_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v, int64_t group) {
+#if HETPLAN_TORCH_AT_LEAST(2, 5)
+  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, /*scale=*/{},
+                                          /*enable_gqa=*/group > 1);
+#else
+  if (group > 1) {
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
+  }
 #if TORCH_VERSION_MAJOR >= 2
   return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
 #else
@@ -27,20 +43,15 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   att = att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1);
   return torch::matmul(att, v);
 #endif
+#endif
 }
 
-// Rotary position embedding of x [b, heads, s, d], Hugging Face's layout
-// (rotate_half: the two halves of each head form the pairs); cos and sin in
-// fp32, then in x's dtype.
-torch::Tensor rotary(const torch::Tensor& x, double theta) {
-  const int64_t s = x.size(-2), d = x.size(-1);
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
-  const torch::Tensor inv_freq = torch::pow(theta, torch::arange(0, d, 2, f32) / static_cast<double>(d)).reciprocal();
-  const torch::Tensor freqs = torch::outer(torch::arange(s, f32), inv_freq);
-  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  const torch::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+// x [b, heads, s, d] rotated by position (Hugging Face's layout, rotate_half:
+// the two halves of each head form the pairs), with `table` = {cos, sin}.
+torch::Tensor rotary(const torch::Tensor& x, const RotaryTable& table) {
+  const int64_t d = x.size(-1);
   const torch::Tensor rotated = torch::cat({-x.narrow(-1, d / 2, d / 2), x.narrow(-1, 0, d / 2)}, -1);
-  return x * cos + rotated * sin;
+  return x * table.cos + rotated * table.sin;
 }
 
 using torch::autograd::AutogradContext;
@@ -80,6 +91,20 @@ torch::Tensor checkpoint(const Body& body, const torch::Tensor& a, const torch::
   return Checkpoint::apply(a, b.defined() ? b : a, c.defined() ? c : a, &body);
 }
 
+const RotaryTable& RotaryTable::get(int64_t s, int64_t d, double theta, const torch::Tensor& like) {
+  if (cos.defined() && cos.size(0) == s && cos.size(1) == d && cos.scalar_type() == like.scalar_type() &&
+      cos.device() == like.device())
+    return *this;
+  // cos and sin computed in fp32, then kept in x's dtype.
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(like.device());
+  const torch::Tensor inv_freq = torch::pow(theta, torch::arange(0, d, 2, f32) / static_cast<double>(d)).reciprocal();
+  const torch::Tensor freqs = torch::outer(torch::arange(s, f32), inv_freq);
+  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  cos = emb.cos().to(like.scalar_type());
+  sin = emb.sin().to(like.scalar_type());
+  return *this;
+}
+
 void GPTConfig::validate(int tp, const std::string& where) const {
   shape.validate(where);
   auto need = [&](bool ok, const std::string& what) {
@@ -108,8 +133,12 @@ NormImpl::NormImpl(NormKind kind, int64_t h, double eps, bool meta) : kind_(kind
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   if (kind_ == NormKind::kLayerNorm) return torch::layer_norm(x, {x.size(-1)}, weight, bias, eps_);
+#if HETPLAN_TORCH_AT_LEAST(2, 4)
+  return at::rms_norm(x, {x.size(-1)}, weight, eps_);  // in fp32, the result in x's dtype
+#else
   const torch::Tensor xf = x.to(torch::kFloat32);
   return weight * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps_)).to(x.scalar_type());
+#endif
 }
 
 EmbeddingLayer::EmbeddingLayer(const GPTConfig& c, const TensorParallelGroup& g) {
@@ -129,8 +158,9 @@ torch::Tensor EmbeddingLayer::forward(const torch::Tensor& ids) {
 TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup& g, int64_t index)
     : shape_(c.shape), recompute_(c.recompute) {
   block_body_ = [this](const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&) { return block(x); };
-  attention_body_ = [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    return causal_attention(q, k, v);
+  const int64_t group = c.shape.num_heads / c.shape.num_kv_heads;
+  attention_body_ = [group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    return causal_attention(q, k, v, group);
   };
   const ModelShape& m = c.shape;
   const int64_t h = m.hidden_size, q = m.num_heads * m.head_dim, kv = m.num_kv_heads * m.head_dim;
@@ -162,15 +192,12 @@ torch::Tensor TransformerBlock::block(const torch::Tensor& x) {
   torch::Tensor k = qkv.select(3, group).transpose(1, 2);                                       // [b, kv, s, d]
   torch::Tensor v = qkv.select(3, group + 1).transpose(1, 2);
   if (!shape_.learned_positions) {
-    q = rotary(q, shape_.rope_theta);
-    k = rotary(k, shape_.rope_theta);
-  }
-  if (group > 1) {  // query head i attends with key/value head i / group
-    k = k.repeat_interleave(group, 1);
-    v = v.repeat_interleave(group, 1);
+    const RotaryTable& table = rotary_.get(s, d, shape_.rope_theta, q);
+    q = rotary(q, table);
+    k = rotary(k, table);
   }
   const bool selective = recompute_ == Recompute::kSelective && torch::GradMode::is_enabled();
-  const torch::Tensor y = (selective ? checkpoint(attention_body_, q, k, v) : causal_attention(q, k, v))
+  const torch::Tensor y = (selective ? checkpoint(attention_body_, q, k, v) : causal_attention(q, k, v, group))
                               .transpose(1, 2).reshape({b, s, local_heads_ * d});
   const torch::Tensor h1 = x + proj_->forward(y);
   const torch::Tensor z = ln2_->forward(h1);

@@ -81,6 +81,14 @@ class EmbeddingLayer : public GPTLayer {
   torch::Tensor wpe_;  // undefined without learned positions
 };
 
+// The cos and sin tables of rotary position embeddings for one sequence
+// length, head dimension, dtype and device, built on first use and again only
+// when one of those changes. Not thread-safe (a block runs on one thread).
+struct RotaryTable {
+  torch::Tensor cos, sin;  // [s, d]
+  const RotaryTable& get(int64_t s, int64_t d, double theta, const torch::Tensor& like);
+};
+
 class TransformerBlock : public GPTLayer {
  public:
   TransformerBlock(const GPTConfig& c, const TensorParallelGroup& g, int64_t index);
@@ -95,6 +103,7 @@ class TransformerBlock : public GPTLayer {
   ColumnParallelLinear qkv_{nullptr}, fc1_{nullptr}, gate_{nullptr};  // gate: SwiGLU only
   RowParallelLinear proj_{nullptr}, fc2_{nullptr};
   Recompute recompute_;
+  RotaryTable rotary_;  // RoPE shapes only
   using Body = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
   Body block_body_, attention_body_;  // what recomputation runs again (hold `this`: the block is never moved)
   torch::Tensor block(const torch::Tensor& x);
