@@ -122,6 +122,14 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c1
 
 }  // namespace
 
+bool cpu_collectives_available() {
+#if defined(HETPLAN_HAVE_GLOO)
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::optional<DistEnv> DistEnv::from_env() {
   if (!std::getenv("RANK") || !std::getenv("WORLD_SIZE")) return std::nullopt;
   DistEnv e;

@@ -20,6 +20,11 @@
 
 namespace hetplan::profiler {
 
+// Whether this LibTorch can run collectives on CPU tensors (Gloo). PyPI's
+// wheels ship no Gloo headers: there, ranks on the CPU cannot talk, and only
+// CUDA ranks (NCCL) run several to a plan.
+bool cpu_collectives_available();
+
 struct DistEnv {
   // The rank in the plan's grid: RANK, unless the caller re-maps it (under
   // torchrun on several hosts, replay finds it from the host and LOCAL_RANK).

@@ -158,6 +158,20 @@ inline Cluster table1_cluster(int n) {
     }                                                                              \
   } while (0)
 
+#if defined(HETPLAN_WITH_TORCH)
+// First statement of a test case whose CPU ranks talk to each other (several
+// ranks per plan, or tp > 1): skipped where this LibTorch has no Gloo.
+// REQUIRES: the test file includes profiler/distributed.h.
+#define REQUIRE_CPU_COLLECTIVES()                                                             \
+  do {                                                                                      \
+    if (!::hetplan::profiler::cpu_collectives_available()) {                                \
+      std::cout << "HETPLAN_SKIP: this LibTorch has no Gloo (PyPI's wheels ship none): CPU " \
+                   "ranks cannot run collectives" << std::endl;                             \
+      return;                                                                               \
+    }                                                                                       \
+  } while (0)
+#endif
+
 // The same for a test case that reads the golden Table-1 values (and the samples).
 #define REQUIRE_GOLDEN_TABLE()                                                     \
   do {                                                                             \

@@ -12,6 +12,7 @@
 #include "executor/pipeline_layout.h"
 #include "executor/pipeline_runtime.h"
 #include "executor/zero_optimizer.h"
+#include "profiler/distributed.h"
 #include "profiler/mixed_precision.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
@@ -168,18 +169,22 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
 }  // namespace
 
 TEST_CASE("replay (pp=2, dp=2) trains like one process", "[executor]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("pp2dp2", plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2));
 }
 
 TEST_CASE("replay (pp=2, tp=2) trains like one process", "[executor]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("pp2tp2", plan_json({2, 2}, {{1, 2}, {1, 2}}, {0, 2, 4}, 2));
 }
 
 TEST_CASE("replay (1 stage, tp=2, dp=2) trains like one process", "[executor]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("tp2dp2", plan_json({4}, {{2, 2}}, {0, 4}, 2));
 }
 
 TEST_CASE("replay with different dp per stage re-shards activations", "[executor]") {
+  REQUIRE_CPU_COLLECTIVES();
   // Stage 0: dp 2; stage 1: one replica of tp 2.
   check_plan_trains_like_one_process("dp2-tp2", plan_json({2, 2}, {{2, 1}, {1, 2}}, {0, 2, 4}, 2));
   // Stage 0: one GPU; stage 1: dp 3 (micro-batch 4 splits 2, 1, 1), under GPipe.
@@ -209,6 +214,7 @@ TEST_CASE("pipeline layout: sample splits and re-sharding transfers", "[executor
 
 TEST_CASE("a failing rank or a stage out of memory ends the replay with a clear error, without hanging",
           "[executor][errors]") {
+  REQUIRE_CPU_COLLECTIVES();
   const auto dir = test::scratch_dir("replay-fail");
   fs::create_directories(dir);
   auto timed_run = [&](const std::string& env, const std::string& plan, const std::string& extra) {
@@ -243,6 +249,7 @@ TEST_CASE("a failing rank or a stage out of memory ends the replay with a clear 
 
 TEST_CASE("replay of a Llama (GQA, SwiGLU, RoPE, untied) from a Hugging Face config trains like one process",
           "[executor]") {
+  REQUIRE_CPU_COLLECTIVES();
   const auto dir = test::scratch_dir("replay-llama-config");
   fs::create_directories(dir);
   const std::string path = (dir / "config.json").string();
@@ -302,6 +309,7 @@ TEST_CASE("bf16 training keeps fp32 master weights: the applied update is the fp
 }
 
 TEST_CASE("replay with full or selective recomputation trains like one process", "[executor][recompute]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("pp2tp2-full", plan_json({2, 2}, {{1, 2}, {1, 2}}, {0, 2, 4}, 2), "1f1b", "",
                                      "--recompute full");
   check_plan_trains_like_one_process("pp2dp2-selective", plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2), "gpipe", "",
@@ -309,6 +317,7 @@ TEST_CASE("replay with full or selective recomputation trains like one process",
 }
 
 TEST_CASE("replay with ZeRO-1 (sharded fp32 masters and Adam state) trains like one process", "[executor][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("pp2dp2-zero1", plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2), "1f1b", "",
                                      "--zero 1");
   // Stage 0 with dp 3 (micro-batch 4 splits 2, 1, 1) and the tied embedding split from the head.
@@ -340,6 +349,7 @@ TEST_CASE("main gradients added in the backward (accumulator hooks) equal those 
 
 TEST_CASE("replay in bf16 (pp 2, dp 2, ZeRO-1) on the CPU: losses within bf16's resolution of fp32 training",
           "[executor][mixed]") {
+  REQUIRE_CPU_COLLECTIVES();
   const auto dir = test::scratch_dir("replay-bf16");
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -408,6 +418,7 @@ double field(const std::string& out, const std::string& key) {
 }  // namespace
 
 TEST_CASE("replay under torchrun on two nodes (localhost, Gloo) trains like one process", "[executor][torchrun]") {
+  REQUIRE_CPU_COLLECTIVES();
   const auto dir = test::scratch_dir("torchrun-train");
   const fs::path launch = export_two_host_plan(
       dir, "--device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --dump-params " + (dir / "params").string());
@@ -432,6 +443,7 @@ TEST_CASE("replay under torchrun on two nodes (localhost, Gloo) trains like one 
 
 TEST_CASE("replay under torchrun: a node killed mid-run ends the other within the timeout, naming rank and host",
           "[executor][torchrun][errors]") {
+  REQUIRE_CPU_COLLECTIVES();
   constexpr int kTimeout = 10;
   const auto dir = test::scratch_dir("torchrun-kill");
   const fs::path launch = export_two_host_plan(
@@ -452,6 +464,7 @@ TEST_CASE("replay under torchrun: a node killed mid-run ends the other within th
 
 TEST_CASE("replay under torchrun: a node that never joins ends the other within the timeout, naming rank and host",
           "[executor][torchrun][errors]") {
+  REQUIRE_CPU_COLLECTIVES();
   constexpr int kTimeout = 5;
   const auto dir = test::scratch_dir("torchrun-absent");
   const fs::path launch =
@@ -471,35 +484,42 @@ TEST_CASE("replay under torchrun: a node that never joins ends the other within 
 ordered_json plan_dp2tp2pp2() { return plan_json({4, 4}, {{2, 2}, {2, 2}}, {0, 2, 4}, 2); }
 
 TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-1 trains like one process", "[executor][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-zero1", plan_dp2tp2pp2(), "1f1b", "", "--zero 1");
 }
 
 TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-2 (gradients reduce-scattered per layer) trains like one process",
           "[executor][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-zero2", plan_dp2tp2pp2(), "1f1b", "", "--zero 2");
 }
 
 TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-3 (weights gathered per layer just in time) trains like one process",
           "[executor][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-zero3", plan_dp2tp2pp2(), "1f1b", "", "--zero 3");
 }
 
 TEST_CASE("replay (dp 2, tp 2, pp 2) with full recomputation trains like one process", "[executor][recompute]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-full", plan_dp2tp2pp2(), "1f1b", "", "--recompute full --zero 1");
 }
 
 TEST_CASE("replay (dp 2, tp 2, pp 2) with selective recomputation trains like one process", "[executor][recompute]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-selective", plan_dp2tp2pp2(), "gpipe", "",
                                      "--recompute selective --zero 2");
 }
 
 TEST_CASE("replay with ZeRO-3 and full recomputation (recomputed blocks gather their weights again) trains like one process",
           "[executor][zero][recompute]") {
+  REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-zero3-full", plan_dp2tp2pp2(), "1f1b", "", "--zero 3 --recompute full");
 }
 
 TEST_CASE("replay with ZeRO-2/3 on uneven shards, a stage of one replica and one stage holding both tied ends",
           "[executor][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
   // Stage 0 at dp 3 (units padded to a multiple of 3), stage 1 at dp 1; the
   // tied embedding's gradient is summed over all four ranks (emb_full).
   check_plan_trains_like_one_process("dp3-zero2", plan_json({3, 1}, {{3, 1}, {1, 1}}, {0, 2, 4}, 2), "gpipe", "",
@@ -511,6 +531,7 @@ TEST_CASE("replay with ZeRO-2/3 on uneven shards, a stage of one replica and one
 }
 
 TEST_CASE("replay of a Llama with ZeRO-3 and selective recomputation trains like one process", "[executor][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
   const auto dir = test::scratch_dir("replay-llama-config-zero");
   fs::create_directories(dir);
   const std::string path = (dir / "config.json").string();
@@ -521,6 +542,7 @@ TEST_CASE("replay of a Llama with ZeRO-3 and selective recomputation trains like
 
 TEST_CASE("replay reports per-rank memory fields, on the CPU the device ones null with a reason",
           "[executor][memory]") {
+  REQUIRE_CPU_COLLECTIVES();
   const auto dir = test::scratch_dir("replay-memory-fields");
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -548,6 +570,7 @@ TEST_CASE("ZeRO state bytes per parameter: Megatron's 18 divided as each stage s
 
 TEST_CASE("replay in bf16 with ZeRO-2 and ZeRO-3 (pp 2, dp 2) on the CPU: losses within bf16's resolution of fp32 training",
           "[executor][mixed][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
   for (const char* zero : {"2", "3"}) {
     const auto dir = test::scratch_dir(std::string("replay-bf16-zero") + zero);
     fs::remove_all(dir);
@@ -614,6 +637,7 @@ TEST_CASE("ZeRO-3 keeps a unit's weights only while it computes: freed after con
 
 TEST_CASE("replay's measured peak falls with each ZeRO stage: ZeRO-3 saves half the fp32 weights at dp 2",
           "[executor][zero][memory]") {
+  REQUIRE_CPU_COLLECTIVES();
   // A model whose states dominate its activations (3.3M parameters, 64 tokens
   // a replica), fp32 on 2 CPU ranks; peaks from the counting CPU allocator.
   const auto dir = test::scratch_dir("replay-zero-memory");

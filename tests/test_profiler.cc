@@ -81,6 +81,7 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a 
 }  // namespace
 
 TEST_CASE("tp=2 on Gloo equals tp=1: per-layer outputs and gradients within 1e-5", "[profiler][tp]") {
+  REQUIRE_CPU_COLLECTIVES();
   torch::manual_seed(0);
   const auto cfg = GENERATE(std::make_pair(tiny(), std::string("tp-test-gpt2")),
                                    std::make_pair(tiny_llama(false), std::string("tp-test-llama")),
@@ -125,6 +126,7 @@ TEST_CASE("tp=2 on Gloo equals tp=1: per-layer outputs and gradients within 1e-5
 }
 
 TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
+  REQUIRE_CPU_COLLECTIVES();
   const auto dir = test::scratch_dir("profile-run");
   fs::remove_all(dir);
   REQUIRE(test::run_hetplan("profile --device cpu --hidden-size 32 --num-layers 4 --seq-len 8 --vocab-size 64 --heads 4 "
@@ -200,6 +202,7 @@ TEST_CASE("a profile run writes files the planner loads", "[profiler]") {
 }
 
 TEST_CASE("running out of memory skips that (tp, bs) and the run goes on", "[profiler][oom]") {
+  REQUIRE_CPU_COLLECTIVES();
   const auto dir = test::scratch_dir("profile-oom");
   fs::remove_all(dir);
   // 6 MB emulates a small device: bs 1 fits, bs 256 does not, for tp 1 and tp 2.
@@ -293,6 +296,7 @@ TEST_CASE("ModelShape's parameter counts are the LibTorch model's numel, per lay
 }
 
 TEST_CASE("vocab-parallel cross-entropy equals the cross-entropy of the gathered logits", "[profiler][tp]") {
+  REQUIRE_CPU_COLLECTIVES();
   torch::manual_seed(3);
   const torch::Tensor logits = torch::randn({6, 16}, torch::kFloat32) * 3;
   const torch::Tensor targets = torch::randint(16, {6}, torch::kLong);
