@@ -80,6 +80,7 @@ struct OrderContext {
   int ranks = 0;
   std::vector<int> node_run;    // ranks from r to the end of r's node
   std::vector<int> block;       // position in `sequence` of rank r's type
+  std::vector<double> block_capacity;  // [position in `sequence`]: the GPU memory of that type's ranks (bytes)
   std::vector<std::vector<char>> tp_ok;  // [block][tp]: the type at that sequence position has tp profiles
   // tp_fail[tp][g]: the first rank g' >= g, g' = g mod tp, whose tp group [g', g' + tp) leaves its node
   // (ranks() if none): a stage [r, r + s) keeps its tp groups inside nodes iff tp_fail[tp][r] >= r + s.
@@ -92,6 +93,12 @@ struct OrderContext {
     return true;
   }
   bool tp_inside_nodes(int r, int s, int tp) const { return tp_fail[tp][r] >= r + s; }
+  // The least GPU memory of ranks [r, r + s).
+  double capacity(int r, int s) const {
+    double c = kInf;
+    for (int k = block[r]; k <= block[r + s - 1]; ++k) c = std::min(c, block_capacity[k]);
+    return c;
+  }
 };
 
 // For one (node order, m): H[q][r][l], a lower bound on the longest of the
@@ -419,6 +426,8 @@ PlanSearchResult PlanSearch::search() const {
     o.block.resize(o.ranks);
     for (int r = 0; r < o.ranks; ++r)
       o.block[r] = static_cast<int>(std::find(perm.begin(), perm.end(), o.layout->type_of(r)) - perm.begin());
+    o.block_capacity.assign(n_types, kInf);
+    for (int r = 0; r < o.ranks; ++r) o.block_capacity[o.block[r]] = o.cost->rank_capacity_bytes(r);
     o.tp_ok.assign(n_types + 1, std::vector<char>(max_tp + 1, 0));
     for (int k = n_types - 1; k >= 0; --k) {
       for (int tp = 1; tp <= max_tp; ++tp) o.tp_ok[k][tp] = type_tp[perm[k]][tp];
@@ -526,6 +535,34 @@ PlanSearchResult PlanSearch::search() const {
       for (double& k : throughput.kappa)
         if (!std::isfinite(k)) k = 0;  // every layer free on type 0: no bound
     }
+  }
+
+  // The suffix tables leave out stages that cannot fit memory under any setup: state_lb[tp][j][l][e] is
+  // PlanCostModel::state_bytes_lower_bound at dp = 2^j (any node order's model: it does not depend on
+  // the layout), a lower bound for every dp <= 2^j since the states only shrink as dp grows.
+  const int dp_buckets = [&] {
+    int j = 0;
+    while ((1 << j) < R) ++j;
+    return j + 1;
+  }();
+  std::vector<double> state_lb;
+  auto state_lb_at = [&](int tp, int dp, int l) {  // row over e of [tp][bucket of dp][l]
+    int j = 0;
+    while ((1 << j) < dp) ++j;
+    return state_lb.data() + ((static_cast<std::size_t>(tp) * dp_buckets + j) * (L + 1) + l) * (L + 1);
+  };
+  if (!opt_.exhaustive && table_fits) {
+    state_lb.assign(static_cast<std::size_t>(max_tp + 1) * dp_buckets * (L + 1) * (L + 1), 0.0);
+    tbb::parallel_for(1, max_tp + 1, [&](int tp) {
+      bool profiled = false;
+      for (int t = 0; t < n_types; ++t) profiled = profiled || type_tp[t][tp];
+      if (!profiled) return;
+      for (int j = 0; j < dp_buckets; ++j)
+        for (int l = 0; l < L; ++l) {
+          double* row = state_lb_at(tp, 1 << j, l);
+          for (int e = l + 1; e <= L; ++e) row[e] = orders[0].cost->state_bytes_lower_bound(tp, 1 << j, l, e);
+        }
+    });
   }
 
   std::atomic<bool> stop{false};
@@ -664,9 +701,21 @@ PlanSearchResult PlanSearch::search() const {
           const bool ends_ranks = r + s == R;
           const StageEstimate* cached = kept_estimates(o, est, r, s, tp, b, homo, inside);
           const double threshold = last_stages ? kInf : bound.threshold();
+          const double capacity = o.capacity(r, s);
           for (int l = 0; l < L; ++l) {
             const std::size_t here = h->index(0, r, l);
+            // Layers [l, e) fit the stage's ranks for e < e_fit only (their states grow with e).
+            const double* states = state_lb.empty() ? nullptr : state_lb_at(tp, s / tp, l);
+            int e_fit = L + 1;
+            if (states)
+              for (int e = l + 1; e <= L; ++e)
+                if (states[e] > capacity) {
+                  e_fit = e;
+                  break;
+                }
+            if (e_fit == l + 1) continue;  // not even layer l alone fits
             if (ends_ranks) {  // the last stage: its entries q = 1
+              if (e_fit <= L) continue;
               const StageEstimate x = cached ? cached[span_index(L, l, L)] : est.estimate(r, s, tp, l, L, homo, inside);
               if (!std::isfinite(x.t)) continue;
               const double busy = m * x.t + (m - 1) * x.a + sb;
@@ -677,10 +726,11 @@ PlanSearchResult PlanSearch::search() const {
               continue;
             }
             // Layers [l, e) for e < L (a stage follows), as one row of estimates.
+            const int e_end = std::min(L, e_fit);
             const StageEstimate* xs = cached ? cached + span_index(L, l, l + 1) : row.data();
             if (!cached)
-              for (int e = l + 1; e < L; ++e) row[e - l - 1] = est.estimate(r, s, tp, l, e, homo, inside);
-            relax_row(xs, l + 1, L, std::min(Q, 1 + R - r - s), L, Q, m, sf, sb, threshold, coef.data(), H, G, G0,
+              for (int e = l + 1; e < e_end; ++e) row[e - l - 1] = est.estimate(r, s, tp, l, e, homo, inside);
+            relax_row(xs, l + 1, e_end, std::min(Q, 1 + R - r - s), L, Q, m, sf, sb, threshold, coef.data(), H, G, G0,
                       h->index(0, r + s, 0) - 1, H + here, G + here, G0 + here);
           }
         }

@@ -49,7 +49,9 @@
 //    per-sample capacity bound instead), its forward and backward each
 //    bounded apart (measured, or the backward share), its gradient
 //    accumulation (measured, else from bytes, the least over the settings),
-//    and its p2p sends (exact). Where that table would be too large
+//    and its p2p sends (exact); a stage whose ranks cannot hold its layers' model
+//    states (PlanCostModel::state_bytes_lower_bound, the least over the
+//    settings) is left out of the table, as no plan with it fits. Where that table would be too large
 //    (suffix_table_limit; hundreds of GPUs), a throughput bound stands in:
 //    some stage of the rest takes at least gbs x the rest's layers' least
 //    GPU-ms per sample (each type's at least kappa times a reference type's)

@@ -408,6 +408,23 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   return true;
 }
 
+double PlanCostModel::state_bytes_lower_bound(int tp, int dp, int start, int end) const {
+  double least = std::numeric_limits<double>::infinity();
+  for (const TrainingSetup& setup : setups_) {
+    RankShard shard;  // as stage() builds it, but for one micro-batch of one sample: the states do not depend on it
+    shard.first_layer = start;
+    shard.end_layer = end;
+    shard.tp = tp;
+    shard.dp = dp;
+    shard.pp = start > 0 ? 2 : 1;  // as unmeasured_accumulation_ms
+    shard.stage = start > 0 ? 1 : 0;
+    shard.seq = sim_->seq_;
+    const ShardParams sp = shard_params(sim_->shape_, start, end, shard.pp, setup);
+    least = std::min(least, rank_memory(sim_->shape_, setup, shard, sp).states.total_gpu());
+  }
+  return least;
+}
+
 double PlanCostModel::unmeasured_accumulation_ms(int ptype, int tp, int start, int end) const {
   const double hbm = ptype_hbm_bytes_per_s_[ptype];
   if (!(hbm > 0)) return 0;

@@ -117,6 +117,14 @@ class PlanCostModel {
   // A lower bound for the search, which tabulates it once per search (not on its hot path).
   double unmeasured_accumulation_ms(int ptype, int tp, int start, int end) const;
 
+  // The least, over the setups, of the model-state bytes (weights, gradients, optimizer state and ZeRO-3's
+  // gathered unit) that a rank holding layers [start, end) at (tp, dp) keeps: a lower bound on the GPU
+  // memory stage() finds for each of that stage's ranks (activations and the framework only add to it).
+  // Non-increasing in dp (ZeRO partitions over it). Not on the hot path: the search tabulates it.
+  double state_bytes_lower_bound(int tp, int dp, int start, int end) const;
+  // The GPU memory of rank r (bytes), which stage() checks each rank's memory against.
+  double rank_capacity_bytes(int r) const { return rank_capacity_[r]; }
+
   // The stage that sets the pipeline's pace (largest busy_ms(batches), the first on ties), whose
   // forward and backward iteration_ms stretches by its sustained_factor; -1 when the simulator's
   // sustained_clocks is off or that factor is 1.

@@ -129,14 +129,16 @@ SimulationOptions sim_options() {
 // The pruned search against exhaustive enumeration on the 24 clusters: same best plans, same costs,
 // same settings, in the same order. `cross_node_tp` also lets tp groups span nodes.
 // `table_limit`: PlanSearchOptions::suffix_table_limit (0: the throughput bound instead of the table).
+// `gpus`: the clusterfile (its GPU memory); `min_with_plans`: clusters that must have a feasible plan.
 void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
-                                     bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit) {
+                                     bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
+                                     const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20) {
   int compared = 0, with_plans = 0;
   long long pruned_costed = 0, full_costed = 0;
   const std::vector<Case> all = cases(uneven);
   for (const Case& c : all) {
     INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const Cluster cluster = Cluster::from_parts(c.hosts, gpus, "hosts", "clusterfile");
     const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, so);
     PlanSearchOptions o;
     o.gbs = c.gbs;
@@ -171,7 +173,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     if (!full.top.empty()) ++with_plans;
   }
   CHECK(compared == static_cast<int>(all.size()));
-  CHECK(with_plans >= 20);
+  CHECK(with_plans >= min_with_plans);
   // The bounds prune: a search that costs every plan would pass the checks above too.
   CHECK(pruned_costed * (table_limit > 0 ? 2 : 1) < full_costed);
 }
@@ -237,6 +239,18 @@ TEST_CASE("the pruned search returns what exhaustive search returns: measured pr
     expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true, 0);
   }
   SECTION("analytic, GPipe, throughput bound") { expect_pruned_equals_exhaustive(small_profiles(), gpipe, false, true, 0); }
+}
+
+// GPUs of 2-3.5 GB, below the small model's ~5 GB of model states: most stages cannot hold their layers,
+// which the suffix tables leave out by PlanCostModel::state_bytes_lower_bound.
+TEST_CASE("the pruned search returns what exhaustive search returns when model states overflow the GPUs",
+          "[plan_search][memory]") {
+  const std::vector<ClusterfileEntry> small_gpus = {{"10.0.0.1", "A100", 25, 300, 3.5}, {"10.0.0.2", "H100", 50, 450, 3},
+                                                    {"10.0.0.3", "V100", 10, 50, 2.5}, {"10.0.0.4", "V100", 10, 50, 2}};
+  SimulationOptions gpipe = sim_options();
+  gpipe.schedule = Schedule::kGpipe;
+  SECTION("analytic, 1F1B") { expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false, true, 4e9, small_gpus, 12); }
+  SECTION("measured, GPipe") { expect_pruned_equals_exhaustive(measured_profiles(), gpipe, false, true, 4e9, small_gpus, 12); }
 }
 
 TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp in a node, and fit", "[plan_search]") {
