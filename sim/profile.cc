@@ -178,38 +178,6 @@ int name_number(const std::string& digits, int max, const char* what, const std:
   return std::stoi(digits.substr(first));
 }
 
-// A profile file's name split into its parts: "DeviceType." TYPE "_tp" DIGITS
-// "_bs" DIGITS ".json", TYPE a letter or digit then letters, digits and
-// hyphens (an emulated type: H200-33sm, sim/cluster.h). False for any other
-// name. (A hand-written match: compiling the equivalent std::regex cost more
-// than reading a profile folder.)
-struct ProfileName {
-  std::string type, tp_digits, bs_digits;
-};
-
-bool parse_profile_name(const std::string& name, ProfileName& out) {
-  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
-  const auto alnum = [&](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || digit(c); };  // ASCII
-  std::size_t i = 0;
-  const auto literal = [&](const char* lit) {
-    const std::size_t n = std::char_traits<char>::length(lit);
-    if (name.compare(i, n, lit) != 0) return false;
-    i += n;
-    return true;
-  };
-  const auto span = [&](auto pred) {
-    const std::size_t from = i;
-    while (i < name.size() && pred(name[i])) ++i;
-    return name.substr(from, i - from);
-  };
-  if (!literal("DeviceType.") || i >= name.size() || !alnum(name[i])) return false;
-  out.type = span([&](char c) { return alnum(c) || c == '-'; });
-  if (!literal("_tp")) return false;
-  out.tp_digits = span(digit);
-  if (out.tp_digits.empty() || !literal("_bs")) return false;
-  out.bs_digits = span(digit);
-  return !out.bs_digits.empty() && literal(".json") && i == name.size();
-}
 
 // One profile file, read and checked: its LayerProfile (tp and bs from its
 // name) and its JSON document. Throws InputError naming the file and key.
@@ -290,6 +258,30 @@ LayerProfile read_profile(const std::string& path, int tp, int bs, int num_layer
 }
 
 }  // namespace
+
+bool parse_profile_name(const std::string& name, ProfileName& out) {
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const auto alnum = [&](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || digit(c); };  // ASCII
+  std::size_t i = 0;
+  const auto literal = [&](const char* lit) {
+    const std::size_t n = std::char_traits<char>::length(lit);
+    if (name.compare(i, n, lit) != 0) return false;
+    i += n;
+    return true;
+  };
+  const auto span = [&](auto pred) {
+    const std::size_t from = i;
+    while (i < name.size() && pred(name[i])) ++i;
+    return name.substr(from, i - from);
+  };
+  if (!literal("DeviceType.") || i >= name.size() || !alnum(name[i])) return false;
+  out.type = span([&](char c) { return alnum(c) || c == '-'; });
+  if (!literal("_tp")) return false;
+  out.tp_digits = span(digit);
+  if (out.tp_digits.empty() || !literal("_bs")) return false;
+  out.bs_digits = span(digit);
+  return !out.bs_digits.empty() && literal(".json") && i == name.size();
+}
 
 ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads) {
   if (!fs::is_directory(dir)) throw InputError(dir + ": profile folder does not exist");

@@ -119,6 +119,16 @@ struct ModelProfile {
   std::vector<double> norm_layer_duration;  // that file's layer times, each over their sum
 };
 
+// A profile file's name split into its parts: "DeviceType." TYPE "_tp" DIGITS
+// "_bs" DIGITS ".json", TYPE a letter or digit then letters, digits and
+// hyphens (an emulated type: H200-33sm, sim/cluster.h). parse_profile_name
+// returns false for any other name. (A hand-written match: compiling the
+// equivalent std::regex cost more than reading a profile folder.)
+struct ProfileName {
+  std::string type, tp_digits, bs_digits;
+};
+bool parse_profile_name(const std::string& name, ProfileName& out);
+
 class ProfileSet {
  public:
   // Reads every DeviceType.*_tp*_bs*.json in `dir`. `num_layers` > 0 checks

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <regex>
 
 #include "sim/input_error.h"
 #include "sim/json_util.h"
@@ -93,12 +92,12 @@ std::vector<std::string> generate_synthetic_profiles(const std::string& samples_
 
   ProfileFiles files;
   // 1. The A100 samples, with the two derived fields.
-  static const std::regex a100(R"(DeviceType\.A100_tp\d+_bs\d+\.json)");
   std::vector<std::string> names;
   for (const auto& f : fs::directory_iterator(samples_dir)) names.push_back(f.path().filename().string());
   std::sort(names.begin(), names.end());
   for (const auto& name : names) {
-    if (!std::regex_match(name, a100)) continue;
+    ProfileName parts;
+    if (!parse_profile_name(name, parts) || parts.type != "A100") continue;
     const std::string path = (fs::path(samples_dir) / name).string();
     ordered_json j = read_json_file(path);
     ordered_json& et = const_cast<ordered_json&>(require_key(j, "execution_time", path, ""));
