@@ -420,7 +420,10 @@ double PlanCostModel::state_bytes_lower_bound(int tp, int dp, int start, int end
     shard.stage = start > 0 ? 1 : 0;
     shard.seq = sim_->seq_;
     const ShardParams sp = shard_params(sim_->shape_, start, end, shard.pp, setup);
-    least = std::min(least, rank_memory(sim_->shape_, setup, shard, sp).states.total_gpu());
+    // Not states.transient: with measured activations, ZeRO-2/3's gathered units are priced layer by layer
+    // instead, and can come to less than the analytic transient.
+    const ModelStateBytes st = rank_memory(sim_->shape_, setup, shard, sp).states;
+    least = std::min(least, st.weights + st.gradients + st.optimizer);
   }
   return least;
 }

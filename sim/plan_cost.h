@@ -117,9 +117,10 @@ class PlanCostModel {
   // A lower bound for the search, which tabulates it once per search (not on its hot path).
   double unmeasured_accumulation_ms(int ptype, int tp, int start, int end) const;
 
-  // The least, over the setups, of the model-state bytes (weights, gradients, optimizer state and ZeRO-3's
-  // gathered unit) that a rank holding layers [start, end) at (tp, dp) keeps: a lower bound on the GPU
-  // memory stage() finds for each of that stage's ranks (activations and the framework only add to it).
+  // The least, over the setups, of the model-state bytes (weights, gradients and optimizer state, as ZeRO
+  // shards them) that a rank holding layers [start, end) at (tp, dp) keeps: a lower bound on the GPU memory
+  // stage() finds for each of that stage's ranks (activations, working sets, gathered ZeRO-3 units and the
+  // framework only add to it).
   // Non-increasing in dp (ZeRO partitions over it). Not on the hot path: the search tabulates it.
   double state_bytes_lower_bound(int tp, int dp, int start, int end) const;
   // The GPU memory of rank r (bytes), which stage() checks each rank's memory against.

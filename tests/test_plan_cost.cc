@@ -572,3 +572,48 @@ TEST_CASE("ZeRO's collectives: once per iteration (0, 1), per micro-batch (2: re
 }
 
 }  // namespace hetplan
+
+namespace hetplan {
+
+// The search leaves out of its bound tables every stage whose ranks cannot hold state_bytes_lower_bound:
+// that must never exceed the memory stage() finds, also where it prices measured activations layer by
+// layer (ZeRO-2/3's gathered units are then counted per layer, not as one transient).
+TEST_CASE("state_bytes_lower_bound is at most every rank's memory stage() finds, measured activations too",
+          "[plan_cost][memory]") {
+  const std::string src = HETPLAN_SOURCE_DIR;
+  const Cluster cluster = Cluster::load(src + "/hostfiles/h200_1_h200-33sm_1.hostfile",
+                                        src + "/hostfiles/clusterfile_h200_emulated.json");
+  const ProfileSet profiles = ProfileSet::load(src + "/profiles/H200+H200-33sm-llama-3.2-1b-8l", 10);
+  const ModelShape shape = read_hf_config(src + "/scripts/validation/llama-3.2-1b-8l.json");
+  const RankLayout layout(cluster, {0, 1});
+  int checked = 0;
+  for (int zero = 0; zero <= 3; ++zero)
+    for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      SimulationOptions so;
+      so.setup.zero_stage = zero;
+      so.setup.recompute = rc;
+      so.setup.framework_bytes = -1;  // as profiled
+      const PlanSimulator sim(cluster, profiles, shape, 2048, so);
+      const PlanCostModel model(sim, layout, {so.setup});
+      // One mixed stage of dp 2, and every two-stage split, at micro-batches 2 and 8.
+      for (int b : {2, 8})
+        for (int e = 1; e <= 10; ++e) {
+          const std::vector<StageChoice> stages =
+              e == 10 ? std::vector<StageChoice>{{0, 2, Strategy{2, 1}, 0, 10}}
+                      : std::vector<StageChoice>{{0, 1, Strategy{1, 1}, 0, e}, {1, 1, Strategy{1, 1}, e, 10}};
+          const int p = static_cast<int>(stages.size());
+          for (int i = 0; i < p; ++i) {
+            FastStageCost f;
+            REQUIRE(model.stage(stages[i], i, p, 4, b, &f));
+            const StageChoice& c = stages[i];
+            INFO("ZeRO-" << zero << " " << to_string(rc) << " b " << b << " stage " << i << " of " << p << " layers ["
+                         << c.layer_begin << ", " << c.layer_end << ")");
+            CHECK(model.state_bytes_lower_bound(c.st.tp, c.st.dp, c.layer_begin, c.layer_end) <= f.peak_memory_bytes);
+            ++checked;
+          }
+        }
+    }
+  CHECK(checked == 12 * 2 * (1 + 9 * 2));
+}
+
+}  // namespace hetplan
