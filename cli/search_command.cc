@@ -44,6 +44,7 @@ struct SearchArgs {
   bool cross_node_tp = false;
   double time_budget = 0;
   int max_stages = 0;
+  std::string stage_boundaries = "auto";
   std::string hf_config;  // the model's shape (Llama family, ...); its layer count must match --num_layers
 };
 
@@ -193,6 +194,7 @@ int run_default_search(const SearchArgs& a) {
   if (a.max_tp > 0) o.max_tp = a.max_tp;
   if (a.max_stages > 0) o.max_stages = a.max_stages;
   o.allow_cross_node_tp = a.cross_node_tp;
+  o.stage_boundaries = parse_stage_boundaries(a.stage_boundaries);
   o.setups = search_setups(so.setup, a.zero, a.recompute);
   o.top_k = a.top;
   o.threads = a.threads;
@@ -340,6 +342,11 @@ Runner add_search_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   s->add_option("--max-stages", a->max_stages, "With --cost-model sim: deepest pipeline considered (default: layers)")
       ->check(CLI::PositiveNumber);
+  s->add_option("--stage-boundaries", a->stage_boundaries,
+                "With --cost-model sim: where pipeline stages may start: rank (any GPU), node (whole nodes only, "
+                "as Megatron-LM places stages when dp x tp fills nodes) or auto (node above " +
+                    std::to_string(kWholeNodeStagesAbove) + " GPUs, else rank)")
+      ->capture_default_str();
   s->add_option("--zero", a->zero,
                 "With --cost-model sim: ZeRO stage 0-3, or auto to search every stage as a dimension (each plan "
                 "takes its fastest stage that fits memory)")

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -85,6 +86,7 @@ struct OrderContext {
   // tp_fail[tp][g]: the first rank g' >= g, g' = g mod tp, whose tp group [g', g' + tp) leaves its node
   // (ranks() if none): a stage [r, r + s) keeps its tp groups inside nodes iff tp_fail[tp][r] >= r + s.
   std::vector<std::vector<int>> tp_fail;
+  std::vector<char> node_start;  // [r], r <= ranks: rank r starts a node (or r == ranks)
   // Ranks [r, r + s) hold one device type, and every type they hold has profiles at tp.
   bool homogeneous(int r, int s) const { return block[r] == block[r + s - 1]; }
   bool tp_profiled(int r, int s, int tp) const {
@@ -119,13 +121,23 @@ struct SuffixBound {
   std::vector<double> g, g0;
   // [r][l][q]: the dynamic program's inner loop runs over q, contiguous.
   std::size_t index(int q, int r, int l) const { return (static_cast<std::size_t>(r) * (L + 1) + l) * (Q + 1) + q; }
-  double sum_at(int q, int r, int l) const { return g.empty() || q == 0 ? 0 : g[index(q, r, l)]; }
-  double sum0_at(int q, int r, int l) const { return g0.empty() || q == 0 ? 0 : g0[index(q, r, l)]; }
+  // Entries q > Q are not in the table (it holds only the last stages where the whole one would be too
+  // large): the throughput bound stands in for them.
+  double sum_at(int q, int r, int l) const { return g.empty() || q == 0 || q > Q ? 0 : g[index(q, r, l)]; }
+  double sum0_at(int q, int r, int l) const { return g0.empty() || q == 0 || q > Q ? 0 : g0[index(q, r, l)]; }
   double min_from(int q, int r, int l) const {
-    if (h_min.empty()) return capacity(r, std::max(l, L - q));  // each of the q stages takes a layer
+    if (h_min.empty() || q > Q) return capacity(r, std::max(l, L - q));  // each of the q stages takes a layer
     return h_min[index(q, r, l)];
   }
-  double at(int q, int r, int l) const { return h.empty() ? capacity(r, l) : h[index(q, r, l)]; }
+  double at(int q, int r, int l) const { return h.empty() || q > Q ? capacity(r, l) : h[index(q, r, l)]; }
+  // A lower bound on at(q, r, l') for every l' <= l, non-increasing in l: the least k whose at(q, r, l + k)
+  // can be small enough is found by bisection. The throughput bound is itself non-increasing in l; in the
+  // table, h_env (built where only the last stages' entries are: a small table); else -infinity (no test).
+  std::vector<double> h_env;
+  double at_most_from_left(int q, int r, int l) const {
+    if (h.empty() || q > Q) return cap_ranks.empty() ? -kInf : capacity(r, l);
+    return h_env.empty() ? -kInf : h_env[index(q, r, l)];
+  }
   // Without the table (too large): the throughput bound. Stage j's m forwards and backwards take at
   // least gbs x (its layers' least GPU-ms per sample) / (its ranks' GPUs); with each type's costs at
   // least kappa_type times a reference type's, layer by layer, the largest over the stages is at least
@@ -142,7 +154,7 @@ struct SuffixBound {
   // Frees the tables and the estimator: once the group's units are done, the next group's tables reuse
   // the memory instead of faulting in fresh pages.
   void release() {
-    for (std::vector<double>* v : {&h, &h_min, &g, &g0}) std::vector<double>().swap(*v);
+    for (std::vector<double>* v : {&h, &h_min, &h_env, &g, &g0}) std::vector<double>().swap(*v);
     est.reset();
   }
 };
@@ -337,6 +349,17 @@ struct Worker {
 
 }  // namespace
 
+bool whole_node_stages(StageBoundaries b, int num_gpus) {
+  return b == StageBoundaries::kNode || (b == StageBoundaries::kAuto && num_gpus > kWholeNodeStagesAbove);
+}
+
+StageBoundaries parse_stage_boundaries(const std::string& s) {
+  if (s == "auto") return StageBoundaries::kAuto;
+  if (s == "node") return StageBoundaries::kNode;
+  if (s == "rank") return StageBoundaries::kRank;
+  throw InputError("--stage-boundaries: '" + excerpt(s) + "': expected auto, node or rank");
+}
+
 std::vector<TrainingSetup> search_setups(const TrainingSetup& base, const std::string& zero,
                                          const std::string& recompute) {
   std::vector<int> zeros;
@@ -423,6 +446,8 @@ PlanSearchResult PlanSearch::search() const {
     o.node_run.assign(o.ranks + 1, 0);
     for (int r = o.ranks - 1; r >= 0; --r)
       o.node_run[r] = (r + 1 < o.ranks && o.layout->node_of(r + 1) == o.layout->node_of(r)) ? o.node_run[r + 1] + 1 : 1;
+    o.node_start.assign(o.ranks + 1, 1);
+    for (int r = 1; r < o.ranks; ++r) o.node_start[r] = o.layout->node_of(r) != o.layout->node_of(r - 1);
     o.block.resize(o.ranks);
     for (int r = 0; r < o.ranks; ++r)
       o.block[r] = static_cast<int>(std::find(perm.begin(), perm.end(), o.layout->type_of(r)) - perm.begin());
@@ -448,7 +473,8 @@ PlanSearchResult PlanSearch::search() const {
     max_tp = std::min(max_tp, largest_node);
   }
   const int R = cluster.num_devices();
-  const int Q = std::min({L, R, opt_.max_stages});
+  const bool whole_nodes = whole_node_stages(opt_.stage_boundaries, R);
+  const int Q = std::min({L, whole_nodes ? static_cast<int>(cluster.nodes().size()) : R, opt_.max_stages});
   std::vector<int> ms;
   for (int m = opt_.gbs; m >= 1; --m)
     if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch) ms.push_back(m);
@@ -551,7 +577,7 @@ PlanSearchResult PlanSearch::search() const {
     while ((1 << j) < dp) ++j;
     return state_lb.data() + ((static_cast<std::size_t>(tp) * dp_buckets + j) * (L + 1) + l) * (L + 1);
   };
-  if (!opt_.exhaustive && table_fits) {
+  if (!opt_.exhaustive) {
     state_lb.assign(static_cast<std::size_t>(max_tp + 1) * dp_buckets * (L + 1) * (L + 1), 0.0);
     tbb::parallel_for(1, max_tp + 1, [&](int tp) {
       bool profiled = false;
@@ -624,10 +650,11 @@ PlanSearchResult PlanSearch::search() const {
       h->R = R;
       h->L = L;
       h->Q = Q;
+      if (opt_.exhaustive) return;
       // Too large a table (hundreds of GPUs): the throughput bound (SuffixBound::capacity) where it was
-      // built; not used: 0 everywhere, a bound that never prunes.
-      if (opt_.exhaustive || !table_fits) {
-        if (opt_.exhaustive || throughput.kappa.empty()) return;
+      // built stands in for the entries q >= 2 (not built: 0, a bound that never prunes); the entries
+      // q = 1, one per (rank, layer), are still built below.
+      if (!table_fits && !throughput.kappa.empty()) {
         h->cap_gbs = opt_.gbs;
         h->cap_layers = throughput.reference;
         h->cap_ranks.assign(R + 1, 0.0);
@@ -635,7 +662,6 @@ PlanSearchResult PlanSearch::search() const {
           const double k = throughput.kappa[o.layout->type_of(r)];
           h->cap_ranks[r] = h->cap_ranks[r + 1] + (k > 0 ? 1 / k : kInf);
         }
-        return;
       }
       // Only the entries q <= 1 for now (a small table): the full one comes with the deeper entries.
       h->Q = std::min(Q, 1);
@@ -741,6 +767,15 @@ PlanSearchResult PlanSearch::search() const {
   auto finish_bound = [&](SuffixBound* h) {
     h->h_min = h->h;
     if (h->h.empty()) return;
+    if (!table_fits) {  // only the last stages' entries: small
+      h->h_env = h->h;
+      for (int r = 0; r <= R; ++r)
+        for (int l = 1; l <= L; ++l)
+          for (int q = 0; q <= h->Q; ++q) {
+            double& cur = h->h_env[h->index(q, r, l)];
+            cur = std::min(cur, h->h_env[h->index(q, r, l - 1)]);
+          }
+    }
     for (int r = 0; r <= R; ++r)
       for (int l = L - 1; l >= 0; --l)
         for (int q = 0; q <= h->Q; ++q) {
@@ -767,6 +802,7 @@ PlanSearchResult PlanSearch::search() const {
   };
   auto run_unit = [&](Worker& w, const Unit& u) {
     const long long unit_index = u.ordinal;
+    if (whole_nodes && !orders[u.order].node_start[u.first_size]) return;  // not in the space: stage 0 ends inside a node
     // The depth-first search's first test below (stage 0's size is the unit's), before anything is set
     // up: most units end there.
     if (use_bounds && u.p > 1 &&
@@ -871,6 +907,7 @@ PlanSearchResult PlanSearch::search() const {
       const int nb = pe.backwards - 1;  // backwards before micro-batch m - 1's forward
       const int nf_start = ps.forwards;
       for (int s = s_min; s <= s_max; ++s) {
+        if (whole_nodes && !o.node_start[r + s]) continue;
         // Whatever layers this stage takes, the ranks after it cannot finish in time.
         if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) + tail_min > bound.threshold()) {
           ++w.c.enumerated;
@@ -887,13 +924,52 @@ PlanSearchResult PlanSearch::search() const {
           if (!opt_.allow_cross_node_tp && !inside) continue;
           double sfw = 0, sbw = 0;
           const StageEstimate* kept = nullptr;
+          // The least model-state bytes of layers [l, l + k) on these ranks, against their least memory.
+          const double* states = state_lb.empty() ? nullptr : state_lb_at(tp, dp, l);
+          const double capacity = states ? o.capacity(r, s) : kInf;
           if (use_bounds) {
             est.sends(r, s, tp, homo, &sfw, &sbw);
             kept = kept_estimates(o, est, r, s, tp, b, homo, inside);
           }
-          for (int k = k_min; k <= k_max; ++k) {
+          int k_first = k_min;
+          if (use_bounds && !last && k_max > k_min) {
+            // Skip the layer counts that leave the stages after this one too much to do, by bisection on a
+            // bound non-increasing in k (each skipped k would be pruned by `path` below: it is at least
+            // c_min + that bound + tail_min).
+            const double thr = bound.threshold();
+            int lo = k_min, hi = k_max + 1;
+            while (lo < hi) {
+              const int mid = lo + (hi - lo) / 2;
+              if (c_min + sb.at_most_from_left(rest, r + s, l + mid) + tail_min > thr) lo = mid + 1;
+              else hi = mid;
+            }
+            w.c.enumerated += lo - k_min;
+            w.c.pruned += lo - k_min;
+            k_first = lo;
+          }
+          for (int k = k_first; k <= k_max; ++k) {
             ++w.c.enumerated;
             if (every_so_often(w)) return;
+            if (states && states[l + k] > capacity) {
+              // No setting fits, nor with more layers (the states only grow with them): the cheap test
+              // before stage()'s per-rank memory.
+              ++w.c.infeasible;
+              if (w.first_infeasible_unit < 0 || unit_index < w.first_infeasible_unit) {
+                int smallest = r;  // the rank with the least memory
+                for (int q = r; q < r + s; ++q)
+                  if (o.cost->rank_capacity_bytes(q) < o.cost->rank_capacity_bytes(smallest)) smallest = q;
+                char gib[64];
+                std::snprintf(gib, sizeof gib, "%.1f GiB of its %.1f GiB", states[l + k] / (1 << 30),
+                              capacity / (1 << 30));
+                w.first_infeasible_unit = unit_index;
+                w.first_infeasible_reason = "rank " + std::to_string(smallest) + " runs out of memory (stage " +
+                                            std::to_string(i) + " of " + std::to_string(p) + ", " + std::to_string(m) +
+                                            " micro-batches): the model states of layers " + std::to_string(l) + "-" +
+                                            std::to_string(l + k - 1) + " at tp " + std::to_string(tp) +
+                                            " alone need " + gib;
+              }
+              break;
+            }
             if (use_bounds) {
               const double thr = bound.threshold();
               const StageEstimate x = kept ? kept[span_index(L, l, l + k)]

@@ -9,7 +9,9 @@
 //    sample is trained): the micro-batch is gbs / m samples, split over each
 //    stage's data-parallel replicas as the simulator splits it;
 //  * pipelines of p = 1 .. min(layers, GPUs) stages, each a contiguous range
-//    of ranks of any size, with every layer in exactly one non-empty stage;
+//    of ranks of any size (of whole nodes only, under StageBoundaries::kNode
+//    or kAuto on a large cluster), with every layer in exactly one non-empty
+//    stage;
 //  * per stage every (dp, tp) with dp * tp = size, tp <= the largest profiled
 //    tp, every replica given at least one sample, and each tp group inside one
 //    node (and so one GPU type) unless `allow_cross_node_tp` is set, in which
@@ -94,8 +96,20 @@
 
 namespace hetplan {
 
+// Where pipeline stages may start: on any rank, or only on node boundaries (every stage a run of whole
+// nodes, as Megatron-LM's rank grid places them when dp x tp fills nodes). kAuto: whole nodes on
+// clusters of more than kWholeNodeStagesAbove GPUs, where stages of parts of nodes multiply the space
+// (768 GPUs: 64x more 3-stage pipelines) for plans no one would run; any rank below that.
+enum class StageBoundaries { kAuto, kNode, kRank };
+inline constexpr int kWholeNodeStagesAbove = 256;
+// The resolved policy: true where stages are runs of whole nodes.
+bool whole_node_stages(StageBoundaries b, int num_gpus);
+// `--stage-boundaries`: "auto", "node" or "rank"; else throws InputError naming the flag.
+StageBoundaries parse_stage_boundaries(const std::string& s);
+
 struct PlanSearchOptions {
   int gbs = 128;
+  StageBoundaries stage_boundaries = StageBoundaries::kAuto;
   int max_tp = 1 << 30;        // largest tp (default: every profiled tp)
   int max_micro_batch = 1 << 30;  // largest micro-batch (gbs / m) considered
   int max_stages = 1 << 30;    // largest pipeline depth considered

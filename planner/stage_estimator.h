@@ -31,6 +31,13 @@ namespace hetplan::stage_estimates {
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Where the estimate of layers [l, e) of L sits in a stage's estimates: rows by l, each e = l + 1 .. L
+// (contiguous in e), L (L + 1) / 2 in all. REQUIRES: 0 <= l < e <= L.
+inline std::size_t span_index(int L, int l, int e) {
+  return static_cast<std::size_t>(l) * L - static_cast<std::size_t>(l) * (l - 1) / 2 + (e - l - 1);
+}
+inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) / 2; }
+
 // Lower bounds on a stage's costs per micro-batch (ms), from the same profile
 // look-ups the simulator makes, leaving out every term that only adds (the
 // first and last stages' extras, recomputation, ZeRO's collectives, the
@@ -172,12 +179,16 @@ class MixedLists {
 
 class StageEstimator {
  public:
+  // The largest mixed-stage table ((R + 1)^2 (max_tp + 1) entries) the estimator builds; above it, the
+  // per-sample capacity bound stands in. Tests lower it to exercise that bound.
+  static constexpr double kMixedTableLimit = 2e6;
   // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
   // REQUIRES: `slices` covers max_tp and shares up to micro_batch; `slices`, `mixed_lists`,
   // `unmeasured_acc`, the layout, cost model and profiles outlive the estimator.
   StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
                  const ShareSlices& slices, MixedLists& mixed_lists, int micro_batch, int max_tp, bool full_params,
-                 double backward_share, const std::vector<double>& unmeasured_acc, int layers)
+                 double backward_share, const std::vector<double>& unmeasured_acc, int layers,
+                 double mixed_table_limit = kMixedTableLimit)
       : layout_(&layout), cost_(&cost), slices_(&slices), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
         forward_share_(1 - backward_share), unmeasured_acc_(&unmeasured_acc), L_(layers) {
     const int types = static_cast<int>(cluster.device_types().size());
@@ -194,7 +205,7 @@ class StageEstimator {
     // replicas, and an estimate is its slowest replica's exact profile time. (Off where the table
     // would be too large: the per-sample capacity bound below then stands in.)
     const int R = layout.num_ranks();
-    if (static_cast<double>(R + 1) * (R + 1) * (max_tp + 1) <= 2e6) {
+    if (static_cast<double>(R + 1) * (R + 1) * (max_tp + 1) <= mixed_table_limit) {
       R_ = R;
       mixed_.assign(static_cast<std::size_t>(R + 1) * (R + 1) * (max_tp + 1), MixedRef{});
       std::vector<int> ptype(types);
@@ -231,6 +242,18 @@ class StageEstimator {
             ref.count = static_cast<int>(list.size());
           }
         }
+    } else {
+      per_sample_best_.assign(per_sample_.size(), {});
+      for (std::size_t k = 0; k < per_sample_.size(); ++k) {
+        if (per_sample_[k].empty()) continue;
+        std::vector<double>& v = per_sample_best_[k];
+        v.assign(spans(L_), kInf);
+        for (int l = 0; l < L_; ++l)
+          for (int e = l + 1; e <= L_; ++e)
+            for (const auto& [lp, bs] : per_sample_[k]) v[span_index(L_, l, e)] = std::min(v[span_index(L_, l, e)], lp->time(l, e) / bs);
+      }
+      run_end_.assign(R, R);
+      for (int r = R - 2; r >= 0; --r) run_end_[r] = layout.type_of(r + 1) == layout.type_of(r) ? run_end_[r + 1] : r + 1;
     }
   }
   // Stage [r, r + s) at (s / tp, tp) on layers [l, e). `split`: f and b are bounded apart (else 0: a tp
@@ -295,25 +318,18 @@ class StageEstimator {
       return x;
     }
     // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
-    // its type's cheapest time per sample, and the shares sum to b.
-    double w[8] = {-1, -1, -1, -1, -1, -1, -1, -1}, inv_w[8];  // per type (the first 8): time, 1 / time
+    // its type's cheapest time per sample, and the shares sum to b. The replicas are counted per run
+    // of ranks of one type (the layout's types are contiguous): O(types), not O(dp).
     double capacity = 0;
-    for (int d = 0; d < dp; ++d) {
-      const int type = layout_->type_of(r + d * tp);
-      double& wt = w[type & 7];
-      if (type >= 8 || wt < 0) {
-        double best = kInf;
-        for (const auto& [lp, bs] : per_sample_[type * (max_tp_ + 1) + tp]) best = std::min(best, lp->time(l, e) / bs);
-        if (type >= 8) {
-          if (std::isfinite(best) && best <= 0) return x;
-          if (std::isfinite(best)) capacity += 1 / best;
-          continue;
-        }
-        wt = best;
-        inv_w[type] = 1 / best;
-      }
-      if (std::isfinite(wt) && wt <= 0) return x;  // a free replica: no bound
-      if (std::isfinite(wt)) capacity += inv_w[type];
+    for (int q = r; q < r + s; q = run_end_[q]) {
+      const int end = std::min(run_end_[q], r + s);
+      const int replicas = std::min(dp, (end - r + tp - 1) / tp) - (q - r + tp - 1) / tp;  // first ranks in [q, end)
+      if (replicas <= 0) continue;
+      const std::vector<double>& v = per_sample_best_[layout_->type_of(q) * (max_tp_ + 1) + tp];
+      if (v.empty()) continue;  // no file: infinite time per sample, no capacity
+      const double best = v[span_index(L_, l, e)];
+      if (std::isfinite(best) && best <= 0) return x;  // a free replica: no bound
+      if (std::isfinite(best)) capacity += replicas / best;
     }
     x.t = capacity > 0 ? b_ / capacity : 0;
     return x;
@@ -375,14 +391,13 @@ class StageEstimator {
   int L_;
   std::vector<MixedRef> mixed_;  // [r][s][tp], mixed-type stages only
   std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
+  // Where the per-sample capacity bound stands in (no mixed_ table): [type][tp][span_index(L, l, e)], the
+  // least time per sample of layers [l, e) over per_sample_'s files; [r]: the first rank after r's run
+  // of ranks of one type.
+  std::vector<std::vector<double>> per_sample_best_;
+  std::vector<int> run_end_;
 };
 
-// Where the estimate of layers [l, e) of L sits in a stage's estimates: rows by l, each e = l + 1 .. L
-// (contiguous in e), L (L + 1) / 2 in all. REQUIRES: 0 <= l < e <= L.
-inline std::size_t span_index(int L, int l, int e) {
-  return static_cast<std::size_t>(l) * L - static_cast<std::size_t>(l) * (l - 1) / 2 + (e - l - 1);
-}
-inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) / 2; }
 
 inline const StageEstimate* MixedLists::estimates(Entry* entry, const StageEstimator& est, int r, int s, int tp, int layers) {
   if (!entry) return nullptr;

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <functional>
 #include <filesystem>
 #include <fstream>
@@ -27,7 +29,9 @@
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "sim/parallel_layout.h"
+#include "sim/plan_cost.h"
 #include "sim/plan_simulator.h"
+#include "sim/rank_layout.h"
 
 namespace hetplan {
 namespace {
@@ -132,7 +136,8 @@ SimulationOptions sim_options() {
 // `gpus`: the clusterfile (its GPU memory); `min_with_plans`: clusters that must have a feasible plan.
 void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
                                      bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
-                                     const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20) {
+                                     const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
+                                     StageBoundaries boundaries = StageBoundaries::kRank) {
   int compared = 0, with_plans = 0;
   long long pruned_costed = 0, full_costed = 0;
   const std::vector<Case> all = cases(uneven);
@@ -145,6 +150,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     o.top_k = 3;
     o.allow_cross_node_tp = cross_node_tp;
     o.suffix_table_limit = table_limit;
+    o.stage_boundaries = boundaries;
     // Two settings, so that the per-setting bounds are exercised too.
     TrainingSetup a = so.setup, b = a;
     b.zero_stage = 1;
@@ -165,6 +171,18 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
       CHECK(x.layer_partition == y.layer_partition);
       CHECK(x.batches == y.batches);
       CHECK(pruned.top[i].setup == full.top[i].setup);
+      if (boundaries == StageBoundaries::kNode) {  // every stage starts on a node boundary
+        std::vector<int> perm;
+        for (const std::string& t : x.node_sequence)
+          perm.push_back(static_cast<int>(std::find(cluster.device_types().begin(), cluster.device_types().end(), t) -
+                                          cluster.device_types().begin()));
+        const RankLayout layout(cluster, perm);
+        int r = 0;
+        for (int size : x.device_groups) {
+          CHECK((r == 0 || layout.node_of(r) != layout.node_of(r - 1)));
+          r += size;
+        }
+      }
     }
     CHECK(pruned.costed <= full.costed);
     pruned_costed += pruned.costed;
@@ -251,6 +269,34 @@ TEST_CASE("the pruned search returns what exhaustive search returns when model s
   gpipe.schedule = Schedule::kGpipe;
   SECTION("analytic, 1F1B") { expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false, true, 4e9, small_gpus, 12); }
   SECTION("measured, GPipe") { expect_pruned_equals_exhaustive(measured_profiles(), gpipe, false, true, 4e9, small_gpus, 12); }
+  // Without the table, the depth-first search's own test of the states (before stage()) does the work.
+  SECTION("measured, 1F1B, throughput bound") {
+    expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true, 0, small_gpus, 12);
+  }
+}
+
+// Stages of whole nodes (StageBoundaries::kNode, the default above kWholeNodeStagesAbove GPUs): the pruned
+// search against exhaustive enumeration of the same space, with the table and with the throughput bound;
+// every stage of every plan starts a node.
+TEST_CASE("the pruned search returns what exhaustive search returns with stages of whole nodes", "[plan_search]") {
+  SimulationOptions gpipe = sim_options();
+  gpipe.schedule = Schedule::kGpipe;
+  // 28 of the 30 clusters have plans of whole nodes.
+  SECTION("measured, 1F1B") {
+    expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true, 4e9, clusterfile(), 28,
+                                    StageBoundaries::kNode);
+  }
+  SECTION("analytic, GPipe, throughput bound") {
+    expect_pruned_equals_exhaustive(small_profiles(), gpipe, false, true, 0, clusterfile(), 28, StageBoundaries::kNode);
+  }
+  CHECK(whole_node_stages(StageBoundaries::kAuto, kWholeNodeStagesAbove + 1));
+  CHECK_FALSE(whole_node_stages(StageBoundaries::kAuto, kWholeNodeStagesAbove));
+  CHECK(whole_node_stages(StageBoundaries::kNode, 2));
+  CHECK_FALSE(whole_node_stages(StageBoundaries::kRank, 1024));
+  CHECK(parse_stage_boundaries("node") == StageBoundaries::kNode);
+  CHECK(parse_stage_boundaries("rank") == StageBoundaries::kRank);
+  CHECK(parse_stage_boundaries("auto") == StageBoundaries::kAuto);
+  CHECK_THROWS_WITH(parse_stage_boundaries("nodes"), "--stage-boundaries: 'nodes': expected auto, node or rank");
 }
 
 TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp in a node, and fit", "[plan_search]") {
@@ -449,6 +495,63 @@ TEST_CASE("stage estimates: span_index lays layer spans out row by row, the budg
   CHECK(over.get(3, tight, fill) == nullptr);
   CHECK(over.get(3, tight, fill) == nullptr);
   CHECK(fills == 1);  // past the budget nothing is filled
+}
+
+// Where the mixed-stage table is too large (hundreds of GPUs), a mixed stage's estimate is the per-sample
+// capacity bound b / sum over replicas of 1 / (their type's least time per sample), its replicas counted per
+// run of one type. Checked against that sum replica by replica, and against the table's exact estimate
+// (its slowest replica's profile time), which it must never exceed.
+TEST_CASE("stage estimates: a mixed stage's capacity bound counts its replicas and stays below the exact estimate",
+          "[plan_search][estimates]") {
+  using namespace stage_estimates;
+  const ProfileSet& profiles = small_profiles();
+  const int L = profiles.num_layers(), max_tp = 4;
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 2}, {"10.0.0.3", 4}, {"10.0.0.3", 2}},
+                                              clusterfile(), "hosts", "clusterfile");
+  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const int types = static_cast<int>(cluster.device_types().size());
+  int mixed = 0;
+  for (const std::vector<int>& perm : {std::vector<int>{0, 1, 2}, std::vector<int>{2, 0, 1}}) {
+    const RankLayout layout(cluster, perm);
+    const PlanCostModel cost(sim, layout, {sim.options().setup});
+    const std::vector<double> unmeasured(static_cast<std::size_t>(types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
+    for (int b : {1, 3, 8}) {
+      const ShareSlices slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs);
+      EstimateBudget budget(std::size_t{64} << 20);
+      MixedLists lists(budget);
+      const StageEstimator exact(profiles, cluster, layout, cost, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured, L);
+      const StageEstimator capacity(profiles, cluster, layout, cost, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured,
+                                    L, 0);
+      const int R = layout.num_ranks();
+      for (int r = 0; r < R; ++r)
+        for (int s = 2; r + s <= R; ++s) {
+          if (layout.homogeneous(r, r + s)) continue;
+          for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+            const int dp = s / tp;
+            if (s % tp != 0 || dp > b) continue;
+            for (int l = 0; l < L; ++l)
+              for (int e = l + 1; e <= L; ++e) {
+                // Replica by replica: each type's least time per sample over its files of bs <= b.
+                double rate = 0;
+                for (int d = 0; d < dp; ++d) {
+                  const int pt = profiles.type_index(cluster.device_types()[layout.type_of(r + d * tp)]);
+                  double best = std::numeric_limits<double>::infinity();
+                  for (int bs = 1; bs <= b; ++bs)
+                    if (const LayerProfile* lp = profiles.find(pt, tp, bs)) best = std::min(best, lp->time(l, e) / bs);
+                  if (std::isfinite(best)) rate += 1 / best;
+                }
+                const StageEstimate x = capacity.estimate(r, s, tp, l, e, false, true);
+                INFO("ranks " << r << "+" << s << " tp " << tp << " b " << b << " layers " << l << "-" << e);
+                CHECK(x.t == Approx(rate > 0 ? b / rate : 0).epsilon(1e-12));
+                const StageEstimate y = exact.estimate(r, s, tp, l, e, false, true);
+                if (std::isfinite(y.t)) CHECK(x.t <= y.t * (1 + 1e-12));
+                ++mixed;
+              }
+          }
+        }
+    }
+  }
+  CHECK(mixed > 1000);
 }
 
 }  // namespace hetplan
