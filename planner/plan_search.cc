@@ -537,7 +537,10 @@ PlanSearchResult PlanSearch::search() const {
   struct Throughput {
     std::vector<double> kappa, reference;
   } throughput;
-  const double table_work = 0.25 * R * R * static_cast<double>(L) * L * Q;
+  // Stage boundaries: ranks, or node starts only (the table's rows at other ranks are then never filled
+  // nor read).
+  const double positions = whole_nodes ? static_cast<double>(cluster.nodes().size()) : R;
+  const double table_work = 0.25 * positions * positions * static_cast<double>(L) * L * Q;
   const bool table_fits = table_work <= opt_.suffix_table_limit && static_cast<double>(Q + 1) * (R + 1) * (L + 1) <= 5e7;
   if (!opt_.exhaustive && !opt_.allow_cross_node_tp && !table_fits) {
     std::vector<std::vector<double>> per_layer(n_types, std::vector<double>(L, kInf));
@@ -646,7 +649,8 @@ PlanSearchResult PlanSearch::search() const {
     const int m = ms[g % n_ms], b = opt_.gbs / m;
     if (last_stages) {
       h->est = std::make_unique<StageEstimator>(profiles, cluster, *o.layout, *o.cost, share_slices, mixed_lists, b,
-                                                max_tp, full_params, sim_->options().backward_share, unmeasured_acc, L);
+                                                max_tp, full_params, sim_->options().backward_share, unmeasured_acc, L,
+                                                opt_.mixed_table_limit);
       h->R = R;
       h->L = L;
       h->Q = Q;
@@ -715,8 +719,10 @@ PlanSearchResult PlanSearch::search() const {
     double* G0 = h->g0.data();
     std::vector<StageEstimate> row(L);  // one row of estimates where none are kept
     for (int r = R - 1; r >= 0; --r) {
+      if (whole_nodes && !o.node_start[r]) continue;
       if (!last_stages && check_stop()) return;
       for (int s = last_stages ? R - r : 1; s <= (last_stages ? R - r : R - r - 1); ++s) {
+        if (whole_nodes && !o.node_start[r + s]) continue;
         const bool homo = o.homogeneous(r, s);
         for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
           if (s % tp != 0 || s / tp > b || !o.tp_profiled(r, s, tp)) continue;
@@ -1179,14 +1185,23 @@ PlanSearchResult PlanSearch::search() const {
         run_units(list);
       }
     }
-    for_each_group([&](int g) {
-      build_bound(g, &bounds[g], false);
-      finish_bound(&bounds[g]);
-      std::vector<Unit> list;
-      group_units(g, 3, Q, &list);
-      run_units(list);
-      bounds[g].release();  // every unit of the group is done
-    });
+    // Three stages first, in every group, then the deeper pipelines with the threshold they set (the
+    // tables built again: they are freed in between, and the second build leaves out more stages).
+    for (const auto [p_begin, p_end] : {std::pair{3, 3}, std::pair{4, Q}}) {
+      if (p_begin > Q) break;
+      for_each_group([&, p_begin = p_begin, p_end = p_end](int g) {
+        if (bounds[g].h.empty()) {  // freed after the previous pass
+          build_bound(g, &bounds[g], true);
+          finish_bound(&bounds[g]);
+        }
+        build_bound(g, &bounds[g], false);
+        finish_bound(&bounds[g]);
+        std::vector<Unit> list;
+        group_units(g, p_begin, p_end, &list);
+        run_units(list);
+        bounds[g].release();  // every unit of the pass in the group is done
+      });
+    }
   }
   for (Worker& w : workers) publish(w);
 

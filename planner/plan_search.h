@@ -123,6 +123,10 @@ struct PlanSearchOptions {
   // The largest suffix-bound table (in dynamic-program steps, 0.25 R^2 L^2 Q) the search builds per
   // (node order, m); above it, the throughput bound stands in. Tests lower it to exercise that bound.
   double suffix_table_limit = 4e9;
+  // The largest table of mixed-type stages' replicas ((GPUs + 1)^2 (max tp + 1) entries) the stage
+  // estimates keep; above it (hundreds of GPUs) a mixed stage's estimate is the whole-sample capacity
+  // bound (planner/stage_estimator.h). Tests lower it to exercise that bound.
+  double mixed_table_limit = 2e6;
   // Stop after this many seconds (0: no limit) and return the best plans
   // found so far, marked cut short.
   double time_budget_s = 0;

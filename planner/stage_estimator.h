@@ -320,6 +320,13 @@ class StageEstimator {
     // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
     // its type's cheapest time per sample, and the shares sum to b. The replicas are counted per run
     // of ranks of one type (the layout's types are contiguous): O(types), not O(dp).
+    // Shares are whole samples: in time T a replica of per-sample time w computes at most floor(T / w)
+    // of them, so T is at least the least T with sum over replicas of floor(T / w) >= b. From the
+    // fractional bound b / capacity up, breakpoint by breakpoint (each a T at which that sum still
+    // falls short is itself a lower bound, so the walk may stop early).
+    constexpr int kRuns = 8;
+    double w[kRuns];
+    int n[kRuns], runs = 0;
     double capacity = 0;
     for (int q = r; q < r + s; q = run_end_[q]) {
       const int end = std::min(run_end_[q], r + s);
@@ -329,9 +336,32 @@ class StageEstimator {
       if (v.empty()) continue;  // no file: infinite time per sample, no capacity
       const double best = v[span_index(L_, l, e)];
       if (std::isfinite(best) && best <= 0) return x;  // a free replica: no bound
-      if (std::isfinite(best)) capacity += replicas / best;
+      if (!std::isfinite(best)) continue;
+      capacity += replicas / best;
+      if (runs < kRuns) {
+        w[runs] = best;
+        n[runs++] = replicas;
+      } else {
+        runs = kRuns + 1;  // too many runs to walk: the fractional bound
+      }
     }
-    x.t = capacity > 0 ? b_ / capacity : 0;
+    if (capacity <= 0) return x;
+    double t = b_ / capacity;
+    if (runs <= kRuns)
+      for (int step = 0; step < 64; ++step) {
+        // Samples the replicas finish by t (a hair more, so that rounding never undercounts), and the
+        // next breakpoint.
+        long long done = 0;
+        double next = kInf;
+        for (int i = 0; i < runs; ++i) {
+          const double k = std::floor(t / w[i] * (1 + 1e-12));
+          done += static_cast<long long>(k) * n[i];
+          next = std::min(next, (k + 1) * w[i]);
+        }
+        if (done >= b_) break;
+        t = next;
+      }
+    x.t = t;
     return x;
   }
   // Which mixed-type stages share estimates: stages with the same entry have the same estimates;

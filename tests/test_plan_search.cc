@@ -137,7 +137,8 @@ SimulationOptions sim_options() {
 void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
                                      bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
                                      const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
-                                     StageBoundaries boundaries = StageBoundaries::kRank) {
+                                     StageBoundaries boundaries = StageBoundaries::kRank,
+                                     double mixed_limit = PlanSearchOptions().mixed_table_limit) {
   int compared = 0, with_plans = 0;
   long long pruned_costed = 0, full_costed = 0;
   const std::vector<Case> all = cases(uneven);
@@ -151,6 +152,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     o.allow_cross_node_tp = cross_node_tp;
     o.suffix_table_limit = table_limit;
     o.stage_boundaries = boundaries;
+    o.mixed_table_limit = mixed_limit;
     // Two settings, so that the per-setting bounds are exercised too.
     TrainingSetup a = so.setup, b = a;
     b.zero_stage = 1;
@@ -257,6 +259,15 @@ TEST_CASE("the pruned search returns what exhaustive search returns: measured pr
     expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true, 0);
   }
   SECTION("analytic, GPipe, throughput bound") { expect_pruned_equals_exhaustive(small_profiles(), gpipe, false, true, 0); }
+  // Mixed stages' estimates by the whole-sample capacity bound, as on hundreds of GPUs: with the table
+  // and with the throughput bound.
+  SECTION("measured, 1F1B, capacity bound of mixed stages") {
+    expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true, 4e9, clusterfile(), 20,
+                                    StageBoundaries::kRank, 0);
+  }
+  SECTION("analytic, GPipe, throughput bound, capacity bound of mixed stages") {
+    expect_pruned_equals_exhaustive(small_profiles(), gpipe, false, true, 0, clusterfile(), 20, StageBoundaries::kRank, 0);
+  }
 }
 
 // GPUs of 2-3.5 GB, below the small model's ~5 GB of model states: most stages cannot hold their layers,
@@ -288,6 +299,10 @@ TEST_CASE("the pruned search returns what exhaustive search returns with stages 
   }
   SECTION("analytic, GPipe, throughput bound") {
     expect_pruned_equals_exhaustive(small_profiles(), gpipe, false, true, 0, clusterfile(), 28, StageBoundaries::kNode);
+  }
+  SECTION("measured, 1F1B, capacity bound of mixed stages (as above 256 GPUs)") {
+    expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true, 4e9, clusterfile(), 28,
+                                    StageBoundaries::kNode, 0);
   }
   CHECK(whole_node_stages(StageBoundaries::kAuto, kWholeNodeStagesAbove + 1));
   CHECK_FALSE(whole_node_stages(StageBoundaries::kAuto, kWholeNodeStagesAbove));
@@ -497,10 +512,11 @@ TEST_CASE("stage estimates: span_index lays layer spans out row by row, the budg
   CHECK(fills == 1);  // past the budget nothing is filled
 }
 
-// Where the mixed-stage table is too large (hundreds of GPUs), a mixed stage's estimate is the per-sample
-// capacity bound b / sum over replicas of 1 / (their type's least time per sample), its replicas counted per
-// run of one type. Checked against that sum replica by replica, and against the table's exact estimate
-// (its slowest replica's profile time), which it must never exceed.
+// Where the mixed-stage table is too large (hundreds of GPUs), a mixed stage's estimate is the whole-sample
+// capacity bound: the least T at which the replicas, each computing at most floor(T / w) samples (w its
+// type's least time per sample), cover the micro-batch; its replicas counted per run of one type. Checked
+// against that T found replica by replica over every breakpoint k w, and against the table's exact
+// estimate (its slowest replica's profile time), which it must never exceed.
 TEST_CASE("stage estimates: a mixed stage's capacity bound counts its replicas and stays below the exact estimate",
           "[plan_search][estimates]") {
   using namespace stage_estimates;
@@ -532,17 +548,25 @@ TEST_CASE("stage estimates: a mixed stage's capacity bound counts its replicas a
             for (int l = 0; l < L; ++l)
               for (int e = l + 1; e <= L; ++e) {
                 // Replica by replica: each type's least time per sample over its files of bs <= b.
-                double rate = 0;
+                std::vector<double> w;
                 for (int d = 0; d < dp; ++d) {
                   const int pt = profiles.type_index(cluster.device_types()[layout.type_of(r + d * tp)]);
                   double best = std::numeric_limits<double>::infinity();
                   for (int bs = 1; bs <= b; ++bs)
                     if (const LayerProfile* lp = profiles.find(pt, tp, bs)) best = std::min(best, lp->time(l, e) / bs);
-                  if (std::isfinite(best)) rate += 1 / best;
+                  if (std::isfinite(best)) w.push_back(best);
                 }
+                // The least breakpoint k w_d (k <= b) at which the replicas finish b samples.
+                double least = w.empty() ? 0 : std::numeric_limits<double>::infinity();
+                for (double wd : w)
+                  for (int k = 1; k <= b; ++k) {
+                    long long done = 0;
+                    for (double v : w) done += static_cast<long long>(std::floor(k * wd / v * (1 + 1e-12)));
+                    if (done >= b) least = std::min(least, k * wd);
+                  }
                 const StageEstimate x = capacity.estimate(r, s, tp, l, e, false, true);
                 INFO("ranks " << r << "+" << s << " tp " << tp << " b " << b << " layers " << l << "-" << e);
-                CHECK(x.t == Approx(rate > 0 ? b / rate : 0).epsilon(1e-12));
+                CHECK(x.t == Approx(least).epsilon(1e-9));
                 const StageEstimate y = exact.estimate(r, s, tp, l, e, false, true);
                 if (std::isfinite(y.t)) CHECK(x.t <= y.t * (1 + 1e-12));
                 ++mixed;
