@@ -1185,23 +1185,14 @@ PlanSearchResult PlanSearch::search() const {
         run_units(list);
       }
     }
-    // Three stages first, in every group, then the deeper pipelines with the threshold they set (the
-    // tables built again: they are freed in between, and the second build leaves out more stages).
-    for (const auto [p_begin, p_end] : {std::pair{3, 3}, std::pair{4, Q}}) {
-      if (p_begin > Q) break;
-      for_each_group([&, p_begin = p_begin, p_end = p_end](int g) {
-        if (bounds[g].h.empty()) {  // freed after the previous pass
-          build_bound(g, &bounds[g], true);
-          finish_bound(&bounds[g]);
-        }
-        build_bound(g, &bounds[g], false);
-        finish_bound(&bounds[g]);
-        std::vector<Unit> list;
-        group_units(g, p_begin, p_end, &list);
-        run_units(list);
-        bounds[g].release();  // every unit of the pass in the group is done
-      });
-    }
+    for_each_group([&](int g) {
+      build_bound(g, &bounds[g], false);
+      finish_bound(&bounds[g]);
+      std::vector<Unit> list;
+      group_units(g, 3, Q, &list);
+      run_units(list);
+      bounds[g].release();  // every unit of the group is done
+    });
   }
   for (Worker& w : workers) publish(w);
 
