@@ -236,7 +236,11 @@ int run_default_search(const SearchArgs& a) {
   }
 
   std::cout << "search: simulated iteration time (" << to_string(so.schedule) << "), " << cluster.num_devices()
-            << " GPUs, gbs " << a.gbs << ", " << profiles.num_layers() << " layers\n";
+            << " GPUs, gbs " << a.gbs << ", " << profiles.num_layers() << " layers"
+            << (whole_node_stages(o.stage_boundaries, cluster.num_devices())
+                    ? ", stages of whole nodes (--stage-boundaries rank for any GPU)"
+                    : "")
+            << "\n";
   std::cout << "enumerated: " << result.enumerated << ", pruned: " << result.pruned << ", costed: " << result.costed
             << ", infeasible: " << result.infeasible << ", time: " << python_float(std::round(result.seconds * 1e4) / 1e4)
             << " s" << (result.cut_short ? " (cut short)" : "") << "\n";
@@ -270,11 +274,12 @@ Runner add_search_command(CLI::App& app) {
       "search",
       "Find the training plans with the lowest simulated iteration time on a (heterogeneous) cluster.\n\n"
       "By default (--cost-model sim) it searches node orders, micro-batch counts dividing --gbs, pipeline\n"
-      "stages of any size on real node boundaries, (dp, tp) per stage with tp inside one node, and the\n"
-      "layers of each stage, and keeps only plans that train every layer and sample and fit every rank's\n"
-      "memory. It is exact over that space (it prunes only with lower bounds) and streams, so memory stays\n"
-      "flat; --time-budget or Ctrl-C return the best plans found so far. Each plan's cost is the iteration\n"
-      "time `hetplan simulate` reports for it; --json names the host and GPU of every rank.\n\n"
+      "stages of any size on real node boundaries (whole nodes above 256 GPUs: --stage-boundaries), (dp, tp)\n"
+      "per stage with tp inside one node, and the layers of each stage, and keeps only plans that train\n"
+      "every layer and sample and fit every rank's memory. It is exact over that space (it prunes only\n"
+      "with lower bounds) and streams, so memory stays flat; --time-budget or Ctrl-C return the best plans\n"
+      "found so far. Each plan's cost is the iteration time `hetplan simulate` reports for it; --json\n"
+      "names the host and GPU of every rank.\n\n"
       "--cost-model metis reproduces the Metis reference (cost_het_cluster.py, livingshade/Metis@900445f)\n"
       "bit for bit, quirks included: use it to reproduce the paper's Table 1, not to plan a cluster.\n\n"
       "Example:\n"

@@ -14,7 +14,7 @@
 #             two threads: two one-thread searches at once against one alone (see ceiling()).
 #   32        16 V100 + 16 A100, 24 layers, analytic profiles. Goal: <= 10 s, <= 1 GB.
 #   48        A100 + V100 + H100, 16 each, 40 layers. Goal: <= 30 s.
-#   3x256     A100 + V100 + H100, 256 each, 8 per node. Goal: <= 60 s.
+#   3x256     A100 + V100 + H100, 256 each, 8 per node (stages of whole nodes: the default above 256 GPUs). Goal: <= 60 s.
 #   settings  the 32 case with --zero auto --recompute auto vs plain. Goal: <= 3x.
 # The row-2 cases run their two commands in turn, A B A B ..., HETPLAN_BENCH_REPEATS times each
 # (default 15) and print medians and the median of the pairs' ratios. HETPLAN_BENCH_BUDGET (seconds,
@@ -159,7 +159,7 @@ for c in $cases; do
       hostfile 256 A100,V100,H100 8 "$work/h768"
       read -r w r < <(run c768 search -q --num_layers 42 --gbs 1536 --hostfile "$work/h768" --clusterfile hostfiles/clusterfile.json \
         --profiles "$work/p42" --hidden-size 4096 --sequence-length 2048 "${budget[@]}")
-      row "A100 + V100 + H100, 256 each, 40 blocks" default "$w" "$r" "$(best c768)" - "<= 60 s" ;;
+      row "A100 + V100 + H100, 256 each, 40 blocks" "default (above 256 GPUs: stages of whole nodes)" "$w" "$r" "$(best c768)" - "<= 60 s" ;;
     *) echo "bench_search: unknown case $c" >&2; exit 2 ;;
   esac
 done

@@ -3,9 +3,11 @@
 // These tests run the real `hetplan` binary.
 
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "tests/fixtures.h"
 
@@ -118,4 +120,29 @@ TEST_CASE("help and good runs exit 0", "[errors]") {
   CHECK(test::run_hetplan("--help").exit_code == 0);
   CHECK(test::run_hetplan("search --help").output.find("--use_strat") != std::string::npos);
   CHECK(test::run_hetplan("nonsense").exit_code != 0);
+}
+
+// --stage-boundaries: a bad value is one line; `node` on a small cluster says so on the first line and
+// gives plans whose stages are whole nodes (the 4-GPU nodes of the 8-GPU hostfile: 4 or 8 GPUs a stage).
+TEST_CASE("search --stage-boundaries: a bad value, and stages of whole nodes", "[errors][plan_search]") {
+  REQUIRE_SHARED_DATA();
+  const auto dir = test::scratch_dir("err-boundaries");
+  write(dir / "eight", "0.0.0.1 slots=4\n0.0.0.4 slots=4\n");
+  expect_one_line_error(search(dir / "eight", test::synthetic_dir(10), "--stage-boundaries nodes"),
+                        {"--stage-boundaries: 'nodes': expected auto, node or rank"});
+  const test::CommandResult r = search(dir / "eight", test::synthetic_dir(10), "--stage-boundaries node --top 5");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("stages of whole nodes") != std::string::npos);
+  std::istringstream lines(r.output);
+  int plans = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto open = line.find("), [");
+    if (line.empty() || !std::isdigit(static_cast<unsigned char>(line[0])) || open == std::string::npos) continue;
+    const std::string groups = line.substr(open + 4, line.find(']', open) - open - 4);
+    CHECK((groups == "8" || groups == "4, 4"));
+    ++plans;
+  }
+  CHECK(plans >= 1);
+  CHECK(search(dir / "eight", test::synthetic_dir(10)).output.find("stages of whole nodes") == std::string::npos);
 }
