@@ -1,5 +1,7 @@
 #include "cli/heap.h"
 
+#include <tbb/info.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -153,6 +155,11 @@ bool tune_thread_heap() {
 #else
   return false;
 #endif
+}
+
+WorkerHeapWarmUp::WorkerHeapWarmUp(int threads) {
+  const int n = threads > 0 ? threads : tbb::info::default_concurrency();
+  for (int i = 1; i < n; ++i) group_.run([] { tune_thread_heap(); });
 }
 
 }  // namespace hetplan::cli
