@@ -48,16 +48,25 @@
 //    estimates: its slowest replica's profile time (for a mixed-type stage
 //    with the data load balancer's shares, which depend only on the
 //    replicas' types, tp and the micro-batch; past a few hundred GPUs, a
-//    per-sample capacity bound instead), its forward and backward each
+//    whole-sample capacity bound instead: the least T by which replicas
+//    that each finish floor(T / their least time per sample) samples cover
+//    the micro-batch), its forward and backward each
 //    bounded apart (measured, or the backward share), its gradient
 //    accumulation (measured, else from bytes, the least over the settings),
 //    and its p2p sends (exact); a stage whose ranks cannot hold its layers' model
 //    states (PlanCostModel::state_bytes_lower_bound, the least over the
-//    settings) is left out of the table, as no plan with it fits. Where that table would be too large
-//    (suffix_table_limit; hundreds of GPUs), a throughput bound stands in:
+//    settings) is left out of the table, as no plan with it fits (and the
+//    depth-first search tests the same bound before costing a stage). With
+//    whole-node stages the table's positions are node starts. Where that
+//    table would be too large (suffix_table_limit; hundreds of GPUs on any
+//    rank), only its one-stage entries (the last stage) are built, and a
+//    throughput bound stands in for the deeper ones:
 //    some stage of the rest takes at least gbs x the rest's layers' least
 //    GPU-ms per sample (each type's at least kappa times a reference type's)
-//    over the rest's GPUs, weighted by 1 / kappa.
+//    over the rest's GPUs, weighted by 1 / kappa. A stage's layer counts
+//    whose suffix bound is already above the threshold are skipped by
+//    bisection (on that bound, or the last stage's entries' running minimum,
+//    both non-increasing in the layers the stage takes).
 //    With the per-rank tables, the search runs in phases: the table's
 //    one-stage entries, the plans of
 //    one and two stages (whose best is often close to the optimum), then

@@ -180,7 +180,7 @@ class MixedLists {
 class StageEstimator {
  public:
   // The largest mixed-stage table ((R + 1)^2 (max_tp + 1) entries) the estimator builds; above it, the
-  // per-sample capacity bound stands in. Tests lower it to exercise that bound.
+  // whole-sample capacity bound stands in. Tests lower it to exercise that bound.
   static constexpr double kMixedTableLimit = 2e6;
   // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
   // REQUIRES: `slices` covers max_tp and shares up to micro_batch; `slices`, `mixed_lists`,
@@ -203,7 +203,7 @@ class StageEstimator {
     // Mixed-type stages: the data load balancer's shares depend only on the replicas' types, tp and the
     // micro-batch, not on the layers, so each (first rank, size, tp) keeps its distinct (type, share)
     // replicas, and an estimate is its slowest replica's exact profile time. (Off where the table
-    // would be too large: the per-sample capacity bound below then stands in.)
+    // would be too large: the whole-sample capacity bound below then stands in.)
     const int R = layout.num_ranks();
     if (static_cast<double>(R + 1) * (R + 1) * (max_tp + 1) <= mixed_table_limit) {
       R_ = R;
@@ -421,7 +421,7 @@ class StageEstimator {
   int L_;
   std::vector<MixedRef> mixed_;  // [r][s][tp], mixed-type stages only
   std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
-  // Where the per-sample capacity bound stands in (no mixed_ table): [type][tp][span_index(L, l, e)], the
+  // Where the whole-sample capacity bound stands in (no mixed_ table): [type][tp][span_index(L, l, e)], the
   // least time per sample of layers [l, e) over per_sample_'s files; [r]: the first rank after r's run
   // of ranks of one type.
   std::vector<std::vector<double>> per_sample_best_;
