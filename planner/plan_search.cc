@@ -86,7 +86,6 @@ struct OrderContext {
   // tp_fail[tp][g]: the first rank g' >= g, g' = g mod tp, whose tp group [g', g' + tp) leaves its node
   // (ranks() if none): a stage [r, r + s) keeps its tp groups inside nodes iff tp_fail[tp][r] >= r + s.
   std::vector<std::vector<int>> tp_fail;
-  std::vector<char> node_start;  // [r], r <= ranks: rank r starts a node (or r == ranks)
   // Ranks [r, r + s) hold one device type, and every type they hold has profiles at tp.
   bool homogeneous(int r, int s) const { return block[r] == block[r + s - 1]; }
   bool tp_profiled(int r, int s, int tp) const {
@@ -95,6 +94,8 @@ struct OrderContext {
     return true;
   }
   bool tp_inside_nodes(int r, int s, int tp) const { return tp_fail[tp][r] >= r + s; }
+  // Rank r (0 <= r <= ranks) starts a node, or is the end of the ranks.
+  bool node_start(int r) const { return r == 0 || r == ranks || node_run[r - 1] == 1; }
   // The least GPU memory of ranks [r, r + s).
   double capacity(int r, int s) const {
     double c = kInf;
@@ -446,8 +447,6 @@ PlanSearchResult PlanSearch::search() const {
     o.node_run.assign(o.ranks + 1, 0);
     for (int r = o.ranks - 1; r >= 0; --r)
       o.node_run[r] = (r + 1 < o.ranks && o.layout->node_of(r + 1) == o.layout->node_of(r)) ? o.node_run[r + 1] + 1 : 1;
-    o.node_start.assign(o.ranks + 1, 1);
-    for (int r = 1; r < o.ranks; ++r) o.node_start[r] = o.layout->node_of(r) != o.layout->node_of(r - 1);
     o.block.resize(o.ranks);
     for (int r = 0; r < o.ranks; ++r)
       o.block[r] = static_cast<int>(std::find(perm.begin(), perm.end(), o.layout->type_of(r)) - perm.begin());
@@ -719,10 +718,10 @@ PlanSearchResult PlanSearch::search() const {
     double* G0 = h->g0.data();
     std::vector<StageEstimate> row(L);  // one row of estimates where none are kept
     for (int r = R - 1; r >= 0; --r) {
-      if (whole_nodes && !o.node_start[r]) continue;
+      if (whole_nodes && !o.node_start(r)) continue;
       if (!last_stages && check_stop()) return;
       for (int s = last_stages ? R - r : 1; s <= (last_stages ? R - r : R - r - 1); ++s) {
-        if (whole_nodes && !o.node_start[r + s]) continue;
+        if (whole_nodes && !o.node_start(r + s)) continue;
         const bool homo = o.homogeneous(r, s);
         for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
           if (s % tp != 0 || s / tp > b || !o.tp_profiled(r, s, tp)) continue;
@@ -808,7 +807,7 @@ PlanSearchResult PlanSearch::search() const {
   };
   auto run_unit = [&](Worker& w, const Unit& u) {
     const long long unit_index = u.ordinal;
-    if (whole_nodes && !orders[u.order].node_start[u.first_size]) return;  // not in the space: stage 0 ends inside a node
+    if (whole_nodes && !orders[u.order].node_start(u.first_size)) return;  // not in the space: stage 0 ends inside a node
     // The depth-first search's first test below (stage 0's size is the unit's), before anything is set
     // up: most units end there.
     if (use_bounds && u.p > 1 &&
@@ -913,7 +912,7 @@ PlanSearchResult PlanSearch::search() const {
       const int nb = pe.backwards - 1;  // backwards before micro-batch m - 1's forward
       const int nf_start = ps.forwards;
       for (int s = s_min; s <= s_max; ++s) {
-        if (whole_nodes && !o.node_start[r + s]) continue;
+        if (whole_nodes && !o.node_start(r + s)) continue;
         // Whatever layers this stage takes, the ranks after it cannot finish in time.
         if (use_bounds && !last && c_min + sb.min_from(rest, r + s, l + k_min) + tail_min > bound.threshold()) {
           ++w.c.enumerated;

@@ -192,14 +192,6 @@ class StageEstimator {
       : layout_(&layout), cost_(&cost), slices_(&slices), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
         forward_share_(1 - backward_share), unmeasured_acc_(&unmeasured_acc), L_(layers) {
     const int types = static_cast<int>(cluster.device_types().size());
-    per_sample_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
-    for (int t = 0; t < types; ++t) {
-      const int pt = profiles.type_index(cluster.device_types()[t]);
-      for (int tp = 1; tp <= max_tp; ++tp) {
-        for (int bs = 1; bs <= b_; ++bs)
-          if (const LayerProfile* lp = profiles.find(pt, tp, bs)) per_sample_[t * (max_tp + 1) + tp].push_back({lp, bs});
-      }
-    }
     // Mixed-type stages: the data load balancer's shares depend only on the replicas' types, tp and the
     // micro-batch, not on the layers, so each (first rank, size, tp) keeps its distinct (type, share)
     // replicas, and an estimate is its slowest replica's exact profile time. (Off where the table
@@ -243,14 +235,21 @@ class StageEstimator {
           }
         }
     } else {
-      per_sample_best_.assign(per_sample_.size(), {});
-      for (std::size_t k = 0; k < per_sample_.size(); ++k) {
-        if (per_sample_[k].empty()) continue;
-        std::vector<double>& v = per_sample_best_[k];
-        v.assign(spans(L_), kInf);
-        for (int l = 0; l < L_; ++l)
-          for (int e = l + 1; e <= L_; ++e)
-            for (const auto& [lp, bs] : per_sample_[k]) v[span_index(L_, l, e)] = std::min(v[span_index(L_, l, e)], lp->time(l, e) / bs);
+      per_sample_best_.assign(static_cast<std::size_t>(types) * (max_tp + 1), {});
+      for (int t = 0; t < types; ++t) {
+        const int pt = profiles.type_index(cluster.device_types()[t]);
+        for (int tp = 1; tp <= max_tp; ++tp)
+          for (int bs = 1; bs <= b_; ++bs) {  // the files of bs <= b
+            const LayerProfile* lp = profiles.find(pt, tp, bs);
+            if (!lp) continue;
+            std::vector<double>& v = per_sample_best_[t * (max_tp + 1) + tp];
+            if (v.empty()) v.assign(spans(L_), kInf);
+            for (int l = 0; l < L_; ++l)
+              for (int e = l + 1; e <= L_; ++e) {
+                double& best = v[span_index(L_, l, e)];
+                best = std::min(best, lp->time(l, e) / bs);
+              }
+          }
       }
       run_end_.assign(R, R);
       for (int r = R - 2; r >= 0; --r) run_end_[r] = layout.type_of(r + 1) == layout.type_of(r) ? run_end_[r + 1] : r + 1;
@@ -420,10 +419,9 @@ class StageEstimator {
   const std::vector<double>* unmeasured_acc_;
   int L_;
   std::vector<MixedRef> mixed_;  // [r][s][tp], mixed-type stages only
-  std::vector<std::vector<std::pair<const LayerProfile*, int>>> per_sample_;  // [type][tp]: files of bs <= b
   // Where the whole-sample capacity bound stands in (no mixed_ table): [type][tp][span_index(L, l, e)], the
-  // least time per sample of layers [l, e) over per_sample_'s files; [r]: the first rank after r's run
-  // of ranks of one type.
+  // least time per sample of layers [l, e) over the type's files at tp of bs <= b (empty: no such file);
+  // [r]: the first rank after r's run of ranks of one type.
   std::vector<std::vector<double>> per_sample_best_;
   std::vector<int> run_end_;
 };

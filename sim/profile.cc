@@ -178,7 +178,6 @@ int name_number(const std::string& digits, int max, const char* what, const std:
   return std::stoi(digits.substr(first));
 }
 
-
 // One profile file, read and checked: its LayerProfile (tp and bs from its
 // name) and its JSON document. Throws InputError naming the file and key.
 LayerProfile read_profile(const std::string& path, int tp, int bs, int num_layers, ordered_json* json) {
