@@ -1,11 +1,14 @@
 #include "cli/heap.h"
 
 #include <tbb/info.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <thread>
 
 #if defined(__GLIBC__)
 #include <dlfcn.h>
@@ -157,9 +160,26 @@ bool tune_thread_heap() {
 #endif
 }
 
-WorkerHeapWarmUp::WorkerHeapWarmUp(int threads) {
-  const int n = threads > 0 ? threads : tbb::info::default_concurrency();
-  for (int i = 1; i < n; ++i) group_.run([] { tune_thread_heap(); });
+WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) : released_(std::make_shared<std::atomic<bool>>(false)) {
+  const int slots = arena.max_concurrency();  // without starting it
+  const int workers = std::min(slots, tbb::info::default_concurrency()) - 1;  // TBB's workers that can take one
+  if (workers <= 0) return;
+  starter_ = std::thread([&arena, workers, released = released_] {
+    for (int i = 0; i < workers; ++i)
+      arena.enqueue([released] {
+        tune_thread_heap();
+        // Inputs that take longer to read than kHold make a wake-up's delay small beside them.
+        constexpr auto kHold = std::chrono::milliseconds(100);
+        const auto until = std::chrono::steady_clock::now() + kHold;
+        while (!released->load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+      });
+  });
+}
+
+void WorkerHeapWarmUp::wait() {
+  released_->store(true, std::memory_order_release);
+  if (starter_.joinable()) starter_.join();
 }
 
 }  // namespace hetplan::cli

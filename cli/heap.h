@@ -10,9 +10,13 @@
 // threads at once).
 #pragma once
 
+#include <atomic>
 #include <string>
 
-#include <tbb/task_group.h>
+#include <tbb/task_arena.h>
+
+#include <memory>
+#include <thread>
 
 namespace hetplan::cli {
 
@@ -36,23 +40,32 @@ bool tune_thread_heap();
 // allocator), or a kernel without transparent huge pages.
 std::string thread_heap_unsupported();
 
-// Runs tune_thread_heap() on TBB's worker threads (up to threads - 1 of them, as tasks; threads 0:
-// TBB's default concurrency) while the constructing thread goes on (reading the inputs), so that a
-// search's workers find their heaps ready instead of preparing them (a few milliseconds each, on a VM)
-// in their first task. A task no worker has taken by wait() runs there, on this thread, where it does
-// nothing (the main heap is tune_heap()'s); that worker then prepares its heap at the search's start
-// (on_worker_start), as without this. Never changes a value. Thread-safety: one thread constructs,
-// waits and destroys.
+// Gets the workers of `arena` ready for a search that will run there, while the constructing thread
+// goes on (reading the inputs):
+//  - the arena starts (and TBB with it) on a thread of its own, about 0.7 ms that the constructing
+//    thread no longer spends;
+//  - each worker (up to the arena's slots - 1) runs tune_thread_heap(), so that a search's workers find
+//    their heaps ready instead of preparing them (a few milliseconds each, on a VM) in their first task;
+//  - then it keeps running (yielding to any other thread) until wait(), for at most 100 ms: a worker
+//    that sleeps gives its core back, and on a VM a core given back can take milliseconds to return
+//    (on a 2-core VM, a worker woken for the search's start or a thread started to read the inputs
+//    often waited 1-3 ms for it).
+// The tasks are enqueued, so only workers run them; one that runs none prepares its heap at the
+// search's start (on_worker_start), as without this. With one slot, or where TBB has no worker, it does
+// nothing. Never changes a value. Thread-safety: one thread constructs, waits and destroys.
+// REQUIRES: `arena` outlives this object.
 class WorkerHeapWarmUp {
  public:
-  explicit WorkerHeapWarmUp(int threads);
+  explicit WorkerHeapWarmUp(tbb::task_arena& arena);
   ~WorkerHeapWarmUp() { wait(); }
   WorkerHeapWarmUp(const WorkerHeapWarmUp&) = delete;
   WorkerHeapWarmUp& operator=(const WorkerHeapWarmUp&) = delete;
-  void wait() { group_.wait(); }
+  // Lets the workers go (to the search's tasks); does not wait for a worker still on its way.
+  void wait();
 
  private:
-  tbb::task_group group_;
+  std::shared_ptr<std::atomic<bool>> released_;  // shared with the tasks, which may outlive this
+  std::thread starter_;
 };
 
 }  // namespace hetplan::cli

@@ -69,15 +69,28 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "hetplan 0.1.0");
   hetplan::cli::AppRunner runner(app);
-  runner.add(hetplan::cli::add_search_command(app));
-  runner.add(hetplan::cli::add_gen_hostfile_command(app));
-  runner.add(hetplan::cli::add_gen_profiles_command(app));
-  runner.add(hetplan::cli::add_simulate_command(app));
-  runner.add(hetplan::cli::add_whatif_command(app));
-  runner.add(hetplan::cli::add_export_command(app));
-  // Listed here for --help; run through run_torch_command above.
-  app.add_subcommand("profile", "Measure per-layer time and memory with LibTorch (see `hetplan profile --help`)");
-  app.add_subcommand("replay", "Run a plan on local GPUs and compare with its prediction (see `hetplan replay --help`)");
-  app.add_subcommand("gpu-probe", "GEMM and memory speed of this GPU restricted to N SMs (see `hetplan gpu-probe --help`)");
+  // Where argv[1] names a subcommand, only that one is built: all of them, with their dozens of options
+  // and help texts, took about a millisecond, a tenth of a small search's wall time. Otherwise (--help,
+  // --version, a mistyped name) all are, for the list in the help and the choices in the error.
+  struct Command {
+    const char* name;
+    hetplan::cli::Runner (*add)(CLI::App&);
+  };
+  static constexpr Command kCommands[] = {
+      {"search", hetplan::cli::add_search_command},     {"gen-hostfile", hetplan::cli::add_gen_hostfile_command},
+      {"gen-profiles", hetplan::cli::add_gen_profiles_command}, {"simulate", hetplan::cli::add_simulate_command},
+      {"whatif", hetplan::cli::add_whatif_command},     {"export", hetplan::cli::add_export_command},
+  };
+  const char* chosen = nullptr;
+  for (const Command& c : kCommands)
+    if (argc > 1 && std::strcmp(argv[1], c.name) == 0) chosen = c.name;
+  for (const Command& c : kCommands)
+    if (!chosen || c.name == chosen) runner.add(c.add(app));
+  if (!chosen) {
+    // Listed for --help; run through run_torch_command above.
+    app.add_subcommand("profile", "Measure per-layer time and memory with LibTorch (see `hetplan profile --help`)");
+    app.add_subcommand("replay", "Run a plan on local GPUs and compare with its prediction (see `hetplan replay --help`)");
+    app.add_subcommand("gpu-probe", "GEMM and memory speed of this GPU restricted to N SMs (see `hetplan gpu-probe --help`)");
+  }
   return runner.run(argc, argv);
 }

@@ -7,6 +7,8 @@
 
 #include "cli/commands.h"
 #include "cli/heap.h"
+#include <tbb/info.h>
+#include <tbb/task_arena.h>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -169,10 +171,10 @@ int run_metis_search(const SearchArgs& a) {
 // memory, keep tp inside nodes and train every layer and sample (planner/plan_search.h).
 int run_default_search(const SearchArgs& a) {
   // The search's workers prepare their heaps (on_worker_start's work) while this thread reads the inputs.
-  WorkerHeapWarmUp warm_up(a.threads);
+  tbb::task_arena arena(a.threads > 0 ? a.threads : tbb::info::default_concurrency());
+  WorkerHeapWarmUp warm_up(arena);
   const Cluster cluster = load_cluster(a);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads);
-  warm_up.wait();
 
   SimulationOptions so;
   so.schedule = parse_schedule(a.schedule, "--schedule");
@@ -201,6 +203,7 @@ int run_default_search(const SearchArgs& a) {
   o.setups = search_setups(so.setup, a.zero, a.recompute);
   o.top_k = a.top;
   o.threads = a.threads;
+  o.arena = &arena;
   o.time_budget_s = a.time_budget;
   o.cancel = &g_interrupted;
   o.on_worker_start = [] { tune_thread_heap(); };
@@ -215,6 +218,7 @@ int run_default_search(const SearchArgs& a) {
     };
 
   const PlanSearch search(cluster, profiles, simulator, o);
+  warm_up.wait();  // the workers, kept running until now, go to the search
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
   PlanSearchResult result;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 
@@ -402,6 +403,7 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
 }
 
 PlanSearchResult PlanSearch::run() const {
+  if (opt_.arena) return opt_.arena->execute([&] { return search(); });
   if (opt_.threads <= 0) return search();
   // An arena of that many slots, not a global_control: lifting a global limit of one thread at the end
   // made TBB start a worker just as the process exited (a thread created and torn down for nothing).
@@ -498,18 +500,33 @@ PlanSearchResult PlanSearch::search() const {
     const long long base = ((static_cast<long long>(p) * n_ms + mi) * n_orders + order) * (R + 1) + s0;
     return Unit{order, ms[mi], p, order * n_ms + mi, s0, k0, base * (L + 1) + k0};
   };
-  // Group g's units with p in [p_begin, p_end], in the search's order. Each group makes its own, when it runs.
-  auto group_units = [&](int g, int p_begin, int p_end, std::vector<Unit>* out) {
-    out->clear();
-    const int order = g / n_ms, mi = g % n_ms;
-    for (int p = p_begin; p <= std::min(p_end, Q); ++p)
-      for (int s0 = p == 1 ? R : 1; s0 <= R - (p - 1); ++s0) {
-        if (p == 1 || !split_layers) {
-          out->push_back(make_unit(p, mi, order, s0, 0));
-          continue;
-        }
-        for (int k0 = 1; k0 <= L - (p - 1); ++k0) out->push_back(make_unit(p, mi, order, s0, k0));
-      }
+  // Group g's units from its first of p stages on, in the search's order: unit j of them (j < the sum
+  // of units_per_group over the p that follow). Made when run, never listed.
+  auto group_unit = [&](int g, int p, long long j) {
+    while (j >= units_per_group(p)) j -= units_per_group(p++);
+    const int s0 = p == 1 ? R : 1 + static_cast<int>(split_layers ? j / (L - p + 1) : j);
+    const int k0 = p == 1 || !split_layers ? 0 : 1 + static_cast<int>(j % (L - p + 1));
+    return make_unit(p, g % n_ms, g / n_ms, s0, k0);
+  };
+  // The unit after u in its group's order (group_unit(g, p, j + 1) for u = group_unit(g, p, j)).
+  auto next_in_group = [&](const Unit& u) {
+    int p = u.p, s0 = u.first_size, k0 = u.first_layers;
+    if (p > 1 && split_layers && k0 < L - p + 1) {
+      ++k0;
+    } else if (p > 1 && s0 < R - (p - 1)) {
+      ++s0;
+      k0 = split_layers ? 1 : 0;
+    } else {
+      ++p;
+      s0 = 1;
+      k0 = split_layers ? 1 : 0;
+    }
+    return make_unit(p, u.bound % n_ms, u.order, s0, k0);
+  };
+  auto group_unit_count = [&](int p_begin, int p_end) {
+    long long n = 0;
+    for (int p = p_begin; p <= std::min(p_end, Q); ++p) n += units_per_group(p);
+    return n;
   };
   // Index in the search's order of the first unit of each p; the last entry is the number of units.
   std::vector<long long> p_first(Q + 2, 0);
@@ -1116,13 +1133,14 @@ PlanSearchResult PlanSearch::search() const {
   // The search in phases over the (node order, m) groups:
   //  1. every group's estimator and the one-stage entries of its suffix bound, the groups shared out
   //     among the threads;
-  //  2. the units of one and two stages, which need no more of the tables, group after group with all
-  //     threads in one group at a time: the first plans found set the threshold for the rest (threads
-  //     that each started a group of their own would each search without one), and their best is
-  //     often near the optimum, so the threshold is low before the costly part of the tables is built;
+  //  2. the units of one and two stages, which need no more of the tables, in group order, the threads
+  //     taking a few at a time from the front: the first plans found set the threshold for the rest
+  //     (threads that each started a group of their own would each search without one), and their best
+  //     is often near the optimum, so the threshold is low before the costly part of the tables is built;
   //  3. per group, its deeper entries, leaving out stages whose own compute is already above that
   //     threshold, then its units of three stages and more, the groups shared out among the threads
   //     and the threads sharing each group's units.
+  // With the per-rank tables, the phases are one pass with no wait between them (see below).
   // Groups are taken in order of decreasing micro-batch (more (dp, tp) options: the costlier tables),
   // each by the next free thread: none is left alone with a large table at the end of a phase. Two
   // micro-batches at a time, node order by node order (m1 o1, m2 o1, m1 o2, m2 o2, ...): groups taken
@@ -1146,51 +1164,96 @@ PlanSearchResult PlanSearch::search() const {
         body(group_order[i]);
     });
   };
-  auto run_units = [&](const std::vector<Unit>& list) {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, list.size(), 1), [&](const tbb::blocked_range<std::size_t>& range) {
+  // Group g's units of p_begin to p_end stages, by all threads free.
+  auto run_group_units = [&](int g, int p_begin, int p_end) {
+    tbb::parallel_for(tbb::blocked_range<long long>(0, group_unit_count(p_begin, p_end), 1),
+                      [&](const tbb::blocked_range<long long>& range) {
       start.enter();
       Worker& w = workers.local();
-      for (std::size_t i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units) run_unit(w, list[i]);
+      Unit u = group_unit(g, p_begin, range.begin());
+      for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units, u = next_in_group(u)) {
+        run_unit(w, u);
+      }
     });
   };
-  // Unit `index` of the search's order (the order group_units() gives each group's).
+  // Unit `index` of the search's order (by p, then group, then group_unit's order).
   auto unit_at = [&](long long index) {
     const int p = static_cast<int>(std::upper_bound(p_first.begin() + 1, p_first.end(), index) - p_first.begin()) - 1;
     const long long per_group = units_per_group(p);
-    const long long rem = index - p_first[p], g_in_p = rem / per_group, within = rem % per_group;
-    const int s0 = p == 1 ? R : 1 + static_cast<int>(split_layers ? within / (L - p + 1) : within);
-    const int k0 = p == 1 || !split_layers ? 0 : 1 + static_cast<int>(within % (L - p + 1));
-    return make_unit(p, static_cast<int>(g_in_p / n_orders), static_cast<int>(g_in_p % n_orders), s0, k0);
+    const long long rem = index - p_first[p], g_in_p = rem / per_group;
+    return group_unit(static_cast<int>(g_in_p % n_orders) * n_ms + static_cast<int>(g_in_p / n_orders), p, rem % per_group);
   };
-  for_each_group([&](int g) {
-    build_bound(g, &bounds[g], true);
-    finish_bound(&bounds[g]);
-  });
   if (!homogeneous) {
     // No per-rank tables (exhaustive, or too large a cluster): nothing gains from a threshold before
     // them, and the shallow plans of a large cluster are often out of memory, so the units run in the
     // search's order, the threads starting far apart in it (at different depths).
+    for_each_group([&](int g) {
+      build_bound(g, &bounds[g], true);
+      finish_bound(&bounds[g]);
+    });
     tbb::parallel_for(tbb::blocked_range<long long>(0, units_total, 1), [&](const tbb::blocked_range<long long>& range) {
       start.enter();
       Worker& w = workers.local();
       for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units) run_unit(w, unit_at(i));
     });
   } else {
-    {
-      std::vector<Unit> list;
-      for (int g : group_order) {
-        if (check_stop()) break;
-        group_units(g, 1, 2, &list);
-        run_units(list);
-      }
+    // The three phases as one pass of every thread, with no wait between them: a thread that finds no
+    // work left in one phase goes on to the next (a thread that goes idle between phases can take
+    // milliseconds to wake on a VM). A group's units wait only for its own one-stage entries, and its
+    // deeper entries (which rebuild its table) for its units of one and two stages.
+    const std::size_t n_groups = group_order.size();
+    const long long per_group = group_unit_count(1, 2), n2 = per_group * static_cast<long long>(n_groups);
+    std::unique_ptr<std::atomic<bool>[]> ready(new std::atomic<bool>[n_groups]);  // [g]: phase 1 done
+    std::unique_ptr<std::atomic<long long>[]> left2(new std::atomic<long long>[n_groups]);  // [g]: phase 2 to do
+    for (std::size_t g = 0; g < n_groups; ++g) {
+      ready[g].store(false);
+      left2[g].store(per_group);
     }
-    for_each_group([&](int g) {
-      build_bound(g, &bounds[g], false);
-      finish_bound(&bounds[g]);
-      std::vector<Unit> list;
-      group_units(g, 3, Q, &list);
-      run_units(list);
-      bounds[g].release();  // every unit of the group is done
+    // Waits until `done()`, work that running threads have taken (every item of a phase is taken before
+    // any thread leaves it) and that waits on nothing before it: false where the search stops first.
+    auto wait_for = [&](auto&& done) {
+      while (!done())
+        if (stop.load(std::memory_order_relaxed)) return false;
+        else std::this_thread::yield();
+      return true;
+    };
+    std::atomic<std::size_t> next1{0}, next3{0};
+    std::atomic<long long> next2{0};
+    constexpr long long kChunk = 32;
+    tbb::parallel_for(0, std::max(1, tbb::this_task_arena::max_concurrency()), [&](int) {
+      start.enter();
+      // 1. Every group's estimator and the one-stage entries of its suffix bound.
+      for (std::size_t i = next1.fetch_add(1); i < n_groups; i = next1.fetch_add(1)) {
+        const int g = group_order[i];
+        build_bound(g, &bounds[g], true);
+        finish_bound(&bounds[g]);
+        ready[g].store(true, std::memory_order_release);
+      }
+      // 2. Every group's units of one and two stages, in group order, a few at a time: the threads stay
+      //    near the front, where the plans found set the threshold for the rest.
+      Worker& w = workers.local();
+      bool stopped = false;
+      for (long long b = next2.fetch_add(kChunk); b < n2 && !stopped; b = next2.fetch_add(kChunk))
+        for (long long i = b, end = std::min(n2, b + kChunk); i < end && !stopped;) {
+          const long long gi = i / per_group, group_end = std::min(end, (gi + 1) * per_group), from = i;
+          const int g = group_order[gi];
+          stopped = !wait_for([&] { return ready[g].load(std::memory_order_acquire); });
+          for (; i < group_end && !stopped; ++i, ++w.c.units) {
+            if ((stopped = every_so_often(w))) break;
+            run_unit(w, group_unit(g, 1, i % per_group));
+          }
+          left2[g].fetch_sub(i - from, std::memory_order_release);
+        }
+      // 3. Per group, its deeper entries, then its units of three stages and more (with every thread
+      //    free).
+      for (std::size_t i = next3.fetch_add(1); i < n_groups && !check_stop(); i = next3.fetch_add(1)) {
+        const int g = group_order[i];
+        if (!wait_for([&] { return left2[g].load(std::memory_order_acquire) == 0; })) break;
+        build_bound(g, &bounds[g], false);
+        finish_bound(&bounds[g]);
+        run_group_units(g, 3, Q);
+        bounds[g].release();  // every unit of the group is done
+      }
     });
   }
   for (Worker& w : workers) publish(w);

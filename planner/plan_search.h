@@ -73,8 +73,10 @@
 //    the deeper entries, which leave out every stage whose own compute is
 //    already above the threshold (a plan with it cannot be kept, and the
 //    entries still bound every plan made of the stages kept), then the
-//    deeper plans. Without them, the plans are taken in order of pipeline
-//    depth, the threads starting far apart in that order.
+//    deeper plans. The phases overlap (one pass of every thread, no wait
+//    between phases): a group's plans wait only for its own entries. Without
+//    the tables, the plans are taken in order of pipeline depth, the threads
+//    starting far apart in that order.
 // The bounds only drop terms of the simulated time, so they never exceed it;
 // the pruning threshold sits 1e-9 (relative) above the K-th best cost, so a
 // bound summed in another order than the cost never prunes a tie.
@@ -91,6 +93,8 @@
 // per PlanSearch (it uses TBB inside). REQUIRES: the cluster, profiles and
 // simulator outlive the PlanSearch.
 #pragma once
+
+#include <tbb/task_arena.h>
 
 #include <atomic>
 #include <functional>
@@ -127,6 +131,10 @@ struct PlanSearchOptions {
   std::vector<TrainingSetup> setups;
   int top_k = 1;
   int threads = 0;  // 0: TBB's default
+  // Where run() runs, if set: threads is then ignored (the arena's slots are the threads). A caller that
+  // gets workers ready before the search (cli/heap.h) runs their tasks in the same arena, so that they
+  // go to the search without moving from one arena to another. REQUIRES: outlives run().
+  tbb::task_arena* arena = nullptr;
   // Off only for tests: no bound is used, every plan of the space is costed.
   bool exhaustive = false;
   // The largest suffix-bound table (in dynamic-program steps, 0.25 R^2 L^2 Q) the search builds per
@@ -193,7 +201,7 @@ class PlanSearch {
   PlanSearchResult run() const;
 
  private:
-  PlanSearchResult search() const;  // run()'s work, in the task arena of opt_.threads threads
+  PlanSearchResult search() const;  // run()'s work, in opt_.arena or a task arena of opt_.threads threads
 
   const Cluster* cluster_;
   const ProfileSet* profiles_;

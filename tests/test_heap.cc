@@ -1,10 +1,20 @@
-// cli/heap: a worker thread's malloc arena is madvised for huge pages past its first 2 MB.
+// cli/heap: a worker thread's malloc arena is madvised for huge pages past its first 2 MB; the warm-up
+// holds TBB's workers only until wait(), and never longer than its cap.
 #include <catch2/catch.hpp>
 
+#include <tbb/info.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_reduce.h>
+#include <tbb/task_arena.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -57,4 +67,45 @@ TEST_CASE("a thread's malloc arena asks for huge pages, and its blocks start on 
   INFO("block " << std::hex << block << ", VmFlags" << flags);
   CHECK(flags.find(" hg ") != std::string::npos);  // VM_HUGEPAGE: madvise(MADV_HUGEPAGE)
   CHECK(block % (std::uintptr_t{2} << 20) == 0);  // the kept block ends where a huge page begins
+}
+
+TEST_CASE("WorkerHeapWarmUp holds its workers until wait(), for at most 100 ms", "[heap]") {
+  if (tbb::info::default_concurrency() < 2) {
+    std::cout << "HETPLAN_SKIP: TBB has no worker thread on a machine of one core" << std::endl;
+    return;
+  }
+  using namespace std::chrono_literals;
+  // Runs a task enqueued in `arena` (only a worker takes it): true once it has run, false after 5 s.
+  auto worker_runs_a_task = [](tbb::task_arena& arena) {
+    auto ran = std::make_shared<std::atomic<bool>>(false);
+    arena.enqueue([ran] { ran->store(true); });
+    for (auto until = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < until;) {
+      if (ran->load()) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  };
+  tbb::task_arena arena(2);  // one worker
+  {
+    hetplan::cli::WorkerHeapWarmUp warm_up(arena);
+    std::this_thread::sleep_for(200ms);  // past the hold: the worker is free again without wait()
+    CHECK(worker_runs_a_task(arena));
+  }
+  {
+    hetplan::cli::WorkerHeapWarmUp warm_up(arena);
+    warm_up.wait();  // lets it go at once
+    CHECK(worker_runs_a_task(arena));
+    int sum = 0;
+    arena.execute([&] { sum = tbb::parallel_reduce(tbb::blocked_range<int>(0, 1000), 0,
+                                                    [](const tbb::blocked_range<int>& r, int s) {
+                                                      for (int i = r.begin(); i != r.end(); ++i) s += i;
+                                                      return s;
+                                                    }, std::plus<int>()); });
+    CHECK(sum == 499500);
+  }
+  tbb::task_arena single(1);  // no worker: nothing to hold, and wait() returns at once
+  hetplan::cli::WorkerHeapWarmUp none(single);
+  const auto t0 = std::chrono::steady_clock::now();
+  none.wait();
+  CHECK(std::chrono::steady_clock::now() - t0 < 50ms);
 }

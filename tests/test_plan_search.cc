@@ -368,13 +368,21 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
   const PlanSearchResult one = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
   o.threads = 2;
   const PlanSearchResult two = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
+  // A caller's arena of 3 slots (PlanSearchOptions::arena), o.threads then ignored.
+  tbb::task_arena arena(3);
+  o.arena = &arena;
+  o.threads = 1;
+  const PlanSearchResult three = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
   REQUIRE(one.top.size() == 10);
   REQUIRE(two.top.size() == 10);
-  for (std::size_t i = 0; i < one.top.size(); ++i) {
-    CHECK(one.top[i].plan.cost == two.top[i].plan.cost);
-    CHECK(one.top[i].plan.device_groups == two.top[i].plan.device_groups);
-    CHECK(one.top[i].plan.layer_partition == two.top[i].plan.layer_partition);
-  }
+  REQUIRE(three.top.size() == 10);
+  for (std::size_t i = 0; i < one.top.size(); ++i)
+    for (const PlanSearchResult* other : {&two, &three}) {
+      CHECK(one.top[i].plan.cost == other->top[i].plan.cost);
+      CHECK(one.top[i].plan.device_groups == other->top[i].plan.device_groups);
+      CHECK(one.top[i].plan.layer_partition == other->top[i].plan.layer_partition);
+    }
+  CHECK(one.enumerated > 0);
 }
 
 TEST_CASE("on_worker_start runs once on each worker thread of a run, never on the caller, and changes nothing", "[plan_search]") {
