@@ -46,7 +46,8 @@ std::string thread_heap_unsupported();
 //    thread no longer spends;
 //  - each worker (up to the arena's slots - 1) runs tune_thread_heap(), so that a search's workers find
 //    their heaps ready instead of preparing them (a few milliseconds each, on a VM) in their first task;
-//  - then it keeps running (yielding to any other thread) until wait(), for at most 100 ms: a worker
+//  - then it keeps running (yielding to any other thread) until wait() (which a search calls when its
+//    parallel work starts: PlanSearchOptions::on_parallel_start), for at most 100 ms: a worker
 //    that sleeps gives its core back, and on a VM a core given back can take milliseconds to return
 //    (on a 2-core VM, a worker woken for the search's start or a thread started to read the inputs
 //    often waited 1-3 ms for it).

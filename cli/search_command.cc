@@ -217,8 +217,8 @@ int run_default_search(const SearchArgs& a) {
       std::fflush(stderr);
     };
 
+  o.on_parallel_start = [&warm_up] { warm_up.wait(); };  // the workers, kept running until then, go to the search
   const PlanSearch search(cluster, profiles, simulator, o);
-  warm_up.wait();  // the workers, kept running until now, go to the search
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
   PlanSearchResult result;

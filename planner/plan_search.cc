@@ -596,6 +596,7 @@ PlanSearchResult PlanSearch::search() const {
     while ((1 << j) < dp) ++j;
     return state_lb.data() + ((static_cast<std::size_t>(tp) * dp_buckets + j) * (L + 1) + l) * (L + 1);
   };
+  if (opt_.on_parallel_start) opt_.on_parallel_start();  // the first parallel work follows
   if (!opt_.exhaustive) {
     state_lb.assign(static_cast<std::size_t>(max_tp + 1) * dp_buckets * (L + 1) * (L + 1), 0.0);
     tbb::parallel_for(1, max_tp + 1, [&](int tp) {

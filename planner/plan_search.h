@@ -157,6 +157,10 @@ struct PlanSearchOptions {
   // same threads: it must be idempotent per thread, and it must not change any value. Not called on
   // the thread calling run() (unless that thread is itself a TBB worker).
   std::function<void()> on_worker_start;
+  // Called once by run(), on its thread, when the search's serial set-up ends and its parallel work
+  // starts, if set: where a caller that keeps workers running until the search needs them (so that
+  // none has gone to sleep: cli/heap.h) lets them go.
+  std::function<void()> on_parallel_start;
 };
 
 struct PlanSearchProgress {

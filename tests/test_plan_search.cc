@@ -372,7 +372,16 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
   tbb::task_arena arena(3);
   o.arena = &arena;
   o.threads = 1;
+  // on_parallel_start: once per run, on the caller's thread.
+  int starts = 0;
+  std::thread::id start_thread;
+  o.on_parallel_start = [&] {
+    ++starts;
+    start_thread = std::this_thread::get_id();
+  };
   const PlanSearchResult three = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
+  CHECK(starts == 1);
+  CHECK(start_thread == std::this_thread::get_id());
   REQUIRE(one.top.size() == 10);
   REQUIRE(two.top.size() == 10);
   REQUIRE(three.top.size() == 10);
