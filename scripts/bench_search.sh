@@ -132,7 +132,7 @@ for c in $cases; do
           "$(awk -v x="$ratio" -v s="$sratio" 'BEGIN{printf "%.2fx faster; the search alone %.2fx", 1 / x, 1 / s}') (medians of $reps pairs)" ">= 1.8x"
         read -r cw cs < <(ceiling "$reps")
         row "row 2" "two --threads 1 at once, against one alone" - - - \
-          "the machine's ceiling for two threads: ${cw}x; the searches alone ${cs}x (medians of $reps rounds)" -
+          "the machine's ceiling for two threads: ${cw}x; the searches alone ${cs}x (medians of $reps rounds); $(awk -v x="$ratio" -v s="$sratio" -v cw="$cw" -v cs="$cs" 'BEGIN{printf "two threads reach %.0f%% of it, the search alone %.0f%%", 100 / x / cw, 100 / s / cs}')" -
       fi ;;
     32|settings)
       analytic 26 A100,V100 "$work/p26"
