@@ -1211,7 +1211,8 @@ PlanSearchResult PlanSearch::search() const {
       left2[g].store(per_group);
     }
     // Waits until `done()`, work that running threads have taken (every item of a phase is taken before
-    // any thread leaves it) and that waits on nothing before it: false where the search stops first.
+    // any thread leaves it) and that waits on nothing before it: false where the search stops first
+    // (cut short, or a thread's exception).
     auto wait_for = [&](auto&& done) {
       while (!done())
         if (stop.load(std::memory_order_relaxed)) return false;
@@ -1221,10 +1222,9 @@ PlanSearchResult PlanSearch::search() const {
     std::atomic<std::size_t> next1{0}, next3{0};
     std::atomic<long long> next2{0};
     constexpr long long kChunk = 32;
-    tbb::parallel_for(0, std::max(1, tbb::this_task_arena::max_concurrency()), [&](int) {
-      start.enter();
+    auto lane = [&] {
       // 1. Every group's estimator and the one-stage entries of its suffix bound.
-      for (std::size_t i = next1.fetch_add(1); i < n_groups; i = next1.fetch_add(1)) {
+      for (std::size_t i = next1.fetch_add(1); i < n_groups && !check_stop(); i = next1.fetch_add(1)) {
         const int g = group_order[i];
         build_bound(g, &bounds[g], true);
         finish_bound(&bounds[g]);
@@ -1254,6 +1254,15 @@ PlanSearchResult PlanSearch::search() const {
         finish_bound(&bounds[g]);
         run_group_units(g, 3, Q);
         bounds[g].release();  // every unit of the group is done
+      }
+    };
+    tbb::parallel_for(0, std::max(1, tbb::this_task_arena::max_concurrency()), [&](int) {
+      start.enter();
+      try {
+        lane();
+      } catch (...) {
+        stop.store(true);  // (out of memory) no thread waits on this one's work for ever
+        throw;
       }
     });
   }

@@ -124,9 +124,15 @@ class EstimateSlot {
   const StageEstimate* get(std::size_t n, EstimateBudget& budget, Fill&& fill) {
     int state = state_.load(std::memory_order_acquire);
     if (state == kEmpty && state_.compare_exchange_strong(state, kFilling, std::memory_order_acquire)) {
-      if (budget.take(n * sizeof(StageEstimate))) {
-        v_.resize(n);
-        fill(v_.data());
+      try {
+        if (budget.take(n * sizeof(StageEstimate))) {
+          v_.resize(n);
+          fill(v_.data());
+        }
+      } catch (...) {  // (out of memory) kept empty, so that no caller waits for ever
+        std::vector<StageEstimate>().swap(v_);
+        state_.store(kReady, std::memory_order_release);
+        throw;
       }
       state_.store(kReady, std::memory_order_release);
       state = kReady;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <new>
 #include <random>
 #include <thread>
 #include <vector>
@@ -486,6 +487,13 @@ TEST_CASE("a cancelled search returns what it found and says it was cut short", 
   const PlanSearchResult full = PlanSearch(cluster, profiles, sim, o).run();
   CHECK_FALSE(full.cut_short);
   CHECK_FALSE(full.top.empty());
+  // Cancelled as the parallel work starts, on two threads: no thread waits for ever on work that the
+  // other has dropped.
+  o.threads = 2;
+  o.on_parallel_start = [&] { cancel = true; };
+  const PlanSearchResult late = PlanSearch(cluster, profiles, sim, o).run();
+  CHECK(late.cut_short);
+  CHECK(late.cut_reason == "interrupted");
 }
 
 TEST_CASE("stage estimates: span_index lays layer spans out row by row, the budget and the slot keep their word",
@@ -527,6 +535,13 @@ TEST_CASE("stage estimates: span_index lays layer spans out row by row, the budg
   CHECK(over.get(3, tight, fill) == nullptr);
   CHECK(over.get(3, tight, fill) == nullptr);
   CHECK(fills == 1);  // past the budget nothing is filled
+  // A fill that throws (out of memory) leaves the slot empty and ready: its exception reaches its caller,
+  // and a later caller gets nullptr instead of waiting for ever on a fill that will not end.
+  EstimateSlot failed;
+  auto throwing = [&](StageEstimate*) { throw std::bad_alloc(); };
+  CHECK_THROWS_AS(failed.get(3, roomy, throwing), std::bad_alloc);
+  CHECK(failed.get(3, roomy, fill) == nullptr);
+  CHECK(fills == 1);
 }
 
 // Where the mixed-stage table is too large (hundreds of GPUs), a mixed stage's estimate is the whole-sample
