@@ -4,6 +4,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -160,25 +161,34 @@ bool tune_thread_heap() {
 #endif
 }
 
-WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) : released_(std::make_shared<std::atomic<bool>>(false)) {
+namespace {
+// Warm-ups numbered as they start, and the highest released: a task of warm-up n holds its worker while
+// released < n. Static, so that a task left unrun when the process ends (an input error right after the
+// warm-up started) holds no memory of ours.
+std::atomic<unsigned long> g_warm_ups_started{0}, g_warm_ups_released{0};
+}  // namespace
+
+WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) {
   const int slots = arena.max_concurrency();  // without starting it
   const int workers = std::min(slots, tbb::info::default_concurrency()) - 1;  // TBB's workers that can take one
   if (workers <= 0) return;
-  starter_ = std::thread([&arena, workers, released = released_] {
+  id_ = g_warm_ups_started.fetch_add(1) + 1;
+  starter_ = std::thread([&arena, workers, id = id_] {
     for (int i = 0; i < workers; ++i)
-      arena.enqueue([released] {
+      arena.enqueue([id] {
         tune_thread_heap();
         // Inputs that take longer to read than kHold make a wake-up's delay small beside them.
         constexpr auto kHold = std::chrono::milliseconds(100);
         const auto until = std::chrono::steady_clock::now() + kHold;
-        while (!released->load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+        while (g_warm_ups_released.load(std::memory_order_acquire) < id && std::chrono::steady_clock::now() < until)
           std::this_thread::yield();
       });
   });
 }
 
 void WorkerHeapWarmUp::wait() {
-  released_->store(true, std::memory_order_release);
+  for (unsigned long r = g_warm_ups_released.load(); r < id_ && !g_warm_ups_released.compare_exchange_weak(r, id_);) {
+  }
   if (starter_.joinable()) starter_.join();
 }
 

@@ -15,7 +15,6 @@
 
 #include <tbb/task_arena.h>
 
-#include <memory>
 #include <thread>
 
 namespace hetplan::cli {
@@ -65,7 +64,7 @@ class WorkerHeapWarmUp {
   void wait();
 
  private:
-  std::shared_ptr<std::atomic<bool>> released_;  // shared with the tasks, which may outlive this
+  unsigned long id_ = 0;  // this warm-up's number (0: none enqueued); its tasks hold until it is released
   std::thread starter_;
 };
 
