@@ -10,7 +10,6 @@
 // threads at once).
 #pragma once
 
-#include <atomic>
 #include <string>
 
 #include <tbb/task_arena.h>
@@ -50,8 +49,9 @@ std::string thread_heap_unsupported();
 //    that sleeps gives its core back, and on a VM a core given back can take milliseconds to return
 //    (on a 2-core VM, a worker woken for the search's start or a thread started to read the inputs
 //    often waited 1-3 ms for it).
-// The tasks are enqueued, so only workers run them; one that runs none prepares its heap at the
-// search's start (on_worker_start), as without this. With one slot, or where TBB has no worker, it does
+// The tasks are enqueued, for the workers (the constructing thread does no TBB waiting before the
+// search); a worker that runs none prepares its heap at the search's start (on_worker_start), as
+// without this. With one slot, or where TBB has no worker, it does
 // nothing. Never changes a value. Thread-safety: one thread constructs, waits and destroys.
 // REQUIRES: `arena` outlives this object.
 class WorkerHeapWarmUp {

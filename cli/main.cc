@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   hetplan::cli::AppRunner runner(app);
   // Where argv[1] names a subcommand, only that one is built: all of them, with their dozens of options
   // and help texts, took about a millisecond, a tenth of a small search's wall time. Otherwise (--help,
-  // --version, a mistyped name) all are, for the list in the help and the choices in the error.
+  // --version, anything else) all are, for the list in the help.
   struct Command {
     const char* name;
     hetplan::cli::Runner (*add)(CLI::App&);

@@ -485,9 +485,9 @@ PlanSearchResult PlanSearch::search() const {
   for (int p = 2; p <= Q; ++p)
     split_units += static_cast<double>(ms.size()) * orders.size() * (R - p + 1) * (L - p + 1);
   const bool split_layers = split_units <= 2e6;
-  // The units of group (node order, m) g = order * ms.size() + m's index, with p in [p_begin, p_end],
-  // each with its place in the search's order of units: by p, m, node order, stage 0's size and layers
-  // (the first infeasible one found gives the reason reported). Each group makes its own, when it runs.
+  // Group (node order, m) g = order * ms.size() + m's index. A unit's place in the search's order of
+  // units is by p, m, node order, stage 0's size and layers (the first infeasible one found gives the
+  // reason reported).
   const int n_ms = static_cast<int>(ms.size()), n_orders = static_cast<int>(orders.size());
   // A group's units of p stages: stage 0's size (all ranks for p = 1), and its layers where split.
   auto units_per_group = [&](int p) -> long long {
@@ -1143,7 +1143,7 @@ PlanSearchResult PlanSearch::search() const {
   //     and the threads sharing each group's units.
   // With the per-rank tables, the phases are one pass with no wait between them (see below).
   // Groups are taken in order of decreasing micro-batch (more (dp, tp) options: the costlier tables),
-  // each by the next free thread: none is left alone with a large table at the end of a phase. Two
+  // each by the next free thread: none is left alone with a large table at the end. Two
   // micro-batches at a time, node order by node order (m1 o1, m2 o1, m1 o2, m2 o2, ...): groups taken
   // at once then mostly differ in their micro-batch, and so in the estimates they fill (shared by the
   // node orders of one micro-batch), so that two threads seldom compute the same estimate.
@@ -1165,16 +1165,19 @@ PlanSearchResult PlanSearch::search() const {
         body(group_order[i]);
     });
   };
-  // Group g's units of p_begin to p_end stages, by all threads free.
+  // Group g's units of p_begin to p_end stages, by all threads free. Isolated: while this thread waits
+  // for the loop's last pieces it takes only the loop's own, never another lane of the search (which
+  // would hold this group's table until that lane ended, and could wait on work below it).
   auto run_group_units = [&](int g, int p_begin, int p_end) {
-    tbb::parallel_for(tbb::blocked_range<long long>(0, group_unit_count(p_begin, p_end), 1),
-                      [&](const tbb::blocked_range<long long>& range) {
-      start.enter();
-      Worker& w = workers.local();
-      Unit u = group_unit(g, p_begin, range.begin());
-      for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units, u = next_in_group(u)) {
-        run_unit(w, u);
-      }
+    tbb::this_task_arena::isolate([&] {
+      tbb::parallel_for(tbb::blocked_range<long long>(0, group_unit_count(p_begin, p_end), 1),
+                        [&](const tbb::blocked_range<long long>& range) {
+        start.enter();
+        Worker& w = workers.local();
+        Unit u = group_unit(g, p_begin, range.begin());
+        for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units, u = next_in_group(u))
+          run_unit(w, u);
+      });
     });
   };
   // Unit `index` of the search's order (by p, then group, then group_unit's order).
@@ -1210,8 +1213,10 @@ PlanSearchResult PlanSearch::search() const {
       ready[g].store(false);
       left2[g].store(per_group);
     }
-    // Waits until `done()`, work that running threads have taken (every item of a phase is taken before
-    // any thread leaves it) and that waits on nothing before it: false where the search stops first
+    // Waits until `done()`: work of an earlier phase, which running threads have taken (every item of a
+    // phase is taken before any thread leaves it), and which waits only on work of a phase before its own
+    // (phase 1 on nothing); no TBB wait runs inside phases 1 and 2, and phase 3's nested loop is isolated
+    // (run_group_units), so no waiting thread holds work it waits for. False where the search stops first
     // (cut short, or a thread's exception).
     auto wait_for = [&](auto&& done) {
       while (!done())
@@ -1245,8 +1250,8 @@ PlanSearchResult PlanSearch::search() const {
           }
           left2[g].fetch_sub(i - from, std::memory_order_release);
         }
-      // 3. Per group, its deeper entries, then its units of three stages and more (with every thread
-      //    free).
+      // 3. Per group, its deeper entries, then its units of three stages and more (shared with the
+      //    threads that have no group of their own).
       for (std::size_t i = next3.fetch_add(1); i < n_groups && !check_stop(); i = next3.fetch_add(1)) {
         const int g = group_order[i];
         if (!wait_for([&] { return left2[g].load(std::memory_order_acquire) == 0; })) break;

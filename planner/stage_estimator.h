@@ -107,6 +107,7 @@ class EstimateBudget {
     used_.fetch_sub(bytes);
     return false;
   }
+  void give_back(std::size_t bytes) { used_.fetch_sub(bytes); }  // REQUIRES: taken before
 
  private:
   std::size_t limit_;
@@ -124,12 +125,14 @@ class EstimateSlot {
   const StageEstimate* get(std::size_t n, EstimateBudget& budget, Fill&& fill) {
     int state = state_.load(std::memory_order_acquire);
     if (state == kEmpty && state_.compare_exchange_strong(state, kFilling, std::memory_order_acquire)) {
+      bool taken = false;
       try {
-        if (budget.take(n * sizeof(StageEstimate))) {
+        if ((taken = budget.take(n * sizeof(StageEstimate)))) {
           v_.resize(n);
           fill(v_.data());
         }
       } catch (...) {  // (out of memory) kept empty, so that no caller waits for ever
+        if (taken) budget.give_back(n * sizeof(StageEstimate));
         std::vector<StageEstimate>().swap(v_);
         state_.store(kReady, std::memory_order_release);
         throw;

@@ -539,9 +539,11 @@ TEST_CASE("stage estimates: span_index lays layer spans out row by row, the budg
   // and a later caller gets nullptr instead of waiting for ever on a fill that will not end.
   EstimateSlot failed;
   auto throwing = [&](StageEstimate*) { throw std::bad_alloc(); };
-  CHECK_THROWS_AS(failed.get(3, roomy, throwing), std::bad_alloc);
-  CHECK(failed.get(3, roomy, fill) == nullptr);
+  EstimateBudget exact(3 * sizeof(StageEstimate));
+  CHECK_THROWS_AS(failed.get(3, exact, throwing), std::bad_alloc);
+  CHECK(failed.get(3, exact, fill) == nullptr);
   CHECK(fills == 1);
+  CHECK(exact.take(3 * sizeof(StageEstimate)));  // what the failed fill took is given back
 }
 
 // Where the mixed-stage table is too large (hundreds of GPUs), a mixed stage's estimate is the whole-sample
