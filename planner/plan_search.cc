@@ -1165,19 +1165,20 @@ PlanSearchResult PlanSearch::search() const {
         body(group_order[i]);
     });
   };
-  // Group g's units of p_begin to p_end stages, by all threads free. Isolated: while this thread waits
-  // for the loop's last pieces it takes only the loop's own, never another lane of the search (which
-  // would hold this group's table until that lane ended, and could wait on work below it).
+  // Group g's units of p_begin to p_end stages, by all threads free. Not isolated: while this thread
+  // waits for the loop's last pieces it helps with other groups' loops (isolated, the row-2 search on two
+  // threads took about 5% longer). It may then also run a lane of the search that no worker has started
+  // (a worker late on a VM): that lane takes only work that no thread has taken, and its waits rest on
+  // work of phases 1 and 2, which no thread leaves half done below a wait, as long as nothing in
+  // build_bound and run_unit waits in TBB (REQUIRES, for whoever changes them).
   auto run_group_units = [&](int g, int p_begin, int p_end) {
-    tbb::this_task_arena::isolate([&] {
-      tbb::parallel_for(tbb::blocked_range<long long>(0, group_unit_count(p_begin, p_end), 1),
-                        [&](const tbb::blocked_range<long long>& range) {
-        start.enter();
-        Worker& w = workers.local();
-        Unit u = group_unit(g, p_begin, range.begin());
-        for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units, u = next_in_group(u))
-          run_unit(w, u);
-      });
+    tbb::parallel_for(tbb::blocked_range<long long>(0, group_unit_count(p_begin, p_end), 1),
+                      [&](const tbb::blocked_range<long long>& range) {
+      start.enter();
+      Worker& w = workers.local();
+      Unit u = group_unit(g, p_begin, range.begin());
+      for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units, u = next_in_group(u))
+        run_unit(w, u);
     });
   };
   // Unit `index` of the search's order (by p, then group, then group_unit's order).
@@ -1215,9 +1216,8 @@ PlanSearchResult PlanSearch::search() const {
     }
     // Waits until `done()`: work of an earlier phase, which running threads have taken (every item of a
     // phase is taken before any thread leaves it), and which waits only on work of a phase before its own
-    // (phase 1 on nothing); no TBB wait runs inside phases 1 and 2, and phase 3's nested loop is isolated
-    // (run_group_units), so no waiting thread holds work it waits for. False where the search stops first
-    // (cut short, or a thread's exception).
+    // (phase 1 on nothing). No TBB wait runs inside phases 1 and 2, so no thread holds such work below a
+    // wait (see run_group_units). False where the search stops first (cut short, or a thread's exception).
     auto wait_for = [&](auto&& done) {
       while (!done())
         if (stop.load(std::memory_order_relaxed)) return false;
