@@ -51,8 +51,8 @@ std::string thread_heap_unsupported();
 //    often waited 1-3 ms for it).
 // The tasks are enqueued, for the workers (the constructing thread does no TBB waiting before the
 // search); a worker that runs none prepares its heap at the search's start (on_worker_start), as
-// without this. With one slot, or where TBB has no worker, it does
-// nothing. Never changes a value. Thread-safety: one thread constructs, waits and destroys.
+// without this. With one slot, or where TBB has no worker, it does nothing. Never changes a value.
+// Thread-safety: one thread constructs, waits and destroys.
 // REQUIRES: `arena` outlives this object.
 class WorkerHeapWarmUp {
  public:

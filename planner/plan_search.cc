@@ -1156,13 +1156,21 @@ PlanSearchResult PlanSearch::search() const {
   std::sort(group_order.begin(), group_order.end(), [&](int x, int y) { return order_key(x) < order_key(y); });
   // Every parallel task body below starts with start.enter(): a worker's first task runs the hook.
   WorkerStart start(opt_.on_worker_start);
+  // The groups in group_order, each taken from `next` by the calling thread, until none is left, the
+  // search stops, or body(g) returns false.
+  auto take_groups = [&](std::atomic<std::size_t>& next, auto&& body) {
+    for (std::size_t i = next.fetch_add(1); i < group_order.size() && !check_stop(); i = next.fetch_add(1))
+      if (!body(group_order[i])) return;
+  };
   auto for_each_group = [&](auto&& body) {
     std::atomic<std::size_t> next{0};
     const int lanes = std::max(1, tbb::this_task_arena::max_concurrency());
     tbb::parallel_for(0, lanes, [&](int) {
       start.enter();
-      for (std::size_t i = next.fetch_add(1); i < group_order.size() && !check_stop(); i = next.fetch_add(1))
-        body(group_order[i]);
+      take_groups(next, [&](int g) {
+        body(g);
+        return true;
+      });
     });
   };
   // Group g's units of p_begin to p_end stages, by all threads free. Not isolated: while this thread
@@ -1229,12 +1237,12 @@ PlanSearchResult PlanSearch::search() const {
     constexpr long long kChunk = 32;
     auto lane = [&] {
       // 1. Every group's estimator and the one-stage entries of its suffix bound.
-      for (std::size_t i = next1.fetch_add(1); i < n_groups && !check_stop(); i = next1.fetch_add(1)) {
-        const int g = group_order[i];
+      take_groups(next1, [&](int g) {
         build_bound(g, &bounds[g], true);
         finish_bound(&bounds[g]);
         ready[g].store(true, std::memory_order_release);
-      }
+        return true;
+      });
       // 2. Every group's units of one and two stages, in group order, a few at a time: the threads stay
       //    near the front, where the plans found set the threshold for the rest.
       Worker& w = workers.local();
@@ -1252,14 +1260,14 @@ PlanSearchResult PlanSearch::search() const {
         }
       // 3. Per group, its deeper entries, then its units of three stages and more (shared with the
       //    threads that have no group of their own).
-      for (std::size_t i = next3.fetch_add(1); i < n_groups && !check_stop(); i = next3.fetch_add(1)) {
-        const int g = group_order[i];
-        if (!wait_for([&] { return left2[g].load(std::memory_order_acquire) == 0; })) break;
+      take_groups(next3, [&](int g) {
+        if (!wait_for([&] { return left2[g].load(std::memory_order_acquire) == 0; })) return false;
         build_bound(g, &bounds[g], false);
         finish_bound(&bounds[g]);
         run_group_units(g, 3, Q);
         bounds[g].release();  // every unit of the group is done
-      }
+        return true;
+      });
     };
     tbb::parallel_for(0, std::max(1, tbb::this_task_arena::max_concurrency()), [&](int) {
       start.enter();
