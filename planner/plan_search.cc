@@ -1173,22 +1173,6 @@ PlanSearchResult PlanSearch::search() const {
       });
     });
   };
-  // Group g's units of p_begin to p_end stages, by all threads free. Not isolated: while this thread
-  // waits for the loop's last pieces it helps with other groups' loops (isolated, the row-2 search on two
-  // threads took about 5% longer). It may then also run a lane of the search that no worker has started
-  // (a worker late on a VM): that lane takes only work that no thread has taken, and its waits rest on
-  // work of phases 1 and 2, which no thread leaves half done below a wait, as long as nothing in
-  // build_bound and run_unit waits in TBB (REQUIRES, for whoever changes them).
-  auto run_group_units = [&](int g, int p_begin, int p_end) {
-    tbb::parallel_for(tbb::blocked_range<long long>(0, group_unit_count(p_begin, p_end), 1),
-                      [&](const tbb::blocked_range<long long>& range) {
-      start.enter();
-      Worker& w = workers.local();
-      Unit u = group_unit(g, p_begin, range.begin());
-      for (long long i = range.begin(); i != range.end() && !every_so_often(w); ++i, ++w.c.units, u = next_in_group(u))
-        run_unit(w, u);
-    });
-  };
   // Unit `index` of the search's order (by p, then group, then group_unit's order).
   auto unit_at = [&](long long index) {
     const int p = static_cast<int>(std::upper_bound(p_first.begin() + 1, p_first.end(), index) - p_first.begin()) - 1;
@@ -1224,8 +1208,9 @@ PlanSearchResult PlanSearch::search() const {
     }
     // Waits until `done()`: work of an earlier phase, which running threads have taken (every item of a
     // phase is taken before any thread leaves it), and which waits only on work of a phase before its own
-    // (phase 1 on nothing). No TBB wait runs inside phases 1 and 2, so no thread holds such work below a
-    // wait (see run_group_units). False where the search stops first (cut short, or a thread's exception).
+    // (phase 1 on nothing). No TBB wait runs inside a lane, so no thread holds such work below a wait
+    // (REQUIRES, for whoever changes build_bound and run_unit: nothing in them waits in TBB). False where
+    // the search stops first (cut short, or a thread's exception).
     auto wait_for = [&](auto&& done) {
       while (!done())
         if (stop.load(std::memory_order_relaxed)) return false;
@@ -1235,6 +1220,39 @@ PlanSearchResult PlanSearch::search() const {
     std::atomic<std::size_t> next1{0}, next3{0};
     std::atomic<long long> next2{0};
     constexpr long long kChunk = 32;
+    // Phase 3's units of group g: the next not taken (next3u[g]) and the number run (done3u[g]) of its
+    // per_group3, once its deeper entries are built (open3[g]).
+    const long long per_group3 = group_unit_count(3, Q);
+    std::unique_ptr<std::atomic<long long>[]> next3u(new std::atomic<long long>[n_groups]);
+    std::unique_ptr<std::atomic<long long>[]> done3u(new std::atomic<long long>[n_groups]);
+    std::unique_ptr<std::atomic<bool>[]> open3(new std::atomic<bool>[n_groups]);
+    for (std::size_t g = 0; g < n_groups; ++g) {
+      next3u[g].store(0);
+      done3u[g].store(0);
+      open3[g].store(false);
+    }
+    // Runs group g's phase-3 units, a chunk at a time, until every one is taken; the thread that runs its
+    // last frees its table. Any thread may join a group's units: the chunks shrink as they run out, so
+    // that at the end of the search no thread is left alone with a long chunk (a few units take
+    // milliseconds, most microseconds) while the other has nothing to do. False where the search stops.
+    auto run_units3 = [&](Worker& w, int g) {
+      for (;;) {
+        const long long left = per_group3 - next3u[g].load(std::memory_order_relaxed);
+        if (left <= 0) return true;
+        const long long chunk = std::clamp<long long>(left / 64, 1, 64);
+        const long long b = next3u[g].fetch_add(chunk, std::memory_order_relaxed);
+        if (b >= per_group3) return true;
+        const long long e = std::min(per_group3, b + chunk);
+        long long i = b;
+        bool stopped = false;
+        for (Unit u = group_unit(g, 3, b); i < e; ++i, ++w.c.units, u = next_in_group(u)) {
+          if ((stopped = every_so_often(w))) break;
+          run_unit(w, u);
+        }
+        if (stopped) return false;  // (the table is left to the search's end)
+        if (done3u[g].fetch_add(e - b, std::memory_order_acq_rel) + (e - b) == per_group3) bounds[g].release();
+      }
+    };
     auto lane = [&] {
       // 1. Every group's estimator and the one-stage entries of its suffix bound.
       take_groups(next1, [&](int g) {
@@ -1258,16 +1276,27 @@ PlanSearchResult PlanSearch::search() const {
           }
           left2[g].fetch_sub(i - from, std::memory_order_release);
         }
-      // 3. Per group, its deeper entries, then its units of three stages and more (shared with the
-      //    threads that have no group of their own).
+      // 3. Per group, its deeper entries, then its units of three stages and more; then, with no group
+      //    left to build, the units of the groups other threads are on (see run_units3).
       take_groups(next3, [&](int g) {
         if (!wait_for([&] { return left2[g].load(std::memory_order_acquire) == 0; })) return false;
         build_bound(g, &bounds[g], false);
         finish_bound(&bounds[g]);
-        run_group_units(g, 3, Q);
-        bounds[g].release();  // every unit of the group is done
-        return true;
+        open3[g].store(true, std::memory_order_release);
+        return run_units3(w, g);
       });
+      for (bool left = true; left && !stop.load(std::memory_order_relaxed);) {
+        left = false;
+        bool ran = false;
+        for (int g : group_order) {
+          if (next3u[g].load(std::memory_order_relaxed) >= per_group3) continue;
+          left = true;
+          if (!open3[g].load(std::memory_order_acquire)) continue;  // its table is being built
+          ran = true;
+          if (!run_units3(w, g)) break;
+        }
+        if (left && !ran) std::this_thread::yield();
+      }
     };
     tbb::parallel_for(0, std::max(1, tbb::this_task_arena::max_concurrency()), [&](int) {
       start.enter();
