@@ -185,13 +185,15 @@ PathCounts start_path(Schedule schedule, int after, int m) {
   return {1 + m - std::min(warmup + 1, m), m, m - 1};
 }
 
-// x86-64 with GCC: also an AVX2 build of the function, chosen at load time where the CPU has it (4
-// doubles a vector instead of SSE2's 2; no FMA, so the same values). Not under ThreadSanitizer: the
-// loader runs the choosing function (an ifunc resolver) before TSan's runtime is up, and it crashes.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define HETPLAN_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
-#else
-#define HETPLAN_AVX2_CLONE
+// x86-64 with glibc: also an AVX2 build of relax_row (4 doubles a vector instead of SSE2's 2; no FMA, so
+// the same values), chosen by the CPU features glibc read at start-up. Not GCC's target_clones: its
+// resolver runs libgcc's CPU detection in every process, a dozen CPUID instructions that cost about
+// 10 us each in a VM (0.25 ms of each run's start-up, measured here).
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_include)
+#if __has_include(<sys/platform/x86.h>)
+#include <sys/platform/x86.h>
+#define HETPLAN_AVX2_BUILD 1
+#endif
 #endif
 
 // One step of the suffix bound's dynamic program (see SuffixBound) for a stage x with every q in
@@ -234,11 +236,12 @@ PathCounts start_path(Schedule schedule, int after, int m) {
 // the stage, layer 0), so that the entries q - 1 after a stage ending at e start at next0 + e (Q + 1);
 // hc/gc/g0c the stage's own entries. A stage whose busy time is above `threshold` ends the walk (its
 // time and accumulation only grow with its layers); one with no estimate (a missing profile) is skipped.
-// One call per row, so the dynamic program's inner loops are all in the vectorised clone.
-HETPLAN_AVX2_CLONE void relax_row(const StageEstimate* xs, int e_begin, int e_end, int q_cap, int L, int Q, int m,
-                                  double sf, double sb, double threshold, const double* coef, const double* H,
-                                  const double* G, const double* G0, std::size_t next0, double* hc, double* gc,
-                                  double* g0c) {
+// One call per row, so the dynamic program's inner loops are all in the AVX2 build.
+[[gnu::always_inline]] inline void relax_row_body(const StageEstimate* xs, int e_begin, int e_end, int q_cap, int L,
+                                                  int Q, int m, double sf, double sb, double threshold,
+                                                  const double* coef, const double* H, const double* G,
+                                                  const double* G0, std::size_t next0, double* hc, double* gc,
+                                                  double* g0c) {
   const double md = m, m1 = m - 1, acc = m > 1 ? 1.0 : 0.0;
   for (int e = e_begin; e < e_end; ++e) {
     const StageEstimate x = xs[e - e_begin];
@@ -251,6 +254,29 @@ HETPLAN_AVX2_CLONE void relax_row(const StageEstimate* xs, int e_begin, int e_en
     const std::size_t next = next0 + static_cast<std::size_t>(e) * (Q + 1);
     relax_suffix(q_max, coef, Q + 1, x, busy, csum, c0, sf + sb, H + next, G + next, G0 + next, hc, gc, g0c);
   }
+}
+
+using RelaxRow = void (*)(const StageEstimate*, int, int, int, int, int, int, double, double, double, const double*,
+                          const double*, const double*, const double*, std::size_t, double*, double*, double*);
+#define HETPLAN_RELAX_ROW_ARGS                                                                                   \
+  const StageEstimate *xs, int e_begin, int e_end, int q_cap, int L, int Q, int m, double sf, double sb,       \
+      double threshold, const double *coef, const double *H, const double *G, const double *G0, std::size_t next0, \
+      double *hc, double *gc, double *g0c
+void relax_row_plain(HETPLAN_RELAX_ROW_ARGS) {
+  relax_row_body(xs, e_begin, e_end, q_cap, L, Q, m, sf, sb, threshold, coef, H, G, G0, next0, hc, gc, g0c);
+}
+#ifdef HETPLAN_AVX2_BUILD
+__attribute__((target("avx2"))) void relax_row_avx2(HETPLAN_RELAX_ROW_ARGS) {
+  relax_row_body(xs, e_begin, e_end, q_cap, L, Q, m, sf, sb, threshold, coef, H, G, G0, next0, hc, gc, g0c);
+}
+#endif
+#undef HETPLAN_RELAX_ROW_ARGS
+// The build of relax_row for this CPU.
+RelaxRow pick_relax_row() {
+#ifdef HETPLAN_AVX2_BUILD
+  if (CPU_FEATURE_ACTIVE(AVX2)) return relax_row_avx2;
+#endif
+  return relax_row_plain;
 }
 
 // One (node order, m, p) unit.
@@ -413,6 +439,7 @@ PlanSearchResult PlanSearch::run() const {
 
 PlanSearchResult PlanSearch::search() const {
   const auto t0 = Clock::now();
+  const RelaxRow relax_row = pick_relax_row();
   const Cluster& cluster = *cluster_;
   const ProfileSet& profiles = *profiles_;
   const int L = profiles.num_layers();
