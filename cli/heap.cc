@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 
 #if defined(__GLIBC__)
@@ -166,6 +167,24 @@ namespace {
 // released < n. Static, so that a task left unrun when the process ends (an input error right after the
 // warm-up started) holds no memory of ours.
 std::atomic<unsigned long> g_warm_ups_started{0}, g_warm_ups_released{0};
+// The work share() offers to held workers (null when none), its offer's number, and how many workers
+// have joined it and not yet returned. share() clears the offer, then waits for that count to be 0; a
+// worker counts itself in, then reads the offer again (sequentially consistent): so either share() waits
+// for it, or it sees no offer and never calls the work, which lives on share()'s caller's stack.
+std::atomic<const std::function<void()>*> g_offered{nullptr};
+std::atomic<unsigned long> g_offer_number{0};
+std::atomic<int> g_in_offer{0};
+
+// A held worker's part in the current offer, once per offer.
+void join_offer(unsigned long& joined) {
+  const std::function<void()>* work = g_offered.load();
+  const unsigned long number = g_offer_number.load();
+  if (!work || number == joined) return;
+  joined = number;
+  g_in_offer.fetch_add(1);
+  if (g_offered.load() == work) (*work)();
+  g_in_offer.fetch_sub(1);
+}
 }  // namespace
 
 WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) {
@@ -180,10 +199,21 @@ WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) {
         // Inputs that take longer to read than kHold make a wake-up's delay small beside them.
         constexpr auto kHold = std::chrono::milliseconds(100);
         const auto until = std::chrono::steady_clock::now() + kHold;
-        while (g_warm_ups_released.load(std::memory_order_acquire) < id && std::chrono::steady_clock::now() < until)
+        unsigned long joined = 0;
+        while (g_warm_ups_released.load(std::memory_order_acquire) < id && std::chrono::steady_clock::now() < until) {
+          join_offer(joined);
           std::this_thread::yield();
+        }
       });
   });
+}
+
+void WorkerHeapWarmUp::share(const std::function<void()>& work) {
+  g_offer_number.fetch_add(1);
+  g_offered.store(&work);
+  work();
+  g_offered.store(nullptr);
+  while (g_in_offer.load() != 0) std::this_thread::yield();
 }
 
 void WorkerHeapWarmUp::wait() {

@@ -10,6 +10,7 @@
 // threads at once).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include <tbb/task_arena.h>
@@ -49,10 +50,13 @@ std::string thread_heap_unsupported();
 //    that sleeps gives its core back, and on a VM a core given back can take milliseconds to return
 //    (on a 2-core VM, a worker woken for the search's start or a thread started to read the inputs
 //    often waited 1-3 ms for it).
+// While they are held, share() gives them work of the constructing thread's (reading the inputs), in
+// place of a thread started for it: on a VM a new thread's first allocations fault in a heap of its own,
+// and the 2-core VM has no third core for it beside a held worker.
 // The tasks are enqueued, for the workers (the constructing thread does no TBB waiting before the
 // search); a worker that runs none prepares its heap at the search's start (on_worker_start), as
 // without this. With one slot, or where TBB has no worker, it does nothing. Never changes a value.
-// Thread-safety: one thread constructs, waits and destroys.
+// Thread-safety: one thread constructs, shares, waits and destroys.
 // REQUIRES: `arena` outlives this object.
 class WorkerHeapWarmUp {
  public:
@@ -62,6 +66,11 @@ class WorkerHeapWarmUp {
   WorkerHeapWarmUp& operator=(const WorkerHeapWarmUp&) = delete;
   // Lets the workers go (to the search's tasks); does not wait for a worker still on its way.
   void wait();
+  // Runs `work` on this thread and on each worker held now or until this thread's call of it returns
+  // (none, if no worker has started yet); returns once every call of it has returned. Meant for work
+  // that takes items until none is left (ProfileSet::load's Spread).
+  // REQUIRES: `work` does not throw; no other share() runs at the same time in the process.
+  void share(const std::function<void()>& work);
 
  private:
   unsigned long id_ = 0;  // this warm-up's number (0: none enqueued); its tasks hold until it is released

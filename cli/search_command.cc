@@ -170,11 +170,13 @@ int run_metis_search(const SearchArgs& a) {
 // The default: the simulator's iteration time over plans that fit every rank's
 // memory, keep tp inside nodes and train every layer and sample (planner/plan_search.h).
 int run_default_search(const SearchArgs& a) {
-  // The search's workers prepare their heaps (on_worker_start's work) while this thread reads the inputs.
+  // The search's workers prepare their heaps (on_worker_start's work) while this thread reads the inputs,
+  // and read profile files with it.
   tbb::task_arena arena(a.threads > 0 ? a.threads : tbb::info::default_concurrency());
   WorkerHeapWarmUp warm_up(arena);
   const Cluster cluster = load_cluster(a);
-  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads);
+  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads,
+                                               [&warm_up](const std::function<void()>& work) { warm_up.share(work); });
 
   SimulationOptions so;
   so.schedule = parse_schedule(a.schedule, "--schedule");

@@ -15,6 +15,8 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -108,4 +110,44 @@ TEST_CASE("WorkerHeapWarmUp holds its workers until wait(), for at most 100 ms",
   const auto t0 = std::chrono::steady_clock::now();
   none.wait();
   CHECK(std::chrono::steady_clock::now() - t0 < 50ms);
+}
+
+TEST_CASE("WorkerHeapWarmUp::share runs work on this thread and on the held workers, each item once", "[heap]") {
+  using namespace std::chrono_literals;
+  // 300 items of 100 us each, taken one at a time: the threads that took part, and how often each item ran.
+  auto run = [](hetplan::cli::WorkerHeapWarmUp& warm_up) {
+    std::atomic<int> next{0};
+    std::vector<std::atomic<int>> runs(300);
+    std::mutex mu;
+    std::set<std::thread::id> threads;
+    warm_up.share([&] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        threads.insert(std::this_thread::get_id());
+      }
+      for (int i = next.fetch_add(1); i < 300; i = next.fetch_add(1)) {
+        runs[i].fetch_add(1);
+        std::this_thread::sleep_for(100us);
+      }
+    });
+    for (auto& r : runs) CHECK(r.load() == 1);  // every item ran, once, before share() returned
+    return threads;
+  };
+  tbb::task_arena single(1);  // no worker: the calling thread does it all
+  {
+    hetplan::cli::WorkerHeapWarmUp warm_up(single);
+    const auto threads = run(warm_up);
+    CHECK(threads == std::set<std::thread::id>{std::this_thread::get_id()});
+  }
+  if (tbb::info::default_concurrency() < 2) {
+    std::cout << "HETPLAN_SKIP: TBB has no worker thread on a machine of one core" << std::endl;
+    return;
+  }
+  tbb::task_arena arena(2);  // one worker
+  hetplan::cli::WorkerHeapWarmUp warm_up(arena);
+  std::this_thread::sleep_for(5ms);  // the worker starts, and is held (up to 100 ms from the warm-up's start)
+  const auto threads = run(warm_up);  // 30 ms or more of items: the held worker, which looks every yield, joins
+  CHECK(threads.size() == 2);
+  CHECK(threads.count(std::this_thread::get_id()) == 1);
+  warm_up.wait();
 }
