@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "planner/spin_lock.h"
 #include "sim/cluster.h"
 #include "sim/data_load_balancer.h"
 #include "sim/plan_cost.h"
@@ -165,7 +166,7 @@ class MixedLists {
     EstimateSlot estimates;  // [span_index(L, l, e)]
   };
   Entry* intern(const std::vector<const Slices*>& sorted_list) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     auto [it, fresh] = index_.try_emplace(sorted_list, nullptr);
     if (fresh) {
       entries_.push_back(std::make_unique<Entry>());
@@ -181,7 +182,7 @@ class MixedLists {
 
  private:
   EstimateBudget* budget_;
-  std::mutex mu_;
+  SpinLock mu_;  // a lookup or an insert: the groups' estimators intern at once at the search's start
   std::map<std::vector<const Slices*>, Entry*> index_;
   std::vector<std::unique_ptr<Entry>> entries_;
 };
