@@ -20,6 +20,7 @@
 
 #include "planner/search.h"
 #include "planner/periodic.h"
+#include "planner/spin_lock.h"
 #include "planner/stage_estimator.h"
 #include "planner/top_k.h"
 #include "planner/worker_start.h"
@@ -56,7 +57,7 @@ class SharedBound {
   double threshold() const { return threshold_.load(std::memory_order_relaxed); }
   void offer(double cost) {
     if (cost > threshold()) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     costs_.insert(std::upper_bound(costs_.begin(), costs_.end(), cost), cost);
     if (static_cast<int>(costs_.size()) > k_) costs_.pop_back();
     // A hair above the K-th cost: a bound summed in another order than the cost itself may exceed a
@@ -68,7 +69,7 @@ class SharedBound {
 
  private:
   int k_;
-  std::mutex mu_;
+  SpinLock mu_;  // taken where a plan is found: both threads find plans early in the search
   std::vector<double> costs_;
   std::atomic<double> threshold_{kInf};
 };
