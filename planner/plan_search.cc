@@ -1311,6 +1311,7 @@ PlanSearchResult PlanSearch::search() const {
         build_bound(g, &bounds[g], false);
         finish_bound(&bounds[g]);
         open3[g].store(true, std::memory_order_release);
+        if (per_group3 == 0) bounds[g].release();  // no unit of three stages or more (Q < 3)
         return run_units3(w, g);
       });
       for (bool left = true; left && !stop.load(std::memory_order_relaxed);) {
