@@ -257,8 +257,7 @@ PathCounts start_path(Schedule schedule, int after, int m) {
   }
 }
 
-using RelaxRow = void (*)(const StageEstimate*, int, int, int, int, int, int, double, double, double, const double*,
-                          const double*, const double*, const double*, std::size_t, double*, double*, double*);
+using RelaxRow = decltype(&relax_row_body);
 #define HETPLAN_RELAX_ROW_ARGS                                                                                   \
   const StageEstimate *xs, int e_begin, int e_end, int q_cap, int L, int Q, int m, double sf, double sb,       \
       double threshold, const double *coef, const double *H, const double *G, const double *G0, std::size_t next0, \
