@@ -39,27 +39,29 @@ mkdir -p "$work"
 # run NAME ARGS...: prints "wall_s rss_mb" of one hetplan run, keeps its output in $work/NAME.out.
 run() {
   local name=$1; shift
-  /usr/bin/time -f "%e %M" -o "$work/$name.time" "$bin" "$@" >"$work/$name.out" 2>"$work/$name.err" || {
+  "$proc_time" -r "$work/$name.time" -- "$bin" "$@" >"$work/$name.out" 2>"$work/$name.err" || {
     echo "bench_search: $name failed: $(tail -1 "$work/$name.err")" >&2; echo "nan nan"; return 0; }
   awk '{printf "%.3f %.0f\n", $1, $2/1024}' "$work/$name.time"
 }
 # search_s FILE: the search's own time ("time: S s") in a search's output.
 search_s() { sed -n 's/.*, time: \([0-9.e+-]*\) s.*/\1/p' "$1" | head -1; }
-source scripts/bench_lib.sh  # median
+source scripts/bench_lib.sh  # median, proc_time_build
+# Times and peak RSS of hetplan's own process (scripts/proc_time.cc), not of a shell around it.
+proc_time=$(proc_time_build "$work")
 # pair NAME_A NAME_B N: runs the commands in arrays cmd_a and cmd_b in turn, A B A B ..., N times each
 # (one run of each first, not counted), and prints "median_wall_a median_wall_b median_ratio_a/b
 # max_rss_a_mb max_rss_b_mb median_search_ratio_a/b": pairing keeps the ratio meaningful when the
 # machine's speed drifts. The last is the ratio of the searches' own times (the "time: S s" each
 # prints: the search alone, without starting the process and reading the inputs).
 pair() {
-  local a=$1 b=$2 n=$3 i t0 t1 wa=() wb=() sa=() sb=() ra=0 rb=0 r
+  local a=$1 b=$2 n=$3 i t r wa=() wb=() sa=() sb=() ra=0 rb=0
   for ((i = 0; i <= n; i++)); do
-    t0=$EPOCHREALTIME; /usr/bin/time -f "%M" -o "$work/$a.time" "$bin" "${cmd_a[@]}" >"$work/$a.out" 2>"$work/$a.err"; t1=$EPOCHREALTIME
-    ((i > 0)) && wa+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')") && sa+=("$(search_s "$work/$a.out")")
-    r=$(cat "$work/$a.time"); ((r > ra)) && ra=$r
-    t0=$EPOCHREALTIME; /usr/bin/time -f "%M" -o "$work/$b.time" "$bin" "${cmd_b[@]}" >"$work/$b.out" 2>"$work/$b.err"; t1=$EPOCHREALTIME
-    ((i > 0)) && wb+=("$(awk -v x="$t0" -v y="$t1" 'BEGIN{print y - x}')") && sb+=("$(search_s "$work/$b.out")")
-    r=$(cat "$work/$b.time"); ((r > rb)) && rb=$r
+    "$proc_time" -r "$work/$a.time" -- "$bin" "${cmd_a[@]}" >"$work/$a.out" 2>"$work/$a.err"
+    read -r t r _ <"$work/$a.time"; ((r > ra)) && ra=$r
+    ((i > 0)) && wa+=("$t") && sa+=("$(search_s "$work/$a.out")")
+    "$proc_time" -r "$work/$b.time" -- "$bin" "${cmd_b[@]}" >"$work/$b.out" 2>"$work/$b.err"
+    read -r t r _ <"$work/$b.time"; ((r > rb)) && rb=$r
+    ((i > 0)) && wb+=("$t") && sb+=("$(search_s "$work/$b.out")")
   done
   ratios() { paste <(printf '%s\n' "$@" | head -n "$n") <(printf '%s\n' "$@" | tail -n "$n") |
     awk '$1 != "" && $2 > 0 {print $1 / $2}' | median; }
@@ -72,15 +74,14 @@ pair() {
 # two): what a perfect split of one search over two threads would give, with the two cores' sharing
 # (caches, memory, the hypervisor) included. Uses cmd_b.
 ceiling() {
-  local n=$1 i t0 t1 t2 wr=() sr=() s1 s2 s3
+  local n=$1 i w1 w2 wr=() sr=() s1 s2 s3
   for ((i = 0; i <= n; i++)); do
-    t0=$EPOCHREALTIME; "$bin" "${cmd_b[@]}" >"$work/ceiling1.out" 2>&1; t1=$EPOCHREALTIME
-    "$bin" "${cmd_b[@]}" >"$work/ceiling2.out" 2>&1 &
-    "$bin" "${cmd_b[@]}" >"$work/ceiling3.out" 2>&1
-    wait; t2=$EPOCHREALTIME
+    "$proc_time" -r "$work/ceiling_alone.time" -o "$work/ceiling_alone" -- "$bin" "${cmd_b[@]}"
+    "$proc_time" -r "$work/ceiling_pair.time" -n 2 -o "$work/ceiling_pair" -- "$bin" "${cmd_b[@]}"
     ((i > 0)) || continue
-    s1=$(search_s "$work/ceiling1.out"); s2=$(search_s "$work/ceiling2.out"); s3=$(search_s "$work/ceiling3.out")
-    wr+=("$(awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN{print 2 * (b - a) / (c - b)}')")
+    read -r w1 _ <"$work/ceiling_alone.time"; read -r w2 _ <"$work/ceiling_pair.time"
+    s1=$(search_s "$work/ceiling_alone1.out"); s2=$(search_s "$work/ceiling_pair1.out"); s3=$(search_s "$work/ceiling_pair2.out")
+    wr+=("$(awk -v a="$w1" -v b="$w2" 'BEGIN{print 2 * a / b}')")
     sr+=("$(awk -v a="$s1" -v b="$s2" -v c="$s3" 'BEGIN{m = b > c ? b : c; print 2 * a / m}')")
   done
   printf '%.2f %.2f\n' "$(printf '%s\n' "${wr[@]}" | median)" "$(printf '%s\n' "${sr[@]}" | median)"
