@@ -9,12 +9,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <string_view>
+#include <optional>
 #include <thread>
+#include <pthread.h>
 
 #if defined(__GLIBC__)
 #include <dlfcn.h>
 #include <malloc.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -163,6 +168,70 @@ bool tune_thread_heap() {
 }
 
 namespace {
+// The cores this process may run on (its affinity mask), which is TBB's default concurrency, counted
+// without asking TBB: its answer first loads its topology support (library look-ups, about 0.3 ms on
+// a VM), which the arena's start does anyway, on the warm-up's own thread.
+int affinity_cores() {
+#if defined(__GLIBC__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return tbb::info::default_concurrency();
+}
+
+// The process's cores (its affinity mask), and whether it could be read.
+struct Cores {
+  bool known = false;
+#if defined(__GLIBC__)
+  cpu_set_t set;
+#endif
+};
+Cores process_cores() {
+  Cores c;
+#if defined(__GLIBC__)
+  c.known = sched_getaffinity(0, sizeof c.set, &c.set) == 0;
+#endif
+  return c;
+}
+// Lets the calling thread run on every core of `cores` again (where known).
+void run_anywhere([[maybe_unused]] const Cores& cores) {
+#if defined(__GLIBC__)
+  if (cores.known) sched_setaffinity(0, sizeof cores.set, &cores.set);  // this thread only
+#endif
+}
+
+// Runs `work` on a new thread confined to the cores of `cores` other than the calling thread's one
+// (all of them where that leaves none, or the cores are not known); threads it makes inherit that.
+// Linux places a new thread by its creator, on a VM often on the creator's own core: it then waited
+// there, for most of a millisecond or until the creator was done with its reading (row 2: 2 ms),
+// while the other core was idle. Returns nothing where no thread could be made (`work` is dropped).
+std::optional<pthread_t> start_on_another_core(const Cores& cores, std::unique_ptr<std::function<void()>> work) {
+  pthread_attr_t attr;
+  if (pthread_attr_init(&attr) != 0) return std::nullopt;
+#if defined(__GLIBC__)
+  const int here = sched_getcpu();
+  if (cores.known && here >= 0) {
+    cpu_set_t others = cores.set;
+    CPU_CLR(here, &others);
+    if (CPU_COUNT(&others) > 0) pthread_attr_setaffinity_np(&attr, sizeof others, &others);
+  }
+#endif
+  auto run = [](void* p) -> void* {
+    std::unique_ptr<std::function<void()>> w(static_cast<std::function<void()>*>(p));
+    (*w)();
+    return nullptr;
+  };
+  pthread_t t;
+  std::function<void()>* arg = work.release();
+  const int rc = pthread_create(&t, &attr, run, arg);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    delete arg;
+    return std::nullopt;
+  }
+  return t;
+}
+
 // Warm-ups numbered as they start, and the highest released: a task of warm-up n holds its worker while
 // released < n. Static, so that a task left unrun when the process ends (an input error right after the
 // warm-up started) holds no memory of ours.
@@ -189,23 +258,37 @@ void join_offer(unsigned long& joined) {
 
 WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) {
   const int slots = arena.max_concurrency();  // without starting it
-  const int workers = std::min(slots, tbb::info::default_concurrency()) - 1;  // TBB's workers that can take one
+  const int workers = std::min(slots, affinity_cores()) - 1;  // TBB's workers that can take one
   if (workers <= 0) return;
   id_ = g_warm_ups_started.fetch_add(1) + 1;
-  starter_ = std::thread([&arena, workers, id = id_] {
+  // Inputs that take longer to read than this make a wake-up's delay small beside them.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  auto held = [id = id_, until] {
+    return g_warm_ups_released.load(std::memory_order_acquire) < id && std::chrono::steady_clock::now() < until;
+  };
+  const Cores cores = process_cores();
+  auto start = std::make_unique<std::function<void()>>([&arena, workers, held, cores] {
+    // TBB's start (about 0.8 ms on a VM, much of it loading its libraries) and the workers' threads,
+    // which start on this thread's cores (so not on the constructing thread's), each then anywhere.
     for (int i = 0; i < workers; ++i)
-      arena.enqueue([id] {
+      arena.enqueue([held, cores] {
+        run_anywhere(cores);
         tune_thread_heap();
-        // Inputs that take longer to read than kHold make a wake-up's delay small beside them.
-        constexpr auto kHold = std::chrono::milliseconds(100);
-        const auto until = std::chrono::steady_clock::now() + kHold;
         unsigned long joined = 0;
-        while (g_warm_ups_released.load(std::memory_order_acquire) < id && std::chrono::steady_clock::now() < until) {
+        while (held()) {
           join_offer(joined);
           std::this_thread::yield();
         }
       });
+    // Then a hand in the reading, which by now has mostly begun; this thread ends with it (or at the
+    // release, or the hold's end, where none is offered), and a worker takes its core.
+    unsigned long joined = 0;
+    while (joined == 0 && held()) {
+      join_offer(joined);
+      if (joined == 0) std::this_thread::yield();
+    }
   });
+  starter_ = start_on_another_core(cores, std::move(start));
 }
 
 void WorkerHeapWarmUp::share(const std::function<void()>& work) {
@@ -216,10 +299,59 @@ void WorkerHeapWarmUp::share(const std::function<void()>& work) {
   while (g_in_offer.load() != 0) std::this_thread::yield();
 }
 
-void WorkerHeapWarmUp::wait() {
+void WorkerHeapWarmUp::release() {
   for (unsigned long r = g_warm_ups_released.load(); r < id_ && !g_warm_ups_released.compare_exchange_weak(r, id_);) {
   }
-  if (starter_.joinable()) starter_.join();
 }
+
+WorkerHeapWarmUp::~WorkerHeapWarmUp() {
+  release();
+  if (starter_) pthread_join(*starter_, nullptr);
+}
+
+EarlyWorkers::EarlyWorkers(int threads_asked)
+    : threads(threads_asked),
+      arena(threads_asked > 0 ? threads_asked : affinity_cores()),
+      warm_up(arena) {}
+
+namespace {
+std::atomic<EarlyWorkers*> g_early_workers{nullptr};
+
+// The value of a flag's last occurrence in argv ("--flag V" or "--flag=V"), or "" where absent.
+std::string_view last_flag_value(int argc, char** argv, std::initializer_list<std::string_view> names) {
+  std::string_view value;
+  for (int i = 2; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;  // positional arguments follow
+    for (std::string_view name : names) {
+      if (arg == name && i + 1 < argc) value = argv[i + 1];
+      else if (arg.size() > name.size() && arg.substr(0, name.size()) == name && arg[name.size()] == '=')
+        value = arg.substr(name.size() + 1);
+    }
+  }
+  return value;
+}
+}  // namespace
+
+EarlyWorkers::~EarlyWorkers() {
+  EarlyWorkers* self = this;
+  g_early_workers.compare_exchange_strong(self, nullptr);
+}
+
+std::unique_ptr<EarlyWorkers> start_early_workers(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "search") != 0) return nullptr;
+  if (last_flag_value(argc, argv, {"--cost-model", "--cost_model"}) == "metis") return nullptr;
+  const std::string_view t = last_flag_value(argc, argv, {"--threads"});
+  int threads = 0;
+  if (!t.empty() && t.size() <= 4 && t.find_first_not_of("0123456789") == std::string_view::npos) {
+    threads = std::atoi(std::string(t).c_str());
+    if (threads > 4096) threads = 0;
+  }
+  auto early = std::make_unique<EarlyWorkers>(threads);
+  g_early_workers.store(early.get());
+  return early;
+}
+
+EarlyWorkers* take_early_workers() { return g_early_workers.exchange(nullptr); }
 
 }  // namespace hetplan::cli

@@ -11,10 +11,14 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <tbb/task_arena.h>
 
+#include <pthread.h>
+
+#include <optional>
 #include <thread>
 
 namespace hetplan::cli {
@@ -41,31 +45,34 @@ std::string thread_heap_unsupported();
 
 // Gets the workers of `arena` ready for a search that will run there, while the constructing thread
 // goes on (reading the inputs):
-//  - the arena starts (and TBB with it) on a thread of its own, about 0.7 ms that the constructing
-//    thread no longer spends;
+//  - a thread of its own (the starter) starts at once on another core than the constructing thread's
+//    (Linux placed it on the creator's core, where it waited until the creator's reading was done);
+//    it first takes part in the constructing thread's reading (share()), if that is offered before
+//    release(), and then starts the arena (and TBB with it: about 0.8 ms on a VM, which the
+//    constructing thread no longer spends, while it sets the search up);
 //  - each worker (up to the arena's slots - 1) runs tune_thread_heap(), so that a search's workers find
 //    their heaps ready instead of preparing them (a few milliseconds each, on a VM) in their first task;
-//  - then it keeps running (yielding to any other thread) until wait() (which a search calls when its
-//    parallel work starts: PlanSearchOptions::on_parallel_start), for at most 100 ms: a worker
-//    that sleeps gives its core back, and on a VM a core given back can take milliseconds to return
-//    (on a 2-core VM, a worker woken for the search's start or a thread started to read the inputs
-//    often waited 1-3 ms for it).
-// While they are held, share() gives them work of the constructing thread's (reading the inputs), in
-// place of a thread started for it: on a VM a new thread's first allocations fault in a heap of its own,
-// and the 2-core VM has no third core for it beside a held worker.
+//  - then it keeps running (yielding to any other thread) until release() (which a search calls when
+//    its parallel work starts: PlanSearchOptions::on_parallel_start), at most 100 ms after the
+//    warm-up began: a worker that sleeps gives its core back, and on a VM a core given back can take
+//    milliseconds to return (on a 2-core VM, a worker woken for the search's start or a thread
+//    started to read the inputs often waited 1-3 ms for it).
+// While the starter waits for it, or the workers are held, share() gives them work of the constructing
+// thread's (reading the inputs).
 // The tasks are enqueued, for the workers (the constructing thread does no TBB waiting before the
 // search); a worker that runs none prepares its heap at the search's start (on_worker_start), as
 // without this. With one slot, or where TBB has no worker, it does nothing. Never changes a value.
-// Thread-safety: one thread constructs, shares, waits and destroys.
+// Thread-safety: one thread constructs, shares, releases and destroys.
 // REQUIRES: `arena` outlives this object.
 class WorkerHeapWarmUp {
  public:
   explicit WorkerHeapWarmUp(tbb::task_arena& arena);
-  ~WorkerHeapWarmUp() { wait(); }
+  ~WorkerHeapWarmUp();  // releases, and waits for the starter thread
   WorkerHeapWarmUp(const WorkerHeapWarmUp&) = delete;
   WorkerHeapWarmUp& operator=(const WorkerHeapWarmUp&) = delete;
-  // Lets the workers go (to the search's tasks); does not wait for a worker still on its way.
-  void wait();
+  // Lets the workers go (to the search's tasks); waits for nothing (not for the starter, which may still
+  // be starting the arena: the search's parallel work begins without the workers, and they join it).
+  void release();
   // Runs `work` on this thread and on each worker held now or until this thread's call of it returns
   // (none, if no worker has started yet); returns once every call of it has returned. Meant for work
   // that takes items until none is left (ProfileSet::load's Spread).
@@ -73,8 +80,38 @@ class WorkerHeapWarmUp {
   void share(const std::function<void()>& work);
 
  private:
-  unsigned long id_ = 0;  // this warm-up's number (0: none enqueued); its tasks hold until it is released
-  std::thread starter_;
+  unsigned long id_ = 0;  // this warm-up's number (0: none started); its threads hold until it is released
+  std::optional<pthread_t> starter_;  // runs the warm-up's start (on another core than the constructor's)
 };
+
+// The default search's arena and warm-up, started by main() as it begins, before the command line is
+// parsed and the inputs are read: on a 2-core VM a new thread first runs about a millisecond after it
+// is made (its core has to wake), and TBB's worker a further half millisecond after that, so that a
+// warm-up started with the search's inputs came too late for most of the reading it was to share (on
+// Table-1 row 2 the worker joined after about 90 of the 128 profile files). Started here, it is ready
+// when the reading begins.
+struct EarlyWorkers {
+  // An arena of `threads` slots (0: TBB's default concurrency) and its warm-up, started.
+  explicit EarlyWorkers(int threads);
+  ~EarlyWorkers();  // no longer offered to take_early_workers; lets the workers go
+  EarlyWorkers(const EarlyWorkers&) = delete;
+  EarlyWorkers& operator=(const EarlyWorkers&) = delete;
+  const int threads;  // as asked: 0 for the default
+  tbb::task_arena arena;
+  WorkerHeapWarmUp warm_up;
+};
+
+// For argv that asks for the default search (argv[1] is "search" and no `--cost-model metis`), starts
+// EarlyWorkers with the thread count of the last --threads (0 where there is none or it is not a
+// whole number from 0 to 4096: the search then checks the flag and reports it), and offers them to
+// take_early_workers until the returned object is destroyed. Null otherwise.
+// REQUIRES: called once, on main()'s thread, before it parses the command line; the returned object
+// outlives the command's run.
+std::unique_ptr<EarlyWorkers> start_early_workers(int argc, char** argv);
+
+// The workers start_early_workers started, once: null where none were started or they were taken
+// already. A command that takes them and does not search in their arena lets them go at once
+// (warm_up.release()), or TBB's workers stay held for up to 100 ms.
+EarlyWorkers* take_early_workers();
 
 }  // namespace hetplan::cli

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -94,6 +95,8 @@ PlanFile plan_context(const SearchArgs& a) {
 }
 
 int run_metis_search(const SearchArgs& a) {
+  // Workers main() held for a default search (a --cost-model its scan did not read) go to TBB's pool.
+  if (EarlyWorkers* early = take_early_workers()) early->warm_up.release();
   const Cluster cluster = load_cluster(a);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads);
 
@@ -171,9 +174,18 @@ int run_metis_search(const SearchArgs& a) {
 // memory, keep tp inside nodes and train every layer and sample (planner/plan_search.h).
 int run_default_search(const SearchArgs& a) {
   // The search's workers prepare their heaps (on_worker_start's work) while this thread reads the inputs,
-  // and read profile files with it.
-  tbb::task_arena arena(a.threads > 0 ? a.threads : tbb::info::default_concurrency());
-  WorkerHeapWarmUp warm_up(arena);
+  // and read profile files with it. main() started them (cli/heap.h: EarlyWorkers), unless --threads was
+  // given in a form its scan of the command line did not read.
+  EarlyWorkers* early = take_early_workers();
+  if (early && early->threads != a.threads) {
+    early->warm_up.release();
+    early = nullptr;
+  }
+  std::optional<tbb::task_arena> own_arena;
+  std::optional<WorkerHeapWarmUp> own_warm_up;
+  tbb::task_arena& arena =
+      early ? early->arena : own_arena.emplace(a.threads > 0 ? a.threads : tbb::info::default_concurrency());
+  WorkerHeapWarmUp& warm_up = early ? early->warm_up : own_warm_up.emplace(arena);
   const Cluster cluster = load_cluster(a);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads,
                                                [&warm_up](const std::function<void()>& work) { warm_up.share(work); });
@@ -219,7 +231,7 @@ int run_default_search(const SearchArgs& a) {
       std::fflush(stderr);
     };
 
-  o.on_parallel_start = [&warm_up] { warm_up.wait(); };  // the workers, kept running until then, go to the search
+  o.on_parallel_start = [&warm_up] { warm_up.release(); };  // the workers, kept running until then, go to the search
   const PlanSearch search(cluster, profiles, simulator, o);
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_sigint);

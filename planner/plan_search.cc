@@ -562,16 +562,8 @@ PlanSearchResult PlanSearch::search() const {
 
   // [type][tp][l][e]: PlanCostModel::unmeasured_accumulation_ms of the type's profiles (any order's model:
   // it does not depend on the layout), for the estimates of replicas whose files do not measure it.
+  // Filled with state_lb below, in parallel.
   std::vector<double> unmeasured_acc(static_cast<std::size_t>(n_types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
-  if (!opt_.exhaustive)
-    for (int t = 0; t < n_types; ++t) {
-      const int pt = profiles.type_index(cluster.device_types()[t]);
-      for (int tp = 1; tp <= max_tp; ++tp)
-        for (int l = 0; l < L; ++l)
-          for (int e = l + 1; e <= L; ++e)
-            unmeasured_acc[((static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (L + 1) + l) * (L + 1) + e] =
-                orders[0].cost->unmeasured_accumulation_ms(pt, tp, l, e);
-    }
 
   // The throughput bound's per-type data (SuffixBound::capacity): per type and layer, the least GPU-ms
   // per sample over its files (tp x time / bs: a replica of tp GPUs runs a share of its slices, each at
@@ -625,16 +617,28 @@ PlanSearchResult PlanSearch::search() const {
   };
   if (opt_.on_parallel_start) opt_.on_parallel_start();  // the first parallel work follows
   if (!opt_.exhaustive) {
+    // The two tables' rows, one task each: [type][tp] of unmeasured_acc, then [tp][dp bucket] of
+    // state_lb (a few hundred microseconds in all, before any group can start).
     state_lb.assign(static_cast<std::size_t>(max_tp + 1) * dp_buckets * (L + 1) * (L + 1), 0.0);
-    tbb::parallel_for(1, max_tp + 1, [&](int tp) {
+    const int acc_rows = n_types * max_tp;
+    tbb::parallel_for(0, acc_rows + max_tp * dp_buckets, [&](int i) {
+      if (i < acc_rows) {
+        const int t = i / max_tp, tp = 1 + i % max_tp;
+        const int pt = profiles.type_index(cluster.device_types()[t]);
+        for (int l = 0; l < L; ++l)
+          for (int e = l + 1; e <= L; ++e)
+            unmeasured_acc[((static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (L + 1) + l) * (L + 1) + e] =
+                orders[0].cost->unmeasured_accumulation_ms(pt, tp, l, e);
+        return;
+      }
+      const int tp = 1 + (i - acc_rows) / dp_buckets, j = (i - acc_rows) % dp_buckets;
       bool profiled = false;
       for (int t = 0; t < n_types; ++t) profiled = profiled || type_tp[t][tp];
       if (!profiled) return;
-      for (int j = 0; j < dp_buckets; ++j)
-        for (int l = 0; l < L; ++l) {
-          double* row = state_lb_at(tp, 1 << j, l);
-          for (int e = l + 1; e <= L; ++e) row[e] = orders[0].cost->state_bytes_lower_bound(tp, 1 << j, l, e);
-        }
+      for (int l = 0; l < L; ++l) {
+        double* row = state_lb_at(tp, 1 << j, l);
+        for (int e = l + 1; e <= L; ++e) row[e] = orders[0].cost->state_bytes_lower_bound(tp, 1 << j, l, e);
+      }
     });
   }
 

@@ -1,5 +1,6 @@
 // cli/heap: a worker thread's malloc arena is madvised for huge pages past its first 2 MB; the warm-up
-// holds TBB's workers only until wait(), and never longer than its cap.
+// holds TBB's workers only until release(), and never longer than its cap; main()'s early workers are
+// started only for the default search, with the thread count of its command line.
 #include <catch2/catch.hpp>
 
 #include <tbb/info.h>
@@ -20,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli/heap.h"
 
@@ -71,7 +73,7 @@ TEST_CASE("a thread's malloc arena asks for huge pages, and its blocks start on 
   CHECK(block % (std::uintptr_t{2} << 20) == 0);  // the kept block ends where a huge page begins
 }
 
-TEST_CASE("WorkerHeapWarmUp holds its workers until wait(), for at most 100 ms", "[heap]") {
+TEST_CASE("WorkerHeapWarmUp holds its workers until release(), for at most 100 ms", "[heap]") {
   if (tbb::info::default_concurrency() < 2) {
     std::cout << "HETPLAN_SKIP: TBB has no worker thread on a machine of one core" << std::endl;
     return;
@@ -90,12 +92,12 @@ TEST_CASE("WorkerHeapWarmUp holds its workers until wait(), for at most 100 ms",
   tbb::task_arena arena(2);  // one worker
   {
     hetplan::cli::WorkerHeapWarmUp warm_up(arena);
-    std::this_thread::sleep_for(200ms);  // past the hold: the worker is free again without wait()
+    std::this_thread::sleep_for(200ms);  // past the hold: the worker is free again without release()
     CHECK(worker_runs_a_task(arena));
   }
   {
     hetplan::cli::WorkerHeapWarmUp warm_up(arena);
-    warm_up.wait();  // lets it go at once
+    warm_up.release();  // lets it go at once
     CHECK(worker_runs_a_task(arena));
     int sum = 0;
     arena.execute([&] { sum = tbb::parallel_reduce(tbb::blocked_range<int>(0, 1000), 0,
@@ -105,10 +107,10 @@ TEST_CASE("WorkerHeapWarmUp holds its workers until wait(), for at most 100 ms",
                                                     }, std::plus<int>()); });
     CHECK(sum == 499500);
   }
-  tbb::task_arena single(1);  // no worker: nothing to hold, and wait() returns at once
+  tbb::task_arena single(1);  // no worker: nothing to hold, and release() returns at once
   hetplan::cli::WorkerHeapWarmUp none(single);
   const auto t0 = std::chrono::steady_clock::now();
-  none.wait();
+  none.release();
   CHECK(std::chrono::steady_clock::now() - t0 < 50ms);
 }
 
@@ -145,9 +147,43 @@ TEST_CASE("WorkerHeapWarmUp::share runs work on this thread and on the held work
   }
   tbb::task_arena arena(2);  // one worker
   hetplan::cli::WorkerHeapWarmUp warm_up(arena);
-  std::this_thread::sleep_for(5ms);  // the worker starts, and is held (up to 100 ms from the warm-up's start)
-  const auto threads = run(warm_up);  // 30 ms or more of items: the held worker, which looks every yield, joins
-  CHECK(threads.size() == 2);
+  std::this_thread::sleep_for(5ms);  // the warm-up's threads start, and are held (up to 100 ms from its start)
+  // 30 ms or more of items: the warm-up's starter thread and the held worker, which look every yield, join.
+  const auto threads = run(warm_up);
+  CHECK(threads.size() >= 2);
+  CHECK(threads.size() <= 3);
   CHECK(threads.count(std::this_thread::get_id()) == 1);
-  warm_up.wait();
+  warm_up.release();
+}
+
+TEST_CASE("start_early_workers: only for the default search, with the command line's --threads", "[heap]") {
+  auto start = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    return hetplan::cli::start_early_workers(static_cast<int>(argv.size()), argv.data());
+  };
+  CHECK(start({"hetplan", "simulate", "--threads", "2"}) == nullptr);
+  CHECK(start({"hetplan"}) == nullptr);
+  CHECK(start({"hetplan", "search", "--cost-model", "metis", "--threads", "2"}) == nullptr);
+  CHECK(start({"hetplan", "search", "--cost_model=metis"}) == nullptr);
+  CHECK(hetplan::cli::take_early_workers() == nullptr);  // none offered by the calls above
+  {
+    auto early = start({"hetplan", "search", "--threads", "1", "--gbs", "8", "--threads=2"});
+    REQUIRE(early != nullptr);
+    CHECK(early->threads == 2);  // the last --threads, as CLI11 takes it
+    CHECK(early->arena.max_concurrency() == 2);
+    CHECK(hetplan::cli::take_early_workers() == early.get());
+    CHECK(hetplan::cli::take_early_workers() == nullptr);  // taken once
+    early->warm_up.release();
+  }
+  {
+    auto early = start({"hetplan", "search", "--threads", "x2", "--cost-model", "sim"});
+    REQUIRE(early != nullptr);
+    CHECK(early->threads == 0);  // not a number: the default (the search then reports the flag)
+    auto beyond = start({"hetplan", "search", "--", "--threads", "2"});  // after --: not a flag
+    REQUIRE(beyond != nullptr);
+    CHECK(beyond->threads == 0);
+    CHECK(hetplan::cli::take_early_workers() == beyond.get());  // the latest started
+  }
+  CHECK(hetplan::cli::take_early_workers() == nullptr);  // destroyed: no longer offered
 }
