@@ -200,11 +200,12 @@ void run_anywhere([[maybe_unused]] const Cores& cores) {
 #endif
 }
 
-// Runs `work` on a new thread confined to the cores of `cores` other than the calling thread's one
-// (all of them where that leaves none, or the cores are not known); threads it makes inherit that.
-// Linux places a new thread by its creator, on a VM often on the creator's own core: it then waited
-// there, for most of a millisecond or until the creator was done with its reading (row 2: 2 ms),
-// while the other core was idle. Returns nothing where no thread could be made (`work` is dropped).
+// Runs `work` on a new thread that starts confined to the cores of `cores` other than the calling
+// thread's one (all of them where that leaves none, or the cores are not known); `work` may lift that
+// (run_anywhere) once it runs. Linux places a new thread by its creator, on a VM often on the
+// creator's own core: it then waited there, for most of a millisecond or until the creator was done
+// with its reading (row 2: 2 ms), while the other core was idle. Returns nothing where no thread could
+// be made (`work` is dropped).
 std::optional<pthread_t> start_on_another_core(const Cores& cores, std::unique_ptr<std::function<void()>> work) {
   pthread_attr_t attr;
   if (pthread_attr_init(&attr) != 0) return std::nullopt;
@@ -268,11 +269,10 @@ WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) {
   };
   const Cores cores = process_cores();
   auto start = std::make_unique<std::function<void()>>([&arena, workers, held, cores] {
-    // TBB's start (about 0.8 ms on a VM, much of it loading its libraries) and the workers' threads,
-    // which start on this thread's cores (so not on the constructing thread's), each then anywhere.
+    run_anywhere(cores);  // (it runs on another core by now; the threads it makes are placed freely)
+    // TBB's start (about 0.8 ms on a VM, much of it loading its libraries) and its workers.
     for (int i = 0; i < workers; ++i)
-      arena.enqueue([held, cores] {
-        run_anywhere(cores);
+      arena.enqueue([held] {
         tune_thread_heap();
         unsigned long joined = 0;
         while (held()) {

@@ -47,9 +47,9 @@ std::string thread_heap_unsupported();
 // goes on (reading the inputs):
 //  - a thread of its own (the starter) starts at once on another core than the constructing thread's
 //    (Linux placed it on the creator's core, where it waited until the creator's reading was done);
-//    it first takes part in the constructing thread's reading (share()), if that is offered before
-//    release(), and then starts the arena (and TBB with it: about 0.8 ms on a VM, which the
-//    constructing thread no longer spends, while it sets the search up);
+//    it starts the arena (and TBB with it: about 0.8 ms on a VM, which the constructing thread no
+//    longer spends), then takes part in the constructing thread's reading (share()) if that is
+//    offered before release(), and ends;
 //  - each worker (up to the arena's slots - 1) runs tune_thread_heap(), so that a search's workers find
 //    their heaps ready instead of preparing them (a few milliseconds each, on a VM) in their first task;
 //  - then it keeps running (yielding to any other thread) until release() (which a search calls when
