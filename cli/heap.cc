@@ -11,9 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <string_view>
+#include <initializer_list>
+#include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <thread>
+
 #include <pthread.h>
 
 #if defined(__GLIBC__)

@@ -19,7 +19,6 @@
 #include <pthread.h>
 
 #include <optional>
-#include <thread>
 
 namespace hetplan::cli {
 
@@ -85,11 +84,9 @@ class WorkerHeapWarmUp {
 };
 
 // The default search's arena and warm-up, started by main() as it begins, before the command line is
-// parsed and the inputs are read: on a 2-core VM a new thread first runs about a millisecond after it
-// is made (its core has to wake), and TBB's worker a further half millisecond after that, so that a
-// warm-up started with the search's inputs came too late for most of the reading it was to share (on
-// Table-1 row 2 the worker joined after about 90 of the 128 profile files). Started here, it is ready
-// when the reading begins.
+// parsed and the inputs are read: TBB's start on the warm-up's thread (about 0.8 ms on a VM) then ends
+// about when the reading begins (row 2: TBB's worker joins it 0.1-0.2 ms after it starts), where a
+// warm-up started with the search command came 0.5 ms later, after that much of the reading.
 struct EarlyWorkers {
   // An arena of `threads` slots (0: TBB's default concurrency) and its warm-up, started.
   explicit EarlyWorkers(int threads);
