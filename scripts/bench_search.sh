@@ -11,7 +11,8 @@
 #             from DIR, default ../shared/metis-samples; skipped without them):
 #             default search vs --cost-model metis. Goal: default <= 2x Metis.
 #   threads   row 2 with --threads 1 vs --threads 2. Goal: >= 1.8x. Also the machine's ceiling for
-#             two threads: two one-thread searches at once against one alone (see ceiling()).
+#             two threads: two one-thread searches at once against one alone, in the same rounds
+#             (see threads_rounds()).
 #   32        16 V100 + 16 A100, 24 layers, analytic profiles. Goal: <= 10 s, <= 1 GB.
 #   48        A100 + V100 + H100, 16 each, 40 layers. Goal: <= 30 s.
 #   3x256     A100 + V100 + H100, 256 each, 8 per node (stages of whole nodes: the default above 256 GPUs). Goal: <= 60 s.
@@ -68,23 +69,38 @@ pair() {
   printf '%.3f %.3f %.2f %.0f %.0f %s\n' "$(printf '%s\n' "${wa[@]}" | median)" "$(printf '%s\n' "${wb[@]}" | median)" \
     "$(ratios "${wa[@]}" "${wb[@]}")" "$((ra / 1024))" "$((rb / 1024))" "$(r=$(ratios "${sa[@]}" "${sb[@]}"); echo "${r:--}")"
 }
-# ceiling N: the machine's own limit for two threads on this work. One search on one thread alone, then
-# two of them started together, N times in turn (one round first, not counted); prints the medians of
-# "2 x alone / together" for the whole processes and for the searches' own times (the slower of the
-# two): what a perfect split of one search over two threads would give, with the two cores' sharing
-# (caches, memory, the hypervisor) included. Uses cmd_b.
-ceiling() {
-  local n=$1 i w1 w2 wr=() sr=() s1 s2 s3
+# threads_rounds N: N rounds (one first, not counted) of: the search on two threads (cmd_a), the same on
+# one thread (cmd_b), and two one-thread searches started together (the machine's own limit for two
+# threads on this work: what a perfect split of one search over two threads would give, with the two
+# cores' sharing, the hypervisor and the serial parts of two processes included). Measured in the same
+# round, so that the share of that limit is not moved by the machine's changes of state between runs.
+# Prints "median_wall_a median_wall_b max_rss_a_mb max_rss_b_mb" and the medians of the rounds' ratios:
+# "wall_b/wall_a search_b/search_a ceiling ceiling_search share share_search", where ceiling is
+# 2 x wall_b / wall_together, its search form uses the slower of the two searches' own times, and share
+# is a round's ratio over its ceiling.
+threads_rounds() {
+  local n=$1 i r wa=() wb=() ratio=() sratio=() ceil=() sceil=() share=() sshare=() ra=0 rb=0 ta tb tt sa sb s1 s2
+  local t1 t2 t3 t4 t5 t6
   for ((i = 0; i <= n; i++)); do
-    "$proc_time" -r "$work/ceiling_alone.time" -o "$work/ceiling_alone" -- "$bin" "${cmd_b[@]}"
-    "$proc_time" -r "$work/ceiling_pair.time" -n 2 -o "$work/ceiling_pair" -- "$bin" "${cmd_b[@]}"
+    "$proc_time" -r "$work/threads_a.time" -- "$bin" "${cmd_a[@]}" >"$work/threads_a.out" 2>"$work/threads_a.err"
+    "$proc_time" -r "$work/threads_b.time" -- "$bin" "${cmd_b[@]}" >"$work/threads_b.out" 2>"$work/threads_b.err"
+    "$proc_time" -r "$work/threads_together.time" -n 2 -o "$work/threads_together" -- "$bin" "${cmd_b[@]}"
     ((i > 0)) || continue
-    read -r w1 _ <"$work/ceiling_alone.time"; read -r w2 _ <"$work/ceiling_pair.time"
-    s1=$(search_s "$work/ceiling_alone1.out"); s2=$(search_s "$work/ceiling_pair1.out"); s3=$(search_s "$work/ceiling_pair2.out")
-    wr+=("$(awk -v a="$w1" -v b="$w2" 'BEGIN{print 2 * a / b}')")
-    sr+=("$(awk -v a="$s1" -v b="$s2" -v c="$s3" 'BEGIN{m = b > c ? b : c; print 2 * a / m}')")
+    read -r ta r _ <"$work/threads_a.time"; ((r > ra)) && ra=$r
+    read -r tb r _ <"$work/threads_b.time"; ((r > rb)) && rb=$r
+    read -r tt _ <"$work/threads_together.time"
+    sa=$(search_s "$work/threads_a.out"); sb=$(search_s "$work/threads_b.out")
+    s1=$(search_s "$work/threads_together1.out"); s2=$(search_s "$work/threads_together2.out")
+    wa+=("$ta"); wb+=("$tb")
+    read -r t1 t2 t3 t4 t5 t6 < <(awk -v ta="$ta" -v tb="$tb" -v tt="$tt" -v sa="$sa" -v sb="$sb" -v s1="$s1" -v s2="$s2" 'BEGIN{
+      m = s1 > s2 ? s1 : s2; r = tb / ta; rs = sb / sa; c = 2 * tb / tt; cs = 2 * sb / m
+      printf "%.6f %.6f %.6f %.6f %.6f %.6f\n", r, rs, c, cs, r / c, rs / cs}')
+    ratio+=("$t1"); sratio+=("$t2"); ceil+=("$t3"); sceil+=("$t4"); share+=("$t5"); sshare+=("$t6")
   done
-  printf '%.2f %.2f\n' "$(printf '%s\n' "${wr[@]}" | median)" "$(printf '%s\n' "${sr[@]}" | median)"
+  med() { printf '%s\n' "$@" | median; }
+  printf '%.3f %.3f %.0f %.0f %.2f %.2f %.2f %.2f %.0f %.0f\n' "$(med "${wa[@]}")" "$(med "${wb[@]}")" "$((ra / 1024))" \
+    "$((rb / 1024))" "$(med "${ratio[@]}")" "$(med "${sratio[@]}")" "$(med "${ceil[@]}")" "$(med "${sceil[@]}")" \
+    "$(awk -v x="$(med "${share[@]}")" 'BEGIN{print 100 * x}')" "$(awk -v x="$(med "${sshare[@]}")" 'BEGIN{print 100 * x}')"
 }
 best() {
   local b; b=$(sed -n 's/^1, \([^,]*\),.*/\1/p' "$work/$1.out" | head -1)
@@ -127,13 +143,12 @@ for c in $cases; do
       else
         cmd_a=("${common[@]}" --threads 2)
         cmd_b=("${common[@]}" --threads 1)
-        read -r w2 w1 ratio r2 r1 sratio < <(pair row2_t2 row2_t1 "$reps")
-        row "row 2" "default --threads 1" "$w1" "$r1" "$(best row2_t1)" - -
-        row "row 2" "default --threads 2" "$w2" "$r2" "$(best row2_t2)" \
-          "$(awk -v x="$ratio" -v s="$sratio" 'BEGIN{printf "%.2fx faster; the search alone %.2fx", 1 / x, 1 / s}') (medians of $reps pairs)" ">= 1.8x"
-        read -r cw cs < <(ceiling "$reps")
+        read -r w2 w1 r2 r1 ratio sratio cw cs share sshare < <(threads_rounds "$reps")
+        row "row 2" "default --threads 1" "$w1" "$r1" "$(best threads_b)" - -
+        row "row 2" "default --threads 2" "$w2" "$r2" "$(best threads_a)" \
+          "${ratio}x faster; the search alone ${sratio}x (medians of $reps rounds)" ">= 1.8x"
         row "row 2" "two --threads 1 at once, against one alone" - - - \
-          "the machine's ceiling for two threads: ${cw}x; the searches alone ${cs}x (medians of $reps rounds); $(awk -v x="$ratio" -v s="$sratio" -v cw="$cw" -v cs="$cs" 'BEGIN{printf "two threads reach %.0f%% of it, the search alone %.0f%%", 100 / x / cw, 100 / s / cs}')" -
+          "the machine's ceiling for two threads: ${cw}x; the searches alone ${cs}x; two threads reach ${share}% of it, the search alone ${sshare}% (medians of the same $reps rounds)" -
       fi ;;
     32|settings)
       analytic 26 A100,V100 "$work/p26"
