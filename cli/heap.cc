@@ -172,17 +172,6 @@ bool tune_thread_heap() {
 }
 
 namespace {
-// The cores this process may run on (its affinity mask), which is TBB's default concurrency, counted
-// without asking TBB: its answer first loads its topology support (library look-ups, about 0.3 ms on
-// a VM), which the arena's start does anyway, on the warm-up's own thread.
-int affinity_cores() {
-#if defined(__GLIBC__)
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-#endif
-  return tbb::info::default_concurrency();
-}
-
 // The process's cores (its affinity mask), and whether it could be read.
 struct Cores {
   bool known = false;
@@ -196,6 +185,15 @@ Cores process_cores() {
   c.known = sched_getaffinity(0, sizeof c.set, &c.set) == 0;
 #endif
   return c;
+}
+// How many `cores` are: TBB's default concurrency, counted without asking TBB, whose answer first loads
+// its topology support (library look-ups, about 0.3 ms on a VM), which the arena's start does anyway,
+// on the warm-up's own thread. TBB's answer where the mask could not be read.
+int count(const Cores& cores) {
+#if defined(__GLIBC__)
+  if (cores.known && CPU_COUNT(&cores.set) > 0) return CPU_COUNT(&cores.set);
+#endif
+  return tbb::info::default_concurrency();
 }
 // Lets the calling thread run on every core of `cores` again (where known).
 void run_anywhere([[maybe_unused]] const Cores& cores) {
@@ -263,7 +261,8 @@ void join_offer(unsigned long& joined) {
 
 WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) {
   const int slots = arena.max_concurrency();  // without starting it
-  const int workers = std::min(slots, affinity_cores()) - 1;  // TBB's workers that can take one
+  const Cores cores = process_cores();
+  const int workers = std::min(slots, count(cores)) - 1;  // TBB's workers that can take one
   if (workers <= 0) return;
   id_ = g_warm_ups_started.fetch_add(1) + 1;
   // Inputs that take longer to read than this make a wake-up's delay small beside them.
@@ -271,7 +270,6 @@ WorkerHeapWarmUp::WorkerHeapWarmUp(tbb::task_arena& arena) {
   auto held = [id = id_, until] {
     return g_warm_ups_released.load(std::memory_order_acquire) < id && std::chrono::steady_clock::now() < until;
   };
-  const Cores cores = process_cores();
   auto start = std::make_unique<std::function<void()>>([&arena, workers, held, cores] {
     run_anywhere(cores);  // (it runs on another core by now; the threads it makes are placed freely)
     // TBB's start (about 0.8 ms on a VM, much of it loading its libraries) and its workers.
@@ -315,7 +313,7 @@ WorkerHeapWarmUp::~WorkerHeapWarmUp() {
 
 EarlyWorkers::EarlyWorkers(int threads_asked)
     : threads(threads_asked),
-      arena(threads_asked > 0 ? threads_asked : affinity_cores()),
+      arena(threads_asked > 0 ? threads_asked : count(process_cores())),
       warm_up(arena) {}
 
 namespace {

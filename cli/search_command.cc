@@ -3,12 +3,10 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <optional>
 #include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/heap.h"
-#include <tbb/info.h>
 #include <tbb/task_arena.h>
 #include <atomic>
 #include <csignal>
@@ -181,11 +179,10 @@ int run_default_search(const SearchArgs& a) {
     early->warm_up.release();
     early = nullptr;
   }
-  std::optional<tbb::task_arena> own_arena;
-  std::optional<WorkerHeapWarmUp> own_warm_up;
-  tbb::task_arena& arena =
-      early ? early->arena : own_arena.emplace(a.threads > 0 ? a.threads : tbb::info::default_concurrency());
-  WorkerHeapWarmUp& warm_up = early ? early->warm_up : own_warm_up.emplace(arena);
+  std::unique_ptr<EarlyWorkers> own;
+  if (!early) early = (own = std::make_unique<EarlyWorkers>(a.threads)).get();
+  tbb::task_arena& arena = early->arena;
+  WorkerHeapWarmUp& warm_up = early->warm_up;
   const Cluster cluster = load_cluster(a);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads,
                                                [&warm_up](const std::function<void()>& work) { warm_up.share(work); });
