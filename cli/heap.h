@@ -12,13 +12,13 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
 #include <pthread.h>
-
-#include <optional>
 
 namespace hetplan::cli {
 
@@ -94,6 +94,9 @@ struct EarlyWorkers {
   EarlyWorkers(const EarlyWorkers&) = delete;
   EarlyWorkers& operator=(const EarlyWorkers&) = delete;
   const int threads;  // as asked: 0 for the default
+  // Where more threads are asked than this process has cores: TBB's limit on its workers, raised to
+  // them for the arena's lifetime (otherwise TBB keeps to one worker per other core and warns).
+  std::optional<tbb::global_control> more_threads_than_cores;
   tbb::task_arena arena;
   WorkerHeapWarmUp warm_up;
 };

@@ -5,6 +5,8 @@
 
 #include <tbb/info.h>
 #include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/task_group.h>
 #include <tbb/parallel_reduce.h>
 #include <tbb/task_arena.h>
 
@@ -22,6 +24,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sched.h>
 
 #include "cli/heap.h"
 
@@ -186,4 +190,46 @@ TEST_CASE("start_early_workers: only for the default search, with the command li
     CHECK(hetplan::cli::take_early_workers() == beyond.get());  // the latest started
   }
   CHECK(hetplan::cli::take_early_workers() == nullptr);  // destroyed: no longer offered
+}
+
+TEST_CASE("EarlyWorkers asked for more threads than cores run that many at once", "[heap]") {
+  cpu_set_t mask;
+  REQUIRE(sched_getaffinity(0, sizeof mask, &mask) == 0);
+  const int cores = CPU_COUNT(&mask);
+  const int threads = cores + 2;
+  const auto limit = [] { return tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism); };
+  const std::size_t before = limit();
+  {
+    hetplan::cli::EarlyWorkers early(threads);
+    early.warm_up.release();
+    CHECK(limit() == static_cast<std::size_t>(threads));
+    // `threads` tasks that each wait (up to 5 s) until all have begun: only `threads` threads at once
+    // can all begin in time; with TBB's limit of one worker per other core, at most `cores` would.
+    std::atomic<int> begun{0};
+    std::atomic<int> timed_out{0};
+    early.arena.execute([&] {
+      tbb::task_group g;
+      for (int i = 0; i < threads; ++i)
+        g.run([&] {
+          begun.fetch_add(1);
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+          while (begun.load() < threads)
+            if (std::chrono::steady_clock::now() >= until) {
+              timed_out.fetch_add(1);
+              break;
+            } else {
+              std::this_thread::yield();
+            }
+        });
+      g.wait();
+    });
+    CHECK(begun.load() == threads);
+    CHECK(timed_out.load() == 0);
+  }
+  CHECK(limit() == before);  // the limit goes with the workers
+  {
+    hetplan::cli::EarlyWorkers early(cores);  // as many as cores: no limit of its own
+    early.warm_up.release();
+    CHECK_FALSE(early.more_threads_than_cores.has_value());
+  }
 }
