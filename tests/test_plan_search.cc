@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <tbb/global_control.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -369,7 +370,9 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
   const PlanSearchResult one = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
   o.threads = 2;
   const PlanSearchResult two = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
-  // A caller's arena of 3 slots (PlanSearchOptions::arena), o.threads then ignored.
+  // A caller's arena of 3 slots (PlanSearchOptions::arena), o.threads then ignored; TBB's limit raised
+  // to 3 so that 3 threads run even on fewer cores.
+  tbb::global_control limit_of_three(tbb::global_control::max_allowed_parallelism, 3);
   tbb::task_arena arena(3);
   o.arena = &arena;
   o.threads = 1;
