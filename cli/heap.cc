@@ -20,6 +20,8 @@
 
 #include <pthread.h>
 
+#include "planner/thread_limit.h"
+
 #if defined(__GLIBC__)
 #include <dlfcn.h>
 #include <malloc.h>
@@ -311,18 +313,12 @@ WorkerHeapWarmUp::~WorkerHeapWarmUp() {
   if (starter_) pthread_join(*starter_, nullptr);
 }
 
-namespace {
-std::optional<tbb::global_control> raise_worker_limit(int threads) {
-  if (threads <= count(process_cores())) return std::nullopt;
-  return std::optional<tbb::global_control>(std::in_place, tbb::global_control::max_allowed_parallelism,
-                                            static_cast<std::size_t>(threads));
-}
-}  // namespace
+EarlyWorkers::EarlyWorkers(int threads_asked) : EarlyWorkers(threads_asked, count(process_cores())) {}
 
-EarlyWorkers::EarlyWorkers(int threads_asked)
+EarlyWorkers::EarlyWorkers(int threads_asked, int cores)
     : threads(threads_asked),
-      more_threads_than_cores(raise_worker_limit(threads_asked)),
-      arena(threads_asked > 0 ? threads_asked : count(process_cores())),
+      more_threads_than_cores(allow_threads_beyond_cores(threads_asked, cores)),
+      arena(threads_asked > 0 ? threads_asked : cores),
       warm_up(arena) {}
 
 namespace {

@@ -94,11 +94,14 @@ struct EarlyWorkers {
   EarlyWorkers(const EarlyWorkers&) = delete;
   EarlyWorkers& operator=(const EarlyWorkers&) = delete;
   const int threads;  // as asked: 0 for the default
-  // Where more threads are asked than this process has cores: TBB's limit on its workers, raised to
-  // them for the arena's lifetime (otherwise TBB keeps to one worker per other core and warns).
+  // Where more threads are asked than this process has cores: TBB's limit raised to them for the
+  // arena's lifetime (planner/thread_limit.h).
   std::optional<tbb::global_control> more_threads_than_cores;
   tbb::task_arena arena;
   WorkerHeapWarmUp warm_up;
+
+ private:
+  EarlyWorkers(int threads, int cores);  // cores: the process's, read once
 };
 
 // For argv that asks for the default search (argv[1] is "search" and no `--cost-model metis`), starts

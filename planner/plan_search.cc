@@ -1,7 +1,6 @@
 #include "planner/plan_search.h"
 
 #include <tbb/enumerable_thread_specific.h>
-#include <tbb/global_control.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -24,6 +23,7 @@
 #include "planner/periodic.h"
 #include "planner/spin_lock.h"
 #include "planner/stage_estimator.h"
+#include "planner/thread_limit.h"
 #include "planner/top_k.h"
 #include "planner/worker_start.h"
 #include "sim/data_load_balancer.h"
@@ -435,11 +435,7 @@ PlanSearchResult PlanSearch::run() const {
   if (opt_.threads <= 0) return search();
   // An arena of that many slots, not a global_control: lifting a global limit of one thread at the end
   // made TBB start a worker just as the process exited (a thread created and torn down for nothing).
-  // More threads than cores: TBB's limit on its workers raised to them while the arena lives (otherwise
-  // TBB keeps to one worker per other core and warns), as --cost-model metis's global_control does.
-  std::optional<tbb::global_control> more_threads_than_cores;
-  if (opt_.threads > tbb::info::default_concurrency())
-    more_threads_than_cores.emplace(tbb::global_control::max_allowed_parallelism, opt_.threads);
+  const auto more_threads_than_cores = allow_threads_beyond_cores(opt_.threads, tbb::info::default_concurrency());
   tbb::task_arena arena(opt_.threads);
   return arena.execute([&] { return search(); });
 }
