@@ -19,7 +19,6 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <tbb/global_control.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -27,6 +26,7 @@
 #include "fixtures.h"
 #include "planner/plan_search.h"
 #include "planner/stage_estimator.h"
+#include "planner/thread_limit.h"
 #include "planner/worker_start.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
@@ -370,9 +370,9 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
   const PlanSearchResult one = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
   o.threads = 2;
   const PlanSearchResult two = PlanSearch(c.cluster, c.profiles, c.sim, o).run();
-  // A caller's arena of 3 slots (PlanSearchOptions::arena), o.threads then ignored; TBB's limit raised
-  // to 3 so that 3 threads run even on fewer cores.
-  tbb::global_control limit_of_three(tbb::global_control::max_allowed_parallelism, 3);
+  // A caller's arena of 3 slots (PlanSearchOptions::arena), o.threads then ignored; 3 threads run even on
+  // fewer cores.
+  const auto limit_of_three = allow_threads_beyond_cores(3, tbb::info::default_concurrency());
   tbb::task_arena arena(3);
   o.arena = &arena;
   o.threads = 1;
