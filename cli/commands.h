@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace hetplan::cli {
 
@@ -14,6 +15,10 @@ Runner add_search_command(CLI::App& app);
 Runner add_gen_hostfile_command(CLI::App& app);
 Runner add_gen_profiles_command(CLI::App& app);
 Runner add_simulate_command(CLI::App& app);
+Runner add_report_command(CLI::App& app);
+// `simulate --plan PLAN --report OUT` with the plan's own settings, the replay's measurements in the
+// report when `replay` is not empty (cli/sim_commands.cc; the work of `hetplan report`).
+int run_simulate_with_report(const std::string& plan, const std::string& replay, const std::string& out);
 Runner add_whatif_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
 // In libhetplan_torch.so (cli/torch_commands.cc).

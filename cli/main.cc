@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
       {"search", hetplan::cli::add_search_command},     {"gen-hostfile", hetplan::cli::add_gen_hostfile_command},
       {"gen-profiles", hetplan::cli::add_gen_profiles_command}, {"simulate", hetplan::cli::add_simulate_command},
       {"whatif", hetplan::cli::add_whatif_command},     {"export", hetplan::cli::add_export_command},
+      {"report", hetplan::cli::add_report_command},
   };
   const char* chosen = nullptr;
   for (const Command& c : kCommands)

@@ -3,7 +3,9 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <string>
 #include <unistd.h>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/heap.h"
@@ -47,7 +49,37 @@ struct SearchArgs {
   int max_stages = 0;
   std::string stage_boundaries = "auto";
   std::string hf_config;  // the model's shape (Llama family, ...); its layer count must match --num_layers
+  std::vector<std::string> metis_only_given;  // the [metis] flags on the command line
 };
+
+// The options whose help begins with kMetisOnly act only under --cost-model metis.
+constexpr const char* kMetisOnly = "[metis]";
+
+// The names of the [metis] options given on the command line (after parsing).
+std::vector<std::string> metis_only_flags_given(const CLI::App& s) {
+  std::vector<std::string> out;
+  for (const CLI::Option* o : s.get_options())
+    if (o->count() > 0 && o->get_description().rfind(kMetisOnly, 0) == 0) out.push_back(o->get_name());
+  return out;
+}
+
+// The default search ignores [metis] flags: one warning naming them.
+void warn_metis_only_flags(const SearchArgs& a) {
+  if (a.metis_only_given.empty()) return;
+  std::string names;
+  for (const auto& n : a.metis_only_given) names += (names.empty() ? "" : ", ") + n;
+  std::cerr << "hetplan: warning: " << names << (a.metis_only_given.size() > 1 ? " act" : " acts")
+            << " only under --cost-model metis; the default search (--cost-model sim) ignores "
+            << (a.metis_only_given.size() > 1 ? "them" : "it") << "\n";
+}
+
+// A profile set with holes: one warning naming the missing files, which the default search plans around.
+void warn_profile_holes(const ProfileSet& profiles) {
+  const std::vector<ProfileHole> holes = profiles.holes();
+  if (holes.empty()) return;
+  std::cerr << "hetplan: warning: " << holes.size() << " profile(s) missing between ones present; the search "
+            << "leaves out the plans that need them: " << profiles.holes_message(holes) << "\n";
+}
 
 // Set by SIGINT during a search: the search stops and reports what it found.
 std::atomic<bool> g_interrupted{false};
@@ -186,6 +218,7 @@ int run_default_search(const SearchArgs& a) {
   const Cluster cluster = load_cluster(a);
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads,
                                                [&warm_up](const std::function<void()>& work) { warm_up.share(work); });
+  warn_profile_holes(profiles);
 
   SimulationOptions so;
   so.schedule = parse_schedule(a.schedule, "--schedule");
@@ -280,7 +313,10 @@ int run_default_search(const SearchArgs& a) {
 int run_search(const SearchArgs& a) {
   check_flags(a);
   if (a.cost_model == "metis") return run_metis_search(a);
-  if (a.cost_model == "sim") return run_default_search(a);
+  if (a.cost_model == "sim") {
+    warn_metis_only_flags(a);
+    return run_default_search(a);
+  }
   throw InputError("--cost-model: '" + excerpt(a.cost_model) + "': expected sim (the default) or metis");
 }
 
@@ -299,7 +335,8 @@ Runner add_search_command(CLI::App& app) {
       "found so far. Each plan's cost is the iteration time `hetplan simulate` reports for it; --json\n"
       "names the host and GPU of every rank.\n\n"
       "--cost-model metis reproduces the Metis reference (cost_het_cluster.py, livingshade/Metis@900445f)\n"
-      "bit for bit, quirks included: use it to reproduce the paper's Table 1, not to plan a cluster.\n\n"
+      "bit for bit, quirks included: use it to reproduce the paper's Table 1, not to plan a cluster.\n"
+      "Flags marked [metis] act only there: the default search ignores them with a warning on stderr.\n\n"
       "Example:\n"
       "  hetplan search --hostfile hostfiles/a100_v100_16.hostfile --clusterfile hostfiles/clusterfile.json \\\n"
       "                 --profiles profiles --num_layers 10 --gbs 64 --top 3 --json plans.json");
@@ -387,7 +424,10 @@ Runner add_search_command(CLI::App& app) {
               "With --cost-model sim: cost every stage at the profiles' burst timings (by default the pace-setting "
               "stage runs at the sustained, power-limited pace the profiler measured)");
   s->add_option("--log_path,--home_dir", a->log_path, "Accepted for compatibility with the reference; unused");
-  return [a] { return run_search(*a); };
+  return [a, s] {
+    a->metis_only_given = metis_only_flags_given(*s);
+    return run_search(*a);
+  };
 }
 
 }  // namespace hetplan::cli

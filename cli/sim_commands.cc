@@ -15,6 +15,7 @@
 #include "sim/json_util.h"
 #include "sim/plan_file.h"
 #include "sim/plan_simulator.h"
+#include "sim/report.h"
 #include "sim/inference.h"
 #include "sim/whatif.h"
 
@@ -114,7 +115,19 @@ struct SimulateArgs {
   bool burst_clocks = false;
   SetupArgs setup;
   bool zero_given = false, recompute_given = false, schedule_given = false;  // else the plan file's setting
+  std::string report, report_replay;  // --report FILE; `hetplan report --replay`
 };
+
+// --report: the HTML page of the simulation (sim/report.h), with the replay's measurements if given.
+void write_simulation_report(const SimulateArgs& a, const PlanFile& pf, const Cluster& cluster,
+                             const PlanSimulation& sim, Schedule schedule) {
+  MeasuredRun measured;
+  if (!a.report_replay.empty()) measured = read_replay_json(a.report_replay);
+  const ReportInput in{a.plan, to_string(schedule), &sim, rank_hosts(cluster, pf.plan),
+                       a.report_replay.empty() ? nullptr : &measured};
+  write_report_html(a.report, in);
+  std::cout << "report: " << a.report << "\n";
+}
 
 // --cost-model metis: what the Metis formula predicts for the plan (planner/metis_estimate.h).
 int run_simulate_metis(const SimulateArgs& a, const PlanFile& pf, const std::string& hostfile,
@@ -237,6 +250,7 @@ int run_simulate(const SimulateArgs& a) {
               << " GiB\n";
   }
   if (!a.trace.empty()) write_json_file(a.trace, chrome_trace(t, sim.stages));
+  if (!a.report.empty()) write_simulation_report(a, pf, cluster, sim, o.schedule);
   if (!a.json_out.empty()) {
     ordered_json j = simulation_to_json(sim);
     j["schedule"] = to_string(o.schedule);
@@ -613,6 +627,15 @@ int run_whatif(const WhatifArgs& a) {
 
 }  // namespace
 
+int run_simulate_with_report(const std::string& plan, const std::string& replay, const std::string& out) {
+  SimulateArgs a;
+  a.plan = plan;
+  a.report = out;
+  a.report_replay = replay;
+  if (!replay.empty()) read_replay_json(replay);  // a broken replay fails before the simulation
+  return run_simulate(a);
+}
+
 Runner add_simulate_command(CLI::App& app) {
   auto a = std::make_shared<SimulateArgs>();
   CLI::App* s = app.add_subcommand(
@@ -627,6 +650,8 @@ Runner add_simulate_command(CLI::App& app) {
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
   s->add_option("--hf-config", a->hf_config, "Hugging Face config.json for the model shape (default: the plan's GPT)");
   s->add_option("--trace", a->trace, "Write a Chrome trace (Perfetto) to this file");
+  s->add_option("--report", a->report,
+                "Write an HTML report to this file: the plan, a timeline per rank, memory per rank (as `hetplan report`)");
   s->add_option("--collectives", a->collectives,
                 "Intra-node all-reduce bandwidth: measured (the profiles' communication.allreduce_busbw_gbs where "
                 "present) or clusterfile (its intra_bandwidth)")

@@ -381,4 +381,53 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads,
   return set;
 }
 
+// ---------------------------------------------------------------- holes
+
+namespace {
+
+// Whether `has(v)` holds for a value of `values` below `v` and for one above it.
+template <class Has>
+bool surrounded(const std::vector<int>& values, int v, Has has) {
+  bool below = false, above = false;
+  for (int x : values) {
+    if (x < v) below = below || has(x);
+    if (x > v) above = above || has(x);
+  }
+  return below && above;
+}
+
+}  // namespace
+
+std::vector<ProfileHole> ProfileSet::holes() const {
+  std::vector<int> tps, bss;
+  for (const auto& e : entries_) {
+    tps.push_back(e.tp);
+    bss.push_back(e.bs);
+  }
+  for (auto* v : {&tps, &bss}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+  std::vector<ProfileHole> out;
+  for (int type = 0; type < static_cast<int>(types_.size()); ++type)
+    for (int tp : tps)
+      for (int bs : bss) {
+        if (find(type, tp, bs)) continue;
+        if (surrounded(bss, bs, [&](int b) { return find(type, tp, b) != nullptr; }) ||
+            surrounded(tps, tp, [&](int t) { return find(type, t, bs) != nullptr; }))
+          out.push_back({type, tp, bs});
+      }
+  return out;
+}
+
+std::string ProfileSet::holes_message(const std::vector<ProfileHole>& holes) const {
+  std::string out;
+  for (const auto& h : holes) {
+    if (!out.empty()) out += ", ";
+    out += expected_path(h.type, h.tp, h.bs) + " (device " + types_[h.type] + ", tp " + std::to_string(h.tp) +
+           ", bs " + std::to_string(h.bs) + ")";
+  }
+  return out;
+}
+
 }  // namespace hetplan

@@ -130,6 +130,15 @@ struct ProfileName {
 };
 bool parse_profile_name(const std::string& name, ProfileName& out);
 
+// A (type, tp, bs) the set has no file for although it has files on both
+// sides of it: a smaller and a larger bs at that (type, tp), or a smaller and
+// a larger tp at that (type, bs). A search plans around it in silence unless
+// told (ProfileSet::holes).
+struct ProfileHole {
+  int type = 0, tp = 0, bs = 0;
+  bool operator==(const ProfileHole&) const = default;
+};
+
 class ProfileSet {
  public:
   // Reads every DeviceType.*_tp*_bs*.json in `dir`. `num_layers` > 0 checks
@@ -207,6 +216,12 @@ class ProfileSet {
   // The gradient all-reduce bus bandwidth (GB/s) measured among GPUs of a
   // device type: from its files of the largest tp that record one; -1 if none.
   double allreduce_busbw_gbs(int type) const;
+
+  // Every hole of the set (ProfileHole), by type, tp and bs. Explaining path:
+  // allocates; O(types x tps x bss x (tps + bss)).
+  std::vector<ProfileHole> holes() const;
+  // "<path> (device V100, tp 1, bs 2)" for each hole, joined by ", ".
+  std::string holes_message(const std::vector<ProfileHole>& holes) const;
 
   // The file name a (type, tp, bs) lookup expects, for error messages.
   std::string expected_path(int type, int tp, int bs) const;

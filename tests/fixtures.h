@@ -1,9 +1,16 @@
-// Shared test fixtures: the Table-1 inputs, built from Metis's sample
-// profiles in ../shared/metis-samples (never copied into the project;
-// scripts/fetch_reference_data.sh downloads them). Tests that read them begin
-// with REQUIRE_SHARED_DATA(), tests that read the golden table with
-// REQUIRE_GOLDEN_TABLE(): without the data they print "HETPLAN_SKIP: <reason>"
-// and return, and ctest counts them as skipped (tests/CMakeLists.txt).
+// Shared test fixtures, of two kinds:
+// - the project's own inputs (project_clusterfile(), analytic_profiles()):
+//   hostfiles/clusterfile.json and roofline profiles generated in-process.
+//   Every test that needs a cluster and profiles but not Metis's numbers uses
+//   these, so it runs in a bare clone;
+// - the Table-1 inputs of the Metis reproduction, built from Metis's sample
+//   profiles in ../shared/metis-samples (never copied into the project;
+//   scripts/fetch_reference_data.sh downloads them). Tests that read them
+//   begin with REQUIRE_SHARED_DATA(), tests that read the golden table with
+//   REQUIRE_GOLDEN_TABLE(): without the data they print
+//   "HETPLAN_SKIP: <reason>" and return, and ctest counts them as skipped
+//   (tests/CMakeLists.txt).
+// Not thread-safe: the generated sets are cached per process on first use.
 #pragma once
 
 #include <filesystem>
@@ -20,6 +27,7 @@
 #include <ostream>
 #include <stdexcept>
 
+#include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "planner/search.h"
 #include "sim/plan.h"
@@ -88,7 +96,7 @@ inline std::string golden_table() { return shared_dir() + "/golden/table1.json";
 inline std::string missing_golden_table() {
   if (std::string why = missing_shared_data(); !why.empty()) return why;
   if (!std::filesystem::is_regular_file(golden_table()))
-    return "the golden Table-1 values " + golden_table() +
+    return "Metis's golden Table-1 values " + golden_table() +
            " are not public (the project's CI has them); set HETPLAN_SHARED to a folder holding golden/table1.json";
   return "";
 }
@@ -105,6 +113,52 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
   std::filesystem::create_directories(p);
   return p;
 }
+
+// ---- The project's own inputs (no outside data).
+
+// The project's clusterfile: V100 (32 GB) at 0.0.0.1, P100 at 0.0.0.2, T4 at
+// 0.0.0.3, A100 (80 GB) at 0.0.0.4, H100 at 0.0.0.5, H200 at 0.0.0.6.
+inline std::string project_clusterfile() { return std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/clusterfile.json"; }
+
+// Largest tp and bs of analytic_profiles().
+inline constexpr int kAnalyticMaxTp = 8;
+inline constexpr int kAnalyticMaxBs = 128;
+
+// Roofline profiles (sim/analytic_profiles.h, as `gen-profiles --analytic`
+// writes them) of the default GPT (hidden 4096, sequence 1024) with `layers`
+// layers, for A100 and V100, tp 1-8 and bs 1-128 (powers of two), generated
+// once per process.
+inline std::string analytic_dir(int layers) {
+  static std::map<int, std::string> dirs;
+  auto& d = dirs[layers];
+  if (d.empty()) {
+    const auto dir = scratch_dir("analytic" + std::to_string(layers));
+    AnalyticOptions o;
+    o.model.num_layers = layers;
+    o.max_tp = kAnalyticMaxTp;
+    o.max_bs = kAnalyticMaxBs;
+    generate_analytic_profiles(o, dir.string());
+    d = dir.string();
+  }
+  return d;
+}
+
+inline const ProfileSet& analytic_profiles(int layers) {
+  static std::map<int, std::unique_ptr<ProfileSet>> cache;
+  auto& slot = cache[layers];
+  if (!slot) slot = std::make_unique<ProfileSet>(ProfileSet::load(analytic_dir(layers), layers));
+  return *slot;
+}
+
+// n/4 V100 nodes (0.0.0.1) then n/4 A100 nodes (0.0.0.4), 4 GPUs each, on the project's clusterfile.
+inline Cluster project_cluster(int n) {
+  std::vector<std::pair<std::string, int>> hosts;
+  for (int i = 0; i < n / 4; ++i) hosts.emplace_back("0.0.0.1", 4);
+  for (int i = 0; i < n / 4; ++i) hosts.emplace_back("0.0.0.4", 4);
+  return Cluster::from_parts(hosts, parse_clusterfile(project_clusterfile()), "hostfile", project_clusterfile());
+}
+
+// ---- Metis's inputs (REQUIRE_SHARED_DATA()).
 
 // The synthetic profile set of gen_synth_data.py LAYERS 128, generated once per process.
 inline const ProfileSet& synthetic_profiles(int layers) {
@@ -125,7 +179,17 @@ inline std::string synthetic_dir(int layers) {
 
 // The search settings of every Table-1 row: gbs 128, max tp and bs 128,
 // variance 1, permute length 128.
-inline SearchOptions table1_search_options(int layers, bool use_strat = false) {
+inline SearchOptions table1_search_options(int layers, bool use_strat = false);
+
+// The Table-1 search settings over analytic_profiles(): tp and bs up to what they hold.
+inline SearchOptions analytic_search_options(int layers) {
+  SearchOptions o = table1_search_options(layers);
+  o.max_profiled_tp = kAnalyticMaxTp;
+  o.max_profiled_bs = kAnalyticMaxBs;
+  return o;
+}
+
+inline SearchOptions table1_search_options(int layers, bool use_strat) {
   SearchOptions o;
   o.model.num_layers = layers;
   o.gbs = 128;

@@ -20,10 +20,17 @@ void write(const fs::path& p, const std::string& text) { std::ofstream(p) << tex
 
 int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 
-// A search over `hostfile` with the 10-layer synthetic set in `profiles`.
-test::CommandResult search(const fs::path& hostfile, const std::string& profiles, const std::string& extra = "") {
+int count_of(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A search over `hostfile` with the 10-layer profiles in `profiles` on the project's clusterfile.
+test::CommandResult search(const fs::path& hostfile, const std::string& profiles, const std::string& extra = "",
+                           const std::string& clusterfile = test::project_clusterfile()) {
   return test::run_hetplan("search -q --hostfile_path " + hostfile.string() + " --clusterfile_path " +
-                     test::sample_clusterfile() + " --profile_data_path " + profiles + " --num_layers 10 --gbs 128 " +
+                     clusterfile + " --profile_data_path " + profiles + " --num_layers 10 --gbs 128 " +
                      extra);
 }
 
@@ -38,33 +45,30 @@ void expect_one_line_error(const test::CommandResult& r, const std::vector<std::
 }  // namespace
 
 TEST_CASE("malformed hostfile", "[errors]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-hostfile");
   write(dir / "hostfile", "0.0.0.1 slots=4\n0.0.0.4 slot=4\n");
-  expect_one_line_error(search(dir / "hostfile", test::synthetic_dir(10)),
+  expect_one_line_error(search(dir / "hostfile", test::analytic_dir(10)),
                         {(dir / "hostfile").string() + ":2:", "expected '<ip> slots=<N>'", "0.0.0.4 slot=4"});
   write(dir / "hostfile2", "0.0.0.1 slots=x4\n");
-  expect_one_line_error(search(dir / "hostfile2", test::synthetic_dir(10)),
+  expect_one_line_error(search(dir / "hostfile2", test::analytic_dir(10)),
                         {"hostfile2:1:", "expected a positive integer after 'slots='"});
   write(dir / "hostfile3", "0.0.0.9 slots=4\n");
-  expect_one_line_error(search(dir / "hostfile3", test::synthetic_dir(10)),
+  expect_one_line_error(search(dir / "hostfile3", test::analytic_dir(10)),
                         {"hostfile3:1:", "'0.0.0.9' is not in clusterfile"});
 }
 
 TEST_CASE("unknown device type", "[errors]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-type");
   write(dir / "hostfile", "0.0.0.2 slots=4\n0.0.0.4 slots=4\n");  // 0.0.0.2 is a P100 in the clusterfile
   for (const char* model : {"--cost-model metis", "--cost-model sim"})
-    expect_one_line_error(search(dir / "hostfile", test::synthetic_dir(10), model),
+    expect_one_line_error(search(dir / "hostfile", test::analytic_dir(10), model),
                           {"clusterfile.json", "key '0.0.0.2.instance_type'", "unknown device type 'P100'",
                            "DeviceType.P100_tp<T>_bs<B>.json", "A100, V100"});
 }
 
 TEST_CASE("missing profile that the search needs", "[errors]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-missing");
-  fs::copy(test::synthetic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+  fs::copy(test::analytic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
   fs::remove(dir / "p" / "DeviceType.V100_tp4_bs2.json");
   write(dir / "hostfile", "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.1 slots=4\n"
                           "0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n");
@@ -76,6 +80,11 @@ TEST_CASE("missing profile that the search needs", "[errors]") {
   INFO(d.output);
   CHECK(d.exit_code == 0);
   CHECK(d.output.find("infeasible: 0,") == std::string::npos);
+  // ... and says so, once, naming the file.
+  CHECK(count_of(d.output, "hetplan: warning: ") == 1);
+  CHECK(d.output.find("hetplan: warning: 1 profile(s) missing between ones present; the search leaves out the plans "
+                      "that need them: " + (dir / "p" / "DeviceType.V100_tp4_bs2.json").string() +
+                      " (device V100, tp 4, bs 2)\n") != std::string::npos);
   // The model-level file itself.
   fs::remove(dir / "p" / "DeviceType.A100_tp1_bs1.json");
   for (const char* model : {"--cost-model metis", "--cost-model sim"})
@@ -83,10 +92,65 @@ TEST_CASE("missing profile that the search needs", "[errors]") {
                           {"DeviceType.A100_tp1_bs1.json: missing", "first device type (A100)"});
 }
 
+// A hole lies between files of its (type, tp) or of its (type, bs); a file missing past the largest tp and
+// bs of the set is no hole (the set just ends there).
+TEST_CASE("ProfileSet::holes lists the files missing between ones present", "[errors][profiles]") {
+  const auto dir = test::scratch_dir("holes");
+  fs::copy(test::analytic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+  CHECK(ProfileSet::load((dir / "p").string(), 10).holes().empty());
+  fs::remove(dir / "p" / "DeviceType.V100_tp2_bs8.json");    // between bs 4 and 16, and tp 1 and 4
+  fs::remove(dir / "p" / "DeviceType.A100_tp8_bs1.json");    // no smaller bs, no larger tp: no hole
+  fs::remove(dir / "p" / "DeviceType.A100_tp8_bs128.json");  // no larger bs, no larger tp: no hole
+  const ProfileSet p = ProfileSet::load((dir / "p").string(), 10);
+  const int a100 = p.type_index("A100"), v100 = p.type_index("V100");
+  const std::vector<ProfileHole> holes = p.holes();
+  REQUIRE(holes.size() == 1);
+  CHECK(holes[0] == ProfileHole{v100, 2, 8});
+  CHECK(p.holes_message(holes) == (dir / "p" / "DeviceType.V100_tp2_bs8.json").string() + " (device V100, tp 2, bs 8)");
+  // A100 tp 8 bs 4 lies between bs 2 and 8 of its tp: a hole, listed by type, tp, bs.
+  fs::remove(dir / "p" / "DeviceType.A100_tp8_bs4.json");
+  const std::vector<ProfileHole> two = ProfileSet::load((dir / "p").string(), 10).holes();
+  REQUIRE(a100 < v100);
+  REQUIRE(two.size() == 2);
+  CHECK(two[0] == ProfileHole{a100, 8, 4});
+  CHECK(two[1] == ProfileHole{v100, 2, 8});
+}
+
+// The default search ignores the flags of the Metis reproduction, and says which.
+TEST_CASE("search --cost-model sim warns of the [metis] flags it ignores", "[errors][search-sim]") {
+  const auto dir = test::scratch_dir("err-metis-flags");
+  write(dir / "hostfile", "0.0.0.4 slots=4\n");
+  const std::string p = test::analytic_dir(10);
+  const test::CommandResult plain = search(dir / "hostfile", p, "--top 1");
+  INFO(plain.output);
+  REQUIRE(plain.exit_code == 0);
+  CHECK(plain.output.find("warning") == std::string::npos);
+  const test::CommandResult one = search(dir / "hostfile", p, "--top 1 --use_strat");
+  INFO(one.output);
+  REQUIRE(one.exit_code == 0);
+  CHECK(one.output.find("hetplan: warning: --use_strat acts only under --cost-model metis; the default search "
+                        "(--cost-model sim) ignores it\n") != std::string::npos);
+  const test::CommandResult three =
+      search(dir / "hostfile", p, "--top 1 --trials 3 --max_permute_len 4 --min_group_scale_variance 2");
+  INFO(three.output);
+  REQUIRE(three.exit_code == 0);
+  CHECK(count_of(three.output, "hetplan: warning: ") == 1);
+  for (const char* flag : {"--trials", "--max_permute_len", "--min_group_scale_variance"})
+    CHECK(three.output.find(flag) != std::string::npos);
+  CHECK(three.output.find(" act only under --cost-model metis") != std::string::npos);
+  // The same plans as without them; under --cost-model metis they act, with no warning.
+  CHECK(three.output.substr(three.output.find("rank, iteration_ms")) ==
+        plain.output.substr(plain.output.find("rank, iteration_ms")));
+  const test::CommandResult metis = search(dir / "hostfile", p, "--top 1 --trials 2 --cost-model metis");
+  INFO(metis.output);
+  REQUIRE(metis.exit_code == 0);
+  CHECK(metis.output.find("warning") == std::string::npos);
+  CHECK(test::run_hetplan("search --help").output.find("ignores them with a warning") != std::string::npos);
+}
+
 TEST_CASE("non-JSON profile and missing keys", "[errors]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-json");
-  fs::copy(test::synthetic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+  fs::copy(test::analytic_dir(10), dir / "p", fs::copy_options::overwrite_existing | fs::copy_options::recursive);
   write(dir / "p" / "DeviceType.A100_tp2_bs2.json", "{\"model\": [1, 2\n");
   write(dir / "hostfile", "0.0.0.4 slots=4\n");
   expect_one_line_error(search(dir / "hostfile", (dir / "p").string()),
@@ -97,21 +161,24 @@ TEST_CASE("non-JSON profile and missing keys", "[errors]") {
 }
 
 TEST_CASE("a GPU count for which no plan exists", "[errors]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-noplan");
-  // 5 GPUs and 2 layers: no split into power-of-two groups of at most 2 stages.
-  const test::CommandResult gen = test::run_hetplan("gen-profiles 2 4 --samples " + test::samples_dir() + " --out " + (dir / "p2").string());
+  // 15 GPUs and 3 layers: no split into power-of-two groups of at most 3 stages (8 + 4 + 2 + 1 is 4).
+  const test::CommandResult gen =
+      test::run_hetplan("gen-profiles --analytic 3 4 --types A100,V100 --out " + (dir / "p3").string());
   REQUIRE(gen.exit_code == 0);
-  write(dir / "five", "0.0.0.1 slots=5\n");
-  expect_one_line_error(test::run_hetplan("search --hostfile_path " + (dir / "five").string() + " --clusterfile_path " +
-                                    test::sample_clusterfile() + " --profile_data_path " + (dir / "p2").string() +
-                                    " --num_layers 2 --gbs 8 --cost-model metis"),
-                        {"five: no plan exists for this cluster (5 GPUs)", "power-of-two device groups"});
-  // 1 V100 (16 GB): nothing fits in memory.
+  write(dir / "fifteen", "0.0.0.1 slots=15\n");
+  expect_one_line_error(test::run_hetplan("search --hostfile_path " + (dir / "fifteen").string() + " --clusterfile_path " +
+                                    test::project_clusterfile() + " --profile_data_path " + (dir / "p3").string() +
+                                    " --num_layers 3 --gbs 8 --cost-model metis"),
+                        {"fifteen: no plan exists for this cluster (15 GPUs)", "power-of-two device groups"});
+  // 1 V100 of 16 GB: nothing fits in memory (the 2.0B-parameter model's weights, gradients and Adam states).
   write(dir / "one", "0.0.0.1 slots=1\n");
-  expect_one_line_error(search(dir / "one", test::synthetic_dir(10), "--cost-model metis"),
+  write(dir / "v100-16gb.json",
+        "{\"0.0.0.1\": {\"instance_type\": \"V100\", \"inter_bandwidth\": 10, \"intra_bandwidth\": 50, \"memory\": 16}}");
+  const std::string cf = (dir / "v100-16gb.json").string();
+  expect_one_line_error(search(dir / "one", test::analytic_dir(10), "--cost-model metis", cf),
                         {"no plan exists for this cluster (1 GPUs)", "fits in GPU memory"});
-  expect_one_line_error(search(dir / "one", test::synthetic_dir(10)),
+  expect_one_line_error(search(dir / "one", test::analytic_dir(10), "", cf),
                         {"no plan exists for this cluster (1 GPUs, gbs 128)", "fits every rank's memory",
                          "runs out of memory"});
 }
@@ -125,12 +192,11 @@ TEST_CASE("help and good runs exit 0", "[errors]") {
 // --stage-boundaries: a bad value is one line; `node` on a small cluster says so on the first line and
 // gives plans whose stages are whole nodes (the 4-GPU nodes of the 8-GPU hostfile: 4 or 8 GPUs a stage).
 TEST_CASE("search --stage-boundaries: a bad value, and stages of whole nodes", "[errors][plan_search]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("err-boundaries");
   write(dir / "eight", "0.0.0.1 slots=4\n0.0.0.4 slots=4\n");
-  expect_one_line_error(search(dir / "eight", test::synthetic_dir(10), "--stage-boundaries nodes"),
+  expect_one_line_error(search(dir / "eight", test::analytic_dir(10), "--stage-boundaries nodes"),
                         {"--stage-boundaries: 'nodes': expected auto, node or rank"});
-  const test::CommandResult r = search(dir / "eight", test::synthetic_dir(10), "--stage-boundaries node --top 5");
+  const test::CommandResult r = search(dir / "eight", test::analytic_dir(10), "--stage-boundaries node --top 5");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("stages of whole nodes") != std::string::npos);
@@ -144,5 +210,5 @@ TEST_CASE("search --stage-boundaries: a bad value, and stages of whole nodes", "
     ++plans;
   }
   CHECK(plans >= 1);
-  CHECK(search(dir / "eight", test::synthetic_dir(10)).output.find("stages of whole nodes") == std::string::npos);
+  CHECK(search(dir / "eight", test::analytic_dir(10)).output.find("stages of whole nodes") == std::string::npos);
 }

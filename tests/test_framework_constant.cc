@@ -16,7 +16,7 @@ using namespace hetplan;
 namespace {
 
 PlanSimulation simulate_best(const ProfileSet& profiles, const Cluster& cluster) {
-  const SearchOptions o = test::table1_search_options(10);
+  const SearchOptions o = test::analytic_search_options(10);
   const SearchResult r = MetisSearch(cluster, profiles, o).run();
   REQUIRE(!r.top.empty());
   SimulationOptions so;
@@ -28,10 +28,9 @@ PlanSimulation simulate_best(const ProfileSet& profiles, const Cluster& cluster)
 }  // namespace
 
 TEST_CASE("profiles' framework_mb sets each rank's framework memory", "[memory][profiles]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("framework") / "p";
   fs::remove_all(dir);
-  fs::copy(test::synthetic_dir(10), dir, fs::copy_options::recursive);
+  fs::copy(test::analytic_dir(10), dir, fs::copy_options::recursive);
   for (auto [type, mb] : {std::pair<std::string, double>{"A100", 700.5}, {"V100", 900.0}}) {
     const std::string f = (dir / ("DeviceType." + type + "_tp1_bs1.json")).string();
     ordered_json j = read_json_file(f);
@@ -41,10 +40,10 @@ TEST_CASE("profiles' framework_mb sets each rank's framework memory", "[memory][
   const ProfileSet with = ProfileSet::load(dir.string(), 10);
   CHECK(with.framework_mb(with.type_index("A100")) == 700.5);
   CHECK(with.framework_mb(with.type_index("V100")) == 900.0);
-  const ProfileSet& without = test::synthetic_profiles(10);
+  const ProfileSet& without = test::analytic_profiles(10);
   CHECK(without.framework_mb(0) == -1);
 
-  const Cluster cluster = test::table1_cluster(16);
+  const Cluster cluster = test::project_cluster(16);
   const PlanSimulation a = simulate_best(with, cluster);
   const PlanSimulation b = simulate_best(without, cluster);
   REQUIRE(a.ranks.size() == 32);

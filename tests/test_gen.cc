@@ -24,18 +24,17 @@ TEST_CASE("gen-hostfile writes the reference's gen_hostfile.py text", "[gen]") {
 }
 
 TEST_CASE("hostfile parser reads multi-digit slots, comments and blank lines", "[gen][cluster]") {
-  REQUIRE_SHARED_DATA();
   const auto path = test::scratch_dir("hosts") / "hostfile";
   std::ofstream(path) << "# two big nodes\n0.0.0.4 slots=16\n\n0.0.0.1   slots=12   # V100 box\n";
   const auto hosts = parse_hostfile(path.string());
   REQUIRE(hosts.size() == 2);
   CHECK(hosts[0] == std::make_pair(std::string("0.0.0.4"), 16));
   CHECK(hosts[1] == std::make_pair(std::string("0.0.0.1"), 12));
-  const Cluster c = Cluster::load(path.string(), test::sample_clusterfile());
+  const Cluster c = Cluster::load(path.string(), test::project_clusterfile());
   CHECK(c.num_devices() == 28);
   CHECK(c.num_devices_of(c.type_index("A100")) == 16);
   CHECK(c.memory_mb(c.type_index("A100")) == 80 * 1024);
-  CHECK(c.first_intra_bandwidth(c.type_index("A100")) == 46);
+  CHECK(c.first_intra_bandwidth(c.type_index("A100")) == 300);
 }
 
 TEST_CASE("gen-profiles reproduces gen_synth_data.py values", "[gen]") {

@@ -11,10 +11,9 @@
 using namespace hetplan;
 
 TEST_CASE("search --json entries round-trip as plan files", "[plan_file]") {
-  REQUIRE_SHARED_DATA();
-  SearchOptions o = test::table1_search_options(10);
+  SearchOptions o = test::analytic_search_options(10);
   o.top_k = 3;
-  const SearchResult r = MetisSearch(test::table1_cluster(16), test::synthetic_profiles(10), o).run();
+  const SearchResult r = MetisSearch(test::project_cluster(16), test::analytic_profiles(10), o).run();
   PlanFile context;
   context.model = o.model;
   context.gbs = 128;

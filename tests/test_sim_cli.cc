@@ -17,14 +17,14 @@ namespace {
 
 std::string hf(const std::string& name) { return std::string(HETPLAN_SOURCE_DIR) + "/tests/data/hf/" + name; }
 
-// A 16-GPU (8 V100 + 8 A100) search with the 10-layer synthetic profiles; returns the plans file.
+// A 16-GPU (8 V100 + 8 A100) search with the 10-layer analytic profiles; returns the plans file.
 fs::path searched_plans() {
   const auto dir = test::scratch_dir("sim-cli");
   const fs::path plans = dir / "plans.json";
   if (fs::exists(plans)) return plans;
   std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n";
   const test::CommandResult r = test::run_hetplan("search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
-                            test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
+                            test::project_clusterfile() + " --profile_data_path " + test::analytic_dir(10) +
                             " --num_layers 10 --gbs 128 --top 5 --json " + plans.string());
   REQUIRE(r.exit_code == 0);
   return plans;
@@ -33,7 +33,6 @@ fs::path searched_plans() {
 }  // namespace
 
 TEST_CASE("simulate a searched plan: schedules, trace and JSON", "[cli][simulate]") {
-  REQUIRE_SHARED_DATA();
   const fs::path plans = searched_plans();
   const auto dir = plans.parent_path();
   const ordered_json all = read_json_file(plans.string());
@@ -87,7 +86,6 @@ TEST_CASE("simulate a searched plan: schedules, trace and JSON", "[cli][simulate
 }
 
 TEST_CASE("simulate errors are one line", "[cli][simulate][errors]") {
-  REQUIRE_SHARED_DATA();
   const fs::path plans = searched_plans();
   test::CommandResult r = test::run_hetplan("simulate --plan " + plans.string() + " --recompute most");
   CHECK(r.exit_code == 2);
@@ -101,7 +99,6 @@ TEST_CASE("simulate errors are one line", "[cli][simulate][errors]") {
 }
 
 TEST_CASE("whatif table: rows, JSON and memory ordering", "[cli][whatif]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("whatif");
   const std::string json = (dir / "w.json").string();
   const test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-3.1-8b.json") +
@@ -147,18 +144,17 @@ TEST_CASE("whatif table: rows, JSON and memory ordering", "[cli][whatif]") {
 
 namespace {
 
-// A 16-GPU V100+A100 search on the 10-layer synthetic profiles, its hostfile in `dir`.
+// A 16-GPU V100+A100 search on the 10-layer analytic profiles, its hostfile in `dir`.
 std::string search_16_gpus(const std::filesystem::path& dir) {
   std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n0.0.0.4 slots=4\n0.0.0.4 slots=4\n";
   return "search -q --hostfile_path " + (dir / "hostfile").string() + " --clusterfile_path " +
-         test::sample_clusterfile() + " --profile_data_path " + test::synthetic_dir(10) +
+         test::project_clusterfile() + " --profile_data_path " + test::analytic_dir(10) +
          " --num_layers 10 --gbs 128 --top 5 ";
 }
 
 }  // namespace
 
 TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simulate", "[cli][search-sim]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("search-sim");
   const std::string common = search_16_gpus(dir);
   const test::CommandResult r = test::run_hetplan(common + "--cost-model sim --json " + (dir / "sim.json").string());
@@ -201,7 +197,6 @@ TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simul
 }
 
 TEST_CASE("search --zero/--recompute auto searches the settings as dimensions", "[cli][search-sim]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("search-sim-auto");
   const std::string common = search_16_gpus(dir) + "--cost-model sim ";
   const test::CommandResult fixed = test::run_hetplan(common + "--json " + (dir / "fixed.json").string());

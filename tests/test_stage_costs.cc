@@ -20,13 +20,13 @@ namespace {
 
 constexpr double kBusbwGbs = 100.0;
 
-// The 10-layer synthetic set, every file given forward = 1/4 of each layer's
+// The 10-layer analytic set, every file given forward = 1/4 of each layer's
 // time, accumulation 0.1 x (layer + 1) ms and, for tp > 1, a measured
 // all-reduce bus bandwidth of 100 GB/s.
 std::string extended_profiles() {
   const auto dir = test::scratch_dir("stage-costs") / "p";
   if (fs::exists(dir)) return dir.string();
-  fs::copy(test::synthetic_dir(10), dir, fs::copy_options::recursive);
+  fs::copy(test::analytic_dir(10), dir, fs::copy_options::recursive);
   for (const auto& f : fs::directory_iterator(dir)) {
     const std::string name = f.path().filename().string();
     if (name.rfind("DeviceType.", 0) != 0) continue;
@@ -49,8 +49,8 @@ std::string extended_profiles() {
 // layers [5, 10) at (dp 1, tp 2); 8 micro-batches of a global batch of 32,
 // so stage 0 runs bs 2 per replica and stage 1 bs 4.
 struct TwoStagePlan {
-  Cluster cluster = Cluster::from_parts({{"0.0.0.4", 4}}, parse_clusterfile(test::sample_clusterfile()), "hostfile",
-                                        test::sample_clusterfile());
+  Cluster cluster = Cluster::from_parts({{"0.0.0.4", 4}}, parse_clusterfile(test::project_clusterfile()), "hostfile",
+                                        test::project_clusterfile());
   std::vector<int> groups{2, 2};
   std::vector<Strategy> strategies{{2, 1}, {1, 2}};
   std::vector<int> partition{0, 5, 10};
@@ -79,7 +79,6 @@ double slice(const std::vector<double>& v, int s, int e) {
 }  // namespace
 
 TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[sim][profiles]") {
-  REQUIRE_SHARED_DATA();
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
   const int a100 = profiles.type_index("A100");
   const LayerProfile* s0 = profiles.find(a100, 1, 2);
@@ -114,8 +113,7 @@ TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[
 }
 
 TEST_CASE("files without the extensions: 2/3 backward, datasheet HBM accumulation, Metis's optimizer", "[sim][profiles]") {
-  REQUIRE_SHARED_DATA();
-  const ProfileSet& profiles = test::synthetic_profiles(10);
+  const ProfileSet& profiles = test::analytic_profiles(10);
   const int a100 = profiles.type_index("A100");
   const LayerProfile* s0 = profiles.find(a100, 1, 2);
   REQUIRE(!s0->has_forward());
@@ -138,7 +136,6 @@ TEST_CASE("files without the extensions: 2/3 backward, datasheet HBM accumulatio
 }
 
 TEST_CASE("measured all-reduce bandwidth replaces the clusterfile's inside a node", "[sim][network]") {
-  REQUIRE_SHARED_DATA();
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
   TwoStagePlan plan;
   plan.tied = false;  // only the data-parallel all-reduce (the tied ends' is the next test's)
@@ -156,7 +153,6 @@ TEST_CASE("measured all-reduce bandwidth replaces the clusterfile's inside a nod
 }
 
 TEST_CASE("tied embeddings over a pipeline: both ends all-reduce the embedding gradient", "[sim][network]") {
-  REQUIRE_SHARED_DATA();
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
   TwoStagePlan untied;
   untied.tied = false;
@@ -174,7 +170,6 @@ TEST_CASE("tied embeddings over a pipeline: both ends all-reduce the embedding g
 }
 
 TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][recompute]") {
-  REQUIRE_SHARED_DATA();
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
   const TwoStagePlan plan;
   SimulationOptions full, selective;
@@ -197,10 +192,9 @@ TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][re
 }
 
 TEST_CASE("a profile extension of the wrong length is an error naming file and key", "[sim][profiles][errors]") {
-  REQUIRE_SHARED_DATA();
   const auto dir = test::scratch_dir("stage-costs-bad") / "p";
   fs::remove_all(dir);
-  fs::copy(test::synthetic_dir(10), dir, fs::copy_options::recursive);
+  fs::copy(test::analytic_dir(10), dir, fs::copy_options::recursive);
   const std::string f = (dir / "DeviceType.V100_tp1_bs2.json").string();
   ordered_json j = read_json_file(f);
   j["execution_time"]["layer_forward_ms"] = {1.0, 2.0};
@@ -217,7 +211,6 @@ TEST_CASE("a profile extension of the wrong length is an error naming file and k
 }
 
 TEST_CASE("the pace-setting stage computes at the sustained pace", "[sim][power]") {
-  REQUIRE_SHARED_DATA();
   // Copy of the extended set where every file's sustained pass ran 10% (tp 1) or 4% (tp 2) slower than its burst.
   const auto dir = test::scratch_dir("stage-costs-sustained") / "p";
   fs::remove_all(dir);
