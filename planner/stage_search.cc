@@ -30,7 +30,10 @@ class UnitSearch {
  public:
   UnitSearch(const StageSearch& search, Worker& w, const Unit& u)
       : s_(search),
-        space_(search.space_),
+        control_(search.control_),
+        shared_(search.shared_),
+        tables_(search.tables_),
+        kept_(search.kept_),
         w_(w),
         count_(w.counters.own),
         u_(u),
@@ -45,7 +48,10 @@ class UnitSearch {
         setups_(search.space_.num_setups()),
         layers_(search.space_.layers),
         gpus_(search.space_.gpus),
-        cacheable_(search.space_.layers < 1024 && search.space_.max_tp < 256) {}
+        max_tp_(search.space_.max_tp),
+        cacheable_(search.space_.layers < 1024 && search.space_.max_tp < 256),
+        whole_nodes_(search.space_.whole_nodes),
+        allow_cross_node_tp_(search.options_.allow_cross_node_tp) {}
 
   void run() {
     start_state();
@@ -93,7 +99,10 @@ class UnitSearch {
   void keep_plan(double cost, int setup);
 
   const StageSearch& s_;
-  const SearchSpace& space_;
+  SearchControl& control_;
+  SharedBound& shared_;
+  const FeasibilityTables& tables_;
+  KeptEstimates& kept_;
   Worker& w_;
   Counters& count_;
   const Unit& u_;
@@ -102,8 +111,8 @@ class UnitSearch {
   const StageEstimator& est_;
   const bool use_bounds_;
   const Schedule schedule_;
-  const int stages_, m_, b_, setups_, layers_, gpus_;
-  const bool cacheable_;
+  const int stages_, m_, b_, setups_, layers_, gpus_, max_tp_;
+  const bool cacheable_, whole_nodes_, allow_cross_node_tp_;
 };
 
 // Stage i's entries are written when stage i - 1 is chosen: only stage 0's need a value.
@@ -150,24 +159,24 @@ UnitSearch::Frame UnitSearch::frame(int i, int r, int l) const {
 }
 
 void UnitSearch::descend(int i, int r, int l) {
-  if (s_.control_.stopped()) return;
-  if (s_.control_.every_so_often(w_.counters)) return;
+  if (control_.stopped()) return;
+  if (control_.every_so_often(w_.counters)) return;
   if (i == stages_) {
     leaf();
     return;
   }
   const Frame f = frame(i, r, l);
   for (int s = f.s_min; s <= f.s_max; ++s) {
-    if (space_.whole_nodes && !o_.node_start(r + s)) continue;
+    if (whole_nodes_ && !o_.node_start(r + s)) continue;
     // Whatever layers this stage takes, the ranks after it cannot finish in time.
     if (use_bounds_ && !f.last &&
-        f.passes + sb_.least_path_from(f.rest, r + s, l + f.k_min) + f.tail > s_.shared_.threshold()) {
+        f.passes + sb_.least_path_from(f.rest, r + s, l + f.k_min) + f.tail > shared_.threshold()) {
       ++count_.enumerated;
       ++count_.pruned;
       continue;
     }
     const bool homo = o_.homogeneous(r, s);
-    for (int tp = 1; tp <= std::min(s, space_.max_tp); ++tp)
+    for (int tp = 1; tp <= std::min(s, max_tp_); ++tp)
       if (!try_shape(f, s, tp, homo)) return;
   }
 }
@@ -179,14 +188,14 @@ bool UnitSearch::try_shape(const Frame& f, int s, int tp, bool homo) {
   if (dp > b_) return true;  // every replica trains at least one sample
   if (!o_.tp_profiled(f.r, s, tp)) return true;
   const bool inside = o_.tp_inside_nodes(f.r, s, tp);
-  if (!s_.options_.allow_cross_node_tp && !inside) return true;
+  if (!allow_cross_node_tp_ && !inside) return true;
   Shape sh{s, tp, dp, homo, inside};
   // The least model-state bytes of layers [l, l + k) on these ranks, against their least memory.
-  sh.states = s_.tables_.states_row(tp, dp, f.l);
+  sh.states = tables_.states_row(tp, dp, f.l);
   sh.capacity = sh.states ? o_.capacity(f.r, s) : kInf;
   if (use_bounds_) {
     est_.sends(f.r, s, tp, homo, &sh.send_fw, &sh.send_bw);
-    sh.kept = s_.kept_.get(o_, est_, f.r, s, tp, b_, homo, inside);
+    sh.kept = kept_.get(o_, est_, f.r, s, tp, b_, homo, inside);
   }
   for (int k = first_layer_count(f, sh); k <= f.k_max; ++k) {
     const Next next = try_layers(f, sh, k);
@@ -201,7 +210,7 @@ bool UnitSearch::try_shape(const Frame& f, int s, int tp, bool homo) {
 // test_bounds: it is at least passes + that bound + tail).
 int UnitSearch::first_layer_count(const Frame& f, const Shape& sh) {
   if (!use_bounds_ || f.last || f.k_max <= f.k_min) return f.k_min;
-  const double thr = s_.shared_.threshold();
+  const double thr = shared_.threshold();
   int lo = f.k_min, hi = f.k_max + 1;
   while (lo < hi) {
     const int mid = lo + (hi - lo) / 2;
@@ -216,7 +225,7 @@ int UnitSearch::first_layer_count(const Frame& f, const Shape& sh) {
 // Stage i with layers [l, l + k).
 UnitSearch::Next UnitSearch::try_layers(const Frame& f, const Shape& sh, int k) {
   ++count_.enumerated;
-  if (s_.control_.every_so_often(w_.counters)) return Next::kStop;
+  if (control_.every_so_often(w_.counters)) return Next::kStop;
   if (sh.states && sh.states[f.l + k] > sh.capacity) {
     // No setting fits, nor with more layers (the states only grow with them): the cheap test before
     // the cost model's per-rank memory.
@@ -235,20 +244,20 @@ UnitSearch::Next UnitSearch::try_layers(const Frame& f, const Shape& sh, int k) 
     note_out_of_memory(f, &w_.stage_costs[static_cast<std::size_t>(f.i) * setups_]);
     return Next::kContinue;
   }
-  if (use_bounds_ && bound_min > s_.shared_.threshold()) {
+  if (use_bounds_ && bound_min > shared_.threshold()) {
     ++count_.pruned;
     return Next::kContinue;
   }
   w_.feasible_setups[f.i + 1] = feasible;
   descend(f.i + 1, f.r + sh.s, f.l + k);
-  if (s_.control_.stopped()) return Next::kStop;
+  if (control_.stopped()) return Next::kStop;
   return Next::kContinue;
 }
 
 // The bounds on every plan with stage i of layers [l, l + k), on the stage's estimate.
 UnitSearch::Verdict UnitSearch::test_bounds(const Frame& f, const Shape& sh, int k) {
   const int m = m_, rest = f.rest, r = f.r, s = sh.s, l = f.l;
-  const double thr = s_.shared_.threshold();
+  const double thr = shared_.threshold();
   const StageEstimate x = sh.kept ? sh.kept[span_index(layers_, l, l + k)]
                                   : est_.estimate(r, s, sh.tp, l, l + k, sh.homo, sh.inside);
   const double c0 = x.t + sh.send_fw + sh.send_bw, csum = c0 + (m > 1 ? x.a : 0.0);
@@ -397,7 +406,7 @@ void UnitSearch::leaf() {
   for (int k = 0; k < setups_; ++k) {
     if (!(mk & (1u << k))) continue;
     if (use_bounds_ && w_.lower_bound[static_cast<std::size_t>(stages_) * setups_ + k] >
-                           std::min(best, s_.shared_.threshold()))
+                           std::min(best, shared_.threshold()))
       continue;
     for (int i = 0; i < stages_; ++i) w_.leaf_costs[i] = w_.stage_costs[static_cast<std::size_t>(i) * setups_ + k];
     const double t = o_.cost->iteration_ms(w_.leaf_costs.data(), stages_, m_, schedule_, &w_.scratch);
@@ -438,7 +447,7 @@ void UnitSearch::keep_plan(double cost, int setup) {
   pr.cost = cost;
   sp.setup = setup;
   w_.top.insert(std::move(key), std::move(sp));
-  s_.shared_.offer(cost);
+  shared_.offer(cost);
 }
 
 StageSearch::StageSearch(const SearchSpace& space, const FeasibilityTables& tables,
