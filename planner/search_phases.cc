@@ -22,10 +22,10 @@ namespace {
 std::vector<int> group_order(const SearchSpace& space) {
   const int n_ms = static_cast<int>(space.micro_batch_counts.size());
   std::vector<int> order(space.num_groups());
-  for (std::size_t g = 0; g < order.size(); ++g) order[g] = static_cast<int>(g);
-  auto order_key = [&](int g) {
-    const int rank = n_ms - 1 - g % n_ms;  // 0: the largest micro-batch (the counts run from the most)
-    return std::make_tuple(rank / 2, g / n_ms, rank % 2);
+  for (std::size_t group = 0; group < order.size(); ++group) order[group] = static_cast<int>(group);
+  auto order_key = [&](int group) {
+    const int rank = n_ms - 1 - group % n_ms;  // 0: the largest micro-batch (the counts run from the most)
+    return std::make_tuple(rank / 2, group / n_ms, rank % 2);
   };
   std::sort(order.begin(), order.end(), [&](int x, int y) { return order_key(x) < order_key(y); });
   return order;
@@ -50,9 +50,9 @@ class Phases {
  private:
   void build_last_stages();
   void run_shallow_units(Worker& w);
-  bool build_deeper_and_run(Worker& w, int g);
+  bool build_deeper_and_run(Worker& w, int group);
   void join_deep_units(Worker& w);
-  bool run_deep_units(Worker& w, int g);
+  bool run_deep_units(Worker& w, int group);
   // Waits until `done()`: work of an earlier phase, which running threads have taken (every item of a
   // phase is taken before any thread leaves it), and which waits only on work of a phase before its own
   // (phase 1 on nothing). No TBB wait runs inside a lane, so no thread holds such work below a wait.
@@ -93,12 +93,12 @@ Phases::Phases(SearchWork& work)
       next3u_(new std::atomic<long long>[n_groups_]),
       done3u_(new std::atomic<long long>[n_groups_]),
       open3_(new std::atomic<bool>[n_groups_]) {
-  for (std::size_t g = 0; g < n_groups_; ++g) {
-    ready_[g].store(false);
-    left2_[g].store(per_group2_);
-    next3u_[g].store(0);
-    done3u_[g].store(0);
-    open3_[g].store(false);
+  for (std::size_t group = 0; group < n_groups_; ++group) {
+    ready_[group].store(false);
+    left2_[group].store(per_group2_);
+    next3u_[group].store(0);
+    done3u_[group].store(0);
+    open3_[group].store(false);
   }
 }
 
@@ -108,16 +108,16 @@ void Phases::lane() {
   run_shallow_units(w);
   // 3. Per group, its deeper entries, then its units of three stages and more; then, with no group left
   //    to build, the units of the groups other threads are on (see run_deep_units).
-  take_groups(work_.control, order_, next3_, [&](int g) { return build_deeper_and_run(w, g); });
+  take_groups(work_.control, order_, next3_, [&](int group) { return build_deeper_and_run(w, group); });
   join_deep_units(w);
 }
 
 // 1. Every group's estimator and the one-stage entries of its suffix bound.
 void Phases::build_last_stages() {
-  take_groups(work_.control, order_, next1_, [&](int g) {
-    work_.builder.build_last_stages(g, &work_.bounds[g]);
-    work_.builder.finish(&work_.bounds[g]);
-    ready_[g].store(true, std::memory_order_release);
+  take_groups(work_.control, order_, next1_, [&](int group) {
+    work_.builder.build_last_stages(group, &work_.bounds[group]);
+    work_.builder.finish(&work_.bounds[group]);
+    ready_[group].store(true, std::memory_order_release);
     return true;
   });
 }
@@ -129,35 +129,35 @@ void Phases::run_shallow_units(Worker& w) {
   for (long long b = next2_.fetch_add(kChunk); b < n2_ && !stopped; b = next2_.fetch_add(kChunk))
     for (long long i = b, end = std::min(n2_, b + kChunk); i < end && !stopped;) {
       const long long gi = i / per_group2_, group_end = std::min(end, (gi + 1) * per_group2_), from = i;
-      const int g = order_[gi];
-      stopped = !wait_for([&] { return ready_[g].load(std::memory_order_acquire); });
+      const int group = order_[gi];
+      stopped = !wait_for([&] { return ready_[group].load(std::memory_order_acquire); });
       for (; i < group_end && !stopped; ++i, ++w.counters.own.units) {
         if ((stopped = work_.control.every_so_often(w.counters))) break;
-        work_.stage_search.run_unit(w, work_.space.group_unit(g, 1, i % per_group2_));
+        work_.stage_search.run_unit(w, work_.space.group_unit(group, 1, i % per_group2_));
       }
-      left2_[g].fetch_sub(i - from, std::memory_order_release);
+      left2_[group].fetch_sub(i - from, std::memory_order_release);
     }
 }
 
-bool Phases::build_deeper_and_run(Worker& w, int g) {
-  if (!wait_for([&] { return left2_[g].load(std::memory_order_acquire) == 0; })) return false;
-  work_.builder.build_deeper(g, &work_.bounds[g]);
-  work_.builder.finish(&work_.bounds[g]);
-  open3_[g].store(true, std::memory_order_release);
-  if (per_group3_ == 0) work_.bounds[g].release();  // no unit of three stages or more (fewer stages searched)
-  return run_deep_units(w, g);
+bool Phases::build_deeper_and_run(Worker& w, int group) {
+  if (!wait_for([&] { return left2_[group].load(std::memory_order_acquire) == 0; })) return false;
+  work_.builder.build_deeper(group, &work_.bounds[group]);
+  work_.builder.finish(&work_.bounds[group]);
+  open3_[group].store(true, std::memory_order_release);
+  if (per_group3_ == 0) work_.bounds[group].release();  // no unit of three stages or more (fewer stages searched)
+  return run_deep_units(w, group);
 }
 
 void Phases::join_deep_units(Worker& w) {
   for (bool left = true; left && !work_.control.stopped();) {
     left = false;
     bool ran = false;
-    for (int g : order_) {
-      if (next3u_[g].load(std::memory_order_relaxed) >= per_group3_) continue;
+    for (int group : order_) {
+      if (next3u_[group].load(std::memory_order_relaxed) >= per_group3_) continue;
       left = true;
-      if (!open3_[g].load(std::memory_order_acquire)) continue;  // its table is being built
+      if (!open3_[group].load(std::memory_order_acquire)) continue;  // its table is being built
       ran = true;
-      if (!run_deep_units(w, g)) break;
+      if (!run_deep_units(w, group)) break;
     }
     if (left && !ran) std::this_thread::yield();
   }
@@ -167,22 +167,22 @@ void Phases::join_deep_units(Worker& w) {
 // last frees its table. Any thread may join a group's units: the chunks shrink as they run out, so that
 // at the end of the search no thread is left alone with a long chunk (a few units take milliseconds, most
 // microseconds) while the other has nothing to do. False where the search stops.
-bool Phases::run_deep_units(Worker& w, int g) {
+bool Phases::run_deep_units(Worker& w, int group) {
   for (;;) {
-    const long long left = per_group3_ - next3u_[g].load(std::memory_order_relaxed);
+    const long long left = per_group3_ - next3u_[group].load(std::memory_order_relaxed);
     if (left <= 0) return true;
     const long long chunk = std::clamp<long long>(left / 64, 1, 64);
-    const long long b = next3u_[g].fetch_add(chunk, std::memory_order_relaxed);
+    const long long b = next3u_[group].fetch_add(chunk, std::memory_order_relaxed);
     if (b >= per_group3_) return true;
     const long long e = std::min(per_group3_, b + chunk);
     long long i = b;
     bool stopped = false;
-    for (Unit u = work_.space.group_unit(g, 3, b); i < e; ++i, ++w.counters.own.units, u = work_.space.next_in_group(u)) {
+    for (Unit u = work_.space.group_unit(group, 3, b); i < e; ++i, ++w.counters.own.units, u = work_.space.next_in_group(u)) {
       if ((stopped = work_.control.every_so_often(w.counters))) break;
       work_.stage_search.run_unit(w, u);
     }
     if (stopped) return false;  // (the table is left to the search's end)
-    if (done3u_[g].fetch_add(e - b, std::memory_order_acq_rel) + (e - b) == per_group3_) work_.bounds[g].release();
+    if (done3u_[group].fetch_add(e - b, std::memory_order_acq_rel) + (e - b) == per_group3_) work_.bounds[group].release();
   }
 }
 
@@ -195,9 +195,9 @@ void run_in_search_order(SearchWork& work) {
   const std::vector<int> order = group_order(work.space);
   std::atomic<std::size_t> next{0};
   tbb::parallel_for(0, lanes(), [&](int) {
-    take_groups(work.control, order, next, [&](int g) {
-      work.builder.build_last_stages(g, &work.bounds[g]);
-      work.builder.finish(&work.bounds[g]);
+    take_groups(work.control, order, next, [&](int group) {
+      work.builder.build_last_stages(group, &work.bounds[group]);
+      work.builder.finish(&work.bounds[group]);
       return true;
     });
   });

@@ -78,8 +78,8 @@ SearchSpace::SearchSpace(const Cluster& cluster, const ProfileSet& profiles, con
   }
   whole_nodes = whole_node_stages(options.stage_boundaries, gpus);
   max_stages = std::min({layers, whole_nodes ? static_cast<int>(cluster.nodes().size()) : gpus, options.max_stages});
-  for (int m = gbs; m >= 1; --m)
-    if (gbs % m == 0 && gbs / m <= options.max_micro_batch) micro_batch_counts.push_back(m);
+  for (int micro_batches = gbs; micro_batches >= 1; --micro_batches)
+    if (gbs % micro_batches == 0 && gbs / micro_batches <= options.max_micro_batch) micro_batch_counts.push_back(micro_batches);
   count_units();
 }
 
@@ -97,66 +97,66 @@ void SearchSpace::count_units() {
   // Units also split by stage 0's layers where that keeps them few: one (p, m, first size) can
   // otherwise hold a fifth of the whole search, and the threads wait on it.
   double split_units = 0;
-  for (int p = 2; p <= max_stages; ++p)
-    split_units += static_cast<double>(micro_batch_counts.size()) * orders.size() * (gpus - p + 1) * (layers - p + 1);
+  for (int stages = 2; stages <= max_stages; ++stages)
+    split_units += static_cast<double>(micro_batch_counts.size()) * orders.size() * (gpus - stages + 1) * (layers - stages + 1);
   split_layers = split_units <= 2e6;
   p_first_.assign(max_stages + 2, 0);
   const long long n_groups = static_cast<long long>(num_ms()) * static_cast<int>(orders.size());
-  for (int p = 1; p <= max_stages; ++p) p_first_[p + 1] = p_first_[p] + n_groups * units_per_group(p);
+  for (int stages = 1; stages <= max_stages; ++stages) p_first_[stages + 1] = p_first_[stages] + n_groups * units_per_group(stages);
 }
 
 double SearchSpace::stage_positions(const Cluster& cluster) const {
   return whole_nodes ? static_cast<double>(cluster.nodes().size()) : gpus;
 }
 
-long long SearchSpace::units_per_group(int p) const {
-  return p == 1 ? 1 : static_cast<long long>(gpus - p + 1) * (split_layers ? layers - p + 1 : 1);
+long long SearchSpace::units_per_group(int stages) const {
+  return stages == 1 ? 1 : static_cast<long long>(gpus - stages + 1) * (split_layers ? layers - stages + 1 : 1);
 }
 
 long long SearchSpace::group_unit_count(int p_begin, int p_end) const {
   long long n = 0;
-  for (int p = p_begin; p <= std::min(p_end, max_stages); ++p) n += units_per_group(p);
+  for (int stages = p_begin; stages <= std::min(p_end, max_stages); ++stages) n += units_per_group(stages);
   return n;
 }
 
 // The unit (p, m's index, node order, stage 0's size and layers; first_layers = 0: any), with its place
 // in the search's order of units, by those fields in turn (the first infeasible one found gives the
 // reason reported).
-Unit SearchSpace::make_unit(int p, int m_index, int order, int first_size, int first_layers) const {
+Unit SearchSpace::make_unit(int stages, int m_index, int order, int first_size, int first_layers) const {
   const int n_orders = static_cast<int>(orders.size());
-  const long long base = ((static_cast<long long>(p) * num_ms() + m_index) * n_orders + order) * (gpus + 1) + first_size;
-  return Unit{order,      micro_batch_counts[m_index], p, order * num_ms() + m_index, first_size, first_layers,
+  const long long base = ((static_cast<long long>(stages) * num_ms() + m_index) * n_orders + order) * (gpus + 1) + first_size;
+  return Unit{order,      micro_batch_counts[m_index], stages, order * num_ms() + m_index, first_size, first_layers,
               base * (layers + 1) + first_layers};
 }
 
-Unit SearchSpace::group_unit(int group, int p, long long j) const {
-  while (j >= units_per_group(p)) j -= units_per_group(p++);
-  const int s0 = p == 1 ? gpus : 1 + static_cast<int>(split_layers ? j / (layers - p + 1) : j);
-  const int k0 = p == 1 || !split_layers ? 0 : 1 + static_cast<int>(j % (layers - p + 1));
-  return make_unit(p, group % num_ms(), group / num_ms(), s0, k0);
+Unit SearchSpace::group_unit(int group, int stages, long long j) const {
+  while (j >= units_per_group(stages)) j -= units_per_group(stages++);
+  const int s0 = stages == 1 ? gpus : 1 + static_cast<int>(split_layers ? j / (layers - stages + 1) : j);
+  const int k0 = stages == 1 || !split_layers ? 0 : 1 + static_cast<int>(j % (layers - stages + 1));
+  return make_unit(stages, group % num_ms(), group / num_ms(), s0, k0);
 }
 
 Unit SearchSpace::next_in_group(const Unit& u) const {
-  int p = u.stages, s0 = u.first_size, k0 = u.first_layers;
-  if (p > 1 && split_layers && k0 < layers - p + 1) {
+  int stages = u.stages, s0 = u.first_size, k0 = u.first_layers;
+  if (stages > 1 && split_layers && k0 < layers - stages + 1) {
     ++k0;
-  } else if (p > 1 && s0 < gpus - (p - 1)) {
+  } else if (stages > 1 && s0 < gpus - (stages - 1)) {
     ++s0;
     k0 = split_layers ? 1 : 0;
   } else {
-    ++p;
+    ++stages;
     s0 = 1;
     k0 = split_layers ? 1 : 0;
   }
-  return make_unit(p, u.group % num_ms(), u.order, s0, k0);
+  return make_unit(stages, u.group % num_ms(), u.order, s0, k0);
 }
 
 Unit SearchSpace::unit_at(long long index) const {
   const int n_orders = static_cast<int>(orders.size());
-  const int p = static_cast<int>(std::upper_bound(p_first_.begin() + 1, p_first_.end(), index) - p_first_.begin()) - 1;
-  const long long per_group = units_per_group(p);
-  const long long rem = index - p_first_[p], g_in_p = rem / per_group;
-  return group_unit(static_cast<int>(g_in_p % n_orders) * num_ms() + static_cast<int>(g_in_p / n_orders), p,
+  const int stages = static_cast<int>(std::upper_bound(p_first_.begin() + 1, p_first_.end(), index) - p_first_.begin()) - 1;
+  const long long per_group = units_per_group(stages);
+  const long long rem = index - p_first_[stages], g_in_p = rem / per_group;
+  return group_unit(static_cast<int>(g_in_p % n_orders) * num_ms() + static_cast<int>(g_in_p / n_orders), stages,
                     rem % per_group);
 }
 

@@ -100,12 +100,12 @@ class SearchSpace {
   // The units, in the search's order: by stages, then m's index, node order, stage 0's size and layers.
   long long units_total() const { return p_first_.back(); }
   // A group's units of p stages: stage 0's size (all ranks for p = 1), and its layers where split.
-  long long units_per_group(int p) const;
+  long long units_per_group(int stages) const;
   // A group's units of p_begin .. p_end stages.
   long long group_unit_count(int p_begin, int p_end) const;
   // Group g's units from its first of p stages on, in the search's order: unit j of them (j < the sum
   // of units_per_group over the p that follow). Made when run, never listed.
-  Unit group_unit(int group, int p, long long j) const;
+  Unit group_unit(int group, int stages, long long j) const;
   // The unit after u in its group's order.
   Unit next_in_group(const Unit& u) const;
   // Unit `index` of the search's order.
@@ -115,7 +115,7 @@ class SearchSpace {
   int num_ms() const { return static_cast<int>(micro_batch_counts.size()); }
   void add_node_orders(const Cluster& cluster, const PlanSimulator& simulator);
   void count_units();
-  Unit make_unit(int p, int m_index, int order, int first_size, int first_layers) const;
+  Unit make_unit(int stages, int m_index, int order, int first_size, int first_layers) const;
 
   std::vector<long long> p_first_;  // index of the first unit of each p; the last entry: the number of units
 };

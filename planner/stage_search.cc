@@ -43,8 +43,8 @@ class UnitSearch {
         use_bounds_(search.use_bounds_),
         schedule_(search.schedule_),
         stages_(u.stages),
-        m_(u.micro_batches),
-        b_(search.space_.gbs / u.micro_batches),
+        micro_batches_(u.micro_batches),
+        micro_batch_(search.space_.gbs / u.micro_batches),
         setups_(search.space_.num_setups()),
         layers_(search.space_.layers),
         gpus_(search.space_.gpus),
@@ -94,7 +94,6 @@ class UnitSearch {
   unsigned advance(const Frame& f, const Shape& sh, int k, double* bound_min);
   void note_states_out_of_memory(const Frame& f, const Shape& sh, int k);
   void note_out_of_memory(const Frame& f, const FastStageCost* sc);
-  void note_infeasible(std::string reason);
   void leaf();
   void keep_plan(double cost, int setup);
 
@@ -111,7 +110,7 @@ class UnitSearch {
   const StageEstimator& est_;
   const bool use_bounds_;
   const Schedule schedule_;
-  const int stages_, m_, b_, setups_, layers_, gpus_, max_tp_;
+  const int stages_, micro_batches_, micro_batch_, setups_, layers_, gpus_, max_tp_;
   const bool cacheable_, whole_nodes_, allow_cross_node_tp_;
 };
 
@@ -130,7 +129,7 @@ void UnitSearch::start_state() {
   w_.feasible_setups[0] = setups_ >= 32 ? 0xffffffffu : ((1u << setups_) - 1);
 }
 
-UnitSearch::Frame UnitSearch::frame(int i, int r, int l) const {
+[[gnu::always_inline]] inline UnitSearch::Frame UnitSearch::frame(int i, int r, int l) const {
   Frame f;
   f.i = i;
   f.r = r;
@@ -152,8 +151,8 @@ UnitSearch::Frame UnitSearch::frame(int i, int r, int l) const {
       f.start_extra = std::min(f.start_extra, w_.start_extra[at]);
       if (i > 0) f.tail = std::min(f.tail, w_.stage_costs[q].allreduce_ms + w_.stage_costs[q].optimizer_ms);
     }
-  f.end = end_path(schedule_, f.rest, m_);
-  f.start = start_path(schedule_, f.rest, m_);
+  f.end = end_path(schedule_, f.rest, micro_batches_);
+  f.start = start_path(schedule_, f.rest, micro_batches_);
   f.backwards_before_last = f.end.backwards - 1;
   return f;
 }
@@ -182,10 +181,10 @@ void UnitSearch::descend(int i, int r, int l) {
 }
 
 // Stage i on ranks [r, r + s) at tp, every layer count. False: the search stops.
-bool UnitSearch::try_shape(const Frame& f, int s, int tp, bool homo) {
+[[gnu::always_inline]] inline bool UnitSearch::try_shape(const Frame& f, int s, int tp, bool homo) {
   if (s % tp != 0) return true;
   const int dp = s / tp;
-  if (dp > b_) return true;  // every replica trains at least one sample
+  if (dp > micro_batch_) return true;  // every replica trains at least one sample
   if (!o_.tp_profiled(f.r, s, tp)) return true;
   const bool inside = o_.tp_inside_nodes(f.r, s, tp);
   if (!allow_cross_node_tp_ && !inside) return true;
@@ -195,7 +194,7 @@ bool UnitSearch::try_shape(const Frame& f, int s, int tp, bool homo) {
   sh.capacity = sh.states ? o_.capacity(f.r, s) : kInf;
   if (use_bounds_) {
     est_.sends(f.r, s, tp, homo, &sh.send_fw, &sh.send_bw);
-    sh.kept = kept_.get(o_, est_, f.r, s, tp, b_, homo, inside);
+    sh.kept = kept_.get(o_, est_, f.r, s, tp, micro_batch_, homo, inside);
   }
   for (int k = first_layer_count(f, sh); k <= f.k_max; ++k) {
     const Next next = try_layers(f, sh, k);
@@ -208,7 +207,7 @@ bool UnitSearch::try_shape(const Frame& f, int s, int tp, bool homo) {
 // The least layer count worth trying: skips the layer counts that leave the stages after this one too
 // much to do, by bisection on a bound non-increasing in k (each skipped k would be pruned by
 // test_bounds: it is at least passes + that bound + tail).
-int UnitSearch::first_layer_count(const Frame& f, const Shape& sh) {
+[[gnu::always_inline]] inline int UnitSearch::first_layer_count(const Frame& f, const Shape& sh) {
   if (!use_bounds_ || f.last || f.k_max <= f.k_min) return f.k_min;
   const double thr = shared_.threshold();
   int lo = f.k_min, hi = f.k_max + 1;
@@ -223,7 +222,7 @@ int UnitSearch::first_layer_count(const Frame& f, const Shape& sh) {
 }
 
 // Stage i with layers [l, l + k).
-UnitSearch::Next UnitSearch::try_layers(const Frame& f, const Shape& sh, int k) {
+[[gnu::always_inline]] inline UnitSearch::Next UnitSearch::try_layers(const Frame& f, const Shape& sh, int k) {
   ++count_.enumerated;
   if (control_.every_so_often(w_.counters)) return Next::kStop;
   if (sh.states && sh.states[f.l + k] > sh.capacity) {
@@ -255,24 +254,24 @@ UnitSearch::Next UnitSearch::try_layers(const Frame& f, const Shape& sh, int k) 
 }
 
 // The bounds on every plan with stage i of layers [l, l + k), on the stage's estimate.
-UnitSearch::Verdict UnitSearch::test_bounds(const Frame& f, const Shape& sh, int k) {
-  const int m = m_, rest = f.rest, r = f.r, s = sh.s, l = f.l;
+[[gnu::always_inline]] inline UnitSearch::Verdict UnitSearch::test_bounds(const Frame& f, const Shape& sh, int k) {
+  const int micro_batches = micro_batches_, rest = f.rest, r = f.r, s = sh.s, l = f.l;
   const double thr = shared_.threshold();
   const StageEstimate x = sh.kept ? sh.kept[span_index(layers_, l, l + k)]
                                   : est_.estimate(r, s, sh.tp, l, l + k, sh.homo, sh.inside);
-  const double c0 = x.t + sh.send_fw + sh.send_bw, csum = c0 + (m > 1 ? x.a : 0.0);
+  const double c0 = x.t + sh.send_fw + sh.send_bw, csum = c0 + (micro_batches > 1 ? x.a : 0.0);
   // This stage's own compute only grows with k.
-  if (std::max(f.lower_bound, f.passes + sh.send_bw + m * x.t + (m - 1) * x.a + f.tail) > thr) {
+  if (std::max(f.lower_bound, f.passes + sh.send_bw + micro_batches * x.t + (micro_batches - 1) * x.a + f.tail) > thr) {
     ++count_.pruned;
     return Verdict::kPruneMoreLayers;
   }
-  const double g = sb_.last_trip(rest, r + s, l + k), g0 = sb_.first_trip(rest, r + s, l + k);
+  const double last_trip = sb_.last_trip(rest, r + s, l + k), first_trip = sb_.first_trip(rest, r + s, l + k);
   const double own_end = x.runs(f.end.forwards, f.end.backwards) + f.end.accumulations * x.a + sh.send_fw + sh.send_bw;
   const double own_start =
       x.runs(f.start.forwards, f.start.backwards) + f.start.accumulations * x.a + sh.send_fw + sh.send_bw;
   const double path = std::max({f.passes + (f.last ? 0.0 : sb_.path(rest, r + s, l + k)) + csum,
-                                f.passes + std::max(f.end_extra + csum, own_end) + g, f.passes + own_start + g0,
-                                f.start_extra + f.first_passes + c0 + g0});
+                                f.passes + std::max(f.end_extra + csum, own_end) + last_trip, f.passes + own_start + first_trip,
+                                f.start_extra + f.first_passes + c0 + first_trip});
   if (path + f.tail > thr) {
     ++count_.pruned;
     return Verdict::kPrune;
@@ -282,7 +281,7 @@ UnitSearch::Verdict UnitSearch::test_bounds(const Frame& f, const Shape& sh, int
 
 // Stage i's choice and its costs (every setup's) into the worker's state, from the cache where it
 // holds them. False: the stage is infeasible (noted).
-bool UnitSearch::cost_stage(const Frame& f, const Shape& sh, int k) {
+[[gnu::always_inline]] inline bool UnitSearch::cost_stage(const Frame& f, const Shape& sh, int k) {
   const int i = f.i;
   StageChoice& c = w_.choices[i];
   c.begin = f.r;
@@ -293,7 +292,7 @@ bool UnitSearch::cost_stage(const Frame& f, const Shape& sh, int k) {
   FastStageCost* sc = &w_.stage_costs[static_cast<std::size_t>(i) * setups_];
   std::string why;
   const StageCache::Key ck = cacheable_ ? StageCache::key(u_.group, f.r, sh.s, sh.tp, f.l, f.l + k, i == 0, f.last,
-                                                          in_flight_microbatches(schedule_, stages_, i, m_))
+                                                          in_flight_microbatches(schedule_, stages_, i, micro_batches_))
                                         : StageCache::Key{};
   bool hit = false;
   FastStageCost* cached = cacheable_ ? w_.cache.slot(ck, &hit) : nullptr;
@@ -301,7 +300,7 @@ bool UnitSearch::cost_stage(const Frame& f, const Shape& sh, int k) {
   if (hit) {
     std::copy(cached, cached + setups_, sc);
   } else {
-    ok = o_.cost->stage(c, i, stages_, m_, b_, sc, w_.first_infeasible_unit < 0 ? &why : nullptr);
+    ok = o_.cost->stage(c, i, stages_, micro_batches_, micro_batch_, sc, w_.first_infeasible_unit < 0 ? &why : nullptr);
     if (cached) {
       if (ok) std::copy(sc, sc + setups_, cached);
       else *cached = FastStageCost(), w_.cache.invalidate(ck);
@@ -319,8 +318,8 @@ bool UnitSearch::cost_stage(const Frame& f, const Shape& sh, int k) {
 
 // The prefix's state after stage i, per setup still feasible: returns the setups that fit, and the
 // least of their lower bounds in *bound_min.
-unsigned UnitSearch::advance(const Frame& f, const Shape& sh, int k, double* bound_min) {
-  const int i = f.i, m = m_;
+[[gnu::always_inline]] inline unsigned UnitSearch::advance(const Frame& f, const Shape& sh, int k, double* bound_min) {
+  const int i = f.i, micro_batches = micro_batches_;
   const FastStageCost* sc = &w_.stage_costs[static_cast<std::size_t>(i) * setups_];
   unsigned mk = w_.feasible_setups[i];
   for (int q = 0; q < setups_; ++q) {
@@ -333,7 +332,7 @@ unsigned UnitSearch::advance(const Frame& f, const Shape& sh, int k, double* bou
     const std::size_t at = static_cast<std::size_t>(i) * setups_ + q, next = at + setups_;
     const FastStageCost& first = i == 0 ? fc : w_.stage_costs[q];
     const double tail0 = first.allreduce_ms + first.optimizer_ms;
-    const double busy = fc.busy_ms(m);
+    const double busy = fc.busy_ms(micro_batches);
     // Micro-batch 0 reaches this stage after the forward chain; the stage then runs all its compute,
     // then its all-reduce and optimizer; its last gradients go down the chain to stage 0's all-reduce
     // and optimizer.
@@ -342,17 +341,17 @@ unsigned UnitSearch::advance(const Frame& f, const Shape& sh, int k, double* bou
     double lb = std::max(w_.lower_bound[at], own);
     const double pass0 = fc.forward_ms + fc.send_forward_ms + fc.backward_ms + fc.send_backward_ms;
     w_.forward_chain[next] = w_.forward_chain[at] + fc.forward_ms + fc.send_forward_ms;
-    w_.passes[next] = w_.passes[at] + pass0 + (m > 1 ? fc.accumulation_ms : 0.0);
+    w_.passes[next] = w_.passes[at] + pass0 + (micro_batches > 1 ? fc.accumulation_ms : 0.0);
     w_.first_passes[next] = w_.first_passes[at] + pass0;
     // The end path (end_path) through this stage or one before it: what it spends on that stage
     // beyond one pass; the stages after it up to the frontier are their passes.
     const double ex = (f.end.forwards - 1) * fc.forward_ms + f.backwards_before_last * fc.backward_ms +
-                      std::max(0, f.end.accumulations - (m > 1 ? 1 : 0)) * fc.accumulation_ms;
+                      std::max(0, f.end.accumulations - (micro_batches > 1 ? 1 : 0)) * fc.accumulation_ms;
     w_.end_extra[next] = std::max(w_.end_extra[at], ex);
     // The start path (start_path) through this stage: all of it but the round trip after this stage,
     // less the passes of micro-batch 0 up to the frontier (added back at each frontier).
-    const double xs = w_.passes[at] + f.start.forwards * fc.forward_ms + m * fc.backward_ms +
-                      (m - 1) * fc.accumulation_ms + fc.send_forward_ms + fc.send_backward_ms -
+    const double xs = w_.passes[at] + f.start.forwards * fc.forward_ms + micro_batches * fc.backward_ms +
+                      (micro_batches - 1) * fc.accumulation_ms + fc.send_forward_ms + fc.send_backward_ms -
                       w_.first_passes[next];
     w_.start_extra[next] = std::max(w_.start_extra[at], xs);
     if (use_bounds_) {
@@ -368,7 +367,7 @@ unsigned UnitSearch::advance(const Frame& f, const Shape& sh, int k, double* bou
 }
 
 // Layers [l, l + k) alone need more model-state bytes than the stage's least memory.
-void UnitSearch::note_states_out_of_memory(const Frame& f, const Shape& sh, int k) {
+[[gnu::cold]] void UnitSearch::note_states_out_of_memory(const Frame& f, const Shape& sh, int k) {
   ++count_.infeasible;
   if (w_.first_infeasible_unit >= 0 && u_.ordinal >= w_.first_infeasible_unit) return;
   int smallest = f.r;  // the rank with the least memory
@@ -378,13 +377,13 @@ void UnitSearch::note_states_out_of_memory(const Frame& f, const Shape& sh, int 
   std::snprintf(gib, sizeof gib, "%.1f GiB of its %.1f GiB", sh.states[f.l + k] / (1 << 30), sh.capacity / (1 << 30));
   w_.first_infeasible_unit = u_.ordinal;
   w_.first_infeasible_reason = "rank " + std::to_string(smallest) + " runs out of memory (stage " +
-                               std::to_string(f.i) + " of " + std::to_string(stages_) + ", " + std::to_string(m_) +
+                               std::to_string(f.i) + " of " + std::to_string(stages_) + ", " + std::to_string(micro_batches_) +
                                " micro-batches): the model states of layers " + std::to_string(f.l) + "-" +
                                std::to_string(f.l + k - 1) + " at tp " + std::to_string(sh.tp) + " alone need " + gib;
 }
 
 // No setup still feasible fits stage i's costs `sc`.
-void UnitSearch::note_out_of_memory(const Frame& f, const FastStageCost* sc) {
+[[gnu::cold]] void UnitSearch::note_out_of_memory(const Frame& f, const FastStageCost* sc) {
   ++count_.infeasible;
   if (w_.first_infeasible_unit >= 0 && u_.ordinal >= w_.first_infeasible_unit) return;
   for (int q = 0; q < setups_; ++q)
@@ -392,7 +391,7 @@ void UnitSearch::note_out_of_memory(const Frame& f, const FastStageCost* sc) {
       w_.first_infeasible_unit = u_.ordinal;
       w_.first_infeasible_reason = "rank " + std::to_string(sc[q].first_oom_rank) + " runs out of memory (stage " +
                                    std::to_string(f.i) + " of " + std::to_string(stages_) + ", " +
-                                   std::to_string(m_) + " micro-batches)";
+                                   std::to_string(micro_batches_) + " micro-batches)";
       break;
     }
 }
@@ -409,7 +408,7 @@ void UnitSearch::leaf() {
                            std::min(best, shared_.threshold()))
       continue;
     for (int i = 0; i < stages_; ++i) w_.leaf_costs[i] = w_.stage_costs[static_cast<std::size_t>(i) * setups_ + k];
-    const double t = o_.cost->iteration_ms(w_.leaf_costs.data(), stages_, m_, schedule_, &w_.scratch);
+    const double t = o_.cost->iteration_ms(w_.leaf_costs.data(), stages_, micro_batches_, schedule_, &w_.scratch);
     if (t < best) {
       best = t;
       best_setup = k;
@@ -425,7 +424,7 @@ void UnitSearch::keep_plan(double cost, int setup) {
   if (w_.top.full() && cost > w_.top.kth().cost) return;
   key.order.reserve(3 + 3 * stages_);
   key.order.push_back(o_.index);
-  key.order.push_back(m_);
+  key.order.push_back(micro_batches_);
   key.order.push_back(stages_);
   for (int i = 0; i < stages_; ++i) {
     key.order.push_back(w_.choices[i].size);
@@ -442,7 +441,7 @@ void UnitSearch::keep_plan(double cost, int setup) {
     pr.layer_partition.push_back(w_.choices[i].layer_begin);
   }
   pr.layer_partition.push_back(layers_);
-  pr.batches = m_;
+  pr.batches = micro_batches_;
   pr.num_repartition = 0;
   pr.cost = cost;
   sp.setup = setup;

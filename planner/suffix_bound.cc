@@ -139,21 +139,21 @@ int first_layer_past_memory(const double* states, double capacity, int l, int la
 }
 
 // The table grown from its entries q <= 1 (computed before) to every q <= depth.
-void widen_table(SuffixBound* h, int depth) {
-  const int q_small = h->depth;
-  std::vector<double> hs = std::move(h->paths), gs = std::move(h->last_trips), g0s = std::move(h->first_trips);
-  h->depth = depth;
-  h->paths.assign(static_cast<std::size_t>(depth + 1) * (h->ranks + 1) * (h->layers + 1), kInf);
-  h->last_trips.assign(h->paths.size(), kInf);
-  h->first_trips.assign(h->paths.size(), kInf);
-  for (int r = 0; r <= h->ranks; ++r)
-    for (int l = 0; l <= h->layers; ++l)
+void widen_table(SuffixBound* bound, int depth) {
+  const int q_small = bound->depth;
+  std::vector<double> hs = std::move(bound->paths), gs = std::move(bound->last_trips), g0s = std::move(bound->first_trips);
+  bound->depth = depth;
+  bound->paths.assign(static_cast<std::size_t>(depth + 1) * (bound->ranks + 1) * (bound->layers + 1), kInf);
+  bound->last_trips.assign(bound->paths.size(), kInf);
+  bound->first_trips.assign(bound->paths.size(), kInf);
+  for (int r = 0; r <= bound->ranks; ++r)
+    for (int l = 0; l <= bound->layers; ++l)
       for (int q = 0; q <= q_small; ++q) {
-        const std::size_t from = (static_cast<std::size_t>(r) * (h->layers + 1) + l) * (q_small + 1) + q,
-                          to = h->index(q, r, l);
-        h->paths[to] = hs[from];
-        h->last_trips[to] = gs[from];
-        h->first_trips[to] = g0s[from];
+        const std::size_t from = (static_cast<std::size_t>(r) * (bound->layers + 1) + l) * (q_small + 1) + q,
+                          to = bound->index(q, r, l);
+        bound->paths[to] = hs[from];
+        bound->last_trips[to] = gs[from];
+        bound->first_trips[to] = g0s[from];
       }
 }
 
@@ -162,26 +162,26 @@ void widen_table(SuffixBound* h, int depth) {
 ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster) {
   // Per type and layer, the least GPU-ms per sample over its files (tp x time / bs: a replica of tp GPUs
   // runs a share of its slices, each at least its bs x that).
-  const int n_types = space.device_types, L = space.layers;
-  std::vector<std::vector<double>> per_layer(n_types, std::vector<double>(L, kInf));
+  const int n_types = space.device_types, layers = space.layers;
+  std::vector<std::vector<double>> per_layer(n_types, std::vector<double>(layers, kInf));
   for (int t = 0; t < n_types; ++t) {
     const int pt = profiles.type_index(cluster.device_types()[t]);
     for (const LayerProfile& e : profiles.entries()) {
       if (e.tp < 1 || e.tp > space.max_tp || e.bs < 1 || profiles.find(pt, e.tp, e.bs) != &e) continue;
-      for (int l = 0; l < L; ++l) per_layer[t][l] = std::min(per_layer[t][l], e.tp * e.time(l, l + 1) / e.bs);
+      for (int l = 0; l < layers; ++l) per_layer[t][l] = std::min(per_layer[t][l], e.tp * e.time(l, l + 1) / e.bs);
     }
   }
   bool known = true;
   for (int t = 0; t < n_types; ++t)
-    for (int l = 0; l < L; ++l) known = known && std::isfinite(per_layer[t][l]);
+    for (int l = 0; l < layers; ++l) known = known && std::isfinite(per_layer[t][l]);
   ThroughputRates rates;
   if (!known) return rates;
   rates.kappa.assign(n_types, kInf);
   for (int t = 0; t < n_types; ++t)
-    for (int l = 0; l < L; ++l)
+    for (int l = 0; l < layers; ++l)
       if (per_layer[0][l] > 0) rates.kappa[t] = std::min(rates.kappa[t], per_layer[t][l] / per_layer[0][l]);
-  rates.reference.assign(L + 1, 0.0);
-  for (int l = 0; l < L; ++l) rates.reference[l + 1] = rates.reference[l] + per_layer[0][l];
+  rates.reference.assign(layers + 1, 0.0);
+  for (int l = 0; l < layers; ++l) rates.reference[l + 1] = rates.reference[l] + per_layer[0][l];
   for (double& k : rates.kappa)
     if (!std::isfinite(k)) k = 0;  // every layer free on type 0: no bound
   return rates;
@@ -191,8 +191,8 @@ bool suffix_table_fits(const SearchSpace& space, const Cluster& cluster, double 
   // Stage boundaries: ranks, or node starts only (the table's rows at other ranks are then never filled
   // nor read).
   const double positions = space.stage_positions(cluster);
-  const double L = space.layers, Q = space.max_stages;
-  const double table_work = 0.25 * positions * positions * L * L * Q;
+  const double layers = space.layers, depth = space.max_stages;
+  const double table_work = 0.25 * positions * positions * layers * layers * depth;
   return table_work <= suffix_table_limit &&
          static_cast<double>(space.max_stages + 1) * (space.gpus + 1) * (space.layers + 1) <= 5e7;
 }
@@ -228,54 +228,54 @@ SuffixBoundBuilder::SuffixBoundBuilder(const SearchSpace& space, const Feasibili
                                [](const TrainingSetup& st) { return st.finetune == Finetune::kFull; })),
       relax_row_(pick_relax_row()) {}
 
-void SuffixBoundBuilder::build_last_stages(int group, SuffixBound* h) const {
+void SuffixBoundBuilder::build_last_stages(int group, SuffixBound* bound) const {
   const NodeOrder& o = space_.order_of_group(group);
   const int b = space_.gbs / space_.micro_batches_of_group(group);
-  h->estimator = std::make_unique<StageEstimator>(
+  bound->estimator = std::make_unique<StageEstimator>(
       profiles_, cluster_, *o.layout, *o.cost, kept_.slices(), kept_.mixed_lists(), b, space_.max_tp, full_params_,
       simulator_.options().backward_share, tables_.unmeasured_accumulation(), space_.layers,
       options_.mixed_table_limit);
-  h->ranks = space_.gpus;
-  h->layers = space_.layers;
-  h->depth = space_.max_stages;
+  bound->ranks = space_.gpus;
+  bound->layers = space_.layers;
+  bound->depth = space_.max_stages;
   if (options_.exhaustive) return;
   // Too large a table (hundreds of GPUs): the throughput bound (SuffixBound::throughput_bound) where it
   // was built stands in for the entries q >= 2 (not built: 0, a bound that never prunes); the entries
   // q = 1, one per (rank, layer), are still built below.
   if (!table_fits_ && !throughput_.kappa.empty()) {
-    h->gbs = space_.gbs;
-    h->reference_ms = throughput_.reference;
-    h->inverse_kappa.assign(space_.gpus + 1, 0.0);
+    bound->gbs = space_.gbs;
+    bound->reference_ms = throughput_.reference;
+    bound->inverse_kappa.assign(space_.gpus + 1, 0.0);
     for (int r = space_.gpus - 1; r >= 0; --r) {
       const double k = throughput_.kappa[o.layout->type_of(r)];
-      h->inverse_kappa[r] = h->inverse_kappa[r + 1] + (k > 0 ? 1 / k : kInf);
+      bound->inverse_kappa[r] = bound->inverse_kappa[r + 1] + (k > 0 ? 1 / k : kInf);
     }
   }
   // Only the entries q <= 1 for now (a small table): the full one comes with the deeper entries.
-  h->depth = std::min(space_.max_stages, 1);
-  h->paths.assign(static_cast<std::size_t>(h->depth + 1) * (space_.gpus + 1) * (space_.layers + 1), kInf);
-  h->last_trips.assign(h->paths.size(), kInf);
-  h->first_trips.assign(h->paths.size(), kInf);
-  relax(group, h, true);
+  bound->depth = std::min(space_.max_stages, 1);
+  bound->paths.assign(static_cast<std::size_t>(bound->depth + 1) * (space_.gpus + 1) * (space_.layers + 1), kInf);
+  bound->last_trips.assign(bound->paths.size(), kInf);
+  bound->first_trips.assign(bound->paths.size(), kInf);
+  relax(group, bound, true);
 }
 
-void SuffixBoundBuilder::build_deeper(int group, SuffixBound* h) const {
-  if (h->paths.empty()) return;
-  if (h->depth < space_.max_stages) widen_table(h, space_.max_stages);
-  relax(group, h, false);
+void SuffixBoundBuilder::build_deeper(int group, SuffixBound* bound) const {
+  if (bound->paths.empty()) return;
+  if (bound->depth < space_.max_stages) widen_table(bound, space_.max_stages);
+  relax(group, bound, false);
 }
 
 // `last_stages`: the entries q = 1 (stages that end the ranks); else the entries q >= 2.
-void SuffixBoundBuilder::relax(int group, SuffixBound* h, bool last_stages) const {
+void SuffixBoundBuilder::relax(int group, SuffixBound* bound, bool last_stages) const {
   const NodeOrder& o = space_.order_of_group(group);
-  const int m = space_.micro_batches_of_group(group), R = space_.gpus;
-  Pass pass{h,           o, *h->estimator, m, space_.gbs / m, last_stages,
-            path_coefficients(simulator_.options().schedule, m, space_.max_stages),
+  const int micro_batches = space_.micro_batches_of_group(group), gpus = space_.gpus;
+  Pass pass{bound,           o, *bound->estimator, micro_batches, space_.gbs / micro_batches, last_stages,
+            path_coefficients(simulator_.options().schedule, micro_batches, space_.max_stages),
             std::vector<StageEstimate>(space_.layers)};
-  for (int r = R - 1; r >= 0; --r) {
+  for (int r = gpus - 1; r >= 0; --r) {
     if (space_.whole_nodes && !o.node_start(r)) continue;
     if (!last_stages && control_.check_stop()) return;
-    for (int s = last_stages ? R - r : 1; s <= (last_stages ? R - r : R - r - 1); ++s) {
+    for (int s = last_stages ? gpus - r : 1; s <= (last_stages ? gpus - r : gpus - r - 1); ++s) {
       if (space_.whole_nodes && !o.node_start(r + s)) continue;
       for (int tp = 1; tp <= std::min(s, space_.max_tp); ++tp) {
         if (s % tp != 0 || s / tp > pass.micro_batch || !o.tp_profiled(r, s, tp)) continue;
@@ -289,62 +289,62 @@ void SuffixBoundBuilder::relax(int group, SuffixBound* h, bool last_stages) cons
 void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
   const NodeOrder& o = pass.order;
   const StageEstimator& est = pass.estimator;
-  SuffixBound* h = pass.bound;
-  const int L = space_.layers, Q = space_.max_stages, R = space_.gpus, m = pass.micro_batches;
+  SuffixBound* bound = pass.bound;
+  const int layers = space_.layers, depth = space_.max_stages, gpus = space_.gpus, micro_batches = pass.micro_batches;
   const bool homo = o.homogeneous(r, s);
   const bool inside = o.tp_inside_nodes(r, s, tp);
   if (!options_.allow_cross_node_tp && !inside) return;
   double sf, sb;
   est.sends(r, s, tp, homo, &sf, &sb);
-  const bool ends_ranks = r + s == R;
+  const bool ends_ranks = r + s == gpus;
   const StageEstimate* cached = kept_.get(o, est, r, s, tp, pass.micro_batch, homo, inside);
   const double threshold = pass.last_stages ? kInf : shared_.threshold();
   const double capacity = o.capacity(r, s);
-  double* H = h->paths.data();
-  double* G = h->last_trips.data();
-  double* G0 = h->first_trips.data();
-  for (int l = 0; l < L; ++l) {
-    const std::size_t here = h->index(0, r, l);
-    const int e_fit = first_layer_past_memory(tables_.states_row(tp, s / tp, l), capacity, l, L);
+  double* path_data = bound->paths.data();
+  double* last_trip_data = bound->last_trips.data();
+  double* first_trip_data = bound->first_trips.data();
+  for (int l = 0; l < layers; ++l) {
+    const std::size_t here = bound->index(0, r, l);
+    const int e_fit = first_layer_past_memory(tables_.states_row(tp, s / tp, l), capacity, l, layers);
     if (e_fit == l + 1) continue;  // not even layer l alone fits
     if (ends_ranks) {  // the last stage: its entries q = 1
-      if (e_fit <= L) continue;
-      const StageEstimate x = cached ? cached[span_index(L, l, L)] : est.estimate(r, s, tp, l, L, homo, inside);
+      if (e_fit <= layers) continue;
+      const StageEstimate x = cached ? cached[span_index(layers, l, layers)] : est.estimate(r, s, tp, l, layers, homo, inside);
       if (!std::isfinite(x.t)) continue;
-      const double busy = m * x.t + (m - 1) * x.a + sb;
-      const double c0 = x.t + sf + sb, csum = c0 + (m > 1 ? x.a : 0.0);
-      H[here + 1] = std::min(H[here + 1], busy);
-      G[here + 1] = std::min(G[here + 1], csum);
-      G0[here + 1] = std::min(G0[here + 1], c0);
+      const double busy = micro_batches * x.t + (micro_batches - 1) * x.a + sb;
+      const double c0 = x.t + sf + sb, csum = c0 + (micro_batches > 1 ? x.a : 0.0);
+      path_data[here + 1] = std::min(path_data[here + 1], busy);
+      last_trip_data[here + 1] = std::min(last_trip_data[here + 1], csum);
+      first_trip_data[here + 1] = std::min(first_trip_data[here + 1], c0);
       continue;
     }
     // Layers [l, e) for e < L (a stage follows), as one row of estimates.
-    const int e_end = std::min(L, e_fit);
-    const StageEstimate* xs = cached ? cached + span_index(L, l, l + 1) : pass.row.data();
+    const int e_end = std::min(layers, e_fit);
+    const StageEstimate* xs = cached ? cached + span_index(layers, l, l + 1) : pass.row.data();
     if (!cached)
       for (int e = l + 1; e < e_end; ++e) pass.row[e - l - 1] = est.estimate(r, s, tp, l, e, homo, inside);
-    relax_row_(xs, l + 1, e_end, std::min(Q, 1 + R - r - s), L, Q, m, sf, sb, threshold, pass.coef.data(), H, G, G0,
-               h->index(0, r + s, 0) - 1, H + here, G + here, G0 + here);
+    relax_row_(xs, l + 1, e_end, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold, pass.coef.data(), path_data, last_trip_data, first_trip_data,
+               bound->index(0, r + s, 0) - 1, path_data + here, last_trip_data + here, first_trip_data + here);
   }
 }
 
-void SuffixBoundBuilder::finish(SuffixBound* h) const {
-  h->paths_min = h->paths;
-  if (h->paths.empty()) return;
+void SuffixBoundBuilder::finish(SuffixBound* bound) const {
+  bound->paths_min = bound->paths;
+  if (bound->paths.empty()) return;
   if (!table_fits_) {  // only the last stages' entries: small
-    h->paths_env = h->paths;
-    for (int r = 0; r <= h->ranks; ++r)
-      for (int l = 1; l <= h->layers; ++l)
-        for (int q = 0; q <= h->depth; ++q) {
-          double& cur = h->paths_env[h->index(q, r, l)];
-          cur = std::min(cur, h->paths_env[h->index(q, r, l - 1)]);
+    bound->paths_env = bound->paths;
+    for (int r = 0; r <= bound->ranks; ++r)
+      for (int l = 1; l <= bound->layers; ++l)
+        for (int q = 0; q <= bound->depth; ++q) {
+          double& cur = bound->paths_env[bound->index(q, r, l)];
+          cur = std::min(cur, bound->paths_env[bound->index(q, r, l - 1)]);
         }
   }
-  for (int r = 0; r <= h->ranks; ++r)
-    for (int l = h->layers - 1; l >= 0; --l)
-      for (int q = 0; q <= h->depth; ++q) {
-        double& cur = h->paths_min[h->index(q, r, l)];
-        cur = std::min(cur, h->paths_min[h->index(q, r, l + 1)]);
+  for (int r = 0; r <= bound->ranks; ++r)
+    for (int l = bound->layers - 1; l >= 0; --l)
+      for (int q = 0; q <= bound->depth; ++q) {
+        double& cur = bound->paths_min[bound->index(q, r, l)];
+        cur = std::min(cur, bound->paths_min[bound->index(q, r, l + 1)]);
       }
 }
 
