@@ -250,7 +250,6 @@ int run_default_search(const SearchArgs& a) {
   o.arena = &arena;
   o.time_budget_s = a.time_budget;
   o.cancel = &g_interrupted;
-  o.on_worker_start = [] { tune_thread_heap(); };
   const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
   if (show_progress)
     o.progress = [](const PlanSearchProgress& p) {
@@ -261,7 +260,7 @@ int run_default_search(const SearchArgs& a) {
       std::fflush(stderr);
     };
 
-  o.on_parallel_start = [&warm_up] { warm_up.release(); };  // the workers, kept running until then, go to the search
+  warm_up.release();  // the workers, kept running until then, go to the search
   const PlanSearch search(cluster, profiles, simulator, o);
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_sigint);

@@ -1,0 +1,229 @@
+#include "planner/search_phases.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <tuple>
+
+namespace hetplan {
+
+namespace {
+
+// Groups in order of decreasing micro-batch (more (dp, tp) options: the costlier tables), each taken by
+// the next free thread: none is left alone with a large table at the end. Two micro-batches at a time,
+// node order by node order (m1 o1, m2 o1, m1 o2, m2 o2, ...): groups taken at once then mostly differ in
+// their micro-batch, and so in the estimates they fill (shared by the node orders of one micro-batch),
+// so that two threads seldom compute the same estimate.
+std::vector<int> group_order(const SearchSpace& space) {
+  const int n_ms = static_cast<int>(space.micro_batch_counts.size());
+  std::vector<int> order(space.num_groups());
+  for (std::size_t group = 0; group < order.size(); ++group) order[group] = static_cast<int>(group);
+  auto order_key = [&](int group) {
+    const int rank = n_ms - 1 - group % n_ms;  // 0: the largest micro-batch (the counts run from the most)
+    return std::make_tuple(rank / 2, group / n_ms, rank % 2);
+  };
+  std::sort(order.begin(), order.end(), [&](int x, int y) { return order_key(x) < order_key(y); });
+  return order;
+}
+
+// The groups in `order`, each taken from `next` by the calling thread, until none is left, the search
+// stops, or body(g) returns false.
+template <class Body>
+void take_groups(SearchControl& control, const std::vector<int>& order, std::atomic<std::size_t>& next, Body&& body) {
+  for (std::size_t i = next.fetch_add(1); i < order.size() && !control.check_stop(); i = next.fetch_add(1))
+    if (!body(order[i])) return;
+}
+
+int lanes() { return std::max(1, tbb::this_task_arena::max_concurrency()); }
+
+// The phases' shared state and each thread's pass through them (run_in_phases).
+class Phases {
+ public:
+  explicit Phases(SearchWork& work);
+  void lane();
+
+ private:
+  void build_last_stages();
+  void run_shallow_units(Worker& w);
+  bool build_deeper_and_run(Worker& w, int group);
+  void join_deep_units(Worker& w);
+  bool run_deep_units(Worker& w, int group);
+  // Waits until `done()`: work of an earlier phase, which running threads have taken (every item of a
+  // phase is taken before any thread leaves it), and which waits only on work of a phase before its own
+  // (phase 1 on nothing). No TBB wait runs inside a lane, so no thread holds such work below a wait.
+  // False where the search stops first (cut short, or a thread's exception).
+  template <class Done>
+  bool wait_for(Done&& done) {
+    while (!done())
+      if (work_.control.stopped()) return false;
+      else std::this_thread::yield();
+    return true;
+  }
+
+  static constexpr long long kChunk = 32;
+  SearchWork& work_;
+  const std::vector<int> order_;
+  const std::size_t n_groups_;
+  const long long per_group2_, n2_;  // each group's units of one and two stages; all groups'
+  const long long per_group3_;       // each group's units of three stages and more
+  std::atomic<std::size_t> next1_{0}, next3_{0};
+  std::atomic<long long> next2_{0};
+  std::unique_ptr<std::atomic<bool>[]> ready_;       // [g]: phase 1 done
+  std::unique_ptr<std::atomic<long long>[]> left2_;  // [g]: phase 2's units to run
+  // Phase 3's units of group g: the next not taken (next3u_[g]) and the number run (done3u_[g]) of its
+  // per_group3_, once its deeper entries are built (open3_[g]).
+  std::unique_ptr<std::atomic<long long>[]> next3u_, done3u_;
+  std::unique_ptr<std::atomic<bool>[]> open3_;
+};
+
+Phases::Phases(SearchWork& work)
+    : work_(work),
+      order_(group_order(work.space)),
+      n_groups_(order_.size()),
+      per_group2_(work.space.group_unit_count(1, 2)),
+      n2_(per_group2_ * static_cast<long long>(n_groups_)),
+      per_group3_(work.space.group_unit_count(3, work.space.max_stages)),
+      ready_(new std::atomic<bool>[n_groups_]),
+      left2_(new std::atomic<long long>[n_groups_]),
+      next3u_(new std::atomic<long long>[n_groups_]),
+      done3u_(new std::atomic<long long>[n_groups_]),
+      open3_(new std::atomic<bool>[n_groups_]) {
+  for (std::size_t group = 0; group < n_groups_; ++group) {
+    ready_[group].store(false);
+    left2_[group].store(per_group2_);
+    next3u_[group].store(0);
+    done3u_[group].store(0);
+    open3_[group].store(false);
+  }
+}
+
+void Phases::lane() {
+  build_last_stages();
+  Worker& w = work_.workers.local();
+  run_shallow_units(w);
+  // 3. Per group, its deeper entries, then its units of three stages and more; then, with no group left
+  //    to build, the units of the groups other threads are on (see run_deep_units).
+  take_groups(work_.control, order_, next3_, [&](int group) { return build_deeper_and_run(w, group); });
+  join_deep_units(w);
+}
+
+// 1. Every group's estimator and the one-stage entries of its suffix bound.
+void Phases::build_last_stages() {
+  take_groups(work_.control, order_, next1_, [&](int group) {
+    work_.builder.build_last_stages(group, &work_.bounds[group]);
+    work_.builder.finish(&work_.bounds[group]);
+    ready_[group].store(true, std::memory_order_release);
+    return true;
+  });
+}
+
+// 2. Every group's units of one and two stages, in group order, a few at a time: the threads stay near
+//    the front, where the plans found set the threshold for the rest.
+void Phases::run_shallow_units(Worker& w) {
+  bool stopped = false;
+  for (long long b = next2_.fetch_add(kChunk); b < n2_ && !stopped; b = next2_.fetch_add(kChunk))
+    for (long long i = b, end = std::min(n2_, b + kChunk); i < end && !stopped;) {
+      const long long gi = i / per_group2_, group_end = std::min(end, (gi + 1) * per_group2_), from = i;
+      const int group = order_[gi];
+      stopped = !wait_for([&] { return ready_[group].load(std::memory_order_acquire); });
+      for (; i < group_end && !stopped; ++i, ++w.counters.own.units) {
+        if ((stopped = work_.control.every_so_often(w.counters))) break;
+        work_.stage_search.run_unit(w, work_.space.group_unit(group, 1, i % per_group2_));
+      }
+      left2_[group].fetch_sub(i - from, std::memory_order_release);
+    }
+}
+
+bool Phases::build_deeper_and_run(Worker& w, int group) {
+  if (!wait_for([&] { return left2_[group].load(std::memory_order_acquire) == 0; })) return false;
+  work_.builder.build_deeper(group, &work_.bounds[group]);
+  work_.builder.finish(&work_.bounds[group]);
+  open3_[group].store(true, std::memory_order_release);
+  if (per_group3_ == 0) work_.bounds[group].release();  // no unit of three stages or more (fewer stages searched)
+  return run_deep_units(w, group);
+}
+
+void Phases::join_deep_units(Worker& w) {
+  for (bool left = true; left && !work_.control.stopped();) {
+    left = false;
+    bool ran = false;
+    for (int group : order_) {
+      if (next3u_[group].load(std::memory_order_relaxed) >= per_group3_) continue;
+      left = true;
+      if (!open3_[group].load(std::memory_order_acquire)) continue;  // its table is being built
+      ran = true;
+      if (!run_deep_units(w, group)) break;
+    }
+    if (left && !ran) std::this_thread::yield();
+  }
+}
+
+// Runs group g's phase-3 units, a chunk at a time, until every one is taken; the thread that runs its
+// last frees its table. Any thread may join a group's units: the chunks shrink as they run out, so that
+// at the end of the search no thread is left alone with a long chunk (a few units take milliseconds, most
+// microseconds) while the other has nothing to do. False where the search stops.
+bool Phases::run_deep_units(Worker& w, int group) {
+  for (;;) {
+    const long long left = per_group3_ - next3u_[group].load(std::memory_order_relaxed);
+    if (left <= 0) return true;
+    const long long chunk = std::clamp<long long>(left / 64, 1, 64);
+    const long long b = next3u_[group].fetch_add(chunk, std::memory_order_relaxed);
+    if (b >= per_group3_) return true;
+    const long long e = std::min(per_group3_, b + chunk);
+    long long i = b;
+    bool stopped = false;
+    for (Unit u = work_.space.group_unit(group, 3, b); i < e; ++i, ++w.counters.own.units, u = work_.space.next_in_group(u)) {
+      if ((stopped = work_.control.every_so_often(w.counters))) break;
+      work_.stage_search.run_unit(w, u);
+    }
+    if (stopped) return false;  // (the table is left to the search's end)
+    if (done3u_[group].fetch_add(e - b, std::memory_order_acq_rel) + (e - b) == per_group3_) work_.bounds[group].release();
+  }
+}
+
+}  // namespace
+
+void run_in_search_order(SearchWork& work) {
+  // Nothing gains from a threshold before the tables, and the shallow plans of a large cluster are often
+  // out of memory, so the units run in the search's order, the threads starting far apart in it (at
+  // different depths).
+  const std::vector<int> order = group_order(work.space);
+  std::atomic<std::size_t> next{0};
+  tbb::parallel_for(0, lanes(), [&](int) {
+    take_groups(work.control, order, next, [&](int group) {
+      work.builder.build_last_stages(group, &work.bounds[group]);
+      work.builder.finish(&work.bounds[group]);
+      return true;
+    });
+  });
+  tbb::parallel_for(tbb::blocked_range<long long>(0, work.space.units_total(), 1),
+                    [&](const tbb::blocked_range<long long>& range) {
+                      Worker& w = work.workers.local();
+                      for (long long i = range.begin(); i != range.end() && !work.control.every_so_often(w.counters);
+                           ++i, ++w.counters.own.units)
+                        work.stage_search.run_unit(w, work.space.unit_at(i));
+                    });
+}
+
+void run_in_phases(SearchWork& work) {
+  // One pass of every thread, with no wait between the phases: a thread that finds no work left in one
+  // phase goes on to the next (a thread that goes idle between phases can take milliseconds to wake on a
+  // VM). A group's units wait only for its own one-stage entries, and its deeper entries (which rebuild
+  // its table) for its units of one and two stages.
+  Phases phases(work);
+  tbb::parallel_for(0, lanes(), [&](int) {
+    try {
+      phases.lane();
+    } catch (...) {
+      work.control.stop_now();  // (out of memory) no thread waits for ever on this one's work
+      throw;
+    }
+  });
+}
+
+}  // namespace hetplan

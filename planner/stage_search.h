@@ -1,0 +1,140 @@
+// StageSearch: one worker's depth-first search of a work unit's plans, stage
+// by stage (planner/plan_search.md): it prunes a partial plan when a lower
+// bound on every completion is above the shared threshold, costs each
+// complete plan with the fast cost model, and keeps its worker's K best.
+// StageCache: a worker's fixed-size cache of stage costs.
+// Thread-safety: one StageSearch serves every thread of a search; a Worker
+// belongs to one thread at a time. The hot path allocates nothing but the
+// kept plans and the first infeasibility reason.
+// REQUIRES: everything a StageSearch is given outlives it; the suffix bound
+// of a unit's group is built (build_last_stages, then finish; build_deeper
+// too for units of three stages and more) before the unit runs.
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "planner/kept_estimates.h"
+#include "planner/plan_search.h"
+#include "planner/search_control.h"
+#include "planner/search_space.h"
+#include "planner/shared_bound.h"
+#include "planner/suffix_bound.h"
+#include "planner/top_k.h"
+#include "sim/plan_cost.h"
+
+namespace hetplan {
+
+// A plan's place in the results: cost, then a fixed order on plans, so that ties never depend on which
+// thread found a plan first.
+struct PlanKey {
+  double cost = std::numeric_limits<double>::infinity();
+  std::vector<int> order;  // node order, m, stages, then (size, dp, layers) per stage
+  bool operator<(const PlanKey& o) const {
+    if (cost != o.cost) return cost < o.cost;
+    return order < o.order;
+  }
+};
+
+using TopPlans = TopK<PlanKey, SearchedPlan>;
+
+// A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
+// group, its ranks, (dp, tp), layers, whether it is the first and the last stage, and its in-flight
+// micro-batches (the memory of its activations): not on the stages around it, so the same stage met
+// again under another pipeline depth or prefix is looked up. Direct-mapped, fixed size: a collision
+// overwrites; no allocation after construction. Costs are a pure function of the key, so the cache
+// never changes a result.
+class StageCache {
+ public:
+  // Slots in zeroed memory from the system (calloc): a page is only backed once a stage is stored on
+  // it, so a search that meets few stages does not pay for the whole table.
+  StageCache(int setups, std::size_t bytes);
+  // A stage's key; never all zero (s >= 1), the empty slot's.
+  struct Key {
+    unsigned long long a, b;
+    bool operator==(const Key& o) const { return a == o.a && b == o.b; }
+  };
+  static_assert(std::is_trivially_copyable_v<Key> && std::is_trivially_copyable_v<FastStageCost>);
+  static Key key(int group, int r, int s, int tp, int l, int e, bool first, bool last, int in_flight) {
+    return Key{(static_cast<unsigned long long>(group) << 32) | (static_cast<unsigned long long>(r) << 1) | (first ? 1u : 0u),
+               (static_cast<unsigned long long>(s) << 40) | (static_cast<unsigned long long>(tp) << 32) |
+                   (static_cast<unsigned long long>(l) << 22) | (static_cast<unsigned long long>(e) << 12) |
+                   (static_cast<unsigned long long>(in_flight & 0x7ff) << 1) | (last ? 1u : 0u)};
+  }
+  // The slot for `k`: its costs if *hit, else where to store them.
+  FastStageCost* slot(const Key& k, bool* hit) {
+    const std::size_t i = index(k);
+    *hit = keys_[i] == k;
+    keys_[i] = k;
+    return &vals_[i * setups_];
+  }
+  // Drops `k` (a stage that failed: not cached, so its reason is recomputed).
+  void invalidate(const Key& k) { keys_[index(k)] = Key{0, 0}; }
+
+ private:
+  std::size_t index(const Key& k) const {
+    unsigned long long h = k.a * 0x9e3779b97f4a7c15ull ^ (k.b + 0x632be59bd9b4e019ull + (k.a << 6));
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return h & mask_;
+  }
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  int setups_;
+  std::size_t mask_ = 0;
+  std::unique_ptr<Key[], Free> keys_;
+  std::unique_ptr<FastStageCost[], Free> vals_;
+};
+
+// One thread's state: its cache, its best plans, its counts, the first infeasibility it met, and the
+// depth-first search's state, indexed [stage * setups + setup] unless said.
+struct Worker {
+  Worker(int k, int setups) : cache(setups, static_cast<std::size_t>(2) << 20), top(k) {}
+  StageCache cache;
+  TopPlans top;
+  WorkerCounters counters;
+  long long first_infeasible_unit = -1;
+  std::string first_infeasible_reason;
+  PipelineScratch scratch;
+  std::vector<FastStageCost> stage_costs;
+  std::vector<double> forward_chain;  // the forward chain to reach the stage
+  std::vector<double> passes;         // every stage before the stage: forward, sends, backward, accumulation
+  std::vector<double> first_passes;   // passes without accumulation (micro-batch 0's passes)
+  std::vector<double> lower_bound;    // best lower bound so far along the path
+  std::vector<double> end_extra;      // max over the stages before of what micro-batch m - 1's path spends
+                                      // on that stage beyond its forward + backward
+  std::vector<double> start_extra;    // max over the stages before of their start path less first_passes
+                                      // at the stage after them
+  std::vector<unsigned> feasible_setups;  // [stage]: setups still feasible, a bit each
+  std::vector<StageChoice> choices;       // [stage]
+  std::vector<FastStageCost> leaf_costs;  // [stage] for one setup
+};
+
+class StageSearch {
+ public:
+  StageSearch(const SearchSpace& space, const FeasibilityTables& tables, const std::vector<SuffixBound>& bounds,
+              KeptEstimates& kept, SharedBound& shared, SearchControl& control, const Cluster& cluster,
+              const PlanSearchOptions& options, Schedule schedule);
+  // Searches the unit's plans on `worker`.
+  void run_unit(Worker& worker, const Unit& unit) const;
+
+ private:
+  friend class UnitSearch;
+  const SearchSpace& space_;
+  const FeasibilityTables& tables_;
+  const std::vector<SuffixBound>& bounds_;
+  KeptEstimates& kept_;
+  SharedBound& shared_;
+  SearchControl& control_;
+  const Cluster& cluster_;
+  const PlanSearchOptions& options_;
+  const Schedule schedule_;
+  const bool use_bounds_;
+};
+
+}  // namespace hetplan

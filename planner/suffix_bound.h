@@ -1,0 +1,148 @@
+// SuffixBound: for one (node order, m) group, a lower bound on the time the
+// stages still to choose add to any plan (planner/plan_search.md, "the stages
+// still to choose"); SuffixBoundBuilder: the dynamic program that fills it, in
+// two passes: the entries of one stage (the last), then the deeper ones. Where
+// the per-rank table would be too large (!suffix_table_fits), only the
+// one-stage entries are built and the throughput bound stands in for the
+// deeper ones.
+// Thread-safety: a SuffixBound is written by one thread (a builder's call)
+// and then only read; a builder's calls for different groups may run at once.
+// REQUIRES: everything a builder is given outlives it and the bounds it builds.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "planner/kept_estimates.h"
+#include "planner/plan_search.h"
+#include "planner/search_control.h"
+#include "planner/search_space.h"
+#include "planner/shared_bound.h"
+#include "planner/stage_estimator.h"
+
+namespace hetplan {
+
+// For one (node order, m): path[q][r][l], a lower bound on the longest of the paths below through the q
+// stages covering ranks [r, ranks) and layers [l, layers), each from micro-batch 0's arrival at the first
+// of them to the last backward's send back out of it, minimised over every way to form those stages;
+// infinity where none exists. The paths: for each stage j of them, the forward chain to j, then either
+// all j's compute, or one of the two paths of PathCounts through j and the stages after it, then the
+// backward chain back.
+struct SuffixBound {
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::unique_ptr<stage_estimates::StageEstimator> estimator;  // this (node order, m)'s stage estimates
+  int ranks = 0, layers = 0, depth = 0;  // depth: the most stages q the table holds
+  std::vector<double> paths;
+  std::vector<double> paths_min;  // min over l' >= l of path(q, r, l'): whatever layers the stage before takes
+  // last_trips[q][r][l]: a lower bound on micro-batch m - 1's round trip through the q stages (forwards,
+  // backwards with accumulation, sends); first_trips the same for micro-batch 0 (no accumulation).
+  // Infinity where none exists.
+  std::vector<double> last_trips, first_trips;
+  // paths_env: see path_floor (built where only the last stages' entries are: a small table).
+  std::vector<double> paths_env;
+  // Without the table (too large): the throughput bound. Stage j's m forwards and backwards take at
+  // least gbs x (its layers' least GPU-ms per sample) / (its ranks' GPUs); with each type's costs at
+  // least kappa_type times a reference type's, layer by layer, the largest over the stages is at least
+  // gbs x the reference's GPU-ms of layers [l, layers) / (sum over ranks [r, ranks) of 1 / kappa):
+  // reference_ms holds the reference's prefix sums, inverse_kappa the suffix sums of 1 / kappa. Empty
+  // where not built.
+  std::vector<double> reference_ms, inverse_kappa;
+  double gbs = 0;
+
+  // [r][l][q]: the dynamic program's inner loop runs over q, contiguous.
+  std::size_t index(int q, int r, int l) const {
+    return (static_cast<std::size_t>(r) * (layers + 1) + l) * (depth + 1) + q;
+  }
+  // Entries q > depth are not in the table (it holds only the last stages where the whole one would be
+  // too large): the throughput bound stands in for them.
+  double last_trip(int q, int r, int l) const {
+    return last_trips.empty() || q == 0 || q > depth ? 0 : last_trips[index(q, r, l)];
+  }
+  double first_trip(int q, int r, int l) const {
+    return first_trips.empty() || q == 0 || q > depth ? 0 : first_trips[index(q, r, l)];
+  }
+  double least_path_from(int q, int r, int l) const {
+    if (paths_min.empty() || q > depth) return throughput_bound(r, std::max(l, layers - q));  // each takes a layer
+    return paths_min[index(q, r, l)];
+  }
+  double path(int q, int r, int l) const {
+    return paths.empty() || q > depth ? throughput_bound(r, l) : paths[index(q, r, l)];
+  }
+  // A lower bound on path(q, r, l') for every l' <= l, non-increasing in l: the least k whose
+  // path(q, r, l + k) can be small enough is found by bisection. The throughput bound is itself
+  // non-increasing in l; in the table, paths_env; else -infinity (no test).
+  double path_floor(int q, int r, int l) const {
+    if (paths.empty() || q > depth) return inverse_kappa.empty() ? -kInf : throughput_bound(r, l);
+    return paths_env.empty() ? -kInf : paths_env[index(q, r, l)];
+  }
+  double throughput_bound(int r, int l) const {
+    if (inverse_kappa.empty() || l >= layers) return 0;
+    const double rate = inverse_kappa[r];
+    return rate > 0 && std::isfinite(rate) ? gbs * (reference_ms[layers] - reference_ms[l]) / rate : 0.0;
+  }
+  // Frees the tables and the estimator: once the group's units are done, the next group's tables reuse
+  // the memory instead of faulting in fresh pages.
+  void release() {
+    for (std::vector<double>* v : {&paths, &paths_min, &paths_env, &last_trips, &first_trips})
+      std::vector<double>().swap(*v);
+    estimator.reset();
+  }
+};
+
+// The throughput bound's per-type data: kappa[type], the least ratio over the layers of the type's least
+// GPU-ms per sample to type 0's, and type 0's prefix sums of it. Empty where a type has a layer with no
+// profile.
+struct ThroughputRates {
+  std::vector<double> kappa, reference;
+};
+ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster);
+
+// Whether the per-rank table of every group fits suffix_table_limit.
+bool suffix_table_fits(const SearchSpace& space, const Cluster& cluster, double suffix_table_limit);
+
+class SuffixBoundBuilder {
+ public:
+  // `throughput` may be empty (no throughput bound).
+  SuffixBoundBuilder(const SearchSpace& space, const FeasibilityTables& tables, KeptEstimates& kept,
+                     const ThroughputRates& throughput, const SharedBound& shared, SearchControl& control,
+                     const ProfileSet& profiles, const Cluster& cluster, const PlanSimulator& simulator,
+                     const PlanSearchOptions& options, bool table_fits);
+
+  // Creates the group's estimator and its table, and fills the entries of one stage (exact).
+  void build_last_stages(int group, SuffixBound* bound) const;
+  // Fills the group's entries of two stages and more. These leave out every stage whose own compute
+  // exceeds the pruning threshold at the time: a plan with such a stage costs more than the threshold
+  // (which only falls), and the entries stay lower bounds on every plan made of the stages kept.
+  void build_deeper(int group, SuffixBound* bound) const;
+  // The minima over the layers (paths_min, paths_env) from the entries.
+  void finish(SuffixBound* bound) const;
+
+  // The builds of the dynamic program's rows (relax_row in suffix_bound.cc): one for this CPU.
+  using RelaxRow = void (*)(const stage_estimates::StageEstimate*, int, int, int, int, int, int, double, double,
+                            double, const double*, const double*, const double*, const double*, std::size_t, double*,
+                            double*, double*);
+
+ private:
+  struct Pass;
+  void relax(int group, SuffixBound* bound, bool last_stages) const;
+  void relax_stage(Pass& pass, int r, int s, int tp) const;
+
+  const SearchSpace& space_;
+  const FeasibilityTables& tables_;
+  KeptEstimates& kept_;
+  const ThroughputRates& throughput_;
+  const SharedBound& shared_;
+  SearchControl& control_;
+  const ProfileSet& profiles_;
+  const Cluster& cluster_;
+  const PlanSimulator& simulator_;
+  const PlanSearchOptions& options_;
+  const bool table_fits_;
+  const bool full_params_;  // every setup trains every parameter (accumulation is not scaled down)
+  const RelaxRow relax_row_;
+};
+
+}  // namespace hetplan
