@@ -15,7 +15,7 @@ for a in "$@"; do
     *) echo "install_deps: unknown option $a (expected --no-torch, --fuzz)" >&2; exit 2 ;;
   esac
 done
-pkgs=(cmake ninja-build g++ libtbb-dev libboost-graph-dev nlohmann-json3-dev libcli11-dev catch2)
+pkgs=(cmake ninja-build g++ libtbb-dev libboost-graph-dev nlohmann-json3-dev libcli11-dev catch2 time)
 if ((torch)); then pkgs+=(libtorch-dev libgloo-dev); fi
 if ((fuzz)); then pkgs+=(clang-14 libclang-rt-14-dev); fi
 
