@@ -243,6 +243,11 @@ int run_default_search(const SearchArgs& a) {
   const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
   if (show_progress)
     o.progress = [](const PlanSearchProgress& p) {
+      if (p.units_total == 0) {  // the set-up before the search's units
+        std::fprintf(stderr, "\rsetting up the search: %.0f s   ", p.elapsed_s);
+        std::fflush(stderr);
+        return;
+      }
       std::fprintf(stderr, "\rsearching: %lld/%lld units, %lld enumerated, %lld pruned, %lld costed, best %s, ETA %s   ",
                    p.units_done, p.units_total, p.enumerated, p.pruned, p.costed,
                    p.best_ms >= 0 ? (python_float(std::round(p.best_ms * 10) / 10) + " ms").c_str() : "-",

@@ -192,7 +192,7 @@ PathCounts start_path(Schedule schedule, int after, int m) {
 // the same values), chosen by the CPU features glibc read at start-up. Not GCC's target_clones: its
 // resolver runs libgcc's CPU detection in every process, a dozen CPUID instructions that cost about
 // 10 us each in a VM (0.25 ms of each run's start-up, measured here).
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_include)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__has_include)  // (clang 14 lacks _Bool in C++)
 #if __has_include(<sys/platform/x86.h>)
 #include <sys/platform/x86.h>
 #define HETPLAN_AVX2_BUILD 1
@@ -442,6 +442,16 @@ PlanSearchResult PlanSearch::run() const {
 
 PlanSearchResult PlanSearch::search() const {
   const auto t0 = Clock::now();
+  // The time budget covers the set-up too (its tables grow with layers^2 x tp): past it, the set-up's
+  // loops stop early and the phases below find the search stopped. Progress is reported meanwhile.
+  auto out_of_time = [&] {
+    return opt_.time_budget_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > opt_.time_budget_s;
+  };
+  auto setup_progress = std::make_unique<Periodic>(opt_.progress ? std::function<void()>([&] {
+    PlanSearchProgress pr;  // units_total 0: still setting up
+    pr.elapsed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    opt_.progress(pr);
+  }) : std::function<void()>());
   const RelaxRow relax_row = pick_relax_row();
   const Cluster& cluster = *cluster_;
   const ProfileSet& profiles = *profiles_;
@@ -509,6 +519,15 @@ PlanSearchResult PlanSearch::search() const {
   std::vector<int> ms;
   for (int m = opt_.gbs; m >= 1; --m)
     if (opt_.gbs % m == 0 && opt_.gbs / m <= opt_.max_micro_batch) ms.push_back(m);
+  const int max_share = ms.empty() ? 1 : opt_.gbs / ms.back();
+  // The slicings grow with the largest micro-batch: refuse, naming the input, what would exhaust memory.
+  const double slicings = static_cast<double>(n_types) * (max_tp + 1) * (max_share + 1);
+  if (slicings > 4194304.0)
+    throw InputError("--gbs " + std::to_string(opt_.gbs) + ": the search keeps the profile slicings of every share of "
+                     "a micro-batch of up to " + std::to_string(max_share) + " sequences for " +
+                     std::to_string(n_types) + " GPU type(s) and tp up to " + std::to_string(max_tp) + ", " +
+                     std::to_string(static_cast<long long>(slicings)) + " entries, past the 4194304 it can hold "
+                     "(use a smaller --gbs)");
   // Units also split by stage 0's layers where that keeps them few: one (p, m, first size) can
   // otherwise hold a fifth of the whole search, and the threads wait on it.
   double split_units = 0;
@@ -621,14 +640,16 @@ PlanSearchResult PlanSearch::search() const {
   if (opt_.on_parallel_start) opt_.on_parallel_start();  // the first parallel work follows
   if (!opt_.exhaustive) {
     // The two tables' rows, one task each: [type][tp] of unmeasured_acc, then [tp][dp bucket] of
-    // state_lb (a few hundred microseconds in all, before any group can start).
-    state_lb.assign(static_cast<std::size_t>(max_tp + 1) * dp_buckets * (L + 1) * (L + 1), 0.0);
+    // state_lb (a few hundred microseconds in all, before any group can start). state_lb only prunes:
+    // beyond 2^25 entries (256 MB; thousands of layers) it is left out, as the exhaustive search does.
+    const double state_lb_entries = static_cast<double>(max_tp + 1) * dp_buckets * (L + 1) * (L + 1);
+    if (state_lb_entries <= 33554432.0) state_lb.assign(static_cast<std::size_t>(state_lb_entries), 0.0);
     const int acc_rows = n_types * max_tp;
-    tbb::parallel_for(0, acc_rows + max_tp * dp_buckets, [&](int i) {
+    tbb::parallel_for(0, acc_rows + (state_lb.empty() ? 0 : max_tp * dp_buckets), [&](int i) {
       if (i < acc_rows) {
         const int t = i / max_tp, tp = 1 + i % max_tp;
         const int pt = profiles.type_index(cluster.device_types()[t]);
-        for (int l = 0; l < L; ++l)
+        for (int l = 0; l < L && !out_of_time(); ++l)
           for (int e = l + 1; e <= L; ++e)
             unmeasured_acc[((static_cast<std::size_t>(t) * (max_tp + 1) + tp) * (L + 1) + l) * (L + 1) + e] =
                 orders[0].cost->unmeasured_accumulation_ms(pt, tp, l, e);
@@ -638,7 +659,7 @@ PlanSearchResult PlanSearch::search() const {
       bool profiled = false;
       for (int t = 0; t < n_types; ++t) profiled = profiled || type_tp[t][tp];
       if (!profiled) return;
-      for (int l = 0; l < L; ++l) {
+      for (int l = 0; l < L && !out_of_time(); ++l) {
         double* row = state_lb_at(tp, 1 << j, l);
         for (int e = l + 1; e <= L; ++e) row[e] = orders[0].cost->state_bytes_lower_bound(tp, 1 << j, l, e);
       }
@@ -677,8 +698,7 @@ PlanSearchResult PlanSearch::search() const {
   for (const TrainingSetup& st : setups) full_params = full_params && st.finetune == Finetune::kFull;
   // Shared by the groups: slicings up to the largest micro-batch, and (for the tables' path) the estimates
   // of homogeneous stages and of mixed stages' replica lists, each within a memory budget.
-  const ShareSlices share_slices(profiles, cluster, max_tp, ms.empty() ? 1 : opt_.gbs / ms.back(),
-                                 sim_->options().max_profiled_bs);
+  const ShareSlices share_slices(profiles, cluster, max_tp, max_share, sim_->options().max_profiled_bs);
   EstimateBudget estimate_budget(std::size_t{256} << 20);
   MixedLists mixed_lists(estimate_budget);
   std::optional<HomogeneousEstimates> homogeneous;
@@ -1150,6 +1170,7 @@ PlanSearchResult PlanSearch::search() const {
   };
 
   // Progress from a side thread.
+  setup_progress.reset();
   Periodic reporter(opt_.progress ? std::function<void()>([&] {
     PlanSearchProgress pr;
     pr.units_done = units_done.load();
