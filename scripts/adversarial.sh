@@ -104,6 +104,8 @@ mkdir -p fifoprof && cp prof/* fifoprof/ && rm fifoprof/DeviceType.A100_tp1_bs1.
 mkdir -p dirprof && cp prof/* dirprof/ && rm dirprof/DeviceType.A100_tp1_bs1.json && mkdir dirprof/DeviceType.A100_tp1_bs1.json
 echo "not a folder" >afile
 S=(--hostfile_path "$H/a100_v100_16.hostfile" --clusterfile_path "$CF" --profile_data_path prof --num_layers 10)
+# The same with the profile folder last, to be given: "${P[@]}" DIR.
+P=(--hostfile_path "$H/a100_v100_16.hostfile" --clusterfile_path "$CF" --num_layers 10 --profile_data_path)
 
 # --- issue 36's cases -------------------------------------------------------------------------
 run "search 4097 one-GPU nodes, gbs 4097" "0 2" "$bin" search --hostfile_path h4097 --clusterfile_path "$CF" \
@@ -117,7 +119,7 @@ run "whatif --export /proc/x" "2" "$bin" whatif --gpu A100 --gpus 8 --rows DDP -
 run "export torchrun" "0" "$bin" export --plan plan.json --to torchrun --out tr
 run "re-export torchrun folder into itself" "0" "$bin" export --plan tr/plan.json --to torchrun --out tr
 run "exported plan from another cwd" "0" bash -c "cd / && '$bin' simulate --plan '$W/tr/plan.json'"
-run "profile folder with l1 -> l2 -> l1" "0 2" "$bin" search "${S[@]/prof/loopdir}" --gbs 64
+run "profile folder with l1 -> l2 -> l1" "0" "$bin" search "${P[@]}" loopdir --gbs 64
 run "--profiles itself a loop" "2" "$bin" search --hostfile_path "$H/a100_v100_16.hostfile" --clusterfile_path "$CF" \
   --profile_data_path selfloop --num_layers 10 --gbs 64
 run "gen-profiles --samples a loop" "2" "$bin" gen-profiles 10 8 --samples selfloop --out gp
@@ -152,8 +154,8 @@ run "gen-profiles --analytic past profile limits" "2" "$bin" gen-profiles --anal
   --hidden-size 65536 --heads 64 --max-tp 1 --out huge
 run "a file of 16,777,567 bytes" "2" "$bin" simulate --plan big.json
 run "layer_partition 5.0000001" "2" "$bin" simulate --plan plan_frac.json
-run "a FIFO in place of a profile" "2" "$bin" search "${S[@]/prof/fifoprof}" --gbs 64
-run "a directory in place of a profile" "2" "$bin" search "${S[@]/prof/dirprof}" --gbs 64
+run "a FIFO in place of a profile" "2" "$bin" search "${P[@]}" fifoprof --gbs 64
+run "a directory in place of a profile" "2" "$bin" search "${P[@]}" dirprof --gbs 64
 
 # --- more of our own ----------------------------------------------------------------------------
 run "hostfile is a directory" "2" "$bin" search --hostfile_path adir --clusterfile_path "$CF" --profile_data_path prof --num_layers 10 --gbs 64
@@ -162,8 +164,8 @@ run "hostfile is a symlink loop" "2" "$bin" search --hostfile_path selfloop --cl
 run "hostfile missing" "2" "$bin" search --hostfile_path nothere --clusterfile_path "$CF" --profile_data_path prof --num_layers 10 --gbs 64
 run "clusterfile is a directory" "2" "$bin" search --hostfile_path "$H/a100_v100_16.hostfile" --clusterfile_path adir --profile_data_path prof --num_layers 10 --gbs 64
 run "clusterfile is a FIFO" "2" "$bin" search --hostfile_path "$H/a100_v100_16.hostfile" --clusterfile_path fifo --profile_data_path prof --num_layers 10 --gbs 64
-run "profile folder is a file" "2" "$bin" search "${S[@]/prof/afile}" --gbs 64
-run "profile folder is empty" "2" "$bin" search "${S[@]/prof/adir}" --gbs 64
+run "profile folder is a file" "2" "$bin" search "${P[@]}" afile --gbs 64
+run "profile folder is empty" "2" "$bin" search "${P[@]}" adir --gbs 64
 run "plan is a directory" "2" "$bin" simulate --plan adir
 run "plan is a FIFO" "2" "$bin" simulate --plan fifo
 run "plan is a symlink loop" "2" "$bin" simulate --plan selfloop
@@ -193,7 +195,7 @@ run "--time-budget 3" "0" "$bin" search "${S[@]}" --gbs 64 --time-budget 3
 run "--time-budget 1x" "2" "$bin" search "${S[@]}" --gbs 64 --time-budget 1x
 run "--gbs 0" "2" "$bin" search "${S[@]}" --gbs 0
 run "--gbs 16777217" "2" "$bin" search "${S[@]}" --gbs 16777217
-run "--num_layers 100000" "2" "$bin" search "${S[@]/10/100000}" --gbs 64
+run "--num_layers 100000" "2" "$bin" search --hostfile_path "$H/a100_v100_16.hostfile" --clusterfile_path "$CF" --profile_data_path prof --num_layers 100000 --gbs 64
 run "--threads 100000" "2" "$bin" search "${S[@]}" --gbs 64 --threads 100000
 run "--top 0" "2" "$bin" search "${S[@]}" --gbs 64 --top 0
 run "--top -5" "2" "$bin" search "${S[@]}" --gbs 64 --top -5
