@@ -1,13 +1,14 @@
 // Runs a CLI11 app whose subcommands each have a Runner: parses, runs the
 // chosen one, and turns errors into one line on stderr and an exit code:
 //   0  success (and --help, --version)
-//   2  bad input: an InputError, or a flag CLI11 cannot parse ("hetplan: error: ...")
+//   2  bad input: an InputError, a flag CLI11 cannot parse, or a filesystem failure ("hetplan: error: ...")
 //   4  out of memory (std::bad_alloc): the inputs ask for more memory than the
 //      machine has; the line says what to shrink
 //   3  internal error: any other exception, a bug in hetplan
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <new>
@@ -42,9 +43,16 @@ class AppRunner {
     } catch (const InputError& e) {
       std::cerr << "hetplan: error: " << e.what() << "\n";
       return kExitInputError;
+    } catch (const std::filesystem::filesystem_error& e) {
+      // Readers and writers report filesystem failures as InputErrors (sim/file_access.h); this is the
+      // net under any path they missed: still the user's filesystem, still one line.
+      const std::string path = e.path1().empty() ? std::string() : excerpt(e.path1().string(), 200) + ": ";
+      std::cerr << "hetplan: error: " << path << excerpt(e.code().message(), 200) << "\n";
+      return kExitInputError;
     } catch (const std::bad_alloc&) {
-      std::cerr << "hetplan: error: out of memory: the inputs ask for more memory than this machine has; use fewer "
-                   "GPUs in the hostfile, fewer layers or profile files, or a smaller --top / --max_permute_len\n";
+      std::cerr << "hetplan: error: out of memory: the inputs ask for more memory than this machine has; use a "
+                   "smaller --gbs, fewer GPUs in the hostfile, fewer layers or profile files, or a smaller --top / "
+                   "--max_permute_len\n";
       return kExitOutOfMemory;
     } catch (const std::exception& e) {
       std::cerr << "hetplan: internal error: " << excerpt(e.what(), 400) << "\n";

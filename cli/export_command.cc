@@ -1,13 +1,13 @@
 // `hetplan export`: a plan as Megatron-LM arguments, a DeepSpeed config, or
 // per-host torchrun scripts that run it with `hetplan replay`.
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 
 #include "cli/commands.h"
 #include "planner/export_plan.h"
 #include "sim/cluster.h"
+#include "sim/file_access.h"
 #include "sim/input_error.h"
 #include "sim/model_shape.h"
 #include "sim/parallel_layout.h"
@@ -23,14 +23,6 @@ namespace {
 struct ExportArgs {
   std::string plan, to, out, hf_config, hostfile, clusterfile, profile_dir, rdzv_endpoint, replay_args;
 };
-
-void write_text(const fs::path& path, const std::string& text, bool executable = false) {
-  std::ofstream f(path);
-  if (!(f << text)) throw InputError(path.string() + ": cannot write");
-  f.close();
-  if (executable)
-    fs::permissions(path, fs::perms::owner_exec | fs::perms::group_exec | fs::perms::others_exec, fs::perm_options::add);
-}
 
 int run_export(const ExportArgs& a) {
   if (a.to != "megatron" && a.to != "deepspeed" && a.to != "torchrun")
@@ -68,7 +60,7 @@ int run_export(const ExportArgs& a) {
                        std::to_string(ranks->num_ranks()) + " GPUs");
     placement = std::make_unique<ParallelLayout>(*cluster, *ranks);
   }
-  if (!a.out.empty()) fs::create_directories(a.out);
+  if (!a.out.empty()) make_output_folder(a.out);
 
   if (a.to == "megatron") {
     const MegatronArgs m = export_megatron(pf, shape, placement.get(), a.plan);
@@ -77,8 +69,8 @@ int run_export(const ExportArgs& a) {
                ") arguments for " + a.plan + ": " + std::to_string(m.world_size) + " GPUs\n");
     std::cout << text;
     if (!a.out.empty()) {
-      write_text(fs::path(a.out) / "megatron_args.sh", text);
-      std::cout << "wrote " << (fs::path(a.out) / "megatron_args.sh").string() << "\n";
+      write_file_in(a.out, "megatron_args.sh", text);
+      std::cout << "wrote " << path_in(a.out, "megatron_args.sh") << "\n";
     }
     return 0;
   }
@@ -87,8 +79,8 @@ int run_export(const ExportArgs& a) {
     std::cout << d.config.dump(2) << "\n";
     for (const auto& n : d.notes) std::cerr << "note: " << n << "\n";
     if (!a.out.empty()) {
-      write_json_file((fs::path(a.out) / "ds_config.json").string(), d.config);
-      std::cout << "wrote " << (fs::path(a.out) / "ds_config.json").string() << "\n";
+      write_json_file_in(a.out, "ds_config.json", d.config);
+      std::cout << "wrote " << path_in(a.out, "ds_config.json") << "\n";
     }
     return 0;
   }
@@ -96,24 +88,28 @@ int run_export(const ExportArgs& a) {
     throw InputError(a.plan + ": --to torchrun needs the plan's hostfile and clusterfile (the plan names none: pass "
                      "--hostfile and --clusterfile)");
   const std::string dir = a.out.empty() ? "torchrun" : a.out;
-  fs::create_directories(dir);
+  make_output_folder(dir);
   TorchrunOptions o;
   o.rdzv_endpoint = a.rdzv_endpoint;
   o.replay_args = a.replay_args;
   const std::string profile_dir = a.profile_dir.empty() ? pf.profile_dir : a.profile_dir;
-  if (!profile_dir.empty() && fs::is_directory(profile_dir)) o.profile_dir = fs::absolute(profile_dir).string();
+  std::error_code ec;
+  if (!profile_dir.empty() && file_kind(profile_dir) == "directory") o.profile_dir = fs::absolute(profile_dir, ec).string();
   // The folder is self-contained: the plan (pointing at the copies), hostfile and clusterfile.
   PlanFile copy = pf;
   copy.hostfile = o.hostfile;
   copy.clusterfile = o.clusterfile;
   copy.profile_dir = o.profile_dir;
-  write_json_file((fs::path(dir) / o.plan_file).string(), plan_file_to_json(copy));
-  fs::copy_file(hostfile, fs::path(dir) / o.hostfile, fs::copy_options::overwrite_existing);
-  fs::copy_file(clusterfile, fs::path(dir) / o.clusterfile, fs::copy_options::overwrite_existing);
+  // Read before anything is written: re-exporting a folder into itself copies each file onto itself.
+  const std::string hostfile_text = read_regular_file(hostfile, kMaxHostfileBytes, "hostfile");
+  const std::string clusterfile_text = read_regular_file(clusterfile, kMaxJsonFileBytes, "clusterfile");
   const std::vector<HostLaunch> hosts = export_torchrun(pf, *placement, o, a.plan);
+  write_json_file_in(dir, o.plan_file, plan_file_to_json(copy));
+  write_file_in(dir, o.hostfile, hostfile_text);
+  write_file_in(dir, o.clusterfile, clusterfile_text);
   for (const auto& h : hosts) {
-    write_text(fs::path(dir) / h.file_name, h.script, true);
-    std::cout << "wrote " << (fs::path(dir) / h.file_name).string() << ": host " << h.host << ", node " << h.node_rank
+    write_file_in(dir, h.file_name, h.script, true);
+    std::cout << "wrote " << path_in(dir, h.file_name) << ": host " << h.host << ", node " << h.node_rank
               << ", " << h.ranks.size() << " rank(s)\n";
   }
   std::cout << "run each script on its host; rendezvous at "

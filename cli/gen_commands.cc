@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/flag_validators.h"
 #include "sim/gpu_specs.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
@@ -125,7 +126,7 @@ Runner add_gen_hostfile_command(CLI::App& app) {
   s->add_option("N", a->n, "GPUs per device type")->required();
   s->add_option("--out,-o", a->out, "Output path")->capture_default_str();
   s->add_option("--types", a->types, "Device types, in hostfile order")->capture_default_str();
-  s->add_option("--slots", a->slots, "GPUs per node")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--slots", a->slots, "GPUs per node")->capture_default_str()->check(kPositiveNumber);
   s->add_option("--clusterfile", a->clusterfile,
                 "Clusterfile to find each type's ip in (default: Metis's sample layout, 0.0.0.1 = V100, "
                 "0.0.0.4 = A100)");

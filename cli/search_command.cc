@@ -8,11 +8,14 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flag_validators.h"
 #include "cli/heap.h"
 #include <tbb/task_arena.h>
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 
 #include "planner/plan_json.h"
 #include "planner/plan_search.h"
@@ -45,7 +48,7 @@ struct SearchArgs {
   bool burst_clocks = false;
   std::string zero = "0";
   bool cross_node_tp = false;
-  double time_budget = 0;
+  std::string time_budget;  // seconds, or "none" / "" for no limit (parse_time_budget)
   int max_stages = 0;
   std::string stage_boundaries = "auto";
   std::string hf_config;  // the model's shape (Llama family, ...); its layer count must match --num_layers
@@ -90,7 +93,20 @@ void check_flag(long long v, double lo, double hi, const char* flag) {
   check_integer(static_cast<double>(v), rules::int_in(lo, hi), flag);
 }
 
+// --time-budget: seconds, a positive finite number up to a billion, or "none" (no limit, 0 in the search's
+// options, as when the flag is absent).
+double parse_time_budget(const std::string& text) {
+  if (text.empty() || text == "none") return 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v <= 0 || v > 1e9)
+    throw InputError("--time-budget: expected a positive number of seconds (at most 1e9) or 'none', got '" +
+                     excerpt(text) + "'");
+  return v;
+}
+
 void check_flags(const SearchArgs& a) {
+  parse_time_budget(a.time_budget);
   check_flag(a.model.num_layers, 1, kMaxModelLayers, "--num_layers");
   check_flag(a.gbs, 1, kMaxGlobalBatch, "--gbs");
   check_flag(a.model.hidden_size, 1, static_cast<double>(kMaxHiddenSize), "--hidden_size");
@@ -128,6 +144,12 @@ int run_metis_search(const SearchArgs& a) {
   // Workers main() held for a default search (a --cost-model its scan did not read) go to TBB's pool.
   if (EarlyWorkers* early = take_early_workers()) early->warm_up.release();
   const Cluster cluster = load_cluster(a);
+  // The reference's intra-stage search starts each device group at dp = its size.
+  if (cluster.num_devices() > kMaxReplicas)
+    throw InputError(a.hostfile + ": --cost-model metis: the hostfile lists " + std::to_string(cluster.num_devices()) +
+                     " GPUs; the reference search puts a whole device group in data parallelism, and a stage may "
+                     "have at most " + std::to_string(kMaxReplicas) + " data-parallel replicas (use the default "
+                     "--cost-model sim, or fewer GPUs)");
   const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads);
 
   SearchOptions o;
@@ -248,11 +270,16 @@ int run_default_search(const SearchArgs& a) {
   o.top_k = a.top;
   o.threads = a.threads;
   o.arena = &arena;
-  o.time_budget_s = a.time_budget;
+  o.time_budget_s = parse_time_budget(a.time_budget);
   o.cancel = &g_interrupted;
   const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
   if (show_progress)
     o.progress = [](const PlanSearchProgress& p) {
+      if (p.units_total == 0) {  // the set-up before the search's units
+        std::fprintf(stderr, "\rsetting up the search: %.0f s   ", p.elapsed_s);
+        std::fflush(stderr);
+        return;
+      }
       std::fprintf(stderr, "\rsearching: %lld/%lld units, %lld enumerated, %lld pruned, %lld costed, best %s, ETA %s   ",
                    p.units_done, p.units_total, p.enumerated, p.pruned, p.costed,
                    p.best_ms >= 0 ? (python_float(std::round(p.best_ms * 10) / 10) + " ms").c_str() : "-",
@@ -371,7 +398,7 @@ Runner add_search_command(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--trials", a->trials, "[metis] Repeat the search and report the average time (the reference defaults to 10)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveNumber);
   s->add_flag("--use_strat,--use-strat,!--no-use_strat,!--no-use-strat", a->use_strat,
               "[metis] Stratified pruning: steer the DFS by the first out-of-memory state (livingshade/Metis)");
   s->add_flag("--reject-dropped-layers,--reject_dropped_layers", a->reject_dropped_layers,
@@ -380,7 +407,7 @@ Runner add_search_command(CLI::App& app) {
                 "With --cost-model sim: the model's Hugging Face config.json (gpt2, llama, mistral) for its shape "
                 "(parameters, FLOPs, activations); its blocks + 2 must equal --num_layers");
   s->add_option("--json", a->json_out, "Write the results as JSON to this file");
-  s->add_option("--top", a->top, "Report the K cheapest plans")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--top", a->top, "Report the K cheapest plans")->capture_default_str()->check(kPositiveNumber);
   s->add_option("--threads", a->threads,
                 "Threads that read the profiles and search (default: all cores); the plans found do not depend on "
                 "it unless --time-budget or Ctrl-C cuts the search short");
@@ -397,10 +424,9 @@ Runner add_search_command(CLI::App& app) {
               "inter-node link); by default every tp group stays inside one node and one GPU type");
   s->add_option("--time-budget", a->time_budget,
                 "With --cost-model sim: stop after this many seconds and report the best plans found so far "
-                "(Ctrl-C does the same)")
-      ->check(CLI::NonNegativeNumber);
+                "(Ctrl-C does the same); a positive number, or none (the default) for no limit");
   s->add_option("--max-stages", a->max_stages, "With --cost-model sim: deepest pipeline considered (default: layers)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveNumber);
   s->add_option("--stage-boundaries", a->stage_boundaries,
                 "With --cost-model sim: where pipeline stages may start: rank (any GPU), node (whole nodes only, "
                 "as Megatron-LM places stages when dp x tp fills nodes) or auto (node above " +

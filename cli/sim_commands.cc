@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/flag_validators.h"
 #include "planner/metis_estimate.h"
 #include "sim/network.h"
 #include "sim/gpu_specs.h"
@@ -316,7 +317,7 @@ void check_whatif_flags(const WhatifArgs& a) {
   check_flag(a.seq, 1, static_cast<double>(kMaxSequenceLength), "--seq");
   check_flag(a.micro_batch, 1, kMaxGlobalBatch, "--micro-batch");
   check_flag(a.gbs, 0, kMaxGlobalBatch, "--gbs");
-  check_flag(a.gpus, 1, kMaxClusterGpus, "--gpus");
+  check_flag(a.gpus, 1, kMaxReplicas, "--gpus");  // every row runs all its GPUs in data parallelism
   check_flag(a.gpus_per_node, 1, kMaxSlotsPerNode, "--gpus-per-node");
   check_flag(a.lora_rank, 1, static_cast<double>(kMaxHiddenSize), "--lora-rank");
   check_flag(a.prompt, 1, static_cast<double>(kMaxSequenceLength), "--prompt");
@@ -672,7 +673,7 @@ Runner add_simulate_command(CLI::App& app) {
   s->add_option("--min_group_scale_variance,--min-group-scale-variance", a->min_group_scale_variance,
                 "With --cost-model metis: as search's (which device groups its search visits)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveNumber);
   s->add_option("--max_permute_len,--max-permute-len", a->max_permute_len,
                 "With --cost-model metis: as search's (which device groups its search visits)")
       ->capture_default_str()
@@ -710,10 +711,10 @@ Runner add_whatif_command(CLI::App& app) {
   s->add_option("--ffn-size", a->ffn, "MLP hidden size (default: 4h for gpt2, 11008 for llama)");
   s->add_option("--max-positions", a->max_positions, "Max positions (learned for gpt2)")->capture_default_str();
   s->add_flag("--tied-embeddings", a->tied, "llama family: the LM head shares the embedding table");
-  s->add_option("--seq", a->seq, "Sequence length")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--seq", a->seq, "Sequence length")->capture_default_str()->check(kPositiveNumber);
   s->add_option("--micro-batch", a->micro_batch, "Sequences per GPU per micro-batch (--inference: the batch)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveNumber);
   s->add_option("--gbs", a->gbs, "Global batch (default: micro-batch x GPUs; more means gradient accumulation)");
   s->add_option("--gpu", a->gpu, "GPU type of the catalogue (sim/data/gpus.json): " + gpu_names())
       ->capture_default_str();

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "sim/file_access.h"
 #include "sim/input_error.h"
 #include "sim/memory_model.h"
 
@@ -389,7 +390,7 @@ std::vector<HostLaunch> export_torchrun(const PlanFile& f, const ParallelLayout&
     h.host = hosts[i];
     h.node_rank = static_cast<int>(i);
     h.ranks = p.ranks_on(h.host);
-    h.file_name = "launch_" + std::to_string(i) + "_" + h.host + ".sh";
+    h.file_name = "launch_" + std::to_string(i) + "_" + safe_file_name(h.host) + ".sh";
     std::ostringstream s;
     s << "#!/usr/bin/env bash\n"
       << "# hetplan export --to torchrun: host " << h.host << " (node " << i << " of " << hosts.size() << "), "

@@ -69,7 +69,7 @@ struct HostLaunch {
   std::string host;      // the hostfile's ip
   int node_rank = 0;     // hosts in order of their lowest rank
   std::vector<int> ranks;  // plan ranks on the host, in local GPU order
-  std::string file_name;   // "launch_<node_rank>_<host>.sh"
+  std::string file_name;   // "launch_<node_rank>_<host>.sh", the host through safe_file_name (sim/file_access.h)
   std::string script;
 };
 struct TorchrunOptions {

@@ -74,7 +74,7 @@ struct PlanSearchOptions {
 };
 
 struct PlanSearchProgress {
-  long long units_done = 0, units_total = 0;  // (node order, m, p, first stage) work units
+  long long units_done = 0, units_total = 0;  // (node order, m, p, first stage) work units; total 0: setting up
   long long enumerated = 0, pruned = 0, costed = 0;
   double elapsed_s = 0, eta_s = -1;  // -1: not known yet
   double best_ms = -1;

@@ -22,7 +22,7 @@ for a in "$@"; do
   esac
 done
 if ((browser < 0)); then browser=$torch; fi
-pkgs=(cmake ninja-build g++ libtbb-dev libboost-graph-dev nlohmann-json3-dev libcli11-dev catch2)
+pkgs=(cmake ninja-build g++ libtbb-dev libboost-graph-dev nlohmann-json3-dev libcli11-dev catch2 time)
 if ((torch)); then pkgs+=(libtorch-dev libgloo-dev); fi
 if ((fuzz)); then pkgs+=(clang-14 libclang-rt-14-dev); fi
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <filesystem>
 
+#include "sim/file_access.h"
 #include "sim/gpu_specs.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
@@ -65,6 +66,14 @@ std::vector<LayerEstimate> estimate_layers(const ModelConfig& m, const GpuSpec& 
   return out;
 }
 
+// Throws unless `value` (a profile's step time or memory) is one ProfileSet::load reads back.
+void require_readable_back(const std::string& gpu, int tp, int bs, double value, const char* unit, double limit) {
+  if (value <= limit) return;
+  throw InputError("gen-profiles --analytic: " + gpu + " tp " + std::to_string(tp) + " bs " + std::to_string(bs) +
+                   ": the estimate is " + format_number(value) + " " + unit + ", past the " + format_number(limit) +
+                   " " + unit + " a profile may hold (use a smaller model or MAX_BS)");
+}
+
 }  // namespace
 
 std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, const std::string& out_dir) {
@@ -72,7 +81,7 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
   if (o.max_tp < 1 || o.max_bs < 1) throw InputError("gen-profiles --analytic: --max-tp and MAX_BS must be >= 1");
   if (o.model.hidden_size % o.model.attention_heads != 0)
     throw InputError("gen-profiles --analytic: --hidden-size must be a multiple of --heads");
-  fs::create_directories(out_dir);
+  make_output_folder(out_dir);
   std::vector<std::string> written;
   for (const std::string& type : o.device_types) {
     const GpuSpec* g = &require_gpu_spec(type, "gen-profiles --analytic: device type");
@@ -124,6 +133,7 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
         et["layernorm_grads_all_reduce_time_ms"] = 0.0;
         et["embedding_grads_all_reduce_time_ms"] = 0.0;
         et["optimizer_time_ms"] = optimizer;
+        require_readable_back(g->name, tp, bs, fb + optimizer + 0.5, "ms", kMaxProfileMs);
         et["layer_compute_total_ms"] = times;
         j["execution_time"] = et;
         ordered_json mem;
@@ -133,12 +143,13 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
           per_layer.push_back(static_cast<long long>(l.memory_mb + 0.5));
           total_mem += static_cast<long long>(l.memory_mb + 0.5);
         }
+        require_readable_back(g->name, tp, bs, total_mem, "MB", kMaxProfileMb);
         mem["total_memory"] = static_cast<long long>(total_mem);
         mem["layer_memory_total_mb"] = per_layer;
         j["execution_memory"] = mem;
         const std::string name =
             "DeviceType." + type + "_tp" + std::to_string(tp) + "_bs" + std::to_string(bs) + ".json";
-        write_json_file((fs::path(out_dir) / name).string(), j);
+        write_json_file_in(out_dir, name, j);
         written.push_back(name);
       }
     }

@@ -1,12 +1,12 @@
 #include "sim/cluster.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <sstream>
 
 #include "sim/checked.h"
+#include "sim/file_access.h"
 #include "sim/gpu_specs.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
@@ -49,8 +49,7 @@ bool read_line(std::istream& in, std::string& line, std::size_t max_chars, bool*
 }  // namespace
 
 std::vector<std::pair<std::string, int>> parse_hostfile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot open hostfile");
+  std::istringstream in(read_regular_file(path, kMaxHostfileBytes, "hostfile"));
   std::vector<std::pair<std::string, int>> hosts;
   std::string raw;
   int line_no = 0;

@@ -30,15 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "sim/limits.h"
+
 namespace hetplan {
 
-// Limits on what a cluster may be: beyond them the hostfile is refused with a
-// message naming the limit (no real cluster comes near them).
-inline constexpr int kMaxSlotsPerNode = 1024;
-inline constexpr int kMaxClusterGpus = 1000000;
-inline constexpr std::size_t kMaxHostfileLineChars = 1024;
-inline constexpr double kMaxGpuMemoryGb = 1e6;
-inline constexpr int kMaxEmulatedSms = 1024;
+// Limits on what a cluster may be (kMaxSlotsPerNode, kMaxClusterGpus, ...) are in sim/limits.h: beyond
+// them the hostfile is refused with a message naming the limit.
 // The clusterfile's reserved top-level key for device type declarations.
 inline constexpr const char* kDeviceTypesKey = "device_types";
 

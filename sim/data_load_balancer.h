@@ -8,14 +8,13 @@
 
 #include <vector>
 
+#include "sim/limits.h"
 #include "sim/plan.h"
 #include "sim/profile.h"
 
 namespace hetplan {
 
-// Most data-parallel replicas a mixed stage may have (callers keep
-// per-replica arrays of this size on the stack).
-constexpr int kMaxReplicas = 4096;
+// The most data-parallel replicas a stage may have: kMaxReplicas (sim/limits.h).
 
 // The profile type of each data-parallel replica of the `size` ranks from
 // `begin`: replica i starts at rank begin + i * (size / dp). Throws

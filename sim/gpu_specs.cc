@@ -3,10 +3,12 @@
 #include <cctype>
 #include <deque>
 #include <mutex>
+#include <unordered_map>
 
 #include "sim/gpus_json.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
+#include "sim/network.h"
 
 namespace hetplan {
 
@@ -40,7 +42,10 @@ GpuSpec parse_entry(const ordered_json& e, const std::string& file, const std::s
   }
   g.memory_gb = require_number(e, "memory_gb", file, where, rules::positive_up_to(1e6));
   g.memory_bw_gbs = require_number(e, "memory_bw_gbs", file, where, rules::positive_up_to(1e6));
-  g.nvlink_gbs = require_number(e, "link_gbs", file, where, rules::positive_up_to(1e6));
+  // Links within what the network model carries (sim/network.h), so that no later check names a key of a
+  // file the user never wrote.
+  const NumberRule link{kMinBytesPerSecond / 1e9, kMaxBytesPerSecond / 1e9, false, false};
+  g.nvlink_gbs = require_number(e, "link_gbs", file, where, link);
   g.host_link_gbs = require_number(e, "host_link_gbs", file, where, rules::positive_up_to(1e6));
   g.sm_count = static_cast<int>(require_integer(e, "sm_count", file, where, rules::int_in(1, 1e6)));
   if (e.contains("base")) {
@@ -79,18 +84,35 @@ const GpuSpec* find_in(const Catalogue& c, const std::string& name) {
   return nullptr;
 }
 
+// Each normalised name and alias mapped to the first entry of `c.order` that carries it: find_in's
+// answers for every key at once (one pass, so that a large --gpu-spec loads in linear time).
+std::unordered_map<std::string, const GpuSpec*> name_index(const Catalogue& c) {
+  std::unordered_map<std::string, const GpuSpec*> index;
+  for (const GpuSpec* g : c.order) {
+    const std::string n = normalise(g->name);
+    if (!n.empty()) index.emplace(n, g);
+    for (const auto& a : g->aliases) {
+      const std::string k = normalise(a);
+      if (!k.empty()) index.emplace(k, g);
+    }
+  }
+  return index;
+}
+
 void add_entries(Catalogue& c, const ordered_json& j, const std::string& file) {
+  // The entry of each normalised name; a later one of the same name replaces the last match.
+  std::unordered_map<std::string, GpuSpec*> by_name;
+  for (GpuSpec& s : c.storage) by_name[normalise(s.name)] = &s;
   auto add = [&](const ordered_json& e, const std::string& where) {
     GpuSpec g = parse_entry(e, file, where);
     // Only an exact name (or alias) replaces an entry: a new name is a new entry.
-    GpuSpec* existing = nullptr;
-    for (GpuSpec& s : c.storage)
-      if (normalise(s.name) == normalise(g.name)) existing = &s;
+    GpuSpec*& existing = by_name[normalise(g.name)];
     if (existing) {
       *existing = std::move(g);
     } else {
       c.storage.push_back(std::move(g));
       c.order.push_back(&c.storage.back());
+      existing = &c.storage.back();
     }
   };
   if (j.is_object() && j.contains("gpus")) {
@@ -99,9 +121,12 @@ void add_entries(Catalogue& c, const ordered_json& j, const std::string& file) {
   } else {
     add(j, "");
   }
-  for (const GpuSpec* g : c.order)
-    if (!g->base.empty() && !find_in(c, g->base))
+  const auto index = name_index(c);
+  for (const GpuSpec* g : c.order) {
+    const std::string base = normalise(g->base);
+    if (!g->base.empty() && (base.empty() || index.find(base) == index.end()))
       throw InputError(file + ": GPU '" + g->name + "' names base '" + excerpt(g->base) + "', which the catalogue lacks");
+  }
 }
 
 Catalogue& catalogue() {
@@ -156,6 +181,13 @@ double require_peak(const GpuSpec& g, ComputePrecision p, const std::string& whe
 const char* embedded_gpu_catalogue_json() { return generated::kGpusJson; }
 
 void load_gpu_spec_file(const std::string& path) { add_entries(catalogue(), read_json_file(path), path); }
+
+std::size_t check_gpu_spec_file(const std::string& path) {
+  Catalogue c;
+  add_entries(c, ordered_json::parse(generated::kGpusJson), "sim/data/gpus.json (embedded)");
+  add_entries(c, read_json_file(path), path);
+  return c.order.size();
+}
 
 const GpuSpec* match_device_description(const std::string& description) {
   const std::string d = normalise(description);

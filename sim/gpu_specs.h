@@ -64,6 +64,11 @@ const char* embedded_gpu_catalogue_json();
 // Adds or overrides entries from a JSON file ({"gpus": [...]} or one entry; the
 // form of sim/data/gpus.json). Throws InputError naming the file and key.
 void load_gpu_spec_file(const std::string& path);
+
+// Reads `path` as load_gpu_spec_file does, into a fresh copy of the embedded catalogue, leaving the
+// shared catalogue unchanged; returns the number of entries. Throws InputError as load_gpu_spec_file.
+// For tests and fuzzing.
+std::size_t check_gpu_spec_file(const std::string& path);
 // The entry whose name or alias occurs in a device description such as
 // "NVIDIA H100 80GB HBM3" or "AMD Instinct MI210" (the longest match), nullptr if none.
 const GpuSpec* match_device_description(const std::string& description);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "sim/file_access.h"
 #include "sim/input_error.h"
 
 namespace hetplan {
@@ -294,21 +295,7 @@ bool parse_json_fast(const std::string& text, ordered_json* out) {
 }
 
 ordered_json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open file");
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxJsonFileBytes)
-    throw InputError(path + ": file is " + std::to_string(size >> 20) + " MiB; hetplan reads JSON inputs of at most " +
-                     std::to_string(kMaxJsonFileBytes >> 20) + " MiB");
-  std::string text;
-  char buf[1 << 16];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    text.append(buf, static_cast<std::size_t>(in.gcount()));
-    if (text.size() > kMaxJsonFileBytes)
-      throw InputError(path + ": file is over " + std::to_string(kMaxJsonFileBytes >> 20) +
-                       " MiB; hetplan reads JSON inputs of at most that size");
-  }
+  const std::string text = read_regular_file(path, kMaxJsonFileBytes, "JSON file");
   ordered_json result;
   if (parse_json_fast(text, &result)) {
 #if defined(HETPLAN_CHECK_FAST_JSON)
@@ -438,11 +425,23 @@ void write_json_file(const std::string& path, const ordered_json& j) {
   if (!out) throw InputError(path + ": write failed");
 }
 
+void write_json_file_in(const std::string& dir, const std::string& name, const ordered_json& j) {
+  write_file_in(dir, name, dump_python_style(j));
+}
+
 std::string format_number(double v) {
   char buf[64];
   if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 1e15) std::snprintf(buf, sizeof buf, "%.0f", v);
   else std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
+}
+
+std::string number_as_given(double v) {
+  std::string text = format_number(v);
+  if (!std::isfinite(v) || std::strtod(text.c_str(), nullptr) == v) return text;
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
 }
 
 std::string describe(const NumberRule& r) {
@@ -468,7 +467,7 @@ bool satisfies(double v, const NumberRule& r) {
 }  // namespace
 
 double check_number(double v, const NumberRule& r, const std::string& where) {
-  if (!satisfies(v, r)) throw InputError(where + ": expected " + describe(r) + ", got " + format_number(v));
+  if (!satisfies(v, r)) throw InputError(where + ": expected " + describe(r) + ", got " + number_as_given(v));
   return v;
 }
 

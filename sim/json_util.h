@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "sim/limits.h"
+
 namespace hetplan {
 
 using ordered_json = nlohmann::ordered_json;
 
-// The largest JSON file hetplan reads (profiles, plans, clusterfiles and
-// configs are kilobytes; a 30,000-layer profile is 181 KB).
-inline constexpr std::size_t kMaxJsonFileBytes = 16u << 20;
+// The largest JSON file hetplan reads: kMaxJsonFileBytes (sim/limits.h).
 
 // Parses `path` as JSON. Throws InputError naming the file and the line and
 // column of a syntax error, or the line, column and key path of a number too
@@ -59,6 +59,10 @@ constexpr NumberRule int_in(double lo, double hi) { return {lo, hi, false, true}
 std::string describe(const NumberRule& rule);
 // A number for a message: integers without a fraction, others in %.6g.
 std::string format_number(double v);
+
+// format_number's text where it reads back as `v`, else the shortest text that does (5.0000001, not 5):
+// how a value the user gave is quoted in a message.
+std::string number_as_given(double v);
 // Returns v if it satisfies `rule`; else throws InputError
 // "<where>: expected <describe(rule)>, got <v>". `where` names the source,
 // e.g. "plan.json: key 'gbs'" or "--gbs".
@@ -73,6 +77,11 @@ std::string key_where(const std::string& file, const std::string& path);
 // layout, and floats in repr() form (shortest round-trip digits, ties to the
 // closer decimal), so generated files compare byte for byte with Python's.
 void write_json_file(const std::string& path, const ordered_json& j);
+
+// write_json_file's text as the file `name` of the output folder `dir`, written as write_file_in does
+// (sim/file_access.h): never through a symlink, never outside `dir`.
+void write_json_file_in(const std::string& dir, const std::string& name, const ordered_json& j);
+
 std::string dump_python_style(const ordered_json& j, int indent = 2);
 
 // Python's repr() of a float.

@@ -6,20 +6,11 @@
 
 #include <string>
 
+#include "sim/limits.h"
+
 namespace hetplan {
 
-// The largest model shapes hetplan accepts from a file or flag (readers
-// refuse larger values with the key and the limit). They keep every
-// parameter and FLOP count inside 64-bit integers and doubles: the largest
-// real models are far below (Llama-3.1-405B: 126 blocks, hidden 16384,
-// vocab 128256, 128 heads).
-inline constexpr int kMaxModelLayers = 4096;           // Metis layers: blocks + embedding + head
-inline constexpr long long kMaxHiddenSize = 1 << 20;
-inline constexpr long long kMaxFfnSize = 1 << 22;
-inline constexpr long long kMaxVocabSize = 1 << 24;
-inline constexpr long long kMaxSequenceLength = 1 << 24;  // also max positions
-inline constexpr int kMaxAttentionHeads = 1 << 16;
-inline constexpr int kMaxGlobalBatch = 1 << 24;           // sequences per iteration
+// The largest model shapes hetplan accepts (kMaxModelLayers and the rest) are in sim/limits.h.
 
 struct ModelConfig {
   std::string name = "GPT";

@@ -130,7 +130,11 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const Strategy st = s.st;
   const int begin = s.begin, size = s.size, start = s.layer_begin, end = s.layer_end;
   const int dp = st.dp, tp = st.tp;
-  if (dp > kMaxReplicas) throw std::length_error("PlanCostModel: more than 4096 data-parallel replicas");
+  if (dp > kMaxReplicas) {  // sim/limits.h: plan files beyond it are refused; the search skips such stages
+    if (why) *why = "dp " + std::to_string(dp) + " is more than the " + std::to_string(kMaxReplicas) +
+                    " data-parallel replicas a stage may have";
+    return false;
+  }
 
   // Each replica's type (its first rank's) and share of the micro-batch.
   int rtype[kMaxReplicas], share[kMaxReplicas];

@@ -2,6 +2,7 @@
 
 #include "sim/checked.h"
 #include "sim/cluster.h"
+#include "sim/file_access.h"
 #include "sim/input_error.h"
 #include "sim/memory_model.h"
 #include "sim/timeline.h"
@@ -142,6 +143,12 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
                        std::to_string(x.tp) + "] does not use the " + std::to_string(p.device_groups[s]) +
                        " GPUs of its device group (expected dp * tp = group size)");
   }
+  for (std::size_t s = 0; s < p.strategies.size(); ++s)
+    if (p.strategies[s].dp > kMaxReplicas)
+      throw InputError(file + ": key 'strategies[" + std::to_string(s) + "][0]' = " +
+                       std::to_string(p.strategies[s].dp) + ": more data-parallel replicas than the " +
+                       std::to_string(kMaxReplicas) + " a stage may have (expected dp <= " +
+                       std::to_string(kMaxReplicas) + ")");
   // Every layer in exactly one stage, every stage at least one layer.
   bool covers = p.layer_partition.front() == 0 && p.layer_partition.back() == f.model.num_layers;
   for (std::size_t s = 0; s < stages; ++s) covers = covers && p.layer_partition[s + 1] > p.layer_partition[s];
@@ -175,6 +182,26 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
   return f;
 }
 
-PlanFile read_plan_file(const std::string& path) { return plan_file_from_json(read_json_file(path), path); }
+namespace {
+
+// A relative `name` from the plan file at `plan_path`: the path next to the plan when something is there
+// (an exported folder works from any working directory), else `name` as written (the working directory).
+std::string next_to_plan(const std::string& plan_path, const std::string& name) {
+  if (name.empty() || name[0] == '/') return name;
+  const std::size_t slash = plan_path.rfind('/');
+  if (slash == std::string::npos) return name;
+  const std::string beside = plan_path.substr(0, slash + 1) + name;
+  return file_kind(beside) == "missing" ? name : beside;
+}
+
+}  // namespace
+
+PlanFile read_plan_file(const std::string& path) {
+  PlanFile f = plan_file_from_json(read_json_file(path), path);
+  f.hostfile = next_to_plan(path, f.hostfile);
+  f.clusterfile = next_to_plan(path, f.clusterfile);
+  f.profile_dir = next_to_plan(path, f.profile_dir);
+  return f;
+}
 
 }  // namespace hetplan

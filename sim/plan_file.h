@@ -34,7 +34,9 @@ ordered_json plan_file_to_json(const PlanFile& f);
 
 // Reads a plan entry, or a whole search result (then its "best"). Checks that
 // the plan is consistent (stage counts, layer partition, dp * tp = group
-// size). Throws InputError naming the file and key.
+// size). Throws InputError naming the file and key. A relative hostfile,
+// clusterfile or profile_dir is taken next to the plan file where that path
+// exists, else as written (relative to the working directory).
 PlanFile read_plan_file(const std::string& path);
 PlanFile plan_file_from_json(const ordered_json& j, const std::string& file);
 

@@ -8,6 +8,7 @@
 #include <thread>
 #include <tuple>
 
+#include "sim/file_access.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 #include "sim/network.h"
@@ -283,11 +284,9 @@ bool parse_profile_name(const std::string& name, ProfileName& out) {
 }
 
 ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads, const Spread& spread) {
-  if (!fs::is_directory(dir)) throw InputError(dir + ": profile folder does not exist");
-  std::vector<std::string> names;
-  for (const auto& f : fs::directory_iterator(dir)) {
-    if (f.is_regular_file()) names.push_back(f.path().filename().string());
-  }
+  // Every entry named like a profile is read: one that is a directory, a FIFO or a symlink loop is
+  // refused by its reader (sim/file_access.h), not taken for a missing profile.
+  std::vector<std::string> names = list_directory(dir, "profile folder");
   std::sort(names.begin(), names.end());
 
   // The profiles in name order, up to the first name that repeats another's (device, tp, bs): its

@@ -25,15 +25,12 @@
 #include <vector>
 
 #include "sim/memory_model.h"
+#include "sim/limits.h"
 #include "sim/model_config.h"
 
 namespace hetplan {
 
-inline constexpr int kMaxProfileLayers = kMaxModelLayers;
-inline constexpr int kMaxProfileTp = 1024;
-inline constexpr int kMaxProfileBs = 65536;
-inline constexpr double kMaxProfileMs = 1e9;  // 11.6 days for one layer
-inline constexpr double kMaxProfileMb = 1e9;  // 1 PB
+// kMaxProfileLayers, kMaxProfileTp, kMaxProfileBs, kMaxProfileMs, kMaxProfileMb: sim/limits.h.
 
 // Left-to-right sums of a list, for every slice [s, e). Lists of up to
 // kTabulatedLayers values keep every slice's sum in a table (n^2 / 2

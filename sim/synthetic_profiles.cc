@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 
+#include "sim/file_access.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 #include "sim/profile.h"
@@ -88,12 +89,12 @@ std::vector<std::string> generate_synthetic_profiles(const std::string& samples_
   if (max_bs < 1 || max_bs > kMaxProfileBs)
     throw InputError("gen-profiles: MAX_BS must be from 1 to " + std::to_string(kMaxProfileBs) + ", got " +
                      std::to_string(max_bs));
-  if (!fs::is_directory(samples_dir)) throw InputError(samples_dir + ": samples folder does not exist");
+  require_directory(samples_dir, "samples folder");
 
   ProfileFiles files;
   // 1. The A100 samples, with the two derived fields.
   std::vector<std::string> names;
-  for (const auto& f : fs::directory_iterator(samples_dir)) names.push_back(f.path().filename().string());
+  for (const auto& name : list_directory(samples_dir, "samples folder")) names.push_back(name);
   std::sort(names.begin(), names.end());
   for (const auto& name : names) {
     ProfileName parts;
@@ -187,10 +188,10 @@ std::vector<std::string> generate_synthetic_profiles(const std::string& samples_
   }
   for (auto& [name, j] : v100) files.put(name, std::move(j));
 
-  fs::create_directories(out_dir);
+  make_output_folder(out_dir);
   std::vector<std::string> written;
   for (const auto& [name, j] : files.all()) {
-    write_json_file((fs::path(out_dir) / name).string(), j);
+    write_json_file_in(out_dir, name, j);
     written.push_back(name);
   }
   return written;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "sim/checked.h"
+#include "sim/file_access.h"
 #include "sim/input_error.h"
 #include "sim/plan_file.h"
 
@@ -183,7 +184,7 @@ ComputePrecision compute_precision(Precision p) {
 WhatifCalibration read_whatif_calibration(const std::string& dir) {
   WhatifCalibration c;
   const fs::path path = fs::path(dir) / "whatif_calibration.json";
-  if (dir.empty() || !fs::exists(path)) return c;
+  if (dir.empty() || file_kind(path.string()) == "missing") return c;
   c.path = path.string();
   const ordered_json j = read_json_file(c.path);
   auto num = [&](const ordered_json& o, const char* key, const std::string& where, double* out, NumberRule rule) {
@@ -445,32 +446,32 @@ void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::s
   const std::string why = whatif_unsupported(in, row);
   if (!why.empty()) throw InputError("--export: row '" + row.name + "' is not offered: " + why);
   const WhatifSimulation w = whatif_simulation(in, row);
-  const fs::path out(dir), profiles = out / "profiles";
-  fs::create_directories(profiles);
+  make_output_folder(dir);
+  const std::string profiles = make_subfolder(dir, "profiles");
   for (std::size_t i = 0; i < w.profile_files.size(); ++i)
-    write_json_file((profiles / w.profile_names[i]).string(), w.profile_files[i]);
-  {
-    std::ofstream hf(out / "hostfile");
-    for (const auto& n : w.cluster.nodes()) hf << n.ip << " slots=" << n.num_devices << "\n";
-  }
+    write_json_file_in(profiles, safe_file_name(w.profile_names[i]), w.profile_files[i]);
+  std::string hostfile;
+  for (const auto& n : w.cluster.nodes()) hostfile += n.ip + " slots=" + std::to_string(n.num_devices) + "\n";
+  write_file_in(dir, "hostfile", hostfile);
   ordered_json cf;
   for (const auto& e : w.cluster.clusterfile())
     cf[e.ip] = {{"instance_type", e.instance_type},
                 {"inter_bandwidth", e.inter_bandwidth},
                 {"intra_bandwidth", e.intra_bandwidth},
                 {"memory", e.memory_gb}};
-  write_json_file((out / "clusterfile.json").string(), cf);
+  write_json_file_in(dir, "clusterfile.json", cf);
   PlanFile pf;
   pf.plan = w.plan;
   pf.model = in.shape.to_model_config(in.seq);
   pf.gbs = w.gbs;
-  pf.hostfile = (out / "hostfile").string();
-  pf.clusterfile = (out / "clusterfile.json").string();
-  pf.profile_dir = profiles.string();
+  // Names relative to the plan's folder: read_plan_file finds them from any working directory.
+  pf.hostfile = "hostfile";
+  pf.clusterfile = "clusterfile.json";
+  pf.profile_dir = "profiles";
   pf.zero_stage = row.setup.zero_stage;
   pf.recompute = to_string(row.setup.recompute);
   pf.schedule = "1f1b";
-  write_json_file((out / "plan.json").string(), plan_file_to_json(pf));
+  write_json_file_in(dir, "plan.json", plan_file_to_json(pf));
 }
 
 }  // namespace hetplan

@@ -169,7 +169,7 @@ TEST_CASE("deep nesting and oversized JSON files are refused before they cost me
   write(s.dir / "deep.json", std::string(1000000, '['));
   expect_error(simulate(s.dir / "deep.json"), {"deep.json: JSON nested deeper than 256 levels at key '[0][0]", "..."});
   write(s.dir / "big.json", "[" + std::string(17 << 20, ' ') + "]");
-  expect_error(simulate(s.dir / "big.json"), {"big.json: file is 17 MiB; hetplan reads JSON inputs of at most 16 MiB"});
+  expect_error(simulate(s.dir / "big.json"), {"big.json: file is 17825794 bytes; hetplan reads a JSON file of at most 16777216 bytes (16 MiB)"});
   write(s.dir / "syntax.json", "{\"gbs\": 32,\n \"model\": [1, }");
   expect_error(simulate(s.dir / "syntax.json"), {"syntax.json: not valid JSON at line 2, column", "key 'model[1]'"});
 }
@@ -452,8 +452,8 @@ TEST_CASE("CLI flags: one line, exit 2", "[validation]") {
   expect_error(test::run_hetplan(base + "--gbs 32 --attention_head_size 0"), {"--attention_head_size", "got 0"});
   expect_error(test::run_hetplan(base + "--gbs 0"), {"--gbs: expected an integer from 1"});
   expect_error(test::run_hetplan("whatif --heads 0"), {"--heads: expected an integer from 1 to 65536, got 0"});
-  expect_error(test::run_hetplan("whatif --micro-batch 1000000 --gpus 1000000"),
-               {"--micro-batch x GPUs: 1000000 x 1000000", "more than 16777216"});
+  expect_error(test::run_hetplan("whatif --micro-batch 1000000 --gpus 4096"),
+               {"--micro-batch x GPUs: 1000000 x 4096", "more than 16777216"});
   expect_error(test::run_hetplan("whatif --hidden-size 9000000000000000000"), {"--hidden-size"});
   expect_error(test::run_hetplan("whatif --seq 1e12"), {"--seq"});
   expect_error(test::run_hetplan("whatif --inter-gbs 1e-300"), {"--inter-gbs = 1e-300: expected GB/s"});
