@@ -12,11 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <memory>
 #include <string>
 
 #include "cli/app_runner.h"
-#include "cli/heap.h"
 
 namespace {
 
@@ -56,10 +54,6 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "profile") == 0 || std::strcmp(argv[1], "replay") == 0 ||
                    std::strcmp(argv[1], "gpu-probe") == 0))
     return run_torch_command(argc, argv);
-  hetplan::cli::tune_heap();
-  // The default search's workers, started now rather than once its inputs are parsed (cli/heap.h).
-  const std::unique_ptr<hetplan::cli::EarlyWorkers> early_workers = hetplan::cli::start_early_workers(argc, argv);
-
   CLI::App app{
       "hetplan: plan and simulate parallel training on heterogeneous GPU clusters.\n\n"
       "Typical flow:\n"

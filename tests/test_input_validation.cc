@@ -370,25 +370,6 @@ TEST_CASE("profiles read on several threads: the same set, and the first file's 
     CHECK(many.model().parameters_per_layer_bytes == one.model().parameters_per_layer_bytes);
     CHECK(many.model().norm_layer_duration == one.model().norm_layer_duration);
   }
-  // A Spread in place of `threads`: the work on the calling thread only, and on it and three others.
-  for (int others : {0, 3}) {
-    INFO("spread over " << others << " other threads");
-    int calls = 0;
-    const ProfileSet spread = ProfileSet::load(s.profiles.string(), 10, 1, [&](const std::function<void()>& work) {
-      ++calls;
-      std::vector<std::thread> pool;
-      for (int t = 0; t < others; ++t) pool.emplace_back(work);
-      work();
-      for (auto& t : pool) t.join();
-    });
-    CHECK(calls == 1);
-    REQUIRE(spread.entries().size() == one.entries().size());
-    for (std::size_t i = 0; i < one.entries().size(); ++i) {
-      CHECK(spread.entries()[i].path == one.entries()[i].path);
-      CHECK(spread.entries()[i].layer_ms == one.entries()[i].layer_ms);
-    }
-    CHECK(spread.model().parameters_per_layer_bytes == one.model().parameters_per_layer_bytes);
-  }
   // Three faults: a bad number in the A100 tp1 bs2 file, a repeated (device, tp, bs) further on in name
   // order, and a bad number in a V100 file after that. The first in name order is reported, whatever the threads.
   const fs::path d = profiles_with("three-faults", [](json& j) { j["execution_time"]["layer_compute_total_ms"][1] = 0; },
