@@ -12,11 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <memory>
 #include <string>
 
 #include "cli/app_runner.h"
-#include "cli/heap.h"
 
 namespace {
 
@@ -32,21 +30,21 @@ int run_torch_command([[maybe_unused]] int argc, char** argv) {
   void* lib = dlopen((dir + "/" HETPLAN_TORCH_PLUGIN).c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!lib) lib = dlopen(HETPLAN_TORCH_PLUGIN, RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
-    std::cerr << "hetplan: error: cannot load " << HETPLAN_TORCH_PLUGIN << " (needed by '" << argv[1]
+    std::cerr << "hetplan: environment error: cannot load " << HETPLAN_TORCH_PLUGIN << " (needed by '" << argv[1]
               << "'): " << dlerror() << "\n";
-    return 2;
+    return hetplan::cli::kExitEnvironmentError;
   }
   using Main = int (*)(int, char**);
   auto entry = reinterpret_cast<Main>(dlsym(lib, "hetplan_torch_main"));
   if (!entry) {
-    std::cerr << "hetplan: error: " << HETPLAN_TORCH_PLUGIN << " has no hetplan_torch_main\n";
-    return 2;
+    std::cerr << "hetplan: environment error: " << HETPLAN_TORCH_PLUGIN << " has no hetplan_torch_main\n";
+    return hetplan::cli::kExitEnvironmentError;
   }
   return entry(argc, argv);
 #else
-  std::cerr << "hetplan: error: '" << argv[1] << "' needs LibTorch, and this hetplan was built without it "
-            << "(install libtorch-dev and rebuild)\n";
-  return 2;
+  std::cerr << "hetplan: environment error: '" << argv[1] << "' needs LibTorch, and this hetplan was built without "
+            << "it (install libtorch-dev and rebuild)\n";
+  return hetplan::cli::kExitEnvironmentError;
 #endif
 }
 
@@ -56,10 +54,6 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "profile") == 0 || std::strcmp(argv[1], "replay") == 0 ||
                    std::strcmp(argv[1], "gpu-probe") == 0))
     return run_torch_command(argc, argv);
-  hetplan::cli::tune_heap();
-  // The default search's workers, started now rather than once its inputs are parsed (cli/heap.h).
-  const std::unique_ptr<hetplan::cli::EarlyWorkers> early_workers = hetplan::cli::start_early_workers(argc, argv);
-
   CLI::App app{
       "hetplan: plan and simulate parallel training on heterogeneous GPU clusters.\n\n"
       "Typical flow:\n"
@@ -70,6 +64,7 @@ int main(int argc, char** argv) {
       "  hetplan simulate --plan plan.json      hetplan replay --plan plan.json\n",
       "hetplan"};
   app.require_subcommand(1);
+  app.footer(hetplan::cli::kExitCodesHelp);
   app.set_version_flag("--version", "hetplan 0.1.0");
   hetplan::cli::AppRunner runner(app);
   // Where argv[1] names a subcommand, only that one is built: all of them, with their dozens of options

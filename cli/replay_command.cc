@@ -249,18 +249,9 @@ int run_worker(const ReplayArgs& a, profiler::DistEnv env) {
   }
 }
 
-int run_replay(const ReplayArgs& a) {
-  if (a.plan.empty()) throw InputError("--plan: required");
-  if (const auto env = profiler::DistEnv::from_env()) return run_worker(a, *env);
-
-  Prepared p = prepare(a, 0);
+// How the plan's ranks map onto this machine's devices, for the report's first lines and its JSON.
+std::string device_mapping(const Prepared& p, const std::string& local) {
   const PipelineLayout& layout = *p.layout;
-  const torch::Device device = p.config.device;
-  const int gpus = device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  if (device.is_cuda() && layout.world() > gpus)
-    throw InputError(a.plan + ": the plan needs " + std::to_string(layout.world()) + " GPUs, " + std::to_string(gpus) +
-                     " are visible");
-  const std::string local = profiler::device_description(device);
   std::string types;
   for (const auto& t : p.plan.plan.node_sequence) types += (types.empty() ? "" : ", ") + t;
   std::string mapping = "all " + std::to_string(layout.world()) + " ranks run on local " + local +
@@ -274,11 +265,12 @@ int run_replay(const ReplayArgs& a) {
                  (r + 1 < p.rank_emulation.size() ? "," : "");
     }
   }
-  std::cout << "replay: " << a.plan << ": " << layout.num_stages() << " stage(s), " << layout.batches()
-            << " micro-batches of " << layout.micro_batch() << ", " << a.schedule << ", " << a.dtype << "\n";
-  std::cout << "mapping: " << mapping << "\n";
+  return mapping;
+}
 
-  const std::string dir = work_dir(a);
+// Runs one process per rank with its results in `dir` (made empty first); throws InputError "replay failed"
+// with each rank's reason where any rank fails.
+void run_local_ranks(const ReplayArgs& a, const PipelineLayout& layout, const std::string& dir) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::vector<std::string> args = a.argv;
@@ -287,37 +279,77 @@ int run_replay(const ReplayArgs& a) {
   const auto r = profiler::launch_local_ranks(args, layout.world(), profiler::free_local_port(),
                                               std::chrono::seconds(std::min(15, a.timeout_s)),
                                               std::chrono::seconds(a.timeout_s * 2));
-  if (!r.ok()) {
-    std::string detail;
-    for (int rank = 0; rank < layout.world(); ++rank) {
-      std::ifstream err((fs::path(dir) / ("rank" + std::to_string(rank) + ".error")).string());
-      std::string line;
-      if (std::getline(err, line)) detail += " rank " + std::to_string(rank) + ": " + line + ";";
-    }
-    std::string codes;
-    for (int c : r.exit_codes) codes += (codes.empty() ? "" : ",") + std::to_string(c);
-    throw InputError("replay failed (exit codes " + codes + "):" + (detail.empty() ? " no rank reported why" : detail));
+  if (r.ok()) return;
+  std::string detail;
+  for (int rank = 0; rank < layout.world(); ++rank) {
+    std::ifstream err((fs::path(dir) / ("rank" + std::to_string(rank) + ".error")).string());
+    std::string line;
+    if (std::getline(err, line)) detail += " rank " + std::to_string(rank) + ": " + line + ";";
   }
+  std::string codes;
+  for (int c : r.exit_codes) codes += (codes.empty() ? "" : ",") + std::to_string(c);
+  throw InputError("replay failed (exit codes " + codes + "):" + (detail.empty() ? " no rank reported why" : detail));
+}
 
-  std::vector<RankReport> reports;
-  for (int rank = 0; rank < layout.world(); ++rank)
-    reports.push_back(rank_report_from_json(read_json_file((fs::path(dir) / ("rank" + std::to_string(rank) + ".json")).string())));
-  const std::vector<double>& iters = reports[0].iteration_ms;
-  const double med = profiler::median(iters);
-  const double spread = profiler::spread(iters);
-  std::vector<double> losses(iters.size(), 0.0);
-  for (const auto& rep : reports)
-    for (std::size_t k = 0; k < rep.losses.size() && k < losses.size(); ++k) losses[k] += rep.losses[k];
+// What the ranks measured, and the figures derived from it.
+struct ReplayMeasurement {
+  std::vector<RankReport> reports;  // by rank
+  std::vector<double> losses;       // per measured iteration, summed over the ranks
+  double median_ms = 0, spread = 0, tokens = 0, flops = 0;
+  double mfu = -1;        // -1: the device is not in the GPU catalogue
+  double predicted = 0;   // the plan's cost
+};
 
-  const auto& m = p.config.model;
-  const double tokens = static_cast<double>(p.plan.gbs) * m.seq_len;
+ReplayMeasurement read_measurement(const Prepared& p, const std::string& dir, const std::string& local) {
+  const PipelineLayout& layout = *p.layout;
+  ReplayMeasurement m;
+  for (int rank = 0; rank < layout.world(); ++rank) {
+    const fs::path report = fs::path(dir) / ("rank" + std::to_string(rank) + ".json");
+    m.reports.push_back(rank_report_from_json(read_json_file(report.string())));
+  }
+  const std::vector<double>& iters = m.reports[0].iteration_ms;
+  m.median_ms = profiler::median(iters);
+  m.spread = profiler::spread(iters);
+  m.losses.assign(iters.size(), 0.0);
+  for (const auto& rep : m.reports)
+    for (std::size_t k = 0; k < rep.losses.size() && k < m.losses.size(); ++k) m.losses[k] += rep.losses[k];
+
+  const auto& model = p.config.model;
+  m.tokens = static_cast<double>(p.plan.gbs) * model.seq_len;
   // Model FLOPs as the simulator counts them (one definition: ModelShape).
-  const double flops = m.shape.training_flops(tokens, m.seq_len);
+  m.flops = model.shape.training_flops(m.tokens, model.seq_len);
   const GpuSpec* spec = nullptr;
-  if (device.is_cuda()) spec = match_device_description(local);  // the catalogue (sim/gpu_specs.h)
-  const double mfu = spec ? flops / (med * 1e-3) / (layout.world() * spec->peak_tflops * 1e12) : -1;
-  const double predicted = p.plan.plan.cost;
+  if (p.config.device.is_cuda()) spec = match_device_description(local);  // the catalogue (sim/gpu_specs.h)
+  m.mfu = spec ? m.flops / (m.median_ms * 1e-3) / (layout.world() * spec->peak_tflops * 1e12) : -1;
+  m.predicted = p.plan.plan.cost;
+  return m;
+}
 
+// One rank's entry in the report's "ranks".
+ordered_json rank_json(const RankReport& rep, const Prepared& p, const std::string& dir) {
+  auto mb = [](const std::optional<double>& v) { return v ? ordered_json(*v) : ordered_json(nullptr); };
+  ordered_json rank = {{"rank", rep.rank},
+                       {"stage", rep.stage},
+                       {"replica", rep.replica},
+                       {"tp_index", rep.tp_index},
+                       {"peak_memory_mb", rep.peak_memory_mb},
+                       {"peak_forward_backward_mb", rep.peak_forward_backward_mb},
+                       {"peak_optimizer_mb", rep.peak_optimizer_mb},
+                       {"peak_allocated_mb", mb(rep.peak_allocated_mb)},
+                       {"peak_reserved_mb", mb(rep.peak_reserved_mb)},
+                       {"device_used_mb", mb(rep.device_used_mb)},
+                       {"memory_note", rep.memory_note.empty() ? ordered_json(nullptr) : ordered_json(rep.memory_note)}};
+  if (static_cast<std::size_t>(rep.rank) < p.rank_type_names.size()) rank["device_type"] = p.rank_type_names[rep.rank];
+  const fs::path partition = fs::path(dir) / ("rank" + std::to_string(rep.rank) + ".partition.json");
+  if (fs::exists(partition)) rank["sm_partition"] = read_json_file(partition.string());
+  return rank;
+}
+
+// The report `--out` holds.
+ordered_json replay_json(const ReplayArgs& a, const Prepared& p, const ReplayMeasurement& m, const std::string& local,
+                         const std::string& mapping, const std::string& dir) {
+  const auto& model = p.config.model;
+  const std::vector<double>& iters = m.reports[0].iteration_ms;
   ordered_json out;
   out["plan"] = plan_file_to_json(p.plan);
   out["device"] = local;
@@ -328,51 +360,36 @@ int run_replay(const ReplayArgs& a) {
   // 1: fp32 masters and Adam state sharded over each stage's dp group; 2: and
   // the fp32 gradients (reduce-scattered); 3: and the 16-bit weights (gathered per layer).
   out["zero_stage_executed"] = p.config.zero_stage;
-  out["model"] = {{"name", m.shape.name},
-                  {"family", m.shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2"},
-                  {"parameters", m.shape.parameter_count()},
-                  {"tied_embeddings", m.shape.tied_embeddings},
-                  {"flops_per_iteration", flops}};
+  out["model"] = {{"name", model.shape.name},
+                  {"family", model.shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2"},
+                  {"parameters", model.shape.parameter_count()},
+                  {"tied_embeddings", model.shape.tied_embeddings},
+                  {"flops_per_iteration", m.flops}};
   out["optimizer"] = {{"name", "Adam"},
                       {"master_weights", "fp32"},
                       {"main_grads", "fp32"},
                       {"zero_stage", p.config.zero_stage}};
   out["warmup"] = a.warmup;
   out["iters"] = a.iters;
-  out["iteration_ms"] = {{"median", med},
+  out["iteration_ms"] = {{"median", m.median_ms},
                          {"min", *std::min_element(iters.begin(), iters.end())},
                          {"max", *std::max_element(iters.begin(), iters.end())},
-                         {"spread", spread},
+                         {"spread", m.spread},
                          {"all", iters}};
-  out["tokens_per_s"] = tokens / (med * 1e-3);
-  out["mfu"] = mfu >= 0 ? ordered_json(mfu) : ordered_json(nullptr);
-  out["predicted_ms"] = predicted;
-  out["prediction_error"] = predicted > 0 ? ordered_json((med - predicted) / med) : ordered_json(nullptr);
-  out["losses"] = losses;
+  out["tokens_per_s"] = m.tokens / (m.median_ms * 1e-3);
+  out["mfu"] = m.mfu >= 0 ? ordered_json(m.mfu) : ordered_json(nullptr);
+  out["predicted_ms"] = m.predicted;
+  out["prediction_error"] =
+      m.predicted > 0 ? ordered_json((m.median_ms - m.predicted) / m.median_ms) : ordered_json(nullptr);
+  out["losses"] = m.losses;
   ordered_json ranks = ordered_json::array();
-  auto mb = [](const std::optional<double>& v) { return v ? ordered_json(*v) : ordered_json(nullptr); };
-  for (const auto& rep : reports) {
-    ranks.push_back({{"rank", rep.rank},
-                     {"stage", rep.stage},
-                     {"replica", rep.replica},
-                     {"tp_index", rep.tp_index},
-                     {"peak_memory_mb", rep.peak_memory_mb},
-                     {"peak_forward_backward_mb", rep.peak_forward_backward_mb},
-                     {"peak_optimizer_mb", rep.peak_optimizer_mb},
-                     {"peak_allocated_mb", mb(rep.peak_allocated_mb)},
-                     {"peak_reserved_mb", mb(rep.peak_reserved_mb)},
-                     {"device_used_mb", mb(rep.device_used_mb)},
-                     {"memory_note", rep.memory_note.empty() ? ordered_json(nullptr) : ordered_json(rep.memory_note)}});
-    if (static_cast<std::size_t>(rep.rank) < p.rank_type_names.size())
-      ranks.back()["device_type"] = p.rank_type_names[rep.rank];
-    const fs::path partition = fs::path(dir) / ("rank" + std::to_string(rep.rank) + ".partition.json");
-    if (fs::exists(partition)) ranks.back()["sm_partition"] = read_json_file(partition.string());
-  }
+  for (const auto& rep : m.reports) ranks.push_back(rank_json(rep, p, dir));
   out["ranks"] = ranks;
-  write_json_file(a.out, out);
+  return out;
+}
 
-  // Chrome trace (Perfetto): one process per rank, spans of the last iteration.
-  const std::string trace_path = a.trace.empty() ? (fs::path(a.out).replace_extension(".trace.json")).string() : a.trace;
+// Chrome trace (Perfetto): one process per rank, spans of the last iteration.
+void write_replay_trace(const std::string& trace_path, const std::vector<RankReport>& reports) {
   ordered_json events = ordered_json::array();
   for (const auto& rep : reports) {
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rep.rank},
@@ -384,22 +401,51 @@ int run_replay(const ReplayArgs& a) {
                         {"dur", (sp.end_ms - sp.start_ms) * 1000}, {"args", {{"micro_batch", sp.micro_batch}}}});
   }
   write_json_file(trace_path, {{"traceEvents", events}, {"displayTimeUnit", "ms"}});
+}
 
+void print_replay_summary(const ReplayMeasurement& m) {
+  const double med = m.median_ms, predicted = m.predicted;
   std::cout << std::fixed << std::setprecision(3);
-  std::cout << "iteration_ms: median " << med << " (spread " << std::setprecision(1) << 100 * spread << "% over "
-            << iters.size() << ")\n"
-            << std::setprecision(1) << "tokens_per_s: " << tokens / (med * 1e-3) << "\n";
-  if (mfu >= 0) std::cout << std::setprecision(3) << "mfu: " << mfu << "\n";
+  std::cout << "iteration_ms: median " << med << " (spread " << std::setprecision(1) << 100 * m.spread << "% over "
+            << m.reports[0].iteration_ms.size() << ")\n"
+            << std::setprecision(1) << "tokens_per_s: " << m.tokens / (med * 1e-3) << "\n";
+  if (m.mfu >= 0) std::cout << std::setprecision(3) << "mfu: " << m.mfu << "\n";
   if (predicted > 0)
     std::cout << std::setprecision(3) << "predicted_ms (the plan's cost, by the search's cost model): " << predicted << ", error (measured - predicted) / "
               << "measured: " << std::setprecision(1) << 100 * (med - predicted) / med << "%\n";
-  for (const auto& rep : reports) {
+  for (const auto& rep : m.reports) {
     std::cout << std::setprecision(1) << "rank " << rep.rank << " stage " << rep.stage << ": peak allocated "
               << rep.peak_memory_mb << " MB";
     if (rep.peak_reserved_mb) std::cout << ", reserved " << *rep.peak_reserved_mb << " MB";
     if (rep.device_used_mb) std::cout << ", device in use " << *rep.device_used_mb << " MB";
     std::cout << "\n";
   }
+}
+
+int run_replay(const ReplayArgs& a) {
+  if (a.plan.empty()) throw InputError("--plan: required");
+  if (const auto env = profiler::DistEnv::from_env()) return run_worker(a, *env);
+
+  Prepared p = prepare(a, 0);
+  const PipelineLayout& layout = *p.layout;
+  const torch::Device device = p.config.device;
+  const int gpus = device.is_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  if (device.is_cuda() && layout.world() > gpus)
+    throw InputError(a.plan + ": the plan needs " + std::to_string(layout.world()) + " GPUs, " + std::to_string(gpus) +
+                     " are visible");
+  const std::string local = profiler::device_description(device);
+  const std::string mapping = device_mapping(p, local);
+  std::cout << "replay: " << a.plan << ": " << layout.num_stages() << " stage(s), " << layout.batches()
+            << " micro-batches of " << layout.micro_batch() << ", " << a.schedule << ", " << a.dtype << "\n";
+  std::cout << "mapping: " << mapping << "\n";
+
+  const std::string dir = work_dir(a);
+  run_local_ranks(a, layout, dir);
+  const ReplayMeasurement m = read_measurement(p, dir, local);
+  write_json_file(a.out, replay_json(a, p, m, local, mapping, dir));
+  const std::string trace_path = a.trace.empty() ? (fs::path(a.out).replace_extension(".trace.json")).string() : a.trace;
+  write_replay_trace(trace_path, m.reports);
+  print_replay_summary(m);
   std::cout << "wrote " << a.out << " and " << trace_path << "\n";
   return 0;
 }

@@ -9,8 +9,6 @@
 
 #include "cli/commands.h"
 #include "cli/flag_validators.h"
-#include "cli/heap.h"
-#include <tbb/task_arena.h>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -141,8 +139,6 @@ PlanFile plan_context(const SearchArgs& a) {
 }
 
 int run_metis_search(const SearchArgs& a) {
-  // Workers main() held for a default search (a --cost-model its scan did not read) go to TBB's pool.
-  if (EarlyWorkers* early = take_early_workers()) early->warm_up.release();
   const Cluster cluster = load_cluster(a);
   // The reference's intra-stage search starts each device group at dp = its size.
   if (cluster.num_devices() > kMaxReplicas)
@@ -225,21 +221,8 @@ int run_metis_search(const SearchArgs& a) {
 // The default: the simulator's iteration time over plans that fit every rank's
 // memory, keep tp inside nodes and train every layer and sample (planner/plan_search.h).
 int run_default_search(const SearchArgs& a) {
-  // The search's workers prepare their heaps (on_worker_start's work) while this thread reads the inputs,
-  // and read profile files with it. main() started them (cli/heap.h: EarlyWorkers), unless --threads was
-  // given in a form its scan of the command line did not read.
-  EarlyWorkers* early = take_early_workers();
-  if (early && early->threads != a.threads) {
-    early->warm_up.release();
-    early = nullptr;
-  }
-  std::unique_ptr<EarlyWorkers> own;
-  if (!early) early = (own = std::make_unique<EarlyWorkers>(a.threads)).get();
-  tbb::task_arena& arena = early->arena;
-  WorkerHeapWarmUp& warm_up = early->warm_up;
   const Cluster cluster = load_cluster(a);
-  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads,
-                                               [&warm_up](const std::function<void()>& work) { warm_up.share(work); });
+  const ProfileSet profiles = ProfileSet::load(a.profile_dir, a.model.num_layers, a.threads);
   warn_profile_holes(profiles);
 
   SimulationOptions so;
@@ -269,7 +252,6 @@ int run_default_search(const SearchArgs& a) {
   o.setups = search_setups(so.setup, a.zero, a.recompute);
   o.top_k = a.top;
   o.threads = a.threads;
-  o.arena = &arena;
   o.time_budget_s = parse_time_budget(a.time_budget);
   o.cancel = &g_interrupted;
   const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
@@ -287,7 +269,6 @@ int run_default_search(const SearchArgs& a) {
       std::fflush(stderr);
     };
 
-  warm_up.release();  // the workers, kept running until then, go to the search
   const PlanSearch search(cluster, profiles, simulator, o);
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_sigint);

@@ -13,6 +13,7 @@
 
 #include "planner/inter_stage.h"
 #include "planner/intra_stage.h"
+#include "planner/layer_balancer.h"
 #include "planner/periodic.h"
 #include "planner/top_k.h"
 #include "sim/input_error.h"
@@ -47,6 +48,13 @@ struct Worker {
   std::string first_skip_reason;
   long long first_error_plan = -1;
   std::string first_error;
+
+  // Keeps the input problem of inter-stage plan `i` if it comes before the ones kept so far.
+  void note_error(long long i, const char* what) {
+    if (first_error_plan >= 0 && i >= first_error_plan) return;
+    first_error_plan = i;
+    first_error = what;
+  }
 };
 
 }  // namespace
@@ -125,7 +133,15 @@ SearchResult MetisSearch::run() const {
     opt_.progress(done.load(), static_cast<long long>(plans.size()));
   }) : std::function<void()>());
 
+  // Only the inputs' problems (a profile a plan needs is missing) stop the search as the reference stops:
+  // at the first plan in order that has one. Any other exception is a bug, and propagates as it is.
   std::atomic<long long> first_error_plan{-1};
+  auto note_input_error = [&first_error_plan](Worker& w, long long i, const char* what) {
+    w.note_error(i, what);
+    long long cur = first_error_plan.load();
+    while ((cur < 0 || i < cur) && !first_error_plan.compare_exchange_weak(cur, i)) {
+    }
+  };
   auto body = [&](const tbb::blocked_range<std::size_t>& range) {
     Worker& w = workers.local();
     for (std::size_t i = range.begin(); i != range.end(); ++i) {
@@ -166,15 +182,10 @@ SearchResult MetisSearch::run() const {
           r.cost = terms.total;
           w.top.insert(key, std::move(r));
         });
-      } catch (const std::exception& e) {
-        if (w.first_error_plan < 0 || static_cast<long long>(i) < w.first_error_plan) {
-          w.first_error_plan = static_cast<long long>(i);
-          w.first_error = e.what();
-        }
-        long long cur = first_error_plan.load();
-        while ((cur < 0 || static_cast<long long>(i) < cur) &&
-               !first_error_plan.compare_exchange_weak(cur, static_cast<long long>(i))) {
-        }
+      } catch (const InputError& e) {
+        note_input_error(w, static_cast<long long>(i), e.what());
+      } catch (const MissingProfileError& e) {
+        note_input_error(w, static_cast<long long>(i), e.what());
       }
       done.fetch_add(1, std::memory_order_relaxed);
     }

@@ -67,6 +67,8 @@ class MetisSearch {
   // the model matches them. Throws InputError.
   MetisSearch(const Cluster& cluster, const ProfileSet& profiles, SearchOptions options);
 
+  // Throws InputError where a plan needs a profile the set lacks (the first such plan in the reference's
+  // order, where the reference stops); any other exception it meets is a bug and propagates unchanged.
   SearchResult run() const;
 
   const Cluster& cluster() const { return *cluster_; }

@@ -17,6 +17,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include "sim/environment_error.h"
 #include "sim/input_error.h"
 
 namespace hetplan::profiler {
@@ -245,7 +246,7 @@ bool DeviceMeter::set_cpu_memory_limit(int64_t bytes) {
 torch::Device parse_device(const std::string& d, int local_rank) {
   if (d == "cpu") return torch::Device(torch::kCPU);
   if (d == "cuda" || (d == "auto" && torch::cuda::is_available())) {
-    if (!torch::cuda::is_available()) throw InputError("--device cuda: no CUDA device is visible");
+    if (!torch::cuda::is_available()) throw EnvironmentError("--device cuda: no CUDA device is visible");
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
   }
   if (d != "auto") throw InputError("--device: expected auto, cpu or cuda, got '" + d + "'");

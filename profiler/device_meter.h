@@ -53,7 +53,8 @@ class DeviceMeter {
 };
 
 // The device a --device flag (auto, cuda or cpu) names for a rank; auto is
-// CUDA when a GPU is visible. Throws InputError.
+// CUDA when a GPU is visible. Throws InputError for a bad flag, EnvironmentError
+// for cuda where no CUDA device is visible.
 torch::Device parse_device(const std::string& flag, int local_rank);
 // bf16, fp16 or fp32. Throws InputError.
 torch::Dtype parse_dtype(const std::string& flag);

@@ -23,6 +23,8 @@
 #include <thread>
 #include <type_traits>
 
+#include "sim/environment_error.h"
+
 #if defined(HETPLAN_TORCH_CUDA)
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -116,7 +118,7 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c1
 
 #if !defined(HETPLAN_HAVE_GLOO)
 [[noreturn]] void no_gloo() {
-  throw std::runtime_error("tensor parallelism on the CPU needs LibTorch's Gloo headers (Debian: libgloo-dev)");
+  throw EnvironmentError("tensor parallelism on the CPU needs LibTorch's Gloo headers (Debian: libgloo-dev)");
 }
 #endif
 
@@ -278,7 +280,7 @@ std::shared_ptr<CommGroup> make_group(const std::shared_ptr<Rendezvous>& world, 
     return std::make_shared<C10dCollectives<c10d::ProcessGroupNCCL>>(pg);
   }
 #endif
-  if (!device.is_cpu()) throw std::runtime_error("distributed runs on this device need a CUDA build of LibTorch");
+  if (!device.is_cpu()) throw EnvironmentError("distributed runs on this device need a CUDA build of LibTorch");
 #if defined(HETPLAN_HAVE_GLOO)
   return std::make_shared<C10dCollectives<c10d::ProcessGroupGloo>>(make_gloo(store, rank, size, timeout, world->gloo_bind));
 #else

@@ -9,6 +9,7 @@
 
 #include "profiler/device_meter.h"
 #include "profiler/statistics.h"
+#include "sim/environment_error.h"
 #include "sim/input_error.h"
 
 #if defined(HETPLAN_TORCH_CUDA)
@@ -117,7 +118,7 @@ template <typename F>
 void load(void* lib, const char* name, F& fn, bool required) {
   fn = reinterpret_cast<F>(dlsym(lib, name));
   if (!fn && required)
-    throw InputError(std::string("emulated device types: the CUDA driver (libcuda.so.1) has no ") + name +
+    throw EnvironmentError(std::string("emulated device types: the CUDA driver (libcuda.so.1) has no ") + name +
                      "; green contexts need an NVIDIA driver for CUDA 12.5 or newer");
 }
 
@@ -126,7 +127,7 @@ const Api& api() {
     Api x;
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (!lib)
-      throw InputError(std::string("emulated device types: cannot load the CUDA driver libcuda.so.1 (") + dlerror() +
+      throw EnvironmentError(std::string("emulated device types: cannot load the CUDA driver libcuda.so.1 (") + dlerror() +
                        ")");
     load(lib, "cuDriverGetVersion", x.driver_get_version, true);
     load(lib, "cuGetErrorName", x.get_error_name, true);
@@ -134,7 +135,7 @@ const Api& api() {
     load(lib, "cuDeviceGetAttribute", x.device_get_attribute, true);
     if (x.driver_get_version(&x.version) != 0) x.version = 0;
     if (x.version < 12040)
-      throw InputError("emulated device types: the CUDA driver supports CUDA " + std::to_string(x.version / 1000) +
+      throw EnvironmentError("emulated device types: the CUDA driver supports CUDA " + std::to_string(x.version / 1000) +
                        "." + std::to_string(x.version % 1000 / 10) + "; green contexts need 12.4 or newer (12.5 for "
                        "cuGreenCtxStreamCreate)");
     load(lib, "cuDeviceGetDevResource", x.device_get_dev_resource, true);
@@ -152,12 +153,12 @@ const Api& api() {
   return a;
 }
 
-// Throws InputError "<what>: CUDA driver error <name> (<code>)" unless r is CUDA_SUCCESS.
+// Throws EnvironmentError "<what>: CUDA driver error <name> (<code>)" unless r is CUDA_SUCCESS.
 void check(Result r, const std::string& what) {
   if (r == 0) return;
   const char* name = nullptr;
   if (api().get_error_name(r, &name) != 0 || !name) name = "unknown";
-  throw InputError(what + ": CUDA driver error " + name + " (" + std::to_string(r) + ")");
+  throw EnvironmentError(what + ": CUDA driver error " + name + " (" + std::to_string(r) + ")");
 }
 
 }  // namespace drv
@@ -187,7 +188,7 @@ SmPartition::SmPartition(torch::Device device, const std::string& device_type, c
 
   // The primary context first (the driver advises it), as LibTorch uses it.
   c10::cuda::set_device(impl_->index);
-  if (cudaFree(nullptr) != cudaSuccess) throw InputError(who + ": cannot initialise CUDA on device " + std::to_string(info_.device_index));
+  if (cudaFree(nullptr) != cudaSuccess) throw EnvironmentError(who + ": cannot initialise CUDA on device " + std::to_string(info_.device_index));
   drv::Device dev = 0;
   drv::check(a.device_get(&dev, info_.device_index), who + ": cuDeviceGet");
   drv::ResourceSlot whole;

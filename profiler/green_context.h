@@ -79,8 +79,9 @@ class SmPartition {
  public:
   // Restricts this thread's LibTorch kernels on `device` to `emulated.sms`
   // SMs. REQUIRES `device` to be CUDA. Throws InputError when the build has
-  // no CUDA, the device is not CUDA, the driver lacks green contexts (CUDA
-  // 12.4+ driver, cuGreenCtxStreamCreate 12.5+) or refuses the split.
+  // no CUDA, the device is not CUDA or the driver refuses the split;
+  // EnvironmentError when the driver cannot be loaded or started or lacks
+  // green contexts (CUDA 12.4+ driver, cuGreenCtxStreamCreate 12.5+).
   SmPartition(torch::Device device, const std::string& device_type, const EmulatedDevice& emulated);
   ~SmPartition();
   SmPartition(const SmPartition&) = delete;

@@ -62,20 +62,13 @@ void layer_backward(const torch::Tensor& out, bool last) {
   }
 }
 
-// One measured configuration: all layers, `iters` times after `warmup`.
-Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelGroup& group, int bs,
-                    DeviceMeter& meter) {
+// Chained pace: `warmup + iters` iterations of the model layer by layer (inputs detached at the boundaries),
+// each layer's gradient accumulation, then the whole model and the optimizer step; records the last `iters`.
+void measure_iterations(GPT& model, const ProfileRequest& req, int bs, const torch::TensorOptions& opts,
+                        MixedPrecisionAdam& adam, DeviceMeter& meter, Measurement& m) {
   const GPTConfig& c = model.config();
-  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(req.device);
   auto& layers = model.layers();
   const std::size_t L = layers.size();
-  std::vector<torch::Tensor> params = model.parameters();
-  MixedPrecisionAdam adam(params, 1e-4);
-  Measurement m;
-  m.layer_ms.assign(L, {});
-  m.forward_ms.assign(L, {});
-  m.accumulation_ms.assign(L, {});
-
   for (int it = 0; it < req.warmup + req.iters; ++it) {
     const bool record = it >= req.warmup;
     meter.clear_marks();
@@ -146,89 +139,104 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
     m.fb_ms.push_back(meter.elapsed_ms(f0, f1));
     m.optimizer_ms.push_back(meter.elapsed_ms(f1, f2));
   }
+}
 
-  // Boost pace: each layer's forward, then its backward, timed on its own
-  // after boost_idle_ms of idle. A GPU that idles ~20 ms is back at its
-  // boost clocks, and an H200 holds them for the first 40-80 ms of work
-  // (logs/greenctx_h200.md, round 7): so every op here starts at boost,
-  // where the chained pass above is power-capped after its first tens of ms.
-  if (req.boost_idle_ms > 0) {
-    const auto idle = std::chrono::duration<double, std::milli>(req.boost_idle_ms);
-    const std::vector<torch::Tensor> ins = layer_inputs(model, bs, opts);
-    m.boost_ms.assign(L, {});
-    for (int it = 0; it < req.iters; ++it)
-      for (std::size_t i = 0; i < L; ++i) {
-        torch::Tensor in = i == 0 ? ins[i] : ins[i].detach().requires_grad_(true);
-        meter.clear_marks();
-        meter.sync();
-        std::this_thread::sleep_for(idle);
-        const int f0 = meter.mark();
-        torch::Tensor out = layers[i]->forward(in);
-        const int f1 = meter.mark();
-        meter.sync();
-        std::this_thread::sleep_for(idle);
-        const int b0 = meter.mark();
-        layer_backward(out, i + 1 == L);
-        const int b1 = meter.mark();
-        meter.sync();
-        m.boost_ms[i].push_back(meter.elapsed_ms(f0, f1) + meter.elapsed_ms(b0, b1));
-      }
-    drop_grads(params);
-  }
-
-  // Memory, one layer at a time: what its forward and backward add on top of
-  // what is live, plus its weights, gradients and Adam state.
-  // Sustained pace: passes back to back, no sync in between, so the GPU never
-  // idles; the power limiter settles within the first second or so, hence
-  // the median of the second half.
-  if (req.sustained_seconds > 0 && !m.fb_ms.empty()) {
-    const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
-    const torch::Tensor targets = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
-    // A pass count, not a deadline: every rank of a tp group must run the
-    // same number of passes (each holds collectives), so they agree on the
-    // mean of their own estimates.
-    torch::Tensor want = torch::full({1}, std::ceil(req.sustained_seconds * 1e3 / median(m.fb_ms)),
-                                     torch::TensorOptions().dtype(torch::kFloat32).device(req.device));
-    group.all_reduce(want);
-    const int passes = std::max(2, static_cast<int>(std::lround(want.item<double>() / group.size())));
-    meter.clear_marks();
-    meter.sync();
-    std::vector<int> marks{meter.mark()};
-    for (int pass = 0; pass < passes; ++pass) {
-      drop_grads(params);
-      model.loss(ids, targets).backward();
-      marks.push_back(meter.mark());
-      // Keep the host at most 16 passes ahead, so the wall clock tracks the device.
-      if (marks.size() % 16 == 0) meter.sync();
+// Boost pace: each layer's forward, then its backward, timed on its own
+// after boost_idle_ms of idle. A GPU that idles ~20 ms is back at its
+// boost clocks, and an H200 holds them for the first 40-80 ms of work
+// (logs/greenctx_h200.md, round 7): so every op here starts at boost,
+// where the chained pass above is power-capped after its first tens of ms.
+void measure_boost(GPT& model, const ProfileRequest& req, int bs, const torch::TensorOptions& opts,
+                   const std::vector<torch::Tensor>& params, DeviceMeter& meter, Measurement& m) {
+  auto& layers = model.layers();
+  const std::size_t L = layers.size();
+  const auto idle = std::chrono::duration<double, std::milli>(req.boost_idle_ms);
+  const std::vector<torch::Tensor> ins = layer_inputs(model, bs, opts);
+  m.boost_ms.assign(L, {});
+  for (int it = 0; it < req.iters; ++it)
+    for (std::size_t i = 0; i < L; ++i) {
+      torch::Tensor in = i == 0 ? ins[i] : ins[i].detach().requires_grad_(true);
+      meter.clear_marks();
+      meter.sync();
+      std::this_thread::sleep_for(idle);
+      const int f0 = meter.mark();
+      torch::Tensor out = layers[i]->forward(in);
+      const int f1 = meter.mark();
+      meter.sync();
+      std::this_thread::sleep_for(idle);
+      const int b0 = meter.mark();
+      layer_backward(out, i + 1 == L);
+      const int b1 = meter.mark();
+      meter.sync();
+      m.boost_ms[i].push_back(meter.elapsed_ms(f0, f1) + meter.elapsed_ms(b0, b1));
     }
-    meter.sync();
-    for (std::size_t k = marks.size() / 2; k + 1 < marks.size(); ++k)
-      m.sustained_fb_ms.push_back(meter.elapsed_ms(marks[k], marks[k + 1]));
-    adam.zero_grad();
-  }
+  drop_grads(params);
+}
 
-  // Host time: how long the CPU takes to issue a layer's forward and
-  // backward, each layer starting from an idle device so that the CPU never
-  // waits on a full launch queue. Where it exceeds the device time (small
-  // micro-batches), a stage that never waits for its neighbours runs at the
-  // host's pace, not the device's.
-  {
-    const std::vector<torch::Tensor> ins = layer_inputs(model, bs, opts);
-    m.host_ms.assign(L, {});
-    for (int rep = 0; rep < 3; ++rep)
-      for (std::size_t i = 0; i < L; ++i) {
-        torch::Tensor in = i == 0 ? ins[i] : ins[i].detach().requires_grad_(true);
-        meter.sync();
-        const auto t0 = std::chrono::steady_clock::now();
-        torch::Tensor out = layers[i]->forward(in);
-        layer_backward(out, i + 1 == L);
-        const auto t1 = std::chrono::steady_clock::now();
-        meter.sync();
-        m.host_ms[i].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      }
+// Sustained pace: passes back to back, no sync in between, so the GPU never
+// idles; the power limiter settles within the first second or so, hence
+// the median of the second half.
+void measure_sustained(GPT& model, const ProfileRequest& req, const TensorParallelGroup& group, int bs,
+                       const torch::TensorOptions& opts, const std::vector<torch::Tensor>& params,
+                       MixedPrecisionAdam& adam, DeviceMeter& meter, Measurement& m) {
+  const GPTConfig& c = model.config();
+  const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
+  const torch::Tensor targets = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
+  // A pass count, not a deadline: every rank of a tp group must run the
+  // same number of passes (each holds collectives), so they agree on the
+  // mean of their own estimates.
+  torch::Tensor want = torch::full({1}, std::ceil(req.sustained_seconds * 1e3 / median(m.fb_ms)),
+                                   torch::TensorOptions().dtype(torch::kFloat32).device(req.device));
+  group.all_reduce(want);
+  const int passes = std::max(2, static_cast<int>(std::lround(want.item<double>() / group.size())));
+  meter.clear_marks();
+  meter.sync();
+  std::vector<int> marks{meter.mark()};
+  for (int pass = 0; pass < passes; ++pass) {
     drop_grads(params);
+    model.loss(ids, targets).backward();
+    marks.push_back(meter.mark());
+    // Keep the host at most 16 passes ahead, so the wall clock tracks the device.
+    if (marks.size() % 16 == 0) meter.sync();
   }
+  meter.sync();
+  for (std::size_t k = marks.size() / 2; k + 1 < marks.size(); ++k)
+    m.sustained_fb_ms.push_back(meter.elapsed_ms(marks[k], marks[k + 1]));
+  adam.zero_grad();
+}
 
+// Host time: how long the CPU takes to issue a layer's forward and
+// backward, each layer starting from an idle device so that the CPU never
+// waits on a full launch queue. Where it exceeds the device time (small
+// micro-batches), a stage that never waits for its neighbours runs at the
+// host's pace, not the device's.
+void measure_host(GPT& model, int bs, const torch::TensorOptions& opts, const std::vector<torch::Tensor>& params,
+                  DeviceMeter& meter, Measurement& m) {
+  auto& layers = model.layers();
+  const std::size_t L = layers.size();
+  const std::vector<torch::Tensor> ins = layer_inputs(model, bs, opts);
+  m.host_ms.assign(L, {});
+  for (int rep = 0; rep < 3; ++rep)
+    for (std::size_t i = 0; i < L; ++i) {
+      torch::Tensor in = i == 0 ? ins[i] : ins[i].detach().requires_grad_(true);
+      meter.sync();
+      const auto t0 = std::chrono::steady_clock::now();
+      torch::Tensor out = layers[i]->forward(in);
+      layer_backward(out, i + 1 == L);
+      const auto t1 = std::chrono::steady_clock::now();
+      meter.sync();
+      m.host_ms[i].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+  drop_grads(params);
+}
+
+// Memory, one layer at a time: what its forward and backward add on top of
+// what is live, plus its weights, gradients and Adam state.
+void measure_memory(GPT& model, const ProfileRequest& req, int bs, const torch::TensorOptions& opts,
+                    const std::vector<torch::Tensor>& params, DeviceMeter& meter, Measurement& m) {
+  const GPTConfig& c = model.config();
+  auto& layers = model.layers();
+  const std::size_t L = layers.size();
   const torch::Tensor ids = torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts);
   model.head().set_targets(torch::randint(c.shape.vocab_size, {bs, c.seq_len}, opts));
   torch::Tensor x = ids;
@@ -266,7 +274,26 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
       x = out.detach();
     }
   }
-  drop_grads(params);
+  drop_grads(params);  // (before the dropper goes)
+}
+
+// One measured configuration: all layers, `iters` times after `warmup`.
+Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelGroup& group, int bs,
+                    DeviceMeter& meter) {
+  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(req.device);
+  const std::size_t L = model.layers().size();
+  std::vector<torch::Tensor> params = model.parameters();
+  MixedPrecisionAdam adam(params, 1e-4);
+  Measurement m;
+  m.layer_ms.assign(L, {});
+  m.forward_ms.assign(L, {});
+  m.accumulation_ms.assign(L, {});
+  measure_iterations(model, req, bs, opts, adam, meter, m);
+  if (req.boost_idle_ms > 0) measure_boost(model, req, bs, opts, params, meter, m);
+  if (req.sustained_seconds > 0 && !m.fb_ms.empty())
+    measure_sustained(model, req, group, bs, opts, params, adam, meter, m);
+  measure_host(model, bs, opts, params, meter, m);
+  measure_memory(model, req, bs, opts, params, meter, m);
   return m;
 }
 

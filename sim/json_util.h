@@ -30,12 +30,6 @@ using ordered_json = nlohmann::ordered_json;
 // large for a double; and for a file over kMaxJsonFileBytes.
 ordered_json read_json_file(const std::string& path);
 
-// The document in `text`, as nlohmann's parser would build it, by a faster reader that handles the
-// common case (no string escapes or non-ASCII bytes, numbers a double or a 64-bit integer holds,
-// nesting below 64): true, with *out set. False where it does not handle the text (including any
-// text that is not JSON): *out is then unspecified, and read_json_file parses the text with nlohmann.
-bool parse_json_fast(const std::string& text, ordered_json* out);
-
 // What a number read from the user must be: finite, within [min, max] (min
 // excluded when min_exclusive), and integral when `integer`.
 struct NumberRule {

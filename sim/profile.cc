@@ -283,7 +283,7 @@ bool parse_profile_name(const std::string& name, ProfileName& out) {
   return !out.bs_digits.empty() && literal(".json") && i == name.size();
 }
 
-ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads, const Spread& spread) {
+ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads) {
   // Every entry named like a profile is read: one that is a directory, a FIFO or a symlink loop is
   // refused by its reader (sim/file_access.h), not taken for a missing profile.
   std::vector<std::string> names = list_directory(dir, "profile folder");
@@ -335,16 +335,12 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads,
       }
     }
   };
-  if (spread) {
-    spread(read_some);
-  } else {
-    if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const std::size_t helpers = std::min<std::size_t>(threads - 1, files.size() / 8);
-    std::vector<std::thread> pool;
-    for (std::size_t t = 0; t < helpers; ++t) pool.emplace_back(read_some);
-    read_some();
-    for (auto& t : pool) t.join();
-  }
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::size_t helpers = std::min<std::size_t>(threads - 1, files.size() / 8);
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < helpers; ++t) pool.emplace_back(read_some);
+  read_some();
+  for (auto& t : pool) t.join();
 
   const NumberRule non_negative_ms = rules::non_negative_up_to(kMaxProfileMs);
   const std::size_t max_layers = kMaxProfileLayers;

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <algorithm>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -143,12 +142,7 @@ class ProfileSet {
   // files in name order, the first one's error, whatever `threads` is.
   // `threads` > 1 reads files on that many threads at once (this one and
   // threads - 1 started here, at most one per 8 files); 0: one per core.
-  // Where `spread` is given, it replaces `threads`: load() calls it once with
-  // a `work` that takes the next unread file until none is left (it never
-  // throws), and `spread` runs `work` on the calling thread and on any others
-  // it has (none included), returning once every call of it has returned.
-  using Spread = std::function<void(const std::function<void()>& work)>;
-  static ProfileSet load(const std::string& dir, int num_layers = 0, int threads = 1, const Spread& spread = {});
+  static ProfileSet load(const std::string& dir, int num_layers = 0, int threads = 1);
 
   const std::string& dir() const { return dir_; }
   const std::vector<std::string>& device_types() const { return types_; }

@@ -7,9 +7,21 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <new>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
+#include "cli/app_runner.h"
+#include "sim/environment_error.h"
 #include "tests/fixtures.h"
+
+#if defined(HETPLAN_WITH_TORCH)
+#include <c10/util/Exception.h>
+
+#include "profiler/device_failure.h"
+#endif
 
 namespace fs = std::filesystem;
 using namespace hetplan;
@@ -42,7 +54,75 @@ void expect_one_line_error(const test::CommandResult& r, const std::vector<std::
   for (const auto& p : parts) CHECK(r.output.find(p) != std::string::npos);
 }
 
+// What AppRunner makes of a subcommand whose run is `body`: its exit code and what it wrote to stderr.
+struct Outcome {
+  int exit_code;
+  std::string err;
+};
+Outcome run_command(const std::function<int()>& body, const cli::EnvironmentFailure& recognise = {}) {
+  CLI::App app{"test", "hetplan"};
+  app.require_subcommand(1);
+  cli::AppRunner runner(app);
+  if (recognise) runner.recognise_environment_failures(recognise);
+  app.add_subcommand("run", "runs the body");
+  runner.add(body);
+  std::ostringstream err;
+  struct Redirect {
+    std::streambuf* old;
+    ~Redirect() { std::cerr.rdbuf(old); }
+  } redirect{std::cerr.rdbuf(err.rdbuf())};
+  char name[] = "hetplan", sub[] = "run";
+  char* argv[] = {name, sub};
+  const int code = runner.run(2, argv);
+  return {code, err.str()};
+}
+
 }  // namespace
+
+TEST_CASE("each error type has its own exit code and one line on stderr", "[errors]") {
+  CHECK(run_command([] { return 0; }).exit_code == 0);
+  Outcome o = run_command([]() -> int { throw InputError("hostfile:2: expected '<ip> slots=<N>'"); });
+  CHECK(o.exit_code == cli::kExitInputError);
+  CHECK(o.err == "hetplan: error: hostfile:2: expected '<ip> slots=<N>'\n");
+  o = run_command([]() -> int { throw EnvironmentError("--device cuda: no CUDA device is visible"); });
+  CHECK(o.exit_code == cli::kExitEnvironmentError);
+  CHECK(o.err == "hetplan: environment error: --device cuda: no CUDA device is visible\n");
+  o = run_command([]() -> int { throw std::bad_alloc(); });
+  CHECK(o.exit_code == cli::kExitOutOfMemory);
+  CHECK(o.err.rfind("hetplan: error: out of memory: ", 0) == 0);
+  CHECK(count_lines(o.err) == 1);
+  // Any other exception is a bug, whatever it says; a bug is never reported as bad input.
+  o = run_command([]() -> int { throw std::invalid_argument("GPT: bad layer range"); });
+  CHECK(o.exit_code == cli::kExitInternalError);
+  CHECK(o.err == "hetplan: internal error: GPT: bad layer range\n");
+  // Unless the recogniser (the torch commands': LibTorch's device failures) names it: then the machine's.
+  const cli::EnvironmentFailure recognise = [](const std::exception& e) {
+    return std::string(e.what()).rfind("CUDA error", 0) == 0 ? "LibTorch: " + std::string(e.what()) : "";
+  };
+  o = run_command([]() -> int { throw std::runtime_error("CUDA error: no CUDA-capable device is detected\nmore"); },
+                  recognise);
+  CHECK(o.exit_code == cli::kExitEnvironmentError);
+  CHECK(o.err == "hetplan: environment error: LibTorch: CUDA error: no CUDA-capable device is detected\\x0amore\n");
+  o = run_command([]() -> int { throw std::runtime_error("shape mismatch"); }, recognise);
+  CHECK(o.exit_code == cli::kExitInternalError);
+  // The exit codes are listed in --help.
+  const test::CommandResult help = test::run_hetplan("--help");
+  CHECK(help.output.find(cli::kExitCodesHelp) != std::string::npos);
+}
+
+#if defined(HETPLAN_WITH_TORCH)
+TEST_CASE("LibTorch's CUDA and NCCL errors are the machine's; its other errors and out of memory are not", "[errors]") {
+  CHECK(device_failure(c10::Error("CUDA error: no CUDA-capable device is detected\nCUDA kernel errors ...", "")) ==
+        "LibTorch: CUDA error: no CUDA-capable device is detected");
+  CHECK(device_failure(c10::Error("Found no NVIDIA driver on your system.", "")) ==
+        "LibTorch: Found no NVIDIA driver on your system.");
+  CHECK(device_failure(c10::Error("NCCL error in: ProcessGroupNCCL.cpp:1191, unhandled system error", "")) ==
+        "LibTorch: NCCL error in: ProcessGroupNCCL.cpp:1191, unhandled system error");
+  CHECK(device_failure(c10::Error("The size of tensor a (2) must match the size of tensor b (3)", "")).empty());
+  CHECK(device_failure(c10::OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB", "")).empty());
+  CHECK(device_failure(std::runtime_error("CUDA error: not from LibTorch")).empty());
+}
+#endif
 
 TEST_CASE("malformed hostfile", "[errors]") {
   const auto dir = test::scratch_dir("err-hostfile");

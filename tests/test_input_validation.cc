@@ -370,25 +370,6 @@ TEST_CASE("profiles read on several threads: the same set, and the first file's 
     CHECK(many.model().parameters_per_layer_bytes == one.model().parameters_per_layer_bytes);
     CHECK(many.model().norm_layer_duration == one.model().norm_layer_duration);
   }
-  // A Spread in place of `threads`: the work on the calling thread only, and on it and three others.
-  for (int others : {0, 3}) {
-    INFO("spread over " << others << " other threads");
-    int calls = 0;
-    const ProfileSet spread = ProfileSet::load(s.profiles.string(), 10, 1, [&](const std::function<void()>& work) {
-      ++calls;
-      std::vector<std::thread> pool;
-      for (int t = 0; t < others; ++t) pool.emplace_back(work);
-      work();
-      for (auto& t : pool) t.join();
-    });
-    CHECK(calls == 1);
-    REQUIRE(spread.entries().size() == one.entries().size());
-    for (std::size_t i = 0; i < one.entries().size(); ++i) {
-      CHECK(spread.entries()[i].path == one.entries()[i].path);
-      CHECK(spread.entries()[i].layer_ms == one.entries()[i].layer_ms);
-    }
-    CHECK(spread.model().parameters_per_layer_bytes == one.model().parameters_per_layer_bytes);
-  }
   // Three faults: a bad number in the A100 tp1 bs2 file, a repeated (device, tp, bs) further on in name
   // order, and a bad number in a V100 file after that. The first in name order is reported, whatever the threads.
   const fs::path d = profiles_with("three-faults", [](json& j) { j["execution_time"]["layer_compute_total_ms"][1] = 0; },
@@ -496,44 +477,4 @@ TEST_CASE("the runner's exit codes: 2 bad input, 4 out of memory, 3 internal err
   CHECK(cli::kExitInputError == 2);
   CHECK(cli::kExitInternalError == 3);
   CHECK(cli::kExitOutOfMemory == 4);
-}
-
-TEST_CASE("the fast JSON reader builds exactly what nlohmann builds, and leaves everything else to it", "[validation]") {
-  // dump() tells an integer from a double (1 against 1.0) and keeps the keys' order.
-  auto same_as_nlohmann = [](const std::string& text) {
-    INFO(text);
-    json fast;
-    REQUIRE(parse_json_fast(text, &fast));
-    CHECK(fast.dump() == json::parse(text).dump());
-  };
-  for (const char* text :
-       {"0", "-0", "123", "-123", "18446744073709551615", "18446744073709551616", "-9223372036854775808",
-        "-9223372036854775809", "0.1", "-2.5e-3", "1E+2", "1e2", "-0.0", "4.9e-324", "1.7976931348623157e308",
-        "true", "false", "null", "\"\"", "\"plain ASCII text, with spaces\"", "[]", "{}", " \t\r\n[ 1 ,2 , \"x\" ] \n",
-        "{\"a\": 1, \"b\": {\"c\": [true, null, -1.5]}, \"a\": 3}"})
-    same_as_nlohmann(text);
-  same_as_nlohmann(std::string(64, '[') + "1" + std::string(64, ']'));
-  // Doubles across the whole range, as nlohmann writes them (shortest round trip): read back bit for bit.
-  std::mt19937_64 rng(14);
-  json doubles = json::array();
-  for (int i = 0; i < 2000; ++i) {
-    double d;
-    const std::uint64_t bits = rng();
-    std::memcpy(&d, &bits, sizeof d);
-    if (std::isfinite(d)) doubles.push_back(d);
-  }
-  for (int i = 0; i < 200; ++i) doubles.push_back(std::uniform_real_distribution<double>(0, 100)(rng));
-  same_as_nlohmann(doubles.dump());
-  same_as_nlohmann(doubles.dump(2));
-  // Left to nlohmann: escapes, non-ASCII bytes, a byte-order mark, numbers it cannot convert exactly,
-  // deep nesting, and every syntax error.
-  for (const std::string& text :
-       {std::string("\"a\\nb\""), std::string("\"caf\xc3\xa9\""), std::string("\xef\xbb\xbf{}"), std::string("1e400"),
-        std::string("1e-400"), std::string(65, '[') + std::string(65, ']'), std::string(""), std::string("01"),
-        std::string("1."), std::string(".5"), std::string("-"), std::string("[1,]"), std::string("{\"a\":1,}"),
-        std::string("{\"a\" 1}"), std::string("tru"), std::string("1 2"), std::string("[1"), std::string("\"\t\"")}) {
-    INFO(text);
-    json out;
-    CHECK_FALSE(parse_json_fast(text, &out));
-  }
 }
