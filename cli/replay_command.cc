@@ -111,8 +111,8 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   c.gbs = p.plan.gbs;
   c.warmup = a.warmup;
   c.iters = a.iters;
-  if (a.schedule == "gpipe") c.schedule = PipelineSchedule::kGPipe;
-  else if (a.schedule == "1f1b") c.schedule = PipelineSchedule::k1F1B;
+  if (a.schedule == "gpipe") c.schedule = Schedule::kGpipe;
+  else if (a.schedule == "1f1b") c.schedule = Schedule::k1F1B;
   else throw InputError("--schedule: expected gpipe or 1f1b, got '" + excerpt(a.schedule) + "'");
   c.dtype = profiler::parse_dtype(a.dtype);
   c.device = profiler::parse_device(a.device, local_rank);

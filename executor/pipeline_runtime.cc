@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "profiler/device_meter.h"
 #include "executor/zero_optimizer.h"
 #include "profiler/mixed_precision.h"
 #include "sim/input_error.h"
+#include "sim/schedule.h"
 
 namespace hetplan::executor {
 
@@ -97,316 +99,404 @@ struct MicroBatchState {
   torch::Tensor input, output;  // output: activations, or the scaled loss on the last stage
 };
 
-}  // namespace
+// One rank's run of a replayed plan: its stage's model, optimizer and groups (built once), and one
+// training iteration at a time. REQUIRES: layout, config and meter outlive it.
+class RankRun {
+ public:
+  RankRun(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env,
+          profiler::DeviceMeter* meter);
+  void iteration(int step);
+  // The report after the last iteration, with its memory summary.
+  RankReport finish();
+  // The stage's parameters after the last step, for checks (config.dump_dir).
+  void dump_parameters();
 
-RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env) {
-  const int me = env.rank;
-  if (env.world_size != layout.world())
-    throw InputError("replay: WORLD_SIZE is " + std::to_string(env.world_size) + " but the plan has " +
-                     std::to_string(layout.world()) + " ranks");
-  const StageLayout& st = layout.stage_of(me);
-  const int s = st.index, replica = layout.replica_of(me), t = layout.tp_index_of(me);
-  const bool first = s == 0, last = s + 1 == layout.num_stages();
-  const SampleRange mine = st.replica_samples[replica];
-  const int m = layout.batches(), mb = layout.micro_batch();
+ private:
+  void build_optimizer();
+  void collect_transfers();
+  void timed(const std::string& name, int j, const std::function<void()>& f);
+  void world_barrier();
+  void run_schedule();
+  torch::Tensor receive_input(int j);
+  void forward(int j);
+  void backward(int j);
+  void sync_gradients();
+  void optimizer_step();
+  void record(int origin, double ms);
 
-  profiler::use_device(c.device);
-  // Before anything is allocated: on the CPU the meter's counting allocator
-  // sees only what is allocated after it is installed (CUDA counts from the start).
-  profiler::DeviceMeter meter(c.device);
-  RankGroups groups = make_groups(layout, me, c, env);
-  profiler::TensorParallelGroup tp_group;
-  if (st.tp > 1) tp_group = profiler::TensorParallelGroup(t, st.tp, groups.tp);
-  profiler::GPT stage_model(c.model, tp_group, st.first_layer, st.last_layer);
-  stage_model.to(c.device, c.dtype);
-  std::vector<torch::Tensor> params = stage_model.parameters();
+  const PipelineLayout& layout_;
+  const ReplayConfig& c_;
+  profiler::DeviceMeter& meter_;
+  const int me_;
+  const StageLayout& st_;
+  const int s_, replica_, t_;
+  const bool first_, last_;
+  const SampleRange mine_;
+  const int m_, mb_;
+  RankGroups groups_;
+  profiler::TensorParallelGroup tp_group_;
+  profiler::GPT stage_model_;
+  std::vector<torch::Tensor> params_;
+  torch::Tensor tied_;
+  bool zero_ = false;  // ZeRO-1 over more than one replica
   // bf16 weights: fp32 main gradients, master weights and Adam state (Megatron's mixed precision).
   // ZeRO-1: MixedPrecisionAdam with sharded masters; ZeRO-2/3: ZeroOptimizer over layer units.
-  const torch::Tensor tied = stage_model.tied_embedding_to_sync();
-  const bool zero = c.zero_stage == 1 && st.dp > 1;
-  std::unique_ptr<profiler::MixedPrecisionAdam> mp_adam;
-  std::unique_ptr<ZeroOptimizer> zopt;
-  auto& layers = stage_model.layers();
-  std::vector<std::vector<int>> layer_units(layers.size());
-  if (c.zero_stage >= 2) {
-    // Units: each layer's parameters; a tied embedding alone (it is synced
-    // between pipeline ends, and a GPT holding both ends uses it in two layers).
-    torch::Tensor solo = tied;
-    const bool shared = c.model.shape.tied_embeddings && st.first_layer == 0 && stage_model.has_head();
-    if (shared) solo = std::dynamic_pointer_cast<profiler::EmbeddingLayer>(layers.front())->word_embeddings();
-    std::vector<std::vector<torch::Tensor>> units;
-    int solo_unit = -1;
-    for (std::size_t li = 0; li < layers.size(); ++li) {
-      std::vector<torch::Tensor> own;
-      for (const auto& p : layers[li]->parameters()) {
-        if (solo.defined() && p.unsafeGetTensorImpl() == solo.unsafeGetTensorImpl()) {
-          if (solo_unit < 0) {
-            solo_unit = static_cast<int>(units.size());
-            units.push_back({p});
-          }
-          layer_units[li].push_back(solo_unit);
-        } else {
-          own.push_back(p);
-        }
-      }
-      if (!own.empty()) {
-        layer_units[li].push_back(static_cast<int>(units.size()));
-        units.push_back(std::move(own));
-      }
-    }
-    if (shared && solo_unit >= 0) layer_units.back().push_back(solo_unit);  // the head's use of the embedding
-    zopt = std::make_unique<ZeroOptimizer>(c.zero_stage, std::move(units), c.lr, st.dp > 1 ? groups.dp : nullptr);
-  } else {
-    mp_adam = std::make_unique<profiler::MixedPrecisionAdam>(params, c.lr, zero ? replica : 0, zero ? st.dp : 1,
-                                                             /*in_backward=*/true);
-  }
-  const int64_t hidden = c.model.shape.hidden_size;
-  const bool tokens_in = st.first_layer == 0;                 // this stage's input is token ids
-  const auto act_opts = torch::TensorOptions().dtype(c.dtype).device(c.device);
-  const auto id_opts = torch::TensorOptions().dtype(torch::kLong).device(c.device);
-
+  std::unique_ptr<profiler::MixedPrecisionAdam> mp_adam_;
+  std::unique_ptr<ZeroOptimizer> zopt_;
+  std::vector<std::vector<int>> layer_units_;  // per layer: its ZeRO units
+  int64_t hidden_ = 0;
+  bool tokens_in_ = false;  // this stage's input is token ids
+  torch::TensorOptions act_opts_, id_opts_;
   // Device memory in use (CUDA context and NCCL included), sampled at the end
   // of each iteration (nothing pending; the caching allocator keeps what the
   // iteration reserved, so this is the iteration's high-water mark of the
   // device, cuBLAS and NCCL workspaces included); its maximum is reported.
-  int64_t device_used_peak = -1;
-  auto sample_memory = [&] { device_used_peak = std::max(device_used_peak, meter.device_used()); };
-  RankReport report;
-  report.rank = me;
-  report.stage = s;
-  report.replica = replica;
-  report.tp_index = t;
-
+  int64_t device_used_peak_ = -1;
+  RankReport report_;
   // Incoming and outgoing pieces of this rank, in sample order.
-  std::vector<Transfer> recv_fwd, send_fwd, recv_bwd, send_bwd;
-  if (!first)
-    for (const Transfer& x : layout.forward_transfers(s - 1)) if (x.dst == me) recv_fwd.push_back(x);
-  if (!last)
-    for (const Transfer& x : layout.forward_transfers(s)) if (x.src == me) send_fwd.push_back(x);
-  if (!last)
-    for (const Transfer& x : layout.backward_transfers(s)) if (x.dst == me) recv_bwd.push_back(x);
-  if (!first)
-    for (const Transfer& x : layout.backward_transfers(s - 1)) if (x.src == me) send_bwd.push_back(x);
-
-  std::vector<CommGroup::Waiter> pending;
+  std::vector<Transfer> recv_fwd_, send_fwd_, recv_bwd_, send_bwd_;
+  std::vector<CommGroup::Waiter> pending_;
   struct Mark {
     std::string name;
     int a, b, micro_batch;
   };
-  std::vector<Mark> marks;
-  auto timed = [&](const std::string& name, int j, const std::function<void()>& f) {
-    const int a = meter.mark();
-    f();
-    marks.push_back({name, a, meter.mark(), j});
-  };
-  const torch::Tensor one = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(c.device));
-  auto world_barrier = [&] {
-    torch::Tensor x = one.clone();
-    groups.world->all_reduce(x);
-  };
+  std::vector<Mark> marks_;
+  torch::Tensor one_;
+  // The iteration under way.
+  torch::Tensor ids_full_, targets_full_, loss_share_;
+  std::vector<MicroBatchState> mbs_;
+};
 
-  for (int step = 0; step < c.warmup + c.iters; ++step) {
-    const bool record = step >= c.warmup;
-    const auto [ids_cpu, targets_cpu] = global_batch(c, step);
-    // One copy per iteration: a pageable host-to-device copy per micro-batch
-    // would make the host wait for the GPU each time and stall the pipeline.
-    const torch::Tensor ids_full = first ? ids_cpu.to(c.device) : ids_cpu;
-    const torch::Tensor targets_full = last ? targets_cpu.to(c.device) : targets_cpu;
-    std::vector<MicroBatchState> mbs(m);
-    torch::Tensor loss_share = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(c.device));
-    marks.clear();
-    meter.clear_marks();
-    world_barrier();
-    meter.sync();
-    // Memory is the steady state's: from the first measured iteration on,
-    // split into the forward/backward phase and the optimizer step.
-    if (record) meter.reset_peak();
-    const auto t0 = std::chrono::steady_clock::now();
-    const int origin = meter.mark();
-    if (zopt) zopt->zero_grad();
-    else mp_adam->zero_grad();
+RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env,
+                 profiler::DeviceMeter* meter)
+    : layout_(layout),
+      c_(c),
+      meter_(*meter),
+      me_(env.rank),
+      st_(layout.stage_of(env.rank)),
+      s_(st_.index),
+      replica_(layout.replica_of(env.rank)),
+      t_(layout.tp_index_of(env.rank)),
+      first_(s_ == 0),
+      last_(s_ + 1 == layout.num_stages()),
+      mine_(st_.replica_samples[replica_]),
+      m_(layout.batches()),
+      mb_(layout.micro_batch()),
+      groups_(make_groups(layout, env.rank, c, env)),
+      tp_group_(st_.tp > 1 ? profiler::TensorParallelGroup(t_, st_.tp, groups_.tp) : profiler::TensorParallelGroup()),
+      stage_model_(c.model, tp_group_, st_.first_layer, st_.last_layer) {
+  stage_model_.to(c.device, c.dtype);
+  params_ = stage_model_.parameters();
+  tied_ = stage_model_.tied_embedding_to_sync();
+  zero_ = c.zero_stage == 1 && st_.dp > 1;
+  build_optimizer();
+  hidden_ = c.model.shape.hidden_size;
+  tokens_in_ = st_.first_layer == 0;
+  act_opts_ = torch::TensorOptions().dtype(c.dtype).device(c.device);
+  id_opts_ = torch::TensorOptions().dtype(torch::kLong).device(c.device);
+  report_.rank = me_;
+  report_.stage = s_;
+  report_.replica = replica_;
+  report_.tp_index = t_;
+  collect_transfers();
+  one_ = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(c.device));
+}
 
-    auto forward = [&](int j) {
-      torch::Tensor x;
-      const int row = j * mb + mine.begin;
-      if (first) {
-        x = ids_full.narrow(0, row, mine.size());
-      } else {
-        std::vector<torch::Tensor> pieces;
-        for (const Transfer& in : recv_fwd) {
-          torch::Tensor buf = tokens_in ? torch::empty({in.samples.size(), c.model.seq_len}, id_opts)
-                                        : torch::empty({in.samples.size(), c.model.seq_len, hidden}, act_opts);
-          timed("recv", j, [&] { groups.fwd.at({in.src, in.dst})->recv(buf, 0, j); });
-          pieces.push_back(buf);
-        }
-        x = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
-        if (!tokens_in) x.requires_grad_(true);
-      }
-      torch::Tensor y = x;
-      timed("forward", j, [&] {
-        if (last) stage_model.head().set_targets(targets_full.narrow(0, row, mine.size()));
-        for (std::size_t li = 0; li < layers.size(); ++li) {
-          if (zopt)
-            for (int u : layer_units[li]) zopt->gather(u);  // ZeRO-3: just in time
-          y = layers[li]->forward(y);
-          if (zopt) {
-            for (int u : layer_units[li]) zopt->release(u);
-            zopt->register_backward_gather(y, layer_units[li]);
-          }
-        }
-        // The loss of this replica's samples, weighted by its share of the global batch.
-        if (last) y = y * (static_cast<double>(mine.size()) / c.gbs);
-      });
-      if (last && t == 0) loss_share += y.detach().to(torch::kFloat64);
-      for (const Transfer& out : send_fwd) {
-        timed("send", j, [&] {
-          pending.push_back(groups.fwd.at({out.src, out.dst})->send(
-              y.detach().narrow(0, out.samples.begin - mine.begin, out.samples.size()), 1, j));
-        });
-      }
-      mbs[j] = {x, y};
-    };
-    auto backward = [&](int j) {
-      MicroBatchState& mbst = mbs[j];
-      torch::Tensor grad;
-      if (!last) {
-        std::vector<torch::Tensor> pieces;
-        for (const Transfer& in : recv_bwd) {
-          torch::Tensor buf = torch::empty({in.samples.size(), c.model.seq_len, hidden}, act_opts);
-          timed("recv", j, [&] { groups.bwd.at({in.src, in.dst})->recv(buf, 0, j); });
-          pieces.push_back(buf);
-        }
-        if (!pieces.empty()) grad = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
-      }
-      timed("backward", j, [&] {
-        if (zopt)
-          for (int u : layer_units.back()) zopt->gather(u);  // the root's layer (its output hook may not fire)
-        if (last) {
-          mbst.output.backward();
-        } else if (mbst.output.requires_grad() && grad.defined()) {
-          mbst.output.backward(grad);
-        }
-        // Nothing left: the backward hooks added each gradient into its fp32
-        // main gradient (ZeRO-2/3: reduce-scattered into this rank's chunk).
-        if (zopt) zopt->finish_backward();
-        else mp_adam->accumulate_grads();
-      });
-      if (!first && !tokens_in) {
-        const torch::Tensor g = mbst.input.grad();
-        for (const Transfer& out : send_bwd) {
-          timed("send", j, [&] {
-            pending.push_back(groups.bwd.at({out.src, out.dst})->send(
-                g.narrow(0, out.samples.begin - mine.begin, out.samples.size()), 1, j));
-          });
-        }
-      }
-      mbst = {};
-    };
-
-    if (c.schedule == PipelineSchedule::kGPipe) {
-      for (int j = 0; j < m; ++j) forward(j);
-      for (int j = 0; j < m; ++j) backward(j);
-    } else {
-      const int warm = std::min(layout.num_stages() - s - 1, m);
-      for (int j = 0; j < warm; ++j) forward(j);
-      for (int j = warm; j < m; ++j) {
-        forward(j);
-        backward(j - warm);
-      }
-      for (int j = m - warm; j < m; ++j) backward(j);
-    }
-    for (auto& w : pending) w();
-    pending.clear();
-
-    // ZeRO-1 reduce-scatters the main gradients in its step (Megatron's distributed optimizer), after the
-    // tied embedding's pairs have summed theirs (sums commute); a tied embedding summed over stages of
-    // different (dp, tp) needs every replica's gradient reduced first, so there it all-reduces here.
-    const bool reduce_in_step = zero && !groups.emb_full;
-    if (groups.dp && !zopt && !reduce_in_step) {
-      timed("allreduce", -1, [&] {
-        groups.dp->all_reduce(mp_adam->flat_main_grads());  // one flat fp32 buffer
-      });
-    }
-    if (groups.emb && tied.defined()) {
-      timed("allreduce", -1, [&] {
-        // ZeRO-2/3: the stage's summed gradient of the tied unit, gathered from the dp chunks.
-        const int tied_unit = zopt ? zopt->unit_of(tied) : -1;
-        torch::Tensor g = zopt ? zopt->full_gradient(tied_unit, tied) : mp_adam->main_grad_of(tied);
-        if (!groups.emb_full) {
-          groups.emb->all_reduce(g);
-        } else {
-          // Each stage's replica 0 writes its tp slice; the sum is first + last stage.
-          const int64_t rows = g.size(0);
-          torch::Tensor full = torch::zeros({c.model.shape.vocab_size, hidden}, g.options());
-          if (replica == 0) full.narrow(0, t * rows, rows).copy_(g);
-          groups.emb->all_reduce(full);
-          g.copy_(full.narrow(0, t * rows, rows));
-        }
-        if (zopt) zopt->set_unit_gradient(tied_unit, tied, g);
-      });
-    }
-    if (record && meter.has_memory_stats()) {
-      meter.sync();
-      report.peak_forward_backward_mb = std::max(report.peak_forward_backward_mb, meter.peak() / (1024.0 * 1024.0));
-      meter.reset_peak();
-    }
-    timed("optimizer", -1, [&] {
-      if (zopt) {
-        zopt->step();
-      } else if (zero) {
-        profiler::MixedPrecisionAdam::Collective rs;
-        if (reduce_in_step) rs = [&](torch::Tensor& out, torch::Tensor& in) { groups.dp->reduce_scatter(out, in); };
-        mp_adam->step_sharded(rs, [&](torch::Tensor& out, torch::Tensor& in) { groups.dp->all_gather_flat(out, in); });
-      } else {
-        mp_adam->step();
-      }
-    });
-    meter.sync();
-    if (record && meter.has_memory_stats())
-      report.peak_optimizer_mb = std::max(report.peak_optimizer_mb, meter.peak() / (1024.0 * 1024.0));
-    world_barrier();
-    meter.sync();
-    sample_memory();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (!record) continue;
-    report.iteration_ms.push_back(ms);
-    report.losses.push_back(loss_share.item<double>());
-    report.trace.clear();
-    for (const Mark& mk : marks)
-      report.trace.push_back({mk.name, meter.elapsed_ms(origin, mk.a), meter.elapsed_ms(origin, mk.b), mk.micro_batch});
+void RankRun::build_optimizer() {
+  auto& layers = stage_model_.layers();
+  layer_units_.assign(layers.size(), {});
+  if (c_.zero_stage < 2) {
+    mp_adam_ = std::make_unique<profiler::MixedPrecisionAdam>(params_, c_.lr, zero_ ? replica_ : 0,
+                                                              zero_ ? st_.dp : 1, /*in_backward=*/true);
+    return;
   }
+  // Units: each layer's parameters; a tied embedding alone (it is synced
+  // between pipeline ends, and a GPT holding both ends uses it in two layers).
+  torch::Tensor solo = tied_;
+  const bool shared = c_.model.shape.tied_embeddings && st_.first_layer == 0 && stage_model_.has_head();
+  if (shared) solo = std::dynamic_pointer_cast<profiler::EmbeddingLayer>(layers.front())->word_embeddings();
+  std::vector<std::vector<torch::Tensor>> units;
+  int solo_unit = -1;
+  for (std::size_t li = 0; li < layers.size(); ++li) {
+    std::vector<torch::Tensor> own;
+    for (const auto& p : layers[li]->parameters()) {
+      if (solo.defined() && p.unsafeGetTensorImpl() == solo.unsafeGetTensorImpl()) {
+        if (solo_unit < 0) {
+          solo_unit = static_cast<int>(units.size());
+          units.push_back({p});
+        }
+        layer_units_[li].push_back(solo_unit);
+      } else {
+        own.push_back(p);
+      }
+    }
+    if (!own.empty()) {
+      layer_units_[li].push_back(static_cast<int>(units.size()));
+      units.push_back(std::move(own));
+    }
+  }
+  if (shared && solo_unit >= 0) layer_units_.back().push_back(solo_unit);  // the head's use of the embedding
+  zopt_ = std::make_unique<ZeroOptimizer>(c_.zero_stage, std::move(units), c_.lr, st_.dp > 1 ? groups_.dp : nullptr);
+}
+
+void RankRun::collect_transfers() {
+  if (!first_)
+    for (const Transfer& x : layout_.forward_transfers(s_ - 1)) if (x.dst == me_) recv_fwd_.push_back(x);
+  if (!last_)
+    for (const Transfer& x : layout_.forward_transfers(s_)) if (x.src == me_) send_fwd_.push_back(x);
+  if (!last_)
+    for (const Transfer& x : layout_.backward_transfers(s_)) if (x.dst == me_) recv_bwd_.push_back(x);
+  if (!first_)
+    for (const Transfer& x : layout_.backward_transfers(s_ - 1)) if (x.src == me_) send_bwd_.push_back(x);
+}
+
+void RankRun::timed(const std::string& name, int j, const std::function<void()>& f) {
+  const int a = meter_.mark();
+  f();
+  marks_.push_back({name, a, meter_.mark(), j});
+}
+
+void RankRun::world_barrier() {
+  torch::Tensor x = one_.clone();
+  groups_.world->all_reduce(x);
+}
+
+void RankRun::iteration(int step) {
+  const bool recording = step >= c_.warmup;
+  const auto [ids_cpu, targets_cpu] = global_batch(c_, step);
+  // One copy per iteration: a pageable host-to-device copy per micro-batch
+  // would make the host wait for the GPU each time and stall the pipeline.
+  ids_full_ = first_ ? ids_cpu.to(c_.device) : ids_cpu;
+  targets_full_ = last_ ? targets_cpu.to(c_.device) : targets_cpu;
+  mbs_.assign(m_, MicroBatchState());
+  loss_share_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(c_.device));
+  marks_.clear();
+  meter_.clear_marks();
+  world_barrier();
+  meter_.sync();
+  // Memory is the steady state's: from the first measured iteration on,
+  // split into the forward/backward phase and the optimizer step.
+  if (recording) meter_.reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int origin = meter_.mark();
+  if (zopt_) zopt_->zero_grad();
+  else mp_adam_->zero_grad();
+  run_schedule();
+  sync_gradients();
+  if (recording && meter_.has_memory_stats()) {
+    meter_.sync();
+    report_.peak_forward_backward_mb = std::max(report_.peak_forward_backward_mb, meter_.peak() / (1024.0 * 1024.0));
+    meter_.reset_peak();
+  }
+  optimizer_step();
+  meter_.sync();
+  if (recording && meter_.has_memory_stats())
+    report_.peak_optimizer_mb = std::max(report_.peak_optimizer_mb, meter_.peak() / (1024.0 * 1024.0));
+  world_barrier();
+  meter_.sync();
+  device_used_peak_ = std::max(device_used_peak_, meter_.device_used());
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (recording) record(origin, ms);
+}
+
+// The stage's forwards and backwards in the schedule's op order, then the wait for its sends.
+void RankRun::run_schedule() {
+  for (const PipelineOp op : StageOps(c_.schedule, layout_.num_stages(), s_, m_)) {
+    if (op.forward) forward(op.micro_batch);
+    else backward(op.micro_batch);
+  }
+  for (auto& w : pending_) w();
+  pending_.clear();
+}
+
+// Micro-batch j's input: this replica's token ids on the first stage, else the pieces received.
+torch::Tensor RankRun::receive_input(int j) {
+  const int row = j * mb_ + mine_.begin;
+  if (first_) return ids_full_.narrow(0, row, mine_.size());
+  std::vector<torch::Tensor> pieces;
+  for (const Transfer& in : recv_fwd_) {
+    torch::Tensor buf = tokens_in_ ? torch::empty({in.samples.size(), c_.model.seq_len}, id_opts_)
+                                   : torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
+    timed("recv", j, [&] { groups_.fwd.at({in.src, in.dst})->recv(buf, 0, j); });
+    pieces.push_back(buf);
+  }
+  torch::Tensor x = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
+  if (!tokens_in_) x.requires_grad_(true);
+  return x;
+}
+
+void RankRun::forward(int j) {
+  const torch::Tensor x = receive_input(j);
+  const int row = j * mb_ + mine_.begin;
+  auto& layers = stage_model_.layers();
+  torch::Tensor y = x;
+  timed("forward", j, [&] {
+    if (last_) stage_model_.head().set_targets(targets_full_.narrow(0, row, mine_.size()));
+    for (std::size_t li = 0; li < layers.size(); ++li) {
+      if (zopt_)
+        for (int u : layer_units_[li]) zopt_->gather(u);  // ZeRO-3: just in time
+      y = layers[li]->forward(y);
+      if (zopt_) {
+        for (int u : layer_units_[li]) zopt_->release(u);
+        zopt_->register_backward_gather(y, layer_units_[li]);
+      }
+    }
+    // The loss of this replica's samples, weighted by its share of the global batch.
+    if (last_) y = y * (static_cast<double>(mine_.size()) / c_.gbs);
+  });
+  if (last_ && t_ == 0) loss_share_ += y.detach().to(torch::kFloat64);
+  for (const Transfer& out : send_fwd_) {
+    timed("send", j, [&] {
+      pending_.push_back(groups_.fwd.at({out.src, out.dst})->send(
+          y.detach().narrow(0, out.samples.begin - mine_.begin, out.samples.size()), 1, j));
+    });
+  }
+  mbs_[j] = {x, y};
+}
+
+void RankRun::backward(int j) {
+  MicroBatchState& mbst = mbs_[j];
+  torch::Tensor grad;
+  if (!last_) {
+    std::vector<torch::Tensor> pieces;
+    for (const Transfer& in : recv_bwd_) {
+      torch::Tensor buf = torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
+      timed("recv", j, [&] { groups_.bwd.at({in.src, in.dst})->recv(buf, 0, j); });
+      pieces.push_back(buf);
+    }
+    if (!pieces.empty()) grad = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
+  }
+  timed("backward", j, [&] {
+    if (zopt_)
+      for (int u : layer_units_.back()) zopt_->gather(u);  // the root's layer (its output hook may not fire)
+    if (last_) {
+      mbst.output.backward();
+    } else if (mbst.output.requires_grad() && grad.defined()) {
+      mbst.output.backward(grad);
+    }
+    // Nothing left: the backward hooks added each gradient into its fp32
+    // main gradient (ZeRO-2/3: reduce-scattered into this rank's chunk).
+    if (zopt_) zopt_->finish_backward();
+    else mp_adam_->accumulate_grads();
+  });
+  if (!first_ && !tokens_in_) {
+    const torch::Tensor g = mbst.input.grad();
+    for (const Transfer& out : send_bwd_) {
+      timed("send", j, [&] {
+        pending_.push_back(groups_.bwd.at({out.src, out.dst})->send(
+            g.narrow(0, out.samples.begin - mine_.begin, out.samples.size()), 1, j));
+      });
+    }
+  }
+  mbst = {};
+}
+
+// The sum of the gradients over the stage's replicas and, for a tied embedding, between the pipeline's ends.
+// ZeRO-1 reduce-scatters the main gradients in its step (Megatron's distributed optimizer), after the
+// tied embedding's pairs have summed theirs (sums commute); a tied embedding summed over stages of
+// different (dp, tp) needs every replica's gradient reduced first, so there it all-reduces here.
+void RankRun::sync_gradients() {
+  const bool reduce_in_step = zero_ && !groups_.emb_full;
+  if (groups_.dp && !zopt_ && !reduce_in_step) {
+    timed("allreduce", -1, [&] {
+      groups_.dp->all_reduce(mp_adam_->flat_main_grads());  // one flat fp32 buffer
+    });
+  }
+  if (!groups_.emb || !tied_.defined()) return;
+  timed("allreduce", -1, [&] {
+    // ZeRO-2/3: the stage's summed gradient of the tied unit, gathered from the dp chunks.
+    const int tied_unit = zopt_ ? zopt_->unit_of(tied_) : -1;
+    torch::Tensor g = zopt_ ? zopt_->full_gradient(tied_unit, tied_) : mp_adam_->main_grad_of(tied_);
+    if (!groups_.emb_full) {
+      groups_.emb->all_reduce(g);
+    } else {
+      // Each stage's replica 0 writes its tp slice; the sum is first + last stage.
+      const int64_t rows = g.size(0);
+      torch::Tensor full = torch::zeros({c_.model.shape.vocab_size, hidden_}, g.options());
+      if (replica_ == 0) full.narrow(0, t_ * rows, rows).copy_(g);
+      groups_.emb->all_reduce(full);
+      g.copy_(full.narrow(0, t_ * rows, rows));
+    }
+    if (zopt_) zopt_->set_unit_gradient(tied_unit, tied_, g);
+  });
+}
+
+void RankRun::optimizer_step() {
+  const bool reduce_in_step = zero_ && !groups_.emb_full;
+  timed("optimizer", -1, [&] {
+    if (zopt_) {
+      zopt_->step();
+    } else if (zero_) {
+      profiler::MixedPrecisionAdam::Collective rs;
+      if (reduce_in_step) rs = [&](torch::Tensor& out, torch::Tensor& in) { groups_.dp->reduce_scatter(out, in); };
+      mp_adam_->step_sharded(rs, [&](torch::Tensor& out, torch::Tensor& in) { groups_.dp->all_gather_flat(out, in); });
+    } else {
+      mp_adam_->step();
+    }
+  });
+}
+
+// A measured iteration: its time, loss and trace (spans relative to mark `origin`).
+void RankRun::record(int origin, double ms) {
+  report_.iteration_ms.push_back(ms);
+  report_.losses.push_back(loss_share_.item<double>());
+  report_.trace.clear();
+  for (const Mark& mk : marks_)
+    report_.trace.push_back(
+        {mk.name, meter_.elapsed_ms(origin, mk.a), meter_.elapsed_ms(origin, mk.b), mk.micro_batch});
+}
+
+RankReport RankRun::finish() {
   constexpr double kMiB = 1024.0 * 1024.0;
+  RankReport& report = report_;
   report.peak_memory_mb = std::max(report.peak_forward_backward_mb, report.peak_optimizer_mb);
-  if (meter.has_memory_stats()) report.peak_allocated_mb = report.peak_memory_mb;
-  if (c.device.is_cuda()) {
-    if (meter.peak_reserved() >= 0) report.peak_reserved_mb = meter.peak_reserved() / kMiB;
-    if (device_used_peak >= 0) report.device_used_mb = device_used_peak / kMiB;
+  if (meter_.has_memory_stats()) report.peak_allocated_mb = report.peak_memory_mb;
+  if (c_.device.is_cuda()) {
+    if (meter_.peak_reserved() >= 0) report.peak_reserved_mb = meter_.peak_reserved() / kMiB;
+    if (device_used_peak_ >= 0) report.device_used_mb = device_used_peak_ / kMiB;
   } else {
-    report.memory_note = meter.has_memory_stats()
+    report.memory_note = meter_.has_memory_stats()
                              ? "CPU run: peak_allocated_mb counts LibTorch's CPU allocations; there is no caching "
                                "allocator (reserved) and no device memory"
                              : "CPU run: this LibTorch cannot count CPU allocations; there is no device memory";
   }
+  return report;
+}
 
-  if (!c.dump_dir.empty()) {
-    fs::create_directories(c.dump_dir);
-    std::vector<torch::Tensor> cpu;
-    ordered_json index = ordered_json::array();
-    int64_t layer = st.first_layer;
-    if (zopt) zopt->gather_all();  // ZeRO-3 keeps only chunks between steps
-    for (auto& l : stage_model.layers()) {
-      for (const auto& p : l->named_parameters()) {
-        cpu.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
-        index.push_back({{"layer", layer}, {"name", p.key()}});
-      }
-      ++layer;
+void RankRun::dump_parameters() {
+  fs::create_directories(c_.dump_dir);
+  std::vector<torch::Tensor> cpu;
+  ordered_json index = ordered_json::array();
+  int64_t layer = st_.first_layer;
+  if (zopt_) zopt_->gather_all();  // ZeRO-3 keeps only chunks between steps
+  for (auto& l : stage_model_.layers()) {
+    for (const auto& p : l->named_parameters()) {
+      cpu.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
+      index.push_back({{"layer", layer}, {"name", p.key()}});
     }
-    const std::string base = (fs::path(c.dump_dir) / ("rank" + std::to_string(me))).string();
-    torch::save(cpu, base + ".pt");
-    ordered_json meta = {{"rank", me}, {"stage", s}, {"replica", replica}, {"tp_index", t}, {"tp", st.tp},
-                         {"params", index}};
-    write_json_file(base + ".json", meta);
+    ++layer;
   }
+  const std::string base = (fs::path(c_.dump_dir) / ("rank" + std::to_string(me_))).string();
+  torch::save(cpu, base + ".pt");
+  ordered_json meta = {{"rank", me_},   {"stage", s_},       {"replica", replica_}, {"tp_index", t_},
+                       {"tp", st_.tp}, {"params", index}};
+  write_json_file(base + ".json", meta);
+}
+
+}  // namespace
+
+RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env) {
+  if (env.world_size != layout.world())
+    throw InputError("replay: WORLD_SIZE is " + std::to_string(env.world_size) + " but the plan has " +
+                     std::to_string(layout.world()) + " ranks");
+  profiler::use_device(c.device);
+  // Before anything is allocated: on the CPU the meter's counting allocator
+  // sees only what is allocated after it is installed (CUDA counts from the start).
+  profiler::DeviceMeter meter(c.device);
+  RankRun run(layout, c, env, &meter);
+  for (int step = 0; step < c.warmup + c.iters; ++step) run.iteration(step);
+  RankReport report = run.finish();
+  if (!c.dump_dir.empty()) run.dump_parameters();
   return report;
 }
 

@@ -1,6 +1,7 @@
 // PipelineRuntime: one rank's part of a replayed plan. It builds the rank's
 // stage of the GPT (its layers, its tp shard), the process groups it belongs
-// to, and runs training iterations under a GPipe or 1F1B schedule:
+// to, and runs training iterations under a GPipe or 1F1B schedule (the
+// op order of sim/schedule.h, the one the simulator costs):
 // micro-batches flow forward and gradients backward through point-to-point
 // c10d sends and receives, gradients are added into fp32 main gradients
 // and summed over the stage's data-parallel replicas (and, with tied
@@ -21,16 +22,15 @@
 #include "profiler/distributed.h"
 #include "profiler/gpt.h"
 #include "sim/json_util.h"
+#include "sim/schedule.h"
 
 namespace hetplan::executor {
-
-enum class PipelineSchedule { kGPipe, k1F1B };
 
 struct ReplayConfig {
   profiler::GPTConfig model;
   int gbs = 1;
   int warmup = 1, iters = 3;
-  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  Schedule schedule = Schedule::k1F1B;  // each stage's op order: StageOps (sim/schedule.h)
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;
   double lr = 1e-3;

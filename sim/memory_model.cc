@@ -165,11 +165,6 @@ double head_activation_bytes(const ModelShape& m, long long s, long long b, int 
   return 4 * sb * m.hidden_size / (sp ? tp : 1) + 4 * sb * static_cast<double>(m.vocab_size) / tp;
 }
 
-int in_flight_microbatches(Schedule schedule, int pp, int stage, int microbatches) {
-  if (schedule == Schedule::kGpipe) return microbatches;
-  return std::max(1, std::min(pp - stage, microbatches));
-}
-
 ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const TrainingSetup& s) {
   ShardParams out;
   const int last = m.metis_num_layers() - 1;

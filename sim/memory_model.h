@@ -16,12 +16,12 @@
 
 #include "sim/model_shape.h"
 #include "sim/offload.h"
+#include "sim/schedule.h"
 
 namespace hetplan {
 
 enum class Precision { kFp32, kBf16, kFp8, kFp16 };  // kFp16: fp16 AMP with loss scaling (bf16's bytes)
 enum class Recompute { kNone, kSelective, kFull };
-enum class Schedule { kGpipe, k1F1B };
 enum class Finetune { kFull, kLora, kQlora };
 
 // What a framework keeps per parameter in mixed precision (bytes):
@@ -143,9 +143,6 @@ double layer_activation_bytes(const ModelShape& m, long long s, long long b, int
 double embedding_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel);
 // The head stage's extra bytes per micro-batch (final norm and LM head inputs, fp32 logits).
 double head_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel);
-
-// Micro-batches whose activations stage `stage` of `pp` holds at its peak.
-int in_flight_microbatches(Schedule schedule, int pp, int stage, int microbatches);
 
 // Parameters of Metis layers [first, end): split by tp where Megatron splits
 // them, and the LoRA adapters of those layers.

@@ -7,6 +7,7 @@
 
 #include "sim/data_load_balancer.h"
 #include "sim/gpu_specs.h"
+#include "sim/schedule.h"
 
 namespace hetplan {
 
@@ -121,60 +122,109 @@ bool PlanCostModel::explain_stage(const StageChoice& s, int index, int num_stage
   return stage_impl(s, index, num_stages, batches, micro_batch, k, 1, out, detail, why);
 }
 
+// What stage_impl shares between the setups it costs for one stage: each replica's profile type, share
+// of the micro-batch and measured accumulation and step, and the slowest replica's setup-independent
+// times. Its arrays are left uninitialized (filled for the stage's dp replicas only).
+struct PlanCostModel::StageBasis {
+  int rtype[kMaxReplicas], share[kMaxReplicas];
+  double acc_raw[kMaxReplicas], opt_raw[kMaxReplicas];  // -1: not measured
+  int blocks = 0;            // transformer blocks among the stage's Metis layers
+  double param_share = 0;    // the stage's share of the model's parameter bytes
+  double slowest_base = 0;   // the slowest replica's profiled forward + backward
+  double forward = 0;        // of slowest_base, the forward
+  double block_forward = 0;  // of forward, the blocks' (what recomputation runs again)
+  double extra = 0;          // outside the layers (and the batch generator on stage 0), per micro-batch
+  double sustained = 1, tpx_fwd = 0, tpx_bwd = 0;
+  double send_forward = 0, send_backward = 0;
+  int max_share = 0, in_flight = 1;
+};
+
+// The all-reduce times stage_impl carries from one setup to the next (recomputed only when their bytes
+// change), and the shard parameters (recomputed when the setup's parameters change).
+struct PlanCostModel::SetupReuse {
+  ShardParams sp;
+  double grad_bytes = -1, grad_ar = 0, weight_bytes = -1, weight_ar = 0;
+};
+
 bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batches, int micro_batch, int k0, int nk,
                                FastStageCost* out, StageDetail* detail, std::string* why) const {
-  const PlanSimulator& sim = *sim_;
-  const ProfileSet& profiles = *sim.profiles_;
-  const SimulationOptions& opt = sim.opt_;
-  const ModelShape& shape = sim.shape_;
-  const Strategy st = s.st;
-  const int begin = s.begin, size = s.size, start = s.layer_begin, end = s.layer_end;
-  const int dp = st.dp, tp = st.tp;
+  const int dp = s.st.dp;
   if (dp > kMaxReplicas) {  // sim/limits.h: plan files beyond it are refused; the search skips such stages
     if (why) *why = "dp " + std::to_string(dp) + " is more than the " + std::to_string(kMaxReplicas) +
                     " data-parallel replicas a stage may have";
     return false;
   }
+  StageBasis b;
+  if (!replica_shares(s, micro_batch, &b, why)) return false;
+  if (detail) {
+    detail->replica_types.assign(b.rtype, b.rtype + dp);
+    detail->shares.assign(b.share, b.share + dp);
+  }
+  if (!slowest_replica(s, index, &b, why)) return false;
+  // p2p over the boundary link, bf16 activations split over tp.
+  // (A stage with no rank beyond it on that side has no link to cost.)
+  const int begin = s.begin, size = s.size, tp = s.st.tp;
+  const bool next_rank = begin + size < layout_->num_ranks(), prev_rank = begin > 0;
+  b.send_forward = index + 1 < p && next_rank ? p2p_ms(begin + size - 1, begin + size, b.max_share, tp) : 0.0;
+  b.send_backward = index > 0 && prev_rank ? p2p_ms(begin, begin - 1, b.max_share, tp) : 0.0;
+  b.in_flight = in_flight_microbatches(sim_->opt_.schedule, p, index, batches);
 
-  // Each replica's type (its first rank's) and share of the micro-batch.
-  int rtype[kMaxReplicas], share[kMaxReplicas];
+  SetupReuse reuse;
+  for (int k = k0; k < k0 + nk; ++k) {
+    const TrainingSetup& setup = setups_[k];
+    FastStageCost& c = out[k - k0];
+    c = FastStageCost();
+    if (k == k0 || !same_params_setup(setup, setups_[k - 1]))
+      reuse.sp = shard_params(sim_->shape_, s.layer_begin, s.layer_end, p, setup);
+    setup_times(s, index, p, b, k, &reuse, &c);
+    stage_memory(s, index, p, b, setup, reuse.sp, &c, detail);
+  }
+  return true;
+}
+
+// Each replica's type (its first rank's) and share of the micro-batch.
+bool PlanCostModel::replica_shares(const StageChoice& s, int micro_batch, StageBasis* b, std::string* why) const {
+  const ProfileSet& profiles = *sim_->profiles_;
+  const Strategy st = s.st;
+  const int begin = s.begin, dp = st.dp, tp = st.tp;
   for (int d = 0; d < dp; ++d) {
-    rtype[d] = rank_ptype_[grid_rank(begin, st, d, 0)];
-    if (rtype[d] < 0) {
+    b->rtype[d] = rank_ptype_[grid_rank(begin, st, d, 0)];
+    if (b->rtype[d] < 0) {
       if (why) *why = "no profiles for a device type of the plan";
       return false;
     }
   }
-  const bool homogeneous = layout_->homogeneous(begin, begin + size);
+  const bool homogeneous = layout_->homogeneous(begin, begin + s.size);
   if (homogeneous) {
-    split_micro_batch(micro_batch, dp, share);
+    split_micro_batch(micro_batch, dp, b->share);
   } else {
     int missing = -1;
-    if (!partition_data(profiles, rtype, st, micro_batch, share, &missing)) {
+    if (!partition_data(profiles, b->rtype, st, micro_batch, b->share, &missing)) {
       if (why) *why = profiles.missing_message(missing, tp, 1, "the data load balancer");
       return false;
     }
   }
-  if (detail) {
-    detail->replica_types.assign(rtype, rtype + dp);
-    detail->shares.assign(share, share + dp);
-  }
+  return true;
+}
 
+// The setup-independent per-replica costs; the stage runs at its slowest replica's pace.
+bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis* b, std::string* why) const {
+  const PlanSimulator& sim = *sim_;
+  const ProfileSet& profiles = *sim.profiles_;
+  const SimulationOptions& opt = sim.opt_;
+  const Strategy st = s.st;
+  const int begin = s.begin, start = s.layer_begin, end = s.layer_end, dp = st.dp, tp = st.tp;
+  const int* rtype = b->rtype;
+  const int* share = b->share;
   // Transformer blocks among Metis layers [start, end) (layer 0 is the embedding, the last the head).
-  const int blocks = std::max(0, std::min(end, shape.metis_num_layers() - 1) - std::max(start, 1));
+  const int blocks = std::max(0, std::min(end, sim.shape_.metis_num_layers() - 1) - std::max(start, 1));
 
   // Outside the layers, per micro-batch: what the profiled whole-model pass took beyond its layers
   // (fb_sync: adding the new gradients into the fp32 main gradients, a pass over every parameter, and
   // the pass's own overhead) falls on each replica by its stage's share of the parameters.
   const double param_share = sim.layer_bytes(start, end) / model_bytes_;
   double slowest_outside = 0;
-
-  // Setup-independent per-replica costs; the stage runs at its slowest replica's pace.
-  double slowest = -1, slowest_base = 0, slowest_forward = -1, slowest_block_forward = -1, sustained = 1, tpx_fwd = 0,
-         tpx_bwd = 0;
-  int max_share = 0;
-  // Per replica, what the setup-dependent parts need: measured accumulation and optimizer step.
-  double acc_raw[kMaxReplicas], opt_raw[kMaxReplicas];
+  double slowest = -1, slowest_base = 0, slowest_forward = -1, slowest_block_forward = -1;
   // A replica's profile costs depend only on its type and share: replicas like the one before reuse them
   // (a stage's replicas come in runs of one type and share; hundreds of them in a large stage).
   ReplicaCost c;
@@ -185,16 +235,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, share[d]));
       outside = lp ? std::max(0.0, lp->fb_sync_ms) * param_share : 0.0;
     }
-    // A tp group across nodes: Megatron's 2 forward and 2 backward all-reduces per block over the
-    // inter-node link instead of the intra-node one the profile measured.
-    double extra = 0;
-    const int first = grid_rank(begin, st, d, 0), last = grid_rank(begin, st, d, tp - 1);
-    if (tp > 1 && blocks > 0 && share[d] > 0 && layout_->node_of(first) != layout_->node_of(last)) {
-      const double bytes = act_bytes_per_sample_ * share[d];
-      const double delta = net_.ring_all_reduce_seconds_strided(first, 1, tp, bytes) -
-                           net_.intra_node_all_reduce_seconds(layout_->node_of(first), tp, bytes);
-      extra = 2.0 * blocks * std::max(0.0, delta) * 1e3;
-    }
+    const double extra = cross_node_tp_ms(begin, st, d, share[d], blocks);
     const double total = c.total_ms + 2 * extra + outside;
     if (total >= slowest) {
       slowest = total;
@@ -202,214 +243,264 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       slowest_base = c.total_ms;
       slowest_forward = c.forward_ms;
       slowest_block_forward = c.block_forward_ms;
-      sustained = c.sustained_ratio;
-      tpx_fwd = extra;
-      tpx_bwd = extra;
+      b->sustained = c.sustained_ratio;
+      b->tpx_fwd = extra;
+      b->tpx_bwd = extra;
     }
-    max_share = std::max(max_share, share[d]);
-    acc_raw[d] = c.accumulation_ms;
-    opt_raw[d] = c.optimizer_ms;
+    b->max_share = std::max(b->max_share, share[d]);
+    b->acc_raw[d] = c.accumulation_ms;
+    b->opt_raw[d] = c.optimizer_ms;
   }
-  double extra = slowest_outside;  // and the batch generator on the first stage
-  if (index == 0) extra += profiles.model().batch_generator_ms;
+  b->extra = slowest_outside;  // and the batch generator on the first stage
+  if (index == 0) b->extra += profiles.model().batch_generator_ms;
   const double forward = slowest_forward >= 0 ? slowest_forward : slowest_base * (1 - opt.backward_share);
   // Recomputation runs the blocks' forward again, never the embedding's or the head's.
-  const double block_forward =
+  b->block_forward =
       slowest_block_forward >= 0 ? slowest_block_forward : (end > start ? forward * blocks / (end - start) : 0.0);
-  // p2p over the boundary link, bf16 activations split over tp.
-  // (A stage with no rank beyond it on that side has no link to cost.)
-  const bool next_rank = begin + size < layout_->num_ranks(), prev_rank = begin > 0;
-  const double send_forward = index + 1 < p && next_rank ? p2p_ms(begin + size - 1, begin + size, max_share, tp) : 0.0;
-  const double send_backward = index > 0 && prev_rank ? p2p_ms(begin, begin - 1, max_share, tp) : 0.0;
-  const int in_flight = in_flight_microbatches(opt.schedule, p, index, batches);
+  b->forward = forward;
+  b->slowest_base = slowest_base;
+  b->blocks = blocks;
+  b->param_share = param_share;
+  return true;
+}
 
-  const bool tied_pipeline_ends = p > 1 && shape.tied_embeddings;
-  const double vh = static_cast<double>(shape.vocab_size) * shape.hidden_size;
-  ShardParams sp;
-  double prev_grad_bytes = -1, prev_ar = 0, prev_weight_bytes = -1, prev_ar_weights = 0;
-  for (int k = k0; k < k0 + nk; ++k) {
-    const TrainingSetup& setup = setups_[k];
-    FastStageCost& c = out[k - k0];
-    c = FastStageCost();
-    if (k == k0 || !same_params_setup(setup, setups_[k - 1])) sp = shard_params(shape, start, end, p, setup);
-    const double full_on_rank = sp.on_rank(tp);
-    const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : sp.lora / tp;
-    const double grad_bytes = trainable * reduced_gradient_bytes(setup);
-    double accumulation = 0, optimizer = 0;
-    for (int d = 0; d < dp; ++d) {
-      // A replica like the one before (type, measured accumulation and step) adds nothing to the maxima.
-      if (d > 0 && rtype[d] == rtype[d - 1] && acc_raw[d] == acc_raw[d - 1] && opt_raw[d] == opt_raw[d - 1]) continue;
-      // Measured accumulation covers every parameter; LoRA accumulates only its adapters.
-      double acc = acc_raw[d] >= 0 ? acc_raw[d] * trainable / full_on_rank : -1;
-      if (acc < 0) {
-        acc = datasheet_accumulation_ms(grad_bytes, ptype_hbm_bytes_per_s_[rtype[d]]);
-      }
-      accumulation = std::max(accumulation, acc);
-      // The file's optimizer step is this tp's shard of the whole model; the stage steps its share of it.
-      const double o = opt_raw[d] >= 0 ? opt_raw[d] * param_share : profiles.model().optimizer_ms / 2 / tp * param_share;
-      optimizer = std::max(optimizer, o * trainable / full_on_rank);
-    }
-    c.forward_ms = forward + extra * (1 - opt.backward_share) + tpx_fwd;
-    c.backward_ms = slowest_base - forward + extra * opt.backward_share +
-                    block_forward * recompute_fraction_[k] + tpx_bwd;
-    c.accumulation_ms = accumulation;
-    c.sustained_factor = sustained;
-    c.send_forward_ms = send_forward;
-    c.send_backward_ms = send_backward;
-    // Data-parallel gradient all-reduce of each tp slice: tp index t's group is begin + t, + tp, ...
-    // (Each the slowest over the slices; recomputed only when its bytes change between settings.)
-    auto slowest_all_reduce = [&](double bytes) {
-      double ar = 0;
-      for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, bytes));
-      return ar;
-    };
-    if (grad_bytes != prev_grad_bytes) {
-      prev_grad_bytes = grad_bytes;
-      prev_ar = slowest_all_reduce(grad_bytes);
-    }
-    // The 16-bit weights ZeRO gathers: only a setting with ZeRO over more than one replica moves them.
-    const bool zero_sharded = dp > 1 && setup.zero_stage >= 1;
-    const double weight_bytes = trainable * 2;
-    if (zero_sharded && weight_bytes != prev_weight_bytes) {
-      prev_weight_bytes = weight_bytes;
-      prev_ar_weights = slowest_all_reduce(weight_bytes);
-    }
-    // A ring reduce-scatter or all-gather moves half an all-reduce's bytes. ZeRO-1 (Megatron's distributed
-    // optimizer): reduce-scatter the gradients and all-gather the updated weights once per iteration.
-    // ZeRO-2 (DeepSpeed stage 2): each micro-batch's backward reduce-scatters its gradients; the step
-    // all-gathers the weights. ZeRO-3 (FSDP): each micro-batch gathers the weights before its forward and
-    // again before its backward, which reduce-scatters the gradients; nothing is left for the step.
-    const double rs = prev_ar * 1e3 / 2, ag = zero_sharded ? prev_ar_weights * 1e3 / 2 : 0.0;
-    c.allreduce_ms = 0;
-    switch (dp > 1 ? setup.zero_stage : 0) {
-      case 0: c.allreduce_ms = prev_ar * 1e3; break;
-      case 1: c.allreduce_ms = rs + ag; break;
-      case 2:
-        c.backward_ms += rs;
-        c.allreduce_ms = ag;
-        break;
-      default:
-        c.forward_ms += ag;
-        c.backward_ms += ag + rs;
-        break;
-    }
-    // Tied embeddings over a pipeline: the first and the last stage each hold the embedding and
-    // all-reduce its gradient between them after the backward (Megatron's embedding-group all-reduce),
-    // before the step. The partner stage is at the other end of the layout's rank order.
-    if (tied_pipeline_ends && (index == 0 || index == p - 1)) {
-      const int partner = index == 0 ? layout_->num_ranks() - 1 : 0;
-      const double bytes = vh / tp * reduced_gradient_bytes(setup);
-      c.allreduce_ms +=
-          net_.all_reduce_seconds_strided(std::min(begin, partner), std::max(1, std::abs(partner - begin)), 2, bytes) *
-          1e3;
-    }
-    c.optimizer_ms = optimizer / (setup.zero_stage >= 1 ? dp : 1);
-    if (setup.offload_optimizer || (setup.offload_params && setup.zero_stage >= 3)) {
-      // ZeRO-Offload / ZeRO-Infinity by DeepSpeed's overlap rules (sim/offload.h): the host measured, or the
-      // stated defaults for the stage's GPU.
-      HostSpec host = opt.host;
-      if (host.d2h_bytes_per_s <= 0 || host.h2d_bytes_per_s <= 0 || host.cpu_adam_params_per_s <= 0) {
-        const GpuSpec* g = find_gpu_spec(profiles.device_types()[rtype[0]]);
-        // A GPU outside the catalogue: PCIe 3.0 x16 (16 GB/s per direction), the oldest link in it.
-        const HostSpec d = default_host_spec(g ? g->host_link_gbs : 16.0);
-        if (host.d2h_bytes_per_s <= 0) host.d2h_bytes_per_s = d.d2h_bytes_per_s;
-        if (host.h2d_bytes_per_s <= 0) host.h2d_bytes_per_s = d.h2d_bytes_per_s;
-        if (host.cpu_adam_params_per_s <= 0) host.cpu_adam_params_per_s = d.cpu_adam_params_per_s;
-      }
-      if (host.cpu_cast_params_per_s <= 0)  // measured separately (calibration's host.cpu_cast_params_per_s)
-        host.cpu_cast_params_per_s = default_host_spec(16.0).cpu_cast_params_per_s;
-      const int ranks_per_host = layout_->node_size(layout_->node_of(begin));
-      const OffloadTime ot = offload_time(setup, host, trainable, full_on_rank * 2, dp, ranks_per_host,
-                                          c.forward_ms, c.backward_ms);
-      c.forward_ms += ot.forward_exposed_ms;
-      c.backward_ms += ot.backward_exposed_ms;
-      if (setup.offload_optimizer) c.optimizer_ms = ot.step_ms;  // the step runs on the CPU instead
-    }
+// A tp group across nodes: Megatron's 2 forward and 2 backward all-reduces per block over the
+// inter-node link instead of the intra-node one the profile measured; the time each of the forward and
+// the backward adds for replica d (0 when its tp group stays in one node).
+double PlanCostModel::cross_node_tp_ms(int begin, Strategy st, int d, int share, int blocks) const {
+  const int tp = st.tp;
+  const int first = grid_rank(begin, st, d, 0), last = grid_rank(begin, st, d, tp - 1);
+  if (!(tp > 1 && blocks > 0 && share > 0 && layout_->node_of(first) != layout_->node_of(last))) return 0;
+  const double bytes = act_bytes_per_sample_ * share;
+  const double delta = net_.ring_all_reduce_seconds_strided(first, 1, tp, bytes) -
+                       net_.intra_node_all_reduce_seconds(layout_->node_of(first), tp, bytes);
+  return 2.0 * blocks * std::max(0.0, delta) * 1e3;
+}
 
-    // Memory of each rank, with its own replica's share; ranks alike in (type, share, node size) agree.
-    // The fast path takes them a run at a time (the ranks of one node whose replicas have one share:
-    // the same type, share, node size and capacity); explaining lists every rank.
-    c.peak_memory_bytes = 0;
-    c.min_headroom_bytes = std::numeric_limits<double>::infinity();
-    int memo_type = -2, memo_share = -1, memo_gpn = -1;
-    double memo_total = 0;
-    MemoryBreakdown memo_breakdown;
-    for (int r = begin, run_end; r < begin + size; r = run_end) {
-      const int d = grid_replica(begin, st, r);
-      const int type = layout_->type_of(r);
-      const int mb = std::max(1, share[d]);
-      const int node = layout_->node_of(r);
-      const int gpn = layout_->node_size(node);
-      run_end = r + 1;
-      if (!detail) {
-        run_end = std::min(begin + size, layout_->node_end(node));
-        for (int e = d + 1; grid_rank(begin, st, e, 0) < run_end; ++e)
-          if (std::max(1, share[e]) != mb) {
-            run_end = grid_rank(begin, st, e, 0);
-            break;
-          }
-      }
-      if (detail || type != memo_type || mb != memo_share || gpn != memo_gpn) {
-        RankShard shard;
-        shard.first_layer = start;
-        shard.end_layer = end;
-        shard.tp = tp;
-        shard.dp = dp;
-        shard.pp = p;
-        shard.stage = index;
-        shard.micro_batch = mb;
-        shard.seq = sim.seq_;
-        shard.in_flight = in_flight;
-        shard.gpus_per_node = gpn;
-        // A negative framework constant means "as the profiles measured it".
-        TrainingSetup rank_setup = setup;
-        if (rank_setup.framework_bytes < 0) {
-          const int pt = rank_ptype_[r];
-          rank_setup.framework_bytes =
-              pt >= 0 ? ptype_framework_[static_cast<std::size_t>(pt) * framework_tps_ + std::min(tp, framework_tps_ - 1)]
-                      : 0;
+// The timing fields of c for setups_[k] (reuse.sp is its shard).
+void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const StageBasis& b, int k,
+                                SetupReuse* reuse, FastStageCost* c) const {
+  const TrainingSetup& setup = setups_[k];
+  const SimulationOptions& opt = sim_->opt_;
+  const int tp = s.st.tp;
+  const double full_on_rank = reuse->sp.on_rank(tp);
+  const double trainable = setup.finetune == Finetune::kFull ? full_on_rank : reuse->sp.lora / tp;
+  const double grad_bytes = trainable * reduced_gradient_bytes(setup);
+  double accumulation = 0, optimizer = 0;
+  replica_step_ms(s.st, b, trainable, full_on_rank, grad_bytes, &accumulation, &optimizer);
+  c->forward_ms = b.forward + b.extra * (1 - opt.backward_share) + b.tpx_fwd;
+  c->backward_ms = b.slowest_base - b.forward + b.extra * opt.backward_share +
+                   b.block_forward * recompute_fraction_[k] + b.tpx_bwd;
+  c->accumulation_ms = accumulation;
+  c->sustained_factor = b.sustained;
+  c->send_forward_ms = b.send_forward;
+  c->send_backward_ms = b.send_backward;
+  add_gradient_sync(s, index, p, setup, trainable, grad_bytes, reuse, c);
+  c->optimizer_ms = optimizer / (setup.zero_stage >= 1 ? s.st.dp : 1);
+  if (setup.offload_optimizer || (setup.offload_params && setup.zero_stage >= 3))
+    add_offload(s, setup, b.rtype[0], trainable, full_on_rank, c);
+}
+
+// The slowest replica's gradient accumulation per micro-batch and optimizer step for one setup.
+void PlanCostModel::replica_step_ms(Strategy st, const StageBasis& b, double trainable, double full_on_rank,
+                                    double grad_bytes, double* accumulation, double* optimizer) const {
+  const ProfileSet& profiles = *sim_->profiles_;
+  const int* rtype = b.rtype;
+  const double* acc_raw = b.acc_raw;
+  const double* opt_raw = b.opt_raw;
+  for (int d = 0; d < st.dp; ++d) {
+    // A replica like the one before (type, measured accumulation and step) adds nothing to the maxima.
+    if (d > 0 && rtype[d] == rtype[d - 1] && acc_raw[d] == acc_raw[d - 1] && opt_raw[d] == opt_raw[d - 1]) continue;
+    // Measured accumulation covers every parameter; LoRA accumulates only its adapters.
+    double acc = acc_raw[d] >= 0 ? acc_raw[d] * trainable / full_on_rank : -1;
+    if (acc < 0) {
+      acc = datasheet_accumulation_ms(grad_bytes, ptype_hbm_bytes_per_s_[rtype[d]]);
+    }
+    *accumulation = std::max(*accumulation, acc);
+    // The file's optimizer step is this tp's shard of the whole model; the stage steps its share of it.
+    const double o =
+        opt_raw[d] >= 0 ? opt_raw[d] * b.param_share : profiles.model().optimizer_ms / 2 / st.tp * b.param_share;
+    *optimizer = std::max(*optimizer, o * trainable / full_on_rank);
+  }
+}
+
+// The data-parallel gradient synchronisation as the setup's ZeRO stage splits it between the backward,
+// the forward and the all-reduce before the step, and the tied embedding's all-reduce between the
+// pipeline's ends.
+void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, const TrainingSetup& setup,
+                                      double trainable, double grad_bytes, SetupReuse* reuse,
+                                      FastStageCost* c) const {
+  const int begin = s.begin, dp = s.st.dp, tp = s.st.tp;
+  // Data-parallel gradient all-reduce of each tp slice: tp index t's group is begin + t, + tp, ...
+  // (Each the slowest over the slices; recomputed only when its bytes change between settings.)
+  auto slowest_all_reduce = [&](double bytes) {
+    double ar = 0;
+    for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, bytes));
+    return ar;
+  };
+  if (grad_bytes != reuse->grad_bytes) {
+    reuse->grad_bytes = grad_bytes;
+    reuse->grad_ar = slowest_all_reduce(grad_bytes);
+  }
+  // The 16-bit weights ZeRO gathers: only a setting with ZeRO over more than one replica moves them.
+  const bool zero_sharded = dp > 1 && setup.zero_stage >= 1;
+  const double weight_bytes = trainable * 2;
+  if (zero_sharded && weight_bytes != reuse->weight_bytes) {
+    reuse->weight_bytes = weight_bytes;
+    reuse->weight_ar = slowest_all_reduce(weight_bytes);
+  }
+  // A ring reduce-scatter or all-gather moves half an all-reduce's bytes. ZeRO-1 (Megatron's distributed
+  // optimizer): reduce-scatter the gradients and all-gather the updated weights once per iteration.
+  // ZeRO-2 (DeepSpeed stage 2): each micro-batch's backward reduce-scatters its gradients; the step
+  // all-gathers the weights. ZeRO-3 (FSDP): each micro-batch gathers the weights before its forward and
+  // again before its backward, which reduce-scatters the gradients; nothing is left for the step.
+  const double rs = reuse->grad_ar * 1e3 / 2, ag = zero_sharded ? reuse->weight_ar * 1e3 / 2 : 0.0;
+  c->allreduce_ms = 0;
+  switch (dp > 1 ? setup.zero_stage : 0) {
+    case 0: c->allreduce_ms = reuse->grad_ar * 1e3; break;
+    case 1: c->allreduce_ms = rs + ag; break;
+    case 2:
+      c->backward_ms += rs;
+      c->allreduce_ms = ag;
+      break;
+    default:
+      c->forward_ms += ag;
+      c->backward_ms += ag + rs;
+      break;
+  }
+  // Tied embeddings over a pipeline: the first and the last stage each hold the embedding and
+  // all-reduce its gradient between them after the backward (Megatron's embedding-group all-reduce),
+  // before the step. The partner stage is at the other end of the layout's rank order.
+  const ModelShape& shape = sim_->shape_;
+  if (p > 1 && shape.tied_embeddings && (index == 0 || index == p - 1)) {
+    const double vh = static_cast<double>(shape.vocab_size) * shape.hidden_size;
+    const int partner = index == 0 ? layout_->num_ranks() - 1 : 0;
+    const double bytes = vh / tp * reduced_gradient_bytes(setup);
+    c->allreduce_ms +=
+        net_.all_reduce_seconds_strided(std::min(begin, partner), std::max(1, std::abs(partner - begin)), 2, bytes) *
+        1e3;
+  }
+}
+
+// ZeRO-Offload / ZeRO-Infinity by DeepSpeed's overlap rules (sim/offload.h): the host measured, or the
+// stated defaults for the stage's GPU (profile type `ptype`).
+void PlanCostModel::add_offload(const StageChoice& s, const TrainingSetup& setup, int ptype, double trainable,
+                                double full_on_rank, FastStageCost* c) const {
+  HostSpec host = sim_->opt_.host;
+  if (host.d2h_bytes_per_s <= 0 || host.h2d_bytes_per_s <= 0 || host.cpu_adam_params_per_s <= 0) {
+    const GpuSpec* g = find_gpu_spec(sim_->profiles_->device_types()[ptype]);
+    // A GPU outside the catalogue: PCIe 3.0 x16 (16 GB/s per direction), the oldest link in it.
+    const HostSpec d = default_host_spec(g ? g->host_link_gbs : 16.0);
+    if (host.d2h_bytes_per_s <= 0) host.d2h_bytes_per_s = d.d2h_bytes_per_s;
+    if (host.h2d_bytes_per_s <= 0) host.h2d_bytes_per_s = d.h2d_bytes_per_s;
+    if (host.cpu_adam_params_per_s <= 0) host.cpu_adam_params_per_s = d.cpu_adam_params_per_s;
+  }
+  if (host.cpu_cast_params_per_s <= 0)  // measured separately (calibration's host.cpu_cast_params_per_s)
+    host.cpu_cast_params_per_s = default_host_spec(16.0).cpu_cast_params_per_s;
+  const int ranks_per_host = layout_->node_size(layout_->node_of(s.begin));
+  const OffloadTime ot = offload_time(setup, host, trainable, full_on_rank * 2, s.st.dp, ranks_per_host,
+                                      c->forward_ms, c->backward_ms);
+  c->forward_ms += ot.forward_exposed_ms;
+  c->backward_ms += ot.backward_exposed_ms;
+  if (setup.offload_optimizer) c->optimizer_ms = ot.step_ms;  // the step runs on the CPU instead
+}
+
+// Memory of each rank, with its own replica's share; ranks alike in (type, share, node size) agree.
+// The fast path takes them a run at a time (the ranks of one node whose replicas have one share:
+// the same type, share, node size and capacity); explaining lists every rank.
+void PlanCostModel::stage_memory(const StageChoice& s, int index, int p, const StageBasis& b,
+                                 const TrainingSetup& setup, const ShardParams& sp, FastStageCost* c,
+                                 StageDetail* detail) const {
+  const Strategy st = s.st;
+  const int begin = s.begin, size = s.size;
+  const int* share = b.share;
+  c->peak_memory_bytes = 0;
+  c->min_headroom_bytes = std::numeric_limits<double>::infinity();
+  int memo_type = -2, memo_share = -1, memo_gpn = -1;
+  double memo_total = 0;
+  MemoryBreakdown memo_breakdown;
+  for (int r = begin, run_end; r < begin + size; r = run_end) {
+    const int d = grid_replica(begin, st, r);
+    const int type = layout_->type_of(r);
+    const int mb = std::max(1, share[d]);
+    const int node = layout_->node_of(r);
+    const int gpn = layout_->node_size(node);
+    run_end = r + 1;
+    if (!detail) {
+      run_end = std::min(begin + size, layout_->node_end(node));
+      for (int e = d + 1; grid_rank(begin, st, e, 0) < run_end; ++e)
+        if (std::max(1, share[e]) != mb) {
+          run_end = grid_rank(begin, st, e, 0);
+          break;
         }
-        // Activations as the profiler measured them on this rank's GPU type, tp and micro-batch, when it did.
-        MeasuredActivations measured;
-        // A share no file measured (the data balancer's uneven splits) scales the nearest measured
-        // micro-batch size, the largest below it if any: activations are linear in the batch.
-        const LayerProfile* mp =
-            rank_ptype_[r] >= 0 && setup.finetune == Finetune::kFull && setup.precision != Precision::kFp32
-                ? profiles.activation_profile(rank_ptype_[r], tp, mb)
-                : nullptr;
-        const bool use_measured = mp != nullptr;
-        if (use_measured) {
-          measured.activation_mb = mp->activation_mb.data() + start;
-          measured.working_mb = mp->working_mb.data() + start;
-          measured.scale = static_cast<double>(mb) / mp->bs;
-          measured.recompute = mp->recompute;
-        }
-        memo_breakdown = rank_memory(shape, rank_setup, shard, sp, use_measured ? &measured : nullptr);
-        memo_total = memo_breakdown.gpu_total();
-        memo_type = type;
-        memo_share = mb;
-        memo_gpn = gpn;
-      }
-      const double capacity = rank_capacity_[r];
-      c.peak_memory_bytes = std::max(c.peak_memory_bytes, memo_total);
-      c.min_headroom_bytes = std::min(c.min_headroom_bytes, capacity - memo_total);
-      if (!(memo_total <= capacity) && c.fits) {
-        c.fits = false;
-        c.first_oom_rank = r;
-        c.first_oom_total_bytes = memo_total;
-      }
-      if (detail) {
-        RankMemory m;
-        m.rank = r;
-        m.stage = index;
-        m.device = sim.cluster_->device_types()[type];
-        m.breakdown = memo_breakdown;
-        m.capacity_bytes = capacity;
-        detail->ranks.push_back(m);
-      }
+    }
+    if (detail || type != memo_type || mb != memo_share || gpn != memo_gpn) {
+      memo_breakdown = rank_breakdown(s, index, p, b.in_flight, r, mb, gpn, setup, sp);
+      memo_total = memo_breakdown.gpu_total();
+      memo_type = type;
+      memo_share = mb;
+      memo_gpn = gpn;
+    }
+    const double capacity = rank_capacity_[r];
+    c->peak_memory_bytes = std::max(c->peak_memory_bytes, memo_total);
+    c->min_headroom_bytes = std::min(c->min_headroom_bytes, capacity - memo_total);
+    if (!(memo_total <= capacity) && c->fits) {
+      c->fits = false;
+      c->first_oom_rank = r;
+      c->first_oom_total_bytes = memo_total;
+    }
+    if (detail) {
+      RankMemory m;
+      m.rank = r;
+      m.stage = index;
+      m.device = sim_->cluster_->device_types()[type];
+      m.breakdown = memo_breakdown;
+      m.capacity_bytes = capacity;
+      detail->ranks.push_back(m);
     }
   }
-  return true;
+}
+
+// The memory of rank r of stage `index` (of p) whose replica takes `mb` samples of each micro-batch, on a
+// node of `gpn` ranks, for one setup.
+MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, int p, int in_flight, int r, int mb,
+                                              int gpn, const TrainingSetup& setup, const ShardParams& sp) const {
+  const int start = s.layer_begin, tp = s.st.tp;
+  RankShard shard;
+  shard.first_layer = start;
+  shard.end_layer = s.layer_end;
+  shard.tp = tp;
+  shard.dp = s.st.dp;
+  shard.pp = p;
+  shard.stage = index;
+  shard.micro_batch = mb;
+  shard.seq = sim_->seq_;
+  shard.in_flight = in_flight;
+  shard.gpus_per_node = gpn;
+  // A negative framework constant means "as the profiles measured it".
+  TrainingSetup rank_setup = setup;
+  if (rank_setup.framework_bytes < 0) {
+    const int pt = rank_ptype_[r];
+    rank_setup.framework_bytes =
+        pt >= 0 ? ptype_framework_[static_cast<std::size_t>(pt) * framework_tps_ + std::min(tp, framework_tps_ - 1)]
+                : 0;
+  }
+  // Activations as the profiler measured them on this rank's GPU type, tp and micro-batch, when it did.
+  MeasuredActivations measured;
+  // A share no file measured (the data balancer's uneven splits) scales the nearest measured
+  // micro-batch size, the largest below it if any: activations are linear in the batch.
+  const LayerProfile* mp =
+      rank_ptype_[r] >= 0 && setup.finetune == Finetune::kFull && setup.precision != Precision::kFp32
+          ? sim_->profiles_->activation_profile(rank_ptype_[r], tp, mb)
+          : nullptr;
+  const bool use_measured = mp != nullptr;
+  if (use_measured) {
+    measured.activation_mb = mp->activation_mb.data() + start;
+    measured.working_mb = mp->working_mb.data() + start;
+    measured.scale = static_cast<double>(mb) / mp->bs;
+    measured.recompute = mp->recompute;
+  }
+  return rank_memory(sim_->shape_, rank_setup, shard, sp, use_measured ? &measured : nullptr);
 }
 
 double PlanCostModel::state_bytes_lower_bound(int tp, int dp, int start, int end) const {
@@ -470,7 +561,7 @@ double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedul
   double* sendf = s.a.data();     // [i * m + j]: end of stage i's send of micro-batch j's activations to i + 1
   double* sendb = s.b.data();     // [i * m + j]: end of stage i's send of micro-batch j's gradients to i - 1
   double* last_end = s.c.data();  // end of stage i's latest compute
-  int* pos = s.pos.data();        // next op of stage i in stage_order
+  int* pos = s.pos.data();        // next op of stage i in its StageOps
   int* nf = pos + p;              // forwards stage i has done (in micro-batch order)
   int* nb = pos + 2 * p;          // backwards done
   for (int i = 0; i < p; ++i) {
@@ -484,30 +575,16 @@ double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedul
     bool progress = false;
     for (int step = 0; step < p; ++step) {
       const int i = down ? step : p - 1 - step;
-      if (pos[i] == 2 * m) continue;
+      const StageOps ops(schedule, p, i, m);
+      if (pos[i] == ops.size()) continue;
       const FastStageCost& st = c[i];
       // The stretch simulate_timeline sees: PlanSimulator multiplies the pace-setter's times.
       const double fwd = i == pace ? st.forward_ms * st.sustained_factor : st.forward_ms;
       const double bwd = i == pace ? st.backward_ms * st.sustained_factor : st.backward_ms;
-      const int warmup = schedule == Schedule::kGpipe ? m : std::min(p - i - 1, m);
-      while (pos[i] < 2 * m) {
-        const int q = pos[i];
-        bool forward;
-        int j;
-        if (schedule == Schedule::kGpipe) {
-          forward = q < m;
-          j = forward ? q : q - m;
-        } else if (q < warmup) {
-          forward = true;
-          j = q;
-        } else if (q < warmup + 2 * (m - warmup)) {
-          const int r = q - warmup;
-          forward = (r % 2) == 0;
-          j = forward ? warmup + r / 2 : r / 2;
-        } else {
-          forward = false;
-          j = q - m;
-        }
+      while (pos[i] < ops.size()) {
+        const PipelineOp op = ops[pos[i]];
+        const bool forward = op.forward;
+        const int j = op.micro_batch;
         double start = last_end[i], finish;
         if (forward) {
           if (i > 0 && nf[i - 1] <= j) break;
@@ -535,7 +612,7 @@ double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedul
         ++pos[i];
         progress = true;
       }
-      if (pos[i] == 2 * m) {
+      if (pos[i] == ops.size()) {
         // Gradient all-reduce after the stage's last compute, then the optimizer step.
         const double ar_end = last_end[i] + st.allreduce_ms;
         iteration = std::max(iteration, ar_end);

@@ -25,8 +25,9 @@
 //
 // iteration_ms is the longest path of simulate_timeline's task graph
 // (forward/backward per stage and micro-batch, sends per link in micro-batch
-// order, each stage's compute in stage_order, all-reduce then optimizer after
-// a stage's last compute) computed as an O(p x m) recurrence, with the same
+// order, each stage's compute in its StageOps order (sim/schedule.h),
+// all-reduce then optimizer after a stage's last compute) computed as an
+// O(p x m) recurrence, with the same
 // floating-point operations, so it equals simulate_timeline's iteration_ms
 // bit for bit. It also stretches the pace-setting stage to its sustained
 // clocks as PlanSimulator::run does (SimulationOptions::sustained_clocks).
@@ -146,8 +147,25 @@ class PlanCostModel {
                  double* ms) const;
 
  private:
+  struct StageBasis;  // what the setups of one stage share (plan_cost.cc)
+  struct SetupReuse;  // what one setup's costing leaves for the next (plan_cost.cc)
   bool stage_impl(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int first_setup,
                   int num_setups, FastStageCost* out, StageDetail* detail, std::string* why) const;
+  bool replica_shares(const StageChoice& s, int micro_batch, StageBasis* b, std::string* why) const;
+  bool slowest_replica(const StageChoice& s, int index, StageBasis* b, std::string* why) const;
+  double cross_node_tp_ms(int begin, Strategy st, int d, int share, int blocks) const;
+  void setup_times(const StageChoice& s, int index, int num_stages, const StageBasis& b, int k, SetupReuse* reuse,
+                   FastStageCost* c) const;
+  void replica_step_ms(Strategy st, const StageBasis& b, double trainable, double full_on_rank, double grad_bytes,
+                       double* accumulation, double* optimizer) const;
+  void add_gradient_sync(const StageChoice& s, int index, int num_stages, const TrainingSetup& setup,
+                         double trainable, double grad_bytes, SetupReuse* reuse, FastStageCost* c) const;
+  void add_offload(const StageChoice& s, const TrainingSetup& setup, int ptype, double trainable,
+                   double full_on_rank, FastStageCost* c) const;
+  void stage_memory(const StageChoice& s, int index, int num_stages, const StageBasis& b,
+                    const TrainingSetup& setup, const ShardParams& sp, FastStageCost* c, StageDetail* detail) const;
+  MemoryBreakdown rank_breakdown(const StageChoice& s, int index, int num_stages, int in_flight, int r, int mb,
+                                 int gpn, const TrainingSetup& setup, const ShardParams& sp) const;
 
   const PlanSimulator* sim_;
   const RankLayout* layout_;

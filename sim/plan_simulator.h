@@ -1,6 +1,14 @@
-// PlanSimulator: turns a heterogeneous plan into per-stage costs, a
-// scheduled StageTimeline and per-rank memory, from the same profiles and
-// clusterfile the Metis search reads.
+// PlanSimulator: "explain this plan". Turns a heterogeneous plan into
+// per-stage costs, a scheduled timeline (sim/timeline.h) with its spans and
+// per-rank memory, from the same profiles and clusterfile the Metis search
+// reads. It promises the numbers the search's fast path (PlanCostModel)
+// gives for the same plan: the iteration time bit for bit, the same memory
+// verdict.
+//
+// REQUIRES: the Cluster and ProfileSet given to the constructor outlive it
+// (it keeps pointers to them; the shape and options are copied).
+// Thread-safety: immutable after construction; concurrent const calls are
+// safe.
 //
 // The per-stage numbers come from PlanCostModel (sim/plan_cost.h), the one
 // definition the search's fast path uses too; this class adds the labels,
@@ -104,7 +112,8 @@ class PlanCostModel;
 
 class PlanSimulator {
  public:
-  // `profile_type[t]` is the ProfileSet index of cluster type t (-1 absent).
+  // Matches each cluster device type to its profiles (by name). Throws InputError when the
+  // profiles' layer count is not the model's.
   PlanSimulator(const Cluster& cluster, const ProfileSet& profiles, ModelShape shape, int sequence_length,
                 SimulationOptions options);
 
@@ -120,6 +129,7 @@ class PlanSimulator {
   // not divide gbs, or missing profiles.
   PlanSimulation simulate(const PlanResult& plan, int gbs) const;
 
+  // profile_type()[t]: the ProfileSet index of cluster device type t (-1: no profiles for it).
   const std::vector<int>& profile_type() const { return profile_type_; }
   const SimulationOptions& options() const { return opt_; }
   const Cluster& cluster() const { return *cluster_; }

@@ -1,29 +1,36 @@
-// StageTimeline: one training iteration as a task graph (Boost.Graph),
-// scheduled with each device group as a resource.
+// simulate_timeline: one training iteration as a task graph (Boost.Graph),
+// scheduled with each device group as a resource: the "explain" path of a
+// plan's iteration time, with every task's span.
 //
 // Tasks are the forward and backward of every micro-batch on every stage,
 // the p2p transfers of activations (stage i -> i + 1) and gradients
 // (i + 1 -> i), each stage's data-parallel gradient all-reduce and its
 // optimizer step. Edges are data dependencies plus the order each resource
-// runs its tasks in: a stage's compute follows the schedule (GPipe: all
-// forwards, then all backwards; 1F1B: pp - stage - 1 warm-up forwards, then
-// one forward one backward, then the remaining backwards), each link sends in
-// micro-batch order. A task starts when all its predecessors are done, so
-// the makespan is the longest path, computed once in topological order.
-// Every backward but a stage's first also pays the stage's gradient
-// accumulation (StageCosts::accumulation_ms).
+// runs its tasks in: a stage's compute follows the schedule's op order
+// (StageOps, sim/schedule.h), each link sends in micro-batch order. A task
+// starts when all its predecessors are done, so the makespan is the longest
+// path, computed once in topological order. Every backward but a stage's
+// first also pays the stage's gradient accumulation
+// (StageCosts::accumulation_ms). PlanCostModel::iteration_ms
+// (sim/plan_cost.h) computes the same makespan without the graph, bit for bit.
 //
-// Reports the iteration time, the bubble fraction, per-stage busy time, the
-// peak number of micro-batches each stage holds, tokens/s and MFU, and the
-// spans for a Chrome trace named "forward", "backward", "send", "recv",
-// "allreduce" and "optimizer" (the names replay's trace uses).
+// Promises: the iteration time, the bubble fraction, per-stage busy time,
+// the peak number of micro-batches each stage holds, tokens/s and MFU, and
+// the spans for a Chrome trace named "forward", "backward", "send", "recv",
+// "allreduce" and "optimizer" (the names replay's trace uses), sorted by
+// start time.
+//
+// REQUIRES: at least one stage and one micro-batch (else InputError);
+// durations >= 0.
+// Thread-safety: pure functions of their arguments; nothing is stored, and
+// results own their data.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "sim/json_util.h"
-#include "sim/memory_model.h"
+#include "sim/schedule.h"
 
 namespace hetplan {
 
@@ -70,17 +77,10 @@ struct TimelineResult {
   std::vector<Span> spans;
 };
 
-// The order in which stage `stage` of `pp` runs its forwards (+j+1) and
-// backwards (-(j+1)) of micro-batches j = 0..m-1.
-std::vector<int> stage_order(Schedule schedule, int pp, int stage, int microbatches);
-
 TimelineResult simulate_timeline(const TimelineInput& input);
 
 // Chrome trace-event JSON (opens in Perfetto and chrome://tracing): one
 // process per stage with compute and communication threads.
 ordered_json chrome_trace(const TimelineResult& result, const std::vector<StageCosts>& stages);
-
-const char* to_string(Schedule s);
-Schedule parse_schedule(const std::string& s, const std::string& where);
 
 }  // namespace hetplan
