@@ -130,12 +130,13 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   const Strategy st = s.st;
   const int begin = s.begin, size = s.size, start = s.layer_begin, end = s.layer_end;
   const int dp = st.dp, tp = st.tp;
+  const StageGrid grid(begin, st);
   if (dp > kMaxReplicas) throw std::length_error("PlanCostModel: more than 4096 data-parallel replicas");
 
   // Each replica's type (its first rank's) and share of the micro-batch.
   int rtype[kMaxReplicas], share[kMaxReplicas];
   for (int d = 0; d < dp; ++d) {
-    rtype[d] = rank_ptype_[grid_rank(begin, st, d, 0)];
+    rtype[d] = rank_ptype_[grid.rank(d, 0)];
     if (rtype[d] < 0) {
       if (why) *why = "no profiles for a device type of the plan";
       return false;
@@ -184,10 +185,10 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     // A tp group across nodes: Megatron's 2 forward and 2 backward all-reduces per block over the
     // inter-node link instead of the intra-node one the profile measured.
     double extra = 0;
-    const int first = grid_rank(begin, st, d, 0), last = grid_rank(begin, st, d, tp - 1);
+    const int first = grid.rank(d, 0), last = grid.rank(d, tp - 1);
     if (tp > 1 && blocks > 0 && share[d] > 0 && layout_->node_of(first) != layout_->node_of(last)) {
       const double bytes = act_bytes_per_sample_ * share[d];
-      const double delta = net_.ring_all_reduce_seconds_strided(first, 1, tp, bytes) -
+      const double delta = net_.ring_all_reduce_seconds_strided(grid.tp_group(d), bytes) -
                            net_.intra_node_all_reduce_seconds(layout_->node_of(first), tp, bytes);
       extra = 2.0 * blocks * std::max(0.0, delta) * 1e3;
     }
@@ -252,11 +253,11 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     c.sustained_factor = sustained;
     c.send_forward_ms = send_forward;
     c.send_backward_ms = send_backward;
-    // Data-parallel gradient all-reduce of each tp slice: tp index t's group is begin + t, + tp, ...
+    // Data-parallel gradient all-reduce of each tp slice over tp index t's dp group.
     // (Each the slowest over the slices; recomputed only when its bytes change between settings.)
     auto slowest_all_reduce = [&](double bytes) {
       double ar = 0;
-      for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, bytes));
+      for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(grid.dp_group(t), bytes));
       return ar;
     };
     if (grad_bytes != prev_grad_bytes) {
@@ -295,9 +296,8 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     if (tied_pipeline_ends && (index == 0 || index == p - 1)) {
       const int partner = index == 0 ? layout_->num_ranks() - 1 : 0;
       const double bytes = vh / tp * reduced_gradient_bytes(setup);
-      c.allreduce_ms +=
-          net_.all_reduce_seconds_strided(std::min(begin, partner), std::max(1, std::abs(partner - begin)), 2, bytes) *
-          1e3;
+      const RankStride ends{std::min(begin, partner), std::max(1, std::abs(partner - begin)), 2};
+      c.allreduce_ms += net_.all_reduce_seconds_strided(ends, bytes) * 1e3;
     }
     c.optimizer_ms = optimizer / (setup.zero_stage >= 1 ? dp : 1);
     if (setup.offload_optimizer || (setup.offload_params && setup.zero_stage >= 3)) {
@@ -331,7 +331,7 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     double memo_total = 0;
     MemoryBreakdown memo_breakdown;
     for (int r = begin, run_end; r < begin + size; r = run_end) {
-      const int d = grid_replica(begin, st, r);
+      const int d = grid.replica(r);
       const int type = layout_->type_of(r);
       const int mb = std::max(1, share[d]);
       const int node = layout_->node_of(r);
@@ -339,9 +339,9 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
       run_end = r + 1;
       if (!detail) {
         run_end = std::min(begin + size, layout_->node_end(node));
-        for (int e = d + 1; grid_rank(begin, st, e, 0) < run_end; ++e)
+        for (int e = d + 1; grid.rank(e, 0) < run_end; ++e)
           if (std::max(1, share[e]) != mb) {
-            run_end = grid_rank(begin, st, e, 0);
+            run_end = grid.rank(e, 0);
             break;
           }
       }
