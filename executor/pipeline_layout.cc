@@ -36,13 +36,12 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
     st.first_layer = p.layer_partition[s];
     st.last_layer = p.layer_partition[s + 1];
     // Split each micro-batch over the replicas.
-    std::vector<int> counts(st.dp, micro_batch_ / st.dp);
-    for (int d = 0; d < micro_batch_ % st.dp; ++d) ++counts[d];
+    std::vector<int> counts(st.dp);
+    split_micro_batch(micro_batch_, st.dp, counts.data());
     if (profiles && !rank_types.empty()) {
-      std::vector<int> types(rank_types.begin() + begin, rank_types.begin() + begin + st.size());
-      if (types.front() != types.back()) {
+      if (rank_types[st.begin] != rank_types[st.end() - 1]) {
         std::vector<int> replica_first(st.dp);
-        for (int d = 0; d < st.dp; ++d) replica_first[d] = types[d * st.tp];
+        for (int d = 0; d < st.dp; ++d) replica_first[d] = rank_types[st.rank(d, 0)];
         int missing = -1;
         if (!partition_data(*profiles, replica_first.data(), p.strategies[s], micro_batch_, counts.data(), &missing))
           throw InputError(profiles->missing_message(missing, st.tp, 1, "the data load balancer"));
@@ -85,18 +84,43 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
 
 const StageLayout& PipelineLayout::stage_of(int rank) const {
   for (const auto& s : stages_)
-    if (rank >= s.begin && rank < s.begin + s.size()) return s;
+    if (s.contains(rank)) return s;
   throw InputError("rank " + std::to_string(rank) + " is outside the plan's " + std::to_string(world_) + " ranks");
 }
 
-int PipelineLayout::replica_of(int rank) const {
+int PipelineLayout::replica_of(int rank) const { return stage_of(rank).replica(rank); }
+
+int PipelineLayout::tp_index_of(int rank) const { return stage_of(rank).tp_index(rank); }
+
+GroupSeat PipelineLayout::tp_seat(int rank) const {
   const StageLayout& s = stage_of(rank);
-  return (rank - s.begin) / s.tp;
+  if (s.tp == 1) return {};
+  return {"tp." + std::to_string(s.index) + "." + std::to_string(s.replica(rank)),
+          s.tp_group(s.replica(rank)).position_of(rank), s.tp};
 }
 
-int PipelineLayout::tp_index_of(int rank) const {
+GroupSeat PipelineLayout::dp_seat(int rank) const {
   const StageLayout& s = stage_of(rank);
-  return (rank - s.begin) % s.tp;
+  if (s.dp == 1) return {};
+  return {"dp." + std::to_string(s.index) + "." + std::to_string(s.tp_index(rank)),
+          s.dp_group(s.tp_index(rank)).position_of(rank), s.dp};
+}
+
+bool PipelineLayout::embedding_group_full() const {
+  const StageLayout& a = stages_.front();
+  const StageLayout& z = stages_.back();
+  return !(a.dp == z.dp && a.tp == z.tp);
+}
+
+GroupSeat PipelineLayout::embedding_seat(int rank) const {
+  if (num_stages() < 2) return {};
+  const StageLayout& a = stages_.front();
+  const StageLayout& z = stages_.back();
+  if (!a.contains(rank) && !z.contains(rank)) return {};
+  const bool first = a.contains(rank);
+  if (embedding_group_full()) return {"emb", first ? rank - a.begin : a.size() + (rank - z.begin), a.size() + z.size()};
+  const StageLayout& mine = first ? a : z;
+  return {"emb." + std::to_string(mine.replica(rank)) + "." + std::to_string(mine.tp_index(rank)), first ? 0 : 1, 2};
 }
 
 }  // namespace hetplan::executor

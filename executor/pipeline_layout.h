@@ -2,20 +2,27 @@
 // parallel replica handles, and which rank pairs move activations and
 // gradients between neighbouring stages. Pure bookkeeping, no tensors.
 //
-// Stage s owns ranks [begin_s, begin_s + dp_s * tp_s). Replica d of a stage
-// is the tp ranks begin + d * tp + t (tensor-parallel ranks adjacent, as in
-// Megatron, so that tp stays within a node). Each micro-batch (gbs / batches
+// Stage s owns ranks [begin_s, begin_s + dp_s * tp_s), laid out by its
+// StageGrid (sim/parallel_layout.h, Megatron's order: replica d's tp ranks
+// are adjacent, so that tp stays within a node). The process groups a rank
+// joins (its tp and dp groups, the tied-embedding group) are named and
+// seated here from that grid, so every rank derives the same groups.
+// Each micro-batch (gbs / batches
 // samples) is split over a stage's replicas by the data load balancer when
 // the stage mixes device types, evenly otherwise, so neighbouring stages can
 // split it differently. Activations are re-sharded explicitly: a receiver
 // rank (replica d, tp index t) gets each overlapping sample range from the
 // sender replica's tp rank t mod tp_sender; gradients go back the same way
 // with the roles swapped.
+//
+// Thread-safety: immutable after construction. It keeps no pointers to the
+// plan or the profiles it was built from.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "sim/parallel_layout.h"
 #include "sim/plan_file.h"
 #include "sim/profile.h"
 
@@ -26,14 +33,19 @@ struct SampleRange {
   int size() const { return end - begin; }
 };
 
-struct StageLayout {
+// A stage: its rank grid (first rank, dp, tp), its layers and each replica's samples.
+struct StageLayout : StageGrid {
   int index = 0;
-  int begin = 0;  // first rank
-  int dp = 1, tp = 1;
   int first_layer = 0, last_layer = 0;  // layers [first, last)
   std::vector<SampleRange> replica_samples;
-  int rank(int replica, int t) const { return begin + replica * tp + t; }
-  int size() const { return dp * tp; }
+};
+
+// A rank's seat in one process group: every member names the group alike,
+// and `position` is the rank's place in it (-1: the rank joins no such group).
+struct GroupSeat {
+  std::string name;
+  int position = -1, size = 0;
+  bool member() const { return position >= 0; }
 };
 
 struct Transfer {
@@ -56,6 +68,20 @@ class PipelineLayout {
   const StageLayout& stage_of(int rank) const;
   int replica_of(int rank) const;
   int tp_index_of(int rank) const;
+
+  // The groups `rank` joins (none where the group would be the rank alone):
+  // its replica's tp group "tp.<stage>.<replica>", seated by tp index; its tp
+  // index's dp group "dp.<stage>.<tp index>", seated by replica.
+  GroupSeat tp_seat(int rank) const;
+  GroupSeat dp_seat(int rank) const;
+  // Tied embeddings split over the first and the last stage (two or more
+  // stages): the group that sums their gradients. Megatron's pairs
+  // "emb.<replica>.<tp index>" (the first stage's rank at 0) when both stages
+  // have the same (dp, tp); otherwise one group "emb" of all their ranks (the
+  // first stage's, then the last's), which sums full-size gradients
+  // (embedding_group_full()).
+  GroupSeat embedding_seat(int rank) const;
+  bool embedding_group_full() const;
 
   // Activations from stage s to s + 1, and gradients from s + 1 back to s.
   const std::vector<Transfer>& forward_transfers(int s) const { return forward_[s]; }

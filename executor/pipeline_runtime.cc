@@ -43,21 +43,13 @@ struct RankGroups {
 
 RankGroups make_groups(const PipelineLayout& layout, int me, const ReplayConfig& c, const profiler::DistEnv& env) {
   auto rv = profiler::connect_world(env, c.timeout);
+  auto join = [&](const GroupSeat& seat) {
+    return profiler::make_group(rv, seat.name, seat.position, seat.size, c.device, c.timeout);
+  };
   RankGroups g;
   g.world = profiler::make_group(rv, "world", me, layout.world(), c.device, c.timeout);
-  for (int s = 0; s < layout.num_stages(); ++s) {
-    const StageLayout& st = layout.stage(s);
-    for (int d = 0; d < st.dp; ++d)
-      for (int t = 0; t < st.tp; ++t)
-        if (st.rank(d, t) == me && st.tp > 1)
-          g.tp = profiler::make_group(rv, "tp." + std::to_string(s) + "." + std::to_string(d), t, st.tp, c.device,
-                                      c.timeout);
-    for (int t = 0; t < st.tp; ++t)
-      for (int d = 0; d < st.dp; ++d)
-        if (st.rank(d, t) == me && st.dp > 1)
-          g.dp = profiler::make_group(rv, "dp." + std::to_string(s) + "." + std::to_string(t), d, st.dp, c.device,
-                                      c.timeout);
-  }
+  if (const GroupSeat tp = layout.tp_seat(me); tp.member()) g.tp = join(tp);
+  if (const GroupSeat dp = layout.dp_seat(me); dp.member()) g.dp = join(dp);
   // One two-rank group per pair and direction, so that activations and
   // gradients never queue behind each other (NCCL orders a pair's p2p ops).
   for (int s = 0; s + 1 < layout.num_stages(); ++s) {
@@ -70,28 +62,11 @@ RankGroups make_groups(const PipelineLayout& layout, int me, const ReplayConfig&
         g.bwd[{x.src, x.dst}] = profiler::make_group(
             rv, "bwd." + std::to_string(x.src) + "." + std::to_string(x.dst), x.src == me ? 0 : 1, 2, c.device, c.timeout);
   }
-  const int last = layout.num_stages() - 1;
-  if (c.model.shape.tied_embeddings && last > 0) {
-    const StageLayout& a = layout.stage(0);
-    const StageLayout& z = layout.stage(last);
-    if (a.dp == z.dp && a.tp == z.tp) {
-      for (int d = 0; d < a.dp; ++d)
-        for (int t = 0; t < a.tp; ++t)
-          if (me == a.rank(d, t) || me == z.rank(d, t))
-            g.emb = profiler::make_group(rv, "emb." + std::to_string(d) + "." + std::to_string(t),
-                                         me == a.rank(d, t) ? 0 : 1, 2, c.device, c.timeout);
-    } else {
-      std::vector<int> members;
-      for (int r = a.begin; r < a.begin + a.size(); ++r) members.push_back(r);
-      for (int r = z.begin; r < z.begin + z.size(); ++r) members.push_back(r);
-      const auto it = std::find(members.begin(), members.end(), me);
-      if (it != members.end()) {
-        g.emb = profiler::make_group(rv, "emb", static_cast<int>(it - members.begin()),
-                                     static_cast<int>(members.size()), c.device, c.timeout);
-        g.emb_full = true;
-      }
+  if (c.model.shape.tied_embeddings)
+    if (const GroupSeat emb = layout.embedding_seat(me); emb.member()) {
+      g.emb = join(emb);
+      g.emb_full = layout.embedding_group_full();
     }
-  }
   return g;
 }
 

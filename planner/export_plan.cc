@@ -49,11 +49,10 @@ void require_uniform(const PlanFile& f, const ParallelLayout* placement, const s
                        std::to_string(st[0].tp) + ": " + framework + " needs the same (dp, tp) in every stage" + pointer);
   if (placement && type_names) {
     const RankLayout& rl = placement->ranks();
-    int begin = 0;
+    const PipelineGrid stages(st);
     std::string first;
-    for (std::size_t s = 0; s < st.size(); ++s) {
-      const int end = begin + f.plan.device_groups[s];
-      for (int r = begin; r < end; ++r) {
+    for (int s = 0; s < stages.num_stages(); ++s) {
+      for (int r = stages.stage(s).begin; r < stages.stage(s).end(); ++r) {
         const std::string& t = (*type_names)[rl.type_of(r)];
         if (first.empty()) first = t;
         if (t != first)
@@ -61,7 +60,6 @@ void require_uniform(const PlanFile& f, const ParallelLayout* placement, const s
                            ")" + (s == 0 ? " and " : " but stage 0 on ") + first + ": " + framework +
                            " needs one GPU type in every stage" + pointer);
       }
-      begin = end;
     }
   } else {
     std::set<std::string> types(f.plan.node_sequence.begin(), f.plan.node_sequence.end());
@@ -368,18 +366,19 @@ DeepSpeedConfig export_deepspeed(const PlanFile& f, const ModelShape& m, const P
 std::vector<HostLaunch> export_torchrun(const PlanFile& f, const ParallelLayout& p, const TorchrunOptions& o,
                                         const std::string& where) {
   // tp groups inside a host.
-  int begin = 0;
-  for (std::size_t s = 0; s < f.plan.strategies.size(); ++s) {
-    const Strategy st = f.plan.strategies[s];
-    for (int d = 0; d < st.dp; ++d)
-      for (int t = 1; t < st.tp; ++t) {
-        const int a = grid_rank(begin, st, d, 0), r = grid_rank(begin, st, d, t);
+  const PipelineGrid stages(f.plan.strategies);
+  for (int s = 0; s < stages.num_stages(); ++s) {
+    const StageGrid& st = stages.stage(s);
+    for (int d = 0; d < st.dp; ++d) {
+      const RankStride group = st.tp_group(d);
+      for (int t = 1; t < group.size(); ++t) {
+        const int a = group[0], r = group[t];
         if (p.host(a) != p.host(r))
           throw InputError(where + ": stage " + std::to_string(s) + " replica " + std::to_string(d) +
                            ": its tp group spans hosts " + p.host(a) + " (rank " + std::to_string(a) + ") and " +
                            p.host(r) + " (rank " + std::to_string(r) + "); tensor parallelism must stay inside a host");
       }
-    begin += f.plan.device_groups[s];
+    }
   }
   const std::vector<std::string> hosts = p.hosts();
   const std::string endpoint = o.rdzv_endpoint.empty() ? hosts[0] + ":29500" : o.rdzv_endpoint;
@@ -398,12 +397,10 @@ std::vector<HostLaunch> export_torchrun(const PlanFile& f, const ParallelLayout&
       << "# Run this script on " << h.host << "; run the other hosts' scripts on theirs. Every host needs\n"
       << "# hetplan (or HETPLAN=/path/to/hetplan) and this folder at the same path.\n";
     for (std::size_t g = 0; g < h.ranks.size(); ++g) {
-      const int r = h.ranks[g];
-      int b = 0, s_idx = 0;
-      while (r >= b + f.plan.device_groups[s_idx]) b += f.plan.device_groups[s_idx++];
-      const Strategy st = f.plan.strategies[s_idx];
+      const int r = h.ranks[g], s_idx = stages.stage_of(r);
+      const StageGrid& st = stages.stage(s_idx);
       s << "#   local GPU " << p.local_gpu(r) << ": rank " << r << ", stage " << s_idx << " (dp " << st.dp << ", tp "
-        << st.tp << "), replica " << grid_replica(b, st, r) << ", tp index " << grid_tp_index(b, st, r) << ", "
+        << st.tp << "), replica " << st.replica(r) << ", tp index " << st.tp_index(r) << ", "
         << types[p.ranks().type_of(r)] << "\n";
     }
     s << "set -euo pipefail\n"

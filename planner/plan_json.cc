@@ -54,20 +54,19 @@ ordered_json rank_placement_json(const Cluster& cluster, const PlanResult& plan)
   std::vector<int> sequence;
   for (const auto& name : plan.node_sequence) sequence.push_back(cluster.type_index(name));
   const RankLayout layout(cluster, sequence);
-  const ParallelLayout grid(cluster, layout);
+  const ParallelLayout placement(cluster, layout);
+  const PipelineGrid stages(plan.strategies);
   ordered_json ranks = ordered_json::array();
-  int begin = 0;
-  for (std::size_t i = 0; i < plan.device_groups.size(); ++i) {
-    const Strategy st = plan.strategies[i];
-    for (int r = begin; r < begin + plan.device_groups[i] && r < layout.num_ranks(); ++r)
+  for (int i = 0; i < stages.num_stages(); ++i) {
+    const StageGrid& st = stages.stage(i);
+    for (int r = st.begin; r < st.end() && r < layout.num_ranks(); ++r)
       ranks.push_back({{"rank", r},
-                       {"host", grid.host(r)},
-                       {"local_gpu", grid.local_gpu(r)},
+                       {"host", placement.host(r)},
+                       {"local_gpu", placement.local_gpu(r)},
                        {"device", cluster.device_types()[layout.type_of(r)]},
-                       {"stage", static_cast<int>(i)},
-                       {"dp_index", grid_replica(begin, st, r)},
-                       {"tp_index", grid_tp_index(begin, st, r)}});
-    begin += plan.device_groups[i];
+                       {"stage", i},
+                       {"dp_index", st.replica(r)},
+                       {"tp_index", st.tp_index(r)}});
   }
   return ranks;
 }

@@ -24,6 +24,7 @@
 #include "planner/spin_lock.h"
 #include "sim/cluster.h"
 #include "sim/data_load_balancer.h"
+#include "sim/parallel_layout.h"
 #include "sim/plan_cost.h"
 #include "sim/profile.h"
 #include "sim/rank_layout.h"
@@ -221,9 +222,10 @@ class StageEstimator {
           for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
             const int dp = s / tp;
             if (s % tp != 0 || dp > b_ || dp > kMaxReplicas) continue;
+            const StageGrid grid(r, dp, tp);
             rtype.assign(dp, 0);
             share.assign(dp, 0);
-            for (int d = 0; d < dp; ++d) rtype[d] = ptype[layout.type_of(r + d * tp)];
+            for (int d = 0; d < dp; ++d) rtype[d] = ptype[layout.type_of(grid.rank(d, 0))];
             MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R + 1) + s) * (max_tp + 1) + tp];
             if (!partition_data(profiles, rtype.data(), Strategy{dp, tp}, b_, share.data())) {
               ref.count = -1;  // the simulator fails too
@@ -233,7 +235,7 @@ class StageEstimator {
             for (int d = 0; d < dp; ++d) {
               ref.max_share = std::max(ref.max_share, share[d]);
               if (share[d] == 0) continue;
-              const Slices* sl = &slices.at(layout.type_of(r + d * tp), tp, share[d]);
+              const Slices* sl = &slices.at(layout.type_of(grid.rank(d, 0)), tp, share[d]);
               if (std::find(list.begin(), list.end(), sl) == list.end()) list.push_back(sl);
             }
             // Stages with the same replicas (as (type, share) slicings) share one list: one estimate.
@@ -326,7 +328,7 @@ class StageEstimator {
       }
       return x;
     }
-    // Mixed types: replica d (ranks r + d tp ..) computes share_d samples in at least share_d x
+    // Mixed types: replica d (first rank StageGrid::rank(d, 0)) computes share_d samples in at least share_d x
     // its type's cheapest time per sample, and the shares sum to b. The replicas are counted per run
     // of ranks of one type (the layout's types are contiguous): O(types), not O(dp).
     // Shares are whole samples: in time T a replica of per-sample time w computes at most floor(T / w)
@@ -337,9 +339,10 @@ class StageEstimator {
     double w[kRuns];
     int n[kRuns], runs = 0;
     double capacity = 0;
+    const StageGrid grid(r, dp, tp);
     for (int q = r; q < r + s; q = run_end_[q]) {
       const int end = std::min(run_end_[q], r + s);
-      const int replicas = std::min(dp, (end - r + tp - 1) / tp) - (q - r + tp - 1) / tp;  // first ranks in [q, end)
+      const int replicas = grid.replicas_starting_in(q, end);
       if (replicas <= 0) continue;
       const std::vector<double>& v = per_sample_best_[layout_->type_of(q) * (max_tp_ + 1) + tp];
       if (v.empty()) continue;  // no file: infinite time per sample, no capacity

@@ -252,7 +252,6 @@ Cluster Cluster::from_parts(const std::vector<std::pair<std::string, int>>& host
   c.devices_of_type_.assign(nt, 0);
   c.first_intra_bw_.assign(nt, -1);
   c.min_intra_bw_.assign(nt, std::numeric_limits<double>::infinity());
-  c.min_inter_bw_.assign(nt, std::numeric_limits<double>::infinity());
   c.memory_mb_.assign(nt, -1);
   for (std::size_t i = 0; i < hosts.size(); ++i) {
     const ClusterfileEntry& e = *by_ip[hosts[i].first];
@@ -273,7 +272,6 @@ Cluster Cluster::from_parts(const std::vector<std::pair<std::string, int>>& host
     c.devices_of_type_[n.type] += n.num_devices;
     if (c.first_intra_bw_[n.type] < 0) c.first_intra_bw_[n.type] = n.intra_bandwidth;
     c.min_intra_bw_[n.type] = std::min(c.min_intra_bw_[n.type], n.intra_bandwidth);
-    c.min_inter_bw_[n.type] = std::min(c.min_inter_bw_[n.type], n.inter_bandwidth);
   }
   for (const auto& e : clusterfile) {
     const int t = c.type_index(e.instance_type);

@@ -23,6 +23,16 @@
 // granted count is recorded where the type runs (profiles, replay reports),
 // never assumed. The planner and the simulator treat an emulated type as any
 // other type: its speed comes from its profiles.
+//
+// What a Cluster promises: nodes() in hostfile order, each with a valid
+// device type index and 1 to kMaxSlotsPerNode GPUs, at most kMaxClusterGpus
+// GPUs in all; every node's ip has a clusterfile entry; per-type numbers
+// (memory_mb, first_intra_bandwidth, min_intra_bandwidth) exist for every
+// type a node uses. Which global rank sits on which node is RankLayout's
+// business (sim/rank_layout.h), for a chosen node sequence.
+// REQUIRES: type indices passed in are in [0, device_types().size()).
+// Thread-safety: immutable after load()/from_parts(); safe to share between
+// threads. It stores no pointers to its inputs.
 #pragma once
 
 #include <cstddef>
@@ -95,8 +105,6 @@ class Cluster {
   // "inter-node" bandwidth is this number: its get_inter_bandwidth reads the
   // intra_bandwidth key (a reference bug the metis cost model keeps).
   double min_intra_bandwidth(int type) const { return min_intra_bw_[type]; }
-  // Smallest real inter_bandwidth over the hostfile nodes of this type.
-  double min_inter_bandwidth(int type) const { return min_inter_bw_[type]; }
 
   const std::string& hostfile_path() const { return hostfile_path_; }
   const std::string& clusterfile_path() const { return clusterfile_path_; }
@@ -106,7 +114,7 @@ class Cluster {
   std::vector<ClusterNode> nodes_;
   std::vector<ClusterfileEntry> clusterfile_;
   std::vector<int> devices_of_type_;
-  std::vector<double> memory_mb_, first_intra_bw_, min_intra_bw_, min_inter_bw_;
+  std::vector<double> memory_mb_, first_intra_bw_, min_intra_bw_;
   int num_devices_ = 0;
   std::string hostfile_path_, clusterfile_path_;
 };

@@ -3,13 +3,15 @@
 #include <stdexcept>
 
 #include "sim/input_error.h"
+#include "sim/parallel_layout.h"
 
 namespace hetplan {
 
 void replica_types_of(const int* rank_types, int begin, int size, int dp, int* replica_types) {
   if (dp > kMaxReplicas) throw std::length_error("data load balancer: more than 4096 data-parallel replicas");
-  const int group = size / dp;
-  for (int i = 0; i < dp; ++i) replica_types[i] = rank_types[begin + i * group];
+  // Replicas of size / dp ranks each, in the grid's order: replica i's first rank is rank(i, 0).
+  const StageGrid grid(begin, dp, size / dp);
+  for (int i = 0; i < dp; ++i) replica_types[i] = rank_types[grid.rank(i, 0)];
 }
 
 bool partition_data(const ProfileSet& profiles, const int* replica_types, Strategy strategy, int bs, int* out,

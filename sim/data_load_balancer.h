@@ -1,9 +1,16 @@
-// DataLoadBalancer: splits a stage's micro-batch over its data-parallel
-// replicas in proportion to each replica's speed, as Metis does.
+// The data load balancer (partition_data): splits a mixed-type stage's
+// micro-batch over its data-parallel replicas in proportion to each
+// replica's speed, as Metis does.
 //
 // Replica i's speed is 1 / (sum of its device type's tp<tp>_bs1 layer times);
 // each replica gets floor(bs * share) samples and the remainder goes, one by
 // one, to the replicas with the largest fractional parts (ties: lower index).
+// A replica's type is its first rank's: StageGrid::rank(i, 0)
+// (sim/parallel_layout.h) for the simulator, the search and the executor;
+// replica_types_of below for Metis's reference paths.
+//
+// REQUIRES: strategy.dp <= kMaxReplicas (else std::length_error).
+// Thread-safety: pure functions of their arguments; nothing is stored.
 #pragma once
 
 #include <vector>
@@ -17,7 +24,9 @@ namespace hetplan {
 // The most data-parallel replicas a stage may have: kMaxReplicas (sim/limits.h).
 
 // The profile type of each data-parallel replica of the `size` ranks from
-// `begin`: replica i starts at rank begin + i * (size / dp). Throws
+// `begin`, by the Metis reference's rule: replica i starts at rank
+// begin + i * (size / dp), the first rank of replica i of a StageGrid of
+// tp = size / dp (Metis also calls it with the whole cluster's ranks). Throws
 // std::length_error beyond kMaxReplicas.
 void replica_types_of(const int* rank_types, int begin, int size, int dp, int* replica_types);
 

@@ -140,7 +140,8 @@ double Network::all_reduce_seconds(const std::vector<int>& ranks, double bytes) 
   return std::min(ring_all_reduce_seconds(ranks, bytes), hierarchical_all_reduce_seconds(ranks, bytes));
 }
 
-void Network::strided_all_reduces(int first, int stride, int count, double bytes, double* ring, double* hier) const {
+void Network::strided_all_reduces(RankStride group, double bytes, double* ring, double* hier) const {
+  const int first = group.first, stride = group.stride, count = group.count;
   const double n = static_cast<double>(count);
   const double intra_lat = opt_.intra_latency_s, inter_lat = opt_.inter_latency_s;
   // Ring over all members: (k - 1) links inside each node of k members, one link between consecutive
@@ -198,17 +199,17 @@ void Network::strided_all_reduces(int first, int stride, int count, double bytes
   *hier = intra + inter;
 }
 
-double Network::ring_all_reduce_seconds_strided(int first, int stride, int count, double bytes) const {
-  if (count <= 1 || bytes <= 0) return 0.0;
+double Network::ring_all_reduce_seconds_strided(RankStride group, double bytes) const {
+  if (group.size() <= 1 || bytes <= 0) return 0.0;
   double ring, hier;
-  strided_all_reduces(first, stride, count, bytes, &ring, &hier);
+  strided_all_reduces(group, bytes, &ring, &hier);
   return ring;
 }
 
-double Network::all_reduce_seconds_strided(int first, int stride, int count, double bytes) const {
-  if (count <= 1 || bytes <= 0) return 0.0;
+double Network::all_reduce_seconds_strided(RankStride group, double bytes) const {
+  if (group.size() <= 1 || bytes <= 0) return 0.0;
   double ring, hier;
-  strided_all_reduces(first, stride, count, bytes, &ring, &hier);
+  strided_all_reduces(group, bytes, &ring, &hier);
   return std::min(ring, hier);
 }
 

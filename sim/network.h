@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "sim/cluster.h"
+#include "sim/parallel_layout.h"
 #include "sim/rank_layout.h"
 
 namespace hetplan {
@@ -71,10 +72,11 @@ class Network {
   // starts from) `bytes` in total: (n - 1) / n x bytes over the slowest link.
   double all_gather_seconds(const std::vector<int>& ranks, double bytes) const;
 
-  // all_reduce_seconds / ring_all_reduce_seconds over the n ranks first, first + stride, ...
-  // (stride > 0, so in rank order and node order), the same numbers without allocating.
-  double all_reduce_seconds_strided(int first, int stride, int n, double bytes) const;
-  double ring_all_reduce_seconds_strided(int first, int stride, int n, double bytes) const;
+  // all_reduce_seconds / ring_all_reduce_seconds over a group of a stage's grid (a tp or a dp group,
+  // StageGrid::tp_group / dp_group: in rank order and so in node order), the same numbers without
+  // allocating.
+  double all_reduce_seconds_strided(RankStride group, double bytes) const;
+  double ring_all_reduce_seconds_strided(RankStride group, double bytes) const;
   // A ring all-reduce of `n` GPUs inside RankLayout node `node`, at its collective bandwidth.
   double intra_node_all_reduce_seconds(int node, int n, double bytes) const;
 
@@ -84,10 +86,10 @@ class Network {
   // Slowest link and largest latency of the ring over `ranks` in order, for a collective.
   void ring_bottleneck(const std::vector<int>& ranks, double* bandwidth, double* latency) const;
   double collective_bandwidth(int a, int b) const;
-  // The ring and the hierarchical all-reduce of `bytes` over the n ranks first, first + stride, ...,
-  // walked node by node (a node is a range of ranks, so its members are one run): the same links, so
-  // the same bottlenecks, as a walk rank by rank, in O(nodes) instead of O(n). REQUIRES: n >= 2, bytes > 0.
-  void strided_all_reduces(int first, int stride, int n, double bytes, double* ring, double* hier) const;
+  // The ring and the hierarchical all-reduce of `bytes` over `group`, walked node by node (a node is a
+  // range of ranks, so its members are one run): the same links, so the same bottlenecks, as a walk
+  // rank by rank, in O(nodes) instead of O(n). REQUIRES: group.size() >= 2, bytes > 0.
+  void strided_all_reduces(RankStride group, double bytes, double* ring, double* hier) const;
 
   const RankLayout* layout_;
   NetworkOptions opt_;

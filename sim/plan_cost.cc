@@ -187,8 +187,9 @@ bool PlanCostModel::replica_shares(const StageChoice& s, int micro_batch, StageB
   const ProfileSet& profiles = *sim_->profiles_;
   const Strategy st = s.st;
   const int begin = s.begin, dp = st.dp, tp = st.tp;
+  const StageGrid grid(begin, st);
   for (int d = 0; d < dp; ++d) {
-    b->rtype[d] = rank_ptype_[grid_rank(begin, st, d, 0)];
+    b->rtype[d] = rank_ptype_[grid.rank(d, 0)];
     if (b->rtype[d] < 0) {
       if (why) *why = "no profiles for a device type of the plan";
       return false;
@@ -269,10 +270,11 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
 // the backward adds for replica d (0 when its tp group stays in one node).
 double PlanCostModel::cross_node_tp_ms(int begin, Strategy st, int d, int share, int blocks) const {
   const int tp = st.tp;
-  const int first = grid_rank(begin, st, d, 0), last = grid_rank(begin, st, d, tp - 1);
+  const StageGrid grid(begin, st);
+  const int first = grid.rank(d, 0), last = grid.rank(d, tp - 1);
   if (!(tp > 1 && blocks > 0 && share > 0 && layout_->node_of(first) != layout_->node_of(last))) return 0;
   const double bytes = act_bytes_per_sample_ * share;
-  const double delta = net_.ring_all_reduce_seconds_strided(first, 1, tp, bytes) -
+  const double delta = net_.ring_all_reduce_seconds_strided(grid.tp_group(d), bytes) -
                        net_.intra_node_all_reduce_seconds(layout_->node_of(first), tp, bytes);
   return 2.0 * blocks * std::max(0.0, delta) * 1e3;
 }
@@ -331,11 +333,12 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
                                       double trainable, double grad_bytes, SetupReuse* reuse,
                                       FastStageCost* c) const {
   const int begin = s.begin, dp = s.st.dp, tp = s.st.tp;
-  // Data-parallel gradient all-reduce of each tp slice: tp index t's group is begin + t, + tp, ...
+  // Data-parallel gradient all-reduce of each tp slice over tp index t's dp group.
+  const StageGrid grid(begin, s.st);
   // (Each the slowest over the slices; recomputed only when its bytes change between settings.)
   auto slowest_all_reduce = [&](double bytes) {
     double ar = 0;
-    for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(begin + t, tp, dp, bytes));
+    for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(grid.dp_group(t), bytes));
     return ar;
   };
   if (grad_bytes != reuse->grad_bytes) {
@@ -376,9 +379,8 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
     const double vh = static_cast<double>(shape.vocab_size) * shape.hidden_size;
     const int partner = index == 0 ? layout_->num_ranks() - 1 : 0;
     const double bytes = vh / tp * reduced_gradient_bytes(setup);
-    c->allreduce_ms +=
-        net_.all_reduce_seconds_strided(std::min(begin, partner), std::max(1, std::abs(partner - begin)), 2, bytes) *
-        1e3;
+    const RankStride ends{std::min(begin, partner), std::max(1, std::abs(partner - begin)), 2};
+    c->allreduce_ms += net_.all_reduce_seconds_strided(ends, bytes) * 1e3;
   }
 }
 
@@ -413,6 +415,7 @@ void PlanCostModel::stage_memory(const StageChoice& s, int index, int p, const S
                                  StageDetail* detail) const {
   const Strategy st = s.st;
   const int begin = s.begin, size = s.size;
+  const StageGrid grid(begin, st);
   const int* share = b.share;
   c->peak_memory_bytes = 0;
   c->min_headroom_bytes = std::numeric_limits<double>::infinity();
@@ -420,7 +423,7 @@ void PlanCostModel::stage_memory(const StageChoice& s, int index, int p, const S
   double memo_total = 0;
   MemoryBreakdown memo_breakdown;
   for (int r = begin, run_end; r < begin + size; r = run_end) {
-    const int d = grid_replica(begin, st, r);
+    const int d = grid.replica(r);
     const int type = layout_->type_of(r);
     const int mb = std::max(1, share[d]);
     const int node = layout_->node_of(r);
@@ -428,9 +431,9 @@ void PlanCostModel::stage_memory(const StageChoice& s, int index, int p, const S
     run_end = r + 1;
     if (!detail) {
       run_end = std::min(begin + size, layout_->node_end(node));
-      for (int e = d + 1; grid_rank(begin, st, e, 0) < run_end; ++e)
+      for (int e = d + 1; grid.rank(e, 0) < run_end; ++e)
         if (std::max(1, share[e]) != mb) {
-          run_end = grid_rank(begin, st, e, 0);
+          run_end = grid.rank(e, 0);
           break;
         }
     }

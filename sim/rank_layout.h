@@ -6,6 +6,12 @@
 // means that node type's intra bandwidth; several nodes mean the smallest
 // "inter" bandwidth of the types involved, which Metis reads from the
 // intra_bandwidth key (Cluster::min_intra_bandwidth).
+//
+// Which rank of a stage is which replica and tp index is StageGrid's
+// (sim/parallel_layout.h); RankLayout only knows nodes and types.
+// REQUIRES: node_sequence holds valid type indices of `cluster`; rank and
+// node arguments are in range. Thread-safety: immutable after construction.
+// Lifetime: keeps a pointer to the Cluster, which must outlive it.
 #pragma once
 
 #include <vector>

@@ -212,6 +212,42 @@ TEST_CASE("pipeline layout: sample splits and re-sharding transfers", "[executor
   CHECK_THROWS_AS(plan_file_from_json(plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 1, 3}, 2), "plan"), InputError);
 }
 
+TEST_CASE("pipeline layout: process groups come from the rank grid, Megatron's order", "[executor][grid]") {
+  // Stage 0: dp 2 x tp 2 (ranks 0-3); stage 1: dp 2 x tp 2 (ranks 4-7); stage 2: dp 1 x tp 2 (ranks 8-9).
+  PlanFile f = plan_file_from_json(plan_json({4, 4, 2}, {{2, 2}, {2, 2}, {1, 2}}, {0, 1, 3, 4}, 2), "plan");
+  const PipelineLayout layout(f, {}, nullptr);
+  REQUIRE(layout.world() == 10);
+  // Rank 5: stage 1, replica 0, tp index 1: tp group {4, 5}, dp group {5, 7}.
+  CHECK(layout.stage_of(5).index == 1);
+  CHECK(layout.replica_of(5) == 0);
+  CHECK(layout.tp_index_of(5) == 1);
+  const GroupSeat tp = layout.tp_seat(5), dp = layout.dp_seat(5);
+  CHECK(tp.name == "tp.1.0");
+  CHECK(tp.position == 1);
+  CHECK(tp.size == 2);
+  CHECK(dp.name == "dp.1.1");
+  CHECK(dp.position == 0);
+  CHECK(dp.size == 2);
+  CHECK(layout.dp_seat(7).name == "dp.1.1");
+  CHECK(layout.dp_seat(7).position == 1);
+  CHECK_FALSE(layout.dp_seat(9).member());  // stage 2 has one replica
+  // Stages 0 and 2 differ in dp: one embedding group of their 6 ranks.
+  CHECK(layout.embedding_group_full());
+  CHECK(layout.embedding_seat(2).name == "emb");
+  CHECK(layout.embedding_seat(2).position == 2);
+  CHECK(layout.embedding_seat(9).position == 5);
+  CHECK(layout.embedding_seat(9).size == 6);
+  CHECK_FALSE(layout.embedding_seat(5).member());
+  // Equal first and last stages: Megatron's pairs (same replica and tp index).
+  PlanFile g = plan_file_from_json(plan_json({4, 4}, {{2, 2}, {2, 2}}, {0, 2, 4}, 2), "plan");
+  const PipelineLayout pairs(g, {}, nullptr);
+  CHECK_FALSE(pairs.embedding_group_full());
+  CHECK(pairs.embedding_seat(2).name == "emb.1.0");
+  CHECK(pairs.embedding_seat(2).position == 0);
+  CHECK(pairs.embedding_seat(6).name == "emb.1.0");
+  CHECK(pairs.embedding_seat(6).position == 1);
+}
+
 TEST_CASE("a failing rank or a stage out of memory ends the replay with a clear error, without hanging",
           "[executor][errors]") {
   REQUIRE_CPU_COLLECTIVES();

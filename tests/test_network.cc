@@ -176,9 +176,9 @@ TEST_CASE("strided all-reduces walked node by node equal the rank-by-rank walk e
       const int count = 1 + static_cast<int>(rng() % most);
       const double bytes = q % 10 == 0 ? 0.0 : 1e6 * (1 + rng() % 5000);
       INFO("trial " << trial << ": " << R << " ranks; first " << first << ", stride " << stride << ", count " << count);
-      CHECK(n.all_reduce_seconds_strided(first, stride, count, bytes) ==
+      CHECK(n.all_reduce_seconds_strided(RankStride{first, stride, count}, bytes) ==
             reference_strided(n, layout, first, stride, count, bytes, false));
-      CHECK(n.ring_all_reduce_seconds_strided(first, stride, count, bytes) ==
+      CHECK(n.ring_all_reduce_seconds_strided(RankStride{first, stride, count}, bytes) ==
             reference_strided(n, layout, first, stride, count, bytes, true));
     }
   }

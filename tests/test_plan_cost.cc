@@ -280,9 +280,9 @@ TEST_CASE("rank grid: a mixed dp 2 x tp 2 stage gives each rank its own replica"
   CHECK(f.allreduce_ms == ar * 1e3);
   CHECK(ar > 0);
   // The grid helpers agree.
-  CHECK(grid_rank(6, Strategy{2, 2}, 1, 0) == 8);
-  CHECK(grid_replica(6, Strategy{2, 2}, 7) == 0);
-  CHECK(grid_tp_index(6, Strategy{2, 2}, 9) == 1);
+  CHECK(StageGrid(6, Strategy{2, 2}).rank(1, 0) == 8);
+  CHECK(StageGrid(6, Strategy{2, 2}).replica(7) == 0);
+  CHECK(StageGrid(6, Strategy{2, 2}).tp_index(9) == 1);
   // Hosts and local GPUs: A100 ranks 0-7 on 0.0.0.4 (its two hostfile lines), V100 8-15 on 0.0.0.1.
   const ParallelLayout grid(s.cluster, layout);
   CHECK(grid.host(0) == "0.0.0.4");
@@ -551,12 +551,13 @@ TEST_CASE("ZeRO's collectives: once per iteration (0, 1), per micro-batch (2: re
   const ModelShape shape = shape_from_model_config(s.model);
   const double n = shard_params(shape, 0, 5, 2, setups[0]).on_rank(1);
   const Network net(s.cluster, layout, sim.options().network);
-  const double ar_grad = net.all_reduce_seconds_strided(0, 1, 4, n * 4) * 1e3;
-  const double ar_weights = net.all_reduce_seconds_strided(0, 1, 4, n * 2) * 1e3;
+  const double ar_grad = net.all_reduce_seconds_strided(RankStride{0, 1, 4}, n * 4) * 1e3;
+  const double ar_weights = net.all_reduce_seconds_strided(RankStride{0, 1, 4}, n * 2) * 1e3;
   // The model ties its embeddings and the stage is the first of 2: whatever the ZeRO stage, it also
   // all-reduces the embedding's fp32 gradient with the last stage (the other end of the ranks).
   REQUIRE(shape.tied_embeddings);
-  const double tied = net.all_reduce_seconds_strided(0, 15, 2, static_cast<double>(shape.vocab_size) * shape.hidden_size * 4) * 1e3;
+  const double tied_bytes = static_cast<double>(shape.vocab_size) * shape.hidden_size * 4;
+  const double tied = net.all_reduce_seconds_strided(RankStride{0, 15, 2}, tied_bytes) * 1e3;
   CHECK(reduced_gradient_bytes(setups[0]) == 4);
   CHECK(f[0].allreduce_ms == Approx(ar_grad + tied).epsilon(1e-12));
   CHECK(f[1].allreduce_ms == Approx(ar_grad / 2 + ar_weights / 2 + tied).epsilon(1e-12));
