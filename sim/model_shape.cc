@@ -27,6 +27,12 @@ long long ModelShape::block_sharded_params() const {
   return n;
 }
 
+long long ModelShape::block_linear_weights() const {
+  long long n = 0;
+  for (const auto& l : block_linears()) n += l.in * l.out;
+  return n;
+}
+
 long long ModelShape::block_params() const { return block_sharded_params() + block_replicated_params(); }
 
 long long ModelShape::embedding_params() const {
@@ -54,17 +60,26 @@ long long ModelShape::largest_module_params() const {
   return m;
 }
 
-double ModelShape::block_forward_flops_per_token(long long seq) const {
+double ModelShape::linear_forward_flops_per_token() const {
   double linear = 0;
   for (const auto& l : block_linears()) linear += 2.0 * static_cast<double>(l.in) * static_cast<double>(l.out);
-  // Scores Q K^T and the weighted sum of V: each 2 * seq * (heads * head_dim) per token.
-  const double attention = 2.0 * 2.0 * static_cast<double>(seq) * static_cast<double>(num_heads) * head_dim;
-  return linear + attention;
+  return linear;
+}
+
+double ModelShape::block_forward_flops_per_token(long long seq) const {
+  return linear_forward_flops_per_token() + attention_forward_flops_per_token(static_cast<double>(seq));
+}
+
+double ModelShape::lora_forward_flops_per_token(int rank, unsigned targets) const {
+  double lora = 0;
+  for (const auto& l : block_linears())
+    if (targets & l.target) lora += 2.0 * rank * (l.in + l.out);
+  return lora;
 }
 
 double ModelShape::training_flops(double tokens, long long seq) const {
   const double fwd = num_layers * block_forward_flops_per_token(seq) + head_forward_flops_per_token();
-  return 3.0 * fwd * tokens;
+  return kTrainingFlopsPerForwardFlop * fwd * tokens;
 }
 
 void ModelShape::validate(const std::string& where) const {

@@ -6,7 +6,9 @@
 // in Metis's layer numbering: layer 0 is the embedding, layers 1..L are the
 // transformer blocks and layer L+1 is the final norm with the LM head.
 // Shapes come from flags, from a Metis ModelConfig, or from a Hugging Face
-// config.json (InputError names the file and the missing key).
+// config.json (InputError names the file and the missing key). It is the one
+// FLOP count: the analytic profiles, whatif, inference, the simulators' MFU
+// and replay's MFU all ask it.
 #pragma once
 
 #include <string>
@@ -15,6 +17,11 @@
 #include "sim/model_config.h"
 
 namespace hetplan {
+
+// Forward + backward FLOPs per forward FLOP (the backward computes input and weight gradients: 2x).
+inline constexpr double kTrainingFlopsPerForwardFlop = 3.0;
+// Attention FLOPs per token per context token per (head x head_dim): 2 for Q K^T, 2 for the weighted V.
+inline constexpr double kAttentionFlopsPerContextDim = 2.0 * 2.0;
 
 enum class MlpKind { kGelu, kSwiGlu };        // GPT-2: fc -> GELU -> proj; Llama: down(silu(gate) * up)
 enum class NormKind { kLayerNorm, kRmsNorm };  // LayerNorm has a bias, RMSNorm does not
@@ -80,6 +87,8 @@ struct ModelShape {
   // we split as well); the rest (the two norms) is replicated.
   long long block_sharded_params() const;
   long long block_replicated_params() const { return 2 * norm_params(); }
+  // The weights of a block's linear layers, biases excluded (what weight quantisation packs).
+  long long block_linear_weights() const;
   long long embedding_params() const;  // token (+ learned position) embeddings
   long long head_params() const;       // final norm + LM head (0 for the head when tied)
   long long parameter_count() const;
@@ -91,12 +100,21 @@ struct ModelShape {
   long long largest_module_params() const;
 
   // --- FLOPs (a multiply-add is 2 FLOPs) ---
+  // Forward FLOPs of one token through a block's linear layers.
+  double linear_forward_flops_per_token() const;
+  // Forward FLOPs of one token's attention over `context` tokens: the scores
+  // Q K^T and the weighted sum of V, each 2 x context x heads x head_dim.
+  double attention_forward_flops_per_token(double context) const {
+    return kAttentionFlopsPerContextDim * context * static_cast<double>(num_heads) * head_dim;
+  }
   // Forward FLOPs of one token of a sequence of length `seq` through one
-  // block: its linear layers and the attention scores and weighted values
-  // (no causal-mask discount, as Narayanan et al. 2021 and MFU reports count).
+  // block: its linear layers and the attention over the whole sequence (no
+  // causal-mask discount, as Narayanan et al. 2021 and MFU reports count).
   double block_forward_flops_per_token(long long seq) const;
   double head_forward_flops_per_token() const { return 2.0 * hidden_size * vocab_size; }
-  // Model FLOPs of forward + backward (3x forward) for `tokens` tokens.
+  // Forward FLOPs of one token through the LoRA adapters of rank `rank` on the `targets` projections.
+  double lora_forward_flops_per_token(int rank, unsigned targets) const;
+  // Model FLOPs of forward + backward (kTrainingFlopsPerForwardFlop x forward) for `tokens` tokens.
   double training_flops(double tokens, long long seq) const;
 
   // Checks the shape is usable; `where` names the source for messages.

@@ -52,6 +52,9 @@ inline constexpr double kCompileElementwiseFactor = 0.5;
 // (eager PyTorch: two norms, residual adds, the MLP activation, rotary/bias and softmax-side tensors,
 // each read and written once); the backward moves twice that.
 inline constexpr double kElementwiseBytesPerTokenHidden = 20;
+// The backward's time per forward's for the attention, the adapters, the elementwise kernels and a trained
+// GEMM (input and weight gradients); a frozen GEMM's backward computes input gradients only (1x).
+inline constexpr double kBackwardPerForward = kTrainingFlopsPerForwardFlop - 1;
 
 // Measured corrections a profile folder may carry (whatif_calibration.json; every key optional):
 //   {"host": {"h2d_gbs": .., "d2h_gbs": .., "cpu_adam_params_per_s": .., "cpu_cast_params_per_s": ..},

@@ -98,3 +98,20 @@ TEST_CASE("config.json errors name the file and key", "[shape][errors]") {
   }
   CHECK_THROWS_AS(read_hf_config(hf("does-not-exist.json")), InputError);
 }
+
+TEST_CASE("one FLOP count: a block is its linear layers plus its attention", "[shape]") {
+  const ModelShape g = read_hf_config(hf("gpt2-xl.json"));
+  const double h = 1600;
+  CHECK(g.linear_forward_flops_per_token() == 24 * h * h);  // GPT-2: 24 h^2 per token
+  CHECK(g.attention_forward_flops_per_token(1024) == 4 * 1024 * h);
+  CHECK(g.attention_forward_flops_per_token(1024) == 1024 * g.attention_forward_flops_per_token(1));
+  CHECK(g.block_forward_flops_per_token(1024) ==
+        g.linear_forward_flops_per_token() + g.attention_forward_flops_per_token(1024));
+  CHECK(g.block_linear_weights() == 12LL * 1600 * 1600);  // the biases are not weights
+  const ModelShape l = read_hf_config(hf("llama-3.1-8b.json"));
+  // LoRA on q and v: rank x (in + out) per projection, 2 FLOPs per multiply-add.
+  CHECK(l.lora_forward_flops_per_token(16, kTargetQ | kTargetV) == 2.0 * 16 * (4096 + 4096) + 2.0 * 16 * (4096 + 1024));
+  CHECK(l.lora_forward_flops_per_token(16, 0) == 0);
+  CHECK(l.training_flops(1, 8192) ==
+        kTrainingFlopsPerForwardFlop * (32 * l.block_forward_flops_per_token(8192) + l.head_forward_flops_per_token()));
+}

@@ -13,6 +13,7 @@
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 #include "sim/offload.h"
+#include "sim/roofline.h"
 #include "sim/whatif.h"
 #include "tests/fixtures.h"
 
@@ -499,4 +500,14 @@ TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimize
   CHECK(opt - plain == Approx(params * 30 / 4800e9 * (1 / 0.25 - 1 / 0.75) * 1e3).epsilon(1e-5));
   CHECK(step("\"gemm_efficiency\": 0.7, \"attention_efficiency\": 0.35") > plain);
   CHECK(step("\"gemm_efficiency\": 0.7, \"elementwise_efficiency\": 0.3") > plain);
+}
+
+TEST_CASE("one roofline: the slower of compute and memory, at achieved rates", "[whatif][roofline]") {
+  const Roofline r = make_roofline(100, 0.5, 1000, 0.8);  // 50 TFLOP/s, 800 GB/s achieved
+  CHECK(r.flops_per_s == 100 * 1e12 * 0.5);
+  CHECK(r.bytes_per_s == 1000 * 1e9 * 0.8);
+  CHECK(r.compute_s(50e12) == 1.0);
+  CHECK(r.memory_s(800e9) == 1.0);
+  CHECK(r.seconds(100e12, 800e9) == 2.0);  // compute-bound
+  CHECK(r.seconds(50e12, 1600e9) == 2.0);  // memory-bound
 }
