@@ -42,7 +42,7 @@ int run_export(const ExportArgs& a) {
     if (shape.metis_num_layers() != pf.model.num_layers || shape.hidden_size != pf.model.hidden_size)
       throw InputError(a.hf_config + ": the model has " + std::to_string(shape.num_layers) + " layers and hidden size " +
                        std::to_string(shape.hidden_size) + ", but the plan " + a.plan + " partitions " +
-                       std::to_string(pf.model.num_layers - 2) + " layers of hidden size " +
+                       std::to_string(blocks_from_metis_layers(pf.model.num_layers)) + " layers of hidden size " +
                        std::to_string(pf.model.hidden_size));
   }
   shape.validate(a.plan + ": key 'model'");

@@ -119,11 +119,11 @@ void print_outcome(int tp, const BatchOutcome& o) {
   std::cout << std::flush;
 }
 
-// The model: an --hf-config, or the shape flags (Metis layers = blocks + 2).
+// The model: an --hf-config, or the shape flags (--num-layers counts Metis layers).
 ModelShape model_shape(const ProfileArgs& a) {
   ModelShape m;
   if (a.layers < 3) throw InputError("--num-layers: must be at least 3 (embedding, a block, head)");
-  const int blocks = static_cast<int>(a.layers - 2);
+  const int blocks = blocks_from_metis_layers(static_cast<int>(a.layers));
   if (!a.hf_config.empty()) {
     m = read_hf_config(a.hf_config);
     if (a.layers_given) m.num_layers = blocks;

@@ -94,7 +94,7 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
     if (c.model.shape.metis_num_layers() != pm.num_layers || c.model.shape.hidden_size != pm.hidden_size)
       throw InputError(a.hf_config + ": the model has " + std::to_string(c.model.shape.num_layers) +
                        " layers and hidden size " + std::to_string(c.model.shape.hidden_size) + ", but the plan " +
-                       a.plan + " partitions " + std::to_string(pm.num_layers - 2) + " layers of hidden size " +
+                       a.plan + " partitions " + std::to_string(blocks_from_metis_layers(pm.num_layers)) + " layers of hidden size " +
                        std::to_string(pm.hidden_size));
   } else {
     ModelConfig m = pm;

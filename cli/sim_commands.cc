@@ -296,7 +296,7 @@ void check_whatif_flags(const WhatifArgs& a) {
   check_flag(a.hidden, 1, static_cast<double>(kMaxHiddenSize), "--hidden-size");
   check_flag(a.ffn, 0, static_cast<double>(kMaxFfnSize), "--ffn-size");
   check_flag(a.max_positions, 1, static_cast<double>(kMaxSequenceLength), "--max-positions");
-  check_flag(a.layers, 1, kMaxModelLayers - 2, "--layers");
+  check_flag(a.layers, 1, kMaxModelBlocks, "--layers");
   check_flag(a.heads, 1, kMaxAttentionHeads, "--heads");
   check_flag(a.kv_heads, 0, kMaxAttentionHeads, "--kv-heads");
   check_flag(a.seq, 1, static_cast<double>(kMaxSequenceLength), "--seq");

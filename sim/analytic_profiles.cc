@@ -61,7 +61,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelConfig& m, const GpuSpec& 
   const double block_ms = roofline_ms(block_flops, block_bytes, g, o) + 4 * allreduce_ms(b * s * h * kBytes, tp, g);
   // Korthikanti et al. (2022): s*b*h*(34 + 5*a*s/h) bytes per block, tensor parallel parts / tp.
   const double block_act = s * b * h * (10 + 24.0 / tp + 5 * a * s / (h * tp));
-  for (int i = 1; i < L - 1; ++i) out.push_back({block_ms, (16 * block_params / tp + block_act) / kMB, block_params});
+  for (int i = 0; i < blocks_from_metis_layers(L); ++i) out.push_back({block_ms, (16 * block_params / tp + block_act) / kMB, block_params});
 
   // Final LayerNorm + LM head (vocab-parallel) + cross-entropy.
   const double head_params = v * h + 2 * h;

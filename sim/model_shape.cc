@@ -47,7 +47,7 @@ long long ModelShape::parameter_count() const {
 
 std::vector<long long> ModelShape::metis_layer_params() const {
   std::vector<long long> out;
-  out.reserve(num_layers + 2);
+  out.reserve(metis_num_layers());
   out.push_back(embedding_params());
   for (int i = 0; i < num_layers; ++i) out.push_back(block_params());
   out.push_back(head_params());
@@ -90,8 +90,8 @@ void ModelShape::validate(const std::string& where) const {
   auto range = [](long long max) { return " (expected 1 to " + std::to_string(max) + ")"; };
   need(in(vocab_size, kMaxVocabSize), "vocab size must be positive" + range(kMaxVocabSize));
   need(in(hidden_size, kMaxHiddenSize), "hidden size must be positive" + range(kMaxHiddenSize));
-  need(in(num_layers, kMaxModelLayers - 2),
-       "the number of transformer layers must be positive" + range(kMaxModelLayers - 2));
+  need(in(num_layers, kMaxModelBlocks),
+       "the number of transformer layers must be positive" + range(kMaxModelBlocks));
   need(in(num_heads, kMaxAttentionHeads), "the number of attention heads must be positive" + range(kMaxAttentionHeads));
   need(num_kv_heads > 0 && num_heads % num_kv_heads == 0,
        "the number of key/value heads must divide the number of attention heads (" + std::to_string(num_heads) +
@@ -106,7 +106,7 @@ void ModelShape::validate(const std::string& where) const {
 ModelConfig ModelShape::to_model_config(int sequence_length) const {
   ModelConfig m;
   m.name = name;
-  m.num_layers = num_layers + 2;
+  m.num_layers = metis_num_layers();
   m.hidden_size = static_cast<int>(hidden_size);
   m.sequence_length = sequence_length;
   m.vocab_size = static_cast<int>(vocab_size);
@@ -150,7 +150,8 @@ ModelShape llama_shape(long long vocab, long long hidden, int layers, int heads,
 }
 
 ModelShape shape_from_model_config(const ModelConfig& m) {
-  ModelShape s = gpt2_shape(m.vocab_size, m.hidden_size, m.num_layers - 2, m.attention_heads, m.sequence_length);
+  ModelShape s = gpt2_shape(m.vocab_size, m.hidden_size, blocks_from_metis_layers(m.num_layers), m.attention_heads,
+                            m.sequence_length);
   s.name = m.name;
   return s;
 }
@@ -161,7 +162,7 @@ namespace {
 long long max_of(const std::string& key) {
   if (key == "vocab_size") return kMaxVocabSize;
   if (key == "n_embd" || key == "hidden_size" || key == "head_dim") return kMaxHiddenSize;
-  if (key == "n_layer" || key == "num_hidden_layers") return kMaxModelLayers - 2;
+  if (key == "n_layer" || key == "num_hidden_layers") return kMaxModelBlocks;
   if (key == "n_head" || key == "num_attention_heads" || key == "num_key_value_heads") return kMaxAttentionHeads;
   if (key == "n_inner" || key == "intermediate_size") return kMaxFfnSize;
   return kMaxSequenceLength;  // n_positions, max_position_embeddings

@@ -60,7 +60,7 @@ struct ModelShape {
   std::string name = "GPT";
   long long vocab_size = 50257;
   long long hidden_size = 1600;
-  int num_layers = 48;  // transformer blocks (Metis's num_layers is this + 2)
+  int num_layers = 48;  // transformer blocks (Metis's num_layers: metis_num_layers())
   int num_heads = 25;
   int num_kv_heads = 25;  // < num_heads: grouped-query attention
   long long head_dim = 64;
@@ -94,7 +94,7 @@ struct ModelShape {
   long long parameter_count() const;
   // Parameters per Metis layer: [embedding, block x L, head]. Sums to parameter_count().
   std::vector<long long> metis_layer_params() const;
-  int metis_num_layers() const { return num_layers + 2; }
+  int metis_num_layers() const { return metis_layers_from_blocks(num_layers); }
   // The largest single module (DeepSpeed's "largest layer params"): the
   // embedding table, or the head when untied, or the biggest projection.
   long long largest_module_params() const;

@@ -115,3 +115,12 @@ TEST_CASE("one FLOP count: a block is its linear layers plus its attention", "[s
   CHECK(l.training_flops(1, 8192) ==
         kTrainingFlopsPerForwardFlop * (32 * l.block_forward_flops_per_token(8192) + l.head_forward_flops_per_token()));
 }
+
+TEST_CASE("one conversion between transformer blocks and Metis layers", "[shape]") {
+  STATIC_REQUIRE(metis_layers_from_blocks(48) == 50);
+  STATIC_REQUIRE(blocks_from_metis_layers(10) == 8);
+  STATIC_REQUIRE(kMaxModelBlocks == kMaxModelLayers - 2);
+  const ModelShape s = read_hf_config(hf("llama-2-7b.json"));
+  CHECK(s.metis_num_layers() == metis_layers_from_blocks(s.num_layers));
+  CHECK(blocks_from_metis_layers(s.to_model_config(4096).num_layers) == s.num_layers);
+}
