@@ -234,4 +234,38 @@ ModelShape read_hf_config(const std::string& path) {
   return s;
 }
 
+ModelShape shape_from_flags(const ModelFlags& f, long long seq) {
+  ModelShape s;
+  const long long positions = std::max(f.max_positions, seq);
+  if (!f.hf_config.empty()) {
+    s = read_hf_config(f.hf_config);
+    if (f.blocks_given) s.num_layers = f.blocks;
+  } else if (f.family == "gpt2") {
+    s = gpt2_shape(f.vocab_size, f.hidden_size, f.blocks, f.heads, positions);
+    if (f.ffn_hidden_size > 0) s.ffn_hidden_size = f.ffn_hidden_size;
+  } else if (f.family == "llama") {
+    s = llama_shape(f.vocab_size, f.hidden_size, f.blocks, f.heads, f.kv_heads > 0 ? f.kv_heads : f.heads,
+                    f.ffn_hidden_size > 0 ? f.ffn_hidden_size : 11008, false, positions);
+  } else {
+    throw InputError("--family: '" + excerpt(f.family) + "': expected gpt2 or llama");
+  }
+  if (f.tie && f.untie) throw InputError("--tie-embeddings and --untie-embeddings: give at most one");
+  if (f.tie) s.tied_embeddings = true;
+  if (f.untie) s.tied_embeddings = false;
+  s.validate(f.hf_config.empty() ? "model flags" : f.hf_config);
+  return s;
+}
+
+ModelShape shape_of_plan(const ModelConfig& m, const std::string& hf_config, const std::string& source) {
+  if (hf_config.empty()) return shape_from_model_config(m);
+  ModelShape s = read_hf_config(hf_config);
+  if (s.metis_num_layers() != m.num_layers || s.hidden_size != m.hidden_size)
+    throw InputError(hf_config + ": the model has " + std::to_string(s.num_layers) + " blocks and hidden size " +
+                     std::to_string(s.hidden_size) + ", but " + source + " has " +
+                     std::to_string(blocks_from_metis_layers(m.num_layers)) + " blocks (" +
+                     std::to_string(m.num_layers) + " layers with the embedding and the head) of hidden size " +
+                     std::to_string(m.hidden_size));
+  return s;
+}
+
 }  // namespace hetplan

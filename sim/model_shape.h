@@ -5,10 +5,11 @@
 // Hugging Face model (shared tensors counted once), and it splits that count
 // in Metis's layer numbering: layer 0 is the embedding, layers 1..L are the
 // transformer blocks and layer L+1 is the final norm with the LM head.
-// Shapes come from flags, from a Metis ModelConfig, or from a Hugging Face
-// config.json (InputError names the file and the missing key). It is the one
-// FLOP count: the analytic profiles, whatif, inference, the simulators' MFU
-// and replay's MFU all ask it.
+// Shapes come from flags (shape_from_flags), from a Metis ModelConfig, or
+// from a Hugging Face config.json (InputError names the file and the missing
+// key); a plan's shape is its ModelConfig's or a config.json that matches it
+// (shape_of_plan). It is the one FLOP count: the analytic profiles, whatif,
+// inference, the simulators' MFU and replay's MFU all ask it.
 #pragma once
 
 #include <string>
@@ -135,5 +136,27 @@ ModelShape shape_from_model_config(const ModelConfig& m);
 
 // Reads a Hugging Face config.json (model_type gpt2, llama or mistral).
 ModelShape read_hf_config(const std::string& path);
+
+// A model's shape as command-line flags give it (whatif, profile; the flags: cli/model_flags.h): a Hugging Face
+// config.json, or a family and its sizes. The defaults are each command's.
+struct ModelFlags {
+  std::string hf_config;          // set: the config's shape; `blocks` (when blocks_given) and the tie flags override it
+  std::string family = "llama";   // without hf_config: gpt2 or llama
+  long long vocab_size = 32000, hidden_size = 4096;
+  long long ffn_hidden_size = 0;  // 0: the family's (gpt2: 4 x hidden; llama: 11008, Llama-2-7B's)
+  int blocks = 32;                // transformer blocks
+  bool blocks_given = false;      // the layer flag was given (overrides hf_config's)
+  int heads = 32, kv_heads = 0;   // kv_heads 0: heads (gpt2 always)
+  long long max_positions = 0;    // gpt2's learned positions: at least the sequence length
+  bool tie = false, untie = false;  // override the family's (or the config's) embedding tying
+};
+// The one way from flags to a shape; `seq` is the sequence length trained or profiled. Validates the shape
+// (InputError naming the config file, or "model flags").
+ModelShape shape_from_flags(const ModelFlags& f, long long seq);
+
+// A plan's model: its ModelConfig's GPT shape, or the `hf_config` (when not empty), whose blocks and hidden
+// size must be the ModelConfig's. `source` names the ModelConfig in messages ("the plan P.json",
+// "--num_layers and --hidden_size"). A config.json's shape is validated; the ModelConfig's is the caller's to.
+ModelShape shape_of_plan(const ModelConfig& m, const std::string& hf_config, const std::string& source);
 
 }  // namespace hetplan

@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "sim/analytic_profiles.h"
 #include "sim/checked.h"
+#include "sim/inference.h"
 #include "sim/input_error.h"
 #include "sim/plan_file.h"
 #include "sim/roofline.h"
@@ -502,6 +504,69 @@ void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::s
   pf.recompute = to_string(row.setup.recompute);
   pf.schedule = "1f1b";
   write_json_file((out / "plan.json").string(), plan_file_to_json(pf));
+}
+
+namespace {
+
+ordered_json model_constants_json(const ModelShape& m, int seq) {
+  return {{"name", m.name},
+          {"parameters", m.parameter_count()},
+          {"blocks", m.num_layers},
+          {"metis_layers", m.metis_num_layers()},
+          {"hidden_size", m.hidden_size},
+          {"heads", m.num_heads},
+          {"kv_heads", m.num_kv_heads},
+          {"head_dim", m.head_dim},
+          {"ffn_hidden_size", m.ffn_hidden_size},
+          {"vocab_size", m.vocab_size},
+          {"seq", seq},
+          {"block_linear_weights", m.block_linear_weights()},
+          {"linear_forward_flops_per_token", m.linear_forward_flops_per_token()},
+          {"attention_forward_flops_per_token", m.attention_forward_flops_per_token(seq)},
+          {"attention_forward_flops_per_token_per_context_token", m.attention_forward_flops_per_token(1)},
+          {"head_forward_flops_per_token", m.head_forward_flops_per_token()},
+          {"kv_cache_bytes_per_token", kv_cache_bytes_per_token(m)}};
+}
+
+ordered_json gpu_constants_json(const GpuSpec& g) {
+  ordered_json peaks;
+  for (int p = 0; p < kNumComputePrecisions; ++p)
+    peaks[to_string(static_cast<ComputePrecision>(p))] = g.peak_of(static_cast<ComputePrecision>(p));
+  return {{"name", g.name},
+          {"peak_tflops", g.peak_tflops},
+          {"peak_tflops_by_precision", peaks},
+          {"memory_bw_gbs", g.memory_bw_gbs},
+          {"memory_gb", g.memory_gb},
+          {"nvlink_gbs", g.nvlink_gbs},
+          {"source", g.source_url}};
+}
+
+}  // namespace
+
+ordered_json whatif_constants_json(const WhatifInput& in) {
+  const AnalyticOptions analytic;
+  ordered_json j;
+  j["about"] = "hetplan's model and roofline constants (hetplan whatif --print-constants; sim/roofline.h, "
+               "sim/model_shape.h, sim/whatif.h, sim/inference.h)";
+  j["model"] = model_constants_json(in.shape, in.seq);
+  j["flops"] = {{"training_flops_per_forward_flop", kTrainingFlopsPerForwardFlop},
+                {"attention_flops_per_context_dim", kAttentionFlopsPerContextDim}};
+  j["roofline"] = {
+      {"formula", "max(flops / (peak_tflops x 1e12 x compute efficiency), bytes / (memory_bw_gbs x 1e9 x memory "
+                  "efficiency)) seconds, plus floors"},
+      {"whatif_gemm_efficiency", in.gemm_efficiency},
+      {"whatif_memory_efficiency", in.memory_efficiency},
+      {"analytic_compute_efficiency", analytic.compute_efficiency},
+      {"analytic_memory_efficiency", analytic.memory_efficiency},
+      {"inference_decode_hbm_efficiency", kDefaultDecodeHbmEfficiency},
+      {"inference_prefill_compute_efficiency", kDefaultPrefillComputeEfficiency}};
+  j["whatif"] = {{"elementwise_bytes_per_token_hidden", kElementwiseBytesPerTokenHidden},
+                 {"backward_per_forward", kBackwardPerForward},
+                 {"compile_elementwise_factor", kCompileElementwiseFactor},
+                 {"optimizer_bytes_per_param", kCpuAdamBytesPerParam},
+                 {"bytes_per_16bit_value", 2}};
+  j["gpu"] = gpu_constants_json(*in.gpu);
+  return j;
 }
 
 }  // namespace hetplan

@@ -168,4 +168,9 @@ int whatif_accumulation(const WhatifInput& in);
 // The TrainingSetup's compute precision on the GPU's matrix units.
 ComputePrecision compute_precision(Precision p);
 
+// The constants of the model (FLOP and byte counts of in.shape at in.seq), of the roofline (efficiencies:
+// whatif's from `in`, the analytic profiles' and inference's defaults) and of the GPU in.gpu, as
+// `hetplan whatif --print-constants` prints them for scripts/gpu_whatif_calibrate.py. REQUIRES: in.gpu.
+ordered_json whatif_constants_json(const WhatifInput& in);
+
 }  // namespace hetplan

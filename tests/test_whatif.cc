@@ -511,3 +511,27 @@ TEST_CASE("one roofline: the slower of compute and memory, at achieved rates", "
   CHECK(r.seconds(100e12, 800e9) == 2.0);  // compute-bound
   CHECK(r.seconds(50e12, 1600e9) == 2.0);  // memory-bound
 }
+
+TEST_CASE("whatif --print-constants: the model's and the roofline's constants as JSON", "[whatif][cli]") {
+  const auto dir = test::scratch_dir("whatif-constants");
+  const std::string out = (dir / "c.json").string();
+  test::CommandResult r = test::run_hetplan("whatif --print-constants --gpu H100 --hf-config " +
+                                            hf("llama-3.2-3b.json") + " --seq 1024 --json " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const ordered_json j = read_json_file(out);
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  CHECK(j["model"]["linear_forward_flops_per_token"].get<double>() == m.linear_forward_flops_per_token());
+  CHECK(j["model"]["attention_forward_flops_per_token"].get<double>() == m.attention_forward_flops_per_token(1024));
+  CHECK(j["model"]["kv_cache_bytes_per_token"].get<double>() == kv_cache_bytes_per_token(m));
+  CHECK(j["model"]["blocks"] == 28);
+  CHECK(j["model"]["metis_layers"] == 30);
+  CHECK(j["flops"]["training_flops_per_forward_flop"].get<double>() == 3.0);
+  CHECK(j["whatif"]["elementwise_bytes_per_token_hidden"].get<double>() == kElementwiseBytesPerTokenHidden);
+  CHECK(j["whatif"]["optimizer_bytes_per_param"].get<double>() == kCpuAdamBytesPerParam);
+  CHECK(j["roofline"]["whatif_gemm_efficiency"].get<double>() == 0.6);
+  CHECK(j["roofline"]["analytic_compute_efficiency"].get<double>() == 0.55);
+  CHECK(j["gpu"]["name"] == "H100");
+  CHECK(j["gpu"]["memory_bw_gbs"].get<double>() == find_gpu_spec("H100")->memory_bw_gbs);
+  CHECK(ordered_json::parse(r.output) == j);  // stdout holds the same JSON
+}
