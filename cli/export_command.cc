@@ -28,15 +28,7 @@ int run_export(const ExportArgs& a) {
   if (a.to != "megatron" && a.to != "deepspeed" && a.to != "torchrun")
     throw InputError("--to: expected megatron, deepspeed or torchrun, got '" + excerpt(a.to) + "'");
   const PlanFile pf = read_plan_file(a.plan);
-  ModelShape shape = shape_from_model_config(pf.model);
-  if (!a.hf_config.empty()) {
-    shape = read_hf_config(a.hf_config);
-    if (shape.metis_num_layers() != pf.model.num_layers || shape.hidden_size != pf.model.hidden_size)
-      throw InputError(a.hf_config + ": the model has " + std::to_string(shape.num_layers) + " layers and hidden size " +
-                       std::to_string(shape.hidden_size) + ", but the plan " + a.plan + " partitions " +
-                       std::to_string(pf.model.num_layers - 2) + " layers of hidden size " +
-                       std::to_string(pf.model.hidden_size));
-  }
+  const ModelShape shape = shape_of_plan(pf.model, a.hf_config, "the plan " + a.plan);
   shape.validate(a.plan + ": key 'model'");
   // The placement: the hostfile's hosts and GPU types for each rank.
   const std::string hostfile = a.hostfile.empty() ? pf.hostfile : a.hostfile;

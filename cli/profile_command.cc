@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/model_flags.h"
 #include "sim/gpu_specs.h"
 #include "profiler/device_meter.h"
 #include "profiler/distributed.h"
@@ -30,11 +31,18 @@ using namespace hetplan::profiler;
 
 namespace {
 
+// profile's model defaults: GPT-2 family, vocabulary 51200 (Metis's), hidden 4096, 32 heads.
+ModelFlags profile_model_defaults() {
+  ModelFlags f;
+  f.family = "gpt2";
+  f.vocab_size = 51200;
+  return f;
+}
+
 struct ProfileArgs {
-  int64_t hidden = 4096, layers = 10, seq = 1024, vocab = 51200, heads = 32, kv_heads = 0, ffn = 0;
-  std::string hf_config, family = "gpt2", recompute = "none";
-  bool tie = false, untie = false;
-  bool layers_given = false;  // --num-layers given: overrides an --hf-config's layer count
+  int64_t layers = 10, seq = 1024;  // layers: Metis layers (--num-layers)
+  ModelFlags model = profile_model_defaults();  // blocks_given: --num-layers overrides an --hf-config's
+  std::string recompute = "none";
   std::string tp = "1", bs = "1,2,4", device_type, dtype = "bf16", device = "auto", out, host = "auto";
   std::string clusterfile;  // declares emulated device types (sim/cluster.h)
   int warmup = 3, iters = 10, timeout_s = 600;
@@ -119,29 +127,14 @@ void print_outcome(int tp, const BatchOutcome& o) {
   std::cout << std::flush;
 }
 
-// The model: an --hf-config, or the shape flags (Metis layers = blocks + 2).
+// The model: an --hf-config, or the shape flags; --num-layers counts Metis layers.
 ModelShape model_shape(const ProfileArgs& a) {
-  ModelShape m;
   if (a.layers < 3) throw InputError("--num-layers: must be at least 3 (embedding, a block, head)");
-  const int blocks = static_cast<int>(a.layers - 2);
-  if (!a.hf_config.empty()) {
-    m = read_hf_config(a.hf_config);
-    if (a.layers_given) m.num_layers = blocks;
-  } else if (a.family == "gpt2") {
-    m = gpt2_shape(a.vocab, a.hidden, blocks, static_cast<int>(a.heads), a.seq);
-    if (a.ffn > 0) m.ffn_hidden_size = a.ffn;
-  } else if (a.family == "llama") {
-    if (a.ffn <= 0) throw InputError("--ffn-size: required with --family llama (without --hf-config)");
-    m = llama_shape(a.vocab, a.hidden, blocks, static_cast<int>(a.heads),
-                    static_cast<int>(a.kv_heads > 0 ? a.kv_heads : a.heads), a.ffn, false, a.seq);
-  } else {
-    throw InputError("--family: '" + a.family + "': expected gpt2 or llama");
-  }
-  if (a.tie && a.untie) throw InputError("--tie-embeddings and --untie-embeddings: give at most one");
-  if (a.tie) m.tied_embeddings = true;
-  if (a.untie) m.tied_embeddings = false;
-  m.validate(a.hf_config.empty() ? "model flags" : a.hf_config);
-  return m;
+  check_integer(static_cast<double>(a.layers), rules::int_in(3, kMaxModelLayers), "--num-layers");
+  check_model_shape_flags(a.model);
+  ModelFlags f = a.model;
+  f.blocks = blocks_from_metis_layers(static_cast<int>(a.layers));
+  return shape_from_flags(f, a.seq);
 }
 
 ProfileRequest make_request(const ProfileArgs& a, torch::Device device) {
@@ -293,22 +286,12 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
       "layers) with LibTorch, for each tp and micro-batch size, and write DeviceType.<TYPE>_tp<T>_bs<B>.json\n"
       "files for `hetplan search`. tp > 1 starts one process per rank (NCCL on GPUs, Gloo on the CPU); under\n"
       "torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) each process is one rank of tp = WORLD_SIZE.");
-  s->add_option("--hf-config", a->hf_config,
-                "Hugging Face config.json (gpt2, llama, mistral) for the model; --num-layers, when given, overrides "
-                "its layer count");
-  s->add_option("--family", a->family, "Without --hf-config: gpt2 or llama")->capture_default_str();
-  s->add_option("--hidden-size", a->hidden, "Hidden size")->capture_default_str();
+  add_model_shape_flags(s, a->model);
   CLI::Option* layers = s->add_option("--num-layers", a->layers, "Metis layers: embedding + transformer blocks + head")
                             ->capture_default_str();
   s->add_option("--seq-len", a->seq, "Sequence length")->capture_default_str();
-  s->add_option("--vocab-size", a->vocab, "Vocabulary size")->capture_default_str();
-  s->add_option("--heads", a->heads, "Attention heads")->capture_default_str();
   s->add_option("--recompute", a->recompute, "Activation recomputation: none, selective or full")
       ->capture_default_str();
-  s->add_option("--kv-heads", a->kv_heads, "Key/value heads (llama; default: --heads)");
-  s->add_option("--ffn-size", a->ffn, "MLP hidden size (default 4h for gpt2; required for llama)");
-  s->add_flag("--tie-embeddings", a->tie, "Tie the LM head to the token embedding (gpt2's default)");
-  s->add_flag("--untie-embeddings", a->untie, "Give the LM head its own weight (llama's default)");
   s->add_option("--tp", a->tp, "Tensor-parallel degrees, e.g. 1,2,4")->capture_default_str();
   s->add_option("--bs", a->bs, "Micro-batch sizes, e.g. 1,2,4,8")->capture_default_str();
   s->add_option("--device-type", a->device_type, "Device type name in the file names (default: from the GPU name)");
@@ -341,7 +324,7 @@ Runner add_profile_command(CLI::App& app, int argc, char** argv) {
                 "CPU runs: treat allocations past this many MB as out of memory (emulates a device's capacity)");
   s->add_option("--seed", a->seed, "Weight initialisation seed")->capture_default_str();
   return [a, layers] {
-    a->layers_given = layers->count() > 0;
+    a->model.blocks_given = layers->count() > 0;
     return run_profile(*a);
   };
 }

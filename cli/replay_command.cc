@@ -89,18 +89,9 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   // as Metis's plans describe it) or a Hugging Face config of the same
   // layer count and hidden size.
   const ModelConfig& pm = p.plan.model;
-  if (!a.hf_config.empty()) {
-    c.model.shape = read_hf_config(a.hf_config);
-    if (c.model.shape.metis_num_layers() != pm.num_layers || c.model.shape.hidden_size != pm.hidden_size)
-      throw InputError(a.hf_config + ": the model has " + std::to_string(c.model.shape.num_layers) +
-                       " layers and hidden size " + std::to_string(c.model.shape.hidden_size) + ", but the plan " +
-                       a.plan + " partitions " + std::to_string(pm.num_layers - 2) + " layers of hidden size " +
-                       std::to_string(pm.hidden_size));
-  } else {
-    ModelConfig m = pm;
-    if (a.heads > 0) m.attention_heads = a.heads;
-    c.model.shape = shape_from_model_config(m);
-  }
+  ModelConfig m = pm;
+  if (a.hf_config.empty() && a.heads > 0) m.attention_heads = a.heads;
+  c.model.shape = shape_of_plan(m, a.hf_config, "the plan " + a.plan);
   c.model.seq_len = pm.sequence_length;
   // ZeRO: the flag, else the plan's stage.
   if (a.zero > 3) throw InputError("--zero " + std::to_string(a.zero) + ": expected 0, 1, 2 or 3");

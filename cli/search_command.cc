@@ -233,14 +233,7 @@ int run_default_search(const SearchArgs& a) {
   so.sustained_clocks = !a.burst_clocks;
   if (a.max_bs > 0) so.max_profiled_bs = a.max_bs;
   so.setup = as_profiled(so.setup, profiles, false, false);
-  ModelShape shape = shape_from_model_config(a.model);
-  if (!a.hf_config.empty()) {
-    shape = read_hf_config(a.hf_config);
-    if (shape.metis_num_layers() != a.model.num_layers || shape.hidden_size != a.model.hidden_size)
-      throw InputError(a.hf_config + ": the model has " + std::to_string(shape.num_layers) + " blocks and hidden size " +
-                       std::to_string(shape.hidden_size) + ", but --num_layers " + std::to_string(a.model.num_layers) +
-                       " (blocks + 2) and --hidden_size " + std::to_string(a.model.hidden_size) + " were given");
-  }
+  const ModelShape shape = shape_of_plan(a.model, a.hf_config, "--num_layers and --hidden_size");
   const PlanSimulator simulator(cluster, profiles, shape, a.model.sequence_length, so);
 
   PlanSearchOptions o;

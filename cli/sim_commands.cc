@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/flag_validators.h"
+#include "cli/model_flags.h"
 #include "planner/metis_estimate.h"
 #include "sim/network.h"
 #include "sim/gpu_specs.h"
@@ -201,7 +202,7 @@ int run_simulate(const SimulateArgs& a) {
   if (a.cost_model == "metis") return run_simulate_metis(a, pf, hostfile, clusterfile, profile_dir);
   const Cluster cluster = Cluster::load(hostfile, clusterfile);
   const ProfileSet profiles = ProfileSet::load(profile_dir, pf.model.num_layers);
-  ModelShape shape = a.hf_config.empty() ? shape_from_model_config(pf.model) : read_hf_config(a.hf_config);
+  ModelShape shape = shape_of_plan(pf.model, a.hf_config, "the plan " + a.plan);
   if (a.hf_config.empty()) shape.validate(a.plan + ": key 'model'");
 
   SimulationOptions o;
@@ -267,16 +268,15 @@ int run_simulate(const SimulateArgs& a) {
 // ------------------------------------------------------------------ whatif
 
 struct WhatifArgs {
-  std::string hf_config, family = "llama", gpu = "A100", hostfile, clusterfile, json_out, profiles, rows, export_dir;
+  std::string gpu = "A100", hostfile, clusterfile, json_out, profiles, rows, export_dir;
   std::vector<std::string> gpu_spec;
-  long long vocab = 32000, hidden = 4096, ffn = 0, max_positions = 4096;
-  int layers = 32, heads = 32, kv_heads = 0;
+  ModelFlags model;  // whatif's defaults: ModelFlags's, max positions 4096 (set where the flags are registered)
+  bool print_constants = false;
   int seq = 2048, micro_batch = 1, gpus = 8, gpus_per_node = 8, gbs = 0;
   double efficiency = 0.6, memory_efficiency = 0.75, cpu_memory_gb = 1024, memory_gb = 0;
   double intra_gbs = 0, inter_gbs = 25, h2d_gbs = 0, d2h_gbs = 0, cpu_adam_params_per_s = 0;
   int lora_rank = 16;
   std::string lora_targets = "qv";
-  bool tied = false;
   // --inference
   bool inference = false;
   int prompt = 512, output = 128;
@@ -307,13 +307,9 @@ void check_flag(long long v, double lo, double hi, const char* flag) {
 }
 
 void check_whatif_flags(const WhatifArgs& a) {
-  check_flag(a.vocab, 1, static_cast<double>(kMaxVocabSize), "--vocab-size");
-  check_flag(a.hidden, 1, static_cast<double>(kMaxHiddenSize), "--hidden-size");
-  check_flag(a.ffn, 0, static_cast<double>(kMaxFfnSize), "--ffn-size");
-  check_flag(a.max_positions, 1, static_cast<double>(kMaxSequenceLength), "--max-positions");
-  check_flag(a.layers, 1, kMaxModelLayers - 2, "--layers");
-  check_flag(a.heads, 1, kMaxAttentionHeads, "--heads");
-  check_flag(a.kv_heads, 0, kMaxAttentionHeads, "--kv-heads");
+  check_model_shape_flags(a.model);
+  check_flag(a.model.max_positions, 1, static_cast<double>(kMaxSequenceLength), "--max-positions");
+  check_flag(a.model.blocks, 1, kMaxModelBlocks, "--layers");
   check_flag(a.seq, 1, static_cast<double>(kMaxSequenceLength), "--seq");
   check_flag(a.micro_batch, 1, kMaxGlobalBatch, "--micro-batch");
   check_flag(a.gbs, 0, kMaxGlobalBatch, "--gbs");
@@ -332,23 +328,6 @@ void check_whatif_flags(const WhatifArgs& a) {
   if (a.intra_gbs != 0) check_bandwidth(a.intra_gbs, BandwidthUnit::kGBps, "--intra-gbs");
   if (a.h2d_gbs != 0) check_bandwidth(a.h2d_gbs, BandwidthUnit::kGBps, "--h2d-gbs");
   if (a.d2h_gbs != 0) check_bandwidth(a.d2h_gbs, BandwidthUnit::kGBps, "--d2h-gbs");
-}
-
-ModelShape whatif_shape(const WhatifArgs& a) {
-  ModelShape shape;
-  if (!a.hf_config.empty()) {
-    shape = read_hf_config(a.hf_config);
-  } else if (a.family == "gpt2") {
-    shape = gpt2_shape(a.vocab, a.hidden, a.layers, a.heads, std::max<long long>(a.max_positions, a.seq));
-    if (a.ffn > 0) shape.ffn_hidden_size = a.ffn;
-  } else if (a.family == "llama") {
-    shape = llama_shape(a.vocab, a.hidden, a.layers, a.heads, a.kv_heads > 0 ? a.kv_heads : a.heads,
-                        a.ffn > 0 ? a.ffn : 11008, a.tied, a.max_positions);
-  } else {
-    throw InputError("--family: '" + excerpt(a.family) + "': expected gpt2 or llama");
-  }
-  shape.validate("model flags");
-  return shape;
 }
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -463,11 +442,36 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const Train
   return 0;
 }
 
-int run_whatif(const WhatifArgs& a) {
+// A --hostfile's GPUs: all of them, paced by the slowest type by 16-bit peak (returned), with the
+// clusterfile's slowest links and smallest memory.
+std::string whatif_hostfile_gpus(const WhatifArgs& a, BandwidthUnit unit, WhatifInput& in) {
+  if (a.clusterfile.empty()) throw InputError("--hostfile needs --clusterfile");
+  const Cluster c = Cluster::load(a.hostfile, a.clusterfile);
+  check_clusterfile_bandwidths(c.clusterfile(), c.clusterfile_path(), unit);
+  std::string gpu;
+  in.gpus = c.num_devices();
+  double slowest = 1e300, intra = 1e300, inter = 1e300, capacity = 1e300;
+  in.gpus_per_node = 0;
+  for (const ClusterNode& n : c.nodes()) {
+    const std::string& t = c.device_types()[n.type];
+    const GpuSpec& g = require_gpu_spec(t, a.clusterfile + ": device type");
+    if (g.peak_tflops < slowest) slowest = g.peak_tflops, gpu = t;
+    in.gpus_per_node = std::max(in.gpus_per_node, n.num_devices);
+    intra = std::min(intra, bytes_per_second(n.intra_bandwidth, unit) / 1e9);
+    inter = std::min(inter, bytes_per_second(n.inter_bandwidth, unit) / 1e9);
+    capacity = std::min(capacity, c.memory_mb(n.type) / 1024.0);
+  }
+  in.intra_gbs = intra, in.inter_gbs = inter, in.memory_gb = capacity;
+  return gpu;
+}
+
+// The flags as a WhatifInput: the model, the batch, the GPUs (a type and count, or a hostfile), the
+// efficiencies and the calibration with the host flags over it.
+WhatifInput whatif_input(const WhatifArgs& a) {
   for (const auto& f : a.gpu_spec) load_gpu_spec_file(f);
   check_whatif_flags(a);
   WhatifInput in;
-  in.shape = whatif_shape(a);
+  in.shape = shape_from_flags(a.model, a.seq);
   in.seq = a.seq;
   in.micro_batch = a.micro_batch;
   in.gbs = a.gbs;
@@ -484,60 +488,41 @@ int run_whatif(const WhatifArgs& a) {
   if (a.d2h_gbs > 0) in.calibration.host.d2h_bytes_per_s = a.d2h_gbs * 1e9;
   if (a.cpu_adam_params_per_s > 0) in.calibration.host.cpu_adam_params_per_s = a.cpu_adam_params_per_s;
   if (a.h2d_gbs > 0 || a.d2h_gbs > 0 || a.cpu_adam_params_per_s > 0) in.calibration.host.source = "flags";
-
-  // The GPUs: a type and count, or a hostfile (its slowest type by 16-bit peak sets the pace, all its GPUs).
-  std::string gpu = a.gpu;
   const BandwidthUnit unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
-  if (!a.hostfile.empty()) {
-    if (a.clusterfile.empty()) throw InputError("--hostfile needs --clusterfile");
-    const Cluster c = Cluster::load(a.hostfile, a.clusterfile);
-    check_clusterfile_bandwidths(c.clusterfile(), c.clusterfile_path(), unit);
-    in.gpus = c.num_devices();
-    double slowest = 1e300, intra = 1e300, inter = 1e300, capacity = 1e300;
-    in.gpus_per_node = 0;
-    for (const ClusterNode& n : c.nodes()) {
-      const std::string& t = c.device_types()[n.type];
-      const GpuSpec& g = require_gpu_spec(t, a.clusterfile + ": device type");
-      if (g.peak_tflops < slowest) slowest = g.peak_tflops, gpu = t;
-      in.gpus_per_node = std::max(in.gpus_per_node, n.num_devices);
-      intra = std::min(intra, bytes_per_second(n.intra_bandwidth, unit) / 1e9);
-      inter = std::min(inter, bytes_per_second(n.inter_bandwidth, unit) / 1e9);
-      capacity = std::min(capacity, c.memory_mb(n.type) / 1024.0);
-    }
-    in.intra_gbs = intra, in.inter_gbs = inter, in.memory_gb = capacity;
-  }
+  const std::string gpu = a.hostfile.empty() ? a.gpu : whatif_hostfile_gpus(a, unit, in);
   in.gpu = &require_gpu_spec(gpu, "--gpu");
   in.gpus_per_node = std::min(in.gpus_per_node, in.gpus);
+  return in;
+}
 
-  // --precision auto: bf16 where the GPU has it, else fp16 (V100). A precision it lacks is an error.
+// The base setup of the rows. --precision auto: bf16 where the GPU has it, else fp16 (V100); a precision it
+// lacks is an error.
+TrainingSetup whatif_base_setup(const WhatifArgs& a, const GpuSpec& g) {
   SetupArgs setup_args = a.setup;
-  if (setup_args.precision == "auto")
-    setup_args.precision = in.gpu->supports(ComputePrecision::kBf16) ? "bf16" : "fp16";
+  if (setup_args.precision == "auto") setup_args.precision = g.supports(ComputePrecision::kBf16) ? "bf16" : "fp16";
   const TrainingSetup base = make_setup(setup_args);
-  if (a.setup.precision != "auto") require_peak(*in.gpu, compute_precision(base.precision), "--precision " + a.setup.precision);
-  if (a.inference) return run_whatif_inference(a, in, base);
+  if (a.setup.precision != "auto") require_peak(g, compute_precision(base.precision), "--precision " + a.setup.precision);
+  return base;
+}
 
-  std::vector<WhatifRow> rows =
-      standard_whatif_rows(base, a.lora_rank, parse_targets(a.lora_targets), in.gpus_per_node);
-  if (!a.rows.empty()) {
-    std::vector<WhatifRow> chosen;
-    for (const std::string& name : split_list(a.rows)) {
-      auto it = std::find_if(rows.begin(), rows.end(), [&](const WhatifRow& r) { return r.name == name; });
-      if (it == rows.end()) {
-        std::string known;
-        for (const auto& r : rows) known += (known.empty() ? "" : ", ") + r.name;
-        throw InputError("--rows: '" + excerpt(name) + "': expected some of " + known);
-      }
-      chosen.push_back(*it);
+// The standard rows, or the --rows named, in the order named.
+std::vector<WhatifRow> whatif_rows(const WhatifArgs& a, const TrainingSetup& base, int gpus_per_node) {
+  std::vector<WhatifRow> rows = standard_whatif_rows(base, a.lora_rank, parse_targets(a.lora_targets), gpus_per_node);
+  if (a.rows.empty()) return rows;
+  std::vector<WhatifRow> chosen;
+  for (const std::string& name : split_list(a.rows)) {
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const WhatifRow& r) { return r.name == name; });
+    if (it == rows.end()) {
+      std::string known;
+      for (const auto& r : rows) known += (known.empty() ? "" : ", ") + r.name;
+      throw InputError("--rows: '" + excerpt(name) + "': expected some of " + known);
     }
-    rows = std::move(chosen);
+    chosen.push_back(*it);
   }
-  if (!a.export_dir.empty()) {
-    if (rows.size() != 1) throw InputError("--export: name one row with --rows");
-    export_whatif_row(in, rows[0], a.export_dir);
-  }
+  return chosen;
+}
 
-  const int gbs = whatif_accumulation(in) * a.micro_batch * in.gpus;  // validates the batch before any output
+void print_whatif_header(const WhatifArgs& a, const WhatifInput& in, int gbs) {
   const double params = static_cast<double>(in.shape.parameter_count());
   std::cout << "model: " << in.shape.name << " (" << fixed(params / 1e9, 3) << "B parameters), " << in.gpus << " x "
             << in.gpu->name << " (" << fixed(in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb, 0)
@@ -559,70 +544,100 @@ int run_whatif(const WhatifArgs& a) {
   if (!in.calibration.path.empty()) std::cout << "calibration: " << in.calibration.path << "\n";
   std::cout << "\n| strategy | GPUs | memory/GPU GiB | CPU/node GiB | step ms | tokens/s | fits | assumptions |\n"
             << "|---|---|---|---|---|---|---|---|\n";
-  ordered_json out_rows = ordered_json::array();
-  for (const WhatifRow& row : rows) {
-    const WhatifResult r = cost_whatif_row(in, row);
-    std::ostringstream setup;
-    setup << row.framework << ", " << to_string(row.setup.precision) << ", ZeRO-" << row.setup.zero_stage
-          << ", recompute " << to_string(row.setup.recompute);
-    if (row.setup.recompute == Recompute::kFull && row.setup.recompute_every > 1)
-      setup << " every " << row.setup.recompute_every;
-    std::vector<std::string> assumptions{setup.str()};
-    for (const auto& s : r.assumptions) assumptions.push_back(s);
-    if (!r.offered) {
-      std::cout << "| " << r.name << " | " << r.gpus << " | - | - | - | - | - | not offered: " << r.not_offered
-                << " |\n";
-      out_rows.push_back({{"strategy", r.name}, {"offered", false}, {"not_offered", r.not_offered}});
-      continue;
-    }
-    const double gpu_bytes = r.memory.gpu_total();
-    std::cout << "| " << r.name << " | " << r.gpus << " | " << fixed(gpu_bytes / kGiB, 2) << " | "
-              << fixed(r.memory.cpu_per_node() / kGiB, 1) << " | " << fixed(r.step_ms, 1) << " | "
-              << fixed(r.tokens_per_s, 0) << " | " << (r.fits ? "yes" : "no") << " | " << joined(assumptions)
+}
+
+// The row's setup in words, then its assumptions.
+std::vector<std::string> row_assumptions(const WhatifRow& row, const WhatifResult& r) {
+  std::ostringstream setup;
+  setup << row.framework << ", " << to_string(row.setup.precision) << ", ZeRO-" << row.setup.zero_stage
+        << ", recompute " << to_string(row.setup.recompute);
+  if (row.setup.recompute == Recompute::kFull && row.setup.recompute_every > 1)
+    setup << " every " << row.setup.recompute_every;
+  std::vector<std::string> assumptions{setup.str()};
+  for (const auto& s : r.assumptions) assumptions.push_back(s);
+  return assumptions;
+}
+
+// Prints one costed row of the table and returns it as JSON.
+ordered_json print_whatif_row(const WhatifRow& row, const WhatifResult& r) {
+  if (!r.offered) {
+    std::cout << "| " << r.name << " | " << r.gpus << " | - | - | - | - | - | not offered: " << r.not_offered
               << " |\n";
-    out_rows.push_back({{"strategy", r.name},
-                        {"offered", true},
-                        {"framework", row.framework},
-                        {"gpus", r.gpus},
-                        {"gbs", r.gbs},
-                        {"accumulation", r.accumulation},
-                        {"zero_stage", row.setup.zero_stage},
-                        {"precision", to_string(row.setup.precision)},
-                        {"recompute", to_string(row.setup.recompute)},
-                        {"recompute_every", row.setup.recompute_every},
-                        {"offload_optimizer", row.setup.offload_optimizer},
-                        {"offload_params", row.setup.offload_params},
-                        {"memory_per_gpu_bytes", gpu_bytes},
-                        {"weights_bytes", r.memory.states.weights},
-                        {"gradients_bytes", r.memory.states.gradients},
-                        {"optimizer_bytes", r.memory.states.optimizer},
-                        {"transient_bytes", r.memory.states.transient + r.memory.recompute_workspace},
-                        {"activations_bytes", r.memory.activations},
-                        {"framework_bytes", r.memory.framework},
-                        {"cpu_per_node_bytes", r.memory.cpu_per_node()},
-                        {"step_ms", r.step_ms},
-                        {"tokens_per_s", r.tokens_per_s},
-                        {"mfu", r.mfu},
-                        {"fits", r.fits},
-                        {"assumptions", assumptions}});
+    return {{"strategy", r.name}, {"offered", false}, {"not_offered", r.not_offered}};
   }
-  if (!a.json_out.empty()) {
-    ordered_json j;
-    j["model"] = in.shape.name;
-    j["parameters"] = in.shape.parameter_count();
-    j["gpu"] = in.gpu->name;
-    j["gpu_source"] = in.gpu->source_url;
-    j["gpus"] = in.gpus;
-    j["gpu_memory_gb"] = in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb;
-    j["sequence_length"] = a.seq;
-    j["micro_batch"] = a.micro_batch;
-    j["gbs"] = gbs;
-    j["gemm_efficiency"] = in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency;
-    j["memory_efficiency"] = a.memory_efficiency;
-    j["calibration"] = in.calibration.path;
-    j["rows"] = out_rows;
-    write_json_file(a.json_out, j);
+  const std::vector<std::string> assumptions = row_assumptions(row, r);
+  const double gpu_bytes = r.memory.gpu_total();
+  std::cout << "| " << r.name << " | " << r.gpus << " | " << fixed(gpu_bytes / kGiB, 2) << " | "
+            << fixed(r.memory.cpu_per_node() / kGiB, 1) << " | " << fixed(r.step_ms, 1) << " | "
+            << fixed(r.tokens_per_s, 0) << " | " << (r.fits ? "yes" : "no") << " | " << joined(assumptions) << " |\n";
+  return {{"strategy", r.name},
+          {"offered", true},
+          {"framework", row.framework},
+          {"gpus", r.gpus},
+          {"gbs", r.gbs},
+          {"accumulation", r.accumulation},
+          {"zero_stage", row.setup.zero_stage},
+          {"precision", to_string(row.setup.precision)},
+          {"recompute", to_string(row.setup.recompute)},
+          {"recompute_every", row.setup.recompute_every},
+          {"offload_optimizer", row.setup.offload_optimizer},
+          {"offload_params", row.setup.offload_params},
+          {"memory_per_gpu_bytes", gpu_bytes},
+          {"weights_bytes", r.memory.states.weights},
+          {"gradients_bytes", r.memory.states.gradients},
+          {"optimizer_bytes", r.memory.states.optimizer},
+          {"transient_bytes", r.memory.states.transient + r.memory.recompute_workspace},
+          {"activations_bytes", r.memory.activations},
+          {"framework_bytes", r.memory.framework},
+          {"cpu_per_node_bytes", r.memory.cpu_per_node()},
+          {"step_ms", r.step_ms},
+          {"tokens_per_s", r.tokens_per_s},
+          {"mfu", r.mfu},
+          {"fits", r.fits},
+          {"assumptions", assumptions}};
+}
+
+void write_whatif_json(const WhatifArgs& a, const WhatifInput& in, int gbs, ordered_json rows) {
+  ordered_json j;
+  j["model"] = in.shape.name;
+  j["parameters"] = in.shape.parameter_count();
+  j["gpu"] = in.gpu->name;
+  j["gpu_source"] = in.gpu->source_url;
+  j["gpus"] = in.gpus;
+  j["gpu_memory_gb"] = in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb;
+  j["sequence_length"] = a.seq;
+  j["micro_batch"] = a.micro_batch;
+  j["gbs"] = gbs;
+  j["gemm_efficiency"] = in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency;
+  j["memory_efficiency"] = a.memory_efficiency;
+  j["calibration"] = in.calibration.path;
+  j["rows"] = std::move(rows);
+  write_json_file(a.json_out, j);
+}
+
+// --print-constants: the model's and the roofline's constants as JSON, on stdout and to --json.
+int print_whatif_constants(const WhatifArgs& a, const WhatifInput& in) {
+  const ordered_json j = whatif_constants_json(in);
+  std::cout << j.dump(2) << "\n";
+  if (!a.json_out.empty()) write_json_file(a.json_out, j);
+  return 0;
+}
+
+int run_whatif(const WhatifArgs& a) {
+  const WhatifInput in = whatif_input(a);
+  if (a.print_constants) return print_whatif_constants(a, in);
+  const TrainingSetup base = whatif_base_setup(a, *in.gpu);
+  if (a.inference) return run_whatif_inference(a, in, base);
+  const std::vector<WhatifRow> rows = whatif_rows(a, base, in.gpus_per_node);
+  if (!a.export_dir.empty()) {
+    if (rows.size() != 1) throw InputError("--export: name one row with --rows");
+    export_whatif_row(in, rows[0], a.export_dir);
   }
+  const int gbs = whatif_accumulation(in) * a.micro_batch * in.gpus;  // validates the batch before any output
+  print_whatif_header(a, in, gbs);
+  ordered_json out_rows = ordered_json::array();
+  for (const WhatifRow& row : rows) out_rows.push_back(print_whatif_row(row, cost_whatif_row(in, row)));
+  if (!a.json_out.empty()) write_whatif_json(a, in, gbs, std::move(out_rows));
   return 0;
 }
 
@@ -701,16 +716,11 @@ Runner add_whatif_command(CLI::App& app) {
       "LoRA/QLoRA alone or with ZeRO-2/3, an 8- or 4-bit base with 8-bit Adam) for one model on one GPU type of\n"
       "the catalogue, each costed by the simulator `simulate` uses. With --inference: TTFT, decode latency and\n"
       "memory for bf16/fp16 and weight-only int8/int4.");
-  s->add_option("--hf-config", a->hf_config, "Hugging Face config.json (gpt2, llama, mistral)");
-  s->add_option("--family", a->family, "Without --hf-config: gpt2 or llama")->capture_default_str();
-  s->add_option("--vocab-size", a->vocab, "Vocabulary")->capture_default_str();
-  s->add_option("--hidden-size", a->hidden, "Hidden size")->capture_default_str();
-  s->add_option("--layers", a->layers, "Transformer blocks")->capture_default_str();
-  s->add_option("--heads", a->heads, "Attention heads")->capture_default_str();
-  s->add_option("--kv-heads", a->kv_heads, "Key/value heads (GQA; default: --heads)");
-  s->add_option("--ffn-size", a->ffn, "MLP hidden size (default: 4h for gpt2, 11008 for llama)");
-  s->add_option("--max-positions", a->max_positions, "Max positions (learned for gpt2)")->capture_default_str();
-  s->add_flag("--tied-embeddings", a->tied, "llama family: the LM head shares the embedding table");
+  a->model.max_positions = 4096;
+  add_model_shape_flags(s, a->model);
+  CLI::Option* layers = s->add_option("--layers", a->model.blocks, "Transformer blocks")->capture_default_str();
+  s->add_option("--max-positions", a->model.max_positions, "Max positions (learned for gpt2; at least --seq)")
+      ->capture_default_str();
   s->add_option("--seq", a->seq, "Sequence length")->capture_default_str()->check(kPositiveNumber);
   s->add_option("--micro-batch", a->micro_batch, "Sequences per GPU per micro-batch (--inference: the batch)")
       ->capture_default_str()
@@ -751,10 +761,16 @@ Runner add_whatif_command(CLI::App& app) {
   s->add_option("--weights", a->weights, "--inference: weight formats (bf16, fp16, int8, nf4, awq)")
       ->capture_default_str();
   s->add_option("--json", a->json_out, "Write the table as JSON to this file");
+  s->add_flag("--print-constants", a->print_constants,
+              "Print the model's FLOP and byte counts, the roofline's efficiencies and the GPU's datasheet numbers "
+              "as JSON (also to --json), and cost nothing (scripts/gpu_whatif_calibrate.py reads them)");
   add_setup_options(s, a->setup, 1024);
   a->setup.precision = "auto";
   s->get_option("--precision")->description("Training precision: auto (bf16, or fp16 where the GPU lacks bf16), fp32, fp16, bf16 or fp8");
-  return [a] { return run_whatif(*a); };
+  return [a, layers] {
+    a->model.blocks_given = layers->count() > 0;
+    return run_whatif(*a);
+  };
 }
 
 }  // namespace hetplan::cli

@@ -28,7 +28,7 @@ constexpr const char* kCommon = "megatron/training/config/common_config.py";
 // Transformer blocks (Megatron's layers) in each stage: Metis layer 0 is the
 // embedding and the last is the head.
 std::vector<int> blocks_per_stage(const PlanFile& f) {
-  const int last_block = f.model.num_layers - 2;
+  const int last_block = blocks_from_metis_layers(f.model.num_layers);
   std::vector<int> out;
   for (std::size_t s = 0; s + 1 < f.plan.layer_partition.size(); ++s) {
     const int lo = std::max(1, f.plan.layer_partition[s]), hi = std::min(last_block + 1, f.plan.layer_partition[s + 1]);

@@ -22,6 +22,9 @@ Mechanism constants come from micro-benchmarks, never from the end-to-end checks
             kernel count of one decode step (torch.profiler), and the attention part alone (a diagnostic);
   offload   + a per-phase breakdown of one instrumented step (a diagnostic).
 Writes OUT/whatif_calibration.json (the keys `hetplan whatif --profiles OUT` reads) and OUT/measurements.json.
+The FLOP and byte counts and the roofline constants the efficiencies divide by are the binary's, read from
+`hetplan whatif --print-constants` (hetplan_constants; $HETPLAN_BIN, default build-gpu/hetplan), never
+re-derived here.
 Each section is independent: a failure is recorded in measurements.json and the rest goes on.
 
 Fixes after the first H200 run (notes in the report of branch whatif2):
@@ -44,6 +47,7 @@ import gc
 import json
 import math
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -206,6 +210,7 @@ class Shape:
 
 LLAMA_3B = Shape(3072, 28, 24, 8, 8192, 128256, True)
 REPLAY_1B = Shape(2048, 20, 16, 16, 5632, 512, False)
+BLOCK_SEQ = 1024  # the block micro-benchmark's sequence length
 
 
 def block_weights(s, dtype=BF16, device=DEV):
@@ -232,6 +237,18 @@ def block_forward(s, w, x, lin=F.linear):
     x = x + lin(o, w["wo"])
     y = rms(x, w["n2"])
     return x + lin(F.silu(lin(y, w["wg"])) * lin(y, w["wu"]), w["wd"])
+
+
+def hetplan_constants(shape, seq, het=None, gpu=None, run=subprocess.run):
+    """The binary's model, FLOP and roofline constants for `shape` at sequence length `seq`
+    (`hetplan whatif --print-constants`, sim/roofline.h and sim/model_shape.h): a dict with keys
+    model (FLOPs and bytes per token of this shape), flops, roofline, whatif and gpu."""
+    het = het or os.environ.get("HETPLAN_BIN", "build-gpu/hetplan")
+    gpu = gpu or os.environ.get("HETPLAN_GPU", "")
+    cmd = [het, "whatif", "--print-constants", "--seq", str(seq)] + shape.flags().split()
+    if gpu:
+        cmd += ["--gpu", gpu]
+    return json.loads(run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
 # ------------------------------------------------------------------------------------------------ gemm
@@ -285,8 +302,7 @@ def measure_block(s, batch, seq):
     t_opt = timed(opt_step, 10)
     del p16, g16, m32, opt
     return {"batch": batch, "seq": seq, "attention_fwd_bwd_ms": timed(attn, 10) * 1e3,
-            "block_fwd_bwd_ms": timed(block, 10) * 1e3, "optimizer_params": n, "optimizer_ms": t_opt * 1e3,
-            "block_linear_flops_per_token": 2 * s.h * (2 * s.a * s.d + 2 * s.kv * s.d + 3 * s.f)}
+            "block_fwd_bwd_ms": timed(block, 10) * 1e3, "optimizer_params": n, "optimizer_ms": t_opt * 1e3}
 
 
 # ----------------------------------------------------------------------------------------------- qlora
@@ -513,11 +529,10 @@ def measure_decode(s, fmt, batch, prompt=512, output=128):
         except Exception as e:
             micro[name + "_error"] = repr(e)
     micro["attention_kernels"] = count_kernels(attention)
-    lin_params = s.L * s.h * (2 * s.a * s.d + 2 * s.kv * s.d + 3 * s.f)
     out = {"format": fmt, "batch": batch, "prompt": prompt, "output": output, "ms_per_token": ms,
            "cuda_graph": graph is not None, "weights_allocated_bytes": weights_bytes,
            "peak_allocated_bytes": peak, "allocated_before_bytes": base, "kernels_per_step": kernels,
-           "projection_params": lin_params, "lm_head_bytes": emb.numel() * emb.element_size(), "micro": micro}
+           "lm_head_bytes": emb.numel() * emb.element_size(), "micro": micro}
     del layers, kc, vc, graph
     torch.cuda.empty_cache()
     return out
@@ -707,12 +722,16 @@ def main():
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    # The binary's constants for the replayed block's shape and the decode shape (sim/model_shape.h,
+    # sim/whatif.h), read first: a missing binary fails before minutes of measuring.
+    c_block = hetplan_constants(REPLAY_1B, BLOCK_SEQ)
+    c_decode = hetplan_constants(LLAMA_3B, 512)
     m = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "gpus": torch.cuda.device_count()}
     sections = {
         "host": lambda: measure_host(),
         "gemm": lambda: measure_gemm(REPLAY_1B, 4 * 1024),
         "kernels": lambda: measure_kernel_floor(LLAMA_3B),
-        "block": lambda: measure_block(REPLAY_1B, 4, 1024),
+        "block": lambda: measure_block(REPLAY_1B, 4, BLOCK_SEQ),
         "qlora": lambda: measure_qlora(LLAMA_3B, 4, 4, 512),
         "decode": lambda: [measure_decode(LLAMA_3B, f, b) for f in ("bf16", "int4") for b in (1, 8)],
         "offload": lambda: [measure_offload(REPLAY_1B, 4, 1024, mode) for mode in ("none", "zero2_offload", "zero3_offload")],
@@ -739,26 +758,31 @@ def main():
         train["qlora_dequant_factor"] = m["qlora"]["factor"]
     elif "qlora" in m:
         train["qlora_dequant_factor_emulated"] = m["qlora"]["factor"]  # torch-op NF4 emulation: not read by whatif
-    peak = float(os.environ.get("HETPLAN_PEAK_TFLOPS", "0")) * 1e12
+    fwd_bwd = 1 + c_block["whatif"]["backward_per_forward"]  # forward + backward per forward
+    peak = float(os.environ.get("HETPLAN_PEAK_TFLOPS", "0")) * 1e12 or c_block["gpu"]["peak_tflops"] * 1e12
     if "gemm" in m and peak > 0:
         train["gemm_efficiency"] = min(1.0, m["gemm"]["gemm_flops_mean"] / peak)
     # Attention and elementwise, from one block's micro-benchmark (never the end-to-end step): attention FLOPs
-    # as whatif counts them (4 x seq x heads x head_dim per token forward, twice that backward) over the fused
-    # SDPA's forward + backward time; the elementwise efficiency assigns what the block's forward + backward
-    # takes beyond the roofline's GEMM time (at the measured GEMM rate) and the attention to the roofline's
-    # elementwise bytes (20 x hidden x 2 B per token forward, twice that backward).
-    hbm = float(os.environ.get("HETPLAN_HBM_GBS", "0")) * 1e9
+    # as whatif counts them (the binary's attention_forward_flops_per_token forward, backward_per_forward times
+    # that backward) over the fused SDPA's forward + backward time; the elementwise efficiency assigns what the
+    # block's forward + backward takes beyond the roofline's GEMM time (at the measured GEMM rate) and the
+    # attention to the roofline's elementwise bytes (elementwise_bytes_per_token_hidden x hidden x 2 B per
+    # token forward, backward_per_forward times that backward).
+    hbm = float(os.environ.get("HETPLAN_HBM_GBS", "0")) * 1e9 or c_block["gpu"]["memory_bw_gbs"] * 1e9
+    cm, cw = c_block["model"], c_block["whatif"]
     if "block" in m and "gemm" in m and peak > 0:
-        b, s = m["block"], REPLAY_1B
+        b = m["block"]
         T = b["batch"] * b["seq"]
         t_attn = b["attention_fwd_bwd_ms"] / 1e3
-        train["attention_efficiency"] = min(1.0, 3 * 4 * b["seq"] * s.a * s.d * T / t_attn / peak)
-        t_gemm = 3 * b["block_linear_flops_per_token"] * T / m["gemm"]["gemm_flops_mean"]
+        train["attention_efficiency"] = min(1.0, fwd_bwd * cm["attention_forward_flops_per_token"] * T / t_attn / peak)
+        t_gemm = fwd_bwd * cm["linear_forward_flops_per_token"] * T / m["gemm"]["gemm_flops_mean"]
         t_elem = b["block_fwd_bwd_ms"] / 1e3 - t_gemm - t_attn
         if hbm > 0 and t_elem > 0:
-            train["elementwise_efficiency"] = min(1.0, 3 * 20 * s.h * 2 * T / t_elem / hbm)
-    if "block" in m and hbm > 0:  # whatif's 30 bytes per parameter over the trainer's measured step
-        train["optimizer_hbm_efficiency"] = min(1.0, 30 * m["block"]["optimizer_params"] / (m["block"]["optimizer_ms"] / 1e3) / hbm)
+            elem_bytes = cw["elementwise_bytes_per_token_hidden"] * cm["hidden_size"] * cw["bytes_per_16bit_value"]
+            train["elementwise_efficiency"] = min(1.0, fwd_bwd * elem_bytes * T / t_elem / hbm)
+    if "block" in m and hbm > 0:  # whatif's optimizer bytes per parameter over the trainer's measured step
+        train["optimizer_hbm_efficiency"] = min(
+            1.0, cw["optimizer_bytes_per_param"] * m["block"]["optimizer_params"] / (m["block"]["optimizer_ms"] / 1e3) / hbm)
     if train:
         cal["training"] = train
     # Decode mechanism constants, from the micro-benchmarks only (the end-to-end decode loop is the check):
@@ -767,10 +791,9 @@ def main():
     #  - int4 per-row cost: the projections' int4 GEMVs at batch 8 minus batch 1, per added row;
     #  - the per-kernel floor (graph of small kernels) and the kernel count of one bf16 batch-1 step per layer;
     #  - the implementation measured: HF-style materialised GQA repeat and a static (preallocated) KV cache.
-    bw = float(os.environ.get("HETPLAN_HBM_GBS", "0")) * 1e9
+    bw = hbm
     inf = {}
     if "decode" in m:
-        s = LLAMA_3B
         rec = {(r["format"], r["batch"]): r for r in m["decode"]}
         eff = {}
         row_s = 0.0
@@ -778,7 +801,9 @@ def main():
         try:
             row_s = max(0.0, (b8["micro"]["block_linears_ms"] - b1["micro"]["block_linears_ms"]) / 1e3 / (b8["batch"] - b1["batch"]))
             if row_s > 0:
-                inf["int4_row_params_per_s"] = b1["projection_params"] / row_s
+                # the projections' weights, as cost_inference counts them (sim/inference.cc)
+                projection_params = c_decode["model"]["block_linear_weights"] * c_decode["model"]["blocks"]
+                inf["int4_row_params_per_s"] = projection_params / row_s
         except Exception:
             row_s = 0.0
         for fmt in ("bf16", "int4"):
@@ -792,7 +817,7 @@ def main():
             inf["decode_hbm_efficiency"] = eff
         r = rec.get(("bf16", 1))
         if r is not None and r.get("kernels_per_step"):
-            inf["decode_kernels_per_layer"] = r["kernels_per_step"] / s.L
+            inf["decode_kernels_per_layer"] = r["kernels_per_step"] / c_decode["model"]["blocks"]
         # The attention's HBM efficiency: its KV bytes (the static cache read, the GQA-expanded copy written
         # and read) over the attention part's time alone at batch 8 (bf16), less its kernels' floor (the floor
         # term of whatif counts those kernels).
@@ -800,7 +825,9 @@ def main():
         floor = m.get("kernels", {}).get("graph_us_per_kernel", 0) * 1e-6
         try:
             T = r["prompt"] + r["output"]
-            kv_bytes = 2 * s.L * s.kv * s.d * 2 * r["batch"] * T * (1 + (2 * s.a / s.kv if s.a != s.kv else 0))
+            heads, kv_heads = c_decode["model"]["heads"], c_decode["model"]["kv_heads"]
+            kv_bytes = (c_decode["model"]["kv_cache_bytes_per_token"] * r["batch"] * T *
+                        (1 + (2 * heads / kv_heads if heads != kv_heads else 0)))
             t = r["micro"]["attention_ms"] / 1e3 - (r["micro"].get("attention_kernels") or 0) * floor
             if t > 0 and bw > 0:
                 inf["attention_hbm_efficiency"] = min(1.0, kv_bytes / t / bw)

@@ -38,7 +38,7 @@ EOF
 )
 echo "GPU: $GPU (HBM $HBM GB/s, bf16 peak $PEAK TFLOP/s)"
 
-HETPLAN_HBM_GBS=$HBM HETPLAN_PEAK_TFLOPS=$PEAK python3 scripts/gpu_whatif_calibrate.py --out "$OUT" | tee "$OUT/calibrate.log"
+HETPLAN_BIN="$HET" HETPLAN_GPU="$GPU" HETPLAN_HBM_GBS=$HBM HETPLAN_PEAK_TFLOPS=$PEAK python3 scripts/gpu_whatif_calibrate.py --out "$OUT" | tee "$OUT/calibrate.log"
 
 # Predictions with the calibration (the replayed shape: llama, hidden 2048, 20 blocks, ffn 5632, vocab 512).
 REPLAY="--family llama --hidden-size 2048 --layers 20 --heads 16 --kv-heads 16 --ffn-size 5632 --vocab-size 512"

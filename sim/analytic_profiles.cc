@@ -8,6 +8,8 @@
 #include "sim/gpu_specs.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
+#include "sim/model_shape.h"
+#include "sim/roofline.h"
 
 namespace hetplan {
 
@@ -24,10 +26,12 @@ struct LayerEstimate {
   double params;
 };
 
+Roofline roofline_of(const GpuSpec& g, const AnalyticOptions& o) {
+  return make_roofline(g.peak_tflops, o.compute_efficiency, g.memory_bw_gbs, o.memory_efficiency);
+}
+
 double roofline_ms(double flops, double bytes, const GpuSpec& g, const AnalyticOptions& o) {
-  const double compute_s = flops / (g.peak_tflops * 1e12 * o.compute_efficiency);
-  const double memory_s = bytes / (g.memory_bw_gbs * 1e9 * o.memory_efficiency);
-  return std::max(compute_s, memory_s) * 1e3;
+  return roofline_of(g, o).seconds(flops, bytes) * 1e3;
 }
 
 // One ring all-reduce of `bytes` over tp GPUs on NVLink, in ms.
@@ -40,6 +44,8 @@ std::vector<LayerEstimate> estimate_layers(const ModelConfig& m, const GpuSpec& 
                                            const AnalyticOptions& o) {
   const double b = bs, s = m.sequence_length, h = m.hidden_size, v = m.vocab_size, a = m.attention_heads;
   const int L = m.num_layers;
+  const ModelShape shape = shape_from_model_config(m);  // the FLOP count (GPT-2: ffn 4 h)
+  const double tokens = b * s;
   std::vector<LayerEstimate> out;
 
   // Embedding: token + position lookup forward, scatter-add backward.
@@ -48,18 +54,19 @@ std::vector<LayerEstimate> estimate_layers(const ModelConfig& m, const GpuSpec& 
   const double emb_act = b * s * h * kBytes;
   out.push_back({roofline_ms(0, emb_bytes, g, o), (16 * emb_params / tp + emb_act) / kMB, emb_params});
 
-  // Transformer block: forward 24bsh^2 + 4bs^2h FLOPs, backward twice that.
+  // Transformer block: forward 24bsh^2 + 4bs^2h FLOPs (ModelShape's count), backward twice that.
   const double block_params = 12 * h * h + 13 * h;
-  const double block_flops = 3 * (24 * b * s * h * h + 4 * b * s * s * h) / tp;
+  const double block_flops =
+      kTrainingFlopsPerForwardFlop * (tokens * shape.block_forward_flops_per_token(m.sequence_length)) / tp;
   const double block_bytes = 3 * (kBytes * block_params / tp + 20 * b * s * h * kBytes / tp);
   const double block_ms = roofline_ms(block_flops, block_bytes, g, o) + 4 * allreduce_ms(b * s * h * kBytes, tp, g);
   // Korthikanti et al. (2022): s*b*h*(34 + 5*a*s/h) bytes per block, tensor parallel parts / tp.
   const double block_act = s * b * h * (10 + 24.0 / tp + 5 * a * s / (h * tp));
-  for (int i = 1; i < L - 1; ++i) out.push_back({block_ms, (16 * block_params / tp + block_act) / kMB, block_params});
+  for (int i = 0; i < blocks_from_metis_layers(L); ++i) out.push_back({block_ms, (16 * block_params / tp + block_act) / kMB, block_params});
 
   // Final LayerNorm + LM head (vocab-parallel) + cross-entropy.
   const double head_params = v * h + 2 * h;
-  const double head_flops = 3 * 2 * b * s * h * v / tp;
+  const double head_flops = kTrainingFlopsPerForwardFlop * (tokens * shape.head_forward_flops_per_token()) / tp;
   const double head_bytes = 3 * (kBytes * head_params / tp + 4 * b * s * v / tp);
   const double head_act = b * s * (h * kBytes + 4 * v / tp);
   out.push_back({roofline_ms(head_flops, head_bytes, g, o), (16 * head_params / tp + head_act) / kMB, head_params});
@@ -126,7 +133,7 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
           sum_ms += l.ms;
         }
         const double fb = sum_ms * 1.02 + 0.5;  // launch gaps and pipeline hand-off outside the layers
-        const double optimizer = total_params / kBytes * 32.0 / tp / (g->memory_bw_gbs * 1e9 * o.memory_efficiency) * 1e3;
+        const double optimizer = roofline_of(*g, o).memory_s(total_params / kBytes * 32.0 / tp) * 1e3;
         et["total_time_ms"] = fb + optimizer + 0.5;
         et["forward_backward_time_ms"] = fb;
         et["batch_generator_time_ms"] = 0.5;

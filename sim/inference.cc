@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "sim/input_error.h"
+#include "sim/roofline.h"
 
 namespace hetplan {
 
@@ -40,6 +41,10 @@ QuantSpec weight_quant(WeightFormat f) {
   return bf16_weights();
 }
 
+double kv_cache_bytes_per_token(const ModelShape& m) {
+  return 2.0 * static_cast<double>(m.num_layers) * m.num_kv_heads * m.head_dim * 2;  // K and V, 16-bit
+}
+
 InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const InferenceSetup& s, double capacity_gb) {
   InferenceResult r;
   r.name = to_string(s.weights);
@@ -53,18 +58,16 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
     r.not_offered = g.name + " has no bf16 (it supports " + g.supported() + ")";
     return r;
   }
-  const double peak = g.peak_of(act) * 1e12 * s.compute_efficiency;
-  const double bw = g.memory_bw_gbs * 1e9 * s.hbm_efficiency;
+  const Roofline roofline = make_roofline(g.peak_of(act), s.compute_efficiency, g.memory_bw_gbs, s.hbm_efficiency);
   const double L = m.num_layers, h = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
   const double b = s.batch, P = s.prompt, O = s.output;
 
-  double lin_params = 0;
-  for (const auto& l : m.block_linears()) lin_params += static_cast<double>(l.in) * l.out;
-  lin_params *= L;  // (the int4 per-row cost below is over these)
+  // The projections' weights (the int4 per-row cost below is over these).
+  const double lin_params = static_cast<double>(m.block_linear_weights()) * L;
   const double other_params = static_cast<double>(m.parameter_count()) - lin_params;
   const double quant_bits = weight_quant(s.weights).bits_per_param();
   r.weights_bytes = lin_params * quant_bits / 8 + other_params * 2;
-  const double kv_per_token = 2.0 * L * m.num_kv_heads * m.head_dim * 2;  // K and V, 16-bit
+  const double kv_per_token = kv_cache_bytes_per_token(m);
   r.kv_cache_bytes = kv_per_token * b * (P + O);
   // Prefill's working set: one layer's hidden states and MLP intermediates for the whole prompt, and the
   // last token's fp32 logits (generate keeps only those).
@@ -73,14 +76,16 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
   r.capacity_bytes = (capacity_gb > 0 ? capacity_gb : g.memory_gb) * 1024.0 * 1024 * 1024;
   r.fits = r.total_bytes() <= r.capacity_bytes;
 
-  const double attn_per_token_ctx = 4.0 * m.num_heads * m.head_dim;  // QK^T and AV per token per context token
+  const double linear_flops = L * m.linear_forward_flops_per_token();
+  const double head_flops = m.head_forward_flops_per_token();
+  const double attn_per_token_ctx = m.attention_forward_flops_per_token(1);  // QK^T and AV per context token
   // Prefill: causal attention over the prompt averages P/2 context tokens.
-  const double prefill_flops = b * P * (2 * lin_params + L * attn_per_token_ctx * P / 2) + b * 2 * h * V;
+  const double prefill_flops = b * P * (linear_flops + L * attn_per_token_ctx * P / 2) + b * head_flops;
   const double prefill_bytes = r.weights_bytes + kv_per_token * b * P;  // (the whole table: small next to the FLOPs)
-  r.ttft_ms = std::max(prefill_flops / peak, prefill_bytes / bw) * 1e3;
+  r.ttft_ms = roofline.seconds(prefill_flops, prefill_bytes) * 1e3;
   // Decode: mean context over the output.
   const double ctx = P + O / 2;
-  const double step_flops = b * (2 * lin_params + 2 * h * V + L * attn_per_token_ctx * ctx);
+  const double step_flops = b * (linear_flops + head_flops + L * attn_per_token_ctx * ctx);
   // Every weight byte (the LM head's too: the embedding table when tied, in other_params) and the KV cache.
   // An untied embedding table is not streamed: a step reads only the batch's rows of it.
   const double streamed = r.weights_bytes - (m.tied_embeddings ? 0.0 : V * h * 2);
@@ -90,8 +95,9 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
   const double gqa = static_cast<double>(m.num_heads) / std::max<long long>(m.num_kv_heads, 1);
   const double kv_factor = 1 + (s.kv_repeat_materialised && gqa > 1 ? 2 * gqa : 0.0);
   const double kv_bytes = kv_per_token * b * kv_len * kv_factor;
-  const double bw_attn = s.attention_hbm_efficiency > 0 ? g.memory_bw_gbs * 1e9 * s.attention_hbm_efficiency : bw;
-  double step_s = std::max(step_flops / peak, streamed / bw + kv_bytes / bw_attn);
+  const double bw_attn = s.attention_hbm_efficiency > 0 ? achieved_bytes_per_s(g.memory_bw_gbs, s.attention_hbm_efficiency)
+                                                        : roofline.bytes_per_s;
+  double step_s = std::max(roofline.compute_s(step_flops), roofline.memory_s(streamed) + kv_bytes / bw_attn);
   const bool int4 = s.weights == WeightFormat::kInt4Nf4 || s.weights == WeightFormat::kInt4Awq;
   if (int4 && s.int4_row_params_per_s > 0) step_s += b * lin_params / s.int4_row_params_per_s;
   if (s.kernel_floor_us > 0 && s.kernels_per_layer > 0) {

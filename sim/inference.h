@@ -89,6 +89,9 @@ struct InferenceResult {
   std::vector<std::string> assumptions;
 };
 
+// Bytes of one token's KV cache: K and V of every block, 16-bit.
+double kv_cache_bytes_per_token(const ModelShape& m);
+
 // REQUIRES: batch, prompt, output >= 1.
 InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const InferenceSetup& s, double capacity_gb = 0);
 

@@ -27,6 +27,12 @@ long long ModelShape::block_sharded_params() const {
   return n;
 }
 
+long long ModelShape::block_linear_weights() const {
+  long long n = 0;
+  for (const auto& l : block_linears()) n += l.in * l.out;
+  return n;
+}
+
 long long ModelShape::block_params() const { return block_sharded_params() + block_replicated_params(); }
 
 long long ModelShape::embedding_params() const {
@@ -41,7 +47,7 @@ long long ModelShape::parameter_count() const {
 
 std::vector<long long> ModelShape::metis_layer_params() const {
   std::vector<long long> out;
-  out.reserve(num_layers + 2);
+  out.reserve(metis_num_layers());
   out.push_back(embedding_params());
   for (int i = 0; i < num_layers; ++i) out.push_back(block_params());
   out.push_back(head_params());
@@ -54,17 +60,26 @@ long long ModelShape::largest_module_params() const {
   return m;
 }
 
-double ModelShape::block_forward_flops_per_token(long long seq) const {
+double ModelShape::linear_forward_flops_per_token() const {
   double linear = 0;
   for (const auto& l : block_linears()) linear += 2.0 * static_cast<double>(l.in) * static_cast<double>(l.out);
-  // Scores Q K^T and the weighted sum of V: each 2 * seq * (heads * head_dim) per token.
-  const double attention = 2.0 * 2.0 * static_cast<double>(seq) * static_cast<double>(num_heads) * head_dim;
-  return linear + attention;
+  return linear;
+}
+
+double ModelShape::block_forward_flops_per_token(long long seq) const {
+  return linear_forward_flops_per_token() + attention_forward_flops_per_token(static_cast<double>(seq));
+}
+
+double ModelShape::lora_forward_flops_per_token(int rank, unsigned targets) const {
+  double lora = 0;
+  for (const auto& l : block_linears())
+    if (targets & l.target) lora += 2.0 * rank * (l.in + l.out);
+  return lora;
 }
 
 double ModelShape::training_flops(double tokens, long long seq) const {
   const double fwd = num_layers * block_forward_flops_per_token(seq) + head_forward_flops_per_token();
-  return 3.0 * fwd * tokens;
+  return kTrainingFlopsPerForwardFlop * fwd * tokens;
 }
 
 void ModelShape::validate(const std::string& where) const {
@@ -75,8 +90,8 @@ void ModelShape::validate(const std::string& where) const {
   auto range = [](long long max) { return " (expected 1 to " + std::to_string(max) + ")"; };
   need(in(vocab_size, kMaxVocabSize), "vocab size must be positive" + range(kMaxVocabSize));
   need(in(hidden_size, kMaxHiddenSize), "hidden size must be positive" + range(kMaxHiddenSize));
-  need(in(num_layers, kMaxModelLayers - 2),
-       "the number of transformer layers must be positive" + range(kMaxModelLayers - 2));
+  need(in(num_layers, kMaxModelBlocks),
+       "the number of transformer layers must be positive" + range(kMaxModelBlocks));
   need(in(num_heads, kMaxAttentionHeads), "the number of attention heads must be positive" + range(kMaxAttentionHeads));
   need(num_kv_heads > 0 && num_heads % num_kv_heads == 0,
        "the number of key/value heads must divide the number of attention heads (" + std::to_string(num_heads) +
@@ -91,7 +106,7 @@ void ModelShape::validate(const std::string& where) const {
 ModelConfig ModelShape::to_model_config(int sequence_length) const {
   ModelConfig m;
   m.name = name;
-  m.num_layers = num_layers + 2;
+  m.num_layers = metis_num_layers();
   m.hidden_size = static_cast<int>(hidden_size);
   m.sequence_length = sequence_length;
   m.vocab_size = static_cast<int>(vocab_size);
@@ -135,7 +150,8 @@ ModelShape llama_shape(long long vocab, long long hidden, int layers, int heads,
 }
 
 ModelShape shape_from_model_config(const ModelConfig& m) {
-  ModelShape s = gpt2_shape(m.vocab_size, m.hidden_size, m.num_layers - 2, m.attention_heads, m.sequence_length);
+  ModelShape s = gpt2_shape(m.vocab_size, m.hidden_size, blocks_from_metis_layers(m.num_layers), m.attention_heads,
+                            m.sequence_length);
   s.name = m.name;
   return s;
 }
@@ -146,7 +162,7 @@ namespace {
 long long max_of(const std::string& key) {
   if (key == "vocab_size") return kMaxVocabSize;
   if (key == "n_embd" || key == "hidden_size" || key == "head_dim") return kMaxHiddenSize;
-  if (key == "n_layer" || key == "num_hidden_layers") return kMaxModelLayers - 2;
+  if (key == "n_layer" || key == "num_hidden_layers") return kMaxModelBlocks;
   if (key == "n_head" || key == "num_attention_heads" || key == "num_key_value_heads") return kMaxAttentionHeads;
   if (key == "n_inner" || key == "intermediate_size") return kMaxFfnSize;
   return kMaxSequenceLength;  // n_positions, max_position_embeddings
@@ -215,6 +231,40 @@ ModelShape read_hf_config(const std::string& path) {
   else
     s.name = type;
   s.validate(path);
+  return s;
+}
+
+ModelShape shape_from_flags(const ModelFlags& f, long long seq) {
+  ModelShape s;
+  const long long positions = std::max(f.max_positions, seq);
+  if (!f.hf_config.empty()) {
+    s = read_hf_config(f.hf_config);
+    if (f.blocks_given) s.num_layers = f.blocks;
+  } else if (f.family == "gpt2") {
+    s = gpt2_shape(f.vocab_size, f.hidden_size, f.blocks, f.heads, positions);
+    if (f.ffn_hidden_size > 0) s.ffn_hidden_size = f.ffn_hidden_size;
+  } else if (f.family == "llama") {
+    s = llama_shape(f.vocab_size, f.hidden_size, f.blocks, f.heads, f.kv_heads > 0 ? f.kv_heads : f.heads,
+                    f.ffn_hidden_size > 0 ? f.ffn_hidden_size : 11008, false, positions);
+  } else {
+    throw InputError("--family: '" + excerpt(f.family) + "': expected gpt2 or llama");
+  }
+  if (f.tie && f.untie) throw InputError("--tie-embeddings and --untie-embeddings: give at most one");
+  if (f.tie) s.tied_embeddings = true;
+  if (f.untie) s.tied_embeddings = false;
+  s.validate(f.hf_config.empty() ? "model flags" : f.hf_config);
+  return s;
+}
+
+ModelShape shape_of_plan(const ModelConfig& m, const std::string& hf_config, const std::string& source) {
+  if (hf_config.empty()) return shape_from_model_config(m);
+  ModelShape s = read_hf_config(hf_config);
+  if (s.metis_num_layers() != m.num_layers || s.hidden_size != m.hidden_size)
+    throw InputError(hf_config + ": the model has " + std::to_string(s.num_layers) + " blocks and hidden size " +
+                     std::to_string(s.hidden_size) + ", but " + source + " has " +
+                     std::to_string(blocks_from_metis_layers(m.num_layers)) + " blocks (" +
+                     std::to_string(m.num_layers) + " layers with the embedding and the head) of hidden size " +
+                     std::to_string(m.hidden_size));
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include "sim/file_access.h"
 #include "sim/input_error.h"
 #include "sim/json_util.h"
+#include "sim/model_config.h"
 #include "sim/profile.h"
 
 namespace hetplan {
@@ -51,7 +52,7 @@ ordered_json python_sum(const ordered_json& list) {
 ordered_json stretch(const ordered_json& list, int layers) {
   ordered_json out = ordered_json::array();
   out.push_back(list.front());
-  for (int i = 0; i < layers - 2; ++i) out.push_back(list[1]);
+  for (int i = 0; i < blocks_from_metis_layers(layers); ++i) out.push_back(list[1]);
   out.push_back(list.back());
   return out;
 }
@@ -121,7 +122,7 @@ std::vector<std::string> generate_synthetic_profiles(const std::string& samples_
          rules::non_negative_up_to(kMaxProfileMb));
     et["between_forward_backward_time_ms"] =
         num(et["forward_backward_time_ms"]) - num(python_sum(et["layer_compute_total_ms"]));
-    model["num_MHA_layers"] = model["num_layers"].get<long long>() - 2;
+    model["num_MHA_layers"] = blocks_from_metis_layers(static_cast<int>(model["num_layers"].get<long long>()));
     files.put(name, std::move(j));
   }
   if (files.all().empty())
@@ -131,7 +132,7 @@ std::vector<std::string> generate_synthetic_profiles(const std::string& samples_
   for (auto& [name, j] : files.all()) {
     ordered_json& model = j["model"];
     model["num_layers"] = layers;
-    model["num_MHA_layers"] = layers - 2;
+    model["num_MHA_layers"] = blocks_from_metis_layers(layers);
     ordered_json& params = model["parameters"];
     params["parameters_per_layer_bytes"] = stretch(params["parameters_per_layer_bytes"], layers);
     params["total_parameters_bytes"] = python_sum(params["parameters_per_layer_bytes"]);

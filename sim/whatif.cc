@@ -5,10 +5,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "sim/analytic_profiles.h"
 #include "sim/checked.h"
 #include "sim/file_access.h"
+#include "sim/inference.h"
 #include "sim/input_error.h"
 #include "sim/plan_file.h"
+#include "sim/roofline.h"
 
 namespace hetplan {
 
@@ -41,69 +44,99 @@ struct LayerTimes {
   double optimizer_ms = 0;
 };
 
+// The achieved rates of a row (sim/roofline.h): GEMMs at the row's precision; attention and adapters at 16 bits
+// (not in fp8: Transformer Engine's default recipe); HBM traffic at the memory efficiency, or at the efficiency a
+// calibration measured for elementwise kernels and the optimizer step.
+struct RowRooflines {
+  Roofline gemm;         // linear layers, the LM head; bytes: embedding, logits, dequantisation
+  Roofline adapters;     // LoRA adapters
+  Roofline attention;    // fused attention
+  Roofline elementwise;  // norms, activations, residuals (bytes only)
+  Roofline optimizer;    // the GPU Adam step (bytes only)
+};
+
+RowRooflines row_rooflines(const WhatifInput& in, const TrainingSetup& s) {
+  const GpuSpec& g = *in.gpu;
+  const WhatifCalibration& c = in.calibration;
+  const double gemm_eff = c.gemm_efficiency > 0 ? c.gemm_efficiency : in.gemm_efficiency;
+  const double peak16 = g.peak_of(compute_precision(s.precision == Precision::kFp8 ? Precision::kBf16 : s.precision));
+  const double hbm = achieved_bytes_per_s(g.memory_bw_gbs, in.memory_efficiency);
+  auto hbm_at = [&](double measured) { return measured > 0 ? achieved_bytes_per_s(g.memory_bw_gbs, measured) : hbm; };
+  RowRooflines r;
+  r.gemm = {achieved_flops_per_s(g.peak_of(compute_precision(s.precision)), gemm_eff), hbm};
+  r.adapters = {achieved_flops_per_s(peak16, gemm_eff), hbm};
+  r.attention = {c.attention_efficiency > 0 ? achieved_flops_per_s(peak16, c.attention_efficiency)
+                                            : r.adapters.flops_per_s,
+                 hbm};
+  r.elementwise = {0, hbm_at(c.elementwise_efficiency)};
+  r.optimizer = {0, hbm_at(c.optimizer_hbm_efficiency)};
+  return r;
+}
+
+// Seconds of one transformer block, forward and backward, for T tokens.
+struct BlockSeconds {
+  double forward = 0, backward = 0;
+};
+
+BlockSeconds block_seconds(const WhatifInput& in, const WhatifRow& row, const RowRooflines& r, double T) {
+  const ModelShape& m = in.shape;
+  const TrainingSetup& s = row.setup;
+  const double e = s.precision == Precision::kFp32 ? 4 : 2;
+  const double h = static_cast<double>(m.hidden_size);
+  const bool peft = s.finetune != Finetune::kFull;
+  const double elem_factor = row.torch_compile ? kCompileElementwiseFactor : 1.0;
+  const double lora = peft ? m.lora_forward_flops_per_token(s.lora_rank, s.lora_targets) : 0.0;
+  const double elem = r.elementwise.memory_s(kElementwiseBytesPerTokenHidden * h * e * T * elem_factor);
+  const double gemm_fwd = r.gemm.compute_s(m.linear_forward_flops_per_token() * T);
+  const double attn_fwd = r.attention.compute_s(m.attention_forward_flops_per_token(in.seq) * T);
+  const double lora_fwd = r.adapters.compute_s(lora * T);
+  // Dequantising the frozen base before each GEMM that uses it (forward, and the backward's input gradient).
+  double dequant = 0;
+  const bool measured_dequant = quantised_base(s) && in.calibration.qlora_dequant_factor > 0;
+  if (quantised_base(s) && !measured_dequant)
+    dequant = r.gemm.memory_s(static_cast<double>(m.block_linear_weights()) * (s.base_weights.bits_per_param() / 8 + 2));
+  BlockSeconds b;
+  b.forward = gemm_fwd + attn_fwd + lora_fwd + elem + dequant;
+  // Backward: weight and input gradients of every GEMM; a frozen base computes input gradients only.
+  b.backward = (peft ? gemm_fwd : kBackwardPerForward * gemm_fwd) + kBackwardPerForward * attn_fwd +
+               kBackwardPerForward * lora_fwd + kBackwardPerForward * elem + dequant;
+  if (measured_dequant)
+    b.forward *= in.calibration.qlora_dequant_factor, b.backward *= in.calibration.qlora_dequant_factor;
+  return b;
+}
+
 LayerTimes roofline_layers(const WhatifInput& in, const WhatifRow& row, int bs) {
   const ModelShape& m = in.shape;
-  const GpuSpec& g = *in.gpu;
   const TrainingSetup& s = row.setup;
-  const double gemm_eff = in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : in.gemm_efficiency;
-  const double peak16 = g.peak_of(compute_precision(s.precision == Precision::kFp8 ? Precision::kBf16 : s.precision));
-  const double peak_gemm = g.peak_of(compute_precision(s.precision)) * 1e12 * gemm_eff;
-  const double peak_other = peak16 * 1e12 * gemm_eff;  // attention and adapters: not in fp8 (TE's default recipe)
-  const double peak_attn =
-      in.calibration.attention_efficiency > 0 ? peak16 * 1e12 * in.calibration.attention_efficiency : peak_other;
-  const double bw = g.memory_bw_gbs * 1e9 * in.memory_efficiency;
-  const double bw_elem = in.calibration.elementwise_efficiency > 0
-                             ? g.memory_bw_gbs * 1e9 * in.calibration.elementwise_efficiency
-                             : bw;
+  const RowRooflines r = row_rooflines(in, s);
   const double e = s.precision == Precision::kFp32 ? 4 : 2;
   const double T = static_cast<double>(bs) * in.seq;
   const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
   const bool peft = s.finetune != Finetune::kFull;
-  const double elem_factor = row.torch_compile ? kCompileElementwiseFactor : 1.0;
-
-  double linear = 0, lin_params = 0, lora = 0;
-  for (const auto& l : m.block_linears()) {
-    linear += 2.0 * static_cast<double>(l.in) * l.out;
-    lin_params += static_cast<double>(l.in) * l.out;
-    if (peft && (s.lora_targets & l.target)) lora += 2.0 * s.lora_rank * (l.in + l.out);
-  }
-  const double attention = 4.0 * in.seq * m.num_heads * m.head_dim;  // per token, as ModelShape counts it
-  const double elem = kElementwiseBytesPerTokenHidden * h * e * T * elem_factor / bw_elem;
-  const double gemm_fwd = linear * T / peak_gemm, attn_fwd = attention * T / peak_attn, lora_fwd = lora * T / peak_other;
-  // Dequantising the frozen base before each GEMM that uses it (forward, and the backward's input gradient).
-  double dequant = 0;
-  const bool measured_dequant = quantised_base(s) && in.calibration.qlora_dequant_factor > 0;
-  if (quantised_base(s) && !measured_dequant) dequant = lin_params * (s.base_weights.bits_per_param() / 8 + 2) / bw;
-  double block_fwd = gemm_fwd + attn_fwd + lora_fwd + elem + dequant;
-  // Backward: weight and input gradients of every GEMM; a frozen base computes input gradients only.
-  double block_bwd = (peft ? gemm_fwd : 2 * gemm_fwd) + 2 * attn_fwd + 2 * lora_fwd + 2 * elem + dequant;
-  if (measured_dequant) block_fwd *= in.calibration.qlora_dequant_factor, block_bwd *= in.calibration.qlora_dequant_factor;
+  const BlockSeconds block = block_seconds(in, row, r, T);
 
   LayerTimes t;
   // Embedding: gather rows forward; scatter-add into the table's gradient backward (none when frozen).
-  const double emb_fwd = 2 * T * h * e / bw;
-  const double emb_bwd = peft ? 0.0 : 2 * T * h * e / bw;
+  const double emb_fwd = r.gemm.memory_s(2 * T * h * e);
+  const double emb_bwd = peft ? 0.0 : r.gemm.memory_s(2 * T * h * e);
   t.forward.push_back(emb_fwd);
   t.total.push_back(emb_fwd + emb_bwd);
   for (int i = 0; i < m.num_layers; ++i) {
-    t.forward.push_back(block_fwd);
-    t.total.push_back(block_fwd + block_bwd);
+    t.forward.push_back(block.forward);
+    t.total.push_back(block.forward + block.backward);
   }
   // Final norm, LM head and the fp32 cross-entropy (logits written, read by softmax, gradient written).
-  const double head_gemm = 2 * T * h * V / peak_gemm;
-  const double logits = 3 * T * V * 4 / bw;
-  const double head_fwd = head_gemm + logits + 2 * T * h * e / bw;
-  const double head_bwd = (peft ? head_gemm : 2 * head_gemm) + logits + 2 * T * h * e / bw;
+  const double head_gemm = r.gemm.compute_s(m.head_forward_flops_per_token() * T);
+  const double logits = r.gemm.memory_s(3 * T * V * 4);
+  const double head_fwd = head_gemm + logits + r.gemm.memory_s(2 * T * h * e);
+  const double head_bwd = (peft ? head_gemm : kBackwardPerForward * head_gemm) + logits + r.gemm.memory_s(2 * T * h * e);
   t.forward.push_back(head_fwd);
   t.total.push_back(head_fwd + head_bwd);
   for (auto* v : {&t.forward, &t.total})
     for (double& x : *v) x *= 1e3;
   // Adam on the GPU over every parameter (plan_cost scales it to the trainable share and ZeRO's partition):
   // kCpuAdamBytesPerParam bytes per parameter, as on the CPU.
-  const double bw_opt = in.calibration.optimizer_hbm_efficiency > 0
-                            ? g.memory_bw_gbs * 1e9 * in.calibration.optimizer_hbm_efficiency
-                            : bw;
-  t.optimizer_ms = static_cast<double>(m.parameter_count()) * kCpuAdamBytesPerParam / bw_opt * 1e3;
+  t.optimizer_ms = r.optimizer.memory_s(static_cast<double>(m.parameter_count()) * kCpuAdamBytesPerParam) * 1e3;
   return t;
 }
 
@@ -472,6 +505,69 @@ void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::s
   pf.recompute = to_string(row.setup.recompute);
   pf.schedule = "1f1b";
   write_json_file_in(dir, "plan.json", plan_file_to_json(pf));
+}
+
+namespace {
+
+ordered_json model_constants_json(const ModelShape& m, int seq) {
+  return {{"name", m.name},
+          {"parameters", m.parameter_count()},
+          {"blocks", m.num_layers},
+          {"metis_layers", m.metis_num_layers()},
+          {"hidden_size", m.hidden_size},
+          {"heads", m.num_heads},
+          {"kv_heads", m.num_kv_heads},
+          {"head_dim", m.head_dim},
+          {"ffn_hidden_size", m.ffn_hidden_size},
+          {"vocab_size", m.vocab_size},
+          {"seq", seq},
+          {"block_linear_weights", m.block_linear_weights()},
+          {"linear_forward_flops_per_token", m.linear_forward_flops_per_token()},
+          {"attention_forward_flops_per_token", m.attention_forward_flops_per_token(seq)},
+          {"attention_forward_flops_per_token_per_context_token", m.attention_forward_flops_per_token(1)},
+          {"head_forward_flops_per_token", m.head_forward_flops_per_token()},
+          {"kv_cache_bytes_per_token", kv_cache_bytes_per_token(m)}};
+}
+
+ordered_json gpu_constants_json(const GpuSpec& g) {
+  ordered_json peaks;
+  for (int p = 0; p < kNumComputePrecisions; ++p)
+    peaks[to_string(static_cast<ComputePrecision>(p))] = g.peak_of(static_cast<ComputePrecision>(p));
+  return {{"name", g.name},
+          {"peak_tflops", g.peak_tflops},
+          {"peak_tflops_by_precision", peaks},
+          {"memory_bw_gbs", g.memory_bw_gbs},
+          {"memory_gb", g.memory_gb},
+          {"nvlink_gbs", g.nvlink_gbs},
+          {"source", g.source_url}};
+}
+
+}  // namespace
+
+ordered_json whatif_constants_json(const WhatifInput& in) {
+  const AnalyticOptions analytic;
+  ordered_json j;
+  j["about"] = "hetplan's model and roofline constants (hetplan whatif --print-constants; sim/roofline.h, "
+               "sim/model_shape.h, sim/whatif.h, sim/inference.h)";
+  j["model"] = model_constants_json(in.shape, in.seq);
+  j["flops"] = {{"training_flops_per_forward_flop", kTrainingFlopsPerForwardFlop},
+                {"attention_flops_per_context_dim", kAttentionFlopsPerContextDim}};
+  j["roofline"] = {
+      {"formula", "max(flops / (peak_tflops x 1e12 x compute efficiency), bytes / (memory_bw_gbs x 1e9 x memory "
+                  "efficiency)) seconds, plus floors"},
+      {"whatif_gemm_efficiency", in.gemm_efficiency},
+      {"whatif_memory_efficiency", in.memory_efficiency},
+      {"analytic_compute_efficiency", analytic.compute_efficiency},
+      {"analytic_memory_efficiency", analytic.memory_efficiency},
+      {"inference_decode_hbm_efficiency", kDefaultDecodeHbmEfficiency},
+      {"inference_prefill_compute_efficiency", kDefaultPrefillComputeEfficiency}};
+  j["whatif"] = {{"elementwise_bytes_per_token_hidden", kElementwiseBytesPerTokenHidden},
+                 {"backward_per_forward", kBackwardPerForward},
+                 {"compile_elementwise_factor", kCompileElementwiseFactor},
+                 {"optimizer_bytes_per_param", kCpuAdamBytesPerParam},
+                 {"bytes_per_16bit_value", 2}};
+  j["gpu"] = gpu_constants_json(*in.gpu);
+  return j;
 }
 
 }  // namespace hetplan

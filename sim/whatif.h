@@ -52,6 +52,9 @@ inline constexpr double kCompileElementwiseFactor = 0.5;
 // (eager PyTorch: two norms, residual adds, the MLP activation, rotary/bias and softmax-side tensors,
 // each read and written once); the backward moves twice that.
 inline constexpr double kElementwiseBytesPerTokenHidden = 20;
+// The backward's time per forward's for the attention, the adapters, the elementwise kernels and a trained
+// GEMM (input and weight gradients); a frozen GEMM's backward computes input gradients only (1x).
+inline constexpr double kBackwardPerForward = kTrainingFlopsPerForwardFlop - 1;
 
 // Measured corrections a profile folder may carry (whatif_calibration.json; every key optional):
 //   {"host": {"h2d_gbs": .., "d2h_gbs": .., "cpu_adam_params_per_s": .., "cpu_cast_params_per_s": ..},
@@ -164,5 +167,10 @@ int whatif_accumulation(const WhatifInput& in);
 
 // The TrainingSetup's compute precision on the GPU's matrix units.
 ComputePrecision compute_precision(Precision p);
+
+// The constants of the model (FLOP and byte counts of in.shape at in.seq), of the roofline (efficiencies:
+// whatif's from `in`, the analytic profiles' and inference's defaults) and of the GPU in.gpu, as
+// `hetplan whatif --print-constants` prints them for scripts/gpu_whatif_calibrate.py. REQUIRES: in.gpu.
+ordered_json whatif_constants_json(const WhatifInput& in);
 
 }  // namespace hetplan

@@ -98,3 +98,74 @@ TEST_CASE("config.json errors name the file and key", "[shape][errors]") {
   }
   CHECK_THROWS_AS(read_hf_config(hf("does-not-exist.json")), InputError);
 }
+
+TEST_CASE("one conversion between transformer blocks and Metis layers", "[shape]") {
+  STATIC_REQUIRE(metis_layers_from_blocks(48) == 50);
+  STATIC_REQUIRE(blocks_from_metis_layers(10) == 8);
+  STATIC_REQUIRE(kMaxModelBlocks == kMaxModelLayers - 2);
+  const ModelShape s = read_hf_config(hf("llama-2-7b.json"));
+  CHECK(s.metis_num_layers() == metis_layers_from_blocks(s.num_layers));
+  CHECK(blocks_from_metis_layers(s.to_model_config(4096).num_layers) == s.num_layers);
+}
+
+TEST_CASE("one FLOP count: a block is its linear layers plus its attention", "[shape]") {
+  const ModelShape g = read_hf_config(hf("gpt2-xl.json"));
+  const double h = 1600;
+  CHECK(g.linear_forward_flops_per_token() == 24 * h * h);  // GPT-2: 24 h^2 per token
+  CHECK(g.attention_forward_flops_per_token(1024) == 4 * 1024 * h);
+  CHECK(g.attention_forward_flops_per_token(1024) == 1024 * g.attention_forward_flops_per_token(1));
+  CHECK(g.block_forward_flops_per_token(1024) ==
+        g.linear_forward_flops_per_token() + g.attention_forward_flops_per_token(1024));
+  CHECK(g.block_linear_weights() == 12LL * 1600 * 1600);  // the biases are not weights
+  const ModelShape l = read_hf_config(hf("llama-3.1-8b.json"));
+  // LoRA on q and v: rank x (in + out) per projection, 2 FLOPs per multiply-add.
+  CHECK(l.lora_forward_flops_per_token(16, kTargetQ | kTargetV) == 2.0 * 16 * (4096 + 4096) + 2.0 * 16 * (4096 + 1024));
+  CHECK(l.lora_forward_flops_per_token(16, 0) == 0);
+  CHECK(l.training_flops(1, 8192) ==
+        kTrainingFlopsPerForwardFlop * (32 * l.block_forward_flops_per_token(8192) + l.head_forward_flops_per_token()));
+}
+
+TEST_CASE("one way from flags to a shape", "[shape]") {
+  ModelFlags f;  // llama, 32 blocks of 4096, 32 heads: Llama-2-7B but for the vocabulary's default
+  const ModelShape l = shape_from_flags(f, 2048);
+  CHECK(l.mlp == MlpKind::kSwiGlu);
+  CHECK(l.ffn_hidden_size == 11008);
+  CHECK_FALSE(l.tied_embeddings);
+  CHECK(l.parameter_count() == read_hf_config(hf("llama-2-7b.json")).parameter_count());
+  f.tie = true;
+  CHECK(shape_from_flags(f, 2048).tied_embeddings);
+  f.untie = true;
+  CHECK_THROWS_AS(shape_from_flags(f, 2048), InputError);
+  ModelFlags g;
+  g.family = "gpt2";
+  g.vocab_size = 50257, g.hidden_size = 1600, g.blocks = 48, g.heads = 25, g.max_positions = 1024;
+  const ModelShape gpt = shape_from_flags(g, 512);
+  CHECK(gpt.parameter_count() == 1'557'611'200LL);  // positions: at least the sequence, here max_positions
+  CHECK(shape_from_flags(g, 2048).max_positions == 2048);
+  g.family = "bert";
+  CHECK_THROWS_AS(shape_from_flags(g, 512), InputError);
+  // A config.json, its layer count overridden only when the layer flag was given.
+  ModelFlags c;
+  c.hf_config = hf("llama-3.2-3b.json");
+  c.blocks = 2;
+  CHECK(shape_from_flags(c, 512).num_layers == 28);
+  c.blocks_given = true;
+  CHECK(shape_from_flags(c, 512).num_layers == 2);
+}
+
+TEST_CASE("a plan's shape: its model config, or a config.json that matches it", "[shape]") {
+  ModelConfig m;
+  m.num_layers = 34;
+  m.hidden_size = 4096;
+  CHECK(shape_of_plan(m, "", "the plan p.json").num_layers == 32);
+  CHECK(shape_of_plan(m, hf("llama-2-7b.json"), "the plan p.json").ffn_hidden_size == 11008);
+  m.num_layers = 10;
+  try {
+    shape_of_plan(m, hf("llama-2-7b.json"), "the plan p.json");
+    FAIL("expected InputError");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("llama-2-7b.json: the model has 32 blocks and hidden size 4096, but the plan "
+                                     "p.json has 8 blocks (10 layers with the embedding and the head) of hidden size "
+                                     "4096") != std::string::npos);
+  }
+}

@@ -13,6 +13,7 @@
 #include "sim/input_error.h"
 #include "sim/json_util.h"
 #include "sim/offload.h"
+#include "sim/roofline.h"
 #include "sim/whatif.h"
 #include "tests/fixtures.h"
 
@@ -499,4 +500,38 @@ TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimize
   CHECK(opt - plain == Approx(params * 30 / 4800e9 * (1 / 0.25 - 1 / 0.75) * 1e3).epsilon(1e-5));
   CHECK(step("\"gemm_efficiency\": 0.7, \"attention_efficiency\": 0.35") > plain);
   CHECK(step("\"gemm_efficiency\": 0.7, \"elementwise_efficiency\": 0.3") > plain);
+}
+
+TEST_CASE("one roofline: the slower of compute and memory, at achieved rates", "[whatif][roofline]") {
+  const Roofline r = make_roofline(100, 0.5, 1000, 0.8);  // 50 TFLOP/s, 800 GB/s achieved
+  CHECK(r.flops_per_s == 100 * 1e12 * 0.5);
+  CHECK(r.bytes_per_s == 1000 * 1e9 * 0.8);
+  CHECK(r.compute_s(50e12) == 1.0);
+  CHECK(r.memory_s(800e9) == 1.0);
+  CHECK(r.seconds(100e12, 800e9) == 2.0);  // compute-bound
+  CHECK(r.seconds(50e12, 1600e9) == 2.0);  // memory-bound
+}
+
+TEST_CASE("whatif --print-constants: the model's and the roofline's constants as JSON", "[whatif][cli]") {
+  const auto dir = test::scratch_dir("whatif-constants");
+  const std::string out = (dir / "c.json").string();
+  test::CommandResult r = test::run_hetplan("whatif --print-constants --gpu H100 --hf-config " +
+                                            hf("llama-3.2-3b.json") + " --seq 1024 --json " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const ordered_json j = read_json_file(out);
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  CHECK(j["model"]["linear_forward_flops_per_token"].get<double>() == m.linear_forward_flops_per_token());
+  CHECK(j["model"]["attention_forward_flops_per_token"].get<double>() == m.attention_forward_flops_per_token(1024));
+  CHECK(j["model"]["kv_cache_bytes_per_token"].get<double>() == kv_cache_bytes_per_token(m));
+  CHECK(j["model"]["blocks"] == 28);
+  CHECK(j["model"]["metis_layers"] == 30);
+  CHECK(j["flops"]["training_flops_per_forward_flop"].get<double>() == 3.0);
+  CHECK(j["whatif"]["elementwise_bytes_per_token_hidden"].get<double>() == kElementwiseBytesPerTokenHidden);
+  CHECK(j["whatif"]["optimizer_bytes_per_param"].get<double>() == kCpuAdamBytesPerParam);
+  CHECK(j["roofline"]["whatif_gemm_efficiency"].get<double>() == 0.6);
+  CHECK(j["roofline"]["analytic_compute_efficiency"].get<double>() == 0.55);
+  CHECK(j["gpu"]["name"] == "H100");
+  CHECK(j["gpu"]["memory_bw_gbs"].get<double>() == find_gpu_spec("H100")->memory_bw_gbs);
+  CHECK(ordered_json::parse(r.output) == j);  // stdout holds the same JSON
 }
