@@ -24,7 +24,7 @@
 
 #include "cli/commands.h"
 #include "sim/environment_error.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan::cli {
 
@@ -65,7 +65,7 @@ class AppRunner {
       std::cerr << "hetplan: error: " << e.what() << "\n";
       return kExitInputError;
     } catch (const std::filesystem::filesystem_error& e) {
-      // Readers and writers report filesystem failures as InputErrors (sim/file_access.h); this is the
+      // Readers and writers report filesystem failures as InputErrors (base/file_access.h); this is the
       // net under any path they missed: still the user's filesystem, still one line.
       const std::string path = e.path1().empty() ? std::string() : excerpt(e.path1().string(), 200) + ": ";
       std::cerr << "hetplan: error: " << path << excerpt(e.code().message(), 200) << "\n";

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan::cli {
 

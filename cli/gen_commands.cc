@@ -9,8 +9,8 @@
 #include "sim/gpu_specs.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/profile.h"
 #include "sim/synthetic_profiles.h"
 

@@ -1,6 +1,6 @@
 #include "cli/model_flags.h"
 
-#include "sim/json_util.h"
+#include "base/json_util.h"
 #include "sim/model_config.h"
 
 namespace hetplan::cli {

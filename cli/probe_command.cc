@@ -10,8 +10,8 @@
 #include "cli/commands.h"
 #include "profiler/device_meter.h"
 #include "profiler/green_context.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 
 namespace hetplan::cli {
 

@@ -19,8 +19,8 @@
 #include "profiler/green_context.h"
 #include "profiler/layer_profiler.h"
 #include "sim/cluster.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/memory_model.h"
 #include "sim/model_shape.h"
 

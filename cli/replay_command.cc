@@ -18,7 +18,7 @@
 #include "profiler/statistics.h"
 #include "sim/cluster.h"
 #include "sim/gpu_specs.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/memory_model.h"
 #include "sim/model_shape.h"
 #include "sim/plan_file.h"

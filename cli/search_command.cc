@@ -15,11 +15,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "planner/plan_json.h"
+#include "cli/search_json.h"
 #include "planner/plan_search.h"
-#include "planner/search.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "metis/metis_search.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/network.h"
 #include "sim/profile.h"
 

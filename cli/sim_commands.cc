@@ -9,12 +9,12 @@
 #include "cli/commands.h"
 #include "cli/flag_validators.h"
 #include "cli/model_flags.h"
-#include "planner/metis_estimate.h"
+#include "metis/metis_estimate.h"
 #include "sim/network.h"
 #include "sim/gpu_specs.h"
-#include "sim/checked.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/checked.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/plan_file.h"
 #include "sim/plan_simulator.h"
 #include "sim/report.h"
@@ -131,7 +131,7 @@ void write_simulation_report(const SimulateArgs& a, const PlanFile& pf, const Cl
   std::cout << "report: " << a.report << "\n";
 }
 
-// --cost-model metis: what the Metis formula predicts for the plan (planner/metis_estimate.h).
+// --cost-model metis: what the Metis formula predicts for the plan (metis/metis_estimate.h).
 int run_simulate_metis(const SimulateArgs& a, const PlanFile& pf, const std::string& hostfile,
                        const std::string& clusterfile, const std::string& profile_dir) {
   if (!a.trace.empty()) throw InputError("--trace: the Metis formula has no schedule to trace; use --cost-model sim");
@@ -158,7 +158,7 @@ int run_simulate_metis(const SimulateArgs& a, const PlanFile& pf, const std::str
   }
   if (e.label > 0) {
     std::cout << "search_label: the Metis search also visits this plan labelled as " << e.label
-              << " stage(s) and costs only those then (the reference's quirk, planner/inter_stage.h): ";
+              << " stage(s) and costs only those then (the reference's quirk, metis/inter_stage.h): ";
     if (e.label_costed) std::cout << "iteration_ms " << fixed(e.label_terms.total, 3) << "\n";
     else std::cout << "skipped (" << e.label_skipped << ")\n";
   }

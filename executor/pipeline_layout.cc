@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "sim/data_load_balancer.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan::executor {
 

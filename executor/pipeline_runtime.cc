@@ -11,7 +11,7 @@
 #include "profiler/device_meter.h"
 #include "executor/zero_optimizer.h"
 #include "profiler/mixed_precision.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/schedule.h"
 
 namespace hetplan::executor {

@@ -21,7 +21,7 @@
 #include "executor/pipeline_layout.h"
 #include "profiler/distributed.h"
 #include "profiler/gpt.h"
-#include "sim/json_util.h"
+#include "base/json_util.h"
 #include "sim/schedule.h"
 
 namespace hetplan::executor {

@@ -5,8 +5,8 @@
 #include <set>
 #include <sstream>
 
-#include "sim/file_access.h"
-#include "sim/input_error.h"
+#include "base/file_access.h"
+#include "base/input_error.h"
 #include "sim/memory_model.h"
 
 namespace hetplan {

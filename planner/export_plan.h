@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "sim/json_util.h"
+#include "base/json_util.h"
 #include "sim/model_shape.h"
 #include "sim/parallel_layout.h"
 #include "sim/plan_file.h"
@@ -69,7 +69,7 @@ struct HostLaunch {
   std::string host;      // the hostfile's ip
   int node_rank = 0;     // hosts in order of their lowest rank
   std::vector<int> ranks;  // plan ranks on the host, in local GPU order
-  std::string file_name;   // "launch_<node_rank>_<host>.sh", the host through safe_file_name (sim/file_access.h)
+  std::string file_name;   // "launch_<node_rank>_<host>.sh", the host through safe_file_name (base/file_access.h)
   std::string script;
 };
 struct TorchrunOptions {

@@ -14,16 +14,16 @@
 #include <vector>
 
 #include "planner/kept_estimates.h"
-#include "planner/periodic.h"
-#include "planner/search.h"  // unknown_device_type
+#include "base/periodic.h"
+#include "sim/profile.h"  // unknown_device_type
 #include "planner/search_control.h"
 #include "planner/search_phases.h"
 #include "planner/search_space.h"
 #include "planner/shared_bound.h"
 #include "planner/stage_search.h"
 #include "planner/suffix_bound.h"
-#include "planner/thread_limit.h"
-#include "sim/input_error.h"
+#include "base/thread_limit.h"
+#include "base/input_error.h"
 
 namespace hetplan {
 

@@ -10,7 +10,7 @@
 #include <mutex>
 #include <vector>
 
-#include "planner/spin_lock.h"
+#include "base/spin_lock.h"
 
 namespace hetplan {
 

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "planner/spin_lock.h"
+#include "base/spin_lock.h"
 #include "sim/cluster.h"
 #include "sim/data_load_balancer.h"
 #include "sim/parallel_layout.h"

@@ -23,7 +23,7 @@
 #include "planner/search_space.h"
 #include "planner/shared_bound.h"
 #include "planner/suffix_bound.h"
-#include "planner/top_k.h"
+#include "base/top_k.h"
 #include "sim/plan_cost.h"
 
 namespace hetplan {

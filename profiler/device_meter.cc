@@ -18,7 +18,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include "sim/environment_error.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan::profiler {
 

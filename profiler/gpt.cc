@@ -6,7 +6,7 @@
 #include <limits>
 #include <unordered_set>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan::profiler {
 

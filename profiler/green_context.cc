@@ -10,7 +10,7 @@
 #include "profiler/device_meter.h"
 #include "profiler/statistics.h"
 #include "sim/environment_error.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 #if defined(HETPLAN_TORCH_CUDA)
 #include <c10/cuda/CUDAFunctions.h>

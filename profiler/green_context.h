@@ -45,7 +45,7 @@
 #include <string>
 
 #include "sim/cluster.h"
-#include "sim/json_util.h"
+#include "base/json_util.h"
 
 namespace hetplan::profiler {
 

@@ -15,8 +15,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 
 namespace hetplan::profiler {
 

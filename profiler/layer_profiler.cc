@@ -11,7 +11,7 @@
 #include "profiler/device_meter.h"
 #include "profiler/mixed_precision.h"
 #include "profiler/statistics.h"
-#include "sim/json_util.h"
+#include "base/json_util.h"
 
 namespace hetplan::profiler {
 

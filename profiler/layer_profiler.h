@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "profiler/gpt.h"
-#include "sim/json_util.h"
+#include "base/json_util.h"
 
 namespace hetplan::profiler {
 

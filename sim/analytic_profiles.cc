@@ -4,10 +4,10 @@
 #include <cctype>
 #include <filesystem>
 
-#include "sim/file_access.h"
+#include "base/file_access.h"
 #include "sim/gpu_specs.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/model_shape.h"
 #include "sim/roofline.h"
 

@@ -5,11 +5,11 @@
 #include <map>
 #include <sstream>
 
-#include "sim/checked.h"
-#include "sim/file_access.h"
+#include "base/checked.h"
+#include "base/file_access.h"
 #include "sim/gpu_specs.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 
 namespace hetplan {
 

@@ -40,11 +40,11 @@
 #include <string>
 #include <vector>
 
-#include "sim/limits.h"
+#include "base/limits.h"
 
 namespace hetplan {
 
-// Limits on what a cluster may be (kMaxSlotsPerNode, kMaxClusterGpus, ...) are in sim/limits.h: beyond
+// Limits on what a cluster may be (kMaxSlotsPerNode, kMaxClusterGpus, ...) are in base/limits.h: beyond
 // them the hostfile is refused with a message naming the limit.
 // The clusterfile's reserved top-level key for device type declarations.
 inline constexpr const char* kDeviceTypesKey = "device_types";

@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/parallel_layout.h"
 
 namespace hetplan {

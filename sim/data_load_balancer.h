@@ -15,13 +15,13 @@
 
 #include <vector>
 
-#include "sim/limits.h"
+#include "base/limits.h"
 #include "sim/plan.h"
 #include "sim/profile.h"
 
 namespace hetplan {
 
-// The most data-parallel replicas a stage may have: kMaxReplicas (sim/limits.h).
+// The most data-parallel replicas a stage may have: kMaxReplicas (base/limits.h).
 
 // The profile type of each data-parallel replica of the `size` ranks from
 // `begin`, by the Metis reference's rule: replica i starts at rank

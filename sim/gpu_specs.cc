@@ -6,8 +6,8 @@
 #include <unordered_map>
 
 #include "sim/gpus_json.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/network.h"
 
 namespace hetplan {

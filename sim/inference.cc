@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/roofline.h"
 
 namespace hetplan {

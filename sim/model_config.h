@@ -9,11 +9,11 @@
 
 #include <string>
 
-#include "sim/limits.h"
+#include "base/limits.h"
 
 namespace hetplan {
 
-// The largest model shapes hetplan accepts (kMaxModelLayers and the rest) are in sim/limits.h.
+// The largest model shapes hetplan accepts (kMaxModelLayers and the rest) are in base/limits.h.
 
 // Metis layers of a model of `blocks` transformer blocks: the embedding, the blocks, the head.
 constexpr int metis_layers_from_blocks(int blocks) { return blocks + 2; }

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 
 namespace hetplan {
 

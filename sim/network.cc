@@ -6,8 +6,8 @@
 #include <map>
 #include <sstream>
 
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 
 namespace hetplan {
 

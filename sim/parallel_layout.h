@@ -8,7 +8,7 @@
 // begin + t, begin + t + tp, ... Every part that needs a rank of a stage
 // (balancers, network and memory costing, the search's estimates, export,
 // the executor's process groups) asks a StageGrid; Metis's own strided order
-// stays in its cost path (RankLayout::dp_bandwidth, sim/metis_cost.h).
+// stays in its cost path (RankLayout::dp_bandwidth, metis/metis_cost.h).
 // StageGrid and RankStride are plain values: they allocate nothing, so the
 // search's hot paths may build them freely. PipelineGrid lists a plan's
 // stage grids.

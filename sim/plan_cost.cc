@@ -149,7 +149,7 @@ struct PlanCostModel::SetupReuse {
 bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batches, int micro_batch, int k0, int nk,
                                FastStageCost* out, StageDetail* detail, std::string* why) const {
   const int dp = s.st.dp;
-  if (dp > kMaxReplicas) {  // sim/limits.h: plan files beyond it are refused; the search skips such stages
+  if (dp > kMaxReplicas) {  // base/limits.h: plan files beyond it are refused; the search skips such stages
     if (why) *why = "dp " + std::to_string(dp) + " is more than the " + std::to_string(kMaxReplicas) +
                     " data-parallel replicas a stage may have";
     return false;

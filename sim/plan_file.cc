@@ -1,9 +1,9 @@
 #include "sim/plan_file.h"
 
-#include "sim/checked.h"
+#include "base/checked.h"
 #include "sim/cluster.h"
-#include "sim/file_access.h"
-#include "sim/input_error.h"
+#include "base/file_access.h"
+#include "base/input_error.h"
 #include "sim/memory_model.h"
 #include "sim/timeline.h"
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "sim/json_util.h"
+#include "base/json_util.h"
 #include "sim/model_config.h"
 #include "sim/plan.h"
 

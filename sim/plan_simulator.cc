@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "sim/gpu_specs.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/plan_cost.h"
 
 namespace hetplan {

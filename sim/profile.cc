@@ -1,4 +1,5 @@
 #include "sim/profile.h"
+#include "sim/cluster.h"
 
 #include <algorithm>
 #include <atomic>
@@ -8,9 +9,9 @@
 #include <thread>
 #include <tuple>
 
-#include "sim/file_access.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/file_access.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/network.h"
 
 namespace hetplan {
@@ -285,7 +286,7 @@ bool parse_profile_name(const std::string& name, ProfileName& out) {
 
 ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads) {
   // Every entry named like a profile is read: one that is a directory, a FIFO or a symlink loop is
-  // refused by its reader (sim/file_access.h), not taken for a missing profile.
+  // refused by its reader (base/file_access.h), not taken for a missing profile.
   std::vector<std::string> names = list_directory(dir, "profile folder");
   std::sort(names.begin(), names.end());
 
@@ -423,6 +424,19 @@ std::string ProfileSet::holes_message(const std::vector<ProfileHole>& holes) con
            ", bs " + std::to_string(h.bs) + ")";
   }
   return out;
+}
+
+InputError unknown_device_type(const Cluster& cluster, const ProfileSet& profiles, const std::string& name) {
+  std::string found;
+  for (const auto& n : profiles.device_types()) found += (found.empty() ? "" : ", ") + n;
+  std::string where = cluster.clusterfile_path();
+  for (const auto& e : cluster.clusterfile())
+    if (e.instance_type == name) {
+      where += ": key '" + excerpt(e.ip) + ".instance_type'";
+      break;
+    }
+  return InputError(where + ": unknown device type '" + excerpt(name) + "': expected profiles DeviceType." +
+                    excerpt(name) + "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + excerpt(found));
 }
 
 }  // namespace hetplan

@@ -24,12 +24,15 @@
 #include <vector>
 
 #include "sim/memory_model.h"
-#include "sim/limits.h"
+#include "base/input_error.h"
+#include "base/limits.h"
 #include "sim/model_config.h"
 
 namespace hetplan {
 
-// kMaxProfileLayers, kMaxProfileTp, kMaxProfileBs, kMaxProfileMs, kMaxProfileMb: sim/limits.h.
+class Cluster;
+
+// kMaxProfileLayers, kMaxProfileTp, kMaxProfileBs, kMaxProfileMs, kMaxProfileMb: base/limits.h.
 
 // Left-to-right sums of a list, for every slice [s, e). Lists of up to
 // kTabulatedLayers values keep every slice's sum in a table (n^2 / 2
@@ -242,5 +245,9 @@ class ProfileSet {
   int num_layers_ = 0;
   ModelProfile model_;
 };
+
+// The error both searches give for a cluster device type without profiles:
+// it names the clusterfile key and the types the profile folder has.
+InputError unknown_device_type(const Cluster& cluster, const ProfileSet& profiles, const std::string& name);
 
 }  // namespace hetplan

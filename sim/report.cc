@@ -6,8 +6,8 @@
 #include <fstream>
 #include <set>
 
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/rank_layout.h"
 
 namespace hetplan {

@@ -1,6 +1,6 @@
 #include "sim/schedule.h"
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan {
 

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <map>
 
-#include "sim/file_access.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/file_access.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/model_config.h"
 #include "sim/profile.h"
 

@@ -5,7 +5,7 @@
 #include <boost/graph/topological_sort.hpp>
 #include <iterator>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/schedule.h"
 
 namespace hetplan {

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/json_util.h"
+#include "base/json_util.h"
 #include "sim/schedule.h"
 
 namespace hetplan {

@@ -6,10 +6,10 @@
 #include <fstream>
 
 #include "sim/analytic_profiles.h"
-#include "sim/checked.h"
-#include "sim/file_access.h"
+#include "base/checked.h"
+#include "base/file_access.h"
 #include "sim/inference.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/plan_file.h"
 #include "sim/roofline.h"
 

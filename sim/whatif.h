@@ -35,7 +35,7 @@
 
 #include "sim/cluster.h"
 #include "sim/gpu_specs.h"
-#include "sim/json_util.h"
+#include "base/json_util.h"
 #include "sim/memory_model.h"
 #include "sim/model_shape.h"
 #include "sim/offload.h"

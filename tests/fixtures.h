@@ -29,7 +29,7 @@
 
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
-#include "planner/search.h"
+#include "metis/metis_search.h"
 #include "sim/plan.h"
 #include "sim/profile.h"
 #include "sim/synthetic_profiles.h"

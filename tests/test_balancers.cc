@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "planner/intra_stage.h"
-#include "planner/layer_balancer.h"
+#include "metis/intra_stage.h"
+#include "metis/layer_balancer.h"
 #include "sim/analytic_profiles.h"
 #include "sim/data_load_balancer.h"
 #include "sim/rank_layout.h"

@@ -17,7 +17,7 @@
 
 #include <vector>
 
-#include "sim/metis_cost.h"
+#include "metis/metis_cost.h"
 #include "sim/rank_layout.h"
 #include "tests/fixtures.h"
 

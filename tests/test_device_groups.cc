@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "planner/device_groups.h"
+#include "metis/device_groups.h"
 
 using namespace hetplan;
 

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "planner/inter_stage.h"
-#include "planner/intra_stage.h"
-#include "planner/search.h"
+#include "metis/inter_stage.h"
+#include "metis/intra_stage.h"
+#include "metis/metis_search.h"
 #include "sim/rank_layout.h"
 #include "tests/fixtures.h"
 

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/cluster.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "tests/fixtures.h"
 
 namespace fs = std::filesystem;

@@ -14,8 +14,8 @@
 #include "executor/zero_optimizer.h"
 #include "profiler/distributed.h"
 #include "profiler/mixed_precision.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "tests/fixtures.h"
 
 // After the LibTorch headers: glog defines a CHECK macro that Catch's must replace.

@@ -13,8 +13,8 @@
 
 #include "planner/export_plan.h"
 #include "sim/cluster.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/parallel_layout.h"
 #include "sim/rank_layout.h"
 #include "tests/fixtures.h"

@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
-#include "planner/search.h"
-#include "sim/json_util.h"
+#include "metis/metis_search.h"
+#include "base/json_util.h"
 #include "sim/model_shape.h"
 #include "sim/plan_simulator.h"
 #include "tests/fixtures.h"

@@ -6,10 +6,10 @@
 #include <cmath>
 #include <fstream>
 
-#include "planner/search.h"
+#include "metis/metis_search.h"
 #include "sim/analytic_profiles.h"
 #include "sim/gpu_specs.h"
-#include "sim/json_util.h"
+#include "base/json_util.h"
 #include "tests/fixtures.h"
 
 using namespace hetplan;

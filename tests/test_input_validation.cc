@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "cli/app_runner.h"
-#include "sim/checked.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/checked.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/profile.h"
 #include "tests/fixtures.h"
 

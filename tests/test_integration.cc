@@ -3,8 +3,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "planner/search.h"
-#include "sim/json_util.h"
+#include "metis/metis_search.h"
+#include "base/json_util.h"
 #include "tests/fixtures.h"
 
 using namespace hetplan;

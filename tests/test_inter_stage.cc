@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/inter_stage.h"
+#include "metis/inter_stage.h"
 
 using namespace hetplan;
 

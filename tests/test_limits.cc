@@ -1,4 +1,4 @@
-// Limits (sim/limits.h) and loading times the readers promise (issue 36):
+// Limits (base/limits.h) and loading times the readers promise (issue 36):
 // a 60,000-entry --gpu-spec loads in near-linear time, and a plan with more
 // data-parallel replicas than a stage may have is refused by its reader.
 #include <catch2/catch.hpp>
@@ -7,9 +7,9 @@
 
 #include "fixtures.h"
 #include "sim/gpu_specs.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
-#include "sim/limits.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
+#include "base/limits.h"
 #include "sim/plan_file.h"
 
 using namespace hetplan;

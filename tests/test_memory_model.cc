@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/memory_model.h"
 
 using namespace hetplan;

@@ -1,4 +1,4 @@
-// metis_estimate (planner/metis_estimate.h) and `simulate --cost-model metis`:
+// metis_estimate (metis/metis_estimate.h) and `simulate --cost-model metis`:
 // the Metis formula's prediction for a given plan is the cost the Metis search
 // reports for that plan, bit for bit, and its memory is stage_memory_demand's.
 #include <catch2/catch.hpp>
@@ -6,12 +6,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "planner/layer_balancer.h"
-#include "planner/metis_estimate.h"
-#include "planner/plan_json.h"
-#include "planner/search.h"
-#include "sim/json_util.h"
-#include "sim/metis_cost.h"
+#include "metis/layer_balancer.h"
+#include "metis/metis_estimate.h"
+#include "cli/search_json.h"
+#include "metis/metis_search.h"
+#include "base/json_util.h"
+#include "metis/metis_cost.h"
 #include "sim/rank_layout.h"
 #include "tests/fixtures.h"
 
@@ -76,7 +76,7 @@ TEST_CASE("metis_estimate gives the Metis search's cost and memory demand for it
         REQUIRE(e.memory_known);
         // The search visits every plan with its true stage count, and some
         // multi-stage groups first labelled as one stage, costing only that
-        // stage (planner/inter_stage.h). Such a result is the estimate's
+        // stage (metis/inter_stage.h). Such a result is the estimate's
         // label_terms, and equals MetisCostModel's cost under that label.
         REQUIRE(!e.visit_labels.empty());
         CHECK(std::count(e.visit_labels.begin(), e.visit_labels.end(), static_cast<int>(r.device_groups.size())) == 1);

@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 #include <numeric>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/model_shape.h"
 
 using namespace hetplan;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/network.h"
 #include "sim/rank_layout.h"
 

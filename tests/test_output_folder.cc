@@ -1,5 +1,5 @@
 // Outputs stay inside the output folder, and filesystem failures are input
-// errors (issue 36): sim/file_access.h directly, then through the binary
+// errors (issue 36): base/file_access.h directly, then through the binary
 // (export --to torchrun with a host named ../x, export and whatif --export
 // into folders holding symlinks that point outside).
 #include <sys/stat.h>
@@ -11,9 +11,9 @@
 #include <set>
 
 #include "fixtures.h"
-#include "sim/file_access.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/file_access.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 
 namespace fs = std::filesystem;
 using namespace hetplan;

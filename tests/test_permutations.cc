@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "planner/multiset_permutations.h"
+#include "metis/multiset_permutations.h"
 
 using namespace hetplan;
 

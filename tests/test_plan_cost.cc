@@ -9,10 +9,10 @@
 #include "fixtures.h"
 #include "sim/analytic_profiles.h"
 #include "sim/data_load_balancer.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/model_shape.h"
 #include "sim/plan_cost.h"
-#include "sim/json_util.h"
+#include "base/json_util.h"
 
 namespace hetplan {
 namespace {

@@ -3,9 +3,9 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 
-#include "planner/plan_json.h"
-#include "planner/search.h"
-#include "sim/input_error.h"
+#include "cli/search_json.h"
+#include "metis/metis_search.h"
+#include "base/input_error.h"
 #include "tests/fixtures.h"
 
 using namespace hetplan;

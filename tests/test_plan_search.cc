@@ -26,7 +26,7 @@
 #include "fixtures.h"
 #include "planner/plan_search.h"
 #include "planner/stage_estimator.h"
-#include "planner/thread_limit.h"
+#include "base/thread_limit.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "sim/parallel_layout.h"

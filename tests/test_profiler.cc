@@ -11,11 +11,11 @@
 #include <filesystem>
 #include <thread>
 
-#include "planner/search.h"
+#include "metis/metis_search.h"
 #include "profiler/distributed.h"
 #include "profiler/gpt.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "tests/fixtures.h"
 
 // After the LibTorch headers: glog defines a CHECK macro that Catch's must replace.

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/model_shape.h"
 #include "sim/plan_simulator.h"
 #include "sim/report.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/schedule.h"
 
 using namespace hetplan;

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "sim/json_util.h"
+#include "base/json_util.h"
 #include "tests/fixtures.h"
 
 namespace fs = std::filesystem;

@@ -7,8 +7,8 @@
 #include <filesystem>
 
 #include "sim/gpu_specs.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/model_shape.h"
 #include "sim/plan_simulator.h"
 #include "tests/fixtures.h"

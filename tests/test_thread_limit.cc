@@ -1,4 +1,4 @@
-// planner/thread_limit.h: `--threads N` above the process's core count runs N threads at once (PlanSearch::run
+// base/thread_limit.h: `--threads N` above the process's core count runs N threads at once (PlanSearch::run
 // raises TBB's limit with allow_threads_beyond_cores for its arena's lifetime), and the limit goes with it.
 #include <catch2/catch.hpp>
 
@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 
-#include "planner/thread_limit.h"
+#include "base/thread_limit.h"
 
 namespace {
 

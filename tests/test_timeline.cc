@@ -5,7 +5,7 @@
 // in flight instead of m.
 #include <catch2/catch.hpp>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/timeline.h"
 
 using namespace hetplan;

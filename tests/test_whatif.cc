@@ -10,8 +10,8 @@
 
 #include "sim/gpu_specs.h"
 #include "sim/inference.h"
-#include "sim/input_error.h"
-#include "sim/json_util.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
 #include "sim/offload.h"
 #include "sim/roofline.h"
 #include "sim/whatif.h"

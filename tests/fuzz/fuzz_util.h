@@ -3,7 +3,7 @@
 // The readers take file paths, so each target writes its input to files in a
 // scratch folder of its own process (under /dev/shm when it is writable) and
 // calls the real loader. The one expected outcome of bad input is InputError
-// (sim/input_error.h); run_reader() swallows it and nothing else, so any other
+// (base/input_error.h); run_reader() swallows it and nothing else, so any other
 // exception leaves LLVMFuzzerTestOneInput, std::terminate aborts, and
 // libFuzzer records the input as a crash.
 // Not thread-safe: libFuzzer calls a target from one thread.
@@ -21,7 +21,7 @@
 #include <system_error>
 #include <vector>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan::fuzz {
 

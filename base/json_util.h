@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "sim/limits.h"
+#include "base/limits.h"
 
 namespace hetplan {
 
 using ordered_json = nlohmann::ordered_json;
 
-// The largest JSON file hetplan reads: kMaxJsonFileBytes (sim/limits.h).
+// The largest JSON file hetplan reads: kMaxJsonFileBytes (base/limits.h).
 
 // Parses `path` as JSON. Throws InputError naming the file and the line and
 // column of a syntax error, or the line, column and key path of a number too
@@ -73,7 +73,7 @@ std::string key_where(const std::string& file, const std::string& path);
 void write_json_file(const std::string& path, const ordered_json& j);
 
 // write_json_file's text as the file `name` of the output folder `dir`, written as write_file_in does
-// (sim/file_access.h): never through a symlink, never outside `dir`.
+// (base/file_access.h): never through a symlink, never outside `dir`.
 void write_json_file_in(const std::string& dir, const std::string& name, const ordered_json& j);
 
 std::string dump_python_style(const ordered_json& j, int indent = 2);

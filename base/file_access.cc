@@ -1,4 +1,4 @@
-#include "sim/file_access.h"
+#include "base/file_access.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan {
 

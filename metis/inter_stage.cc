@@ -1,4 +1,4 @@
-#include "planner/inter_stage.h"
+#include "metis/inter_stage.h"
 
 #include <algorithm>
 #include <numeric>

@@ -41,11 +41,11 @@ inline constexpr double kMaxGpuMemoryGb = 1e6;
 inline constexpr int kMaxEmulatedSms = 1024;
 
 // Data-parallel replicas of one stage: the cost models keep per-replica arrays of this size on the stack
-// (sim/plan_cost.cc, sim/metis_cost.cc, sim/data_load_balancer.cc). Plan files with a larger dp are
+// (sim/plan_cost.cc, metis/metis_cost.cc, sim/data_load_balancer.cc). Plan files with a larger dp are
 // refused by their reader; the search never forms one; whatif rows beyond it are not offered.
 inline constexpr int kMaxReplicas = 4096;
 
-// Files (sim/json_util.h): profiles, plans, clusterfiles and configs are kilobytes; a 30,000-layer
+// Files (base/json_util.h): profiles, plans, clusterfiles and configs are kilobytes; a 30,000-layer
 // profile is 181 KB, a 60,000-entry GPU catalogue 9 MB.
 inline constexpr std::size_t kMaxJsonFileBytes = 16u << 20;
 

@@ -1,4 +1,4 @@
-#include "planner/intra_stage.h"
+#include "metis/intra_stage.h"
 
 #include "sim/data_load_balancer.h"
 

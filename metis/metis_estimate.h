@@ -4,17 +4,17 @@
 // validation suite, by hand) can be scored by the Metis formula next to the
 // simulator.
 //
-//  * Time: MetisCostModel::cost (sim/metis_cost.h) on the plan's stages,
+//  * Time: MetisCostModel::cost (metis/metis_cost.h) on the plan's stages,
 //    node sequence and micro-batches: CostTerms::total is the cost the Metis
 //    search reports for that plan, bit for bit. One exception, of the
 //    reference's making: right after a node-sequence change its generator
 //    visits some device groups labelled as one stage and then costs only
-//    their first stage (planner/inter_stage.h). A plan file does not carry
+//    their first stage (metis/inter_stage.h). A plan file does not carry
 //    that label; the estimate costs every stage, as the search does when it
 //    visits the same groups with their true count, and reports that visit's
 //    cost separately (`label`: see below). The Metis search ranks plans by
 //    both visits, so its best plan can be one costed on its first stage only.
-//  * Memory: LayerLoadBalancer::stage_memory_demand (planner/layer_balancer.h),
+//  * Memory: LayerLoadBalancer::stage_memory_demand (metis/layer_balancer.h),
 //    in MB as Metis computes it, every quirk kept (5 x the profiled layer
 //    memory of the stage's micro-batch at its tp, read from the cluster's
 //    first rank's type; a mixed stage split as if it spanned the cluster).
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "sim/cluster.h"
-#include "sim/json_util.h"
-#include "sim/metis_cost.h"
+#include "base/json_util.h"
+#include "metis/metis_cost.h"
 #include "sim/plan_file.h"
 #include "sim/profile.h"
 

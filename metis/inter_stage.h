@@ -20,7 +20,7 @@
 #include <memory>
 #include <vector>
 
-#include "planner/device_groups.h"
+#include "metis/device_groups.h"
 #include "sim/plan.h"
 
 namespace hetplan {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "planner/inter_stage.h"
+#include "metis/inter_stage.h"
 #include "sim/cluster.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/model_config.h"
 #include "sim/plan.h"
 #include "sim/profile.h"
@@ -50,9 +50,6 @@ struct SearchResult {
   double seconds = 0;
 };
 
-// The error both searches give for a cluster device type without profiles:
-// it names the clusterfile key and the types the profile folder has.
-InputError unknown_device_type(const Cluster& cluster, const ProfileSet& profiles, const std::string& name);
 
 // The inter-stage generator's settings of a Metis search over `cluster`
 // (every device of every type, the search's gbs, layers, variance and

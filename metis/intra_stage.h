@@ -14,7 +14,7 @@
 
 #include <vector>
 
-#include "planner/layer_balancer.h"
+#include "metis/layer_balancer.h"
 #include "sim/plan.h"
 #include "sim/profile.h"
 #include "sim/rank_layout.h"

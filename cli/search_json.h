@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "planner/plan_search.h"
-#include "planner/search.h"
-#include "sim/json_util.h"
+#include "metis/metis_search.h"
+#include "base/json_util.h"
 #include "sim/plan_file.h"
 
 namespace hetplan {

@@ -1,9 +1,9 @@
-#include "planner/device_groups.h"
+#include "metis/device_groups.h"
 
 #include <algorithm>
 #include <numeric>
 
-#include "planner/multiset_permutations.h"
+#include "metis/multiset_permutations.h"
 
 namespace hetplan {
 

@@ -1,4 +1,4 @@
-#include "planner/plan_json.h"
+#include "cli/search_json.h"
 
 #include <tuple>
 

@@ -1,4 +1,4 @@
-#include "planner/layer_balancer.h"
+#include "metis/layer_balancer.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "sim/metis_cost.h"
+#include "metis/metis_cost.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-#include "planner/search.h"
+#include "metis/metis_search.h"
 
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/global_control.h>
@@ -11,13 +11,13 @@
 #include <mutex>
 #include <optional>
 
-#include "planner/inter_stage.h"
-#include "planner/intra_stage.h"
-#include "planner/layer_balancer.h"
-#include "planner/periodic.h"
-#include "planner/top_k.h"
-#include "sim/input_error.h"
-#include "sim/metis_cost.h"
+#include "metis/inter_stage.h"
+#include "metis/intra_stage.h"
+#include "metis/layer_balancer.h"
+#include "base/periodic.h"
+#include "base/top_k.h"
+#include "base/input_error.h"
+#include "metis/metis_cost.h"
 #include "sim/rank_layout.h"
 
 namespace hetplan {
@@ -58,19 +58,6 @@ struct Worker {
 };
 
 }  // namespace
-
-InputError unknown_device_type(const Cluster& cluster, const ProfileSet& profiles, const std::string& name) {
-  std::string found;
-  for (const auto& n : profiles.device_types()) found += (found.empty() ? "" : ", ") + n;
-  std::string where = cluster.clusterfile_path();
-  for (const auto& e : cluster.clusterfile())
-    if (e.instance_type == name) {
-      where += ": key '" + excerpt(e.ip) + ".instance_type'";
-      break;
-    }
-  return InputError(where + ": unknown device type '" + excerpt(name) + "': expected profiles DeviceType." +
-                    excerpt(name) + "_tp<T>_bs<B>.json in " + profiles.dir() + ", which has types: " + excerpt(found));
-}
 
 MetisSearch::MetisSearch(const Cluster& cluster, const ProfileSet& profiles, SearchOptions options)
     : cluster_(&cluster), profiles_(&profiles), opt_(std::move(options)) {

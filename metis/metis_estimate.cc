@@ -1,11 +1,11 @@
-#include "planner/metis_estimate.h"
+#include "metis/metis_estimate.h"
 
 #include <algorithm>
 
-#include "planner/inter_stage.h"
-#include "planner/layer_balancer.h"
-#include "planner/search.h"
-#include "sim/input_error.h"
+#include "metis/inter_stage.h"
+#include "metis/layer_balancer.h"
+#include "metis/metis_search.h"
+#include "base/input_error.h"
 #include "sim/rank_layout.h"
 
 namespace hetplan {
@@ -58,7 +58,7 @@ MetisEstimate metis_estimate(const Cluster& cluster, const ProfileSet& profiles,
   out.costed = cost_model.cost(isp, layout, plan.strategies.data(), plan.layer_partition.data(), &out.terms, &skip);
   if (!out.costed) out.skipped = profiles.expected_path(skip.type, skip.tp, skip.bs) + ": " + skip.reason;
 
-  // The search's visits of these groups (planner/search.cc walks the same list).
+  // The search's visits of these groups (metis/metis_search.cc walks the same list).
   InterStagePlanGenerator generator(metis_inter_stage_options(cluster, pf.gbs, pf.model.num_layers,
                                                               options.min_group_scale_variance, options.max_permute_len));
   const std::vector<InterStagePlan> visits = generator.all();

@@ -1,4 +1,4 @@
-#include "sim/json_util.h"
+#include "base/json_util.h"
 
 #include <algorithm>
 #include <charconv>
@@ -10,8 +10,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "sim/file_access.h"
-#include "sim/input_error.h"
+#include "base/file_access.h"
+#include "base/input_error.h"
 
 namespace hetplan {
 
