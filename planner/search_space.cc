@@ -4,12 +4,17 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
+
+#include "sim/input_error.h"
 
 namespace hetplan {
 
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// The most (type, tp, share) profile slicings the search keeps (ShareSlices).
+constexpr double kMaxShareSlicings = 4194304.0;
 
 // Per device type of the cluster: which tp degrees up to max_tp have profiles.
 std::vector<std::vector<char>> profiled_tps(const Cluster& cluster, const ProfileSet& profiles, int max_tp) {
@@ -80,7 +85,19 @@ SearchSpace::SearchSpace(const Cluster& cluster, const ProfileSet& profiles, con
   max_stages = std::min({layers, whole_nodes ? static_cast<int>(cluster.nodes().size()) : gpus, options.max_stages});
   for (int micro_batches = gbs; micro_batches >= 1; --micro_batches)
     if (gbs % micro_batches == 0 && gbs / micro_batches <= options.max_micro_batch) micro_batch_counts.push_back(micro_batches);
+  refuse_too_many_slicings();
   count_units();
+}
+
+// The slicings grow with the largest micro-batch: refuse, naming the input, what would exhaust memory.
+void SearchSpace::refuse_too_many_slicings() const {
+  const double slicings = static_cast<double>(device_types) * (max_tp + 1) * (max_share() + 1);
+  if (slicings <= kMaxShareSlicings) return;
+  throw InputError("--gbs " + std::to_string(gbs) + ": the search keeps the profile slicings of every share of "
+                   "a micro-batch of up to " + std::to_string(max_share()) + " sequences for " +
+                   std::to_string(device_types) + " GPU type(s) and tp up to " + std::to_string(max_tp) + ", " +
+                   std::to_string(static_cast<long long>(slicings)) + " entries, past the 4194304 it can hold "
+                   "(use a smaller --gbs)");
 }
 
 // Node orders: the permutations of the device types, in lexicographic order.

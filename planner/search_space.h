@@ -2,9 +2,11 @@
 // the node orders, each with its rank layout, fast cost model and the tables
 // that say where a stage may start and which (dp, tp) it may take; the
 // micro-batch counts; and the work units, (node order, m, stages, stage 0's
-// size and layers), in the search's fixed order. FeasibilityTables: the least
-// model-state bytes of a stage (PlanCostModel::state_bytes_lower_bound) and
-// the unmeasured accumulation times, per layer span, shared by the node orders.
+// size and layers), in the search's fixed order. A --gbs whose micro-batches
+// need more profile slicings than the search can hold is an InputError.
+// FeasibilityTables: the least model-state bytes of a stage
+// (PlanCostModel::state_bytes_lower_bound) and the unmeasured accumulation
+// times, per layer span, shared by the node orders.
 // Read-only after construction (FeasibilityTables: after fill()), so
 // thread-safe. REQUIRES: the cluster, profiles and simulator outlive them; a
 // SearchSpace is not moved (its cost models refer to its layouts).
@@ -94,6 +96,8 @@ class SearchSpace {
   int num_groups() const { return static_cast<int>(orders.size() * micro_batch_counts.size()); }
   const NodeOrder& order_of_group(int group) const { return orders[group / num_ms()]; }
   int micro_batches_of_group(int group) const { return micro_batch_counts[group % num_ms()]; }
+  // The largest micro-batch searched (sequences; 1 where no micro-batch count is searched).
+  int max_share() const { return micro_batch_counts.empty() ? 1 : gbs / micro_batch_counts.back(); }
   // Stage boundaries: ranks, or node starts only.
   double stage_positions(const Cluster& cluster) const;
 
@@ -114,6 +118,7 @@ class SearchSpace {
  private:
   int num_ms() const { return static_cast<int>(micro_batch_counts.size()); }
   void add_node_orders(const Cluster& cluster, const PlanSimulator& simulator);
+  void refuse_too_many_slicings() const;
   void count_units();
   Unit make_unit(int stages, int m_index, int order, int first_size, int first_layers) const;
 
