@@ -13,8 +13,10 @@ namespace hetplan {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// The most (type, tp, share) profile slicings the search keeps (ShareSlices).
+// The most (type, tp, share) profile slicings the search keeps (ShareSlices), and the most entries of the
+// model-state table (state_lb, only prunes: beyond this it is left out, as the exhaustive search does).
 constexpr double kMaxShareSlicings = 4194304.0;
+constexpr double kMaxStateLbEntries = 33554432.0;  // 2^25 doubles, 256 MB
 
 // Per device type of the cluster: which tp degrees up to max_tp have profiles.
 std::vector<std::vector<char>> profiled_tps(const Cluster& cluster, const ProfileSet& profiles, int max_tp) {
@@ -189,32 +191,35 @@ FeasibilityTables::FeasibilityTables(const SearchSpace& space)
                           (space.layers + 1),
                       0.0) {}
 
-void FeasibilityTables::fill(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster) {
+void FeasibilityTables::fill(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster,
+                             SearchControl& control) {
   // The two tables' rows, one task each: [type][tp] of unmeasured_acc, then [tp][dp bucket] of state_lb.
-  state_lb_.assign(static_cast<std::size_t>(max_tp_ + 1) * dp_buckets_ * (layers_ + 1) * (layers_ + 1), 0.0);
+  const double state_lb_entries = static_cast<double>(max_tp_ + 1) * dp_buckets_ * (layers_ + 1) * (layers_ + 1);
+  if (state_lb_entries <= kMaxStateLbEntries) state_lb_.assign(static_cast<std::size_t>(state_lb_entries), 0.0);
   const int acc_rows = space.device_types * max_tp_;
-  tbb::parallel_for(0, acc_rows + max_tp_ * dp_buckets_, [&](int i) {
-    if (i < acc_rows) fill_unmeasured_row(space, profiles, cluster, i);
-    else fill_states_row(space, i - acc_rows);
+  const int state_rows = state_lb_.empty() ? 0 : max_tp_ * dp_buckets_;
+  tbb::parallel_for(0, acc_rows + state_rows, [&](int i) {
+    if (i < acc_rows) fill_unmeasured_row(space, profiles, cluster, control, i);
+    else fill_states_row(space, control, i - acc_rows);
   });
 }
 
 void FeasibilityTables::fill_unmeasured_row(const SearchSpace& space, const ProfileSet& profiles,
-                                            const Cluster& cluster, int row) {
+                                            const Cluster& cluster, SearchControl& control, int row) {
   const int t = row / max_tp_, tp = 1 + row % max_tp_;
   const int pt = profiles.type_index(cluster.device_types()[t]);
-  for (int l = 0; l < layers_; ++l)
+  for (int l = 0; l < layers_ && !control.check_stop(); ++l)
     for (int e = l + 1; e <= layers_; ++e)
       unmeasured_acc_[((static_cast<std::size_t>(t) * (max_tp_ + 1) + tp) * (layers_ + 1) + l) * (layers_ + 1) + e] =
           space.orders[0].cost->unmeasured_accumulation_ms(pt, tp, l, e);
 }
 
-void FeasibilityTables::fill_states_row(const SearchSpace& space, int row) {
+void FeasibilityTables::fill_states_row(const SearchSpace& space, SearchControl& control, int row) {
   const int tp = 1 + row / dp_buckets_, j = row % dp_buckets_;
   bool profiled = false;
   for (int t = 0; t < space.device_types; ++t) profiled = profiled || space.type_tp[t][tp];
   if (!profiled) return;
-  for (int l = 0; l < layers_; ++l) {
+  for (int l = 0; l < layers_ && !control.check_stop(); ++l) {
     double* row_l = state_lb_.data() + ((static_cast<std::size_t>(tp) * dp_buckets_ + j) * (layers_ + 1) + l) * (layers_ + 1);
     for (int e = l + 1; e <= layers_; ++e)
       row_l[e] = space.orders[0].cost->state_bytes_lower_bound(tp, 1 << j, l, e);
