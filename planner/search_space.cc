@@ -207,6 +207,7 @@ void FeasibilityTables::fill(const SearchSpace& space, const ProfileSet& profile
 void FeasibilityTables::fill_unmeasured_row(const SearchSpace& space, const ProfileSet& profiles,
                                             const Cluster& cluster, SearchControl& control, int row) {
   const int t = row / max_tp_, tp = 1 + row % max_tp_;
+  if (!space.type_tp[t][tp]) return;  // no slicing of the type at tp: never read
   const int pt = profiles.type_index(cluster.device_types()[t]);
   for (int l = 0; l < layers_ && !control.check_stop(); ++l)
     for (int e = l + 1; e <= layers_; ++e)
