@@ -29,6 +29,17 @@ namespace hetplan {
 
 namespace {
 
+// The set-up's progress report (units_total 0), about once a second from a side thread, until the
+// search's units start: the set-up's tables grow with layers^2 x tp (seconds at thousands of layers).
+std::function<void()> setup_reporter(const PlanSearchOptions& options, const SearchControl& control) {
+  if (!options.progress) return {};
+  return [&options, &control] {
+    PlanSearchProgress pr;  // units_total 0: still setting up
+    pr.elapsed_s = control.elapsed_s();
+    options.progress(pr);
+  };
+}
+
 // The progress report, about once a second from a side thread (nothing where no one asked for it).
 std::function<void()> progress_reporter(const PlanSearchOptions& options, const SearchControl& control,
                                         const SharedBound& shared, long long units_total) {
@@ -139,7 +150,10 @@ PlanSearchResult PlanSearch::run() const {
 }
 
 PlanSearchResult PlanSearch::search() const {
+  // The time budget covers the set-up too: past it, the tables' rows stop early and the phases find the
+  // search stopped.
   SearchControl control(SearchControl::Clock::now(), opt_.time_budget_s, opt_.cancel);
+  Periodic setup_progress(setup_reporter(opt_, control));
   std::vector<TrainingSetup> setups = opt_.setups;
   if (setups.empty()) setups.push_back(sim_->options().setup);
   const SearchSpace space(*cluster_, *profiles_, *sim_, std::move(setups), opt_);
@@ -150,7 +164,7 @@ PlanSearchResult PlanSearch::search() const {
     throughput = throughput_rates(space, *profiles_, *cluster_);
   // The suffix tables and the depth-first search leave out stages that cannot fit memory under any setup.
   FeasibilityTables tables(space);
-  if (!opt_.exhaustive) tables.fill(space, *profiles_, *cluster_);
+  if (!opt_.exhaustive) tables.fill(space, *profiles_, *cluster_, control);
 
   SharedBound shared(opt_.top_k);
   std::vector<SuffixBound> bounds(space.num_groups());
@@ -161,6 +175,7 @@ PlanSearchResult PlanSearch::search() const {
                                  sim_->options().schedule);
   tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k, space.num_setups()); });
 
+  setup_progress.stop();
   Periodic reporter(progress_reporter(opt_, control, shared, space.units_total()));
   SearchWork work{space, control, builder, bounds, stage_search, workers};
   if (kept.kept()) run_in_phases(work);

@@ -4,12 +4,19 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
+
+#include "sim/input_error.h"
 
 namespace hetplan {
 
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// The most (type, tp, share) profile slicings the search keeps (ShareSlices), and the most entries of the
+// model-state table (state_lb, only prunes: beyond this it is left out, as the exhaustive search does).
+constexpr double kMaxShareSlicings = 4194304.0;
+constexpr double kMaxStateLbEntries = 33554432.0;  // 2^25 doubles, 256 MB
 
 // Per device type of the cluster: which tp degrees up to max_tp have profiles.
 std::vector<std::vector<char>> profiled_tps(const Cluster& cluster, const ProfileSet& profiles, int max_tp) {
@@ -80,7 +87,19 @@ SearchSpace::SearchSpace(const Cluster& cluster, const ProfileSet& profiles, con
   max_stages = std::min({layers, whole_nodes ? static_cast<int>(cluster.nodes().size()) : gpus, options.max_stages});
   for (int micro_batches = gbs; micro_batches >= 1; --micro_batches)
     if (gbs % micro_batches == 0 && gbs / micro_batches <= options.max_micro_batch) micro_batch_counts.push_back(micro_batches);
+  refuse_too_many_slicings();
   count_units();
+}
+
+// The slicings grow with the largest micro-batch: refuse, naming the input, what would exhaust memory.
+void SearchSpace::refuse_too_many_slicings() const {
+  const double slicings = static_cast<double>(device_types) * (max_tp + 1) * (max_share() + 1);
+  if (slicings <= kMaxShareSlicings) return;
+  throw InputError("--gbs " + std::to_string(gbs) + ": the search keeps the profile slicings of every share of "
+                   "a micro-batch of up to " + std::to_string(max_share()) + " sequences for " +
+                   std::to_string(device_types) + " GPU type(s) and tp up to " + std::to_string(max_tp) + ", " +
+                   std::to_string(static_cast<long long>(slicings)) + " entries, past the 4194304 it can hold "
+                   "(use a smaller --gbs)");
 }
 
 // Node orders: the permutations of the device types, in lexicographic order.
@@ -172,32 +191,36 @@ FeasibilityTables::FeasibilityTables(const SearchSpace& space)
                           (space.layers + 1),
                       0.0) {}
 
-void FeasibilityTables::fill(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster) {
+void FeasibilityTables::fill(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster,
+                             SearchControl& control) {
   // The two tables' rows, one task each: [type][tp] of unmeasured_acc, then [tp][dp bucket] of state_lb.
-  state_lb_.assign(static_cast<std::size_t>(max_tp_ + 1) * dp_buckets_ * (layers_ + 1) * (layers_ + 1), 0.0);
+  const double state_lb_entries = static_cast<double>(max_tp_ + 1) * dp_buckets_ * (layers_ + 1) * (layers_ + 1);
+  if (state_lb_entries <= kMaxStateLbEntries) state_lb_.assign(static_cast<std::size_t>(state_lb_entries), 0.0);
   const int acc_rows = space.device_types * max_tp_;
-  tbb::parallel_for(0, acc_rows + max_tp_ * dp_buckets_, [&](int i) {
-    if (i < acc_rows) fill_unmeasured_row(space, profiles, cluster, i);
-    else fill_states_row(space, i - acc_rows);
+  const int state_rows = state_lb_.empty() ? 0 : max_tp_ * dp_buckets_;
+  tbb::parallel_for(0, acc_rows + state_rows, [&](int i) {
+    if (i < acc_rows) fill_unmeasured_row(space, profiles, cluster, control, i);
+    else fill_states_row(space, control, i - acc_rows);
   });
 }
 
 void FeasibilityTables::fill_unmeasured_row(const SearchSpace& space, const ProfileSet& profiles,
-                                            const Cluster& cluster, int row) {
+                                            const Cluster& cluster, SearchControl& control, int row) {
   const int t = row / max_tp_, tp = 1 + row % max_tp_;
+  if (!space.type_tp[t][tp]) return;  // no slicing of the type at tp: never read
   const int pt = profiles.type_index(cluster.device_types()[t]);
-  for (int l = 0; l < layers_; ++l)
+  for (int l = 0; l < layers_ && !control.check_stop(); ++l)
     for (int e = l + 1; e <= layers_; ++e)
       unmeasured_acc_[((static_cast<std::size_t>(t) * (max_tp_ + 1) + tp) * (layers_ + 1) + l) * (layers_ + 1) + e] =
           space.orders[0].cost->unmeasured_accumulation_ms(pt, tp, l, e);
 }
 
-void FeasibilityTables::fill_states_row(const SearchSpace& space, int row) {
+void FeasibilityTables::fill_states_row(const SearchSpace& space, SearchControl& control, int row) {
   const int tp = 1 + row / dp_buckets_, j = row % dp_buckets_;
   bool profiled = false;
   for (int t = 0; t < space.device_types; ++t) profiled = profiled || space.type_tp[t][tp];
   if (!profiled) return;
-  for (int l = 0; l < layers_; ++l) {
+  for (int l = 0; l < layers_ && !control.check_stop(); ++l) {
     double* row_l = state_lb_.data() + ((static_cast<std::size_t>(tp) * dp_buckets_ + j) * (layers_ + 1) + l) * (layers_ + 1);
     for (int e = l + 1; e <= layers_; ++e)
       row_l[e] = space.orders[0].cost->state_bytes_lower_bound(tp, 1 << j, l, e);

@@ -2,9 +2,13 @@
 // the node orders, each with its rank layout, fast cost model and the tables
 // that say where a stage may start and which (dp, tp) it may take; the
 // micro-batch counts; and the work units, (node order, m, stages, stage 0's
-// size and layers), in the search's fixed order. FeasibilityTables: the least
-// model-state bytes of a stage (PlanCostModel::state_bytes_lower_bound) and
-// the unmeasured accumulation times, per layer span, shared by the node orders.
+// size and layers), in the search's fixed order. A --gbs whose micro-batches
+// need more profile slicings than the search can hold is an InputError.
+// FeasibilityTables: the least model-state bytes of a stage
+// (PlanCostModel::state_bytes_lower_bound; left out past 2^25 entries, as it
+// only prunes) and the unmeasured accumulation times, per layer span, shared
+// by the node orders; filled within the search's time budget (past it, rows
+// are left part-filled and the search is stopped).
 // Read-only after construction (FeasibilityTables: after fill()), so
 // thread-safe. REQUIRES: the cluster, profiles and simulator outlive them; a
 // SearchSpace is not moved (its cost models refer to its layouts).
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "planner/plan_search.h"
+#include "planner/search_control.h"
 #include "sim/cluster.h"
 #include "sim/memory_model.h"
 #include "sim/plan_cost.h"
@@ -94,6 +99,8 @@ class SearchSpace {
   int num_groups() const { return static_cast<int>(orders.size() * micro_batch_counts.size()); }
   const NodeOrder& order_of_group(int group) const { return orders[group / num_ms()]; }
   int micro_batches_of_group(int group) const { return micro_batch_counts[group % num_ms()]; }
+  // The largest micro-batch searched (sequences; 1 where no micro-batch count is searched).
+  int max_share() const { return micro_batch_counts.empty() ? 1 : gbs / micro_batch_counts.back(); }
   // Stage boundaries: ranks, or node starts only.
   double stage_positions(const Cluster& cluster) const;
 
@@ -114,6 +121,7 @@ class SearchSpace {
  private:
   int num_ms() const { return static_cast<int>(micro_batch_counts.size()); }
   void add_node_orders(const Cluster& cluster, const PlanSimulator& simulator);
+  void refuse_too_many_slicings() const;
   void count_units();
   Unit make_unit(int stages, int m_index, int order, int first_size, int first_layers) const;
 
@@ -123,13 +131,14 @@ class SearchSpace {
 class FeasibilityTables {
  public:
   explicit FeasibilityTables(const SearchSpace& space);
-  // Fills both tables, a task per row (a few hundred microseconds in all). Not called: states_row()
-  // is null and unmeasured_accumulation() all zeros.
-  void fill(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster);
+  // Fills both tables, a task per row (a few hundred microseconds in all; seconds at thousands of
+  // layers), each row stopping once control.check_stop() says so. Not called: states_row() is null and
+  // unmeasured_accumulation() all zeros.
+  void fill(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster, SearchControl& control);
 
   // [l .. layers] row over e of the least model-state bytes of layers [l, e) at (dp, tp), over the
   // setups, a bound for every dp' <= dp's power-of-two bucket (the states only shrink as dp grows);
-  // nullptr where not filled.
+  // nullptr where not filled (or left out as too large).
   const double* states_row(int tp, int dp, int l) const {
     if (state_lb_.empty()) return nullptr;
     int j = 0;
@@ -141,8 +150,9 @@ class FeasibilityTables {
   const std::vector<double>& unmeasured_accumulation() const { return unmeasured_acc_; }
 
  private:
-  void fill_unmeasured_row(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster, int row);
-  void fill_states_row(const SearchSpace& space, int row);
+  void fill_unmeasured_row(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster,
+                           SearchControl& control, int row);
+  void fill_states_row(const SearchSpace& space, SearchControl& control, int row);
 
   int layers_, max_tp_, dp_buckets_;
   std::vector<double> unmeasured_acc_;

@@ -8,8 +8,9 @@
 // x86-64 with glibc: also an AVX2 build of relax_row (4 doubles a vector instead of SSE2's 2; no FMA, so
 // the same values), chosen by the CPU features glibc read at start-up. Not GCC's target_clones: its
 // resolver runs libgcc's CPU detection in every process, a dozen CPUID instructions that cost about
-// 10 us each in a VM (0.25 ms of each run's start-up, measured here).
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_include)
+// 10 us each in a VM (0.25 ms of each run's start-up, measured here). GCC only: clang 14 (scripts/fuzz.sh)
+// cannot compile <sys/platform/x86.h> in C++ (it uses C's _Bool).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__has_include)
 #if __has_include(<sys/platform/x86.h>)
 #include <sys/platform/x86.h>
 #define HETPLAN_AVX2_BUILD 1

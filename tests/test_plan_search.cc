@@ -15,6 +15,7 @@
 #include <mutex>
 #include <new>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "base/thread_limit.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
+#include "sim/input_error.h"
 #include "sim/parallel_layout.h"
 #include "sim/plan_cost.h"
 #include "sim/plan_simulator.h"
@@ -410,6 +412,24 @@ TEST_CASE("a cancelled search returns what it found and says it was cut short", 
   const PlanSearchResult late = PlanSearch(cluster, profiles, sim, o).run();
   CHECK(late.cut_short);
   CHECK(late.cut_reason.rfind("time budget", 0) == 0);
+}
+
+TEST_CASE("a --gbs whose micro-batches need too many profile slicings is refused, naming --gbs", "[plan_search]") {
+  const ProfileSet& profiles = small_profiles();
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 4}, {"10.0.0.3", 3}}, clusterfile());
+  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  PlanSearchOptions o;
+  o.gbs = 1 << 20;  // micro-batches of up to 2^20 sequences: 3 types x 5 tp x (2^20 + 1) slicings
+  try {
+    (void)PlanSearch(cluster, profiles, sim, o).run();
+    FAIL("expected an InputError");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).rfind("--gbs 1048576: ", 0) == 0);
+    CHECK(std::string(e.what()).find("(use a smaller --gbs)") != std::string::npos);
+  }
+  o.max_micro_batch = 1 << 10;  // within the limit: searched
+  o.time_budget_s = 1e-9;
+  CHECK(PlanSearch(cluster, profiles, sim, o).run().cut_short);
 }
 
 TEST_CASE("stage estimates: span_index lays layer spans out row by row, the budget and the slot keep their word",
