@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "sim/input_error.h"
+#include "base/input_error.h"
 
 namespace hetplan {
 

@@ -1,4 +1,4 @@
-// The search's lower bounds on single stages (planner/plan_search.cc): StageEstimate and the
+// The search's lower bounds on single stages (used by planner/suffix_bound.cc and stage_search.cc): StageEstimate and the
 // StageEstimator that makes them from the same profile look-ups as the simulator, and the stores
 // that share them between the search's (node order, m) groups: ShareSlices (the simulator's
 // slicing of a replica's share), HomogeneousEstimates and MixedLists (kept estimates, each
@@ -6,7 +6,7 @@
 // PlanCostModel::stage charges for the same stage (tests/test_plan_search.cc checks the search
 // that uses them against exhaustive enumeration).
 //
-// Internal to the planner: only plan_search.cc includes it.
+// Internal to the planner's default search (planner/plan_search.h and its parts, planner/plan_search.md).
 #pragma once
 
 #include <algorithm>

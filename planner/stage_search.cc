@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <limits>
 
-#include "planner/path_counts.h"
+#include "sim/schedule.h"
 
 namespace hetplan {
 
@@ -68,7 +68,7 @@ class UnitSearch {
     int rest;  // stages after this one
     int s_min, s_max, k_min, k_max;
     double passes = kInf, first_passes = kInf, lower_bound = kInf, end_extra = kInf, start_extra = kInf, tail;
-    PathCounts end, start;
+    PathOpCounts end, start;
     int backwards_before_last;  // backwards before micro-batch m - 1's forward
   };
   // Stage i at one (dp, tp) on ranks [r, r + s): what its layer counts share.
@@ -151,8 +151,8 @@ void UnitSearch::start_state() {
       f.start_extra = std::min(f.start_extra, w_.start_extra[at]);
       if (i > 0) f.tail = std::min(f.tail, w_.stage_costs[q].allreduce_ms + w_.stage_costs[q].optimizer_ms);
     }
-  f.end = end_path(schedule_, f.rest, micro_batches_);
-  f.start = start_path(schedule_, f.rest, micro_batches_);
+  f.end = end_path_counts(schedule_, f.rest, micro_batches_);
+  f.start = start_path_counts(schedule_, f.rest, micro_batches_);
   f.backwards_before_last = f.end.backwards - 1;
   return f;
 }

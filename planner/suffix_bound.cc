@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "planner/path_counts.h"
+#include "sim/schedule.h"
 
 // x86-64 with glibc: also an AVX2 build of relax_row (4 doubles a vector instead of SSE2's 2; no FMA, so
 // the same values), chosen by the CPU features glibc read at start-up. Not GCC's target_clones: its
@@ -116,7 +116,7 @@ std::vector<double> path_coefficients(Schedule schedule, int micro_batches, int 
   std::vector<double> coef(static_cast<std::size_t>(8) * (depth + 1), 0.0);
   double* row[8];
   for (int i = 0; i < 8; ++i) row[i] = coef.data() + static_cast<std::size_t>(i) * (depth + 1);
-  auto set_coef = [](const PathCounts& c, double* t, double* f, double* b, double* a) {
+  auto set_coef = [](const PathOpCounts& c, double* t, double* f, double* b, double* a) {
     const int lo = std::min(c.forwards, c.backwards);
     *t = lo;
     *f = c.forwards - lo;
@@ -124,8 +124,8 @@ std::vector<double> path_coefficients(Schedule schedule, int micro_batches, int 
     *a = c.accumulations;
   };
   for (int q = 1; q <= depth; ++q) {
-    set_coef(end_path(schedule, q - 1, micro_batches), &row[0][q], &row[1][q], &row[2][q], &row[3][q]);
-    set_coef(start_path(schedule, q - 1, micro_batches), &row[4][q], &row[5][q], &row[6][q], &row[7][q]);
+    set_coef(end_path_counts(schedule, q - 1, micro_batches), &row[0][q], &row[1][q], &row[2][q], &row[3][q]);
+    set_coef(start_path_counts(schedule, q - 1, micro_batches), &row[4][q], &row[5][q], &row[6][q], &row[7][q]);
   }
   return coef;
 }

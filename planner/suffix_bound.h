@@ -29,7 +29,7 @@ namespace hetplan {
 // stages covering ranks [r, ranks) and layers [l, layers), each from micro-batch 0's arrival at the first
 // of them to the last backward's send back out of it, minimised over every way to form those stages;
 // infinity where none exists. The paths: for each stage j of them, the forward chain to j, then either
-// all j's compute, or one of the two paths of PathCounts through j and the stages after it, then the
+// all j's compute, or one of the two paths of PathOpCounts (sim/schedule.h) through j and the stages after it, then the
 // backward chain back.
 struct SuffixBound {
   static constexpr double kInf = std::numeric_limits<double>::infinity();

@@ -30,7 +30,7 @@
 #include "base/thread_limit.h"
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
-#include "sim/input_error.h"
+#include "base/input_error.h"
 #include "sim/parallel_layout.h"
 #include "sim/plan_cost.h"
 #include "sim/plan_simulator.h"
