@@ -17,6 +17,11 @@
 // 10 layers, and Metis sums a stage's memory as the Python slice
 // sum(memory[start:end]), which stops at the list's end, so the last layer
 // counts 0 MB; SliceSums clips the same way. Shorter or longer lists are refused.
+//
+// REQUIRES: type indices passed to lookups come from type_index() (not -1); find() answers
+// null for a (type, tp, bs) the set lacks.
+// Thread-safety: a ProfileSet is immutable once loaded; any number of threads may call its
+// const members at once. It owns its data: pointers it returns live as long as the set.
 #pragma once
 
 #include <algorithm>
