@@ -111,7 +111,7 @@ TEST_CASE("each error type has its own exit code and one line on stderr", "[erro
 }
 
 #if defined(HETPLAN_WITH_TORCH)
-TEST_CASE("LibTorch's CUDA and NCCL errors are the machine's; its other errors and out of memory are not", "[errors]") {
+TEST_CASE("LibTorch's CUDA and NCCL errors are the machine's, not its other errors or out of memory", "[errors]") {
   CHECK(device_failure(c10::Error("CUDA error: no CUDA-capable device is detected\nCUDA kernel errors ...", "")) ==
         "LibTorch: CUDA error: no CUDA-capable device is detected");
   CHECK(device_failure(c10::Error("Found no NVIDIA driver on your system.", "")) ==
