@@ -28,8 +28,6 @@ int run_export(const ExportArgs& a) {
   if (a.to != "megatron" && a.to != "deepspeed" && a.to != "torchrun")
     throw InputError("--to: expected megatron, deepspeed or torchrun, got '" + excerpt(a.to) + "'");
   const PlanFile pf = read_plan_file(a.plan);
-  const ModelShape shape = shape_of_plan(pf.model, a.hf_config, "the plan " + a.plan);
-  shape.validate(a.plan + ": key 'model'");
   // The placement: the hostfile's hosts and GPU types for each rank.
   const std::string hostfile = a.hostfile.empty() ? pf.hostfile : a.hostfile;
   const std::string clusterfile = a.clusterfile.empty() ? pf.clusterfile : a.clusterfile;
@@ -53,6 +51,10 @@ int run_export(const ExportArgs& a) {
     placement = std::make_unique<ParallelLayout>(*cluster, *ranks);
   }
   if (!a.out.empty()) make_output_folder(a.out);
+  // The model (Megatron and DeepSpeed; the torchrun scripts' replay reads it from the plan).
+  std::string warning;
+  const ModelShape shape = a.to == "torchrun" ? ModelShape{} : plan_shape(pf, a.hf_config, a.plan, &warning);
+  if (!warning.empty()) std::cerr << "hetplan: warning: " << warning << "\n";
 
   if (a.to == "megatron") {
     const MegatronArgs m = export_megatron(pf, shape, placement.get(), a.plan);
@@ -122,7 +124,8 @@ Runner add_export_command(CLI::App& app) {
   s->add_option("--to", a->to, "megatron, deepspeed or torchrun")->required();
   s->add_option("--out", a->out,
                 "Folder for megatron_args.sh / ds_config.json / the launch scripts (torchrun default: ./torchrun)");
-  s->add_option("--hf-config", a->hf_config, "Hugging Face config.json for the model shape (default: the plan's GPT)");
+  s->add_option("--hf-config", a->hf_config, "Hugging Face config.json for the model shape (default: the plan's model.architecture; given, it must "
+                "match it; a plan without one: its GPT)");
   s->add_option("--hostfile", a->hostfile, "Hostfile (default: the plan's)");
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
   s->add_option("--profile-dir", a->profile_dir, "torchrun: profiles for replay's data load balancer (default: the plan's)");

@@ -53,6 +53,21 @@ struct Prepared {
   ReplayConfig config;
 };
 
+// The model: the plan's architecture (or --hf-config, which must match it); a plan without one, its GPT with
+// --heads. --heads that contradicts the plan's is an InputError naming both. One warning line, from local rank 0.
+ModelShape replay_shape(const ReplayArgs& a, const PlanFile& plan, int local_rank) {
+  PlanFile f = plan;
+  const bool recorded = f.shape || !a.hf_config.empty();
+  if (!recorded && a.heads > 0) f.model.attention_heads = a.heads;
+  std::string warning;
+  const ModelShape s = plan_shape(f, a.hf_config, a.plan, &warning);
+  if (recorded && a.heads > 0 && a.heads != s.num_heads)
+    throw InputError("--heads " + std::to_string(a.heads) + ": the plan " + a.plan + " records " +
+                     std::to_string(s.num_heads) + " attention heads (model.architecture.num_heads)");
+  if (!warning.empty() && local_rank <= 0) std::cerr << "hetplan: warning: " << warning << "\n";
+  return s;
+}
+
 Prepared prepare(const ReplayArgs& a, int local_rank) {
   Prepared p;
   p.plan = read_plan_file(a.plan);
@@ -89,9 +104,7 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   // as Metis's plans describe it) or a Hugging Face config of the same
   // layer count and hidden size.
   const ModelConfig& pm = p.plan.model;
-  ModelConfig m = pm;
-  if (a.hf_config.empty() && a.heads > 0) m.attention_heads = a.heads;
-  c.model.shape = shape_of_plan(m, a.hf_config, "the plan " + a.plan);
+  c.model.shape = replay_shape(a, p.plan, local_rank);
   c.model.seq_len = pm.sequence_length;
   // ZeRO: the flag, else the plan's stage.
   if (a.zero > 3) throw InputError("--zero " + std::to_string(a.zero) + ": expected 0, 1, 2 or 3");

@@ -1,12 +1,16 @@
 // Export: a plan handed to the framework that will train it.
 //
 // - Megatron-LM: the command-line arguments of pretrain_gpt.py for a plan
-//   whose stages all run the same (dp, tp) on one GPU type (Megatron's rank
-//   grid is uniform); anything else is an InputError naming the stage and
-//   what differs, pointing to `--to torchrun`.
-// - DeepSpeed: a ds_config.json (batch keys, bf16, zero_optimization,
-//   activation_checkpointing, and the pipeline section for pipelined uniform
-//   plans).
+//   whose stages all run the same (dp, tp) (Megatron's rank grid is uniform;
+//   the GPU types may differ, with an uneven layer split); anything else is an
+//   InputError naming the stage and what differs, pointing to `--to torchrun`.
+//   With them: CUDA_DEVICE_MAX_CONNECTIONS=1 where tp > 1 without FSDP,
+//   --ckpt-format fsdp_dtensor with Megatron-FSDP (ZeRO-3), --fp16 with
+//   dynamic loss scaling where a GPU lacks bf16, Llama-3.1's rope scaling,
+//   and a torchrun launcher line.
+// - DeepSpeed: a ds_config.json (batch keys, bf16 or fp16 where a GPU lacks
+//   bf16, zero_optimization with the plan's offload devices,
+//   activation_checkpointing, and the pipeline section for pipelined plans).
 // - torchrun: for any plan, one launch script per host of the hostfile,
 //   each starting `hetplan replay` under torchrun with that host's ranks.
 //
@@ -47,6 +51,8 @@ struct MegatronArgs {
   std::vector<std::pair<std::string, std::string>> args;
   std::vector<std::string> notes;  // what the user must still decide (tokenizer, data)
   int world_size = 0;              // GPUs: pp * dp * tp
+  std::vector<std::pair<std::string, std::string>> env;  // exported before the launch (CUDA_DEVICE_MAX_CONNECTIONS)
+  std::string launcher;  // the torchrun line that starts pretrain_gpt.py with "${MEGATRON_ARGS[@]}"
 };
 
 // `placement`, if given, names each stage's GPU type (else the plan's node
@@ -54,7 +60,8 @@ struct MegatronArgs {
 // Throws InputError for a plan Megatron-LM cannot run as is.
 MegatronArgs export_megatron(const PlanFile& plan, const ModelShape& shape, const ParallelLayout* placement,
                              const std::string& where);
-// As a bash array: MEGATRON_ARGS=( ... ), one flag per line, values quoted where the shell needs it.
+// A bash script: the env exports, MEGATRON_ARGS=( ... ) (one flag per line, values quoted where the shell needs
+// it) and the launcher line.
 std::string megatron_args_text(const MegatronArgs& m, const std::string& header);
 
 struct DeepSpeedConfig {
