@@ -51,13 +51,14 @@ int run_export(const ExportArgs& a) {
     placement = std::make_unique<ParallelLayout>(*cluster, *ranks);
   }
   if (!a.out.empty()) make_output_folder(a.out);
-  // The model (Megatron and DeepSpeed; the torchrun scripts' replay reads it from the plan).
+  // The model (Megatron and DeepSpeed; the torchrun scripts' replay reads it from the plan). Its warning is
+  // printed once the export succeeds.
   std::string warning;
   const ModelShape shape = a.to == "torchrun" ? ModelShape{} : plan_shape(pf, a.hf_config, a.plan, &warning);
-  if (!warning.empty()) std::cerr << "hetplan: warning: " << warning << "\n";
 
   if (a.to == "megatron") {
     const MegatronArgs m = export_megatron(pf, shape, placement.get(), a.plan);
+    if (!warning.empty()) std::cerr << "hetplan: warning: " << warning << "\n";
     const std::string text = megatron_args_text(
         m, "# Megatron-LM (" + std::string(kMegatronRepo) + "@" + std::string(kMegatronCommit).substr(0, 12) +
                ") arguments for " + a.plan + ": " + std::to_string(m.world_size) + " GPUs\n");
@@ -70,6 +71,7 @@ int run_export(const ExportArgs& a) {
   }
   if (a.to == "deepspeed") {
     const DeepSpeedConfig d = export_deepspeed(pf, shape, placement.get(), a.plan);
+    if (!warning.empty()) std::cerr << "hetplan: warning: " << warning << "\n";
     std::cout << d.config.dump(2) << "\n";
     for (const auto& n : d.notes) std::cerr << "note: " << n << "\n";
     if (!a.out.empty()) {

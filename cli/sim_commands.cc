@@ -206,8 +206,7 @@ int run_simulate(const SimulateArgs& a) {
   const Cluster cluster = Cluster::load(hostfile, clusterfile);
   const ProfileSet profiles = ProfileSet::load(profile_dir, pf.model.num_layers);
   std::string warning;
-  const ModelShape shape = plan_shape(pf, a.hf_config, a.plan, &warning);
-  if (!warning.empty()) std::cerr << "hetplan: warning: " << warning << "\n";
+  const ModelShape shape = plan_shape(pf, a.hf_config, a.plan, &warning);  // printed once the plan simulates
 
   SimulationOptions o;
   o.schedule = parse_schedule(!a.schedule_given && !pf.schedule.empty() ? pf.schedule : a.schedule, "--schedule");
@@ -218,6 +217,7 @@ int run_simulate(const SimulateArgs& a) {
   const PlanSimulator simulator(cluster, profiles, shape, pf.model.sequence_length, o);
   const PlanSimulation sim = simulator.simulate(pf.plan, pf.gbs);
   const TimelineResult& t = sim.timeline;
+  if (!warning.empty()) std::cerr << "hetplan: warning: " << warning << "\n";
 
   std::cout << "plan: " << a.plan << " (" << pf.plan.device_groups.size() << " stages, " << pf.plan.batches
             << " micro-batches, gbs " << pf.gbs << "), schedule " << to_string(o.schedule) << ", ZeRO-"
