@@ -353,13 +353,12 @@ void add_launch(const PlanFile& f, const ParallelLayout* placement, MegatronArgs
   int nodes = 1, per_node = out.world_size;
   std::string master = "localhost";
   if (placement) {
-    const std::vector<std::string> hosts = placement->hosts();
-    nodes = static_cast<int>(hosts.size());
-    per_node = static_cast<int>(placement->ranks_on(hosts[0]).size());
-    master = hosts[0];
-    for (const auto& h : hosts)
-      if (static_cast<int>(placement->ranks_on(h).size()) != per_node)
-        out.notes.push_back("the hosts run different numbers of GPUs: set --nproc-per-node per host");
+    const std::vector<std::vector<int>> ranks = ranks_by_node(*placement);
+    nodes = static_cast<int>(ranks.size());
+    per_node = static_cast<int>(ranks[0].size());
+    master = placement->host(0);
+    if (std::any_of(ranks.begin(), ranks.end(), [&](const auto& n) { return static_cast<int>(n.size()) != per_node; }))
+      out.notes.push_back("the nodes run different numbers of GPUs: set --nproc-per-node per node");
   }
   out.launcher = "torchrun --nnodes " + num(nodes) + " --node-rank \"${NODE_RANK:-0}\" --nproc-per-node " +
                  num(per_node) + " --master-addr \"${MASTER_ADDR:-" + master + "}\" --master-port \"${MASTER_PORT:-6000}\" " +
@@ -494,40 +493,40 @@ std::vector<HostLaunch> export_torchrun(const PlanFile& f, const ParallelLayout&
       }
     }
   }
-  const std::vector<std::string> hosts = p.hosts();
-  const std::string endpoint = o.rdzv_endpoint.empty() ? hosts[0] + ":29500" : o.rdzv_endpoint;
+  const std::vector<std::vector<int>> nodes = ranks_by_node(p);
+  const std::string endpoint = o.rdzv_endpoint.empty() ? p.host(0) + ":29500" : o.rdzv_endpoint;
   const auto& types = p.cluster().device_types();
   std::vector<HostLaunch> out;
-  for (std::size_t i = 0; i < hosts.size(); ++i) {
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
     HostLaunch h;
-    h.host = hosts[i];
+    h.host = p.host(nodes[i][0]);
     h.node_rank = static_cast<int>(i);
-    h.ranks = p.ranks_on(h.host);
+    h.ranks = nodes[i];
     h.file_name = "launch_" + std::to_string(i) + "_" + safe_file_name(h.host) + ".sh";
     std::ostringstream s;
     s << "#!/usr/bin/env bash\n"
-      << "# hetplan export --to torchrun: host " << h.host << " (node " << i << " of " << hosts.size() << "), "
+      << "# hetplan export --to torchrun: host " << h.host << " (node " << i << " of " << nodes.size() << "), "
       << h.ranks.size() << " of the plan's " << p.num_ranks() << " ranks.\n"
-      << "# Run this script on " << h.host << "; run the other hosts' scripts on theirs. Every host needs\n"
-      << "# hetplan (or HETPLAN=/path/to/hetplan) and this folder at the same path.\n";
+      << "# Run this script on " << h.host << "; run the other nodes' scripts on theirs. Every node needs\n"
+      << "# hetplan (or HETPLAN=/path/to/hetplan) and this folder; its paths are relative to this script.\n";
     for (std::size_t g = 0; g < h.ranks.size(); ++g) {
       const int r = h.ranks[g], s_idx = stages.stage_of(r);
       const StageGrid& st = stages.stage(s_idx);
-      s << "#   local GPU " << p.local_gpu(r) << ": rank " << r << ", stage " << s_idx << " (dp " << st.dp << ", tp "
+      s << "#   local rank " << g << ": rank " << r << ", stage " << s_idx << " (dp " << st.dp << ", tp "
         << st.tp << "), replica " << st.replica(r) << ", tp index " << st.tp_index(r) << ", "
         << types[p.ranks().type_of(r)] << "\n";
     }
     s << "set -euo pipefail\n"
       << "HERE=\"$(cd \"$(dirname \"${BASH_SOURCE[0]}\")\" && pwd)\"\n"
-      << "# replay finds its ranks by this host's name in the hostfile and LOCAL_RANK.\n"
-      << "export HETPLAN_HOST=" << shell_quote(h.host) << "\n"
-      << "exec ${TORCHRUN:-torchrun} --nnodes " << hosts.size() << " --node-rank " << i << " --nproc-per-node "
+      << "# replay finds its ranks by this node's place among the plan's nodes and LOCAL_RANK.\n"
+      << "export HETPLAN_HOST=" << shell_quote(h.host) << " HETPLAN_NODE=" << i << "\n"
+      << "exec ${TORCHRUN:-torchrun} --nnodes " << nodes.size() << " --node-rank " << i << " --nproc-per-node "
       << h.ranks.size() << " \\\n"
       << "  --rdzv-backend c10d --rdzv-endpoint " << shell_quote(endpoint) << " --rdzv-id "
       << "\"${HETPLAN_RDZV_ID:-hetplan}\" --max-restarts 0 \\\n"
       << "  --no-python \"${HETPLAN:-hetplan}\" replay --plan \"$HERE/" << o.plan_file << "\" \\\n"
       << "  --hostfile \"$HERE/" << o.hostfile << "\" --clusterfile \"$HERE/" << o.clusterfile << "\""
-      << (o.profile_dir.empty() ? "" : " --profile-dir " + shell_quote(o.profile_dir)) << " \\\n"
+      << (o.profile_dir.empty() ? "" : " --profile-dir \"$HERE/\"" + shell_quote(o.profile_dir)) << " \\\n"
       << "  --out \"$HERE/replay.json\" --work-dir \"$HERE/ranks\""
       << (o.replay_args.empty() ? "" : " " + o.replay_args) << " \"$@\"\n";
     h.script = s.str();

@@ -325,7 +325,7 @@ TEST_CASE("export: a plan over two GPU types with the same (dp, tp) in every sta
   CHECK(!d.config.contains("bf16"));
 }
 
-TEST_CASE("export --to torchrun: one script per host, the plan's ranks on the hostfile's GPUs", "[export][cli]") {
+TEST_CASE("export --to torchrun: one script per node, the plan's ranks on the hostfile's GPUs", "[export][cli]") {
   const auto dir = test::scratch_dir("export-torchrun");
   fs::remove_all(dir / "out");
   // 8 A100 on 0.0.0.4 (two hostfile lines), 4 V100 on 0.0.0.1: stages 0 and 1 (dp 2, tp 2) on the A100s,
@@ -338,18 +338,35 @@ TEST_CASE("export --to torchrun: one script per host, the plan's ranks on the ho
                     {"model", {{"num_layers", 10}, {"hidden_size", 1024}, {"sequence_length", 1024},
                                {"vocab_size", 50257}, {"attention_heads", 16}}}};
   write_json_file((dir / "plan.json").string(), j);
+  fs::create_directories(dir / "profiles");
   const test::CommandResult r = test::run_hetplan("export --plan " + (dir / "plan.json").string() +
-                                                  " --to torchrun --out " + (dir / "out").string());
+                                                  " --to torchrun --master 10.9.8.7:1234 --profile-dir " +
+                                                  (dir / "profiles").string() + " --out " + (dir / "out").string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("launch_0_0.0.0.4.sh: host 0.0.0.4, node 0, 8 rank(s)") != std::string::npos);
-  CHECK(r.output.find("launch_1_0.0.0.1.sh: host 0.0.0.1, node 1, 4 rank(s)") != std::string::npos);
-  std::ifstream f((dir / "out" / "launch_1_0.0.0.1.sh").string());
+  // The two 0.0.0.4 lines are two nodes.
+  CHECK(r.output.find("launch_0_0.0.0.4.sh: host 0.0.0.4, node 0, 4 rank(s)") != std::string::npos);
+  CHECK(r.output.find("launch_1_0.0.0.4.sh: host 0.0.0.4, node 1, 4 rank(s)") != std::string::npos);
+  CHECK(r.output.find("launch_2_0.0.0.1.sh: host 0.0.0.1, node 2, 4 rank(s)") != std::string::npos);
+  CHECK(r.output.find("rendezvous at 10.9.8.7:1234\n") != std::string::npos);
+  std::ifstream f((dir / "out" / "launch_2_0.0.0.1.sh").string());
   const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  CHECK(s.find("export HETPLAN_HOST=0.0.0.1\n") != std::string::npos);
-  CHECK(s.find("--nnodes 2 --node-rank 1 --nproc-per-node 4") != std::string::npos);
-  CHECK(s.find("--rdzv-backend c10d --rdzv-endpoint 0.0.0.4:29500") != std::string::npos);
-  CHECK(s.find("#   local GPU 3: rank 11, stage 2 (dp 4, tp 1), replica 3, tp index 0, V100\n") != std::string::npos);
+  CHECK(s.find("export HETPLAN_HOST=0.0.0.1 HETPLAN_NODE=2\n") != std::string::npos);
+  CHECK(s.find("--nnodes 3 --node-rank 2 --nproc-per-node 4") != std::string::npos);
+  CHECK(s.find("--rdzv-backend c10d --rdzv-endpoint 10.9.8.7:1234") != std::string::npos);
+  CHECK(s.find("#   local rank 3: rank 11, stage 2 (dp 4, tp 1), replica 3, tp index 0, V100\n") != std::string::npos);
+  // Every path relative to the script's folder: the checkout may sit elsewhere on each node.
+  CHECK(s.find("--profile-dir \"$HERE/\"../profiles") != std::string::npos);
+  CHECK(s.find("/tmp") == std::string::npos);
+  std::ifstream f1((dir / "out" / "launch_1_0.0.0.4.sh").string());
+  const std::string s1((std::istreambuf_iterator<char>(f1)), std::istreambuf_iterator<char>());
+  CHECK(s1.find("HETPLAN_NODE=1\n") != std::string::npos);
+  CHECK(s1.find("#   local rank 0: rank 4, stage 1 (dp 2, tp 2), replica 0, tp index 0, A100\n") != std::string::npos);
+  // --master must be HOST:PORT.
+  const test::CommandResult bad = test::run_hetplan("export --plan " + (dir / "plan.json").string() +
+                                                    " --to torchrun --master 10.9.8.7 --out " + (dir / "out3").string());
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output == "hetplan: error: --master: '10.9.8.7': expected HOST:PORT (a port from 1 to 65535)\n");
   // Only torchrun's flags (the hetplan replay flags follow --no-python).
   const std::string launch = s.substr(s.find("exec "), s.find("--no-python") + 11 - s.find("exec "));
   std::set<std::string> flags;
