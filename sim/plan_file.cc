@@ -208,8 +208,24 @@ void read_architecture(const ordered_json& a, const std::string& file, PlanFile&
   if (a.contains("rope_scaling")) f.rope_scaling = a["rope_scaling"];
 }
 
-// precision, offload_optimizer and offload_params, when present.
-void read_setup_extras(const ordered_json& j, const std::string& file, PlanFile& f) {
+// The training setup the plan was costed with, each key when present: zero_stage, recompute, schedule,
+// precision, offload_optimizer and offload_params.
+void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
+  if (j.contains("zero_stage")) {
+    const double z = require_number(j, "zero_stage", file, "");
+    if (z != 0 && z != 1 && z != 2 && z != 3) throw InputError(file + ": key 'zero_stage': expected 0, 1, 2 or 3");
+    f.zero_stage = static_cast<int>(z);
+  }
+  if (j.contains("recompute")) {
+    const std::string where = file + ": key 'recompute'";
+    if (!j["recompute"].is_string()) throw InputError(where + ": expected none, selective or full");
+    f.recompute = to_string(parse_recompute(j["recompute"].get<std::string>(), where));
+  }
+  if (j.contains("schedule")) {
+    const std::string where = file + ": key 'schedule'";
+    if (!j["schedule"].is_string()) throw InputError(where + ": expected gpipe or 1f1b");
+    f.schedule = to_string(parse_schedule(j["schedule"].get<std::string>(), where));
+  }
   if (j.contains("precision")) {
     const std::string where = file + ": key 'precision'";
     if (!j["precision"].is_string()) throw InputError(where + ": expected fp32, fp16, bf16 or fp8");
@@ -312,22 +328,7 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
                        std::to_string(f.gbs / p.batches) + " sequences cannot feed the " +
                        std::to_string(p.strategies[s].dp) + " data-parallel replicas of stage " + std::to_string(s) +
                        " (expected gbs / batches >= dp)");
-  if (j->contains("zero_stage")) {
-    const double z = require_number(*j, "zero_stage", file, "");
-    if (z != 0 && z != 1 && z != 2 && z != 3) throw InputError(file + ": key 'zero_stage': expected 0, 1, 2 or 3");
-    f.zero_stage = static_cast<int>(z);
-  }
-  if (j->contains("recompute")) {
-    const std::string where = file + ": key 'recompute'";
-    if (!(*j)["recompute"].is_string()) throw InputError(where + ": expected none, selective or full");
-    f.recompute = to_string(parse_recompute((*j)["recompute"].get<std::string>(), where));
-  }
-  if (j->contains("schedule")) {
-    const std::string where = file + ": key 'schedule'";
-    if (!(*j)["schedule"].is_string()) throw InputError(where + ": expected gpipe or 1f1b");
-    f.schedule = to_string(parse_schedule((*j)["schedule"].get<std::string>(), where));
-  }
-  read_setup_extras(*j, file, f);
+  read_setup(*j, file, f);
   return f;
 }
 
