@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -16,6 +17,7 @@
 #include "profiler/green_context.h"
 #include "profiler/mixed_precision.h"
 #include "profiler/statistics.h"
+#include "planner/export_plan.h"
 #include "sim/cluster.h"
 #include "sim/gpu_specs.h"
 #include "base/input_error.h"
@@ -53,6 +55,21 @@ struct Prepared {
   ReplayConfig config;
 };
 
+// The model: the plan's architecture (or --hf-config, which must match it); a plan without one, its GPT with
+// --heads. --heads that contradicts the plan's is an InputError naming both. One warning line, from local rank 0.
+ModelShape replay_shape(const ReplayArgs& a, const PlanFile& plan, int local_rank) {
+  PlanFile f = plan;
+  const bool recorded = f.shape || !a.hf_config.empty();
+  if (!recorded && a.heads > 0) f.model.attention_heads = a.heads;
+  std::string warning;
+  const ModelShape s = plan_shape(f, a.hf_config, a.plan, &warning);
+  if (recorded && a.heads > 0 && a.heads != s.num_heads)
+    throw InputError("--heads " + std::to_string(a.heads) + ": the plan " + a.plan + " records " +
+                     std::to_string(s.num_heads) + " attention heads (model.architecture.num_heads)");
+  if (!warning.empty() && local_rank <= 0) std::cerr << "hetplan: warning: " << warning << "\n";
+  return s;
+}
+
 Prepared prepare(const ReplayArgs& a, int local_rank) {
   Prepared p;
   p.plan = read_plan_file(a.plan);
@@ -89,9 +106,7 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   // as Metis's plans describe it) or a Hugging Face config of the same
   // layer count and hidden size.
   const ModelConfig& pm = p.plan.model;
-  ModelConfig m = pm;
-  if (a.hf_config.empty() && a.heads > 0) m.attention_heads = a.heads;
-  c.model.shape = shape_of_plan(m, a.hf_config, "the plan " + a.plan);
+  c.model.shape = replay_shape(a, p.plan, local_rank);
   c.model.seq_len = pm.sequence_length;
   // ZeRO: the flag, else the plan's stage.
   if (a.zero > 3) throw InputError("--zero " + std::to_string(a.zero) + ": expected 0, 1, 2 or 3");
@@ -126,6 +141,30 @@ std::string work_dir(const ReplayArgs& a) {
                             : a.work_dir;
 }
 
+// HETPLAN_NODE=k (the torchrun export's scripts): this process runs the plan rank at LOCAL_RANK among the ranks of
+// the k-th node (hostfile line) of the plan (ranks_by_node, planner/export_plan.h).
+std::vector<std::string> place_on_node(const std::string& node, const ParallelLayout& placement,
+                                       profiler::DistEnv& env, std::vector<std::string> hosts) {
+  const std::vector<std::vector<int>> nodes = ranks_by_node(placement);
+  const bool digits = node.size() <= 6 && node.find_first_not_of("0123456789") == std::string::npos;
+  const int k = digits ? std::stoi(node) : -1;
+  if (k < 0 || k >= static_cast<int>(nodes.size()))
+    throw InputError("HETPLAN_NODE=" + excerpt(node) + ": expected a node from 0 to " +
+                     std::to_string(nodes.size() - 1) + " (the plan places its ranks on " +
+                     std::to_string(nodes.size()) + " hostfile lines)");
+  const std::vector<int>& mine = nodes[k];
+  if (static_cast<int>(mine.size()) != env.local_world_size)
+    throw InputError("node " + node + " holds " + std::to_string(mine.size()) + " of the plan's ranks, but the "
+                     "launcher started " + std::to_string(env.local_world_size) +
+                     " processes there (LOCAL_WORLD_SIZE; torchrun's --nproc-per-node must be " +
+                     std::to_string(mine.size()) + ")");
+  if (env.local_rank < 0 || env.local_rank >= static_cast<int>(mine.size()))
+    throw InputError("LOCAL_RANK " + std::to_string(env.local_rank) + " out of range on node " + node);
+  env.rank = mine[env.local_rank];
+  env.host = placement.host(env.rank);
+  return hosts;
+}
+
 // Under torchrun on several hosts, the launcher's RANK follows the order in
 // which hosts joined; the plan's rank of this process is the one the
 // hostfile places on this host (HETPLAN_HOST, else the GROUP_RANK-th host of
@@ -148,6 +187,7 @@ std::vector<std::string> place_worker(const ReplayArgs& a, const PlanFile& plan,
   const ParallelLayout placement(cluster, ranks);
   std::vector<std::string> hosts;
   for (int r = 0; r < placement.num_ranks(); ++r) hosts.push_back(placement.host(r));
+  if (const char* node = std::getenv("HETPLAN_NODE"); node && *node) return place_on_node(node, placement, env, hosts);
   std::string host = env.host;
   if (host.empty()) {
     const std::vector<std::string> order = placement.hosts();

@@ -82,6 +82,30 @@ void warn_profile_holes(const ProfileSet& profiles) {
             << "leaves out the plans that need them: " << profiles.holes_message(holes) << "\n";
 }
 
+// The profiles were measured for one model: a shape flag (or the --hf-config's value) that disagrees with what
+// their model-level file records is an InputError naming the key and both values. Keys a file does not record
+// (Metis's files, older ones) are not checked; the layer count is checked by ProfileSet::load.
+void check_shape_against_profiles(const SearchArgs& a, const ModelShape& shape, const ModelProfile& profiled) {
+  auto check = [&](const char* key, long long recorded, long long given, const std::string& source) {
+    if (recorded == 0 || recorded == given) return;
+    throw InputError(source + " " + std::to_string(given) + " disagrees with the profiles: " + profiled.path +
+                     " records model." + key + " = " + std::to_string(recorded) +
+                     " (they were measured for another model: give its shape, or profile this one)");
+  };
+  const std::string config = a.hf_config.empty() ? "" : "--hf-config " + a.hf_config + ": ";
+  check("hidden_size", profiled.hidden_size, a.model.hidden_size, "--hidden_size");
+  check("sequence_length", profiled.sequence_length, a.model.sequence_length, "--sequence_length");
+  check("vocab_size", profiled.vocab_size, shape.vocab_size, a.hf_config.empty() ? "--vocab_size" : config + "vocab_size");
+  if (a.hf_config.empty()) return;  // the flags give no heads, ffn or family to a GPT that must match
+  check("num_heads", profiled.num_heads, shape.num_heads, config + "num_heads");
+  check("num_kv_heads", profiled.num_kv_heads, shape.num_kv_heads, config + "num_kv_heads");
+  check("ffn_hidden_size", profiled.ffn_hidden_size, shape.ffn_hidden_size, config + "ffn_hidden_size");
+  const std::string family = shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2";
+  if (!profiled.family.empty() && profiled.family != family)
+    throw InputError(config + "a " + family + " model disagrees with the profiles: " + profiled.path +
+                     " records model.family = " + excerpt(profiled.family));
+}
+
 // Set by SIGINT during a search: the search stops and reports what it found.
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
@@ -128,9 +152,14 @@ Cluster load_cluster(const SearchArgs& a) {
 }
 
 // What every plan of `--json` records besides the plan: model, gbs and paths.
-PlanFile plan_context(const SearchArgs& a) {
+// What every plan of the --json file carries: the model (its exact shape, and the config's rope_scaling), the
+// batch, the input paths and the precision costed.
+PlanFile plan_context(const SearchArgs& a, const ModelShape& shape, Precision precision) {
   PlanFile context;
   context.model = a.model;
+  context.shape = shape;
+  if (!a.hf_config.empty()) context.rope_scaling = hf_rope_scaling(a.hf_config);
+  context.precision = to_string(precision);
   context.gbs = a.gbs;
   context.hostfile = a.hostfile;
   context.clusterfile = a.clusterfile;
@@ -208,7 +237,8 @@ int run_metis_search(const SearchArgs& a) {
   for (std::size_t i = 0; i < result.top.size(); ++i)
     std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i]) << "\n";
   if (!a.json_out.empty()) {
-    const PlanFile context = plan_context(a);
+    const PlanFile context =
+        plan_context(a, shape_of_plan(a.model, a.hf_config, "--num_layers and --hidden_size"), Precision::kBf16);
     ordered_json j = search_result_to_json(result, average_ms, a.trials, context);
     j["use_strat"] = a.use_strat;
     j["cost_model"] = "metis";
@@ -234,6 +264,7 @@ int run_default_search(const SearchArgs& a) {
   if (a.max_bs > 0) so.max_profiled_bs = a.max_bs;
   so.setup = as_profiled(so.setup, profiles, false, false);
   const ModelShape shape = shape_of_plan(a.model, a.hf_config, "--num_layers and --hidden_size");
+  check_shape_against_profiles(a, shape, profiles.model());
   const PlanSimulator simulator(cluster, profiles, shape, a.model.sequence_length, so);
 
   PlanSearchOptions o;
@@ -304,7 +335,7 @@ int run_default_search(const SearchArgs& a) {
   }
 
   if (!a.json_out.empty()) {
-    const PlanFile context = plan_context(a);
+    const PlanFile context = plan_context(a, shape, so.setup.precision);
     write_json_file(a.json_out, plan_search_result_to_json(result, cluster, o.setups, context, to_string(so.schedule)));
   }
   return 0;

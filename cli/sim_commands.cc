@@ -117,6 +117,7 @@ struct SimulateArgs {
   bool burst_clocks = false;
   SetupArgs setup;
   bool zero_given = false, recompute_given = false, schedule_given = false;  // else the plan file's setting
+  bool precision_given = false, offload_given = false;                      // likewise
   std::string report, report_replay;  // --report FILE; `hetplan report --replay`
 };
 
@@ -193,6 +194,8 @@ int run_simulate(const SimulateArgs& a) {
   SetupArgs setup_args = a.setup;
   if (!a.zero_given && pf.zero_stage >= 0) setup_args.zero = pf.zero_stage;
   if (!a.recompute_given && !pf.recompute.empty()) setup_args.recompute = pf.recompute;
+  if (!a.precision_given && !pf.precision.empty()) setup_args.precision = pf.precision;
+  if (!a.offload_given && pf.offload_optimizer) setup_args.offload = pf.offload_params ? "all" : "optimizer";
   const std::string hostfile = a.hostfile.empty() ? pf.hostfile : a.hostfile;
   const std::string clusterfile = a.clusterfile.empty() ? pf.clusterfile : a.clusterfile;
   const std::string profile_dir = a.profiles.empty() ? pf.profile_dir : a.profiles;
@@ -202,8 +205,8 @@ int run_simulate(const SimulateArgs& a) {
   if (a.cost_model == "metis") return run_simulate_metis(a, pf, hostfile, clusterfile, profile_dir);
   const Cluster cluster = Cluster::load(hostfile, clusterfile);
   const ProfileSet profiles = ProfileSet::load(profile_dir, pf.model.num_layers);
-  ModelShape shape = shape_of_plan(pf.model, a.hf_config, "the plan " + a.plan);
-  if (a.hf_config.empty()) shape.validate(a.plan + ": key 'model'");
+  std::string warning;
+  const ModelShape shape = plan_shape(pf, a.hf_config, a.plan, &warning);  // printed once the plan simulates
 
   SimulationOptions o;
   o.schedule = parse_schedule(!a.schedule_given && !pf.schedule.empty() ? pf.schedule : a.schedule, "--schedule");
@@ -214,6 +217,7 @@ int run_simulate(const SimulateArgs& a) {
   const PlanSimulator simulator(cluster, profiles, shape, pf.model.sequence_length, o);
   const PlanSimulation sim = simulator.simulate(pf.plan, pf.gbs);
   const TimelineResult& t = sim.timeline;
+  if (!warning.empty()) std::cerr << "hetplan: warning: " << warning << "\n";
 
   std::cout << "plan: " << a.plan << " (" << pf.plan.device_groups.size() << " stages, " << pf.plan.batches
             << " micro-batches, gbs " << pf.gbs << "), schedule " << to_string(o.schedule) << ", ZeRO-"
@@ -664,7 +668,9 @@ Runner add_simulate_command(CLI::App& app) {
   s->add_option("--profiles", a->profiles, "Profile folder (default: the plan's profile_dir)");
   s->add_option("--hostfile", a->hostfile, "Hostfile (default: the plan's)");
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
-  s->add_option("--hf-config", a->hf_config, "Hugging Face config.json for the model shape (default: the plan's GPT)");
+  s->add_option("--hf-config", a->hf_config,
+                "Hugging Face config.json for the model shape (default: the plan's model.architecture; given, it "
+                "must match it; a plan without one: its GPT)");
   s->add_option("--trace", a->trace, "Write a Chrome trace (Perfetto) to this file");
   s->add_option("--report", a->report,
                 "Write an HTML report to this file: the plan, a timeline per rank, memory per rank (as `hetplan report`)");
@@ -697,12 +703,16 @@ Runner add_simulate_command(CLI::App& app) {
   CLI::Option* zero = s->get_option("--zero");
   CLI::Option* recompute = s->get_option("--recompute");
   CLI::Option* schedule = s->get_option("--schedule");
-  return [a, zero, recompute, schedule] {
+  CLI::Option* precision = s->get_option("--precision");
+  CLI::Option* offload = s->get_option("--offload");
+  return [a, zero, recompute, schedule, precision, offload] {
     // A plan from `search --cost-model sim --zero/--recompute auto` carries
     // the setting it was costed with; the flags, when given, win.
     a->zero_given = zero->count() > 0;
     a->recompute_given = recompute->count() > 0;
     a->schedule_given = schedule->count() > 0;
+    a->precision_given = precision->count() > 0;
+    a->offload_given = offload->count() > 0;
     return run_simulate(*a);
   };
 }

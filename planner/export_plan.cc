@@ -7,6 +7,7 @@
 
 #include "base/file_access.h"
 #include "base/input_error.h"
+#include "sim/gpu_specs.h"
 #include "sim/memory_model.h"
 
 namespace hetplan {
@@ -37,9 +38,9 @@ std::vector<int> blocks_per_stage(const PlanFile& f) {
   return out;
 }
 
-// Uniform plans only: the same (dp, tp) and one GPU type in every stage.
-void require_uniform(const PlanFile& f, const ParallelLayout* placement, const std::vector<std::string>* type_names,
-                     const std::string& where, const std::string& framework) {
+// The same (dp, tp) in every stage (Megatron's and DeepSpeed's rank grids are uniform). The GPU types may
+// differ from stage to stage: the layer split is uneven where the search made it so.
+void require_uniform(const PlanFile& f, const std::string& where, const std::string& framework) {
   const auto& st = f.plan.strategies;
   const std::string pointer = "; `hetplan export --to torchrun` runs it with hetplan replay";
   for (std::size_t s = 1; s < st.size(); ++s)
@@ -47,29 +48,37 @@ void require_uniform(const PlanFile& f, const ParallelLayout* placement, const s
       throw InputError(where + ": stage " + std::to_string(s) + " runs dp " + std::to_string(st[s].dp) + ", tp " +
                        std::to_string(st[s].tp) + " but stage 0 runs dp " + std::to_string(st[0].dp) + ", tp " +
                        std::to_string(st[0].tp) + ": " + framework + " needs the same (dp, tp) in every stage" + pointer);
-  if (placement && type_names) {
-    const RankLayout& rl = placement->ranks();
-    const PipelineGrid stages(st);
-    std::string first;
-    for (int s = 0; s < stages.num_stages(); ++s) {
-      for (int r = stages.stage(s).begin; r < stages.stage(s).end(); ++r) {
-        const std::string& t = (*type_names)[rl.type_of(r)];
-        if (first.empty()) first = t;
-        if (t != first)
-          throw InputError(where + ": stage " + std::to_string(s) + " runs on " + t + " (rank " + std::to_string(r) +
-                           ")" + (s == 0 ? " and " : " but stage 0 on ") + first + ": " + framework +
-                           " needs one GPU type in every stage" + pointer);
-      }
-    }
+}
+
+// The GPU type names the plan runs on: each rank's from `placement`, else the node sequence's.
+std::vector<std::string> plan_gpu_types(const PlanFile& f, const ParallelLayout* placement) {
+  std::vector<std::string> out;
+  if (placement) {
+    for (int r = 0; r < placement->num_ranks(); ++r)
+      out.push_back(placement->cluster().device_types()[placement->ranks().type_of(r)]);
   } else {
-    std::set<std::string> types(f.plan.node_sequence.begin(), f.plan.node_sequence.end());
-    if (types.size() > 1) {
-      std::string list;
-      for (const auto& t : f.plan.node_sequence) list += (list.empty() ? "" : ", ") + t;
-      throw InputError(where + ": the plan's node sequence mixes GPU types (" + list + "): " + framework +
-                       " needs one GPU type in every stage" + pointer);
+    out = f.plan.node_sequence;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// The 16-bit format to train in: the plan's precision, except that bf16 becomes fp16 (with loss scaling) when a
+// GPU of the plan lacks bf16 (V100; the catalogue, sim/gpu_specs.h). "fp32": neither. `notes` says why.
+std::string training_format(const PlanFile& f, const ParallelLayout* placement, std::vector<std::string>& notes) {
+  const std::string precision = f.precision.empty() ? "bf16" : f.precision;
+  if (precision == "fp32" || precision == "fp16") return precision;
+  for (const std::string& t : plan_gpu_types(f, placement)) {
+    const GpuSpec* g = find_gpu_spec(t);
+    if (g && !g->supports(ComputePrecision::kBf16)) {
+      notes.push_back(t + " has no bf16 (it supports " + g->supported() +
+                      "): fp16 mixed precision with dynamic loss scaling");
+      return "fp16";
     }
   }
+  if (precision == "fp8") notes.push_back("the plan was costed in fp8: the framework's FP8 settings are yours to add");
+  return "bf16";
 }
 
 // Samples per replica per micro-batch: Megatron and DeepSpeed split each micro-batch evenly over dp.
@@ -107,6 +116,14 @@ const std::vector<NameSource>& megatron_flag_sources() {
       mg("--pipeline-model-parallel-size", kMpc),
       mg("--sequence-parallel", kMpc),
       mg("--bf16", kMpc),
+      mg("--fp16", kMpc),
+      mg("--initial-loss-scale", kArgs),
+      mg("--min-loss-scale", kArgs),
+      mg("--loss-scale-window", kArgs),
+      mg("--hysteresis", kArgs),
+      mg("--ckpt-format", kArgs),
+      mg("--use-rope-scaling", kArgs),
+      mg("--rope-scaling-factor", kArgs),
       mg("--micro-batch-size", kTrain),
       mg("--global-batch-size", kTrain),
       mg("--num-layers", kTc),
@@ -155,6 +172,13 @@ const std::vector<NameSource>& deepspeed_key_sources() {
       ds("gradient_accumulation_steps", kConst),
       ds("bf16", kConst),
       ds("bf16.enabled", kConst),
+      ds("fp16", kConst),
+      ds("fp16.enabled", kConst),
+      ds("fp16.loss_scale", kConst),
+      ds("fp16.initial_scale_power", kConst),
+      ds("fp16.loss_scale_window", kConst),
+      ds("fp16.hysteresis", kConst),
+      ds("fp16.min_loss_scale", kConst),
       ds("zero_optimization", kZero),
       ds("zero_optimization.stage", kZero),
       ds("zero_optimization.overlap_comm", kZero),
@@ -190,49 +214,65 @@ const std::vector<NameSource>& torchrun_flag_sources() {
   return v;
 }
 
-MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const ParallelLayout* placement,
-                             const std::string& where) {
-  require_uniform(f, placement, placement ? &placement->cluster().device_types() : nullptr, where, "Megatron-LM");
-  MegatronArgs out;
-  const Strategy st = f.plan.strategies[0];
-  const int pp = static_cast<int>(f.plan.strategies.size());
-  out.world_size = pp * st.dp * st.tp;
-  auto add = [&](const std::string& flag, const std::string& value = "") { out.args.emplace_back(flag, value); };
-  auto num = [](long long v) { return std::to_string(v); };
+namespace {
 
-  add("--tensor-model-parallel-size", num(st.tp));
-  add("--pipeline-model-parallel-size", num(pp));
-  if (st.tp > 1) add("--sequence-parallel");
-  add("--micro-batch-size", num(micro_batch_per_replica(f, where, "Megatron-LM")));
-  add("--global-batch-size", num(f.gbs));
+using ArgList = std::vector<std::pair<std::string, std::string>>;
 
-  // Layers: even split, first/last stage counts, or the explicit layout.
+std::string num(long long v) { return std::to_string(v); }
+
+// Layers: an even split, the first/last stage counts, or the explicit layout.
+void add_layer_split(const PlanFile& f, const ModelShape& m, ArgList& args) {
   const std::vector<int> b = blocks_per_stage(f);
-  add("--num-layers", num(m.num_layers));
+  const int pp = static_cast<int>(b.size());
+  args.emplace_back("--num-layers", num(m.num_layers));
   const bool even = std::all_of(b.begin(), b.end(), [&](int x) { return x == b[0]; });
-  if (!even) {
-    const bool any_empty = std::any_of(b.begin(), b.end(), [](int x) { return x == 0; });
-    const bool middle_even = pp > 2 && std::all_of(b.begin() + 1, b.end() - 1, [&](int x) { return x == b[1]; });
-    if (!any_empty && pp == 2) {
-      add("--decoder-first-pipeline-num-layers", num(b[0]));
-      add("--decoder-last-pipeline-num-layers", num(b[1]));
-    } else if (!any_empty && middle_even) {
-      if (b.front() != b[1]) add("--decoder-first-pipeline-num-layers", num(b.front()));
-      if (b.back() != b[1]) add("--decoder-last-pipeline-num-layers", num(b.back()));
-    } else {
-      std::string layout;
-      for (int s = 0; s < pp; ++s) {
-        if (s) layout += "|";
-        if (s == 0) layout += "E";
-        if (b[s] == 1) layout += "t";
-        else if (b[s] > 1) layout += "t*" + num(b[s]);
-        if (s == pp - 1) layout += "L";
-      }
-      add("--pipeline-model-parallel-layout", layout);
+  if (even) return;
+  const bool any_empty = std::any_of(b.begin(), b.end(), [](int x) { return x == 0; });
+  const bool middle_even = pp > 2 && std::all_of(b.begin() + 1, b.end() - 1, [&](int x) { return x == b[1]; });
+  if (!any_empty && pp == 2) {
+    args.emplace_back("--decoder-first-pipeline-num-layers", num(b[0]));
+    args.emplace_back("--decoder-last-pipeline-num-layers", num(b[1]));
+  } else if (!any_empty && middle_even) {
+    if (b.front() != b[1]) args.emplace_back("--decoder-first-pipeline-num-layers", num(b.front()));
+    if (b.back() != b[1]) args.emplace_back("--decoder-last-pipeline-num-layers", num(b.back()));
+  } else {
+    std::string layout;
+    for (int s = 0; s < pp; ++s) {
+      if (s) layout += "|";
+      if (s == 0) layout += "E";
+      if (b[s] == 1) layout += "t";
+      else if (b[s] > 1) layout += "t*" + num(b[s]);
+      if (s == pp - 1) layout += "L";
     }
+    args.emplace_back("--pipeline-model-parallel-layout", layout);
   }
+}
 
-  // The model's shape.
+// Llama-3.1's rope_scaling ("rope_type": "llama3"): Megatron's --use-rope-scaling applies that scheme with the
+// factor given and fixed low/high frequency factors 1 and 4 and original context 8192; other types are a note.
+void add_rope_scaling(const ordered_json& rs, ArgList& args, std::vector<std::string>& notes) {
+  if (!rs.is_object()) return;
+  const std::string type = rs.contains("rope_type") && rs["rope_type"].is_string() ? rs["rope_type"].get<std::string>()
+                           : rs.contains("type") && rs["type"].is_string()       ? rs["type"].get<std::string>()
+                                                                                  : "";
+  if (type != "llama3" || !rs.contains("factor") || !rs["factor"].is_number()) {
+    notes.push_back("the model's rope_scaling " + excerpt(rs.dump()) + " has no Megatron-LM flag here: add it by hand");
+    return;
+  }
+  args.emplace_back("--use-rope-scaling", "");
+  args.emplace_back("--rope-scaling-factor", number_text(rs["factor"].get<double>()));
+  auto differs = [&](const char* key, double megatron) {
+    return rs.contains(key) && rs[key].is_number() && rs[key].get<double>() != megatron;
+  };
+  if (differs("low_freq_factor", 1) || differs("high_freq_factor", 4) || differs("original_max_position_embeddings", 8192))
+    notes.push_back("rope_scaling " + excerpt(rs.dump()) + ": Megatron-LM's llama3 scaling fixes low_freq_factor 1, "
+                    "high_freq_factor 4 and original_max_position_embeddings 8192");
+}
+
+// The model's shape.
+void add_model_shape(const PlanFile& f, const ModelShape& m, MegatronArgs& out) {
+  ArgList& args = out.args;
+  auto add = [&](const std::string& flag, const std::string& value = "") { args.emplace_back(flag, value); };
   add("--hidden-size", num(m.hidden_size));
   add("--ffn-hidden-size", num(m.ffn_hidden_size));
   add("--num-attention-heads", num(m.num_heads));
@@ -249,6 +289,7 @@ MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const Paral
   } else {
     add("--position-embedding-type", "rope");
     add("--rotary-base", num(std::llround(m.rope_theta)));
+    add_rope_scaling(f.rope_scaling, args, out.notes);
   }
   add("--normalization", m.norm == NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm");
   add("--norm-epsilon", number_text(m.norm_eps));
@@ -264,9 +305,21 @@ MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const Paral
     add("--attention-dropout", "0");
     add("--hidden-dropout", "0");
   }
+}
 
-  // Training setting: bf16 mixed precision, ZeRO, recomputation.
-  add("--bf16");
+// Training setting: mixed precision, ZeRO (distributed optimizer or Megatron-FSDP), recomputation.
+void add_training_setting(const PlanFile& f, const ParallelLayout* placement, const std::string& where,
+                          MegatronArgs& out) {
+  auto add = [&](const std::string& flag, const std::string& value = "") { out.args.emplace_back(flag, value); };
+  const std::string format = training_format(f, placement, out.notes);
+  if (format == "bf16") add("--bf16");
+  if (format == "fp16") {
+    add("--fp16");
+    add("--initial-loss-scale", "65536");  // dynamic loss scaling (no --loss-scale), from 2^16
+    add("--min-loss-scale", "1");
+    add("--loss-scale-window", "1000");
+    add("--hysteresis", "2");
+  }
   const int zero = std::max(0, f.zero_stage);
   if (zero == 1 || zero == 2) add("--use-distributed-optimizer");
   if (zero == 2)
@@ -275,6 +328,7 @@ MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const Paral
   if (zero == 3) {
     add("--use-megatron-fsdp");
     add("--data-parallel-sharding-strategy", "optim_grads_params");
+    add("--ckpt-format", "fsdp_dtensor");  // validate_args: Megatron-FSDP saves DTensor checkpoints only
   }
   const Recompute rc = f.recompute.empty() ? Recompute::kNone : parse_recompute(f.recompute, where + ": recompute");
   if (rc == Recompute::kFull) {
@@ -285,6 +339,57 @@ MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const Paral
     add("--recompute-granularity", "selective");
     add("--recompute-modules", "core_attn");
   }
+  if (f.offload_optimizer)
+    out.notes.push_back("the plan was costed with the optimizer state offloaded to CPU memory: Megatron-LM's "
+                        "--optimizer-cpu-offload is yours to add");
+}
+
+// The environment Megatron-LM needs and the torchrun line that starts pretrain_gpt.py on every node.
+void add_launch(const PlanFile& f, const ParallelLayout* placement, MegatronArgs& out) {
+  const int zero = std::max(0, f.zero_stage);
+  // Megatron orders tp communication before compute with one connection per device (validate_args checks it);
+  // Megatron-FSDP needs the opposite.
+  if (f.plan.strategies[0].tp > 1 && zero != 3) out.env.emplace_back("CUDA_DEVICE_MAX_CONNECTIONS", "1");
+  int nodes = 1, per_node = out.world_size;
+  std::string master = "localhost";
+  if (placement) {
+    const std::vector<std::vector<int>> ranks = ranks_by_node(*placement);
+    nodes = static_cast<int>(ranks.size());
+    per_node = static_cast<int>(ranks[0].size());
+    master = placement->host(0);
+    if (std::any_of(ranks.begin(), ranks.end(), [&](const auto& n) { return static_cast<int>(n.size()) != per_node; }))
+      out.notes.push_back("the nodes run different numbers of GPUs: set --nproc-per-node per node");
+  }
+  out.launcher = "torchrun --nnodes " + num(nodes) + " --node-rank \"${NODE_RANK:-0}\" --nproc-per-node " +
+                 num(per_node) + " --master-addr \"${MASTER_ADDR:-" + master + "}\" --master-port \"${MASTER_PORT:-6000}\" " +
+                 "pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" \"$@\"";
+}
+
+}  // namespace
+
+MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const ParallelLayout* placement,
+                             const std::string& where) {
+  require_uniform(f, where, "Megatron-LM");
+  MegatronArgs out;
+  const Strategy st = f.plan.strategies[0];
+  const int pp = static_cast<int>(f.plan.strategies.size());
+  out.world_size = pp * st.dp * st.tp;
+  auto add = [&](const std::string& flag, const std::string& value = "") { out.args.emplace_back(flag, value); };
+  add("--tensor-model-parallel-size", num(st.tp));
+  add("--pipeline-model-parallel-size", num(pp));
+  if (st.tp > 1) add("--sequence-parallel");
+  add("--micro-batch-size", num(micro_batch_per_replica(f, where, "Megatron-LM")));
+  add("--global-batch-size", num(f.gbs));
+  add_layer_split(f, m, out.args);
+  add_model_shape(f, m, out);
+  add_training_setting(f, placement, where, out);
+  add_launch(f, placement, out);
+  const std::vector<std::string> types = plan_gpu_types(f, placement);
+  if (types.size() > 1) {
+    std::string list;
+    for (const auto& t : types) list += (list.empty() ? "" : ", ") + t;
+    out.notes.push_back("the stages run on different GPU types (" + list + "): the uneven layer split balances them");
+  }
   out.notes.push_back("add the tokenizer and data arguments (--tokenizer-type, --data-path, ...); --vocab-size is the "
                       "plan's, before Megatron's padding");
   return out;
@@ -293,6 +398,7 @@ MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const Paral
 std::string megatron_args_text(const MegatronArgs& m, const std::string& header) {
   std::string s = header;
   for (const auto& n : m.notes) s += "# note: " + n + "\n";
+  for (const auto& [name, value] : m.env) s += "export " + name + "=" + value + "\n";
   s += "MEGATRON_ARGS=(\n";
   // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "  " + flag + ... here.
   for (const auto& [flag, value] : m.args) {
@@ -304,12 +410,15 @@ std::string megatron_args_text(const MegatronArgs& m, const std::string& header)
     }
     s += '\n';
   }
-  return s + ")\n";
+  s += ")\n";
+  if (!m.launcher.empty()) s += "# On every node (NODE_RANK 0, 1, ...; MASTER_ADDR:MASTER_PORT the rendezvous):\n" +
+                                 m.launcher + "\n";
+  return s;
 }
 
 DeepSpeedConfig export_deepspeed(const PlanFile& f, const ModelShape& m, const ParallelLayout* placement,
                                  const std::string& where) {
-  require_uniform(f, placement, placement ? &placement->cluster().device_types() : nullptr, where, "DeepSpeed");
+  require_uniform(f, where, "DeepSpeed");
   DeepSpeedConfig out;
   ordered_json& c = out.config;
   const Strategy st = f.plan.strategies[0];
@@ -322,7 +431,11 @@ DeepSpeedConfig export_deepspeed(const PlanFile& f, const ModelShape& m, const P
   c["train_batch_size"] = f.gbs;
   c["train_micro_batch_size_per_gpu"] = micro_batch_per_replica(f, where, "DeepSpeed");
   c["gradient_accumulation_steps"] = f.plan.batches;
-  c["bf16"] = {{"enabled", true}};
+  const std::string format = training_format(f, placement, out.notes);
+  if (format == "bf16") c["bf16"] = {{"enabled", true}};
+  if (format == "fp16")  // dynamic loss scaling (loss_scale 0) from 2^16
+    c["fp16"] = {{"enabled", true},   {"loss_scale", 0},  {"initial_scale_power", 16},
+                 {"loss_scale_window", 1000}, {"hysteresis", 2}, {"min_loss_scale", 1}};
   // Bucket sizes from the hidden size, as the Hugging Face integration's "auto" values.
   const long long h2 = m.hidden_size * m.hidden_size;
   ordered_json z;
@@ -334,9 +447,9 @@ DeepSpeedConfig export_deepspeed(const PlanFile& f, const ModelShape& m, const P
   if (zero == 3) {
     z["stage3_prefetch_bucket_size"] = static_cast<long long>(0.9 * static_cast<double>(h2));
     z["stage3_param_persistence_threshold"] = 10 * m.hidden_size;
-    z["offload_param"] = {{"device", "none"}};
+    z["offload_param"] = {{"device", f.offload_params ? "cpu" : "none"}};
   }
-  z["offload_optimizer"] = {{"device", "none"}};
+  z["offload_optimizer"] = {{"device", f.offload_optimizer ? "cpu" : "none"}};
   c["zero_optimization"] = z;
   const Recompute rc = f.recompute.empty() ? Recompute::kNone : parse_recompute(f.recompute, where + ": recompute");
   const std::vector<int> b = blocks_per_stage(f);
@@ -380,40 +493,40 @@ std::vector<HostLaunch> export_torchrun(const PlanFile& f, const ParallelLayout&
       }
     }
   }
-  const std::vector<std::string> hosts = p.hosts();
-  const std::string endpoint = o.rdzv_endpoint.empty() ? hosts[0] + ":29500" : o.rdzv_endpoint;
+  const std::vector<std::vector<int>> nodes = ranks_by_node(p);
+  const std::string endpoint = o.rdzv_endpoint.empty() ? p.host(0) + ":29500" : o.rdzv_endpoint;
   const auto& types = p.cluster().device_types();
   std::vector<HostLaunch> out;
-  for (std::size_t i = 0; i < hosts.size(); ++i) {
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
     HostLaunch h;
-    h.host = hosts[i];
+    h.host = p.host(nodes[i][0]);
     h.node_rank = static_cast<int>(i);
-    h.ranks = p.ranks_on(h.host);
+    h.ranks = nodes[i];
     h.file_name = "launch_" + std::to_string(i) + "_" + safe_file_name(h.host) + ".sh";
     std::ostringstream s;
     s << "#!/usr/bin/env bash\n"
-      << "# hetplan export --to torchrun: host " << h.host << " (node " << i << " of " << hosts.size() << "), "
+      << "# hetplan export --to torchrun: host " << h.host << " (node " << i << " of " << nodes.size() << "), "
       << h.ranks.size() << " of the plan's " << p.num_ranks() << " ranks.\n"
-      << "# Run this script on " << h.host << "; run the other hosts' scripts on theirs. Every host needs\n"
-      << "# hetplan (or HETPLAN=/path/to/hetplan) and this folder at the same path.\n";
+      << "# Run this script on " << h.host << "; run the other nodes' scripts on theirs. Every node needs\n"
+      << "# hetplan (or HETPLAN=/path/to/hetplan) and this folder; its paths are relative to this script.\n";
     for (std::size_t g = 0; g < h.ranks.size(); ++g) {
       const int r = h.ranks[g], s_idx = stages.stage_of(r);
       const StageGrid& st = stages.stage(s_idx);
-      s << "#   local GPU " << p.local_gpu(r) << ": rank " << r << ", stage " << s_idx << " (dp " << st.dp << ", tp "
+      s << "#   local rank " << g << ": rank " << r << ", stage " << s_idx << " (dp " << st.dp << ", tp "
         << st.tp << "), replica " << st.replica(r) << ", tp index " << st.tp_index(r) << ", "
         << types[p.ranks().type_of(r)] << "\n";
     }
     s << "set -euo pipefail\n"
       << "HERE=\"$(cd \"$(dirname \"${BASH_SOURCE[0]}\")\" && pwd)\"\n"
-      << "# replay finds its ranks by this host's name in the hostfile and LOCAL_RANK.\n"
-      << "export HETPLAN_HOST=" << shell_quote(h.host) << "\n"
-      << "exec ${TORCHRUN:-torchrun} --nnodes " << hosts.size() << " --node-rank " << i << " --nproc-per-node "
+      << "# replay finds its ranks by this node's place among the plan's nodes and LOCAL_RANK.\n"
+      << "export HETPLAN_HOST=" << shell_quote(h.host) << " HETPLAN_NODE=" << i << "\n"
+      << "exec ${TORCHRUN:-torchrun} --nnodes " << nodes.size() << " --node-rank " << i << " --nproc-per-node "
       << h.ranks.size() << " \\\n"
       << "  --rdzv-backend c10d --rdzv-endpoint " << shell_quote(endpoint) << " --rdzv-id "
       << "\"${HETPLAN_RDZV_ID:-hetplan}\" --max-restarts 0 \\\n"
       << "  --no-python \"${HETPLAN:-hetplan}\" replay --plan \"$HERE/" << o.plan_file << "\" \\\n"
       << "  --hostfile \"$HERE/" << o.hostfile << "\" --clusterfile \"$HERE/" << o.clusterfile << "\""
-      << (o.profile_dir.empty() ? "" : " --profile-dir " + shell_quote(o.profile_dir)) << " \\\n"
+      << (o.profile_dir.empty() ? "" : " --profile-dir \"$HERE/\"" + shell_quote(o.profile_dir)) << " \\\n"
       << "  --out \"$HERE/replay.json\" --work-dir \"$HERE/ranks\""
       << (o.replay_args.empty() ? "" : " " + o.replay_args) << " \"$@\"\n";
     h.script = s.str();

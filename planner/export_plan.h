@@ -1,14 +1,19 @@
 // Export: a plan handed to the framework that will train it.
 //
 // - Megatron-LM: the command-line arguments of pretrain_gpt.py for a plan
-//   whose stages all run the same (dp, tp) on one GPU type (Megatron's rank
-//   grid is uniform); anything else is an InputError naming the stage and
-//   what differs, pointing to `--to torchrun`.
-// - DeepSpeed: a ds_config.json (batch keys, bf16, zero_optimization,
-//   activation_checkpointing, and the pipeline section for pipelined uniform
-//   plans).
-// - torchrun: for any plan, one launch script per host of the hostfile,
-//   each starting `hetplan replay` under torchrun with that host's ranks.
+//   whose stages all run the same (dp, tp) (Megatron's rank grid is uniform;
+//   the GPU types may differ, with an uneven layer split); anything else is an
+//   InputError naming the stage and what differs, pointing to `--to torchrun`.
+//   With them: CUDA_DEVICE_MAX_CONNECTIONS=1 where tp > 1 without FSDP,
+//   --ckpt-format fsdp_dtensor with Megatron-FSDP (ZeRO-3), --fp16 with
+//   dynamic loss scaling where a GPU lacks bf16, Llama-3.1's rope scaling,
+//   and a torchrun launcher line.
+// - DeepSpeed: a ds_config.json (batch keys, bf16 or fp16 where a GPU lacks
+//   bf16, zero_optimization with the plan's offload devices,
+//   activation_checkpointing, and the pipeline section for pipelined plans).
+// - torchrun: for any plan, one launch script per node (hostfile line) of the
+//   plan, each starting `hetplan replay` under torchrun with that node's
+//   ranks; every path in it is relative to the script's folder.
 //
 // Every flag and key name comes from the framework's own parser, at the
 // commit recorded below (megatron_flag_sources(), deepspeed_key_sources(),
@@ -47,6 +52,8 @@ struct MegatronArgs {
   std::vector<std::pair<std::string, std::string>> args;
   std::vector<std::string> notes;  // what the user must still decide (tokenizer, data)
   int world_size = 0;              // GPUs: pp * dp * tp
+  std::vector<std::pair<std::string, std::string>> env;  // exported before the launch (CUDA_DEVICE_MAX_CONNECTIONS)
+  std::string launcher;  // the torchrun line that starts pretrain_gpt.py with "${MEGATRON_ARGS[@]}"
 };
 
 // `placement`, if given, names each stage's GPU type (else the plan's node
@@ -54,7 +61,8 @@ struct MegatronArgs {
 // Throws InputError for a plan Megatron-LM cannot run as is.
 MegatronArgs export_megatron(const PlanFile& plan, const ModelShape& shape, const ParallelLayout* placement,
                              const std::string& where);
-// As a bash array: MEGATRON_ARGS=( ... ), one flag per line, values quoted where the shell needs it.
+// A bash script: the env exports, MEGATRON_ARGS=( ... ) (one flag per line, values quoted where the shell needs
+// it) and the launcher line.
 std::string megatron_args_text(const MegatronArgs& m, const std::string& header);
 
 struct DeepSpeedConfig {
@@ -64,19 +72,36 @@ struct DeepSpeedConfig {
 DeepSpeedConfig export_deepspeed(const PlanFile& plan, const ModelShape& shape, const ParallelLayout* placement,
                                  const std::string& where);
 
-// One host's launch script.
+// The plan's ranks node by node, a node being a hostfile line (two lines with one address are two nodes), nodes
+// in the order of their lowest rank: what torchrun's --node-rank counts, and what replay's HETPLAN_NODE names.
+inline std::vector<std::vector<int>> ranks_by_node(const ParallelLayout& placement) {
+  std::vector<int> node_index;  // RankLayout node -> position in the result, -1 before its first rank
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < placement.num_ranks(); ++r) {
+    const int n = placement.ranks().node_of(r);
+    if (n >= static_cast<int>(node_index.size())) node_index.resize(n + 1, -1);
+    if (node_index[n] < 0) {
+      node_index[n] = static_cast<int>(out.size());
+      out.emplace_back();
+    }
+    out[node_index[n]].push_back(r);
+  }
+  return out;
+}
+
+// One node's launch script.
 struct HostLaunch {
-  std::string host;      // the hostfile's ip
-  int node_rank = 0;     // hosts in order of their lowest rank
-  std::vector<int> ranks;  // plan ranks on the host, in local GPU order
+  std::string host;      // the hostfile line's ip
+  int node_rank = 0;     // nodes (hostfile lines) in order of their lowest rank (ranks_by_node)
+  std::vector<int> ranks;  // plan ranks on the node, in rank order
   std::string file_name;   // "launch_<node_rank>_<host>.sh", the host through safe_file_name (base/file_access.h)
   std::string script;
 };
 struct TorchrunOptions {
   std::string plan_file = "plan.json";  // names inside the output folder, next to the scripts
   std::string hostfile = "hostfile", clusterfile = "clusterfile.json";
-  std::string profile_dir;   // absolute, or empty (then replay splits micro-batches evenly)
-  std::string rdzv_endpoint;  // host:port; default: the host of rank 0, port 29500
+  std::string profile_dir;   // relative to the output folder, or empty (then replay splits micro-batches evenly)
+  std::string rdzv_endpoint;  // host:port (--master); default: the host of node 0, port 29500
   std::string replay_args;    // appended to every `hetplan replay` (verbatim shell words)
 };
 // REQUIRES: `placement` is the plan's (its cluster and node sequence).

@@ -42,6 +42,122 @@ ModelConfig model_from_json(const ordered_json& j, const std::string& file) {
   return m;
 }
 
+ordered_json shape_to_json(const ModelShape& s, const ordered_json& rope_scaling) {
+  ordered_json j;
+  j["name"] = s.name;
+  j["vocab_size"] = s.vocab_size;
+  j["hidden_size"] = s.hidden_size;
+  j["num_blocks"] = s.num_layers;
+  j["num_heads"] = s.num_heads;
+  j["num_kv_heads"] = s.num_kv_heads;
+  j["head_dim"] = s.head_dim;
+  j["ffn_hidden_size"] = s.ffn_hidden_size;
+  j["max_positions"] = s.max_positions;
+  j["activation"] = s.mlp == MlpKind::kSwiGlu ? "swiglu" : "gelu";
+  j["norm"] = s.norm == NormKind::kRmsNorm ? "rmsnorm" : "layernorm";
+  j["tied_embeddings"] = s.tied_embeddings;
+  j["learned_positions"] = s.learned_positions;
+  j["attention_bias"] = s.attention_bias;
+  j["mlp_bias"] = s.mlp_bias;
+  j["dropout"] = s.dropout;
+  j["norm_eps"] = s.norm_eps;
+  j["rope_theta"] = s.rope_theta;
+  if (!rope_scaling.is_null()) j["rope_scaling"] = rope_scaling;
+  return j;
+}
+
+namespace {
+
+const char* const kArchitecture = "model.architecture";
+
+long long shape_count(const ordered_json& j, const char* key, const std::string& file, long long max) {
+  return require_integer(j, key, file, kArchitecture, rules::int_in(1, static_cast<double>(max)));
+}
+
+bool shape_flag(const ordered_json& j, const char* key, const std::string& file) {
+  const ordered_json& v = require_key(j, key, file, kArchitecture);
+  if (!v.is_boolean())
+    throw InputError(file + ": key '" + kArchitecture + "." + key + "' must be true or false");
+  return v.get<bool>();
+}
+
+// One of two names: `second` is true, `first` false; anything else an InputError listing both.
+bool shape_choice(const ordered_json& j, const char* key, const std::string& file, const char* first,
+                  const char* second) {
+  const ordered_json& v = require_key(j, key, file, kArchitecture);
+  if (v.is_string() && v.get<std::string>() == first) return false;
+  if (v.is_string() && v.get<std::string>() == second) return true;
+  throw InputError(file + ": key '" + kArchitecture + "." + key + "': expected " + first + " or " + second);
+}
+
+}  // namespace
+
+ModelShape shape_from_json(const ordered_json& j, const std::string& file) {
+  if (!j.is_object()) throw InputError(file + ": key '" + kArchitecture + "' must be an object");
+  ModelShape s;
+  if (j.contains("name") && j["name"].is_string()) s.name = j["name"].get<std::string>();
+  s.vocab_size = shape_count(j, "vocab_size", file, kMaxVocabSize);
+  s.hidden_size = shape_count(j, "hidden_size", file, kMaxHiddenSize);
+  s.num_layers = static_cast<int>(shape_count(j, "num_blocks", file, kMaxModelBlocks));
+  s.num_heads = static_cast<int>(shape_count(j, "num_heads", file, kMaxAttentionHeads));
+  s.num_kv_heads = static_cast<int>(shape_count(j, "num_kv_heads", file, kMaxAttentionHeads));
+  s.head_dim = shape_count(j, "head_dim", file, kMaxHiddenSize);
+  s.ffn_hidden_size = shape_count(j, "ffn_hidden_size", file, kMaxFfnSize);
+  s.max_positions = shape_count(j, "max_positions", file, kMaxSequenceLength);
+  s.mlp = shape_choice(j, "activation", file, "gelu", "swiglu") ? MlpKind::kSwiGlu : MlpKind::kGelu;
+  s.norm = shape_choice(j, "norm", file, "layernorm", "rmsnorm") ? NormKind::kRmsNorm : NormKind::kLayerNorm;
+  s.tied_embeddings = shape_flag(j, "tied_embeddings", file);
+  s.learned_positions = shape_flag(j, "learned_positions", file);
+  s.attention_bias = shape_flag(j, "attention_bias", file);
+  s.mlp_bias = shape_flag(j, "mlp_bias", file);
+  s.dropout = shape_flag(j, "dropout", file);
+  s.norm_eps = require_number(j, "norm_eps", file, kArchitecture, rules::non_negative_up_to(1));
+  s.rope_theta = require_number(j, "rope_theta", file, kArchitecture, rules::non_negative_up_to(1e12));
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null() && !j["rope_scaling"].is_object())
+    throw InputError(file + ": key '" + kArchitecture + ".rope_scaling' must be an object (the Hugging Face "
+                     "config's) or null");
+  s.validate(file + ": key '" + kArchitecture + "'");
+  return s;
+}
+
+ordered_json hf_rope_scaling(const std::string& hf_config) {
+  const ordered_json j = read_json_file(hf_config);
+  if (!j.is_object() || !j.contains("rope_scaling") || j["rope_scaling"].is_null()) return nullptr;
+  if (!j["rope_scaling"].is_object()) throw InputError(hf_config + ": key 'rope_scaling' must be an object or null");
+  return j["rope_scaling"];
+}
+
+ModelShape plan_shape(const PlanFile& f, const std::string& hf_config, const std::string& plan_path,
+                      std::string* warning) {
+  if (warning) warning->clear();
+  if (hf_config.empty() && f.shape) return *f.shape;
+  if (hf_config.empty()) {
+    ModelShape s = shape_from_model_config(f.model);
+    s.validate(plan_path + ": key 'model'");
+    if (warning)
+      *warning = plan_path + " records no model architecture (a plan file from before plans carried it): using the "
+                 "GPT shape of its 'model' keys; pass --hf-config for another model";
+    return s;
+  }
+  ModelShape s = shape_of_plan(f.model, hf_config, "the plan " + plan_path);
+  if (!f.shape) return s;
+  // The config must describe the plan's model: the first key that differs, with both values.
+  const ordered_json given = shape_to_json(s, hf_rope_scaling(hf_config));
+  const ordered_json recorded = shape_to_json(*f.shape, f.rope_scaling);
+  for (const auto& [key, value] : recorded.items()) {
+    if (key == "name") continue;
+    const std::string theirs = given.contains(key) ? given[key].dump() : "absent";
+    if (theirs != value.dump())
+      throw InputError("--hf-config " + hf_config + ": '" + key + "' is " + excerpt(theirs) + ", but the plan " +
+                       plan_path + " records " + excerpt(value.dump()) + " (" + kArchitecture + "." + key +
+                       "); leave --hf-config out to use the plan's model");
+  }
+  if (given.contains("rope_scaling") && !recorded.contains("rope_scaling"))
+    throw InputError("--hf-config " + hf_config + ": 'rope_scaling' is " + excerpt(given["rope_scaling"].dump()) +
+                     ", but the plan " + plan_path + " records none; leave --hf-config out to use the plan's model");
+  return s;
+}
+
 ordered_json plan_to_json(const PlanResult& p) {
   ordered_json j;
   j["cost"] = p.cost;
@@ -59,6 +175,7 @@ ordered_json plan_to_json(const PlanResult& p) {
 ordered_json plan_file_to_json(const PlanFile& f) {
   ordered_json j = plan_to_json(f.plan);
   j["model"] = model_to_json(f.model);
+  if (f.shape) j["model"]["architecture"] = shape_to_json(*f.shape, f.rope_scaling);
   j["gbs"] = f.gbs;
   if (!f.hostfile.empty()) j["hostfile"] = f.hostfile;
   if (!f.clusterfile.empty()) j["clusterfile"] = f.clusterfile;
@@ -66,6 +183,9 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (f.zero_stage >= 0) j["zero_stage"] = f.zero_stage;
   if (!f.recompute.empty()) j["recompute"] = f.recompute;
   if (!f.schedule.empty()) j["schedule"] = f.schedule;
+  if (!f.precision.empty()) j["precision"] = f.precision;
+  if (f.offload_optimizer) j["offload_optimizer"] = true;
+  if (f.offload_params) j["offload_params"] = true;
   return j;
 }
 
@@ -75,6 +195,49 @@ std::string list_text(const std::vector<int>& v) {
   std::string out = "[";
   for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
   return excerpt(out + "]");
+}
+
+// model.architecture: the shape, which must agree with the model keys (blocks and hidden size).
+void read_architecture(const ordered_json& a, const std::string& file, PlanFile& f) {
+  f.shape = shape_from_json(a, file);
+  if (f.shape->metis_num_layers() != f.model.num_layers || f.shape->hidden_size != f.model.hidden_size)
+    throw InputError(file + ": key 'model.architecture' has " + std::to_string(f.shape->num_layers) +
+                     " blocks of hidden size " + std::to_string(f.shape->hidden_size) + ", but 'model' has " +
+                     std::to_string(f.model.num_layers) + " layers (blocks + 2) of hidden size " +
+                     std::to_string(f.model.hidden_size));
+  if (a.contains("rope_scaling")) f.rope_scaling = a["rope_scaling"];
+}
+
+// The training setup the plan was costed with, each key when present: zero_stage, recompute, schedule,
+// precision, offload_optimizer and offload_params.
+void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
+  if (j.contains("zero_stage")) {
+    const double z = require_number(j, "zero_stage", file, "");
+    if (z != 0 && z != 1 && z != 2 && z != 3) throw InputError(file + ": key 'zero_stage': expected 0, 1, 2 or 3");
+    f.zero_stage = static_cast<int>(z);
+  }
+  if (j.contains("recompute")) {
+    const std::string where = file + ": key 'recompute'";
+    if (!j["recompute"].is_string()) throw InputError(where + ": expected none, selective or full");
+    f.recompute = to_string(parse_recompute(j["recompute"].get<std::string>(), where));
+  }
+  if (j.contains("schedule")) {
+    const std::string where = file + ": key 'schedule'";
+    if (!j["schedule"].is_string()) throw InputError(where + ": expected gpipe or 1f1b");
+    f.schedule = to_string(parse_schedule(j["schedule"].get<std::string>(), where));
+  }
+  if (j.contains("precision")) {
+    const std::string where = file + ": key 'precision'";
+    if (!j["precision"].is_string()) throw InputError(where + ": expected fp32, fp16, bf16 or fp8");
+    f.precision = to_string(parse_precision(j["precision"].get<std::string>(), where));
+  }
+  auto flag = [&](const char* key, bool& out) {
+    if (!j.contains(key)) return;
+    if (!j[key].is_boolean()) throw InputError(file + ": key '" + key + "' must be true or false");
+    out = j[key].get<bool>();
+  };
+  flag("offload_optimizer", f.offload_optimizer);
+  flag("offload_params", f.offload_params);
 }
 
 }  // namespace
@@ -91,6 +254,7 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
   const ordered_json& model = j->contains("model") ? (*j)["model"] : require_key(in, "model", file, "");
   if (!model.is_object()) throw InputError(file + ": key 'model' must be an object");
   f.model = model_from_json(model, file);
+  if (model.contains("architecture")) read_architecture(model["architecture"], file, f);
   const NumberRule gbs_rule = rules::int_in(1, kMaxGlobalBatch);
   f.gbs = static_cast<int>(j->contains("gbs") ? require_integer(*j, "gbs", file, "", gbs_rule)
                                               : require_integer(in, "gbs", file, "", gbs_rule));
@@ -164,21 +328,7 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
                        std::to_string(f.gbs / p.batches) + " sequences cannot feed the " +
                        std::to_string(p.strategies[s].dp) + " data-parallel replicas of stage " + std::to_string(s) +
                        " (expected gbs / batches >= dp)");
-  if (j->contains("zero_stage")) {
-    const double z = require_number(*j, "zero_stage", file, "");
-    if (z != 0 && z != 1 && z != 2 && z != 3) throw InputError(file + ": key 'zero_stage': expected 0, 1, 2 or 3");
-    f.zero_stage = static_cast<int>(z);
-  }
-  if (j->contains("recompute")) {
-    const std::string where = file + ": key 'recompute'";
-    if (!(*j)["recompute"].is_string()) throw InputError(where + ": expected none, selective or full");
-    f.recompute = to_string(parse_recompute((*j)["recompute"].get<std::string>(), where));
-  }
-  if (j->contains("schedule")) {
-    const std::string where = file + ": key 'schedule'";
-    if (!(*j)["schedule"].is_string()) throw InputError(where + ": expected gpipe or 1f1b");
-    f.schedule = to_string(parse_schedule((*j)["schedule"].get<std::string>(), where));
-  }
+  read_setup(*j, file, f);
   return f;
 }
 

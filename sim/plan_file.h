@@ -2,12 +2,23 @@
 // (and "best"): the plan itself, plus the model, the global batch size and
 // the cluster and profile paths it was searched with, so that `simulate` and
 // `replay` can take it with no editing.
+//
+// It carries the model's exact shape (sim/model_shape.h; the key
+// model.architecture) and the training setup the search costed (precision,
+// ZeRO, offload, recompute, schedule; the sequence length is model's), so
+// `simulate`, `export`, `replay` and `report` rebuild the same model with no
+// --hf-config. A plan file written before the architecture was recorded still
+// reads: plan_shape() falls back to the GPT shape of its model keys and says so.
+//
+// Plain values and pure functions; thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "base/json_util.h"
 #include "sim/model_config.h"
+#include "sim/model_shape.h"
 #include "sim/plan.h"
 
 namespace hetplan {
@@ -24,7 +35,28 @@ struct PlanFile {
   // The pipeline schedule the default search costed the plan with ("gpipe"
   // or "1f1b"); "" when the file records none.
   std::string schedule;
+  // The model's exact shape; absent in a plan file from before it was recorded.
+  std::optional<ModelShape> shape;
+  // The Hugging Face config's rope_scaling object, verbatim (Llama-3.1's); null when the model has none.
+  ordered_json rope_scaling;
+  // The precision the plan was costed at ("bf16", "fp16", "fp32", "fp8"); "" when the file records none.
+  std::string precision;
+  // ZeRO-Offload of the optimizer state, and of the 16-bit weights too (ZeRO-3), as costed.
+  bool offload_optimizer = false, offload_params = false;
 };
+
+// The model.architecture object: every ModelShape field, by ModelShape's names, plus rope_scaling when not null.
+ordered_json shape_to_json(const ModelShape& s, const ordered_json& rope_scaling);
+// Reads model.architecture; InputError naming `file` and the key.
+ModelShape shape_from_json(const ordered_json& j, const std::string& file);
+// The rope_scaling object of a Hugging Face config.json (null when absent or null).
+ordered_json hf_rope_scaling(const std::string& hf_config);
+
+// The plan's model: its recorded architecture, or `hf_config`'s (which must then equal the recorded one: else an
+// InputError naming the key and both values), or, for a plan file without one, the GPT shape of its model keys
+// (and `*warning` says so in one line; else it is left empty). `plan_path` names the plan in messages.
+ModelShape plan_shape(const PlanFile& f, const std::string& hf_config, const std::string& plan_path,
+                      std::string* warning);
 
 ordered_json model_to_json(const ModelConfig& m);
 ModelConfig model_from_json(const ordered_json& j, const std::string& file);

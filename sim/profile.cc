@@ -284,6 +284,25 @@ bool parse_profile_name(const std::string& name, ProfileName& out) {
   return !out.bs_digits.empty() && literal(".json") && i == name.size();
 }
 
+namespace {
+
+// The model keys a profile records, where present (ModelProfile's hidden_size, ...).
+void record_profiled_model(const ordered_json& model, const std::string& path, ModelProfile& out) {
+  auto count = [&](const char* key, long long& v) {
+    if (model.contains(key) && !model[key].is_null())
+      v = require_integer(model, key, path, "model", rules::int_in(1, 1e12));
+  };
+  count("hidden_size", out.hidden_size);
+  count("sequence_length", out.sequence_length);
+  count("vocab_size", out.vocab_size);
+  count("num_heads", out.num_heads);
+  count("num_kv_heads", out.num_kv_heads);
+  count("ffn_hidden_size", out.ffn_hidden_size);
+  if (model.contains("family") && model["family"].is_string()) out.family = model["family"].get<std::string>();
+}
+
+}  // namespace
+
 ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads) {
   // Every entry named like a profile is read: one that is a directory, a FIFO or a symlink loop is
   // refused by its reader (base/file_access.h), not taken for a missing profile.
@@ -373,6 +392,7 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads)
     if (per_layer.size() < 2)
       throw InputError(p.path + ": 'model.parameters.parameters_per_layer_bytes' needs at least 2 entries");
     set.finalize(p.path, opt, bg, std::move(per_layer));
+    record_profiled_model(require_key(p.json, "model", p.path, ""), p.path, set.model_);
   }
   return set;
 }

@@ -122,6 +122,11 @@ struct ModelProfile {
   double batch_generator_ms = 0;
   std::vector<double> parameters_per_layer_bytes;
   std::vector<double> norm_layer_duration;  // that file's layer times, each over their sum
+  // The model the profiles were measured for, as that file's "model" object records it (`hetplan profile`
+  // writes these keys; Metis's files and older ones do not): 0 or "" where not recorded.
+  long long hidden_size = 0, sequence_length = 0, vocab_size = 0, num_heads = 0, num_kv_heads = 0;
+  long long ffn_hidden_size = 0;
+  std::string family;
 };
 
 // A profile file's name split into its parts: "DeviceType." TYPE "_tp" DIGITS

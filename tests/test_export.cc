@@ -6,6 +6,7 @@
 // the hostfile's hosts.
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -39,6 +40,14 @@ const std::map<std::string, std::string> kMegatronFlags = {
     {"--pipeline-model-parallel-size", "megatron/core/model_parallel_config.py"},
     {"--sequence-parallel", "megatron/core/model_parallel_config.py"},
     {"--bf16", "megatron/core/model_parallel_config.py"},
+    {"--fp16", "megatron/core/model_parallel_config.py"},
+    {"--initial-loss-scale", "megatron/training/arguments.py"},
+    {"--min-loss-scale", "megatron/training/arguments.py"},
+    {"--loss-scale-window", "megatron/training/arguments.py"},
+    {"--hysteresis", "megatron/training/arguments.py"},
+    {"--ckpt-format", "megatron/training/arguments.py"},
+    {"--use-rope-scaling", "megatron/training/arguments.py"},
+    {"--rope-scaling-factor", "megatron/training/arguments.py"},
     {"--micro-batch-size", "megatron/training/config/training_config.py"},
     {"--global-batch-size", "megatron/training/config/training_config.py"},
     {"--vocab-size", "megatron/training/config/training_config.py"},
@@ -83,6 +92,13 @@ const std::map<std::string, std::string> kDeepSpeedKeys = {
     {"gradient_accumulation_steps", "deepspeed/runtime/constants.py"},
     {"bf16", "deepspeed/runtime/constants.py"},
     {"bf16.enabled", "deepspeed/runtime/constants.py"},
+    {"fp16", "deepspeed/runtime/constants.py"},
+    {"fp16.enabled", "deepspeed/runtime/constants.py"},
+    {"fp16.loss_scale", "deepspeed/runtime/constants.py"},
+    {"fp16.initial_scale_power", "deepspeed/runtime/constants.py"},
+    {"fp16.loss_scale_window", "deepspeed/runtime/constants.py"},
+    {"fp16.hysteresis", "deepspeed/runtime/constants.py"},
+    {"fp16.min_loss_scale", "deepspeed/runtime/constants.py"},
     {"zero_optimization", "deepspeed/runtime/zero/config.py"},
     {"zero_optimization.stage", "deepspeed/runtime/zero/config.py"},
     {"zero_optimization.overlap_comm", "deepspeed/runtime/zero/config.py"},
@@ -109,6 +125,10 @@ const std::map<std::string, std::string> kDeepSpeedKeys = {
 const std::set<std::string> kTorchrunFlags = {"--nnodes",        "--node-rank",     "--nproc-per-node",
                                               "--rdzv-backend",  "--rdzv-endpoint", "--rdzv-id",
                                               "--max-restarts",  "--no-python"};
+
+// Llama-3.1's rope_scaling, as its config.json has it.
+const ordered_json kLlama31RopeScaling = {{"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                          {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}};
 
 std::string hf(const std::string& name) { return std::string(HETPLAN_SOURCE_DIR) + "/tests/data/hf/" + name; }
 
@@ -179,6 +199,9 @@ TEST_CASE("export: the flag and key names, with the parser's file and commit the
   megatron(plan(34, 4096, {2, 2, 2, 2}, {{2, 1}, {2, 1}, {2, 1}, {2, 1}}, {0, 7, 16, 26, 34}, 8, 64, 3, "selective"),
            llama);                                                                              // layout, ZeRO-3
   megatron(plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64, 2), odd);
+  PlanFile scaled = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64, -1, "", {"V100"});  // fp16, rope scaling
+  scaled.rope_scaling = kLlama31RopeScaling;
+  megatron(scaled, llama);
   std::set<std::string> want;
   for (const auto& [k, v] : kMegatronFlags) want.insert(k);
   CHECK(emitted == want);
@@ -187,6 +210,8 @@ TEST_CASE("export: the flag and key names, with the parser's file and commit the
   collect_keys(export_deepspeed(plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 4, 64, 3, "full"), llama, nullptr, "p").config, "",
                keys);
   collect_keys(export_deepspeed(plan(34, 4096, {4, 4}, {{4, 1}, {4, 1}}, {0, 17, 34}, 4, 64, 1), llama, nullptr, "p").config,
+               "", keys);
+  collect_keys(export_deepspeed(plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 4, 64, 1, "", {"V100"}), llama, nullptr, "p").config,
                "", keys);
   std::set<std::string> want_keys;
   for (const auto& [k, v] : kDeepSpeedKeys) want_keys.insert(k);
@@ -265,19 +290,42 @@ TEST_CASE("export: plans Megatron cannot run end in one line naming the stage an
                     "in every stage; `hetplan export --to torchrun` runs it with hetplan replay");
   CHECK_THROWS_WITH(export_megatron(plan(34, 4096, {6}, {{6, 1}}, {0, 34}, 4, 64), llama, nullptr, "plan.json"),
                     Catch::Contains("does not split evenly over dp 6"));
-  // Two GPU types: the placement names the stage's type.
+}
+
+TEST_CASE("export: a plan over two GPU types with the same (dp, tp) in every stage runs with an uneven split",
+          "[export]") {
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));
   const auto dir = test::scratch_dir("export-types");
   std::ofstream((dir / "hostfile").string()) << "0.0.0.4 slots=4\n0.0.0.1 slots=4\n";
   const Cluster c = Cluster::load((dir / "hostfile").string(), kRepoClusterfile);
   const RankLayout rl(c, {c.type_index("A100"), c.type_index("V100")});
   const ParallelLayout pl(c, rl);
-  CHECK_THROWS_WITH(export_megatron(plan(34, 4096, {4, 4}, {{4, 1}, {4, 1}}, {0, 20, 34}, 8, 64, -1, "", {"A100", "V100"}),
-                                    llama, &pl, "plan.json"),
-                    "plan.json: stage 1 runs on V100 (rank 4) but stage 0 on A100: Megatron-LM needs one GPU type in "
-                    "every stage; `hetplan export --to torchrun` runs it with hetplan replay");
+  const PlanFile p = plan(34, 4096, {4, 4}, {{4, 1}, {4, 1}}, {0, 20, 34}, 8, 64, -1, "", {"A100", "V100"});
+  const MegatronArgs m = export_megatron(p, llama, &pl, "plan.json");
+  CHECK(m.world_size == 8);
+  const auto has = [&](const std::string& flag, const std::string& value) {
+    return std::count(m.args.begin(), m.args.end(), std::make_pair(flag, value)) == 1;
+  };
+  CHECK(has("--decoder-first-pipeline-num-layers", "19"));
+  CHECK(has("--decoder-last-pipeline-num-layers", "13"));
+  // V100 has no bf16: fp16 with dynamic loss scaling, and a note saying why.
+  CHECK(has("--fp16", ""));
+  CHECK(has("--initial-loss-scale", "65536"));
+  CHECK(!has("--bf16", ""));
+  CHECK(std::any_of(m.notes.begin(), m.notes.end(),
+                    [](const std::string& n) { return n.rfind("V100 has no bf16", 0) == 0; }));
+  // tp 1: no CUDA_DEVICE_MAX_CONNECTIONS; the launcher runs one process per GPU on each of the two hosts.
+  CHECK(m.env.empty());
+  CHECK(m.launcher == "torchrun --nnodes 2 --node-rank \"${NODE_RANK:-0}\" --nproc-per-node 4 --master-addr "
+                      "\"${MASTER_ADDR:-0.0.0.4}\" --master-port \"${MASTER_PORT:-6000}\" pretrain_gpt.py "
+                      "\"${MEGATRON_ARGS[@]}\" \"$@\"");
+  const DeepSpeedConfig d = export_deepspeed(p, llama, &pl, "plan.json");
+  CHECK(d.config["fp16"] == ordered_json::parse(R"({"enabled": true, "loss_scale": 0, "initial_scale_power": 16,
+                                                    "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1})"));
+  CHECK(!d.config.contains("bf16"));
 }
 
-TEST_CASE("export --to torchrun: one script per host, the plan's ranks on the hostfile's GPUs", "[export][cli]") {
+TEST_CASE("export --to torchrun: one script per node, the plan's ranks on the hostfile's GPUs", "[export][cli]") {
   const auto dir = test::scratch_dir("export-torchrun");
   fs::remove_all(dir / "out");
   // 8 A100 on 0.0.0.4 (two hostfile lines), 4 V100 on 0.0.0.1: stages 0 and 1 (dp 2, tp 2) on the A100s,
@@ -290,18 +338,35 @@ TEST_CASE("export --to torchrun: one script per host, the plan's ranks on the ho
                     {"model", {{"num_layers", 10}, {"hidden_size", 1024}, {"sequence_length", 1024},
                                {"vocab_size", 50257}, {"attention_heads", 16}}}};
   write_json_file((dir / "plan.json").string(), j);
+  fs::create_directories(dir / "profiles");
   const test::CommandResult r = test::run_hetplan("export --plan " + (dir / "plan.json").string() +
-                                                  " --to torchrun --out " + (dir / "out").string());
+                                                  " --to torchrun --master 10.9.8.7:1234 --profile-dir " +
+                                                  (dir / "profiles").string() + " --out " + (dir / "out").string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("launch_0_0.0.0.4.sh: host 0.0.0.4, node 0, 8 rank(s)") != std::string::npos);
-  CHECK(r.output.find("launch_1_0.0.0.1.sh: host 0.0.0.1, node 1, 4 rank(s)") != std::string::npos);
-  std::ifstream f((dir / "out" / "launch_1_0.0.0.1.sh").string());
+  // The two 0.0.0.4 lines are two nodes.
+  CHECK(r.output.find("launch_0_0.0.0.4.sh: host 0.0.0.4, node 0, 4 rank(s)") != std::string::npos);
+  CHECK(r.output.find("launch_1_0.0.0.4.sh: host 0.0.0.4, node 1, 4 rank(s)") != std::string::npos);
+  CHECK(r.output.find("launch_2_0.0.0.1.sh: host 0.0.0.1, node 2, 4 rank(s)") != std::string::npos);
+  CHECK(r.output.find("rendezvous at 10.9.8.7:1234\n") != std::string::npos);
+  std::ifstream f((dir / "out" / "launch_2_0.0.0.1.sh").string());
   const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  CHECK(s.find("export HETPLAN_HOST=0.0.0.1\n") != std::string::npos);
-  CHECK(s.find("--nnodes 2 --node-rank 1 --nproc-per-node 4") != std::string::npos);
-  CHECK(s.find("--rdzv-backend c10d --rdzv-endpoint 0.0.0.4:29500") != std::string::npos);
-  CHECK(s.find("#   local GPU 3: rank 11, stage 2 (dp 4, tp 1), replica 3, tp index 0, V100\n") != std::string::npos);
+  CHECK(s.find("export HETPLAN_HOST=0.0.0.1 HETPLAN_NODE=2\n") != std::string::npos);
+  CHECK(s.find("--nnodes 3 --node-rank 2 --nproc-per-node 4") != std::string::npos);
+  CHECK(s.find("--rdzv-backend c10d --rdzv-endpoint 10.9.8.7:1234") != std::string::npos);
+  CHECK(s.find("#   local rank 3: rank 11, stage 2 (dp 4, tp 1), replica 3, tp index 0, V100\n") != std::string::npos);
+  // Every path relative to the script's folder: the checkout may sit elsewhere on each node.
+  CHECK(s.find("--profile-dir \"$HERE/\"../profiles") != std::string::npos);
+  CHECK(s.find("/tmp") == std::string::npos);
+  std::ifstream f1((dir / "out" / "launch_1_0.0.0.4.sh").string());
+  const std::string s1((std::istreambuf_iterator<char>(f1)), std::istreambuf_iterator<char>());
+  CHECK(s1.find("HETPLAN_NODE=1\n") != std::string::npos);
+  CHECK(s1.find("#   local rank 0: rank 4, stage 1 (dp 2, tp 2), replica 0, tp index 0, A100\n") != std::string::npos);
+  // --master must be HOST:PORT.
+  const test::CommandResult bad = test::run_hetplan("export --plan " + (dir / "plan.json").string() +
+                                                    " --to torchrun --master 10.9.8.7 --out " + (dir / "out3").string());
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output == "hetplan: error: --master: '10.9.8.7': expected HOST:PORT (a port from 1 to 65535)\n");
   // Only torchrun's flags (the hetplan replay flags follow --no-python).
   const std::string launch = s.substr(s.find("exec "), s.find("--no-python") + 11 - s.find("exec "));
   std::set<std::string> flags;
@@ -337,4 +402,57 @@ TEST_CASE("export --to torchrun: one script per host, the plan's ranks on the ho
   CHECK(t.output == "hetplan: error: " + (dir / "plan2.json").string() +
                         ": stage 0 replica 0: its tp group spans hosts 10.0.0.1 (rank 0) and 10.0.0.2 (rank 2); tensor "
                         "parallelism must stay inside a host\n");
+}
+
+TEST_CASE("export --to megatron: what validate_args needs (FSDP checkpoints, one device connection, rope scaling)",
+          "[export]") {
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));
+  const auto has = [](const MegatronArgs& m, const std::string& flag, const std::string& value) {
+    return std::count(m.args.begin(), m.args.end(), std::make_pair(flag, value)) == 1;
+  };
+  // tp 2 without FSDP: CUDA_DEVICE_MAX_CONNECTIONS=1, exported before the arguments.
+  const MegatronArgs tp = export_megatron(plan(34, 4096, {8}, {{4, 2}}, {0, 34}, 8, 64, 1), llama, nullptr, "p");
+  CHECK(tp.env == Args{{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}});
+  const std::string text = megatron_args_text(tp, "# header\n");
+  CHECK(text.find("# header\n") == 0);
+  CHECK(text.find("export CUDA_DEVICE_MAX_CONNECTIONS=1\nMEGATRON_ARGS=(\n") != std::string::npos);
+  CHECK(text.find(")\n# On every node (NODE_RANK 0, 1, ...; MASTER_ADDR:MASTER_PORT the rendezvous):\ntorchrun --nnodes 1 "
+                  "--node-rank \"${NODE_RANK:-0}\" --nproc-per-node 8 --master-addr \"${MASTER_ADDR:-localhost}\" "
+                  "--master-port \"${MASTER_PORT:-6000}\" pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" \"$@\"\n") !=
+        std::string::npos);
+  CHECK(!has(tp, "--ckpt-format", "fsdp_dtensor"));
+  // ZeRO-3 (Megatron-FSDP): DTensor checkpoints, and no CUDA_DEVICE_MAX_CONNECTIONS even at tp 2.
+  const MegatronArgs fsdp = export_megatron(plan(34, 4096, {8}, {{4, 2}}, {0, 34}, 8, 64, 3), llama, nullptr, "p");
+  CHECK(has(fsdp, "--use-megatron-fsdp", ""));
+  CHECK(has(fsdp, "--ckpt-format", "fsdp_dtensor"));
+  CHECK(fsdp.env.empty());
+  // Llama-3.1's rope_scaling: Megatron's llama3 scaling with its factor, right after the rotary base.
+  PlanFile scaled = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64);
+  scaled.rope_scaling = kLlama31RopeScaling;
+  const MegatronArgs r = export_megatron(scaled, llama, nullptr, "p");
+  const auto at = std::find(r.args.begin(), r.args.end(), std::make_pair(std::string("--rotary-base"), std::string("500000")));
+  REQUIRE(r.args.end() - at > 2);
+  CHECK(at[1] == std::make_pair(std::string("--use-rope-scaling"), std::string("")));
+  CHECK(at[2] == std::make_pair(std::string("--rope-scaling-factor"), std::string("8")));
+  CHECK(has(r, "--bf16", ""));
+  // A scheme Megatron has no flag for is a note, not a flag.
+  scaled.rope_scaling = {{"type", "yarn"}, {"factor", 4.0}};
+  const MegatronArgs y = export_megatron(scaled, llama, nullptr, "p");
+  CHECK(!has(y, "--use-rope-scaling", ""));
+  CHECK(std::any_of(y.notes.begin(), y.notes.end(),
+                    [](const std::string& n) { return n.find("has no Megatron-LM flag here") != std::string::npos; }));
+}
+
+TEST_CASE("export --to deepspeed: the plan's offload devices", "[export]") {
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));
+  PlanFile p = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 4, 64, 3);
+  p.offload_optimizer = true;
+  p.offload_params = true;
+  const ordered_json z = export_deepspeed(p, llama, nullptr, "p").config["zero_optimization"];
+  CHECK(z["offload_optimizer"] == ordered_json{{"device", "cpu"}});
+  CHECK(z["offload_param"] == ordered_json{{"device", "cpu"}});
+  p.offload_params = false;
+  const ordered_json o = export_deepspeed(p, llama, nullptr, "p").config["zero_optimization"];
+  CHECK(o["offload_optimizer"] == ordered_json{{"device", "cpu"}});
+  CHECK(o["offload_param"] == ordered_json{{"device", "none"}});
 }

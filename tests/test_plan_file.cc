@@ -75,3 +75,81 @@ TEST_CASE("inconsistent plan files are refused", "[plan_file][errors]") {
   q["recompute"] = "sometimes";
   bad(q, "key 'recompute': 'sometimes': expected none, selective or full");
 }
+
+namespace {
+
+std::string hf_config(const std::string& name) { return std::string(HETPLAN_SOURCE_DIR) + "/tests/data/hf/" + name; }
+
+// A one-stage plan of Llama-3.1-8B (32 blocks: 34 Metis layers), with its architecture and setup when `carried`.
+ordered_json llama_plan(bool carried) {
+  ordered_json j = {{"node_sequence", {"A100"}}, {"device_groups", {8}}, {"strategies", {{8, 1}}}, {"batches", 4},
+                    {"layer_partition", {0, 34}}, {"gbs", 32},
+                    {"model", {{"num_layers", 34}, {"hidden_size", 4096}, {"sequence_length", 4096},
+                               {"vocab_size", 128256}, {"attention_heads", 32}}}};
+  if (!carried) return j;
+  const ordered_json rope = {{"factor", 8.0}, {"rope_type", "llama3"}};
+  j["model"]["architecture"] = shape_to_json(read_hf_config(hf_config("llama-3.1-8b.json")), rope);
+  j["precision"] = "bf16";
+  j["offload_optimizer"] = true;
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("a plan file carries its model's architecture and setup", "[plan_file]") {
+  const ModelShape llama = read_hf_config(hf_config("llama-3.1-8b.json"));
+  const PlanFile f = plan_file_from_json(llama_plan(true), "plan.json");
+  REQUIRE(f.shape.has_value());
+  CHECK(f.precision == "bf16");
+  CHECK(f.offload_optimizer);
+  CHECK(!f.offload_params);
+  CHECK(f.rope_scaling == ordered_json{{"factor", 8.0}, {"rope_type", "llama3"}});
+  // Every field comes back exactly: the same parameters and FLOPs as the config's shape.
+  CHECK(shape_to_json(*f.shape, nullptr) == shape_to_json(llama, nullptr));
+  CHECK(f.shape->parameter_count() == llama.parameter_count());
+  CHECK(f.shape->mlp == MlpKind::kSwiGlu);
+  CHECK(f.shape->norm == NormKind::kRmsNorm);
+  CHECK(f.shape->num_kv_heads == 8);
+  // Written back, it reads the same.
+  CHECK(plan_file_to_json(plan_file_from_json(plan_file_to_json(f), "again")) == plan_file_to_json(f));
+  std::string warning = "unchanged";
+  CHECK(shape_to_json(plan_shape(f, "", "plan.json", &warning), nullptr) == shape_to_json(llama, nullptr));
+  CHECK(warning.empty());
+}
+
+TEST_CASE("a --hf-config that contradicts the plan's model names the key and both values", "[plan_file][errors]") {
+  const PlanFile f = plan_file_from_json(llama_plan(true), "plan.json");
+  const std::string other = hf_config("llama-2-7b.json");  // 32 blocks of 4096, but MHA and ffn 11008
+  CHECK_THROWS_WITH(plan_shape(f, other, "plan.json", nullptr),
+                    Catch::StartsWith("--hf-config " + other + ": '") && Catch::Contains("but the plan plan.json records") &&
+                        Catch::Contains("model.architecture."));
+  try {
+    plan_shape(f, other, "plan.json", nullptr);
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    // The first key that differs: llama-2-7b's vocabulary (32000) against the plan's (128256).
+    CHECK(what.find("'vocab_size' is 32000, but the plan plan.json records 128256") != std::string::npos);
+  }
+  // The same config (its rope_scaling aside, which the test config lacks) is refused for the scaling only.
+  CHECK_THROWS_WITH(plan_shape(f, hf_config("llama-3.1-8b.json"), "plan.json", nullptr),
+                    Catch::Contains("'rope_scaling' is absent"));
+  // An architecture that disagrees with the model keys is refused.
+  ordered_json j = llama_plan(true);
+  j["model"]["architecture"]["num_blocks"] = 30;
+  CHECK_THROWS_WITH(plan_file_from_json(j, "plan.json"), Catch::Contains("key 'model.architecture' has 30 blocks"));
+}
+
+TEST_CASE("a plan file without an architecture is a GPT, with one warning line", "[plan_file]") {
+  const PlanFile f = plan_file_from_json(llama_plan(false), "old.json");
+  CHECK(!f.shape.has_value());
+  std::string warning;
+  const ModelShape s = plan_shape(f, "", "old.json", &warning);
+  CHECK(s.mlp == MlpKind::kGelu);
+  CHECK(warning == "old.json records no model architecture (a plan file from before plans carried it): using the GPT "
+                   "shape of its 'model' keys; pass --hf-config for another model");
+  CHECK(warning.find('\n') == std::string::npos);
+  // With --hf-config it is that model, as before, and no warning.
+  const ModelShape l = plan_shape(f, hf_config("llama-3.1-8b.json"), "old.json", &warning);
+  CHECK(l.mlp == MlpKind::kSwiGlu);
+  CHECK(warning.empty());
+}

@@ -226,3 +226,93 @@ TEST_CASE("search --zero/--recompute auto searches the settings as dimensions", 
   CHECK(test::run_hetplan(common + "--zero 4").exit_code == 2);
   CHECK(test::run_hetplan(common + "--recompute sometimes").exit_code == 2);
 }
+
+TEST_CASE("a plan searched with --hf-config stays that model in simulate and export", "[cli][search-sim][plan_file]") {
+  const auto dir = test::scratch_dir("search-llama");
+  const std::string common = search_16_gpus(dir);
+  // A Llama-3.1-like model of 8 blocks of 4096 (the 10-layer analytic profiles): GQA, SwiGLU, RMSNorm, untied,
+  // rope scaling.
+  ordered_json cfg = read_json_file(hf("llama-3.1-8b.json"));
+  cfg["num_hidden_layers"] = 8;
+  cfg["rope_scaling"] = {{"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}};
+  write_json_file((dir / "llama.json").string(), cfg);
+  const test::CommandResult r = test::run_hetplan(common + "--hf-config " + (dir / "llama.json").string() +
+                                                  " --json " + (dir / "p.json").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const ordered_json plans = read_json_file((dir / "p.json").string());
+  CHECK(plans["best"]["model"]["architecture"]["activation"] == "swiglu");
+  CHECK(plans["best"]["precision"] == "bf16");
+  write_json_file((dir / "best.json").string(), plans["best"]);
+  const std::string best = (dir / "best.json").string();
+  // simulate, with no --hf-config: the search's cost, and no warning.
+  const test::CommandResult s = test::run_hetplan("simulate --plan " + best + " --json " + (dir / "s.json").string());
+  INFO(s.output);
+  REQUIRE(s.exit_code == 0);
+  CHECK(s.output.find("warning") == std::string::npos);
+  CHECK(read_json_file((dir / "s.json").string())["iteration_ms"].get<double>() ==
+        Approx(plans["best"]["cost"].get<double>()).epsilon(1e-12));
+  // The same config agrees; a contradicting one is an error naming the key and both values.
+  CHECK(test::run_hetplan("simulate --plan " + best + " --hf-config " + (dir / "llama.json").string()).exit_code == 0);
+  cfg["intermediate_size"] = 11008;
+  write_json_file((dir / "other.json").string(), cfg);
+  const test::CommandResult c = test::run_hetplan("simulate --plan " + best + " --hf-config " + (dir / "other.json").string());
+  CHECK(c.exit_code == 2);
+  CHECK(c.output == "hetplan: error: --hf-config " + (dir / "other.json").string() + ": 'ffn_hidden_size' is 11008, but "
+                    "the plan " + best + " records 14336 (model.architecture.ffn_hidden_size); leave --hf-config out to "
+                    "use the plan's model\n");
+  // export --to megatron, with no --hf-config, of the best plan with the same (dp, tp) in every stage (over
+  // both GPU types): the Llama's flags, fp16 for the V100s.
+  std::string uniform;
+  for (const auto& p : plans["top"])
+    if (uniform.empty() && p["strategies"].size() > 1 && p["strategies"] == ordered_json::array({p["strategies"][0],
+                                                                                                 p["strategies"][0]})) {
+      uniform = (dir / "uniform.json").string();
+      write_json_file(uniform, p);
+    }
+  REQUIRE(!uniform.empty());
+  const test::CommandResult m = test::run_hetplan("export --plan " + uniform + " --to megatron");
+  INFO(m.output);
+  REQUIRE(m.exit_code == 0);
+  for (const char* flag : {"  --swiglu\n", "  --normalization RMSNorm\n", "  --group-query-attention\n",
+                           "  --num-query-groups 8\n", "  --ffn-hidden-size 14336\n", "  --use-rope-scaling\n",
+                           "  --rope-scaling-factor 8\n", "  --untie-embeddings-and-output-weights\n", "  --fp16\n"})
+    CHECK(m.output.find(flag) != std::string::npos);
+  const test::CommandResult d = test::run_hetplan("export --plan " + uniform + " --to deepspeed");
+  CHECK(d.exit_code == 0);
+  CHECK(d.output.find("\"fp16\": {") != std::string::npos);
+}
+
+TEST_CASE("search refuses shape flags the profiles disagree with, naming the key", "[cli][search-sim][errors]") {
+  const auto dir = test::scratch_dir("search-shape");
+  fs::remove_all(dir / "profiles");
+  fs::copy(test::analytic_dir(10), dir / "profiles");
+  // The model-level file (the first type's tp1_bs1) records the model it was measured for, as `hetplan profile` does.
+  std::string first;
+  for (const auto& e : fs::directory_iterator(dir / "profiles")) {
+    const std::string name = e.path().filename().string();
+    if (name.find("_tp1_bs1.json") != std::string::npos && (first.empty() || name < first)) first = name;
+  }
+  REQUIRE(!first.empty());
+  const std::string model_file = (dir / "profiles" / first).string();
+  ordered_json j = read_json_file(model_file);
+  j["model"]["hidden_size"] = 4096;
+  j["model"]["sequence_length"] = 2048;
+  write_json_file(model_file, j);
+  std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.4 slots=4\n";
+  const std::string search = "search -q --hostfile " + (dir / "hostfile").string() + " --clusterfile " +
+                             test::project_clusterfile() + " --profiles " + (dir / "profiles").string() +
+                             " --num_layers 10 --gbs 32 ";
+  // --sequence_length left at its default (1024): exit 2, naming the key and both values.
+  const test::CommandResult r = test::run_hetplan(search);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "hetplan: error: --sequence_length 1024 disagrees with the profiles: " + model_file +
+                        " records model.sequence_length = 2048 (they were measured for another model: give its "
+                        "shape, or profile this one)\n");
+  const test::CommandResult h = test::run_hetplan(search + "--sequence_length 2048 --hidden_size 2048");
+  CHECK(h.exit_code == 2);
+  CHECK(h.output.find("--hidden_size 2048 disagrees with the profiles: " + model_file +
+                      " records model.hidden_size = 4096") != std::string::npos);
+  CHECK(test::run_hetplan(search + "--sequence_length 2048").exit_code == 0);
+}
