@@ -18,7 +18,8 @@ Runner add_simulate_command(CLI::App& app);
 Runner add_report_command(CLI::App& app);
 // `simulate --plan PLAN --report OUT` with the plan's own settings, the replay's measurements in the
 // report when `replay` is not empty (cli/sim_commands.cc; the work of `hetplan report`).
-int run_simulate_with_report(const std::string& plan, const std::string& replay, const std::string& out);
+int run_simulate_with_report(const std::string& plan, const std::string& replay, const std::string& out,
+                             const std::string& hf_config = "");
 Runner add_whatif_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
 // In libhetplan_torch.so (cli/torch_commands.cc).

@@ -11,7 +11,7 @@ namespace hetplan::cli {
 namespace {
 
 struct ReportArgs {
-  std::string plan, replay, out;
+  std::string plan, replay, out, hf_config;
 };
 
 }  // namespace
@@ -30,7 +30,10 @@ Runner add_report_command(CLI::App& app) {
       ->required();
   s->add_option("--replay", a->replay, "The JSON `hetplan replay --out` wrote for this plan");
   s->add_option("--out", a->out, "The HTML file to write")->required();
-  return [a] { return run_simulate_with_report(a->plan, a->replay, a->out); };
+  s->add_option("--hf-config", a->hf_config,
+                "Hugging Face config.json for the model shape (default: the plan's model.architecture; given, it "
+                "must match it; a plan without one: its GPT), as for simulate");
+  return [a] { return run_simulate_with_report(a->plan, a->replay, a->out, a->hf_config); };
 }
 
 }  // namespace hetplan::cli

@@ -647,9 +647,11 @@ int run_whatif(const WhatifArgs& a) {
 
 }  // namespace
 
-int run_simulate_with_report(const std::string& plan, const std::string& replay, const std::string& out) {
+int run_simulate_with_report(const std::string& plan, const std::string& replay, const std::string& out,
+                             const std::string& hf_config) {
   SimulateArgs a;
   a.plan = plan;
+  a.hf_config = hf_config;
   a.report = out;
   a.report_replay = replay;
   if (!replay.empty()) read_replay_json(replay);  // a broken replay fails before the simulation
