@@ -32,6 +32,7 @@ Prints a table (case -> OK, or the exception's last line), writes the JSON, exit
 1 when any failed (a framework that cannot be imported fails its cases, with the import error).
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -182,8 +183,8 @@ def deepspeed_worker(config_path, dp):
         "class": "deepspeed.runtime.config.DeepSpeedConfig", "world_size": cfg.world_size,
         "train_batch_size": cfg.train_batch_size, "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-        "zero_stage": int(cfg.zero_optimization_stage), "fp16": bool(cfg.fp16_enabled),
-        "bf16": bool(cfg.bfloat16_enabled),
+        "zero_stage": int(cfg.zero_optimization_stage), "fp16": bool(cfg.float16_config.enabled),
+        "bf16": bool(cfg.bfloat16_config.enabled),
         "offload_optimizer": str(z.offload_optimizer.device) if z.offload_optimizer else None,
         "offload_param": str(z.offload_param.device) if z.offload_param else None,
         "zero_config_class": type(z).__name__, "pipeline": dict(cfg.pipeline) if cfg.pipeline else None,
@@ -198,7 +199,7 @@ def child(mode, payload, env, refs, result_file, timeout):
     full_env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK",
                                                                 "CUDA_DEVICE_MAX_CONNECTIONS")}
     full_env.update(env)
-    paths = [os.path.join(refs, d) for d in ("megatron-lm", "deepspeed", "hjson")]
+    paths = [os.path.join(refs, d) for d in ("megatron-lm", "deepspeed") if os.path.isdir(os.path.join(refs, d))]
     full_env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
     r = subprocess.run([sys.executable, HERE, "--worker", mode, payload, refs, result_file], env=full_env,
                        capture_output=True, text=True, timeout=timeout)
@@ -217,7 +218,8 @@ def main():
     p.add_argument("--json", default=None, help="result file (default: OUTDIR/parser_check.json)")
     p.add_argument("--frameworks", default="megatron,deepspeed")
     p.add_argument("--logs", default=None, help="folder for each case's worker output (default: OUTDIR/logs)")
-    p.add_argument("--timeout", type=int, default=240, help="seconds per case")
+    p.add_argument("--timeout", type=int, default=300, help="seconds per case")
+    p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="cases checked at once")
     a = p.parse_args()
     outdir, refs = os.path.abspath(a.outdir), os.path.abspath(a.refs)
     frameworks = set(a.frameworks.split(","))
@@ -232,10 +234,10 @@ def main():
         result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         result["torch"] = f"not importable: {last_line(e)}"
-    failed = 0
-    for case in manifest["cases"]:
-        if case["framework"] not in frameworks:
-            continue
+    selected = [c for c in manifest["cases"] if c["framework"] in frameworks]
+
+    def run_case(index_case):
+        index, case = index_case
         name = case["name"]
         res_file = os.path.join(logs, name + ".result.json")
         if os.path.exists(res_file):
@@ -252,20 +254,23 @@ def main():
                     res = dict(res, ok=False, error="; ".join(problems + ([res["error"]] if res.get("error") else [])))
             else:
                 cfg = os.path.join(outdir, case["file"])
-                port = str(29531 + len(result["cases"]))
                 res, r = child("deepspeed", json.dumps({"config": cfg, "dp": case["data_parallel_size"]}),
-                               {"MASTER_PORT": port}, refs, res_file, a.timeout)
+                               {"MASTER_PORT": str(29531 + index)}, refs, res_file, a.timeout)
             with open(os.path.join(logs, name + ".log"), "w") as f:
                 f.write(r.stdout + "\n--- stderr ---\n" + r.stderr)
         except Exception as e:  # noqa: BLE001 - the case fails with the exception's line
-            res = {"ok": False, "error": f"{type(e).__name__}: {last_line(e)}",
-                   "traceback": traceback.format_exc()}
+            res = {"ok": False, "error": f"{type(e).__name__}: {last_line(e)}", "traceback": traceback.format_exc()}
         entry.update(res)
-        if not entry.get("ok"):
-            failed += 1
-        result["cases"].append(entry)
-        status = "OK" if entry.get("ok") else "FAIL " + entry.get("error", "")
-        print(f"{name:32s} {case['framework']:9s} {status}", flush=True)
+        return entry
+
+    failed = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+        for entry in pool.map(run_case, enumerate(selected)):  # in manifest order
+            if not entry.get("ok"):
+                failed += 1
+            result["cases"].append(entry)
+            status = "OK" if entry.get("ok") else "FAIL " + entry.get("error", "")
+            print(f"{entry['name']:32s} {entry['framework']:9s} {status}", flush=True)
     result["passed"] = sum(1 for c in result["cases"] if c.get("ok"))
     result["failed"] = failed
     out = a.json or os.path.join(outdir, "parser_check.json")
