@@ -76,7 +76,7 @@ case_ megatron m06-pp2-tp2-uneven $L16 '[[4,2],[4,2]]' '[8,8]' '[0,16,34]' 8 1 f
 case_ megatron m07-pp4-layout $L16 '[[2,2],[2,2],[2,2],[2,2]]' '[4,4,4,4]' '[0,7,16,26,34]' 8 0 none 0 0 'pp 4, uneven middle stages: --pipeline-model-parallel-layout'
 case_ megatron m08-pp2-even-z1 $L16 '[[8,1],[8,1]]' '[8,8]' '[0,17,34]' 8 1 none 0 0 'pp 2 even split, dp 8, ZeRO-1'
 case_ megatron m09-offload-z1 $L '[[8,1]]' '[8]' '[0,34]' 4 1 none 1 0 'ZeRO-1 with the optimizer offloaded (a note for Megatron)'
-case_ megatron m10-v100-fp16-gpt2 $G '[[4,2]]' '[8]' '[0,50]' 4 1 selective 0 0 'V100: fp16 with loss scaling; GPT-2 XL (learned positions, LayerNorm, tied)'
+case_ megatron m10-v100-fp16-gpt2 $G '[[8,1]]' '[8]' '[0,50]' 4 1 selective 0 0 'V100: fp16 with loss scaling; GPT-2 XL (learned positions, LayerNorm, tied)'
 case_ megatron m11-a100-v100-uniform $H '[[4,1],[4,1]]' '[4,4]' '[0,18,30]' 8 1 none 0 0 'two GPU types (A100, V100) with uniform (dp, tp), uneven split, fp16'
 # DeepSpeed: ZeRO 0-3, offload optimizer / param, fp16 (V100) and bf16, activation checkpointing, pipeline.
 case_ deepspeed d01-z0-bf16 $L '[[8,1]]' '[8]' '[0,34]' 4 0 none 0 0 'ZeRO-0, bf16'

@@ -482,3 +482,19 @@ TEST_CASE("export --to megatron: Llama-3.1's rope_scaling goes from its config.j
   REQUIRE(e.exit_code == 0);
   CHECK(e.output.find("  --rotary-base 500000\n  --use-rope-scaling\n  --rope-scaling-factor 8\n") != std::string::npos);
 }
+
+TEST_CASE("export --to megatron: a tp that does not split the attention heads is refused, naming both", "[export]") {
+  // GPT-2 XL: 25 heads (and 25 key/value heads); tp 2 cannot split them (TransformerConfig's rule).
+  const ModelShape gpt2 = read_hf_config(hf("gpt2-xl.json"));
+  CHECK_THROWS_WITH(export_megatron(plan(50, 1600, {8}, {{4, 2}}, {0, 50}, 4, 64), gpt2, nullptr, "plan.json"),
+                    "plan.json: the model's 25 attention heads do not split over tp 2: Megatron-LM's TransformerConfig "
+                    "needs num_attention_heads to be a multiple of tp; take a plan whose tp divides them");
+  CHECK(export_megatron(plan(50, 1600, {8}, {{8, 1}}, {0, 50}, 4, 64), gpt2, nullptr, "plan.json").world_size == 8);
+  // Llama-3.2-3B: 24 heads split over tp 3, but its 8 key/value heads are neither a multiple nor a divisor of 3.
+  const ModelShape llama3b = read_hf_config(hf("llama-3.2-3b.json"));
+  CHECK_THROWS_WITH(export_megatron(plan(30, 3072, {6}, {{2, 3}}, {0, 30}, 4, 64), llama3b, nullptr, "plan.json"),
+                    "plan.json: the model's 8 key/value heads are neither a multiple nor a divisor of tp 3: Megatron-LM's "
+                    "TransformerConfig needs one or the other of num_query_groups; take a plan whose tp divides them");
+  // tp 4 divides both.
+  CHECK(export_megatron(plan(30, 3072, {8}, {{2, 4}}, {0, 30}, 4, 64), llama3b, nullptr, "plan.json").world_size == 8);
+}
