@@ -42,6 +42,7 @@ import tempfile
 import traceback
 
 HERE = os.path.abspath(__file__)
+PYTHON = [sys.executable]  # the interpreter of each case's process (--python)
 
 
 def last_line(text):
@@ -201,7 +202,7 @@ def child(mode, payload, env, refs, result_file, timeout):
     full_env.update(env)
     paths = [os.path.join(refs, d) for d in ("megatron-lm", "deepspeed") if os.path.isdir(os.path.join(refs, d))]
     full_env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
-    r = subprocess.run([sys.executable, HERE, "--worker", mode, payload, refs, result_file], env=full_env,
+    r = subprocess.run([PYTHON[0], HERE, "--worker", mode, payload, refs, result_file], env=full_env,
                        capture_output=True, text=True, timeout=timeout)
     if os.path.exists(result_file):
         res = json.load(open(result_file))
@@ -220,7 +221,10 @@ def main():
     p.add_argument("--logs", default=None, help="folder for each case's worker output (default: OUTDIR/logs)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per case")
     p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="cases checked at once")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter for each case's process (default: this one; a wrapper script may be given)")
     a = p.parse_args()
+    PYTHON[0] = a.python
     outdir, refs = os.path.abspath(a.outdir), os.path.abspath(a.refs)
     frameworks = set(a.frameworks.split(","))
     manifest = json.load(open(os.path.join(outdir, "manifest.json")))
@@ -269,7 +273,8 @@ def main():
             if not entry.get("ok"):
                 failed += 1
             result["cases"].append(entry)
-            status = "OK" if entry.get("ok") else "FAIL " + entry.get("error", "")
+            error = entry.get("error", "")
+            status = "OK" if entry.get("ok") else "FAIL " + (error if len(error) <= 300 else error[:297] + "...")
             print(f"{entry['name']:32s} {entry['framework']:9s} {status}", flush=True)
     result["passed"] = sum(1 for c in result["cases"] if c.get("ok"))
     result["failed"] = failed
