@@ -700,6 +700,7 @@ int run_simulate_with_report(const std::string& plan, const std::string& replay,
   a.hf_config = hf_config;
   a.report = out;
   a.report_replay = replay;
+  a.setup.framework_mb = kFrameworkFromProfiles;  // as `simulate` (its --framework-mb default)
   if (!replay.empty()) read_replay_json(replay);  // a broken replay fails before the simulation
   return run_simulate(a);
 }

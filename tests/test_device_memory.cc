@@ -4,10 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 
 #include "fixtures.h"
 #include "base/input_error.h"
+#include "base/json_util.h"
 #include "planner/plan_search.h"
 #include "sim/analytic_profiles.h"
 #include "sim/device_memory.h"
@@ -101,7 +103,7 @@ TEST_CASE("each rank joins the world, tp, dp and tied-embedding groups and two p
   CHECK(allocator_reserve_bytes(1e9, o) == 0);
 }
 
-TEST_CASE("--memory-headroom takes a share or an amount", "[device-memory][cli]") {
+TEST_CASE("memory headroom (--memory-headroom) takes a share or an amount", "[device-memory][cli]") {
   DeviceMemoryOptions o;
   parse_memory_headroom("5%", "--memory-headroom", &o);
   CHECK(o.headroom_fraction == Approx(0.05));
@@ -145,6 +147,28 @@ TEST_CASE("simulate prices each rank's device memory in use, term by term", "[de
   const PlanSimulation d = PlanSimulator(tight, profiles6(), shape, 1024, options(false, 0)).simulate(p, 16);
   CHECK_FALSE(c.fits);
   CHECK(d.fits);
+}
+
+TEST_CASE("the framework constant is the one measured at tp 1 (the tp group's NCCL is priced apart)",
+          "[device-memory][profiles]") {
+  profiles6();  // writes its files
+  const auto dir = test::scratch_dir("device-memory-framework");
+  std::filesystem::copy(test::scratch_dir("device-memory-profiles"), dir,
+                        std::filesystem::copy_options::overwrite_existing | std::filesystem::copy_options::recursive);
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    ordered_json j = read_json_file(f.path().string());
+    const int tp = f.path().filename().string().find("_tp2_") != std::string::npos ? 2 : 1;
+    j["execution_memory"]["framework_mb"] = 1000.0 + 100.0 * tp;  // as if the tp group's buffers were in it
+    write_json_file(f.path().string(), j);
+  }
+  const ProfileSet measured = ProfileSet::load(dir.string(), 6);
+  const Cluster cluster = a100s(4, 80);
+  const ModelShape shape = shape_from_model_config(model6());
+  const PlanResult p = plan({4}, {{2, 2}}, {0, 6}, 4);
+  const PlanSimulation on = PlanSimulator(cluster, measured, shape, 1024, options(true, 0.03)).simulate(p, 16);
+  const PlanSimulation off = PlanSimulator(cluster, measured, shape, 1024, options(false, 0)).simulate(p, 16);
+  for (const auto& r : on.ranks) CHECK(r.breakdown.framework == 1100 * kMiB);
+  for (const auto& r : off.ranks) CHECK(r.breakdown.framework == 1200 * kMiB);
 }
 
 TEST_CASE("the search's best plan fits its device memory in use plus the headroom", "[device-memory][search]") {

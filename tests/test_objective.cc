@@ -168,7 +168,7 @@ TEST_CASE("sub-clusters of whole nodes per type", "[objective][cost]") {
   CHECK(few.size() == 3 * 3 * 3 - 1);  // 0, 1, 2 per type are already the powers of two
 }
 
-TEST_CASE("--objective cost picks the cheapest plan per iteration, and the choice follows the prices",
+TEST_CASE("search --objective cost picks the cheapest plan per iteration, and the choice follows the prices",
           "[objective][cost]") {
   const int gbs = 8;
   ObjectiveOptions cost;
@@ -204,7 +204,7 @@ TEST_CASE("--objective cost picks the cheapest plan per iteration, and the choic
   CHECK(chosen[1] != chosen[2]);
 }
 
-TEST_CASE("--deadline-ms: the cheapest plan whose iteration meets the bound", "[objective][cost]") {
+TEST_CASE("search --deadline-ms: the cheapest plan whose iteration meets the bound", "[objective][cost]") {
   const int gbs = 8;
   const Cluster c = mixed(4.0, 0.2, 12.0);
   // The fastest plan of the whole cluster, and the cheapest plan without a bound.
@@ -237,7 +237,7 @@ TEST_CASE("--deadline-ms: the cheapest plan whose iteration meets the bound", "[
   CHECK(none.fastest_ms <= fast);           // (a sub-cluster without the V100s is faster than the whole cluster)
 }
 
-TEST_CASE("--uniform plans are Megatron-LM's and DeepSpeed's, and export to both", "[objective][uniform][export]") {
+TEST_CASE("search --uniform: plans are Megatron-LM's and DeepSpeed's, and export to both", "[objective][uniform][export]") {
   int differ = 0;
   for (int gbs : {8, 12, 16}) {
     const Cluster c = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 2}, {"10.0.0.3", 2}}, entries(-1, -1, -1),
