@@ -2,13 +2,13 @@
 """`hetplan whatif` against plain PyTorch, measured side by side on one machine (issue 32, item 6).
 
 The predictions are written and committed BEFORE anything is measured
-(scripts/whatif_validate_predict.sh -> logs/whatif_validate/predictions_<GPU>.json);
+(scripts/whatif_validate_predict.sh -> scripts/validation/whatif/predictions_<GPU>.json);
 this script only measures, and `summary` compares.
 
   gpu_whatif_validate.py train --mode single|offload --cases mb1-ckpt0,mb4-ckpt1 --out DIR
   torchrun --nproc-per-node 2 gpu_whatif_validate.py train --mode ddp|fsdp2 --cases ... --out DIR
   gpu_whatif_validate.py decode --runtimes eager,graphs --out DIR
-  gpu_whatif_validate.py summary --pred logs/whatif_validate/predictions_H100.json --meas DIR --out summary.md
+  gpu_whatif_validate.py summary --pred scripts/validation/whatif/predictions_H100.json --meas DIR --out summary.md
 
 Training: the held-out GPT of scripts/plain_pytorch_train.py (GPT-2 blocks, hidden 2048, 24 blocks,
 16 heads, ffn 8192, vocab 50304, sequence 2048, tied embeddings, learned positions; ~1.3B parameters),
@@ -211,6 +211,7 @@ def train(args):
         ids = torch.randint(GPT["vocab"], (mb, n), device=dev)
         tgt = torch.randint(GPT["vocab"], (mb, n), device=dev)
         times = []
+        opt_kind = "AdamW(fused=True)"
         steps = args.warmup + args.iters
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -226,7 +227,15 @@ def train(args):
             else:
                 loss = model(ids, tgt)
             loss.backward()
-            opt.step()
+            try:
+                opt.step()
+            except (RuntimeError, NotImplementedError) as e:  # fused AdamW unsupported here (DTensor, ...)
+                if args.mode == "offload" or step > 0:
+                    raise
+                print(f"fused AdamW failed ({e!r:.200}); foreach AdamW instead", flush=True)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
+                opt_kind = "AdamW(foreach=True)"
+                opt.step()
             if args.mode != "offload":
                 opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
@@ -237,8 +246,8 @@ def train(args):
                "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
                "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+        res["optimizer"] = opt.opt_kind if args.mode == "offload" else opt_kind
         if args.mode == "offload":
-            res["optimizer"] = opt.opt_kind
             res["cpu_threads"] = torch.get_num_threads()
         if rank == 0:
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "

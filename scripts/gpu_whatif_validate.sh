@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # issue 32, item 6: `hetplan whatif` against plain PyTorch, all measured side by side on one machine of two GPUs
 # (kind nvidia-h100-x2; an H200 pair works too). No build needed: the predictions were written and committed
-# before measuring (scripts/whatif_validate_predict.py -> logs/whatif_validate/predictions_<GPU>[_calibrated].json);
+# before measuring (scripts/whatif_validate_predict.py -> scripts/validation/whatif/predictions_<GPU>[_calibrated].json);
 # this script only measures (scripts/gpu_whatif_validate.py) and compares (its `summary`).
 #
 #   OUT=/some/dir scripts/gpu_whatif_validate.sh
@@ -52,8 +52,8 @@ run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LI
 cases=mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1
 run 80 single "${py[@]}" train --mode single --cases $cases --out "$res"
 if [ "$ngpu" -ge 2 ]; then
-  run 110 ddp torchrun --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode ddp --cases $cases --out "$res"
-  run 110 fsdp2 torchrun --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode fsdp2 --cases $cases --out "$res"
+  run 110 ddp python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode ddp --cases $cases --out "$res"
+  run 110 fsdp2 python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode fsdp2 --cases $cases --out "$res"
 else
   echo "!! one GPU: DDP and FSDP2 not measured"
 fi
@@ -61,7 +61,7 @@ run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --i
 run 70 decode "${py[@]}" decode --runtimes eager,graphs --out "$res"
 
 for kind in "" _calibrated; do
-  pred="logs/whatif_validate/predictions_${gpu}${kind}.json"
+  pred="scripts/validation/whatif/predictions_${gpu}${kind}.json"
   if [ -f "$pred" ]; then
     "${py[@]}" summary --pred "$pred" --meas "$res" --machine "$machine" --out "$res/summary${kind}.md" || true
     cp "$res/summary${kind}.md" "$out/" 2>/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes `hetplan whatif`'s predictions for scripts/gpu_whatif_validate.sh's cases, BEFORE anything is measured.
 
-  scripts/whatif_validate_predict.py --bin build-nt/hetplan --gpu H100 --out logs/whatif_validate/predictions_H100.json
+  scripts/whatif_validate_predict.py --bin build-nt/hetplan --gpu H100 --out scripts/validation/whatif/predictions_H100.json
       [--profiles DIR]   (a profile folder whose whatif_calibration.json the predictions use)
 
 Each case is one whatif command (recorded with its output row): the row that describes what
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-GPT = ["--hf-config", "logs/whatif_validate/gpt-1.3b.json", "--seq", "2048"]
+GPT = ["--hf-config", "scripts/validation/whatif/gpt-1.3b.json", "--seq", "2048"]
 LLAMA3B = ["--hf-config", "tests/data/hf/llama-3.2-3b.json"]
 
 
@@ -30,7 +30,7 @@ def cases():
                 out.append(dict(key=f"{mode}-mb{mb}-ckpt{ckpt}", row=row, args=args))
     for mb in (4,):
         args = GPT + ["--gpus", "1", "--micro-batch", str(mb), "--rows", "ZeRO-2+offload",
-                      "--deepspeed-config", "logs/whatif_validate/ds_offload_1gpu.json"]
+                      "--deepspeed-config", "scripts/validation/whatif/ds_offload_1gpu.json"]
         out.append(dict(key=f"offload-mb{mb}-ckpt0", row="ZeRO-2+offload", args=args))
     for runtime in ("eager", "graphs"):
         args = LLAMA3B + ["--inference", "--weights", "bf16", "--micro-batch", "1", "--prompt", "512",
