@@ -146,7 +146,8 @@ TEST_CASE("whatif and simulate agree: every ZeRO stage x recomputation, offload"
     const char* name;
     const char* simulate_flags;
   };
-  const Row rows[] = {{"DDP", "--zero 0 --accounting zero"},
+  // (The plan carries the accounting, DDP's buckets and the gradients-in-backward rule: whatif --export.)
+  const Row rows[] = {{"DDP", "--zero 0 --accounting megatron"},
                       {"ZeRO-1", "--zero 1 --accounting deepspeed --deepspeed-buffers"},
                       {"ZeRO-2", "--zero 2 --accounting deepspeed --deepspeed-buffers"},
                       {"ZeRO-3", "--zero 3 --accounting deepspeed --deepspeed-buffers"},
@@ -238,7 +239,14 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
           "[whatif][inference]") {
   const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
   const GpuSpec& g = *find_gpu_spec("H200");
+  // The roofline alone: a graph-captured decoder with no per-kernel floor (the runtime's floors are
+  // the [runtime] tests').
+  auto no_floor = [](InferenceSetup& x) {
+    x.launch.runtime = LaunchRuntime::kGraphs;
+    x.launch.graph_kernel_us = 0;
+  };
   InferenceSetup s;
+  no_floor(s);
   s.batch = 8;
   s.prompt = 512;
   s.output = 128;
@@ -247,11 +255,11 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
   const double L = m.num_layers;
   const double kv_token = 2.0 * L * m.num_kv_heads * m.head_dim * 2;
   // Kernel floor: (30 x 28 - (7 x 28 + 1)) kernels x 2.5 us.
-  s.kernel_floor_us = 2.5;
+  s.launch.graph_kernel_us = 2.5;
   s.kernels_per_layer = 30;
   CHECK(cost_inference(m, g, s).decode_ms_per_token ==
         Approx(base.decode_ms_per_token + (30 * L - (7 * L + 1)) * 2.5e-3).epsilon(1e-12));
-  s.kernel_floor_us = 0;
+  s.launch.graph_kernel_us = 0;
   // Static cache: the whole allocation (640 tokens) instead of the mean context (576).
   s.static_kv_cache = true;
   CHECK(cost_inference(m, g, s).decode_ms_per_token ==
@@ -268,6 +276,7 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
   s.attention_hbm_efficiency = 0.25;
   CHECK(cost_inference(m, g, s).decode_ms_per_token == Approx(with_kv + 2 * kv_ms).epsilon(1e-12));
   s = InferenceSetup();
+  no_floor(s);
   s.batch = 8;
   s.weights = WeightFormat::kInt4Awq;
   const InferenceResult awq = cost_inference(m, g, s);
@@ -467,7 +476,7 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
     s.weights = i == 0 ? WeightFormat::kBf16 : WeightFormat::kInt4Awq;
     s.batch = 8;
     s.hbm_efficiency = i == 0 ? 0.8 : 0.6;
-    s.kernel_floor_us = 2.5;
+    s.launch.graph_kernel_us = 2.5;  // measured; the runtime stays eager (whatif's default)
     s.kernels_per_layer = 30;
     s.int4_row_params_per_s = i == 0 ? 0 : 1e13;
     s.kv_repeat_materialised = s.static_kv_cache = true;
@@ -475,7 +484,7 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
     CHECK(rows[i]["decode_ms_per_token"].get<double>() ==
           Approx(cost_inference(m, g, s).decode_ms_per_token).epsilon(1e-9));
   }
-  CHECK(r.output.find("30.0 kernels per layer at a 2.50 us floor each (measured)") != std::string::npos);
+  CHECK(r.output.find("30.0 kernels per layer (measured); runtime: eager (7.47 us/op host floor)") != std::string::npos);
 }
 
 TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimizer efficiencies", "[whatif][calibration]") {
