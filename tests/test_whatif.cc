@@ -575,7 +575,7 @@ TEST_CASE("launch floor: eager issues each kernel at the host's time, graphs at 
   CHECK(hf_decode_kernels_per_layer(llama) == 45);
 }
 
-TEST_CASE("whatif --runtime: every row prints its runtime; a small model is host-bound in eager mode",
+TEST_CASE("whatif runtime flag: every row prints its runtime, a small model is host-bound in eager mode",
           "[whatif][runtime]") {
   // A tiny GPT: its blocks' GPU work is far below 19 kernels x 7.47 us forward, so eager is the floor.
   WhatifInput in;
@@ -700,7 +700,7 @@ TEST_CASE("ZeRO-3 gathers: module by module, prefetched within the bucket, laten
   CHECK(zero3_gathered_modules(llama, 0, llama.metis_num_layers(), 1, 1e5).size() == 1 + 7 * 32 + 1);
 }
 
-TEST_CASE("--deepspeed-config: ZeRO-3 at 1e8 buckets and an offload config change the rows as DeepSpeed does",
+TEST_CASE("whatif deepspeed-config: ZeRO-3 at 1e8 buckets and an offload config change the rows as DeepSpeed does",
           "[whatif][deepspeed]") {
   const auto dir = test::scratch_dir("whatif-dsconfig");
   std::ofstream(dir / "z3.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
@@ -765,7 +765,7 @@ TEST_CASE("--deepspeed-config: ZeRO-3 at 1e8 buckets and an offload config chang
   CHECK(page["ds_config"]["step_ms"].get<double>() > off["ds_config"]["step_ms"].get<double>());
 }
 
-TEST_CASE("--deepspeed-config: errors name the file and the key", "[whatif][deepspeed]") {
+TEST_CASE("whatif deepspeed-config: errors name the file and the key", "[whatif][deepspeed]") {
   const auto dir = test::scratch_dir("whatif-dsconfig-errors");
   auto error = [&](const std::string& text) {
     std::ofstream(dir / "c.json") << text;
