@@ -9,13 +9,17 @@
 # Cases: a ~1.3B GPT (hidden 2048, 24 blocks, seq 2048), micro-batch 1 and 4, with and without activation
 # checkpointing: single-GPU AMP, DDP (2 GPUs), FSDP2 (2 GPUs); CPU-offloaded Adam (ZeRO-Offload's path, one
 # GPU, micro-batch 4); decode of a Llama-3.2-3B shape at batch 1 in eager mode and with CUDA graphs.
-# Results: $OUT/whatif_validate.tgz (measurements, logs, machine) and $OUT/summary.md (+ summary_calibrated.md).
+# Results: $OUT/whatif_validate.tgz (measurements, logs, machine) and $OUT/summary.md (+ summary_calibrated.md,
+# the predictions made with profiles/H200's calibration).
 # Each step has its own time limit; the whole run stays under 8 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
-res="$out/whatif_validate"
-mkdir -p "$res"
+# The work folder is outside $OUT (the device tool brings back at most 8 files): $OUT gets the tarball and the
+# summaries only.
+work=$(mktemp -d)
+res="$work/whatif_validate"
+mkdir -p "$res" "$out"
 [ -f scripts/gpu_env.sh ] && source scripts/gpu_env.sh
 t0=$SECONDS
 machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
@@ -70,4 +74,5 @@ for kind in "" _calibrated; do
   fi
 done
 echo "total $((SECONDS - t0)) s"
-tar czf "$out/whatif_validate.tgz" -C "$out" whatif_validate
+tar czf "$out/whatif_validate.tgz" -C "$work" whatif_validate
+ls -l "$out"
