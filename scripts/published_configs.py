@@ -143,6 +143,18 @@ def main():
         mean = sum(abs(r["error"]) for r in sim) / len(sim)
         lines += ["", f"{len(sim)} rows simulated: mean |error| {100 * mean:.1f}%, worst {100 * worst:.1f}% "
                       f"(goal: <= 10% on every row)."]
+    lines += ["", "Where the error comes from (not corrected: correcting it needs a measurement this session does not "
+              "have). The error falls with the model's size, from over-predicting the small models to "
+              "under-predicting the 1T one: the analytic profiles run every GEMM at one efficiency (0.55 of the "
+              "A100's 312 TFLOP/s), whereas cuBLAS reaches more on the 1T model's 25600-wide GEMMs than on the "
+              "1.7B model's 2304-wide ones; they take a block's element-wise bytes as overlapping its GEMMs (a "
+              "roofline max, not a sum), and they count no attention-score traffic, which Megatron-LM of 2021 "
+              "materialised (b x a x s^2 scores per block, no flash attention) and which weighs a s / h^2 "
+              "against the GEMMs: 20x more at 1.7B than at 1T. An A100 GEMM-efficiency curve by size (not "
+              "measurable on the lent H100/H200 machines) is what would correct it.",
+              "", "The four interleaved rows wait for the interleaved schedule (issue 34 item 1, another branch): "
+              "`ROWS` marks them; once `hetplan simulate` takes the plan's virtual stages they are simulated like "
+              "the others."]
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     open(args.out, "w").write(text)
