@@ -306,7 +306,12 @@ int run_simulate(const SimulateArgs& a) {
     j["zero_stage"] = o.setup.zero_stage;
     j["recompute"] = to_string(o.setup.recompute);
     j["network"] = simulator.collective_sources();
-    j["plan"] = plan_file_to_json(pf);
+    // The plan as simulated: its file's keys with the flags' sequence/context parallelism and overlap.
+    PlanFile simulated = pf;
+    simulated.sequence_parallel = o.setup.sequence_parallel;
+    simulated.context_parallel = o.setup.context_parallel;
+    simulated.overlap = o.setup.overlap;
+    j["plan"] = plan_file_to_json(simulated);
     write_json_file(a.json_out, j);
   }
   return 0;

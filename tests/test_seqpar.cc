@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include "fixtures.h"
 #include "base/input_error.h"
+#include "base/json_util.h"
 #include "planner/search_settings.h"
 #include "sim/analytic_profiles.h"
 #include "sim/dp_overlap.h"
@@ -246,6 +248,37 @@ TEST_CASE("search settings: overlap as a dimension", "[seqpar][overlap]") {
   t.context_parallel = 4;
   t.overlap.grad_reduce = true;
   CHECK(parallel_setup_suffix(t) == ", sequence parallel, cp 4, overlapped communication");
+}
+
+}  // namespace hetplan
+
+namespace hetplan {
+
+TEST_CASE("simulate --context-parallel and --overlap-grad-reduce: costed, recorded, and checked", "[seqpar][cli]") {
+  const auto dir = test::scratch_dir("seqpar-cli");
+  const std::string bin = HETPLAN_BINARY, src = HETPLAN_SOURCE_DIR;
+  REQUIRE(test::run_hetplan("gen-profiles --analytic 10 8 --types A100 --max-tp 2 --out " + (dir / "prof").string())
+              .exit_code == 0);
+  // One stage of the 8 A100s (dp 8), micro-batches of 8.
+  const std::string plan = (dir / "plan.json").string();
+  std::ofstream(plan) << R"({"node_sequence": ["A100"], "device_groups": [8], "strategies": [[8, 1]], "batches": 2,
+    "layer_partition": [0, 10], "gbs": 16, "model": {"num_layers": 10, "hidden_size": 1600, "sequence_length": 1024,
+    "vocab_size": 50257, "attention_heads": 25}})";
+  const std::string common = "simulate --plan " + plan + " --hostfile " + src + "/hostfiles/a100_v100_16.hostfile" +
+                             " --clusterfile " + src + "/hostfiles/clusterfile.json --profiles " + (dir / "prof").string();
+  const auto base = test::run_hetplan(common + " --json " + (dir / "base.json").string());
+  REQUIRE(base.exit_code == 0);
+  const auto cp = test::run_hetplan(common + " --context-parallel 2 --overlap-grad-reduce --json " +
+                                    (dir / "cp.json").string());
+  REQUIRE(cp.exit_code == 0);
+  CHECK(cp.output.find("cp 2, overlapped grad reduce") != std::string::npos);
+  const ordered_json j = read_json_file((dir / "cp.json").string());
+  CHECK(j["plan"]["context_parallel"] == 2);
+  CHECK(j["plan"]["overlap"]["grad_reduce"] == true);
+  CHECK(j["iteration_ms"].get<double>() != read_json_file((dir / "base.json").string())["iteration_ms"].get<double>());
+  const auto bad = test::run_hetplan(common + " --context-parallel 3");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("dp 8 is not a multiple of the context-parallel size 3") != std::string::npos);
 }
 
 }  // namespace hetplan
