@@ -18,9 +18,9 @@
 namespace hetplan {
 
 // GEMM time while an NCCL all-reduce stream shares the GPU, over its time alone:
-// measured by scripts/gpu_nccl_bench.sh ("overlap.gemm_slowdown"). See
-// sim/dp_overlap.md for the measurement this value is taken from.
-inline constexpr double kCommComputeSlowdown = 1.08;
+// measured by scripts/gpu_nccl_bench.sh ("overlap.gemm_slowdown", NCCL's own
+// algorithm choice) on 2 x H200, logs/validate/nccl-h200x2 (sim/dp_overlap.md).
+inline constexpr double kCommComputeSlowdown = 1.035;
 
 // Megatron-LM's default bucket: max(40M, 1M x dp) parameters
 // (megatron/core/distributed/distributed_data_parallel.py).

@@ -55,7 +55,8 @@ struct NetworkOptions {
   // intra_bandwidth). It covers what the datasheet does not: NCCL's protocol
   // and per-call costs. p2p keeps the clusterfile's numbers.
   std::vector<double> intra_collective_bytes_per_s;
-  double intra_latency_s = 5e-6;   // NVLink/PCIe hop, NCCL's order of magnitude
+  double intra_latency_s = 11e-6;  // NVLink/PCIe hop: an 8 KiB all-reduce on 2 x H200 took 22 us, 2 ring steps
+                                   // (scripts/gpu_nccl_bench.sh, logs/validate/nccl-h200x2; sim/network.md)
   double inter_latency_s = 20e-6;  // InfiniBand/Ethernet hop between nodes
 };
 
