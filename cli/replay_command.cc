@@ -38,6 +38,7 @@ struct ReplayArgs {
   std::string plan, out = "replay.json", trace, schedule = "1f1b", dtype = "bf16", device = "auto";
   std::string profile_dir, hostfile, clusterfile, dump_dir, work_dir, hf_config, recompute;
   int iters = 10, warmup = 3, timeout_s = 300, heads = 0, zero = -1;
+  bool overlap_grad_reduce = false;
   int64_t cpu_memory_limit_mb = 0;
   double lr = 1e-4;
   std::vector<std::string> argv;
@@ -111,6 +112,8 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   // ZeRO: the flag, else the plan's stage.
   if (a.zero > 3) throw InputError("--zero " + std::to_string(a.zero) + ": expected 0, 1, 2 or 3");
   c.zero_stage = a.zero >= 0 ? a.zero : std::min(3, std::max(0, p.plan.zero_stage));
+  // Overlapped reduction (ZeRO-2/3): the flag, or the plan's overlap.grad_reduce.
+  c.overlap_grad_reduce = a.overlap_grad_reduce || p.plan.overlap.grad_reduce;
   // Activation recomputation: the flag, else the setting the plan was costed with.
   if (!a.recompute.empty()) c.model.recompute = parse_recompute(a.recompute, "--recompute");
   else if (!p.plan.recompute.empty()) c.model.recompute = parse_recompute(p.plan.recompute, a.plan + ": recompute");
@@ -391,6 +394,10 @@ ordered_json replay_json(const ReplayArgs& a, const Prepared& p, const ReplayMea
   // 1: fp32 masters and Adam state sharded over each stage's dp group; 2: and
   // the fp32 gradients (reduce-scattered); 3: and the 16-bit weights (gathered per layer).
   out["zero_stage_executed"] = p.config.zero_stage;
+  out["overlap_grad_reduce_executed"] = p.config.overlap_grad_reduce && p.config.zero_stage >= 2;
+  long long overlapped = 0;
+  for (const auto& rep : m.reports) overlapped += rep.overlapped_collectives;
+  out["overlapped_collectives"] = overlapped;
   out["model"] = {{"name", model.shape.name},
                   {"family", model.shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2"},
                   {"parameters", model.shape.parameter_count()},
@@ -506,6 +513,10 @@ Runner add_replay_command(CLI::App& app, int argc, char** argv) {
                 "ZeRO stage to execute over each stage's replicas: 0 (replicated), 1 (fp32 masters and Adam state "
                 "sharded), 2 (and fp32 gradients, reduce-scattered per layer), 3 (and bf16 weights, gathered per "
                 "layer just in time, as FSDP) (default: the plan's)");
+  s->add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
+              "With --zero 2 or 3: leave each layer's gradient reduce-scatter running while the backward goes on "
+              "(DeepSpeed's overlap_comm); waited for at each micro-batch's end (default: the plan's "
+              "overlap.grad_reduce)");
   s->add_option("--recompute", a->recompute,
                 "Activation recomputation: none, selective (core attention) or full (each block) (default: the "
                 "plan's setting, else none)");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "planner/search_settings.h"
 #include "cli/device_memory_flags.h"
 #include "cli/flag_validators.h"
 #include <atomic>
@@ -48,6 +49,9 @@ struct SearchArgs {
   std::string collectives = "measured";
   bool burst_clocks = false;
   std::string zero = "0";
+  bool sequence_parallel = false;
+  std::string overlap = "off";
+  double ddp_bucket_params = 0, comm_slowdown = kCommComputeSlowdown;
   bool cross_node_tp = false;
   std::string time_budget;  // seconds, or "none" / "" for no limit (parse_time_budget)
   int max_stages = 0;
@@ -385,6 +389,9 @@ int run_default_search(const SearchArgs& a) {
   if (a.max_bs > 0) so.max_profiled_bs = a.max_bs;
   parse_memory_headroom(a.memory_headroom, "--memory-headroom", &so.device_memory);
   so.setup = as_profiled(so.setup, profiles, false, false);
+  so.setup.sequence_parallel = a.sequence_parallel;
+  so.setup.overlap.grad_bucket_params = a.ddp_bucket_params;
+  so.setup.overlap.compute_slowdown = a.comm_slowdown;
   const ModelShape shape = shape_of_plan(a.model, a.hf_config, "--num_layers and --hidden_size");
   check_shape_against_profiles(a, shape, profiles.model());
   const PlanSimulator simulator(cluster, profiles, shape, a.model.sequence_length, so);
@@ -396,7 +403,7 @@ int run_default_search(const SearchArgs& a) {
   o.allow_cross_node_tp = a.cross_node_tp;
   o.uniform = a.uniform;
   o.stage_boundaries = parse_stage_boundaries(a.stage_boundaries);
-  o.setups = search_setups(so.setup, a.zero, a.recompute);
+  o.setups = with_overlap_dimension(search_setups(so.setup, a.zero, a.recompute), a.overlap);
   o.top_k = a.top;
   o.threads = a.threads;
   o.time_budget_s = parse_time_budget(a.time_budget);
@@ -460,7 +467,8 @@ int run_default_search(const SearchArgs& a) {
   for (std::size_t i = 0; i < result.top.size(); ++i) {
     std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i].plan) << "\n";
     if (o.setups.size() > 1)
-      std::cout << "setting " << i + 1 << ": " << setup_label(o.setups[result.top[i].setup]) << "\n";
+      std::cout << "setting " << i + 1 << ": " << setup_label(o.setups[result.top[i].setup])
+                << parallel_setup_suffix(o.setups[result.top[i].setup]) << "\n";
   }
 
   if (!a.json_out.empty()) {
@@ -573,6 +581,22 @@ Runner add_search_command(CLI::App& app) {
   s->add_option("--recompute", a->recompute,
                 "With --cost-model sim: none, selective, full, or auto to search them as a dimension")
       ->capture_default_str();
+  s->add_flag("--sequence-parallel", a->sequence_parallel,
+              "With --cost-model sim: Megatron sequence parallelism at every tp > 1 (activations between the "
+              "blocks split by tp; all-gather and reduce-scatter in place of the all-reduces)");
+  s->add_option("--overlap", a->overlap,
+                "With --cost-model sim: overlapped data-parallel communication (bucketed gradient reduction "
+                "during the backward; weight gathers during the forward with ZeRO): off, on, or auto to search "
+                "it as a dimension")
+      ->capture_default_str();
+  s->add_option("--ddp-bucket-size", a->ddp_bucket_params,
+                "With --cost-model sim and --overlap: parameters per bucket (default: Megatron's max(40M, 1M x dp))")
+      ->check(CLI::Range(0.0, 1e13));
+  s->add_option("--comm-slowdown", a->comm_slowdown,
+                "With --cost-model sim and --overlap: compute time while a collective shares the SMs over its "
+                "time alone (measured by scripts/gpu_nccl_bench.sh)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 10.0));
   s->add_option("--bandwidth-unit", a->bandwidth_unit,
                 "Clusterfile bandwidth unit, GB/s, GiB/s or bytes/s (checked for plausibility under either cost model)")
       ->capture_default_str();

@@ -79,6 +79,10 @@ ordered_json searched_plan_json(const SearchedPlan& p, const Cluster& cluster, c
   const TrainingSetup& s = setups[p.setup];
   f.zero_stage = s.zero_stage;
   f.recompute = to_string(s.recompute);
+  f.sequence_parallel = s.sequence_parallel;
+  f.context_parallel = s.context_parallel;
+  f.overlap = s.overlap;
+  f.overlap_recorded = true;
   f.schedule = schedule;
   ordered_json j = plan_file_to_json(f);
   j["ranks"] = rank_placement_json(cluster, f.plan);

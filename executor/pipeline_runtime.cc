@@ -212,6 +212,7 @@ void RankRun::build_optimizer() {
   }
   if (shared && solo_unit >= 0) layer_units_.back().push_back(solo_unit);  // the head's use of the embedding
   zopt_ = std::make_unique<ZeroOptimizer>(c_.zero_stage, std::move(units), c_.lr, st_.dp > 1 ? groups_.dp : nullptr);
+  zopt_->set_overlap(c_.overlap_grad_reduce);
 }
 
 void RankRun::collect_transfers() {
@@ -425,6 +426,7 @@ RankReport RankRun::finish() {
   constexpr double kMiB = 1024.0 * 1024.0;
   RankReport& report = report_;
   report.peak_memory_mb = std::max(report.peak_forward_backward_mb, report.peak_optimizer_mb);
+  if (zopt_) report.overlapped_collectives = zopt_->overlapped_collectives();
   if (meter_.has_memory_stats()) report.peak_allocated_mb = report.peak_memory_mb;
   if (c_.device.is_cuda()) {
     if (meter_.peak_reserved() >= 0) report.peak_reserved_mb = meter_.peak_reserved() / kMiB;
@@ -492,6 +494,7 @@ ordered_json rank_report_to_json(const RankReport& r) {
           {"peak_optimizer_mb", r.peak_optimizer_mb}, {"peak_allocated_mb", opt(r.peak_allocated_mb)},
           {"peak_reserved_mb", opt(r.peak_reserved_mb)}, {"device_used_mb", opt(r.device_used_mb)},
           {"memory_note", r.memory_note.empty() ? ordered_json(nullptr) : ordered_json(r.memory_note)},
+          {"overlapped_collectives", r.overlapped_collectives},
           {"trace", spans}};
 }
 
@@ -510,6 +513,7 @@ RankReport rank_report_from_json(const ordered_json& j) {
   r.peak_reserved_mb = opt_from(j, "peak_reserved_mb");
   r.device_used_mb = opt_from(j, "device_used_mb");
   if (j.contains("memory_note") && j["memory_note"].is_string()) r.memory_note = j["memory_note"];
+  r.overlapped_collectives = j.value("overlapped_collectives", 0LL);
   for (const auto& s : j["trace"])
     r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>()});
   return r;

@@ -40,6 +40,9 @@ struct ReplayConfig {
   // per layer and micro-batch; 3: also the 16-bit weights, gathered per
   // layer just in time (executor/zero_optimizer.h).
   int zero_stage = 0;
+  // ZeRO-2/3: each layer unit's reduce-scatter left running while the backward goes on, waited for at
+  // the micro-batch's end (ZeroOptimizer::set_overlap; DeepSpeed's overlap_comm).
+  bool overlap_grad_reduce = false;
   uint64_t data_seed = 42;
   std::chrono::milliseconds timeout{300000};
   std::string dump_dir;  // if set: parameters after the last step, for checks
@@ -67,6 +70,7 @@ struct RankReport {
   std::optional<double> peak_reserved_mb;   // CUDA caching allocator's peak reserved (cached) bytes
   std::optional<double> device_used_mb;     // max over the run of cudaMemGetInfo total - free (context, NCCL included)
   std::string memory_note;
+  long long overlapped_collectives = 0;  // ZeRO-2/3 reduce-scatters started while another was running
   std::vector<Span> trace;           // the last measured iteration
 };
 

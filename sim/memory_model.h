@@ -14,6 +14,7 @@
 
 #include <string>
 
+#include "sim/dp_overlap.h"
 #include "sim/model_shape.h"
 #include "sim/offload.h"
 #include "sim/runtime_overheads.h"
@@ -71,7 +72,10 @@ struct TrainingSetup {
                                    // node), replicated across groups; 0: the whole data-parallel group
   bool adam_8bit = false;          // bitsandbytes 8-bit Adam: m and v in 8 bits, one fp32 absmax per 2048 (2.004 B/param)
   Recompute recompute = Recompute::kNone;
-  bool sequence_parallel = false;
+  bool sequence_parallel = false;  // Megatron --sequence-parallel (with tp; sim/sequence_parallel.h)
+  int context_parallel = 1;        // cp: ranks of a ring-attention group, carved from each stage's dp
+                                   // (Megatron's order: tp, cp, dp); 1: none (sim/sequence_parallel.h)
+  CommOverlap overlap;             // bucketed data-parallel communication during compute (sim/dp_overlap.h)
   bool flash_attention = false;  // the a*s^2 terms are never stored (as selective recomputation)
   Finetune finetune = Finetune::kFull;
   int lora_rank = 16;

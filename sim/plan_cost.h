@@ -78,6 +78,7 @@ struct StageDetail {
   std::vector<int> replica_types;  // profile type index of each dp replica (its first rank's)
   std::vector<int> shares;         // each dp replica's share of the micro-batch
   std::vector<RankMemory> ranks;   // each rank of the stage, in rank order
+  double cp_exchange_forward_ms = 0, cp_exchange_backward_ms = 0;  // exposed ring-attention K/V exchange
 };
 
 // The fast cost of candidates of one search over one node sequence.
@@ -152,7 +153,10 @@ class PlanCostModel {
   struct SetupReuse;  // what one setup's costing leaves for the next (plan_cost.cc)
   bool stage_impl(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int first_setup,
                   int num_setups, FastStageCost* out, StageDetail* detail, std::string* why) const;
+  bool stage_basis(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int cp, StageBasis* b,
+                   StageDetail* detail, std::string* why) const;
   bool replica_shares(const StageChoice& s, int micro_batch, StageBasis* b, std::string* why) const;
+  void ring_attention_ms(const StageChoice& s, StageBasis* b) const;
   bool slowest_replica(const StageChoice& s, int index, StageBasis* b, std::string* why) const;
   double cross_node_tp_ms(int begin, Strategy st, int d, int share, int blocks) const;
   void setup_times(const StageChoice& s, int index, int num_stages, const StageBasis& b, int k, SetupReuse* reuse,
@@ -162,6 +166,9 @@ class PlanCostModel {
   void add_gradient_sync(const StageChoice& s, int index, int num_stages, const TrainingSetup& setup,
                          double trainable, double grad_bytes, double hbm_bytes_per_s, SetupReuse* reuse,
                          FastStageCost* c) const;
+  double slowest_dp_all_reduce(int begin, Strategy st, double bytes) const;
+  void add_overlapped_sync(Strategy st, int zero, double trainable, double grad_bytes, double weight_bytes,
+                           const CommOverlap& ov, double rs, double ag, SetupReuse* reuse, FastStageCost* c) const;
   void add_offload(const StageChoice& s, const TrainingSetup& setup, int ptype, double trainable,
                    double full_on_rank, FastStageCost* c) const;
   void add_zero3_gathers(const StageChoice& s, const TrainingSetup& setup, double hbm_bytes_per_s,

@@ -190,6 +190,16 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (f.deepspeed_buffers) j["deepspeed_buffers"] = true;
   if (f.ddp_buckets) j["ddp_buckets"] = true;
   if (f.grads_in_backward) j["grads_in_backward"] = true;
+  if (f.sequence_parallel) j["sequence_parallel"] = true;
+  if (f.context_parallel > 1) j["context_parallel"] = f.context_parallel;
+  if (f.overlap.any() || f.overlap_recorded) {
+    ordered_json o;
+    o["grad_reduce"] = f.overlap.grad_reduce;
+    o["param_gather"] = f.overlap.param_gather;
+    if (f.overlap.grad_bucket_params > 0) o["grad_bucket_params"] = f.overlap.grad_bucket_params;
+    if (f.overlap.param_bucket_params > 0) o["param_bucket_params"] = f.overlap.param_bucket_params;
+    j["overlap"] = o;
+  }
   return j;
 }
 
@@ -251,6 +261,27 @@ void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
     f.accounting = j["accounting"].get<std::string>();
     if (f.accounting != "zero" && f.accounting != "deepspeed" && f.accounting != "megatron")
       throw InputError(where + ": '" + excerpt(f.accounting) + "': expected zero, deepspeed or megatron");
+  }
+  flag("sequence_parallel", f.sequence_parallel);
+  if (j.contains("context_parallel"))
+    f.context_parallel =
+        static_cast<int>(require_integer(j, "context_parallel", file, "", rules::int_in(1, kMaxReplicas)));
+  if (j.contains("overlap")) {
+    const ordered_json& o = j["overlap"];
+    if (!o.is_object()) throw InputError(file + ": key 'overlap' must be an object");
+    f.overlap_recorded = true;
+    auto oflag = [&](const char* key, bool& out) {
+      if (!o.contains(key)) return;
+      if (!o[key].is_boolean()) throw InputError(file + ": key 'overlap." + key + "' must be true or false");
+      out = o[key].get<bool>();
+    };
+    oflag("grad_reduce", f.overlap.grad_reduce);
+    oflag("param_gather", f.overlap.param_gather);
+    const NumberRule bucket = rules::non_negative_up_to(1e13);
+    if (o.contains("grad_bucket_params"))
+      f.overlap.grad_bucket_params = require_number(o, "grad_bucket_params", file, "overlap.", bucket);
+    if (o.contains("param_bucket_params"))
+      f.overlap.param_bucket_params = require_number(o, "param_bucket_params", file, "overlap.", bucket);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "base/json_util.h"
+#include "sim/dp_overlap.h"
 #include "sim/model_config.h"
 #include "sim/model_shape.h"
 #include "sim/plan.h"
@@ -49,6 +50,14 @@ struct PlanFile {
   bool deepspeed_buffers = false, ddp_buckets = false;
   // Gradients allocated during the backward (TrainingSetup::grads_in_backward).
   bool grads_in_backward = false;
+  // Sequence parallelism with tp, the context-parallel size (carved from each stage's dp: Megatron's
+  // dp is the plan's dp / cp) and overlapped data-parallel communication, as costed (keys
+  // sequence_parallel, context_parallel, overlap.{grad_reduce, param_gather, grad_bucket_params,
+  // param_bucket_params}; absent: off, 1, off).
+  bool sequence_parallel = false;
+  int context_parallel = 1;
+  CommOverlap overlap;
+  bool overlap_recorded = false;  // the file has the key 'overlap' (the default search writes it)
 };
 
 // The model.architecture object: every ModelShape field, by ModelShape's names, plus rope_scaling when not null.

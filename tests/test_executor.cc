@@ -143,7 +143,7 @@ void check_trains_like_reference(const Reference& ref, const std::vector<double>
   CHECK(err <= 1e-4);
 }
 
-void check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
+ordered_json check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
                                         const std::string& schedule = "1f1b", const std::string& hf_config = "",
                                         const std::string& extra = "") {
   const auto dir = test::scratch_dir("replay-" + name);
@@ -164,6 +164,7 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
   if (const auto z = extra.find("--zero "); z != std::string::npos)
     CHECK(result["zero_stage_executed"] == std::stoi(extra.substr(z + 7)));
   check_trains_like_reference(ref, losses, dir / "params");
+  return result;
 }
 
 }  // namespace
@@ -534,6 +535,27 @@ TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-3 (weights gathered per layer jus
           "[executor][zero]") {
   REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-zero3", plan_dp2tp2pp2(), "1f1b", "", "--zero 3");
+}
+
+// Overlapped reduction (issue 34): each layer unit's reduce-scatter is left running while the backward goes
+// on. The sums are the same, in the same order; the replay must also have started reduce-scatters while
+// others were still running, or nothing was overlapped.
+TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-2 and overlapped reduce-scatters trains like one process",
+          "[executor][zero][overlap]") {
+  REQUIRE_CPU_COLLECTIVES();
+  const ordered_json r = check_plan_trains_like_one_process("dp2tp2pp2-zero2-overlap", plan_dp2tp2pp2(), "1f1b", "",
+                                                            "--zero 2 --overlap-grad-reduce");
+  CHECK(r["overlap_grad_reduce_executed"] == true);
+  CHECK(r["overlapped_collectives"].get<long long>() > 0);
+}
+
+TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-3 and overlapped reduce-scatters trains like one process",
+          "[executor][zero][overlap]") {
+  REQUIRE_CPU_COLLECTIVES();
+  const ordered_json r = check_plan_trains_like_one_process("dp2tp2pp2-zero3-overlap", plan_dp2tp2pp2(), "1f1b", "",
+                                                            "--zero 3 --overlap-grad-reduce");
+  CHECK(r["overlap_grad_reduce_executed"] == true);
+  CHECK(r["overlapped_collectives"].get<long long>() > 0);
 }
 
 TEST_CASE("replay (dp 2, tp 2, pp 2) with full recomputation trains like one process", "[executor][recompute]") {

@@ -39,6 +39,10 @@ const std::map<std::string, std::string> kMegatronFlags = {
     {"--tensor-model-parallel-size", "megatron/core/model_parallel_config.py"},
     {"--pipeline-model-parallel-size", "megatron/core/model_parallel_config.py"},
     {"--sequence-parallel", "megatron/core/model_parallel_config.py"},
+    {"--context-parallel-size", "megatron/core/model_parallel_config.py"},
+    {"--overlap-grad-reduce", "megatron/training/arguments.py"},
+    {"--overlap-param-gather", "megatron/training/arguments.py"},
+    {"--ddp-bucket-size", "megatron/training/arguments.py"},
     {"--bf16", "megatron/core/model_parallel_config.py"},
     {"--fp16", "megatron/core/model_parallel_config.py"},
     {"--initial-loss-scale", "megatron/training/arguments.py"},
@@ -202,6 +206,11 @@ TEST_CASE("export: the flag and key names, with the parser's file and commit the
   PlanFile scaled = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64, -1, "", {"V100"});  // fp16, rope scaling
   scaled.rope_scaling = kLlama31RopeScaling;
   megatron(scaled, llama);
+  PlanFile cp = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64, 1);  // context parallelism, overlap, buckets
+  cp.context_parallel = 2;
+  cp.overlap.grad_reduce = cp.overlap.param_gather = true;
+  cp.overlap.grad_bucket_params = 5e7;
+  megatron(cp, llama);
   std::set<std::string> want;
   for (const auto& [k, v] : kMegatronFlags) want.insert(k);
   CHECK(emitted == want);
@@ -455,6 +464,55 @@ TEST_CASE("export --to deepspeed: the plan's offload devices", "[export]") {
   const ordered_json o = export_deepspeed(p, llama, nullptr, "p").config["zero_optimization"];
   CHECK(o["offload_optimizer"] == ordered_json{{"device", "cpu"}});
   CHECK(o["offload_param"] == ordered_json{{"device", "none"}});
+}
+
+TEST_CASE("export: context parallelism, sequence parallelism and overlapped communication", "[export][seqpar]") {
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));
+  // 8 GPUs of dp 4 x tp 2 at cp 2: Megatron's dp is 2, each dp group takes 64 / 8 / 2 = 4 sequences.
+  PlanFile p = plan(34, 4096, {8}, {{4, 2}}, {0, 34}, 8, 64, 1);
+  p.sequence_parallel = true;
+  p.context_parallel = 2;
+  p.overlap.grad_reduce = p.overlap.param_gather = true;
+  p.overlap.grad_bucket_params = 5e7;
+  const MegatronArgs m = export_megatron(p, llama, nullptr, "plan.json");
+  auto value = [&](const std::string& flag) -> std::string {
+    for (const auto& [f, v] : m.args)
+      if (f == flag) return v.empty() ? "(set)" : v;
+    return "(absent)";
+  };
+  CHECK(m.world_size == 8);
+  CHECK(value("--sequence-parallel") == "(set)");
+  CHECK(value("--context-parallel-size") == "2");
+  CHECK(value("--micro-batch-size") == "4");
+  CHECK(value("--overlap-grad-reduce") == "(set)");
+  CHECK(value("--overlap-param-gather") == "(set)");
+  CHECK(value("--ddp-bucket-size") == "50000000");
+  CHECK(value("--use-distributed-optimizer") == "(set)");
+  // Without ZeRO there is nothing to gather: only the reduction overlaps.
+  PlanFile z0 = p;
+  z0.zero_stage = 0;
+  z0.context_parallel = 1;
+  const MegatronArgs m0 = export_megatron(z0, llama, nullptr, "plan.json");
+  CHECK(std::count_if(m0.args.begin(), m0.args.end(), [](const auto& a) { return a.first == "--overlap-param-gather"; }) == 0);
+  CHECK(std::count_if(m0.args.begin(), m0.args.end(), [](const auto& a) { return a.first == "--overlap-grad-reduce"; }) == 1);
+  CHECK(std::count_if(m0.args.begin(), m0.args.end(), [](const auto& a) { return a.first == "--context-parallel-size"; }) == 0);
+  // cp must divide dp, and 2 cp the sequence.
+  PlanFile bad = p;
+  bad.context_parallel = 3;
+  CHECK_THROWS_WITH(export_megatron(bad, llama, nullptr, "plan.json"),
+                    Catch::Contains("context_parallel 3 does not divide a stage's dp 4"));
+  // DeepSpeed: overlap_comm and the bucket sizes as costed; no ring attention.
+  PlanFile ds = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 4, 64, 2);
+  ds.overlap.grad_reduce = true;
+  ds.overlap.grad_bucket_params = 5e7;
+  ds.overlap_recorded = true;
+  const ordered_json z = export_deepspeed(ds, llama, nullptr, "p").config["zero_optimization"];
+  CHECK(z["overlap_comm"] == true);
+  CHECK(z["reduce_bucket_size"] == 50000000);
+  CHECK(z["allgather_bucket_size"] == 50000000);
+  ds.overlap = CommOverlap{};
+  CHECK(export_deepspeed(ds, llama, nullptr, "p").config["zero_optimization"]["overlap_comm"] == false);
+  CHECK_THROWS_WITH(export_deepspeed(p, llama, nullptr, "p"), Catch::Contains("DeepSpeed's config has no ring attention"));
 }
 
 TEST_CASE("export --to megatron: Llama-3.1's rope_scaling goes from its config.json through search to the arguments",

@@ -4,6 +4,8 @@
 // the simulator's iteration time.
 #include <catch2/catch.hpp>
 
+#include "planner/search_settings.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -141,7 +143,8 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
                                      bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
                                      const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
                                      StageBoundaries boundaries = StageBoundaries::kRank,
-                                     double mixed_limit = PlanSearchOptions().mixed_table_limit) {
+                                     double mixed_limit = PlanSearchOptions().mixed_table_limit,
+                                     const std::string& overlap = "off") {
   int compared = 0, with_plans = 0;
   long long pruned_costed = 0, full_costed = 0;
   const std::vector<Case> all = cases(uneven);
@@ -160,7 +163,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     TrainingSetup a = so.setup, b = a;
     b.zero_stage = 1;
     b.recompute = Recompute::kFull;
-    o.setups = {a, b};
+    o.setups = with_overlap_dimension({a, b}, overlap);  // "auto": overlapped communication as a dimension too
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
     const PlanSearchResult pruned = PlanSearch(cluster, profiles, sim, o).run();
@@ -275,6 +278,13 @@ TEST_CASE("the pruned search returns what exhaustive search returns: measured pr
 
 // GPUs of 2-3.5 GB, below the small model's ~5 GB of model states: most stages cannot hold their layers,
 // which the suffix tables leave out by PlanCostModel::state_bytes_lower_bound.
+TEST_CASE("the pruned search returns what exhaustive search returns with overlap as a dimension",
+          "[plan_search][seqpar]") {
+  expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false, true, PlanSearchOptions().suffix_table_limit,
+                                  clusterfile(), 20, StageBoundaries::kRank, PlanSearchOptions().mixed_table_limit,
+                                  "auto");
+}
+
 TEST_CASE("the pruned search returns what exhaustive search returns when model states overflow the GPUs",
           "[plan_search][memory]") {
   const std::vector<ClusterfileEntry> small_gpus = {{"10.0.0.1", "A100", 25, 300, 3.5}, {"10.0.0.2", "H100", 50, 450, 3},
