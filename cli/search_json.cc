@@ -80,7 +80,8 @@ ordered_json plan_search_result_to_json(const PlanSearchResult& r, const Cluster
     const TrainingSetup& s = setups[r.top[i].setup];
     f.zero_stage = s.zero_stage;
     f.recompute = to_string(s.recompute);
-    f.schedule = schedule;
+    f.schedule = r.top[i].virtual_stages > 1 ? "interleaved" : schedule;
+    f.virtual_stages = r.top[i].virtual_stages;
     ordered_json j = plan_file_to_json(f);
     j["ranks"] = rank_placement_json(cluster, f.plan);
     return j;
