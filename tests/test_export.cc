@@ -466,7 +466,7 @@ TEST_CASE("export --to deepspeed: the plan's offload devices", "[export]") {
 // order: every chunk the same blocks is Megatron's own even split (--num-virtual-stages-per-pipeline-rank);
 // otherwise the layout of pp * v segments, segment chunk * pp + rank (Megatron's
 // PipelineParallelLayerLayout). DeepSpeed's pipeline engine has no interleaving: the exporter says so.
-TEST_CASE("export: interleaved plans get Megatron's virtual-pipeline flags; DeepSpeed refuses them", "[export][interleaved]") {
+TEST_CASE("export: interleaved plans get Megatron's virtual-pipeline flags, and DeepSpeed refuses them", "[export][interleaved]") {
   const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));  // 32 blocks: Metis layers 34
   auto args_of = [&](const PlanFile& p) { return export_megatron(p, llama, nullptr, "plan.json").args; };
   auto has = [](const Args& args, const std::string& flag, const std::string& value) {
