@@ -45,7 +45,7 @@ struct SearchArgs {
   bool progress = false, quiet = false;
   bool reject_dropped_layers = false;
   // --cost-model sim: the simulator's iteration time and per-rank memory.
-  std::string cost_model = "sim", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s";
+  std::string cost_model = "sim", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s", vp = "1";
   std::string collectives = "measured";
   bool burst_clocks = false;
   std::string zero = "0";
@@ -394,7 +394,12 @@ int run_default_search(const SearchArgs& a) {
   so.setup.overlap.compute_slowdown = a.comm_slowdown;
   const ModelShape shape = shape_of_plan(a.model, a.hf_config, "--num_layers and --hidden_size");
   check_shape_against_profiles(a, shape, profiles.model());
-  const PlanSimulator simulator(cluster, profiles, shape, a.model.sequence_length, so);
+  const std::vector<int> vps = parse_virtual_stages(a.vp);
+  if (so.schedule == Schedule::kInterleaved1F1B)
+    throw InputError("--schedule interleaved: give --vp N (or auto) for the virtual stages; --schedule names the "
+                     "schedule of the plans without interleaving");
+  if (so.schedule == Schedule::kGpipe && (vps.size() > 1 || vps[0] > 1))
+    throw InputError("--vp " + a.vp + ": interleaving is a 1F1B schedule; drop --schedule gpipe");
 
   PlanSearchOptions o;
   o.gbs = a.gbs;
@@ -426,15 +431,18 @@ int run_default_search(const SearchArgs& a) {
   ObjectiveOptions objective;
   objective.objective = parse_objective(a.objective, "--objective");
   objective.deadline_ms = a.deadline_ms;
-  if (objective.objective == Objective::kCost || objective.deadline_ms > 0)
+  if (objective.objective == Objective::kCost || objective.deadline_ms > 0) {
+    if (vps.size() > 1 || vps[0] > 1)
+      throw InputError("--vp " + a.vp + ": the cost objective (--objective cost, --deadline-ms) searches plain "
+                       "schedules only; drop --vp");
     return run_objective_search(a, cluster, profiles, shape, so, o, objective, show_progress);
+  }
 
-  const PlanSearch search(cluster, profiles, simulator, o);
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
   PlanSearchResult result;
   try {
-    result = search.run();
+    result = search_virtual_stages(cluster, profiles, shape, a.model.sequence_length, so, o, vps);
   } catch (...) {
     std::signal(SIGINT, previous);
     throw;
@@ -453,7 +461,9 @@ int run_default_search(const SearchArgs& a) {
                      " GPUs, gbs " + std::to_string(a.gbs) + "): " + why);
   }
 
-  std::cout << "search: simulated iteration time (" << to_string(so.schedule) << "), " << cluster.num_devices()
+  std::cout << "search: simulated iteration time (" << to_string(so.schedule)
+            << (vps.size() > 1 || vps[0] > 1 ? ", virtual stages " + a.vp + " (interleaved 1F1B)" : "") << "), "
+            << cluster.num_devices()
             << " GPUs, gbs " << a.gbs << ", " << profiles.num_layers() << " layers"
             << (whole_node_stages(o.stage_boundaries, cluster.num_devices())
                     ? ", stages of whole nodes (--stage-boundaries rank for any GPU)"
@@ -469,6 +479,12 @@ int run_default_search(const SearchArgs& a) {
     if (o.setups.size() > 1)
       std::cout << "setting " << i + 1 << ": " << setup_label(o.setups[result.top[i].setup])
                 << parallel_setup_suffix(o.setups[result.top[i].setup]) << "\n";
+    if (vps.size() > 1 || vps[0] > 1)
+      std::cout << "schedule " << i + 1 << ": "
+                << (result.top[i].virtual_stages > 1
+                        ? "interleaved 1F1B, " + std::to_string(result.top[i].virtual_stages) + " virtual stages per rank"
+                        : std::string(to_string(so.schedule)))
+                << "\n";
   }
 
   if (!a.json_out.empty()) {
@@ -560,6 +576,12 @@ Runner add_search_command(CLI::App& app) {
                 "reference's search and formula, bit for bit, to reproduce the paper)")
       ->capture_default_str();
   s->add_option("--schedule", a->schedule, "With --cost-model sim: pipeline schedule, gpipe or 1f1b")
+      ->capture_default_str();
+  s->add_option("--vp", a->vp,
+                "With --cost-model sim: virtual stages (model chunks) per pipeline rank, Megatron's interleaved "
+                "1F1B: 1 (none), N, or auto (1 to 4 searched as a dimension). Interleaving cuts the bubble about "
+                "v-fold for more p2p sends; it needs pp >= 2, micro-batches a multiple of pp and each stage at "
+                "least v layers, which the search keeps to")
       ->capture_default_str();
   s->add_flag("--allow-cross-node-tp", a->cross_node_tp,
               "With --cost-model sim: let tp groups span nodes (their all-reduces are then costed over the "

@@ -83,7 +83,8 @@ ordered_json searched_plan_json(const SearchedPlan& p, const Cluster& cluster, c
   f.context_parallel = s.context_parallel;
   f.overlap = s.overlap;
   f.overlap_recorded = true;
-  f.schedule = schedule;
+  f.schedule = p.virtual_stages > 1 ? "interleaved" : schedule;
+  f.virtual_stages = p.virtual_stages;
   ordered_json j = plan_file_to_json(f);
   j["ranks"] = rank_placement_json(cluster, f.plan);
   // Which exporters take it as is: each exporter's own checks (planner/export_plan.h).

@@ -150,6 +150,7 @@ struct SimulateArgs {
   std::string collectives = "measured";
   std::string cost_model = "sim";
   int max_profiled_bs = 0;  // --cost-model metis: 0, the profiles' largest
+  int vp = 0;               // --vp: 0, the plan's virtual_stages
   double min_group_scale_variance = 1;
   int max_permute_len = 128;
   bool burst_clocks = false;
@@ -300,6 +301,11 @@ int run_simulate(const SimulateArgs& a) {
 
   SimulationOptions o;
   o.schedule = parse_schedule(!a.schedule_given && !pf.schedule.empty() ? pf.schedule : a.schedule, "--schedule");
+  o.virtual_stages = a.vp > 0 ? a.vp : o.schedule == Schedule::kInterleaved1F1B ? pf.virtual_stages : 1;
+  if (const std::string e = interleaving_error(o.schedule, static_cast<int>(pf.plan.device_groups.size()),
+                                               pf.plan.batches, o.virtual_stages);
+      !e.empty())
+    throw InputError(a.plan + ": " + e + " (--schedule, --vp)");
   o.setup = as_profiled(make_setup(setup_args), profiles, a.setup.accounting != "auto", a.setup.flash);
   o.setup.grads_in_backward = pf.grads_in_backward;  // as the plan was costed (whatif --export)
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
@@ -317,7 +323,8 @@ int run_simulate(const SimulateArgs& a) {
             << (o.setup.sequence_parallel ? ", sequence parallel" : "")
             << (o.setup.context_parallel > 1 ? ", cp " + std::to_string(o.setup.context_parallel) : std::string())
             << (o.setup.overlap.grad_reduce ? ", overlapped grad reduce" : "")
-            << (o.setup.overlap.param_gather ? ", overlapped param gather" : "") << "\n";
+            << (o.setup.overlap.param_gather ? ", overlapped param gather" : "")
+            << (o.virtual_stages > 1 ? ", " + std::to_string(o.virtual_stages) + " virtual stages per rank" : "") << "\n";
   std::cout << "iteration_ms: " << fixed(t.iteration_ms, 3) << "\n";
   std::cout << "bubble_fraction: " << fixed(t.bubble_fraction, 4) << "\n";
   std::cout << "tokens_per_s: " << fixed(t.tokens_per_s, 1) << "\n";
@@ -357,6 +364,7 @@ int run_simulate(const SimulateArgs& a) {
   if (!a.json_out.empty()) {
     ordered_json j = simulation_to_json(sim);
     j["schedule"] = to_string(o.schedule);
+    j["virtual_stages"] = o.virtual_stages;
     j["zero_stage"] = o.setup.zero_stage;
     j["recompute"] = to_string(o.setup.recompute);
     j["network"] = simulator.collective_sources();
@@ -819,11 +827,19 @@ Runner add_simulate_command(CLI::App& app) {
   auto a = std::make_shared<SimulateArgs>();
   CLI::App* s = app.add_subcommand(
       "simulate",
-      "Simulate one plan (an entry of `search --json`) as a GPipe or 1F1B task graph: iteration time, bubble,\n"
+      "Simulate one plan (an entry of `search --json`) as a GPipe, 1F1B or interleaved 1F1B task graph: iteration\n"
+      "time, bubble,\n"
       "per-stage busy time, per-rank peak memory, tokens/s, MFU, and a Chrome trace.");
   s->add_option("--plan", a->plan, "Plan JSON: an entry of `hetplan search --json` (or the whole file: its best)")
       ->required();
-  s->add_option("--schedule", a->schedule, "Pipeline schedule: gpipe or 1f1b")->capture_default_str();
+  s->add_option("--schedule", a->schedule,
+                "Pipeline schedule: gpipe, 1f1b or interleaved (Megatron's interleaved 1F1B; default: the plan's, "
+                "else 1f1b)")
+      ->capture_default_str();
+  s->add_option("--vp", a->vp,
+                "With --schedule interleaved: virtual stages (model chunks) per pipeline rank; each stage's layers "
+                "split evenly into them (default: the plan's virtual_stages)")
+      ->check(CLI::Range(2, 64));
   s->add_option("--profiles", a->profiles, "Profile folder (default: the plan's profile_dir)");
   s->add_option("--hostfile", a->hostfile, "Hostfile (default: the plan's)");
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");

@@ -1,4 +1,5 @@
 #include "planner/export_plan.h"
+#include "sim/schedule.h"
 
 #include <algorithm>
 #include <cmath>
@@ -173,6 +174,7 @@ const std::vector<NameSource>& megatron_flag_sources() {
       mg("--decoder-first-pipeline-num-layers", kArgs),
       mg("--decoder-last-pipeline-num-layers", kArgs),
       mg("--pipeline-model-parallel-layout", kArgs),
+      mg("--num-virtual-stages-per-pipeline-rank", kArgs),
       mg("--use-distributed-optimizer", kArgs),
       mg("--data-parallel-sharding-strategy", kArgs),
   };
@@ -239,8 +241,47 @@ using ArgList = std::vector<std::pair<std::string, std::string>>;
 
 std::string num(long long v) { return std::to_string(v); }
 
+// One segment of Megatron's --pipeline-model-parallel-layout: E (embedding), t*n (n blocks), L (loss).
+std::string layout_segment(bool embedding, int blocks, bool loss) {
+  std::string out = embedding ? "E" : "";
+  if (blocks == 1) out += "t";
+  else if (blocks > 1) out += "t*" + num(blocks);
+  return out + (loss ? "L" : "");
+}
+
+// Interleaved (virtual_stages v > 1): each stage's layers in v chunks (chunk_layers), run in virtual-stage
+// order. Every chunk the same blocks: Megatron's own even split with --num-virtual-stages-per-pipeline-rank;
+// else the explicit layout of pp * v segments in virtual-stage order (Megatron reads segment
+// chunk * pp + rank as rank's chunk; it then derives v from the segment count).
+void add_interleaved_layer_split(const PlanFile& f, const ModelShape& m, ArgList& args) {
+  const std::vector<int>& lp = f.plan.layer_partition;
+  const int pp = static_cast<int>(lp.size()) - 1, v = f.virtual_stages;
+  const int last_block = blocks_from_metis_layers(f.model.num_layers);
+  std::vector<int> blocks;  // per virtual stage
+  for (int k = 0; k < pp * v; ++k) {
+    int a = 0, b = 0;
+    chunk_layers(lp[k % pp], lp[k % pp + 1], lp[pp], v, k / pp, &a, &b);
+    blocks.push_back(std::max(0, std::min(last_block + 1, b) - std::max(1, a)));
+  }
+  args.emplace_back("--num-layers", num(m.num_layers));
+  if (std::all_of(blocks.begin(), blocks.end(), [&](int x) { return x == blocks[0]; })) {
+    args.emplace_back("--num-virtual-stages-per-pipeline-rank", num(v));
+    return;
+  }
+  std::string layout;
+  for (int k = 0; k < pp * v; ++k) {
+    if (k) layout += "|";
+    layout += layout_segment(k == 0, blocks[k], k == pp * v - 1);
+  }
+  args.emplace_back("--pipeline-model-parallel-layout", layout);
+}
+
 // Layers: an even split, the first/last stage counts, or the explicit layout.
 void add_layer_split(const PlanFile& f, const ModelShape& m, ArgList& args) {
+  if (f.virtual_stages > 1) {
+    add_interleaved_layer_split(f, m, args);
+    return;
+  }
   const std::vector<int> b = blocks_per_stage(f);
   const int pp = static_cast<int>(b.size());
   args.emplace_back("--num-layers", num(m.num_layers));
@@ -258,10 +299,7 @@ void add_layer_split(const PlanFile& f, const ModelShape& m, ArgList& args) {
     std::string layout;
     for (int s = 0; s < pp; ++s) {
       if (s) layout += "|";
-      if (s == 0) layout += "E";
-      if (b[s] == 1) layout += "t";
-      else if (b[s] > 1) layout += "t*" + num(b[s]);
-      if (s == pp - 1) layout += "L";
+      layout += layout_segment(s == 0, b[s], s == pp - 1);
     }
     args.emplace_back("--pipeline-model-parallel-layout", layout);
   }
@@ -478,6 +516,11 @@ DeepSpeedConfig export_deepspeed(const PlanFile& f, const ModelShape& m, const P
     throw InputError(where + ": context_parallel " + std::to_string(f.context_parallel) +
                      ": DeepSpeed's config has no ring attention (Ulysses splits heads, not the ring); export it to "
                      "Megatron-LM");
+  if (f.virtual_stages > 1)
+    throw InputError(where + ": the plan interleaves " + std::to_string(f.virtual_stages) +
+                     " virtual stages per pipeline rank, which DeepSpeed's pipeline engine cannot run (its "
+                     "PipelineModule gives each rank one contiguous piece and runs plain 1F1B); export it --to "
+                     "megatron, or `hetplan export --to torchrun` runs it with hetplan replay");
   DeepSpeedConfig out;
   ordered_json& c = out.config;
   const Strategy st = f.plan.strategies[0];

@@ -6,6 +6,7 @@
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -172,7 +173,7 @@ PlanSearchResult PlanSearch::search() const {
   const SuffixBoundBuilder builder(space, tables, kept, throughput, shared, control, *profiles_, *cluster_, *sim_,
                                    opt_, table_fits);
   const StageSearch stage_search(space, tables, bounds, kept, shared, control, *cluster_, opt_,
-                                 sim_->options().schedule);
+                                 sim_->options().schedule, sim_->options().virtual_stages);
   tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k, space.num_setups()); });
 
   setup_progress.stop();
@@ -186,6 +187,61 @@ PlanSearchResult PlanSearch::search() const {
   PlanSearchResult result = merge_workers(workers, control, opt_);
   result.seconds = control.elapsed_s();
   return result;
+}
+
+std::vector<int> parse_virtual_stages(const std::string& s) {
+  if (s == "auto") return {1, 2, 3, 4};
+  int v = 0;
+  std::size_t used = 0;
+  try {
+    v = std::stoi(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != s.size() || v < 1 || v > 64)
+    throw InputError("--vp: '" + excerpt(s) + "': expected auto or a whole number from 1 to 64");
+  return {v};
+}
+
+PlanSearchResult search_virtual_stages(const Cluster& cluster, const ProfileSet& profiles, const ModelShape& shape,
+                                       int sequence_length, const SimulationOptions& base,
+                                       const PlanSearchOptions& options, const std::vector<int>& virtual_stages) {
+  PlanSearchResult all;
+  const auto start = std::chrono::steady_clock::now();
+  for (const int v : virtual_stages) {
+    SimulationOptions so = base;
+    if (v > 1) {
+      so.schedule = Schedule::kInterleaved1F1B;
+      so.virtual_stages = v;
+    }
+    PlanSearchOptions o = options;
+    if (options.time_budget_s > 0) {
+      const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      o.time_budget_s = std::max(1e-3, options.time_budget_s - used);
+    }
+    const PlanSimulator sim(cluster, profiles, shape, sequence_length, so);
+    PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
+    for (SearchedPlan& p : r.top) {
+      p.virtual_stages = v;
+      all.top.push_back(std::move(p));
+    }
+    all.enumerated += r.enumerated;
+    all.pruned += r.pruned;
+    all.costed += r.costed;
+    all.infeasible += r.infeasible;
+    if (all.first_infeasible_reason.empty()) all.first_infeasible_reason = r.first_infeasible_reason;
+    if (r.cut_short && !all.cut_short) {
+      all.cut_short = true;
+      all.cut_reason = r.cut_reason;
+    }
+    if (all.cut_short) break;
+  }
+  // Stable: each search's order, and the searches in the order of `virtual_stages`, on equal costs.
+  std::stable_sort(all.top.begin(), all.top.end(),
+                   [](const SearchedPlan& a, const SearchedPlan& b) { return a.plan.cost < b.plan.cost; });
+  if (static_cast<int>(all.top.size()) > options.top_k) all.top.resize(options.top_k);
+  all.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return all;
 }
 
 }  // namespace hetplan

@@ -88,6 +88,7 @@ struct PlanSearchProgress {
 struct SearchedPlan {
   PlanResult plan;     // cost = simulated iteration time (ms)
   int setup = 0;       // index into PlanSearchOptions::setups (0 without settings)
+  int virtual_stages = 1;  // > 1: interleaved 1F1B with that many chunks per stage (search_virtual_stages)
 };
 
 struct PlanSearchResult {
@@ -110,6 +111,22 @@ std::vector<TrainingSetup> search_setups(const TrainingSetup& base, const std::s
                                          const std::string& recompute);
 // "ZeRO-1, recompute selective".
 std::string setup_label(const TrainingSetup& s);
+
+// `--vp`: "1" (no interleaving), "N" (interleaved 1F1B, N chunks per stage), "auto" (1, 2, 3 and 4, each a
+// value of the dimension). Throws InputError naming the flag.
+std::vector<int> parse_virtual_stages(const std::string& s);
+
+class PlanSearch;
+
+// Virtual stages as a dimension: one PlanSearch per value v of `virtual_stages`, on a simulator of `base`
+// (v = 1: base's schedule; v > 1: interleaved 1F1B with v chunks per stage, which also restricts the
+// space to Megatron's: pp >= 2, micro-batches a multiple of pp, every stage at least v layers), each
+// exact over its space (planner/stage_search.cc: the bounds an interleaved search keeps), their best
+// plans merged cheapest first (ties: smaller v first), top_k of them; the counts add up. The time
+// budget covers all the searches. REQUIRES: as PlanSearch.
+PlanSearchResult search_virtual_stages(const Cluster& cluster, const ProfileSet& profiles, const ModelShape& shape,
+                                       int sequence_length, const SimulationOptions& base,
+                                       const PlanSearchOptions& options, const std::vector<int>& virtual_stages);
 
 class PlanSearch {
  public:

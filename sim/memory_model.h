@@ -88,12 +88,15 @@ struct TrainingSetup {
 
 // What one rank holds: Metis layers [first_layer, end_layer) at (tp, dp), as
 // stage `stage` of `pp`, with `in_flight` micro-batches of `micro_batch`
-// sequences of `seq` tokens.
+// sequences of `seq` tokens. Interleaved (virtual_stages v > 1): the layers are
+// v chunks and `in_flight` counts (micro-batch, chunk) pairs, each 1 / v of the
+// layers' activations (in_flight_microbatches, sim/schedule.h).
 struct RankShard {
   int first_layer = 0, end_layer = 0;
   int tp = 1, dp = 1, pp = 1, stage = 0;
   long long micro_batch = 1, seq = 1024;
   int in_flight = 1;
+  int virtual_stages = 1;
   int gpus_per_node = 8;  // for the CPU memory of offloading and model loading
 };
 

@@ -221,8 +221,45 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   };
   b->send_forward = index + 1 < p && next_rank ? send_ms(begin + size - 1, begin + size) : 0.0;
   b->send_backward = index > 0 && prev_rank ? send_ms(begin, begin - 1) : 0.0;
-  b->in_flight = in_flight_microbatches(sim_->opt_.schedule, p, index, batches);
+  b->in_flight = in_flight_microbatches(sim_->opt_.schedule, p, index, batches, virtual_stages());
   return true;
+}
+
+double PlanCostModel::p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch) const {
+  StageBasis b;
+  if (!replica_shares(s, micro_batch, &b, nullptr)) return 0;
+  int max_share = 0;
+  for (int d = 0; d < s.st.dp; ++d) max_share = std::max(max_share, b.share[d]);
+  return p2p_ms(from, to, max_share, s.st.tp);
+}
+
+bool PlanCostModel::chunk_costs(const StageChoice* stages, int p, int batches, int micro_batch, int v,
+                                FastStageCost* out, std::string* why) const {
+  const int n = num_setups();
+  const int last_rank = stages[p - 1].begin + stages[p - 1].size - 1;
+  for (int i = 0; i < p; ++i)
+    for (int c = 0; c < v; ++c) {
+      const int k = virtual_stage(p, i, c);
+      StageChoice piece = stages[i];
+      chunk_layers(stages[i].layer_begin, stages[i].layer_end, sim_->shape_.metis_num_layers(), v, c, &piece.layer_begin,
+                   &piece.layer_end);
+      FastStageCost* o = out + static_cast<std::size_t>(k) * n;
+      if (!stage(piece, k, p * v, batches, micro_batch, o, why)) return false;
+      // The link between the pipeline's ends (stage() costs only the neighbours in rank order).
+      if (i == p - 1 && c + 1 < v) {
+        const double ms = p2p_ms_of(piece, last_rank, stages[0].begin, micro_batch);
+        for (int q = 0; q < n; ++q) o[q].send_forward_ms = ms;
+      }
+      if (i == 0 && c > 0) {
+        const double ms = p2p_ms_of(piece, stages[0].begin, last_rank, micro_batch);
+        for (int q = 0; q < n; ++q) o[q].send_backward_ms = ms;
+      }
+    }
+  return true;
+}
+
+int PlanCostModel::virtual_stages() const {
+  return sim_->opt_.schedule == Schedule::kInterleaved1F1B ? sim_->opt_.virtual_stages : 1;
 }
 
 // Each replica's type (its first rank's) and share of the micro-batch. With context parallelism the
@@ -662,6 +699,7 @@ MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, i
   shard.micro_batch = mb;
   shard.seq = sim_->seq_ / std::max(1, setup.context_parallel);  // each cp rank holds its chunk of every sequence
   shard.in_flight = in_flight;
+  shard.virtual_stages = virtual_stages();
   shard.gpus_per_node = gpn;
   // A negative framework constant means "as the profiles measured it".
   TrainingSetup rank_setup = setup;
@@ -740,26 +778,33 @@ int PlanCostModel::pace_stage(const FastStageCost* c, int p, int batches) const 
   return c[pace].sustained_factor > 1 ? pace : -1;
 }
 
-double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedule schedule,
-                                   PipelineScratch* scratch) const {
+double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedule schedule, PipelineScratch* scratch,
+                                   const FastStageCost* chunks, int virtual_stages) const {
   if (p < 1 || m < 1) throw std::invalid_argument("iteration_ms: expected at least one stage and one micro-batch");
+  const int v = schedule == Schedule::kInterleaved1F1B ? virtual_stages : 1;
+  if (v > 1 && chunks == nullptr) throw std::invalid_argument("iteration_ms: interleaving without chunk costs");
+  const int vs = p * v;  // virtual stages; virtual stage k is chunk k / p of stage k % p
   const int pace = pace_stage(c, p, m);
-  const std::size_t pm = static_cast<std::size_t>(p) * m;
+  const std::size_t pm = static_cast<std::size_t>(vs) * m;
   PipelineScratch& s = *scratch;
   if (s.a.size() < pm) s.a.resize(pm);
   if (s.b.size() < pm) s.b.resize(pm);
   if (s.c.size() < static_cast<std::size_t>(p)) s.c.resize(p);
-  if (s.pos.size() < static_cast<std::size_t>(3 * p)) s.pos.resize(3 * p);
-  double* sendf = s.a.data();     // [i * m + j]: end of stage i's send of micro-batch j's activations to i + 1
-  double* sendb = s.b.data();     // [i * m + j]: end of stage i's send of micro-batch j's gradients to i - 1
+  if (s.d.size() < static_cast<std::size_t>(2 * p)) s.d.resize(2 * p);
+  if (s.pos.size() < static_cast<std::size_t>(p + 2 * vs)) s.pos.resize(p + 2 * vs);
+  double* sendf = s.a.data();     // [k * m + j]: end of virtual stage k's send of micro-batch j's activations to k + 1
+  double* sendb = s.b.data();     // [k * m + j]: end of virtual stage k's send of micro-batch j's gradients to k - 1
   double* last_end = s.c.data();  // end of stage i's latest compute
+  double* last_sendf = s.d.data();      // end of stage i's latest forward send (0: none yet)
+  double* last_sendb = s.d.data() + p;  // end of stage i's latest backward send
   int* pos = s.pos.data();        // next op of stage i in its StageOps
-  int* nf = pos + p;              // forwards stage i has done (in micro-batch order)
-  int* nb = pos + 2 * p;          // backwards done
+  int* nf = pos + p;              // forwards virtual stage k has done (in micro-batch order)
+  int* nb = pos + p + vs;         // backwards done
   for (int i = 0; i < p; ++i) {
-    last_end[i] = 0;
-    pos[i] = nf[i] = nb[i] = 0;
+    last_end[i] = last_sendf[i] = last_sendb[i] = 0;
+    pos[i] = 0;
   }
+  for (int k = 0; k < vs; ++k) nf[k] = nb[k] = 0;
   double iteration = 0;
   int remaining = p;
   bool down = true;
@@ -767,37 +812,38 @@ double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedul
     bool progress = false;
     for (int step = 0; step < p; ++step) {
       const int i = down ? step : p - 1 - step;
-      const StageOps ops(schedule, p, i, m);
+      const StageOps ops(schedule, p, i, m, v);
       if (pos[i] == ops.size()) continue;
       const FastStageCost& st = c[i];
-      // The stretch simulate_timeline sees: PlanSimulator multiplies the pace-setter's times.
-      const double fwd = i == pace ? st.forward_ms * st.sustained_factor : st.forward_ms;
-      const double bwd = i == pace ? st.backward_ms * st.sustained_factor : st.backward_ms;
+      const double factor = st.sustained_factor;
       while (pos[i] < ops.size()) {
         const PipelineOp op = ops[pos[i]];
         const bool forward = op.forward;
         const int j = op.micro_batch;
+        const int k = virtual_stage(p, i, op.chunk);
+        const FastStageCost& ck = v > 1 ? chunks[k] : st;
+        // The stretch simulate_timeline sees: PlanSimulator multiplies the pace-setter's times.
         double start = last_end[i], finish;
         if (forward) {
-          if (i > 0 && nf[i - 1] <= j) break;
-          if (i > 0) start = std::max(start, sendf[(i - 1) * m + j]);
-          finish = start + fwd;
-          if (i + 1 < p) {
-            const double send_start = std::max(finish, j > 0 ? sendf[i * m + j - 1] : 0.0);
-            sendf[i * m + j] = send_start + st.send_forward_ms;
-            iteration = std::max(iteration, sendf[i * m + j]);
+          if (k > 0 && nf[k - 1] <= j) break;
+          if (k > 0) start = std::max(start, sendf[(k - 1) * m + j]);
+          finish = start + (i == pace ? ck.forward_ms * factor : ck.forward_ms);
+          if (k + 1 < vs) {
+            const double send_start = std::max(finish, last_sendf[i]);
+            sendf[k * m + j] = last_sendf[i] = send_start + ck.send_forward_ms;
+            iteration = std::max(iteration, sendf[k * m + j]);
           }
-          ++nf[i];
+          ++nf[k];
         } else {
-          if (i + 1 < p && nb[i + 1] <= j) break;
-          if (i + 1 < p) start = std::max(start, sendb[(i + 1) * m + j]);
-          finish = start + (bwd + (j > 0 ? st.accumulation_ms : 0.0));
-          if (i > 0) {
-            const double send_start = std::max(finish, j > 0 ? sendb[i * m + j - 1] : 0.0);
-            sendb[i * m + j] = send_start + st.send_backward_ms;
-            iteration = std::max(iteration, sendb[i * m + j]);
+          if (k + 1 < vs && nb[k + 1] <= j) break;
+          if (k + 1 < vs) start = std::max(start, sendb[(k + 1) * m + j]);
+          finish = start + ((i == pace ? ck.backward_ms * factor : ck.backward_ms) + (j > 0 ? ck.accumulation_ms : 0.0));
+          if (k > 0) {
+            const double send_start = std::max(finish, last_sendb[i]);
+            sendb[k * m + j] = last_sendb[i] = send_start + ck.send_backward_ms;
+            iteration = std::max(iteration, sendb[k * m + j]);
           }
-          ++nb[i];
+          ++nb[k];
         }
         last_end[i] = finish;
         iteration = std::max(iteration, finish);

@@ -183,6 +183,7 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (f.zero_stage >= 0) j["zero_stage"] = f.zero_stage;
   if (!f.recompute.empty()) j["recompute"] = f.recompute;
   if (!f.schedule.empty()) j["schedule"] = f.schedule;
+  if (f.virtual_stages > 1) j["virtual_stages"] = f.virtual_stages;
   if (!f.precision.empty()) j["precision"] = f.precision;
   if (f.offload_optimizer) j["offload_optimizer"] = true;
   if (f.offload_params) j["offload_params"] = true;
@@ -237,8 +238,17 @@ void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
   }
   if (j.contains("schedule")) {
     const std::string where = file + ": key 'schedule'";
-    if (!j["schedule"].is_string()) throw InputError(where + ": expected gpipe or 1f1b");
+    if (!j["schedule"].is_string()) throw InputError(where + ": expected gpipe, 1f1b or interleaved");
     f.schedule = to_string(parse_schedule(j["schedule"].get<std::string>(), where));
+  }
+  if (j.contains("virtual_stages")) {
+    const double v = require_number(j, "virtual_stages", file, "");
+    if (v < 1 || v > 64 || v != static_cast<int>(v))
+      throw InputError(file + ": key 'virtual_stages': expected a whole number from 1 to 64");
+    f.virtual_stages = static_cast<int>(v);
+    if (f.virtual_stages > 1 && f.schedule != "interleaved")
+      throw InputError(file + ": key 'virtual_stages' is " + std::to_string(f.virtual_stages) +
+                       ", which needs \"schedule\": \"interleaved\"");
   }
   if (j.contains("precision")) {
     const std::string where = file + ": key 'precision'";

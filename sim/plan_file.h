@@ -33,9 +33,12 @@ struct PlanFile {
   // (--zero/--recompute auto); -1 and "" when the file records none.
   int zero_stage = -1;
   std::string recompute;
-  // The pipeline schedule the default search costed the plan with ("gpipe"
-  // or "1f1b"); "" when the file records none.
+  // The pipeline schedule the default search costed the plan with ("gpipe",
+  // "1f1b" or "interleaved"); "" when the file records none.
   std::string schedule;
+  // Model chunks per pipeline stage (Megatron's vp; key "virtual_stages"): > 1 only with the interleaved
+  // schedule, stage i's layers then split as chunk_layers (sim/schedule.h) says. 1 when absent.
+  int virtual_stages = 1;
   // The model's exact shape; absent in a plan file from before it was recorded.
   std::optional<ModelShape> shape;
   // The Hugging Face config's rope_scaling object, verbatim (Llama-3.1's); null when the model has none.

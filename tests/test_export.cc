@@ -82,6 +82,7 @@ const std::map<std::string, std::string> kMegatronFlags = {
     {"--decoder-first-pipeline-num-layers", "megatron/training/arguments.py"},
     {"--decoder-last-pipeline-num-layers", "megatron/training/arguments.py"},
     {"--pipeline-model-parallel-layout", "megatron/training/arguments.py"},
+    {"--num-virtual-stages-per-pipeline-rank", "megatron/training/arguments.py"},
     {"--use-distributed-optimizer", "megatron/training/arguments.py"},
     {"--data-parallel-sharding-strategy", "megatron/training/arguments.py"},
 };
@@ -211,6 +212,10 @@ TEST_CASE("export: the flag and key names, with the parser's file and commit the
   cp.overlap.grad_reduce = cp.overlap.param_gather = true;
   cp.overlap.grad_bucket_params = 5e7;
   megatron(cp, llama);
+  PlanFile interleaved = plan(34, 4096, {4, 4}, {{2, 2}, {2, 2}}, {0, 17, 34}, 8, 64);  // 8 blocks per chunk
+  interleaved.schedule = "interleaved";
+  interleaved.virtual_stages = 2;
+  megatron(interleaved, gpt);
   std::set<std::string> want;
   for (const auto& [k, v] : kMegatronFlags) want.insert(k);
   CHECK(emitted == want);
@@ -513,6 +518,43 @@ TEST_CASE("export: context parallelism, sequence parallelism and overlapped comm
   ds.overlap = CommOverlap{};
   CHECK(export_deepspeed(ds, llama, nullptr, "p").config["zero_optimization"]["overlap_comm"] == false);
   CHECK_THROWS_WITH(export_deepspeed(p, llama, nullptr, "p"), Catch::Contains("DeepSpeed's config has no ring attention"));
+}
+
+// Interleaved 1F1B: Megatron's virtual pipeline. Each stage's layers split into v chunks in virtual-stage
+// order: every chunk the same blocks is Megatron's own even split (--num-virtual-stages-per-pipeline-rank);
+// otherwise the layout of pp * v segments, segment chunk * pp + rank (Megatron's
+// PipelineParallelLayerLayout). DeepSpeed's pipeline engine has no interleaving: the exporter says so.
+TEST_CASE("export: interleaved plans get Megatron's virtual-pipeline flags, and DeepSpeed refuses them", "[export][interleaved]") {
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));  // 32 blocks: Metis layers 34
+  auto args_of = [&](const PlanFile& p) { return export_megatron(p, llama, nullptr, "plan.json").args; };
+  auto has = [](const Args& args, const std::string& flag, const std::string& value) {
+    return std::count(args.begin(), args.end(), std::make_pair(flag, value)) == 1;
+  };
+  // Stages of 17 Metis layers (16 blocks each): chunks [0, 9) [9, 17) and [17, 25) [25, 34): 8 blocks each.
+  PlanFile even = plan(34, 4096, {4, 4}, {{2, 2}, {2, 2}}, {0, 17, 34}, 8, 64);
+  even.schedule = "interleaved";
+  even.virtual_stages = 2;
+  const Args a = args_of(even);
+  CHECK(has(a, "--num-virtual-stages-per-pipeline-rank", "2"));
+  CHECK(has(a, "--num-layers", "32"));
+  for (const auto& [flag, value] : a) CHECK(flag != "--pipeline-model-parallel-layout");
+  // Uneven stages (15 and 19 Metis layers: 14 and 18 blocks): chunks of 7 + 7 and 9 + 9 blocks; virtual
+  // stages in model order: stage 0 chunk 0 (embedding + 7), stage 1 chunk 0 (9), stage 0 chunk 1 (7),
+  // stage 1 chunk 1 (9 + head).
+  PlanFile uneven = plan(34, 4096, {4, 4}, {{2, 2}, {2, 2}}, {0, 15, 34}, 8, 64);
+  uneven.schedule = "interleaved";
+  uneven.virtual_stages = 2;
+  const Args b = args_of(uneven);
+  CHECK(has(b, "--pipeline-model-parallel-layout", "Et*7|t*9|t*7|t*9L"));
+  for (const auto& [flag, value] : b) CHECK(flag != "--num-virtual-stages-per-pipeline-rank");
+  CHECK_THROWS_WITH(export_deepspeed(even, llama, nullptr, "plan.json"),
+                    Catch::Contains("DeepSpeed's pipeline engine cannot run"));
+  // A plan file keeps the setting: virtual_stages without the interleaved schedule is refused.
+  ordered_json j = plan_file_to_json(even);
+  CHECK(j["virtual_stages"] == 2);
+  CHECK(plan_file_from_json(j, "p").virtual_stages == 2);
+  j["schedule"] = "1f1b";
+  CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"), Catch::Contains("p.json: key 'virtual_stages'"));
 }
 
 TEST_CASE("export --to megatron: Llama-3.1's rope_scaling goes from its config.json through search to the arguments",

@@ -285,6 +285,61 @@ TEST_CASE("the pruned search returns what exhaustive search returns with overlap
                                   "auto");
 }
 
+// Virtual stages as a dimension (search_virtual_stages over v = 1 and 2): the search with its bounds
+// returns what exhaustive enumeration returns, plan for plan, and interleaved plans are among the best.
+TEST_CASE("the pruned search returns what exhaustive search returns with v as a dimension", "[plan_search][interleaved]") {
+  int compared = 0, interleaved_best = 0, interleaved_top = 0;
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.top_k = 3;
+    TrainingSetup a = sim_options().setup, b = a;
+    b.zero_stage = 1;
+    b.recompute = Recompute::kFull;
+    o.setups = {a, b};
+    PlanSearchOptions ex = o;
+    ex.exhaustive = true;
+    const ModelShape shape = shape_from_model_config(small_model());
+    const PlanSearchResult pruned = search_virtual_stages(cluster, measured_profiles(), shape, 1024, sim_options(), o, {1, 2});
+    const PlanSearchResult full = search_virtual_stages(cluster, measured_profiles(), shape, 1024, sim_options(), ex, {1, 2});
+    REQUIRE(pruned.top.size() == full.top.size());
+    for (std::size_t i = 0; i < full.top.size(); ++i) {
+      const PlanResult& x = pruned.top[i].plan;
+      const PlanResult& y = full.top[i].plan;
+      CHECK(x.cost == y.cost);
+      CHECK(x.node_sequence == y.node_sequence);
+      CHECK(x.device_groups == y.device_groups);
+      CHECK(x.strategies == y.strategies);
+      CHECK(x.layer_partition == y.layer_partition);
+      CHECK(x.batches == y.batches);
+      CHECK(pruned.top[i].setup == full.top[i].setup);
+      CHECK(pruned.top[i].virtual_stages == full.top[i].virtual_stages);
+      if (full.top[i].virtual_stages > 1) {
+        ++interleaved_top;
+        // Megatron's rule and every chunk a layer.
+        CHECK(y.batches % static_cast<int>(y.device_groups.size()) == 0);
+        for (std::size_t s = 0; s + 1 < y.layer_partition.size(); ++s)
+          CHECK(stage_blocks(y.layer_partition[s], y.layer_partition[s + 1], 6) >= 2);
+        // Its cost is the simulator's for that plan.
+        SimulationOptions so = sim_options();
+        so.schedule = Schedule::kInterleaved1F1B;
+        so.virtual_stages = 2;
+        so.setup = o.setups[full.top[i].setup];
+        const PlanSimulator sim(cluster, measured_profiles(), shape, 1024, so);
+        CHECK(sim.simulate(y, c.gbs).timeline.iteration_ms == y.cost);
+      }
+    }
+    if (!full.top.empty() && full.top[0].virtual_stages > 1) ++interleaved_best;
+    CHECK(pruned.costed <= full.costed);
+    ++compared;
+  }
+  CHECK(compared == 30);
+  CHECK(interleaved_top > 0);  // the dimension is searched, not ignored
+  WARN("interleaved plans best on " << interleaved_best << " of 30 clusters, " << interleaved_top << " in the top 3s");
+}
+
 TEST_CASE("the pruned search returns what exhaustive search returns when model states overflow the GPUs",
           "[plan_search][memory]") {
   const std::vector<ClusterfileEntry> small_gpus = {{"10.0.0.1", "A100", 25, 300, 3.5}, {"10.0.0.2", "H100", 50, 450, 3},
