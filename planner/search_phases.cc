@@ -45,14 +45,15 @@ int lanes() { return std::max(1, tbb::this_task_arena::max_concurrency()); }
 class Phases {
  public:
   explicit Phases(SearchWork& work);
-  void lane();
+  void lane(int lane);
 
  private:
   void build_last_stages();
   void run_shallow_units(Worker& w);
-  bool build_deeper_and_run(Worker& w, int group);
-  void join_deep_units(Worker& w);
-  bool run_deep_units(Worker& w, int group);
+  bool build_deeper_and_run(Worker& w, int lane, int group);
+  void join_deep_units(Worker& w, int lane);
+  bool run_deep_units(Worker& w, int lane, int group);
+  void update_open_bound(int group);
   // Waits until `done()`: work of an earlier phase, which running threads have taken (every item of a
   // phase is taken before any thread leaves it), and which waits only on work of a phase before its own
   // (phase 1 on nothing). No TBB wait runs inside a lane, so no thread holds such work below a wait.
@@ -79,6 +80,12 @@ class Phases {
   // per_group3_, once its deeper entries are built (open3_[g]).
   std::unique_ptr<std::atomic<long long>[]> next3u_, done3u_;
   std::unique_ptr<std::atomic<bool>[]> open3_;
+  // The global bound's data: per group, the least of its deeper table's bound over the depths from p on
+  // ([group][p], written before open3_[group]); per lane, the phase-3 unit it runs (group x (per_group3_ +
+  // 1) + index, or -1), published before it takes the unit from next3u_.
+  std::vector<std::vector<double>> from_depth_;
+  const int n_lanes_;
+  std::unique_ptr<std::atomic<long long>[]> lane_at_;
 };
 
 Phases::Phases(SearchWork& work)
@@ -92,7 +99,11 @@ Phases::Phases(SearchWork& work)
       left2_(new std::atomic<long long>[n_groups_]),
       next3u_(new std::atomic<long long>[n_groups_]),
       done3u_(new std::atomic<long long>[n_groups_]),
-      open3_(new std::atomic<bool>[n_groups_]) {
+      open3_(new std::atomic<bool>[n_groups_]),
+      from_depth_(n_groups_),
+      n_lanes_(lanes()),
+      lane_at_(new std::atomic<long long>[n_lanes_]) {
+  for (int i = 0; i < n_lanes_; ++i) lane_at_[i].store(-1);
   for (std::size_t group = 0; group < n_groups_; ++group) {
     ready_[group].store(false);
     left2_[group].store(per_group2_);
@@ -102,14 +113,14 @@ Phases::Phases(SearchWork& work)
   }
 }
 
-void Phases::lane() {
+void Phases::lane(int lane) {
   build_last_stages();
   Worker& w = work_.workers.local();
   run_shallow_units(w);
   // 3. Per group, its deeper entries, then its units of three stages and more; then, with no group left
   //    to build, the units of the groups other threads are on (see run_deep_units).
-  take_groups(work_.control, order_, next3_, [&](int group) { return build_deeper_and_run(w, group); });
-  join_deep_units(w);
+  take_groups(work_.control, order_, next3_, [&](int group) { return build_deeper_and_run(w, lane, group); });
+  join_deep_units(w, lane);
 }
 
 // 1. Every group's estimator and the one-stage entries of its suffix bound.
@@ -139,16 +150,45 @@ void Phases::run_shallow_units(Worker& w) {
     }
 }
 
-bool Phases::build_deeper_and_run(Worker& w, int group) {
+bool Phases::build_deeper_and_run(Worker& w, int lane, int group) {
   if (!wait_for([&] { return left2_[group].load(std::memory_order_acquire) == 0; })) return false;
   work_.builder.build_deeper(group, &work_.bounds[group]);
   work_.builder.finish(&work_.bounds[group]);
+  // Every plan of q stages of the group is bounded by path(q, 0, 0) (or costs more than the threshold).
+  const int max_stages = work_.space.max_stages;
+  std::vector<double>& fd = from_depth_[group];
+  fd.assign(max_stages + 2, std::numeric_limits<double>::infinity());
+  if (!work_.control.stopped())
+    for (int q = max_stages; q >= 1; --q) fd[q] = std::min(fd[q + 1], work_.bounds[group].path(q, 0, 0));
+  else fd.assign(max_stages + 2, 0.0);  // (the table may be part-built)
   open3_[group].store(true, std::memory_order_release);
-  if (per_group3_ == 0) work_.bounds[group].release();  // no unit of three stages or more (fewer stages searched)
-  return run_deep_units(w, group);
+  if (per_group3_ == 0) {
+    work_.bounds[group].release();  // no unit of three stages or more (fewer stages searched)
+    work_.open.close(group);
+  } else {
+    work_.open.set(group, fd[3]);
+  }
+  return run_deep_units(w, lane, group);
 }
 
-void Phases::join_deep_units(Worker& w) {
+// The group's bound from the least pipeline depth of its phase-3 units not yet done.
+void Phases::update_open_bound(int group) {
+  if (done3u_[group].load() >= per_group3_) {
+    work_.open.close(group);
+    return;
+  }
+  long long lowest = next3u_[group].load();
+  const long long base = static_cast<long long>(group) * (per_group3_ + 1);
+  for (int i = 0; i < n_lanes_; ++i) {
+    const long long at = lane_at_[i].load();
+    if (at >= base && at <= base + per_group3_) lowest = std::min(lowest, at - base);
+  }
+  if (lowest >= per_group3_) return;
+  const int p = work_.space.group_unit(group, 3, lowest).stages;
+  work_.open.set(group, from_depth_[group][p]);
+}
+
+void Phases::join_deep_units(Worker& w, int lane) {
   for (bool left = true; left && !work_.control.stopped();) {
     left = false;
     bool ran = false;
@@ -157,7 +197,7 @@ void Phases::join_deep_units(Worker& w) {
       left = true;
       if (!open3_[group].load(std::memory_order_acquire)) continue;  // its table is being built
       ran = true;
-      if (!run_deep_units(w, group)) break;
+      if (!run_deep_units(w, lane, group)) break;
     }
     if (left && !ran) std::this_thread::yield();
   }
@@ -167,13 +207,20 @@ void Phases::join_deep_units(Worker& w) {
 // last frees its table. Any thread may join a group's units: the chunks shrink as they run out, so that
 // at the end of the search no thread is left alone with a long chunk (a few units take milliseconds, most
 // microseconds) while the other has nothing to do. False where the search stops.
-bool Phases::run_deep_units(Worker& w, int group) {
+bool Phases::run_deep_units(Worker& w, int lane, int group) {
+  const long long base = static_cast<long long>(group) * (per_group3_ + 1);
   for (;;) {
-    const long long left = per_group3_ - next3u_[group].load(std::memory_order_relaxed);
+    const long long taken = next3u_[group].load();
+    const long long left = per_group3_ - taken;
     if (left <= 0) return true;
     const long long chunk = std::clamp<long long>(left / 64, 1, 64);
-    const long long b = next3u_[group].fetch_add(chunk, std::memory_order_relaxed);
-    if (b >= per_group3_) return true;
+    lane_at_[lane].store(base + taken);  // at most the unit it takes: published before next3u_ moves past
+    const long long b = next3u_[group].fetch_add(chunk);
+    lane_at_[lane].store(base + std::min(b, per_group3_));
+    if (b >= per_group3_) {
+      lane_at_[lane].store(-1);
+      return true;
+    }
     const long long e = std::min(per_group3_, b + chunk);
     long long i = b;
     bool stopped = false;
@@ -182,7 +229,9 @@ bool Phases::run_deep_units(Worker& w, int group) {
       work_.stage_search.run_unit(w, u);
     }
     if (stopped) return false;  // (the table is left to the search's end)
+    lane_at_[lane].store(-1);
     if (done3u_[group].fetch_add(e - b, std::memory_order_acq_rel) + (e - b) == per_group3_) work_.bounds[group].release();
+    update_open_bound(group);
   }
 }
 
@@ -216,9 +265,9 @@ void run_in_phases(SearchWork& work) {
   // VM). A group's units wait only for its own one-stage entries, and its deeper entries (which rebuild
   // its table) for its units of one and two stages.
   Phases phases(work);
-  tbb::parallel_for(0, lanes(), [&](int) {
+  tbb::parallel_for(0, lanes(), [&](int lane) {
     try {
-      phases.lane();
+      phases.lane(lane);
     } catch (...) {
       work.control.stop_now();  // (out of memory) no thread waits for ever on this one's work
       throw;

@@ -98,6 +98,10 @@ struct SuffixBound {
 struct ThroughputRates {
   std::vector<double> kappa, reference;
 };
+// [type][layer]: the least GPU-ms per sample of the layer on the type over its profiles (infinity where
+// it has none).
+std::vector<std::vector<double>> least_gpu_ms_per_sample(const SearchSpace& space, const ProfileSet& profiles,
+                                                          const Cluster& cluster);
 ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster);
 
 // Whether the per-rank table of every group fits suffix_table_limit.
