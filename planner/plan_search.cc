@@ -127,9 +127,11 @@ PlanSearchResult merge_workers(tbb::enumerable_thread_specific<Worker>& workers,
   for (auto& e : top.items()) result.top.push_back(std::move(e.item));
   result.cut_short = control.stopped() && control.why() != SearchControl::kProven;
   if (result.cut_short)
-    result.cut_reason = control.why() == SearchControl::kCancelled
-                            ? "interrupted"
-                            : "time budget of " + std::to_string(options.time_budget_s) + " s reached";
+    result.cut_reason = control.why() == SearchControl::kCancelled    ? "interrupted"
+                        : control.why() == SearchControl::kTimeBudget ? "time budget of " +
+                                                                            std::to_string(options.time_budget_s) +
+                                                                            " s reached"
+                                                                      : "stopped (seed plans only, or an error)";
   return result;
 }
 
@@ -237,7 +239,8 @@ PlanSearchResult PlanSearch::search() const {
 
   setup_progress.stop();
   Periodic reporter(progress_reporter(opt_, control, shared, open, space.units_total()));
-  SearchWork work{space, control, builder, bounds, stage_search, workers, open};
+  SearchWork work{space, control, builder, bounds, stage_search, workers, open, shared};
+  if (opt_.seeds_only) control.stop_now();
   if (!control.stopped()) {
     if (kept.kept()) run_in_phases(work);
     else run_in_search_order(work);

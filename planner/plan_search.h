@@ -58,6 +58,8 @@ struct PlanSearchOptions {
   tbb::task_arena* arena = nullptr;
   // Off only for tests: no bound is used, every plan of the space is costed.
   bool exhaustive = false;
+  // Only for tests: return the seed plans (planner/seed_plans.h) alone, marked cut short.
+  bool seeds_only = false;
   // The largest suffix-bound table (in dynamic-program steps, 0.25 R^2 L^2 Q) the search builds per
   // (node order, m); above it, the throughput bound stands in. Tests lower it to exercise that bound.
   double suffix_table_limit = 4e9;

@@ -5,6 +5,9 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -68,8 +71,25 @@ class Phases {
 
   static constexpr long long kChunk = 32;
   SearchWork& work_;
-  const std::vector<int> order_;
+  std::vector<int> order_;  // (re-sorted by the bounds pass, before any thread reads it past that pass)
   const std::size_t n_groups_;
+  // The least pipeline depth of phase 3: 3, or 1 where the seed plans set a threshold before the search
+  // (phase 2 is then empty: its plans are not needed to set one, and they are pruned far better by the
+  // deeper entries, which also give the group's bound at once).
+  const int first_deep_;
+  // The bounds pass (seeded searches of more than kWholeNodeStagesAbove GPUs): every group's whole table
+  // first, for its bound over every depth (the global bound at once), then released; the groups are
+  // then searched from the least bound up, and a group whose bound is above the threshold is closed
+  // without building anything more.
+  const bool bounds_pass_;
+  std::atomic<std::size_t> next0_{0};
+  std::atomic<std::size_t> bounded_{0};
+  std::atomic<bool> sorted_{false};
+  std::vector<double> group_bound_;  // [group]: the bounds pass's bound over every depth
+  void run_bounds_pass();
+  bool closed_by_bound(int group) const {
+    return bounds_pass_ && group_bound_[group] > work_.shared.threshold();
+  }
   const long long per_group2_, n2_;  // each group's units of one and two stages; all groups'
   const long long per_group3_;       // each group's units of three stages and more
   std::atomic<std::size_t> next1_{0}, next3_{0};
@@ -92,14 +112,17 @@ Phases::Phases(SearchWork& work)
     : work_(work),
       order_(group_order(work.space)),
       n_groups_(order_.size()),
-      per_group2_(work.space.group_unit_count(1, 2)),
+      first_deep_(std::isfinite(work.shared.threshold()) ? 1 : 3),
+      per_group2_(first_deep_ == 1 ? 0 : work.space.group_unit_count(1, 2)),
       n2_(per_group2_ * static_cast<long long>(n_groups_)),
-      per_group3_(work.space.group_unit_count(3, work.space.max_stages)),
+      per_group3_(work.space.group_unit_count(first_deep_, work.space.max_stages)),
       ready_(new std::atomic<bool>[n_groups_]),
       left2_(new std::atomic<long long>[n_groups_]),
       next3u_(new std::atomic<long long>[n_groups_]),
       done3u_(new std::atomic<long long>[n_groups_]),
       open3_(new std::atomic<bool>[n_groups_]),
+      bounds_pass_(first_deep_ == 1 && work.space.gpus > kWholeNodeStagesAbove),
+      group_bound_(n_groups_, 0.0),
       from_depth_(n_groups_),
       n_lanes_(lanes()),
       lane_at_(new std::atomic<long long>[n_lanes_]) {
@@ -114,6 +137,7 @@ Phases::Phases(SearchWork& work)
 }
 
 void Phases::lane(int lane) {
+  if (bounds_pass_) run_bounds_pass();
   build_last_stages();
   Worker& w = work_.workers.local();
   run_shallow_units(w);
@@ -123,9 +147,40 @@ void Phases::lane(int lane) {
   join_deep_units(w, lane);
 }
 
+// 0. Every group's table, for its bound, then released.
+void Phases::run_bounds_pass() {
+  take_groups(work_.control, order_, next0_, [&](int group) {
+    SuffixBound& b = work_.bounds[group];
+    work_.builder.build_last_stages(group, &b);
+    work_.builder.finish(&b);
+    work_.builder.build_deeper(group, &b);
+    double least = std::numeric_limits<double>::infinity();
+    for (int q = 1; q <= work_.space.max_stages; ++q) least = std::min(least, b.path(q, 0, 0));
+    if (!work_.control.stopped()) {
+      group_bound_[group] = least;
+      work_.open.set(group, least);
+    }
+    b.release();
+    bounded_.fetch_add(1);
+    return true;
+  });
+  // The last thread out sorts the groups by their bound; the others wait for it.
+  if (!wait_for([&] { return bounded_.load() >= n_groups_; })) return;
+  std::size_t expected = n_groups_;
+  if (bounded_.compare_exchange_strong(expected, n_groups_ + 1)) {
+    std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) { return group_bound_[x] < group_bound_[y]; });
+    sorted_.store(true);
+  }
+  wait_for([&] { return sorted_.load(); });
+}
+
 // 1. Every group's estimator and the one-stage entries of its suffix bound.
 void Phases::build_last_stages() {
   take_groups(work_.control, order_, next1_, [&](int group) {
+    if (closed_by_bound(group)) {
+      ready_[group].store(true, std::memory_order_release);
+      return true;
+    }
     work_.builder.build_last_stages(group, &work_.bounds[group]);
     work_.builder.finish(&work_.bounds[group]);
     ready_[group].store(true, std::memory_order_release);
@@ -152,8 +207,19 @@ void Phases::run_shallow_units(Worker& w) {
 
 bool Phases::build_deeper_and_run(Worker& w, int lane, int group) {
   if (!wait_for([&] { return left2_[group].load(std::memory_order_acquire) == 0; })) return false;
+  if (closed_by_bound(group)) {  // every plan of the group costs more than the threshold
+    work_.bounds[group].release();
+    from_depth_[group].assign(work_.space.max_stages + 2, std::numeric_limits<double>::infinity());
+    next3u_[group].store(per_group3_);
+    done3u_[group].store(per_group3_);
+    open3_[group].store(true, std::memory_order_release);
+    work_.open.close(group);
+    return true;
+  }
+  const double t0 = work_.control.elapsed_s();
   work_.builder.build_deeper(group, &work_.bounds[group]);
   work_.builder.finish(&work_.bounds[group]);
+  if (std::getenv("HETPLAN_DEBUG_TABLES")) std::fprintf(stderr, "\ngroup %d deeper table %.3f s\n", group, work_.control.elapsed_s() - t0);
   // Every plan of q stages of the group is bounded by path(q, 0, 0) (or costs more than the threshold).
   const int max_stages = work_.space.max_stages;
   std::vector<double>& fd = from_depth_[group];
@@ -166,7 +232,7 @@ bool Phases::build_deeper_and_run(Worker& w, int lane, int group) {
     work_.bounds[group].release();  // no unit of three stages or more (fewer stages searched)
     work_.open.close(group);
   } else {
-    work_.open.set(group, fd[3]);
+    work_.open.set(group, fd[first_deep_]);
   }
   return run_deep_units(w, lane, group);
 }
@@ -184,7 +250,7 @@ void Phases::update_open_bound(int group) {
     if (at >= base && at <= base + per_group3_) lowest = std::min(lowest, at - base);
   }
   if (lowest >= per_group3_) return;
-  const int p = work_.space.group_unit(group, 3, lowest).stages;
+  const int p = work_.space.group_unit(group, first_deep_, lowest).stages;
   work_.open.set(group, from_depth_[group][p]);
 }
 
@@ -224,7 +290,7 @@ bool Phases::run_deep_units(Worker& w, int lane, int group) {
     const long long e = std::min(per_group3_, b + chunk);
     long long i = b;
     bool stopped = false;
-    for (Unit u = work_.space.group_unit(group, 3, b); i < e; ++i, ++w.counters.own.units, u = work_.space.next_in_group(u)) {
+    for (Unit u = work_.space.group_unit(group, first_deep_, b); i < e; ++i, ++w.counters.own.units, u = work_.space.next_in_group(u)) {
       if ((stopped = work_.control.every_so_often(w.counters))) break;
       work_.stage_search.run_unit(w, u);
     }

@@ -19,6 +19,7 @@
 
 #include "planner/search_control.h"
 #include "planner/search_space.h"
+#include "planner/shared_bound.h"
 #include "planner/stage_search.h"
 #include "planner/suffix_bound.h"
 
@@ -59,6 +60,7 @@ struct SearchWork {
   const StageSearch& stage_search;
   tbb::enumerable_thread_specific<Worker>& workers;
   OpenBounds& open;
+  const SharedBound& shared;
 };
 
 // No per-rank tables (exhaustive, or too large a cluster): every group's bound, then the units in the
