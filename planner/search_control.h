@@ -33,6 +33,7 @@ class SearchControl {
       : start_(start), time_budget_s_(time_budget_s), cancel_(cancel) {}
 
   Clock::time_point start() const { return start_; }
+  double time_budget_s() const { return time_budget_s_; }  // 0: none
   double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   bool stopped() const { return stop_.load(std::memory_order_relaxed); }
   Why why() const { return static_cast<Why>(why_.load()); }

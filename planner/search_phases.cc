@@ -5,8 +5,6 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <atomic>
 #include <memory>
@@ -149,7 +147,13 @@ void Phases::lane(int lane) {
 
 // 0. Every group's table, for its bound, then released.
 void Phases::run_bounds_pass() {
+  // Under a time budget, the pass takes at most half of it: the groups it has not reached keep the floor.
+  const double budget = work_.control.time_budget_s(), pass_end = budget > 0 ? 0.5 * budget : 1e300;
   take_groups(work_.control, order_, next0_, [&](int group) {
+    if (work_.control.elapsed_s() > pass_end) {
+      bounded_.fetch_add(1);
+      return true;
+    }
     SuffixBound& b = work_.bounds[group];
     work_.builder.build_last_stages(group, &b);
     work_.builder.finish(&b);
@@ -206,6 +210,9 @@ void Phases::run_shallow_units(Worker& w) {
 }
 
 bool Phases::build_deeper_and_run(Worker& w, int lane, int group) {
+  // Its one-stage entries (phase 1: with no phase 2, another thread may still be building them), then
+  // its units of one and two stages.
+  if (!wait_for([&] { return ready_[group].load(std::memory_order_acquire); })) return false;
   if (!wait_for([&] { return left2_[group].load(std::memory_order_acquire) == 0; })) return false;
   if (closed_by_bound(group)) {  // every plan of the group costs more than the threshold
     work_.bounds[group].release();
@@ -216,10 +223,8 @@ bool Phases::build_deeper_and_run(Worker& w, int lane, int group) {
     work_.open.close(group);
     return true;
   }
-  const double t0 = work_.control.elapsed_s();
   work_.builder.build_deeper(group, &work_.bounds[group]);
   work_.builder.finish(&work_.bounds[group]);
-  if (std::getenv("HETPLAN_DEBUG_TABLES")) std::fprintf(stderr, "\ngroup %d deeper table %.3f s\n", group, work_.control.elapsed_s() - t0);
   // Every plan of q stages of the group is bounded by path(q, 0, 0) (or costs more than the threshold).
   const int max_stages = work_.space.max_stages;
   std::vector<double>& fd = from_depth_[group];

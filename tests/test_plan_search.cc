@@ -548,8 +548,6 @@ TEST_CASE("stage estimates: a mixed stage's capacity bound counts its replicas a
   CHECK(mixed > 1000);
 }
 
-}  // namespace hetplan
-
 // Anytime search with a proof (issue 33): seed plans, the global lower bound, --gap.
 
 TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, and proves it, on 30 small clusters",
@@ -694,3 +692,5 @@ TEST_CASE("a search stopped before it starts reports no plan, not an empty space
   }
   CHECK(bounded >= 20);
 }
+
+}  // namespace hetplan
