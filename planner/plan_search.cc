@@ -239,7 +239,7 @@ PlanSearchResult PlanSearch::search() const {
 
   setup_progress.stop();
   Periodic reporter(progress_reporter(opt_, control, shared, open, space.units_total()));
-  SearchWork work{space, control, builder, bounds, stage_search, workers, open, shared};
+  SearchWork work{space, control, builder, bounds, stage_search, workers, open, shared, opt_.bounds_pass_above_gpus};
   if (opt_.seeds_only) control.stop_now();
   if (!control.stopped()) {
     if (kept.kept()) run_in_phases(work);

@@ -60,6 +60,9 @@ struct PlanSearchOptions {
   bool exhaustive = false;
   // Only for tests: return the seed plans (planner/seed_plans.h) alone, marked cut short.
   bool seeds_only = false;
+  // Seeded searches of more than this many GPUs first build every group's table for its bound (the
+  // bounds pass, planner/plan_search.md). Tests lower it to run the pass on small clusters.
+  int bounds_pass_above_gpus = kWholeNodeStagesAbove;
   // The largest suffix-bound table (in dynamic-program steps, 0.25 R^2 L^2 Q) the search builds per
   // (node order, m); above it, the throughput bound stands in. Tests lower it to exercise that bound.
   double suffix_table_limit = 4e9;

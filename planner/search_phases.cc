@@ -85,6 +85,7 @@ class Phases {
   std::atomic<bool> sorted_{false};
   std::vector<double> group_bound_;  // [group]: the bounds pass's bound over every depth
   void run_bounds_pass();
+  std::vector<double> root_bounds(int group) const;
   bool closed_by_bound(int group) const {
     return bounds_pass_ && group_bound_[group] > work_.shared.threshold();
   }
@@ -119,7 +120,7 @@ Phases::Phases(SearchWork& work)
       next3u_(new std::atomic<long long>[n_groups_]),
       done3u_(new std::atomic<long long>[n_groups_]),
       open3_(new std::atomic<bool>[n_groups_]),
-      bounds_pass_(first_deep_ == 1 && work.space.gpus > kWholeNodeStagesAbove),
+      bounds_pass_(first_deep_ == 1 && work.space.gpus > work.bounds_pass_above_gpus),
       group_bound_(n_groups_, 0.0),
       from_depth_(n_groups_),
       n_lanes_(lanes()),
@@ -158,11 +159,10 @@ void Phases::run_bounds_pass() {
     work_.builder.build_last_stages(group, &b);
     work_.builder.finish(&b);
     work_.builder.build_deeper(group, &b);
-    double least = std::numeric_limits<double>::infinity();
-    for (int q = 1; q <= work_.space.max_stages; ++q) least = std::min(least, b.path(q, 0, 0));
     if (!work_.control.stopped()) {
-      group_bound_[group] = least;
-      work_.open.set(group, least);
+      from_depth_[group] = root_bounds(group);
+      group_bound_[group] = from_depth_[group][1];
+      work_.open.set(group, group_bound_[group]);
     }
     b.release();
     bounded_.fetch_add(1);
@@ -176,6 +176,67 @@ void Phases::run_bounds_pass() {
     sorted_.store(true);
   }
   wait_for([&] { return sorted_.load(); });
+}
+
+// [p]: a bound on every plan of the group with p stages or more, from its whole table: stage 0's
+// choices (size, tp, layers), each bounded as the depth-first search bounds it (its estimate's busy time,
+// or its passes plus the table's path through the stages after it), plus its exact all-reduce and
+// optimizer step (the least over the settings), which the plan runs after the last backward reaches
+// stage 0. The table's path(q, 0, 0) alone leaves that tail out.
+std::vector<double> Phases::root_bounds(int group) const {
+  const SearchSpace& sp = work_.space;
+  const SuffixBound& bound = work_.bounds[group];
+  const NodeOrder& o = sp.order_of_group(group);
+  const int m = sp.micro_batches_of_group(group), mb = sp.gbs / m, layers = sp.layers, depth = sp.max_stages;
+  const int setups = sp.num_setups();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<double> best(depth + 2, kInf);
+  std::vector<FastStageCost> costs(setups);
+  for (int s = 1; s <= sp.gpus && !work_.control.stopped(); ++s) {
+    if (sp.whole_nodes && !o.node_start(s)) continue;
+    const bool homo = o.homogeneous(0, s), all = s == sp.gpus;
+    if (!all && depth < 2) continue;
+    for (int tp = 1; tp <= std::min(s, sp.max_tp); ++tp) {
+      if (s % tp != 0 || s / tp > mb || !o.tp_profiled(0, s, tp)) continue;
+      const bool inside = o.tp_inside_nodes(0, s, tp);
+      if (!work_.builder.cross_node_tp() && !inside) continue;
+      double sf = 0, sb = 0;
+      bound.estimator->sends(0, s, tp, homo, &sf, &sb);
+      for (int k = all ? layers : 1; k <= (all ? layers : layers - 1); ++k) {
+        const stage_estimates::StageEstimate x = bound.estimator->estimate(0, s, tp, 0, k, homo, inside);
+        if (!std::isfinite(x.t)) continue;
+        const double busy = m * x.t + (m - 1) * x.a + sb, csum = x.t + sf + sb + (m > 1 ? x.a : 0.0);
+        double first = busy;  // the least of the bounds without the tail, over the depths
+        if (!all)
+          for (int q = 2; q <= std::min(depth, layers - k + 1); ++q) first = std::min(first, std::max(busy, csum + bound.path(q - 1, s, k)));
+        if (!(first < best[all ? 1 : 2])) {
+          bool above = true;  // no depth gains: skip the stage cost
+          if (!all)
+            for (int q = 2; q <= std::min(depth, layers - k + 1) && above; ++q)
+              above = !(std::max(busy, csum + bound.path(q - 1, s, k)) < best[q]);
+          if (above) continue;
+        }
+        StageChoice c;
+        c.begin = 0;
+        c.size = s;
+        c.st = Strategy{s / tp, tp};
+        c.layer_begin = 0;
+        c.layer_end = k;
+        if (!o.cost->stage(c, 0, all ? 1 : 2, m, mb, costs.data())) continue;
+        double tail = kInf;
+        for (const FastStageCost& fc : costs) tail = std::min(tail, fc.allreduce_ms + fc.optimizer_ms);
+        if (all) {
+          best[1] = std::min(best[1], busy + tail);
+          continue;
+        }
+        for (int q = 2; q <= std::min(depth, layers - k + 1); ++q)
+          best[q] = std::min(best[q], std::max(busy, csum + bound.path(q - 1, s, k)) + tail);
+      }
+    }
+  }
+  for (int q = depth; q >= 1; --q) best[q] = std::min(best[q], best[q + 1]);
+  if (work_.control.stopped()) best.assign(depth + 2, 0.0);
+  return best;
 }
 
 // 1. Every group's estimator and the one-stage entries of its suffix bound.
@@ -228,10 +289,13 @@ bool Phases::build_deeper_and_run(Worker& w, int lane, int group) {
   // Every plan of q stages of the group is bounded by path(q, 0, 0) (or costs more than the threshold).
   const int max_stages = work_.space.max_stages;
   std::vector<double>& fd = from_depth_[group];
+  const std::vector<double> from_pass = fd;  // the bounds pass's, where it ran: stage 0's tail included
   fd.assign(max_stages + 2, std::numeric_limits<double>::infinity());
   if (!work_.control.stopped())
     for (int q = max_stages; q >= 1; --q) fd[q] = std::min(fd[q + 1], work_.bounds[group].path(q, 0, 0));
   else fd.assign(max_stages + 2, 0.0);  // (the table may be part-built)
+  if (from_pass.size() == fd.size())
+    for (std::size_t q = 0; q < fd.size(); ++q) fd[q] = std::max(fd[q], from_pass[q]);
   open3_[group].store(true, std::memory_order_release);
   if (per_group3_ == 0) {
     work_.bounds[group].release();  // no unit of three stages or more (fewer stages searched)

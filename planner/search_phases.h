@@ -61,6 +61,7 @@ struct SearchWork {
   tbb::enumerable_thread_specific<Worker>& workers;
   OpenBounds& open;
   const SharedBound& shared;
+  int bounds_pass_above_gpus;  // PlanSearchOptions::bounds_pass_above_gpus
 };
 
 // No per-rank tables (exhaustive, or too large a cluster): every group's bound, then the units in the

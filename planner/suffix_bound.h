@@ -115,6 +115,7 @@ class SuffixBoundBuilder {
                      const ProfileSet& profiles, const Cluster& cluster, const PlanSimulator& simulator,
                      const PlanSearchOptions& options, bool table_fits);
 
+  bool cross_node_tp() const { return options_.allow_cross_node_tp; }
   // Creates the group's estimator and its table, and fills the entries of one stage (exact).
   void build_last_stages(int group, SuffixBound* bound) const;
   // Fills the group's entries of two stages and more. These leave out every stage whose own compute

@@ -565,9 +565,21 @@ TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, a
     o.gap = 0;
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
+    // With the bounds pass too (every group's table and root bound first, groups above the threshold
+    // closed), as above 256 GPUs.
+    PlanSearchOptions pass = o;
+    pass.bounds_pass_above_gpus = 0;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
     const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    const PlanSearchResult with_pass = PlanSearch(cluster, profiles, sim, pass).run();
     REQUIRE(r.top.size() == full.top.size());
+    REQUIRE(with_pass.top.size() == full.top.size());
+    if (!full.top.empty()) {
+      CHECK(with_pass.top[0].plan.cost == full.top[0].plan.cost);
+      CHECK(with_pass.top[0].plan.device_groups == full.top[0].plan.device_groups);
+      CHECK(with_pass.top[0].plan.layer_partition == full.top[0].plan.layer_partition);
+      CHECK(with_pass.lower_bound_ms == full.top[0].plan.cost);
+    }
     CHECK_FALSE(r.cut_short);
     CHECK(r.proven);
     if (full.top.empty()) {  // the space is proven empty: no plan, no bound
@@ -653,6 +665,9 @@ TEST_CASE("--gap G: the best plan is within 1 + G of the optimum, and the lower 
     o.gbs = c.gbs;
     o.gap = 0.25;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
+    PlanSearchOptions pass = o;  // the bounds pass's root bounds, and its groups closed by them
+    pass.bounds_pass_above_gpus = 0;
+    const PlanSearchResult with_pass = PlanSearch(cluster, profiles, sim, pass).run();
     o.gap = 0;
     const PlanSearchResult exact = PlanSearch(cluster, profiles, sim, o).run();
     REQUIRE(r.top.empty() == exact.top.empty());
@@ -663,6 +678,8 @@ TEST_CASE("--gap G: the best plan is within 1 + G of the optimum, and the lower 
     CHECK(r.lower_bound_ms <= opt * (1 + 1e-12));
     CHECK(r.gap <= 0.25 + 1e-9);
     CHECK(r.proven);
+    CHECK(with_pass.best_ms <= opt * 1.25 * (1 + 1e-12));
+    CHECK(with_pass.lower_bound_ms <= opt * (1 + 1e-12));
   }
 }
 
