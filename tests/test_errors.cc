@@ -266,7 +266,7 @@ TEST_CASE("a GPU count for which no plan exists", "[errors]") {
 
 // The anytime search's proof (issue 33): best, lower bound and gap in the text and the --json; --gap 0
 // proves the optimum (the bound meets the best); a bad --gap is one line naming the flag.
-TEST_CASE("search prints best, lower bound and gap, in text and --json; --gap 0 proves the optimum",
+TEST_CASE("search prints best, lower bound and gap, in text and --json, and at gap 0 proves the optimum",
           "[errors][search-sim][anytime]") {
   const auto dir = test::scratch_dir("err-gap");
   write(dir / "eight", "0.0.0.1 slots=4\n0.0.0.4 slots=4\n");

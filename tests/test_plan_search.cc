@@ -654,7 +654,7 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
   CHECK(optimal_seeds > 0);
 }
 
-TEST_CASE("--gap G: the best plan is within 1 + G of the optimum, and the lower bound is below the optimum",
+TEST_CASE("a gap G: the best plan is within 1 + G of the optimum, and the lower bound is below the optimum",
           "[plan_search][anytime]") {
   const ProfileSet& profiles = small_profiles();
   for (const Case& c : cases(true)) {
