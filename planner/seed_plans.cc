@@ -1,5 +1,7 @@
 #include "planner/seed_plans.h"
 
+#include "planner/export_plan.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -100,6 +102,10 @@ class Seeder {
     int r = 0;
     for (int size : s.sizes) {
       if (size % s.tp != 0 || size / s.tp > b || s.tp > size) return false;
+      // --uniform: every stage at stage 0's (dp, tp), dp dividing the micro-batch (planner/export_plan.h).
+      if (options_.uniform && (!exporter_micro_batch_splits(b, size / s.tp) ||
+                               !exporter_grid_matches(Strategy{s.sizes[0] / s.tp, s.tp}, Strategy{size / s.tp, s.tp})))
+        return false;
       if (!o.tp_profiled(r, size, s.tp)) return false;
       if (!options_.allow_cross_node_tp && !o.tp_inside_nodes(r, size, s.tp)) return false;
       r += size;
@@ -179,7 +185,8 @@ class Seeder {
     }
     ++stats_.costed;
     double ms = kInf;
-    s->setup = o.cost->best_setup(costs_.data(), p, s->micro_batches, schedule_, &scratch_, &ms);
+    s->setup = options_.uniform ? uniform_best_setup(o, p, s->micro_batches, &ms)
+                                : o.cost->best_setup(costs_.data(), p, s->micro_batches, schedule_, &scratch_, &ms);
     s->cost = s->setup >= 0 ? ms : kInf;
     s->overflow = 0;
     if (s->setup < 0) {
@@ -191,6 +198,30 @@ class Seeder {
       }
     }
     return true;
+  }
+
+  // best_setup over the settings --uniform allows (ZeRO 0 or 1 on a pipeline of several stages), the
+  // leaf's way: the least iteration time of the settings that fit every stage, the first on ties.
+  int uniform_best_setup(const NodeOrder& o, int p, int micro_batches, double* ms) {
+    const int setups = space_.num_setups();
+    one_.resize(p);
+    int best = -1;
+    *ms = kInf;
+    for (int k = 0; k < setups; ++k) {
+      if (!deepspeed_pipeline_zero_ok(p, o.cost->setup(k).zero_stage)) continue;
+      bool fits = true;
+      for (int i = 0; i < p; ++i) {
+        one_[i] = costs_[static_cast<std::size_t>(i) * setups + k];
+        fits = fits && one_[i].fits;
+      }
+      if (!fits) continue;
+      const double t = o.cost->iteration_ms(one_.data(), p, micro_batches, schedule_, &scratch_);
+      if (t < *ms) {
+        *ms = t;
+        best = k;
+      }
+    }
+    return best;
   }
 
   // Moves one layer boundary by one layer at a time, the best such move while it improves the seed.
@@ -249,7 +280,7 @@ class Seeder {
   SharedBound& shared_;
   TopPlans* top_;
   SeedStats stats_;
-  std::vector<FastStageCost> costs_;
+  std::vector<FastStageCost> costs_, one_;
   PipelineScratch scratch_;
   mutable std::vector<double> weights_;
 };
