@@ -81,6 +81,20 @@ std::string training_format(const PlanFile& f, const ParallelLayout* placement, 
   return "bf16";
 }
 
+// Megatron-LM splits the attention heads over tp: TransformerConfig needs the heads to be a multiple of tp and the
+// key/value heads (num_query_groups) a multiple or a divisor of it.
+void require_heads_split(const ModelShape& m, int tp, const std::string& where) {
+  const std::string why = "; take a plan whose tp divides them";
+  if (m.num_heads % tp != 0)
+    throw InputError(where + ": the model's " + std::to_string(m.num_heads) + " attention heads do not split over tp " +
+                     std::to_string(tp) + ": Megatron-LM's TransformerConfig needs num_attention_heads to be a " +
+                     "multiple of tp" + why);
+  if (m.num_kv_heads % tp != 0 && tp % m.num_kv_heads != 0)
+    throw InputError(where + ": the model's " + std::to_string(m.num_kv_heads) +
+                     " key/value heads are neither a multiple nor a divisor of tp " + std::to_string(tp) +
+                     ": Megatron-LM's TransformerConfig needs one or the other of num_query_groups" + why);
+}
+
 // Samples per replica per micro-batch: Megatron and DeepSpeed split each micro-batch evenly over dp.
 int micro_batch_per_replica(const PlanFile& f, const std::string& where, const std::string& framework) {
   const int micro = f.gbs / f.plan.batches, dp = f.plan.strategies[0].dp;
@@ -372,6 +386,7 @@ MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const Paral
   require_uniform(f, where, "Megatron-LM");
   MegatronArgs out;
   const Strategy st = f.plan.strategies[0];
+  require_heads_split(m, st.tp, where);
   const int pp = static_cast<int>(f.plan.strategies.size());
   out.world_size = pp * st.dp * st.tp;
   auto add = [&](const std::string& flag, const std::string& value = "") { out.args.emplace_back(flag, value); };
