@@ -72,8 +72,11 @@ class Phases {
   std::vector<int> order_;  // (re-sorted by the bounds pass, before any thread reads it past that pass)
   const std::size_t n_groups_;
   // The least pipeline depth of phase 3: 3, or 1 where the seed plans set a threshold before the search
-  // (phase 2 is then empty: its plans are not needed to set one, and they are pruned far better by the
-  // deeper entries, which also give the group's bound at once).
+  // on a cluster of kDeepTablesFirstFrom GPUs or more (phase 2 is then empty: its plans are not needed to
+  // set one, and they are pruned far better by the deeper entries, which also give the group's bound at
+  // once). On smaller clusters phase 2 is cheap and its plans tighten the threshold the deeper entries
+  // are built with.
+  static constexpr int kDeepTablesFirstFrom = 64;
   const int first_deep_;
   // The bounds pass (seeded searches of more than kWholeNodeStagesAbove GPUs): every group's whole table
   // first, for its bound over every depth (the global bound at once), then released; the groups are
@@ -111,7 +114,7 @@ Phases::Phases(SearchWork& work)
     : work_(work),
       order_(group_order(work.space)),
       n_groups_(order_.size()),
-      first_deep_(std::isfinite(work.shared.threshold()) ? 1 : 3),
+      first_deep_(std::isfinite(work.shared.threshold()) && work.space.gpus >= kDeepTablesFirstFrom ? 1 : 3),
       per_group2_(first_deep_ == 1 ? 0 : work.space.group_unit_count(1, 2)),
       n2_(per_group2_ * static_cast<long long>(n_groups_)),
       per_group3_(work.space.group_unit_count(first_deep_, work.space.max_stages)),
