@@ -53,6 +53,7 @@ struct SearchArgs {
   std::string overlap = "off";
   double ddp_bucket_params = 0, comm_slowdown = kCommComputeSlowdown;
   bool cross_node_tp = false;
+  double gap = 0.01;         // --gap: prove the best within this relative gap (0: exact)
   std::string time_budget;  // seconds, or "none" / "" for no limit (parse_time_budget)
   int max_stages = 0;
   std::string stage_boundaries = "auto";
@@ -117,6 +118,18 @@ void check_shape_against_profiles(const SearchArgs& a, const ModelShape& shape, 
                      " records model.family = " + excerpt(profiled.family));
 }
 
+// "123.4 ms", or "-" where there is none (negative).
+std::string ms_text(double ms) { return ms >= 0 ? python_float(std::round(ms * 10) / 10) + " ms" : "-"; }
+// A lower bound: "none left" where no plan is left to search (infinity).
+std::string bound_text(double ms) { return std::isfinite(ms) ? ms_text(ms) : "none left"; }
+// "0.84%", or "?" where not known (negative or infinite).
+std::string gap_text(double gap) {
+  if (!(gap >= 0) || !std::isfinite(gap)) return "?";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%%", 100 * gap);
+  return buf;
+}
+
 // Set by SIGINT during a search: the search stops and reports what it found.
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
@@ -152,6 +165,8 @@ void check_flags(const SearchArgs& a) {
   check_flag(a.top, 1, 1000000, "--top");
   check_flag(a.threads, 0, 4096, "--threads");
   check_number(a.variance, rules::positive_up_to(1e6), "--min_group_scale_variance");
+  if (!(a.gap >= 0 && a.gap <= 10))
+    throw InputError("--gap: expected a relative gap from 0 (exact) to 10, got " + python_float(a.gap));
 }
 
 // Loads the cluster and checks its bandwidths with the one rule simulate uses too.
@@ -412,18 +427,20 @@ int run_default_search(const SearchArgs& a) {
   o.top_k = a.top;
   o.threads = a.threads;
   o.time_budget_s = parse_time_budget(a.time_budget);
+  o.gap = a.gap;
   o.cancel = &g_interrupted;
   const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
   if (show_progress)
     o.progress = [](const PlanSearchProgress& p) {
-      if (p.units_total == 0) {  // the set-up before the search's units
-        std::fprintf(stderr, "\rsetting up the search: %.0f s   ", p.elapsed_s);
+      const std::string proof = "best " + ms_text(p.best_ms) + ", bound " + bound_text(p.lower_bound_ms) +
+                                ", gap " + gap_text(p.gap);
+      if (p.units_total == 0) {  // the set-up (and the seed plans) before the search's units
+        std::fprintf(stderr, "\rsetting up the search: %.0f s, %s   ", p.elapsed_s, proof.c_str());
         std::fflush(stderr);
         return;
       }
-      std::fprintf(stderr, "\rsearching: %lld/%lld units, %lld enumerated, %lld pruned, %lld costed, best %s, ETA %s   ",
-                   p.units_done, p.units_total, p.enumerated, p.pruned, p.costed,
-                   p.best_ms >= 0 ? (python_float(std::round(p.best_ms * 10) / 10) + " ms").c_str() : "-",
+      std::fprintf(stderr, "\rsearching: %lld/%lld units, %lld enumerated, %lld pruned, %lld costed, %s, ETA %s   ",
+                   p.units_done, p.units_total, p.enumerated, p.pruned, p.costed, proof.c_str(),
                    p.eta_s >= 0 ? (std::to_string(static_cast<long long>(std::ceil(p.eta_s))) + " s").c_str() : "?");
       std::fflush(stderr);
     };
@@ -450,12 +467,23 @@ int run_default_search(const SearchArgs& a) {
   std::signal(SIGINT, previous);
   if (show_progress) std::fprintf(stderr, "\n");
 
-  if (result.cut_short)
-    std::cerr << "hetplan: note: the search was cut short (" << result.cut_reason
-              << "): the plans below are the best found so far, not necessarily the best of the space\n";
+  if (result.cut_short && !result.top.empty())
+    std::cerr << "hetplan: note: the search was cut short (" << result.cut_reason << "): the plans below are the "
+              << "best found so far, within " << gap_text(result.gap) << " of the optimum (lower bound "
+              << bound_text(result.lower_bound_ms) << "); --gap " << python_float(a.gap) << " was not yet proven\n";
   if (result.top.empty()) {
-    std::string why = result.cut_short ? "the search was cut short before any plan was costed"
-                                       : "no plan of the space fits every rank's memory with its profiles";
+    // Exit code 2 (an InputError) either way, as before: the cluster and flags give no plan to print.
+    if (result.cut_short) {
+      std::string why = "the search was cut short (" + result.cut_reason + ") before it found a plan that fits; "
+                        "this does not show that none exists (lower bound so far " + bound_text(result.lower_bound_ms) +
+                        "). Try a longer --time-budget, --zero auto --recompute auto (ZeRO and recomputation "
+                        "save memory), --stage-boundaries node (a smaller space), or --max-stages";
+      if (!result.first_infeasible_reason.empty()) why += "; first plan out of memory: " + result.first_infeasible_reason;
+      throw InputError(a.hostfile + ": no plan found for this cluster (" + std::to_string(cluster.num_devices()) +
+                       " GPUs, gbs " + std::to_string(a.gbs) + "): " + why);
+    }
+    std::string why = "the whole space was searched and no plan of it fits every rank's memory with its profiles";
+    if (a.zero != "auto" || a.recompute != "auto") why += " (--zero auto --recompute auto may find one)";
     if (!result.first_infeasible_reason.empty()) why += "; first: " + result.first_infeasible_reason;
     throw InputError(a.hostfile + ": no plan exists for this cluster (" + std::to_string(cluster.num_devices()) +
                      " GPUs, gbs " + std::to_string(a.gbs) + "): " + why);
@@ -472,6 +500,11 @@ int run_default_search(const SearchArgs& a) {
   std::cout << "enumerated: " << result.enumerated << ", pruned: " << result.pruned << ", costed: " << result.costed
             << ", infeasible: " << result.infeasible << ", time: " << python_float(std::round(result.seconds * 1e4) / 1e4)
             << " s" << (result.cut_short ? " (cut short)" : "") << "\n";
+  std::cout << "best: " << ms_text(result.best_ms) << ", lower bound: " << bound_text(result.lower_bound_ms)
+            << ", gap: " << gap_text(result.gap)
+            << (result.proven ? (a.gap > 0 ? " (proven within --gap " + python_float(a.gap) + ")" : " (proven optimal)")
+                              : " (not proven: cut short)")
+            << ", first plan after " << python_float(std::round(result.first_plan_s * 1e3) / 1e3) << " s\n";
   std::cout << "rank, iteration_ms, node_sequence, device_groups, strategies(dp_deg, tp_deg), batches(number of batch), "
                "layer_partition\n";
   for (std::size_t i = 0; i < result.top.size(); ++i) {
@@ -514,10 +547,15 @@ Runner add_search_command(CLI::App& app) {
       "By default (--cost-model sim) it searches node orders, micro-batch counts dividing --gbs, pipeline\n"
       "stages of any size on real node boundaries (whole nodes above 256 GPUs: --stage-boundaries), (dp, tp)\n"
       "per stage with tp inside one node, and the layers of each stage, and keeps only plans that train\n"
-      "every layer and sample and fit every rank's memory. It is exact over that space (it prunes only\n"
-      "with lower bounds) and streams, so memory stays flat; --time-budget or Ctrl-C return the best plans\n"
-      "found so far. Each plan's cost is the iteration time `hetplan simulate` reports for it; --json\n"
+      "every layer and sample and fit every rank's memory. It prunes only with lower bounds (exact at\n"
+      "--gap 0, within --gap otherwise) and streams, so memory stays flat; --time-budget or Ctrl-C return\n"
+      "the best plans found so far. Each plan's cost is the iteration time `hetplan simulate` reports for it; --json\n"
       "names the host and GPU of every rank.\n\n"
+      "Anytime: it first costs hand-written-style plans (Megatron grids: tp inside a node, pp, dp, layers\n"
+      "split by compute), so a plan is known within seconds; it then prints the best plan, a lower bound\n"
+      "on the optimum over the whole space and the gap between them, and stops once the gap is within\n"
+      "--gap (default 1%; --gap 0 is exact). \"no plan exists\" means the whole space was searched; a\n"
+      "search cut short without a plan says so. Both exit with code 2.\n\n"
       "--cost-model metis reproduces the Metis reference (cost_het_cluster.py, livingshade/Metis@900445f)\n"
       "bit for bit, quirks included: use it to reproduce the paper's Table 1, not to plan a cluster.\n"
       "Flags marked [metis] act only there: the default search ignores them with a warning on stderr.\n\n"
@@ -587,8 +625,14 @@ Runner add_search_command(CLI::App& app) {
               "With --cost-model sim: let tp groups span nodes (their all-reduces are then costed over the "
               "inter-node link); by default every tp group stays inside one node and one GPU type");
   s->add_option("--time-budget", a->time_budget,
-                "With --cost-model sim: stop after this many seconds and report the best plans found so far "
-                "(Ctrl-C does the same); a positive number, or none (the default) for no limit");
+                "With --cost-model sim: stop after this many seconds and report the best plans found so far, with "
+                "a lower bound on the optimum and the gap between them (Ctrl-C does the same); a positive number, "
+                "or none (the default) for no limit");
+  s->add_option("--gap", a->gap,
+                "With --cost-model sim: stop once the best plan is proven within this relative gap of the optimum "
+                "(0.01: at most 1% slower than the best plan of the space); 0 is exact (the same plans as "
+                "exhaustive enumeration). The search prunes every plan a bound shows cannot beat best / (1 + gap)")
+      ->capture_default_str();
   s->add_option("--max-stages", a->max_stages, "With --cost-model sim: deepest pipeline considered (default: layers)")
       ->check(kPositiveNumber);
   s->add_option("--stage-boundaries", a->stage_boundaries,

@@ -486,6 +486,7 @@ void UnitSearch::keep_plan(double cost, int setup) {
     key.order.push_back(w_.choices[i].layer_end - w_.choices[i].layer_begin);
   }
   if (!w_.top.wants(key)) return;
+  const unsigned long long id = plan_id(key.order);
   SearchedPlan sp;
   PlanResult& pr = sp.plan;
   for (int t : o_.sequence) pr.node_sequence.push_back(s_.cluster_.device_types()[t]);
@@ -500,7 +501,7 @@ void UnitSearch::keep_plan(double cost, int setup) {
   pr.cost = cost;
   sp.setup = setup;
   w_.top.insert(std::move(key), std::move(sp));
-  shared_.offer(cost);
+  shared_.offer(cost, id);
 }
 
 StageSearch::StageSearch(const SearchSpace& space, const FeasibilityTables& tables,

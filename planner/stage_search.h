@@ -41,6 +41,13 @@ struct PlanKey {
 
 using TopPlans = TopK<PlanKey, SearchedPlan>;
 
+// A hash of a PlanKey's order: names a plan to SharedBound::offer.
+inline unsigned long long plan_id(const std::vector<int>& order) {
+  unsigned long long h = 0xcbf29ce484222325ull;
+  for (int x : order) h = (h ^ static_cast<unsigned>(x)) * 0x100000001b3ull;
+  return h;
+}
+
 // A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
 // group, its ranks, (dp, tp), layers, whether it is the first and the last stage, and its in-flight
 // micro-batches (the memory of its activations): not on the stages around it, so the same stage met

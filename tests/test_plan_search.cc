@@ -618,4 +618,166 @@ TEST_CASE("stage estimates: a mixed stage's capacity bound counts its replicas a
   CHECK(mixed > 1000);
 }
 
+// Anytime search with a proof (issue 33): seed plans, the global lower bound, --gap.
+
+TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, and proves it, on 30 small clusters",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  int with_plans = 0, seeded = 0;
+  const std::vector<Case> all = cases(true);
+  REQUIRE(all.size() >= 30);
+  for (const Case& c : all) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.gap = 0;
+    PlanSearchOptions ex = o;
+    ex.exhaustive = true;
+    // With the bounds pass too (every group's table and root bound first, groups above the threshold
+    // closed), as above 256 GPUs.
+    PlanSearchOptions pass = o;
+    pass.bounds_pass_above_gpus = 0;
+    const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
+    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    const PlanSearchResult with_pass = PlanSearch(cluster, profiles, sim, pass).run();
+    REQUIRE(r.top.size() == full.top.size());
+    REQUIRE(with_pass.top.size() == full.top.size());
+    if (!full.top.empty()) {
+      CHECK(with_pass.top[0].plan.cost == full.top[0].plan.cost);
+      CHECK(with_pass.top[0].plan.device_groups == full.top[0].plan.device_groups);
+      CHECK(with_pass.top[0].plan.layer_partition == full.top[0].plan.layer_partition);
+      CHECK(with_pass.lower_bound_ms == full.top[0].plan.cost);
+    }
+    CHECK_FALSE(r.cut_short);
+    CHECK(r.proven);
+    if (full.top.empty()) {  // the space is proven empty: no plan, no bound
+      CHECK(r.space_empty);
+      CHECK(r.best_ms == -1);
+      CHECK(std::isinf(r.lower_bound_ms));
+      continue;
+    }
+    ++with_plans;
+    seeded += r.seeds_costed > 0;
+    const PlanResult& x = r.top[0].plan;
+    const PlanResult& y = full.top[0].plan;
+    CHECK(x.cost == y.cost);
+    CHECK(x.node_sequence == y.node_sequence);
+    CHECK(x.device_groups == y.device_groups);
+    CHECK(x.strategies == y.strategies);
+    CHECK(x.layer_partition == y.layer_partition);
+    CHECK(x.batches == y.batches);
+    CHECK_FALSE(r.space_empty);
+    CHECK(r.best_ms == y.cost);
+    CHECK(r.lower_bound_ms == y.cost);  // proven optimal: the bound meets the best
+    CHECK(r.gap == 0);
+    CHECK(r.first_plan_s >= 0);
+  }
+  CHECK(with_plans >= 25);
+  CHECK(seeded == with_plans);
+}
+
+TEST_CASE("the seed plans are plans of the space, costed as simulate costs them, and never below the optimum",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  int with_seeds = 0, optimal_seeds = 0;
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.top_k = 4;
+    o.seeds_only = true;
+    const PlanSearchResult seeds = PlanSearch(cluster, profiles, sim, o).run();
+    o.seeds_only = false;
+    o.top_k = 1;
+    const PlanSearchResult best = PlanSearch(cluster, profiles, sim, o).run();
+    CHECK(seeds.seeds_costed > 0);
+    if (seeds.top.empty()) continue;
+    ++with_seeds;
+    REQUIRE_FALSE(best.top.empty());
+    optimal_seeds += seeds.top[0].plan.cost == best.top[0].plan.cost;
+    for (const SearchedPlan& sp : seeds.top) {
+      const PlanResult& p = sp.plan;
+      CHECK(p.cost >= best.top[0].plan.cost);
+      std::vector<int> seq;
+      for (const auto& n : p.node_sequence) seq.push_back(cluster.type_index(n));
+      const RankLayout layout(cluster, seq);
+      int begin = 0;
+      for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
+        CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
+        CHECK(p.strategies[i].dp <= c.gbs / p.batches);
+        CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
+        CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
+        begin += p.device_groups[i];
+      }
+      CHECK(begin == cluster.num_devices());
+      CHECK(p.layer_partition.back() == 6);
+      const PlanSimulation s = sim.simulate(p, c.gbs);
+      CHECK(s.fits);
+      CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
+    }
+  }
+  CHECK(with_seeds >= 20);
+  CHECK(optimal_seeds > 0);
+}
+
+TEST_CASE("a gap G: the best plan is within 1 + G of the optimum, and the lower bound is below the optimum",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.gap = 0.25;
+    const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
+    PlanSearchOptions pass = o;  // the bounds pass's root bounds, and its groups closed by them
+    pass.bounds_pass_above_gpus = 0;
+    const PlanSearchResult with_pass = PlanSearch(cluster, profiles, sim, pass).run();
+    o.gap = 0;
+    const PlanSearchResult exact = PlanSearch(cluster, profiles, sim, o).run();
+    REQUIRE(r.top.empty() == exact.top.empty());
+    if (exact.top.empty()) continue;
+    const double opt = exact.top[0].plan.cost;
+    CHECK(r.best_ms >= opt);
+    CHECK(r.best_ms <= opt * 1.25 * (1 + 1e-12));
+    CHECK(r.lower_bound_ms <= opt * (1 + 1e-12));
+    CHECK(r.gap <= 0.25 + 1e-9);
+    CHECK(r.proven);
+    CHECK(with_pass.best_ms <= opt * 1.25 * (1 + 1e-12));
+    CHECK(with_pass.lower_bound_ms <= opt * (1 + 1e-12));
+  }
+}
+
+TEST_CASE("a search stopped before it starts reports no plan, not an empty space, and a bound below the optimum",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  int bounded = 0;
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    std::atomic<bool> cancel{true};
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.cancel = &cancel;
+    const PlanSearchResult stopped = PlanSearch(cluster, profiles, sim, o).run();
+    CHECK(stopped.cut_short);
+    CHECK(stopped.top.empty());
+    CHECK_FALSE(stopped.space_empty);  // not searched: no claim that no plan exists
+    CHECK_FALSE(stopped.proven);
+    cancel = false;
+    const PlanSearchResult exact = PlanSearch(cluster, profiles, sim, o).run();
+    if (exact.top.empty()) continue;
+    // The throughput floor: positive, and below every plan.
+    CHECK(stopped.lower_bound_ms <= exact.top[0].plan.cost);
+    bounded += stopped.lower_bound_ms > 0;
+  }
+  CHECK(bounded >= 20);
+}
+
 }  // namespace hetplan
