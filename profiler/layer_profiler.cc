@@ -13,6 +13,7 @@
 #include "profiler/mixed_precision.h"
 #include "profiler/statistics.h"
 #include "base/json_util.h"
+#include "sim/profile_model.h"
 
 namespace hetplan::profiler {
 
@@ -338,30 +339,7 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   const GPTConfig& c = req.model;
   const std::size_t L = m.layer_ms.size();
   ordered_json j;
-  ordered_json model;
-  const ModelShape& shape = c.shape;
-  model["model_name"] = shape.name;
-  model["num_layers"] = c.num_layers();
-  model["hidden_size"] = shape.hidden_size;
-  model["num_heads"] = shape.num_heads;
-  model["sequence_length"] = c.seq_len;
-  model["vocab_size"] = shape.vocab_size;
-  // hetplan's extensions: the rest of the shape (sim/model_shape.h).
-  model["family"] = shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2";
-  model["num_kv_heads"] = shape.num_kv_heads;
-  model["head_dim"] = shape.head_dim;
-  model["ffn_hidden_size"] = shape.ffn_hidden_size;
-  model["tied_embeddings"] = shape.tied_embeddings;
-  model["parameter_count"] = shape.parameter_count();
-  ordered_json per_layer = ordered_json::array();
-  int64_t total = 0;
-  const int64_t elem = torch::elementSize(req.dtype);
-  for (long long n : shape.metis_layer_params()) {
-    per_layer.push_back(n * elem);
-    total += n * elem;
-  }
-  model["parameters"] = {{"total_parameters_bytes", total}, {"parameters_per_layer_bytes", per_layer}};
-  j["model"] = model;
+  j["model"] = profile_model_record(c.shape, c.seq_len, static_cast<int>(torch::elementSize(req.dtype)));
 
   ordered_json et;
   std::vector<double> layer_median;
