@@ -134,7 +134,7 @@ int run_gen_profiles(ProfilesArgs a) {
       throw InputError("gen-profiles: --samples DIR is required (Metis's A100 sample profiles), or use --analytic");
     written = generate_synthetic_profiles(a.samples, a.out, a.layers, a.max_bs);
   }
-  std::cout << "wrote " << written.size() << " profiles to " << a.out << (a.analytic ? " (roofline estimates)" : "")
+  std::cout << "wrote " << written.size() << " profiles to " << a.out << (a.analytic ? " (datasheet estimates: the layer time model)" : "")
             << "\n";
   return 0;
 }

@@ -20,7 +20,7 @@ start=$SECONDS
 deadline=${HETPLAN_DEADLINE_S:-450}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-left() { echo $(( deadline - (SECONDS - start) )); }
+left() { local l=$(( deadline - (SECONDS - start) )); (( l < 1 )) && l=1; echo $l; }  # never 0: timeout 0 is no limit
 if [[ ! -x build-gpu/hetplan ]]; then
   t0=$SECONDS
   bash scripts/gpu_build.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }

@@ -88,6 +88,12 @@ DeviceRates catalogue_rates(const std::string& type, ComputePrecision precision,
     fraction = static_cast<double>(granted) / g->sm_count;
     r.source += " x " + std::to_string(granted) + "/" + std::to_string(g->sm_count) + " SMs";
   }
+  // bf16 training runs as fp16 on a GPU without bf16 (V100): the same bytes, its 16-bit peak.
+  if (precision == ComputePrecision::kBf16 && !g->supports(precision) && g->supports(ComputePrecision::kFp16)) {
+    precision = ComputePrecision::kFp16;
+    r.source += " (fp16: no bf16)";
+  }
+  r.precision = precision;
   r.peak_flops = require_peak(*g, precision, where) * fraction;
   r.gemm_efficiency = d.gemm_efficiency;
   r.gemm_half_size = d.gemm_half_size;
@@ -103,7 +109,7 @@ DeviceRates probe_rates(const ordered_json& probe, const std::string& path, cons
   DeviceRates r = catalogue_rates(type, precision, d, path + ": device_type");
   r.source = "probe " + path;
   r.probed = true;
-  const char* p = to_string(precision);
+  const char* p = to_string(r.precision);
   const auto& gemm = probe.contains("gemm") ? probe["gemm"] : ordered_json();
   if (gemm.is_object() && gemm.contains(p) && gemm[p].is_array()) {
     for (const auto& row : gemm[p])

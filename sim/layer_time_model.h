@@ -49,6 +49,7 @@ struct RateDefaults {
 struct DeviceRates {
   std::string type;
   std::string source;  // "probe <file>" or "catalogue <GPU> (x N/M SMs)"
+  ComputePrecision precision = ComputePrecision::kBf16;  // what it runs: bf16 becomes fp16 where the GPU lacks it
   std::vector<std::pair<double, double>> gemm_curve;  // (m, achieved FLOP/s), ascending m; empty: catalogue
   double peak_flops = 0;       // dense peak at the precision, FLOP/s (x SM fraction)
   double gemm_efficiency = 0.72, gemm_half_size = 1024;  // the catalogue curve, when gemm_curve is empty
@@ -68,7 +69,8 @@ struct DeviceRates {
 // "H200-66sm" -> ("H200", 66): an emulated type's base and requested SMs; false for any other name.
 bool parse_emulated_type(const std::string& type, std::string& base, int& sms);
 
-// Rates from the catalogue (`type` a catalogue GPU or an emulated "BASE-<N>sm"), at `precision`.
+// Rates from the catalogue (`type` a catalogue GPU or an emulated "BASE-<N>sm"), at `precision` (bf16 runs as
+// fp16 on a GPU without bf16, as mixed-precision training does there).
 // Throws InputError naming `where` for an unknown GPU or a precision it lacks.
 DeviceRates catalogue_rates(const std::string& type, ComputePrecision precision, const RateDefaults& d,
                             const std::string& where);

@@ -179,6 +179,7 @@ ordered_json transfer_one(const ordered_json& src, const Source& s, const std::s
   ordered_json& prof = j["profiler"];
   if (!prof.is_object()) prof = ordered_json::object();
   prof["device_type"] = target;
+  prof["dtype"] = to_string(to.precision);
   prof["device"] = "derived for " + target + " (not measured)";
   if (prof.contains("block_tflops") && prof["block_tflops"].is_number() && L > 2 && ratio[1] > 0)
     prof["block_tflops"] = prof["block_tflops"].get<double>() / ratio[1];

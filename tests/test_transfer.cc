@@ -103,7 +103,11 @@ TEST_CASE("rates: the catalogue's, an emulated partition's, a probe's curve", "[
   CHECK(part.peak_flops == Approx(989.5e12 * 72 / 132));
   CHECK(part.bytes_per_s == Approx(h100.bytes_per_s * 72 / 132));
   CHECK_THROWS_AS(catalogue_rates("Z999", ComputePrecision::kBf16, d, "test"), InputError);
-  CHECK_THROWS_AS(catalogue_rates("V100", ComputePrecision::kBf16, d, "test"), InputError);  // no bf16
+  // V100 has no bf16: bf16 training runs there as fp16, its 16-bit peak.
+  const DeviceRates v100 = catalogue_rates("V100", ComputePrecision::kBf16, d, "test");
+  CHECK(v100.precision == ComputePrecision::kFp16);
+  CHECK(v100.peak_flops == Approx(125e12));
+  CHECK_THROWS_AS(catalogue_rates("V100", ComputePrecision::kFp8, d, "test"), InputError);
   // The catalogue's GEMM curve: half the large-GEMM efficiency at the half size.
   CHECK(h100.gemm_flops_per_s({1024, 1024, 1024, 1}) == Approx(989.5e12 * d.gemm_efficiency / 2));
 
