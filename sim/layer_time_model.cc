@@ -163,9 +163,14 @@ KernelClassTimes transfer_layer(const MeasuredLayer& m, const DeviceRates& from,
   c.elementwise_ms = m.classes.elementwise_ms * from.bytes_per_s / to.bytes_per_s;
   c.communication_ms = m.classes.communication_ms * from.link_bytes_per_s / to.link_bytes_per_s;
   const bool hosts_known = from.launch_host_us > 0 && to.launch_host_us > 0 && from.probed && to.probed;
-  c.host_ms = m.classes.host_ms * (hosts_known ? to.launch_host_us / from.launch_host_us : 1.0);
+  // The floor as the chained measurement saw it: the host time to issue the layer from an idle device
+  // (host_ms) overstates the pace of a host that runs ahead; the layer never took longer than measured.
+  const double floor_ms = m.layer_ms > 0 ? std::min(m.classes.host_ms, m.layer_ms) : m.classes.host_ms;
+  c.host_ms = floor_ms * (hosts_known ? to.launch_host_us / from.launch_host_us : 1.0);
   if (layer_ms) {
-    const double before = m.classes.layer_ms();
+    KernelClassTimes before_classes = m.classes;
+    before_classes.host_ms = floor_ms;
+    const double before = before_classes.layer_ms();
     // What the chained measurement had beyond max(device, floor) (clocks, gaps) scales with the layer.
     *layer_ms = before > 0 ? m.layer_ms * c.layer_ms() / before : c.layer_ms();
   }

@@ -100,9 +100,11 @@ struct MeasuredLayer {
 };
 
 // The layer moved from GPU `from` to GPU `to`: each class scaled by the two
-// GPUs' rates (each GEMM by its size's), the launch floor by the host's
-// per-kernel time where both are known (else kept: same host and runtime),
-// and what the measurement had beyond max(device, floor) kept as it was.
+// GPUs' rates (each GEMM by its size's), the launch floor (at most the
+// measured layer time) by the host's per-kernel time where both GPUs were
+// probed (else kept: same host and runtime), and the layer time scaled by
+// max(device, floor) after over before (what the chained measurement had
+// beyond it, clocks and gaps, in proportion).
 // Returns the classes on `to`; *layer_ms the layer's time there.
 KernelClassTimes transfer_layer(const MeasuredLayer& m, const DeviceRates& from, const DeviceRates& to,
                                 double* layer_ms);
