@@ -269,3 +269,38 @@ TEST_CASE("gen-profiles --analytic --hf-config: a Llama on A100 and V100, fused 
   const ordered_json e = read_json_file((dir2 / "DeviceType.A100_tp2_bs2.json").string());
   CHECK(e["execution_memory"]["layer_activation_mb"][1].get<double>() > act * 2);
 }
+
+TEST_CASE("gen-profiles CLI: --from and --analytic --hf-config; a search with disagreeing shape flags is refused",
+          "[transfer][cli]") {
+  const auto dir = test::scratch_dir("transfer-cli");
+  const std::string root = HETPLAN_SOURCE_DIR;
+  const std::string cfg = root + "/tests/data/hf/llama-3.2-3b.json";
+  // A Llama config on A100 and V100, no measurement.
+  auto r = test::run_hetplan("gen-profiles --analytic --hf-config " + cfg + " --seq-len 2048 --types A100,V100 --max-tp 2 " +
+                             "6 2 --out " + (dir / "analytic").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // Moved from A100 to V100 and H100 (same model, same grid).
+  r = test::run_hetplan("gen-profiles --from " + (dir / "analytic").string() + " --from-type A100 --types V100,H100 --out " +
+                        (dir / "derived").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("wrote 8 profiles") != std::string::npos);
+  const ProfileSet set = ProfileSet::load((dir / "derived").string(), 6);
+  CHECK(set.model().family == "llama");
+  // The analytic files record their shape: a search for another hidden size is refused.
+  r = test::run_hetplan("search -q --hostfile " + root + "/hostfiles/a100_v100_16.hostfile --clusterfile " + root +
+                        "/hostfiles/clusterfile.json --profiles " + (dir / "analytic").string() +
+                        " --num_layers 6 --hidden_size 4096 --gbs 8");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("hidden") != std::string::npos);
+  // Bad input: exit 2, one line.
+  r = test::run_hetplan("gen-profiles --from " + (dir / "analytic").string() + " --types V100 --out " + (dir / "x").string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("several device types") != std::string::npos);
+  r = test::run_hetplan("gen-profiles --from " + (dir / "analytic").string() + " --from-type A100 --types Q7 --out " +
+                        (dir / "x").string());
+  CHECK(r.exit_code == 2);
+  r = test::run_hetplan("gen-profiles --out " + (dir / "x").string());
+  CHECK(r.exit_code == 2);
+}
