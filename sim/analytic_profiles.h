@@ -36,6 +36,10 @@ struct AnalyticOptions {
   double compute_efficiency = RateDefaults{}.gemm_efficiency;  // achieved fraction of peak on large GEMMs
   double memory_efficiency = RateDefaults{}.memory_efficiency; // achieved fraction of HBM bandwidth
   bool flash_attention = true;      // false: the a s^2 score tensors are stored (no fused attention)
+  // hetplan's per-layer extensions (forward split, gradient accumulation, host floor, kernel classes,
+  // activation/working split); false: Metis's keys only (and the model record), the form of files that lack
+  // them, which the simulator prices by its fallback rules.
+  bool extensions = true;
 };
 
 // The shape and sequence length the options describe.
