@@ -83,12 +83,12 @@ def simulate(binary, plan, cfg, profiles, out):
 
 
 def main():
+    global PROFILES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default="build-nt/hetplan")
     ap.add_argument("--root", default="logs/validate/transfer")
     ap.add_argument("--profiles", default=PROFILES, help="where the measured, derived and analytic profiles are")
     a = ap.parse_args()
-    global PROFILES
     PROFILES = a.profiles
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     root = a.root

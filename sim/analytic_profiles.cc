@@ -21,9 +21,9 @@ constexpr double kMB = 1024.0 * 1024.0;
 // Weights, fp32 main gradients, fp32 masters and Adam's two moments (Megatron's bf16 layout; what
 // `hetplan profile` records as state_bytes_per_parameter).
 constexpr double kStateBytesPerParameter = 18.0;
-// HBM bytes per parameter of an Adam step on fp32 masters (read and write master, m and v; read the
-// gradient; write the 16-bit weight).
-constexpr double kAdamBytesPerParameter = 30.0;
+// HBM bytes per parameter of an Adam step on fp32 masters: read and write the master, m and v (24), read the
+// fp32 main gradient (4) and zero it for the next iteration (4), write the 16-bit weight (2).
+constexpr double kAdamBytesPerParameter = 34.0;
 
 struct LayerEstimate {
   double ms = 0, forward_ms = 0, accumulation_ms = 0, host_ms = 0;

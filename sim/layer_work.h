@@ -71,7 +71,8 @@ int layer_allreduces(LayerKind kind, int tp);
 // norms, activation functions, residual adds, RoPE, dropout, the embedding
 // gather and its scatter-add, the head's cross-entropy. A counted estimate
 // (each kernel reads its inputs and writes its outputs once; backward twice
-// the forward's traffic); measured profiles time this class instead.
+// the forward's traffic, except the cross-entropy, whose passes over the
+// logits are itemised); measured profiles time this class instead.
 double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute,
                                double bytes_per_value);
 
