@@ -10,7 +10,7 @@
 
 #if defined(HETPLAN_TORCH_CUDA)
 #include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -107,7 +107,6 @@ struct DeviceMeter::Impl {
 #if defined(HETPLAN_TORCH_CUDA)
   std::vector<std::unique_ptr<at::cuda::CUDAEvent>> events;
 #endif
-  double cycles_per_ms = 0;  // stall(): the spinning kernel's pace, once measured
 };
 
 DeviceMeter::DeviceMeter(torch::Device device) : device_(device), impl_(new Impl) {
@@ -130,21 +129,21 @@ int DeviceMeter::mark() {
   return static_cast<int>(impl_->wall.size()) - 1;
 }
 
+#if defined(HETPLAN_TORCH_CUDA)
+namespace {
+// Runs on a CUDA driver thread; the stream waits until it returns.
+void CUDART_CB sleep_on_stream(void* ms) {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(*static_cast<double*>(ms)));
+  delete static_cast<double*>(ms);
+}
+}  // namespace
+#endif
+
 void DeviceMeter::stall(double ms) {
 #if defined(HETPLAN_TORCH_CUDA)
   if (!device_.is_cuda() || ms <= 0) return;
-  if (impl_->cycles_per_ms <= 0) {
-    constexpr int64_t kCalibrationCycles = 20'000'000;  // ~10 ms at 2 GHz
-    at::cuda::CUDAEvent a(cudaEventDefault), b(cudaEventDefault);
-    c10::cuda::device_synchronize();
-    a.record();
-    at::cuda::sleep(kCalibrationCycles);
-    b.record();
-    b.synchronize();
-    const double took = a.elapsed_time(b);
-    impl_->cycles_per_ms = took > 0 ? kCalibrationCycles / took : 2e6;
-  }
-  at::cuda::sleep(static_cast<int64_t>(ms * impl_->cycles_per_ms));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  if (cudaLaunchHostFunc(stream, sleep_on_stream, new double(ms)) != cudaSuccess) (void)cudaGetLastError();
 #else
   (void)ms;
 #endif

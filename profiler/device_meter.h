@@ -26,11 +26,11 @@ class DeviceMeter {
   void sync();
   double elapsed_ms(int a, int b) const;
   void clear_marks();
-  // Keeps the device busy for about `ms`: a spinning kernel on the current
-  // stream (at::cuda::sleep, its cycles per ms calibrated once per meter).
-  // Work issued right after it queues up behind it, so marks around that work
-  // time the device alone, never a device waiting for the host to issue the
-  // next kernel. No-op on the CPU.
+  // Holds the current stream for `ms`: a host function on the stream
+  // (cudaLaunchHostFunc) that sleeps that long. Work issued right after it
+  // queues up behind it, so marks around that work time the device alone,
+  // never a device waiting for the host to issue the next kernel (as long as
+  // issuing takes less than `ms`). No-op on the CPU.
   void stall(double ms);
 
   // Memory: bytes live now, and the highest since reset_peak().
