@@ -38,6 +38,7 @@ inline constexpr int kMaxClusterGpus = 1000000;
 inline constexpr std::size_t kMaxHostfileLineChars = 1024;
 inline constexpr std::size_t kMaxHostfileBytes = std::size_t{128} << 20;
 inline constexpr double kMaxGpuMemoryGb = 1e6;
+inline constexpr double kMaxGpuPricePerHour = 1e4;  // USD per GPU-hour (clusterfile price_per_gpu_hour)
 inline constexpr int kMaxEmulatedSms = 1024;
 
 // Data-parallel replicas of one stage: the cost models keep per-replica arrays of this size on the stack

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device_memory_flags.h"
 #include "cli/flag_validators.h"
 #include <atomic>
 #include <cmath>
@@ -16,8 +17,10 @@
 #include <cstdlib>
 
 #include "cli/search_json.h"
+#include "planner/objective.h"
 #include "planner/plan_search.h"
 #include "metis/metis_search.h"
+#include "base/file_access.h"
 #include "base/input_error.h"
 #include "base/json_util.h"
 #include "sim/network.h"
@@ -51,6 +54,10 @@ struct SearchArgs {
   std::string stage_boundaries = "auto";
   std::string hf_config;  // the model's shape (Llama family, ...); its layer count must match --num_layers
   std::vector<std::string> metis_only_given;  // the [metis] flags on the command line
+  std::string memory_headroom = kDefaultMemoryHeadroom;
+  bool uniform = false;
+  std::string objective = "time";
+  double deadline_ms = 0;  // 0: none
 };
 
 // The options whose help begins with kMetisOnly act only under --cost-model metis.
@@ -248,6 +255,120 @@ int run_metis_search(const SearchArgs& a) {
 }
 
 
+// "<json stem>.subset<i>.hostfile" next to the --json file: the hostfile of a sub-cluster's plan.
+std::string subset_hostfile_name(const std::string& json_out, std::size_t i) {
+  std::string stem = std::filesystem::path(json_out).filename().string();
+  if (stem.size() > 5 && stem.compare(stem.size() - 5, 5, ".json") == 0) stem.resize(stem.size() - 5);
+  return safe_file_name(stem + ".subset" + std::to_string(i) + ".hostfile");
+}
+
+// --objective cost / --deadline-ms: the cheapest plans per iteration over the cluster and its sub-clusters of
+// whole nodes per type (planner/objective.h).
+int run_objective_search(const SearchArgs& a, const Cluster& cluster, const ProfileSet& profiles,
+                         const ModelShape& shape, const SimulationOptions& so, const PlanSearchOptions& o,
+                         const ObjectiveOptions& objective, bool show_progress) {
+  cluster_price_per_hour(cluster, a.clusterfile);  // every type priced, else one line naming the first
+  for (int t = 0; t < static_cast<int>(cluster.device_types().size()); ++t)
+    std::cout << "price: " << cluster.device_types()[t] << " " << python_float(cluster.price_per_gpu_hour(t))
+              << " USD per GPU-hour (" << cluster.price_source(t) << ")\n";
+  g_interrupted.store(false);
+  auto previous = std::signal(SIGINT, on_sigint);
+  ObjectiveSearchResult r;
+  try {
+    r = search_objective(cluster, profiles, shape, a.model.sequence_length, so, o, objective);
+  } catch (...) {
+    std::signal(SIGINT, previous);
+    throw;
+  }
+  std::signal(SIGINT, previous);
+  if (show_progress) std::fprintf(stderr, "\n");
+  if (r.cut_short)
+    std::cerr << "hetplan: note: the search was cut short (" << r.cut_reason
+              << "): the plans below are the cheapest found so far\n";
+  if (r.top.empty()) {
+    std::string why = objective.deadline_ms > 0 && r.fastest_ms > 0
+                          ? "no plan of any sub-cluster runs an iteration within --deadline-ms " +
+                                python_float(objective.deadline_ms) + " (the fastest takes " +
+                                python_float(std::round(r.fastest_ms * 1000) / 1000) + " ms)"
+                          : "no plan of any sub-cluster fits every rank's memory with its profiles";
+    if (!r.first_infeasible_reason.empty() && r.fastest_ms < 0) why += "; first: " + r.first_infeasible_reason;
+    throw InputError(a.hostfile + ": no plan for --objective cost" +
+                     (objective.deadline_ms > 0 ? " under --deadline-ms" : std::string()) + ": " + why);
+  }
+  std::cout << "search: least cost per iteration (iteration time x the GPUs' hourly price"
+            << (objective.deadline_ms > 0 ? ", iteration at most " + python_float(objective.deadline_ms) + " ms" : "")
+            << "), " << r.subsets.size() << " sub-clusters of whole nodes per type"
+            << (r.reduced ? " (node counts 0, 1, 2, 4, ... and all per type)" : "") << ", " << r.subsets_with_plans
+            << " with plans, gbs " << a.gbs << "\n";
+  std::cout << "enumerated: " << r.enumerated << ", pruned: " << r.pruned << ", costed: " << r.costed
+            << ", infeasible: " << r.infeasible << ", time: " << python_float(std::round(r.seconds * 1e4) / 1e4) << " s"
+            << (r.cut_short ? " (cut short)" : "") << "\n";
+  std::cout << "rank, usd_per_iteration, iteration_ms, usd_per_hour, gpus, node_sequence, device_groups, "
+               "strategies(dp_deg, tp_deg), batches(number of batch), layer_partition\n";
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    const PricedPlan& p = r.top[i];
+    std::cout << i + 1 << ", " << python_float(p.usd_per_iteration) << ", "
+              << python_float(std::round(p.searched.plan.cost * 1000) / 1000) << ", " << python_float(p.usd_per_hour)
+              << ", " << r.subsets[p.subset].label << "\n";
+    std::cout << "   " << reference_plan_line(static_cast<int>(i + 1), p.searched.plan) << "\n";
+    if (o.setups.size() > 1) std::cout << "setting " << i + 1 << ": " << setup_label(o.setups[p.searched.setup]) << "\n";
+  }
+  if (!a.json_out.empty()) {
+    const PlanFile context = plan_context(a, shape, so.setup.precision);
+    const std::filesystem::path dir = std::filesystem::path(a.json_out).parent_path();
+    std::vector<std::string> hostfiles(r.subsets.size());
+    auto entry = [&](std::size_t i) {
+      const PricedPlan& p = r.top[i];
+      PlanFile c = context;
+      const bool whole = r.clusters[p.subset].num_devices() == cluster.num_devices();
+      if (!whole) {
+        std::string& name = hostfiles[p.subset];
+        if (name.empty()) {
+          name = subset_hostfile_name(a.json_out, p.subset);
+          std::string text = "# " + r.subsets[p.subset].label + " of " + a.hostfile + " (hetplan search --objective cost)\n";
+          for (const auto& [ip, slots] : r.subsets[p.subset].hosts) text += ip + " slots=" + std::to_string(slots) + "\n";
+          write_file_in(dir.empty() ? "." : dir.string(), name, text);
+        }
+        c.hostfile = name;  // next to the plan file (a plan's relative hostfile is read from there)
+      }
+      ordered_json j = searched_plan_json(p.searched, r.clusters[p.subset], o.setups, c, to_string(so.schedule));
+      j["usd_per_iteration"] = p.usd_per_iteration;
+      j["usd_per_hour"] = p.usd_per_hour;
+      j["gpus_used"] = r.clusters[p.subset].num_devices();
+      j["sub_cluster"] = r.subsets[p.subset].label;
+      return j;
+    };
+    ordered_json j;
+    j["cost_model"] = "sim";
+    j["objective"] = "cost";
+    if (objective.deadline_ms > 0) j["deadline_ms"] = objective.deadline_ms;
+    j["best"] = entry(0);
+    ordered_json top = ordered_json::array();
+    for (std::size_t i = 0; i < r.top.size(); ++i) top.push_back(entry(i));
+    j["top"] = top;
+    ordered_json prices = ordered_json::object();
+    for (int t = 0; t < static_cast<int>(cluster.device_types().size()); ++t)
+      prices[cluster.device_types()[t]] = {{"usd_per_gpu_hour", cluster.price_per_gpu_hour(t)},
+                                           {"source", cluster.price_source(t)}};
+    j["prices"] = prices;
+    j["sub_clusters_searched"] = r.subsets.size();
+    j["enumerated"] = r.enumerated;
+    j["pruned"] = r.pruned;
+    j["costed"] = r.costed;
+    j["infeasible"] = r.infeasible;
+    j["seconds"] = r.seconds;
+    j["cut_short"] = r.cut_short;
+    if (r.cut_short) j["cut_reason"] = r.cut_reason;
+    j["model"] = model_to_json(context.model);
+    j["gbs"] = context.gbs;
+    j["hostfile"] = context.hostfile;
+    j["clusterfile"] = context.clusterfile;
+    j["profile_dir"] = context.profile_dir;
+    write_json_file(a.json_out, j);
+  }
+  return 0;
+}
+
 // The default: the simulator's iteration time over plans that fit every rank's
 // memory, keep tp inside nodes and train every layer and sample (planner/plan_search.h).
 int run_default_search(const SearchArgs& a) {
@@ -262,6 +383,7 @@ int run_default_search(const SearchArgs& a) {
   so.measured_collectives = parse_collectives(a.collectives);
   so.sustained_clocks = !a.burst_clocks;
   if (a.max_bs > 0) so.max_profiled_bs = a.max_bs;
+  parse_memory_headroom(a.memory_headroom, "--memory-headroom", &so.device_memory);
   so.setup = as_profiled(so.setup, profiles, false, false);
   const ModelShape shape = shape_of_plan(a.model, a.hf_config, "--num_layers and --hidden_size");
   check_shape_against_profiles(a, shape, profiles.model());
@@ -272,6 +394,7 @@ int run_default_search(const SearchArgs& a) {
   if (a.max_tp > 0) o.max_tp = a.max_tp;
   if (a.max_stages > 0) o.max_stages = a.max_stages;
   o.allow_cross_node_tp = a.cross_node_tp;
+  o.uniform = a.uniform;
   o.stage_boundaries = parse_stage_boundaries(a.stage_boundaries);
   o.setups = search_setups(so.setup, a.zero, a.recompute);
   o.top_k = a.top;
@@ -292,6 +415,12 @@ int run_default_search(const SearchArgs& a) {
                    p.eta_s >= 0 ? (std::to_string(static_cast<long long>(std::ceil(p.eta_s))) + " s").c_str() : "?");
       std::fflush(stderr);
     };
+
+  ObjectiveOptions objective;
+  objective.objective = parse_objective(a.objective, "--objective");
+  objective.deadline_ms = a.deadline_ms;
+  if (objective.objective == Objective::kCost || objective.deadline_ms > 0)
+    return run_objective_search(a, cluster, profiles, shape, so, o, objective, show_progress);
 
   const PlanSearch search(cluster, profiles, simulator, o);
   g_interrupted.store(false);
@@ -453,6 +582,22 @@ Runner add_search_command(CLI::App& app) {
   s->add_flag("--burst-clocks", a->burst_clocks,
               "With --cost-model sim: cost every stage at the profiles' burst timings (by default the pace-setting "
               "stage runs at the sustained, power-limited pace the profiler measured)");
+  add_memory_headroom_option(s, &a->memory_headroom);
+  s->add_flag("--uniform", a->uniform,
+              "Keep only plans Megatron-LM and DeepSpeed run as is: the same (dp, tp) in every stage, each micro-batch "
+              "split evenly over dp, ZeRO 0 or 1 when pipelined (DeepSpeed's pipeline engine); any GPU type per stage "
+              "and uneven layer splits stay allowed. Without it, --json still says per plan which exporters take it "
+              "(\"exporters\": megatron, deepspeed, torchrun)");
+  s->add_option("--objective", a->objective,
+                "What the best plan minimises: time (iteration time) or cost (USD per iteration = iteration time x "
+                "the hourly price of the GPUs it uses; prices from the clusterfile's price_per_gpu_hour, else the GPU "
+                "catalogue's on-demand list price). cost also searches sub-clusters of whole nodes per type, where "
+                "fewer or cheaper GPUs cost less per iteration")
+      ->capture_default_str();
+  s->add_option("--deadline-ms", a->deadline_ms,
+                "The cheapest plan whose iteration takes at most this many ms, over the cluster and its sub-clusters "
+                "of whole nodes per type (implies --objective cost)")
+      ->check(kPositiveNumber);
   s->add_option("--log_path,--home_dir", a->log_path, "Accepted for compatibility with the reference; unused");
   return [a, s] {
     a->metis_only_given = metis_only_flags_given(*s);

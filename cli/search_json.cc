@@ -2,6 +2,7 @@
 
 #include <tuple>
 
+#include "planner/export_plan.h"
 #include "sim/parallel_layout.h"
 #include "sim/rank_layout.h"
 
@@ -71,20 +72,35 @@ ordered_json rank_placement_json(const Cluster& cluster, const PlanResult& plan)
   return ranks;
 }
 
+ordered_json searched_plan_json(const SearchedPlan& p, const Cluster& cluster, const std::vector<TrainingSetup>& setups,
+                                const PlanFile& context, const std::string& schedule) {
+  PlanFile f = context;
+  f.plan = p.plan;
+  const TrainingSetup& s = setups[p.setup];
+  f.zero_stage = s.zero_stage;
+  f.recompute = to_string(s.recompute);
+  f.schedule = schedule;
+  ordered_json j = plan_file_to_json(f);
+  j["ranks"] = rank_placement_json(cluster, f.plan);
+  // Which exporters take it as is: each exporter's own checks (planner/export_plan.h).
+  std::vector<int> sequence;
+  for (const auto& name : f.plan.node_sequence) sequence.push_back(cluster.type_index(name));
+  const RankLayout layout(cluster, sequence);
+  const ParallelLayout placement(cluster, layout);
+  std::vector<std::pair<std::string, std::string>> refusals;
+  j["exporters"] = accepting_exporters(f, f.shape ? *f.shape : shape_from_model_config(f.model), placement, &refusals);
+  if (!refusals.empty()) {
+    ordered_json why = ordered_json::object();
+    for (const auto& [name, reason] : refusals) why[name] = reason;
+    j["exporters_refused"] = why;
+  }
+  return j;
+}
+
 ordered_json plan_search_result_to_json(const PlanSearchResult& r, const Cluster& cluster,
                                         const std::vector<TrainingSetup>& setups, const PlanFile& context,
                                         const std::string& schedule) {
-  auto entry = [&](std::size_t i) {
-    PlanFile f = context;
-    f.plan = r.top[i].plan;
-    const TrainingSetup& s = setups[r.top[i].setup];
-    f.zero_stage = s.zero_stage;
-    f.recompute = to_string(s.recompute);
-    f.schedule = schedule;
-    ordered_json j = plan_file_to_json(f);
-    j["ranks"] = rank_placement_json(cluster, f.plan);
-    return j;
-  };
+  auto entry = [&](std::size_t i) { return searched_plan_json(r.top[i], cluster, setups, context, schedule); };
   ordered_json j;
   j["cost_model"] = "sim";
   add_best_and_top(r.top.size(), entry, &j);

@@ -31,6 +31,11 @@ ordered_json plan_search_result_to_json(const PlanSearchResult& result, const Cl
 // Where each rank of `plan` runs, as plan_search_result_to_json lists it.
 ordered_json rank_placement_json(const Cluster& cluster, const PlanResult& plan);
 
+// One plan of the default search as a plan file (its setup, schedule, ranks), with "exporters": the exporters
+// that take it as is (planner/export_plan.h accepting_exporters), and "exporters_refused": why the others do not.
+ordered_json searched_plan_json(const SearchedPlan& plan, const Cluster& cluster, const std::vector<TrainingSetup>& setups,
+                                const PlanFile& context, const std::string& schedule);
+
 // "1, <cost>, (A100, V100), [32], [(1, 32)], 1, [0, 10]" as the reference prints it.
 std::string reference_plan_line(int rank, const PlanResult& plan);
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/device_memory_flags.h"
 #include "cli/flag_validators.h"
 #include "cli/model_flags.h"
 #include "metis/metis_estimate.h"
@@ -65,7 +66,7 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
   s->add_option("--framework-mb", a.framework_mb,
                 default_framework_mb < 0
                     ? "Per-GPU framework constant: CUDA context, allocator, workspaces (MiB; default: the profiles' "
-                      "measured framework_mb, else 0)"
+                      "measured framework_mb at tp 1, else 767)"
                     : "Per-GPU framework constant: CUDA context, allocator, workspaces (MiB)");
   if (default_framework_mb >= 0) s->get_option("--framework-mb")->capture_default_str();
   s->add_option("--offload", a.offload,
@@ -119,6 +120,7 @@ struct SimulateArgs {
   bool zero_given = false, recompute_given = false, schedule_given = false;  // else the plan file's setting
   bool precision_given = false, offload_given = false;                      // likewise
   std::string report, report_replay;  // --report FILE; `hetplan report --replay`
+  std::string memory_headroom = kDefaultMemoryHeadroom;
 };
 
 // --report: the HTML page of the simulation (sim/report.h), with the replay's measurements if given.
@@ -130,6 +132,48 @@ void write_simulation_report(const SimulateArgs& a, const PlanFile& pf, const Cl
                        a.report_replay.empty() ? nullptr : &measured};
   write_report_html(a.report, in);
   std::cout << "report: " << a.report << "\n";
+}
+
+// Each distinct rank's device memory in use, term by term (sim/device_memory.h): ranks alike in every
+// term are printed once, with their ranks.
+void print_device_memory_split(const PlanSimulation& sim, const DeviceMemoryOptions& dm) {
+  std::cout << "device memory in use per rank (GiB): allocated peak + allocator reserve + framework + NCCL = total; "
+            << "usable = the GPU's memory less the headroom ("
+            << (dm.headroom_bytes > 0 ? fixed(dm.headroom_bytes / kGiB, 2) + " GiB"
+                                      : fixed(100 * dm.headroom_fraction, 1) + "%")
+            << ")\n| ranks | device | stage | allocated peak | allocator reserve | framework | NCCL | total | usable |\n"
+            << "|---|---|---|---|---|---|---|---|---|\n";
+  std::vector<bool> shown(sim.ranks.size(), false);
+  for (std::size_t i = 0; i < sim.ranks.size(); ++i) {
+    if (shown[i]) continue;
+    const RankMemory& r = sim.ranks[i];
+    const MemoryBreakdown& b = r.breakdown;
+    std::string ranks;
+    int run_start = -1, run_end = -1;  // ranks as runs "0-7,16-23"
+    auto flush = [&] {
+      if (run_start < 0) return;
+      ranks += (ranks.empty() ? "" : ",") + std::to_string(run_start) +
+               (run_end > run_start ? "-" + std::to_string(run_end) : std::string());
+    };
+    for (std::size_t k = i; k < sim.ranks.size(); ++k) {
+      const RankMemory& q = sim.ranks[k];
+      if (shown[k] || q.stage != r.stage || q.device != r.device || q.breakdown.gpu_total() != b.gpu_total() ||
+          q.breakdown.nccl != b.nccl || q.usable_bytes != r.usable_bytes)
+        continue;
+      shown[k] = true;
+      if (q.rank == run_end + 1 && run_start >= 0) {
+        run_end = q.rank;
+      } else {
+        flush();
+        run_start = run_end = q.rank;
+      }
+    }
+    flush();
+    std::cout << "| " << ranks << " | " << r.device << " | " << r.stage << " | " << fixed(b.allocated_peak() / kGiB, 2)
+              << " | " << fixed(b.allocator_reserve / kGiB, 2) << " | " << fixed(b.framework / kGiB, 2) << " | "
+              << fixed(b.nccl / kGiB, 2) << " | " << fixed(b.gpu_total() / kGiB, 2) << " | "
+              << fixed(r.usable_bytes / kGiB, 2) << " |\n";
+  }
 }
 
 // --cost-model metis: what the Metis formula predicts for the plan (metis/metis_estimate.h).
@@ -214,6 +258,7 @@ int run_simulate(const SimulateArgs& a) {
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   o.measured_collectives = parse_collectives(a.collectives);
   o.sustained_clocks = !a.burst_clocks;
+  parse_memory_headroom(a.memory_headroom, "--memory-headroom", &o.device_memory);
   const PlanSimulator simulator(cluster, profiles, shape, pf.model.sequence_length, o);
   const PlanSimulation sim = simulator.simulate(pf.plan, pf.gbs);
   const TimelineResult& t = sim.timeline;
@@ -247,13 +292,14 @@ int run_simulate(const SimulateArgs& a) {
               << fixed(sim.stages[i].allreduce_ms, 3) << " | " << t.peak_in_flight[i] << " | " << fixed(peak / kGiB, 2)
               << " | " << fixed(cap / kGiB, 2) << " |\n";
   }
+  print_device_memory_split(sim, o.device_memory);
   if (sim.fits) {
     std::cout << "memory: every rank fits\n";
   } else {
     const RankMemory& r = sim.ranks[sim.first_oom_rank];
     std::cout << "memory: OUT OF MEMORY on rank " << r.rank << " (" << r.device << ", stage " << r.stage << "): needs "
-              << fixed(r.breakdown.gpu_total() / kGiB, 2) << " GiB of " << fixed(r.capacity_bytes / kGiB, 2)
-              << " GiB\n";
+              << fixed(r.breakdown.gpu_total() / kGiB, 2) << " GiB of the " << fixed(r.usable_bytes / kGiB, 2)
+              << " GiB its " << fixed(r.capacity_bytes / kGiB, 2) << " GiB leave after the headroom\n";
   }
   if (!a.trace.empty()) write_json_file(a.trace, chrome_trace(t, sim.stages));
   if (!a.report.empty()) write_simulation_report(a, pf, cluster, sim, o.schedule);
@@ -654,6 +700,7 @@ int run_simulate_with_report(const std::string& plan, const std::string& replay,
   a.hf_config = hf_config;
   a.report = out;
   a.report_replay = replay;
+  a.setup.framework_mb = kFrameworkFromProfiles;  // as `simulate` (its --framework-mb default)
   if (!replay.empty()) read_replay_json(replay);  // a broken replay fails before the simulation
   return run_simulate(a);
 }
@@ -702,6 +749,7 @@ Runner add_simulate_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, kMaxModelLayers));
   add_setup_options(s, a->setup, kFrameworkFromProfiles);
+  add_memory_headroom_option(s, &a->memory_headroom);
   CLI::Option* zero = s->get_option("--zero");
   CLI::Option* recompute = s->get_option("--recompute");
   CLI::Option* schedule = s->get_option("--schedule");

@@ -44,7 +44,7 @@ void require_uniform(const PlanFile& f, const std::string& where, const std::str
   const auto& st = f.plan.strategies;
   const std::string pointer = "; `hetplan export --to torchrun` runs it with hetplan replay";
   for (std::size_t s = 1; s < st.size(); ++s)
-    if (!(st[s] == st[0]))
+    if (!exporter_grid_matches(st[0], st[s]))
       throw InputError(where + ": stage " + std::to_string(s) + " runs dp " + std::to_string(st[s].dp) + ", tp " +
                        std::to_string(st[s].tp) + " but stage 0 runs dp " + std::to_string(st[0].dp) + ", tp " +
                        std::to_string(st[0].tp) + ": " + framework + " needs the same (dp, tp) in every stage" + pointer);
@@ -81,10 +81,24 @@ std::string training_format(const PlanFile& f, const ParallelLayout* placement, 
   return "bf16";
 }
 
+// Megatron-LM splits the attention heads over tp: TransformerConfig needs the heads to be a multiple of tp and the
+// key/value heads (num_query_groups) a multiple or a divisor of it.
+void require_heads_split(const ModelShape& m, int tp, const std::string& where) {
+  const std::string why = "; take a plan whose tp divides them";
+  if (m.num_heads % tp != 0)
+    throw InputError(where + ": the model's " + std::to_string(m.num_heads) + " attention heads do not split over tp " +
+                     std::to_string(tp) + ": Megatron-LM's TransformerConfig needs num_attention_heads to be a " +
+                     "multiple of tp" + why);
+  if (m.num_kv_heads % tp != 0 && tp % m.num_kv_heads != 0)
+    throw InputError(where + ": the model's " + std::to_string(m.num_kv_heads) +
+                     " key/value heads are neither a multiple nor a divisor of tp " + std::to_string(tp) +
+                     ": Megatron-LM's TransformerConfig needs one or the other of num_query_groups" + why);
+}
+
 // Samples per replica per micro-batch: Megatron and DeepSpeed split each micro-batch evenly over dp.
 int micro_batch_per_replica(const PlanFile& f, const std::string& where, const std::string& framework) {
   const int micro = f.gbs / f.plan.batches, dp = f.plan.strategies[0].dp;
-  if (micro % dp != 0)
+  if (!exporter_micro_batch_splits(micro, dp))
     throw InputError(where + ": a micro-batch of gbs / batches = " + std::to_string(micro) +
                      " sequences does not split evenly over dp " + std::to_string(dp) + ": " + framework +
                      " needs micro-batch size x dp x micro-batches = global batch" +
@@ -372,6 +386,7 @@ MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const Paral
   require_uniform(f, where, "Megatron-LM");
   MegatronArgs out;
   const Strategy st = f.plan.strategies[0];
+  require_heads_split(m, st.tp, where);
   const int pp = static_cast<int>(f.plan.strategies.size());
   out.world_size = pp * st.dp * st.tp;
   auto add = [&](const std::string& flag, const std::string& value = "") { out.args.emplace_back(flag, value); };
@@ -424,7 +439,7 @@ DeepSpeedConfig export_deepspeed(const PlanFile& f, const ModelShape& m, const P
   const Strategy st = f.plan.strategies[0];
   const int pp = static_cast<int>(f.plan.strategies.size());
   const int zero = std::max(0, f.zero_stage);
-  if (pp > 1 && zero >= 2)
+  if (!deepspeed_pipeline_zero_ok(pp, zero))
     throw InputError(where + ": the plan has " + std::to_string(pp) + " pipeline stages and ZeRO stage " +
                      std::to_string(zero) + ": DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only" +
                      "; `hetplan export --to torchrun` runs it with hetplan replay");
@@ -532,6 +547,24 @@ std::vector<HostLaunch> export_torchrun(const PlanFile& f, const ParallelLayout&
     h.script = s.str();
     out.push_back(std::move(h));
   }
+  return out;
+}
+
+std::vector<std::string> accepting_exporters(const PlanFile& plan, const ModelShape& shape,
+                                             const ParallelLayout& placement,
+                                             std::vector<std::pair<std::string, std::string>>* refusals) {
+  std::vector<std::string> out;
+  auto attempt = [&](const char* name, auto&& run) {
+    try {
+      run();
+      out.push_back(name);
+    } catch (const InputError& e) {
+      if (refusals) refusals->emplace_back(name, e.what());
+    }
+  };
+  attempt("megatron", [&] { export_megatron(plan, shape, &placement, "plan"); });
+  attempt("deepspeed", [&] { export_deepspeed(plan, shape, &placement, "plan"); });
+  attempt("torchrun", [&] { export_torchrun(plan, placement, TorchrunOptions{}, "plan"); });
   return out;
 }
 

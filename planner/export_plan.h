@@ -34,6 +34,25 @@
 
 namespace hetplan {
 
+// What Megatron-LM and DeepSpeed need of a plan's grid, as predicates the search asks on its hot path
+// (`search --uniform`; no strings, no allocation). export_megatron and export_deepspeed refuse a plan
+// exactly where one of these is false (require_uniform, micro_batch_per_replica, the pipeline's ZeRO
+// rule in export_plan.cc call them), so the search and the exporters agree by construction.
+// Every stage runs stage 0's (dp, tp): their rank grids are uniform (GPU types and layer counts may differ).
+inline bool exporter_grid_matches(Strategy stage0, Strategy stage) { return stage == stage0; }
+// A micro-batch of `micro_batch` sequences splits evenly over dp (micro-batch size x dp x micro-batches = gbs).
+inline bool exporter_micro_batch_splits(int micro_batch, int dp) { return dp > 0 && micro_batch % dp == 0; }
+// DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only.
+inline bool deepspeed_pipeline_zero_ok(int num_stages, int zero_stage) { return num_stages <= 1 || zero_stage <= 1; }
+
+// Which exporters take `plan` as is, by running each (export_megatron, export_deepspeed, export_torchrun on
+// `placement`) and keeping those that do not refuse it: a subset of {"megatron", "deepspeed", "torchrun"}, in
+// that order. `refusals`, if given, receives each refusing exporter's one-line reason.
+// REQUIRES: `placement` is the plan's (its cluster and node sequence).
+std::vector<std::string> accepting_exporters(const PlanFile& plan, const ModelShape& shape,
+                                             const ParallelLayout& placement,
+                                             std::vector<std::pair<std::string, std::string>>* refusals = nullptr);
+
 // Where a flag or key name was read: repository, commit and file.
 struct NameSource {
   std::string name;  // "--bf16", "zero_optimization.stage", "--nproc-per-node"

@@ -48,6 +48,11 @@ struct PlanSearchOptions {
   int max_micro_batch = 1 << 30;  // largest micro-batch (gbs / m) considered
   int max_stages = 1 << 30;    // largest pipeline depth considered
   bool allow_cross_node_tp = false;
+  // Only plans Megatron-LM and DeepSpeed run as is (`--uniform`): every stage runs stage 0's (dp, tp),
+  // each micro-batch splits evenly over dp, and a pipeline of several stages takes ZeRO stage 0 or 1
+  // (DeepSpeed's pipeline engine); the exporters' own rules (planner/export_plan.h). GPU types per
+  // stage and layer counts stay free.
+  bool uniform = false;
   // Settings searched as dimensions; empty means the simulator's own setup.
   std::vector<TrainingSetup> setups;
   int top_k = 1;

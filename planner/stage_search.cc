@@ -1,5 +1,7 @@
 #include "planner/stage_search.h"
 
+#include "planner/export_plan.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -87,6 +89,10 @@ class UnitSearch {
   void descend(int i, int r, int l);
   Frame frame(int i, int r, int l) const;
   bool try_shape(const Frame& f, int s, int tp, bool homo);
+  // --uniform: stage i at (dp, tp) as Megatron-LM and DeepSpeed run it (planner/export_plan.h).
+  bool uniform_grid(int i, int dp, int tp) const {
+    return exporter_micro_batch_splits(micro_batch_, dp) && (i == 0 || exporter_grid_matches(w_.choices[0].st, Strategy{dp, tp}));
+  }
   int first_layer_count(const Frame& f, const Shape& sh);
   Next try_layers(const Frame& f, const Shape& sh, int k);
   Verdict test_bounds(const Frame& f, const Shape& sh, int k);
@@ -188,6 +194,7 @@ void UnitSearch::descend(int i, int r, int l) {
   if (!o_.tp_profiled(f.r, s, tp)) return true;
   const bool inside = o_.tp_inside_nodes(f.r, s, tp);
   if (!allow_cross_node_tp_ && !inside) return true;
+  if (s_.options_.uniform && !uniform_grid(f.i, dp, tp)) return true;
   Shape sh{s, tp, dp, homo, inside};
   // The least model-state bytes of layers [l, l + k) on these ranks, against their least memory.
   sh.states = tables_.states_row(tp, dp, f.l);
@@ -404,6 +411,7 @@ void UnitSearch::leaf() {
   const unsigned mk = w_.feasible_setups[stages_];
   for (int k = 0; k < setups_; ++k) {
     if (!(mk & (1u << k))) continue;
+    if (s_.options_.uniform && !deepspeed_pipeline_zero_ok(stages_, o_.cost->setup(k).zero_stage)) continue;
     if (use_bounds_ && w_.lower_bound[static_cast<std::size_t>(stages_) * setups_ + k] >
                            std::min(best, shared_.threshold()))
       continue;

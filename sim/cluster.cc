@@ -166,6 +166,16 @@ std::vector<ClusterfileEntry> parse_clusterfile_and_types(const std::string& pat
     memory_given.push_back(!e.emulate || v.contains("memory"));
     if (memory_given.back())
       e.memory_gb = require_number(v, "memory", path, e.ip, rules::positive_up_to(kMaxGpuMemoryGb));
+    if (v.contains("price_per_gpu_hour")) {
+      e.price_per_gpu_hour =
+          require_number(v, "price_per_gpu_hour", path, e.ip, rules::non_negative_up_to(kMaxGpuPricePerHour));
+      for (const auto& b : out)
+        if (b.instance_type == e.instance_type && b.price_per_gpu_hour >= 0 && b.price_per_gpu_hour != e.price_per_gpu_hour)
+          throw InputError(key_where(path, e.ip + ".price_per_gpu_hour") + " is " + format_number(e.price_per_gpu_hour) +
+                           " but entry '" + excerpt(b.ip) + "' of the same type '" + excerpt(e.instance_type) +
+                           "' gives " + format_number(b.price_per_gpu_hour) +
+                           "; expected one price per device type (USD per GPU-hour)");
+    }
     out.push_back(e);
   }
   // An emulated type has its base GPU's memory: the base's first entry, else its datasheet.
@@ -273,9 +283,25 @@ Cluster Cluster::from_parts(const std::vector<std::pair<std::string, int>>& host
     if (c.first_intra_bw_[n.type] < 0) c.first_intra_bw_[n.type] = n.intra_bandwidth;
     c.min_intra_bw_[n.type] = std::min(c.min_intra_bw_[n.type], n.intra_bandwidth);
   }
+  c.price_per_gpu_hour_.assign(nt, -1);
+  c.price_source_.assign(nt, "");
   for (const auto& e : clusterfile) {
     const int t = c.type_index(e.instance_type);
     if (t >= 0 && c.memory_mb_[t] < 0) c.memory_mb_[t] = e.memory_gb * 1024;
+    if (t >= 0 && c.price_per_gpu_hour_[t] < 0 && e.price_per_gpu_hour >= 0) {
+      c.price_per_gpu_hour_[t] = e.price_per_gpu_hour;
+      c.price_source_[t] = "clusterfile " + (clusterfile_name.empty() ? std::string("entry") : clusterfile_name) +
+                           " ('" + e.ip + "'.price_per_gpu_hour)";
+    }
+  }
+  for (std::size_t t = 0; t < nt; ++t) {  // else the catalogue's (an emulated type's base's)
+    if (c.price_per_gpu_hour_[t] >= 0) continue;
+    const EmulatedDevice* em = c.emulation(types[t]);
+    const GpuSpec* g = find_gpu_spec(em ? em->base : types[t]);
+    if (g && g->price_per_gpu_hour > 0) {
+      c.price_per_gpu_hour_[t] = g->price_per_gpu_hour;
+      c.price_source_[t] = "GPU catalogue " + g->name + ": " + g->price_source;
+    }
   }
   return c;
 }

@@ -71,6 +71,9 @@ struct ClusterfileEntry {
   double inter_bandwidth = 0;
   double intra_bandwidth = 0;
   double memory_gb = 0;
+  // Optional "price_per_gpu_hour" (USD per GPU-hour, 0 to kMaxGpuPricePerHour); -1 when not given.
+  // Every entry of one type that gives it gives the same.
+  double price_per_gpu_hour = -1;
   // Set when instance_type is declared emulated in the clusterfile's
   // "device_types" (the same declaration on every entry of that type).
   std::optional<EmulatedDevice> emulate = std::nullopt;
@@ -105,6 +108,11 @@ class Cluster {
   // "inter-node" bandwidth is this number: its get_inter_bandwidth reads the
   // intra_bandwidth key (a reference bug the metis cost model keeps).
   double min_intra_bandwidth(int type) const { return min_intra_bw_[type]; }
+  // USD per GPU-hour of this type: the clusterfile's price_per_gpu_hour, else the GPU catalogue's
+  // (sim/gpu_specs.h; an emulated type's base's), else -1 (unknown).
+  double price_per_gpu_hour(int type) const { return price_per_gpu_hour_[type]; }
+  // Where that price comes from: "clusterfile", the catalogue's source, or "" when unknown.
+  const std::string& price_source(int type) const { return price_source_[type]; }
 
   const std::string& hostfile_path() const { return hostfile_path_; }
   const std::string& clusterfile_path() const { return clusterfile_path_; }
@@ -114,7 +122,8 @@ class Cluster {
   std::vector<ClusterNode> nodes_;
   std::vector<ClusterfileEntry> clusterfile_;
   std::vector<int> devices_of_type_;
-  std::vector<double> memory_mb_, first_intra_bw_, min_intra_bw_;
+  std::vector<double> memory_mb_, first_intra_bw_, min_intra_bw_, price_per_gpu_hour_;
+  std::vector<std::string> price_source_;
   int num_devices_ = 0;
   std::string hostfile_path_, clusterfile_path_;
 };

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "sim/gpus_json.h"
+#include "base/limits.h"
 #include "base/input_error.h"
 #include "base/json_util.h"
 #include "sim/network.h"
@@ -70,6 +71,15 @@ GpuSpec parse_entry(const ordered_json& e, const std::string& file, const std::s
     throw InputError(key_where(file, where + ".source") + ": expected {\"title\": ..., \"url\": ...} (the datasheet)");
   g.source_title = src["title"].get<std::string>();
   g.source_url = src["url"].get<std::string>();
+  if (e.contains("price")) {  // {"usd_per_gpu_hour": N, "source": "..."}
+    const ordered_json& pr = e["price"];
+    if (!pr.is_object() || !pr.contains("source") || !pr["source"].is_string())
+      throw InputError(key_where(file, where + ".price") +
+                       ": expected {\"usd_per_gpu_hour\": N, \"source\": \"where and when the price was read\"}");
+    g.price_per_gpu_hour = require_number(pr, "usd_per_gpu_hour", file, where + ".price",
+                                          rules::non_negative_up_to(kMaxGpuPricePerHour));
+    g.price_source = pr["source"].get<std::string>();
+  }
   return g;
 }
 

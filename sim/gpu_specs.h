@@ -43,6 +43,11 @@ struct GpuSpec {
   int sm_count = 0;          // SMs (NVIDIA) or compute units (AMD)
   std::string base;          // an emulated type's full GPU (a base restricted to sm_count SMs); empty otherwise
   std::string source_title, source_url;  // the datasheet
+  // On-demand rental price, USD per GPU-hour (0: none in the catalogue), and where it comes from (a public
+  // cloud's list price for an instance of these GPUs, divided by its GPU count, with the date read).
+  // A clusterfile's price_per_gpu_hour overrides it (Cluster::price_per_gpu_hour).
+  double price_per_gpu_hour = 0;
+  std::string price_source;
   double peak_of(ComputePrecision p) const { return peak[static_cast<int>(p)]; }
   bool supports(ComputePrecision p) const { return peak_of(p) > 0; }
   std::string supported() const;  // "fp32, fp16"

@@ -100,10 +100,16 @@ struct MemoryBreakdown {
   double recompute_workspace = 0;  // one layer's full activations while it is recomputed, or (measured
                                    // activations) the most a layer's forward or backward holds beyond them
   double framework = 0;
+  // What a running rank holds beyond the allocator's peak (sim/device_memory.h; 0 where the caller
+  // does not price them, as whatif): NCCL's communicators and the caching allocator's reserve.
+  double nccl = 0;
+  double allocator_reserve = 0;
   // The peak the caching allocator sees: the model states plus the
   // activations and working set of the forward/backward phase.
   double allocated_peak() const { return states.total_gpu() + activations + recompute_workspace; }
-  double gpu_total() const { return allocated_peak() + framework; }
+  // The device memory in use: what a search's plan must fit (with the headroom) and what replay
+  // measures as device_used_mb.
+  double gpu_total() const { return allocated_peak() + allocator_reserve + framework + nccl; }
   double cpu_per_node() const { return states.cpu_per_node; }
 };
 

@@ -94,13 +94,17 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
   rank_capacity_.resize(n);
   for (int r = 0; r < n; ++r) {
     rank_ptype_[r] = sim.profile_type_[layout.type_of(r)];
-    rank_capacity_[r] = sim.cluster_->memory_mb(layout.type_of(r)) * kMiB;
+    rank_capacity_[r] = sim.opt_.device_memory.usable_bytes(sim.cluster_->memory_mb(layout.type_of(r)) * kMiB);
   }
   framework_tps_ = std::max(1, sim.profiles_->max_tp() + 1);
+  const DeviceMemoryOptions& dm = sim.opt_.device_memory;
   for (int pt = 0; pt < static_cast<int>(sim.profiles_->device_types().size()); ++pt) {
     for (int t = 0; t < framework_tps_; ++t) {
-      const double mb = t > 0 ? sim.profiles_->framework_mb(pt, t) : -1;
-      ptype_framework_.push_back(mb > 0 ? mb * kMiB : 0);
+      // With the device-memory model, the constant measured at tp 1 (a process without communicators:
+      // at tp > 1 the measurement also holds the tp group's NCCL buffers, which nccl_bytes prices), else
+      // its documented default; without it, as measured at that tp, else 0.
+      const double mb = t == 0 ? -1 : dm.enabled ? sim.profiles_->framework_mb(pt) : sim.profiles_->framework_mb(pt, t);
+      ptype_framework_.push_back(mb > 0 ? mb * kMiB : dm.enabled ? dm.default_framework_bytes : 0);
     }
     const GpuSpec* g = find_gpu_spec(sim.profiles_->device_types()[pt]);
     ptype_hbm_bytes_per_s_.push_back(g ? g->memory_bw_gbs * 1e9 : 0);
@@ -458,7 +462,8 @@ void PlanCostModel::stage_memory(const StageChoice& s, int index, int p, const S
       m.stage = index;
       m.device = sim_->cluster_->device_types()[type];
       m.breakdown = memo_breakdown;
-      m.capacity_bytes = capacity;
+      m.capacity_bytes = sim_->cluster_->memory_mb(type) * kMiB;
+      m.usable_bytes = capacity;
       detail->ranks.push_back(m);
     }
   }
@@ -503,7 +508,13 @@ MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, i
     measured.scale = static_cast<double>(mb) / mp->bs;
     measured.recompute = mp->recompute;
   }
-  return rank_memory(sim_->shape_, rank_setup, shard, sp, use_measured ? &measured : nullptr);
+  MemoryBreakdown m = rank_memory(sim_->shape_, rank_setup, shard, sp, use_measured ? &measured : nullptr);
+  const DeviceMemoryOptions& dm = sim_->opt_.device_memory;
+  if (dm.enabled) {
+    m.allocator_reserve = allocator_reserve_bytes(m.allocated_peak(), dm);
+    m.nccl = nccl_bytes(rank_communicators(layout_->num_ranks(), tp, s.st.dp, p, index, sim_->shape_.tied_embeddings), dm);
+  }
+  return m;
 }
 
 double PlanCostModel::state_bytes_lower_bound(int tp, int dp, int start, int end) const {

@@ -124,7 +124,8 @@ class PlanCostModel {
   // framework only add to it).
   // Non-increasing in dp (ZeRO partitions over it). Not on the hot path: the search tabulates it.
   double state_bytes_lower_bound(int tp, int dp, int start, int end) const;
-  // The GPU memory of rank r (bytes), which stage() checks each rank's memory against.
+  // The GPU memory of rank r less the headroom (bytes; DeviceMemoryOptions::usable_bytes), which stage()
+  // checks each rank's device memory in use against.
   double rank_capacity_bytes(int r) const { return rank_capacity_[r]; }
 
   // The stage that sets the pipeline's pace (largest busy_ms(batches), the first on ties), whose
@@ -175,7 +176,7 @@ class PlanCostModel {
   double model_bytes_ = 0;                // parameter bytes of the whole model
   double act_bytes_per_sample_ = 0;       // seq x hidden x 2 (bf16)
   std::vector<int> rank_ptype_;           // profile type of each rank (-1: none)
-  std::vector<double> rank_capacity_;     // bytes of each rank
+  std::vector<double> rank_capacity_;     // usable bytes of each rank (its GPU's, less the headroom)
   std::vector<double> ptype_framework_;   // [profile type * (max tp + 1) + tp]: ProfileSet::framework_mb in
                                           // bytes (0: none), when the setup asks (< 0) for the measured one
   int framework_tps_ = 1;                 // max tp + 1

@@ -186,8 +186,11 @@ ordered_json simulation_to_json(const PlanSimulation& s) {
                      {"activations", b.activations},
                      {"framework", b.framework},
                      {"allocated_peak", b.allocated_peak()},
+                     {"allocator_reserve", b.allocator_reserve},
+                     {"nccl", b.nccl},
                      {"total", b.gpu_total()},
                      {"capacity", r.capacity_bytes},
+                     {"usable", r.usable_bytes},
                      {"fits", r.fits()}});
   }
   j["ranks"] = ranks;

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "sim/cluster.h"
+#include "sim/device_memory.h"
 #include "sim/memory_model.h"
 #include "sim/model_shape.h"
 #include "sim/network.h"
@@ -90,14 +91,18 @@ struct SimulationOptions {
   // The host ranks offload to (sim/offload.h): measured pinned copy bandwidth and CPU Adam throughput.
   // Zero fields: the defaults of default_host_spec for the stage's GPU (catalogue host_link_gbs).
   HostSpec host;
+  // What a rank's GPU holds beyond the allocated peak (framework default, NCCL, allocator reserve)
+  // and the headroom every plan keeps free (sim/device_memory.h).
+  DeviceMemoryOptions device_memory;
 };
 
 struct RankMemory {
   int rank = 0, stage = 0;
   std::string device;
   MemoryBreakdown breakdown;
-  double capacity_bytes = 0;
-  bool fits() const { return breakdown.gpu_total() <= capacity_bytes; }
+  double capacity_bytes = 0;  // the GPU's memory
+  double usable_bytes = 0;    // less the headroom: what gpu_total() must fit
+  bool fits() const { return breakdown.gpu_total() <= usable_bytes; }
 };
 
 struct PlanSimulation {

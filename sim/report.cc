@@ -190,7 +190,9 @@ std::vector<MemoryPart> memory_parts(const MemoryBreakdown& b) {
           {"gradients", "#59a14f", b.states.gradients},
           {"optimizer", "#edc948", b.states.optimizer},
           {"activations", "#e15759", b.activations + b.recompute_workspace},
-          {"framework", "#8c8c8c", b.framework}};
+          {"reserve", "#bab0ac", b.allocator_reserve},
+          {"framework", "#8c8c8c", b.framework},
+          {"nccl", "#76b7b2", b.nccl}};
 }
 
 double measured_peak_bytes(const ReportInput& in, int rank) {
@@ -233,7 +235,8 @@ std::string memory_section(const ReportInput& in) {
   const int row_h = 20, height = row_h * static_cast<int>(sim.ranks.size()) + 4;
   std::string s = "<h2>Memory per rank against capacity</h2>\n" +
                   legend({{"weights", "#4c78a8"}, {"gradients", "#59a14f"}, {"optimizer states", "#edc948"},
-                          {"activations", "#e15759"}, {"framework", "#8c8c8c"}, {"capacity (line)", "#222"}}) +
+                          {"activations", "#e15759"}, {"allocator reserve", "#bab0ac"}, {"framework", "#8c8c8c"},
+                          {"NCCL", "#76b7b2"}, {"capacity (line)", "#222"}}) +
                   (in.measured ? "<div class=\"legend\"><span>\u25c6 measured peak (replay)</span></div>\n" : "");
   s += "<svg id=\"memory\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(kWidth) + "\" height=\"" +
        std::to_string(height) + "\" viewBox=\"0 0 " + std::to_string(kWidth) + " " + std::to_string(height) + "\">\n";

@@ -14,7 +14,7 @@
 // The page carries machine-readable marks for tests: each lane is an SVG
 // <g class="lane" data-rank="R">, each memory bar a <g class="membar"
 // data-rank="R"> of <rect class="mem-weights"> (mem-gradients, mem-optimizer,
-// mem-activations, mem-framework), and the script sets
+// mem-activations, mem-reserve, mem-framework, mem-nccl), and the script sets
 // <body data-lanes="N"> to the lanes it counts once the page has loaded.
 //
 // Explaining path: allocates freely. Thread-safety: plain functions of their

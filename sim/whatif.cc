@@ -421,6 +421,10 @@ WhatifSimulation whatif_simulation(const WhatifInput& in, const WhatifRow& row) 
   w.options.network.unit = BandwidthUnit::kGBps;
   w.options.measured_collectives = false;  // no measured bus bandwidth: the link's
   w.options.host = in.calibration.host;
+  // whatif's rows carry their own framework constant and are checked against published numbers
+  // (logs/whatif_published.md): the device-memory terms and headroom of sim/device_memory.h stay off.
+  w.options.device_memory.enabled = false;
+  w.options.device_memory.headroom_fraction = 0;
   w.plan.node_sequence = {w.device_type};
   w.plan.device_groups = {gpus};
   w.plan.strategies = {Strategy{gpus, 1}};

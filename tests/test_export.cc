@@ -456,3 +456,45 @@ TEST_CASE("export --to deepspeed: the plan's offload devices", "[export]") {
   CHECK(o["offload_optimizer"] == ordered_json{{"device", "cpu"}});
   CHECK(o["offload_param"] == ordered_json{{"device", "none"}});
 }
+
+TEST_CASE("export --to megatron: Llama-3.1's rope_scaling goes from its config.json through search to the arguments",
+          "[export][cli]") {
+  // The committed Llama-3.1-8B config carries its rope_scaling (llama3, factor 8), as the real one does.
+  const auto dir = test::scratch_dir("export-rope");
+  std::ofstream((dir / "hostfile").string()) << "0.0.0.5 slots=8\n";
+  const test::CommandResult gen = test::run_hetplan(
+      "gen-profiles --analytic 34 2 --types H100 --max-tp 2 --hidden-size 4096 --seq-len 4096 --vocab-size 128256 "
+      "--heads 32 --out " + (dir / "profiles").string());
+  REQUIRE(gen.exit_code == 0);
+  const test::CommandResult s = test::run_hetplan(
+      "search --hostfile " + (dir / "hostfile").string() + " --clusterfile " + kRepoClusterfile + " --profiles " +
+      (dir / "profiles").string() + " --num_layers 34 --gbs 16 --hidden_size 4096 --sequence_length 4096 "
+      "--vocab_size 128256 --heads 32 --hf-config " + hf("llama-3.1-8b.json") + " -q --json " +
+      (dir / "plans.json").string());
+  INFO(s.output);
+  REQUIRE(s.exit_code == 0);
+  const ordered_json plans = read_json_file((dir / "plans.json").string());
+  CHECK(plans["best"]["model"]["architecture"]["rope_scaling"] == kLlama31RopeScaling);
+  // No --hf-config: the plan's model, rope scaling included.
+  const test::CommandResult e = test::run_hetplan("export --plan " + (dir / "plans.json").string() +
+                                                  " --to megatron");
+  INFO(e.output);
+  REQUIRE(e.exit_code == 0);
+  CHECK(e.output.find("  --rotary-base 500000\n  --use-rope-scaling\n  --rope-scaling-factor 8\n") != std::string::npos);
+}
+
+TEST_CASE("export --to megatron: a tp that does not split the attention heads is refused, naming both", "[export]") {
+  // GPT-2 XL: 25 heads (and 25 key/value heads); tp 2 cannot split them (TransformerConfig's rule).
+  const ModelShape gpt2 = read_hf_config(hf("gpt2-xl.json"));
+  CHECK_THROWS_WITH(export_megatron(plan(50, 1600, {8}, {{4, 2}}, {0, 50}, 4, 64), gpt2, nullptr, "plan.json"),
+                    "plan.json: the model's 25 attention heads do not split over tp 2: Megatron-LM's TransformerConfig "
+                    "needs num_attention_heads to be a multiple of tp; take a plan whose tp divides them");
+  CHECK(export_megatron(plan(50, 1600, {8}, {{8, 1}}, {0, 50}, 4, 64), gpt2, nullptr, "plan.json").world_size == 8);
+  // Llama-3.2-3B: 24 heads split over tp 3, but its 8 key/value heads are neither a multiple nor a divisor of 3.
+  const ModelShape llama3b = read_hf_config(hf("llama-3.2-3b.json"));
+  CHECK_THROWS_WITH(export_megatron(plan(30, 3072, {6}, {{2, 3}}, {0, 30}, 4, 64), llama3b, nullptr, "plan.json"),
+                    "plan.json: the model's 8 key/value heads are neither a multiple nor a divisor of tp 3: Megatron-LM's "
+                    "TransformerConfig needs one or the other of num_query_groups; take a plan whose tp divides them");
+  // tp 4 divides both.
+  CHECK(export_megatron(plan(30, 3072, {8}, {{2, 4}}, {0, 30}, 4, 64), llama3b, nullptr, "plan.json").world_size == 8);
+}

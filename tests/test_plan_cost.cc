@@ -264,7 +264,12 @@ TEST_CASE("rank grid: a mixed dp 2 x tp 2 stage gives each rank its own replica"
     shard.gpus_per_node = 4;
     const MemoryBreakdown b = rank_memory(shape, setup, shard);
     CHECK(r.breakdown.activations == b.activations);
-    CHECK(r.breakdown.gpu_total() == b.gpu_total());
+    CHECK(r.breakdown.allocated_peak() == b.allocated_peak());
+    CHECK(r.breakdown.framework == b.framework);
+    // What the device-memory model adds (sim/device_memory.h): world, tp, dp; two neighbours' p2p pairs.
+    const DeviceMemoryOptions dm;
+    CHECK(r.breakdown.nccl == nccl_bytes(rank_communicators(16, 2, 2, 3, 1, shape.tied_embeddings), dm));
+    CHECK(r.breakdown.allocator_reserve == allocator_reserve_bytes(b.allocated_peak(), dm));
   }
   // Pinned: the A100 replica (ranks 6, 7) takes 11 of the 16 samples, the V100 one (8, 9) 5; each rank
   // holds 2 in-flight micro-batches of its own replica's share (activations linear in the share).
@@ -426,6 +431,9 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
 
   SimulationOptions so;
   so.setup = setup;
+  // The per-tp framework constant, as priced without the device-memory model (with it, tp 1's constant and
+  // NCCL per communicator instead: tests/test_device_memory.cc).
+  so.device_memory.enabled = false;
   const PlanSimulator sim(cluster, profiles, shape, mc.sequence_length, so);
   const RankLayout layout(cluster, {0, 1});
   TrainingSetup full = setup;

@@ -130,9 +130,17 @@ TEST_CASE("a --hf-config that contradicts the plan's model names the key and bot
     // The first key that differs: llama-2-7b's vocabulary (32000) against the plan's (128256).
     CHECK(what.find("'vocab_size' is 32000, but the plan plan.json records 128256") != std::string::npos);
   }
-  // The same config (its rope_scaling aside, which the test config lacks) is refused for the scaling only.
+  // The same config, whose rope_scaling (Llama-3.1's, in full) differs from the plan's shortened one, is refused
+  // for the scaling only.
   CHECK_THROWS_WITH(plan_shape(f, hf_config("llama-3.1-8b.json"), "plan.json", nullptr),
-                    Catch::Contains("'rope_scaling' is absent"));
+                    Catch::Contains("'rope_scaling' is {\"factor\":8.0,\"low_freq_factor\":1.0") &&
+                        Catch::Contains("(model.architecture.rope_scaling)"));
+  // A config without rope_scaling against a plan that records one.
+  ordered_json unscaled = read_json_file(hf_config("llama-3.1-8b.json"));
+  unscaled.erase("rope_scaling");
+  const std::string unscaled_path = (test::scratch_dir("plan-file-rope") / "llama-3.1-8b-unscaled.json").string();
+  write_json_file(unscaled_path, unscaled);
+  CHECK_THROWS_WITH(plan_shape(f, unscaled_path, "plan.json", nullptr), Catch::Contains("'rope_scaling' is absent"));
   // An architecture that disagrees with the model keys is refused.
   ordered_json j = llama_plan(true);
   j["model"]["architecture"]["num_blocks"] = 30;

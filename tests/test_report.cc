@@ -68,8 +68,8 @@ TEST_CASE("report: one timeline lane and one memory bar per rank, hosts and valu
   // Every rank's lane shows its stage's 8 forwards and 8 backwards.
   CHECK(count_of(html, "<rect class=\"forward\"") == 16 * 8);
   CHECK(count_of(html, "<rect class=\"backward\"") == 16 * 8);
-  // Five parts a bar, a capacity line each.
-  for (const char* part : {"weights", "gradients", "optimizer", "activations", "framework"})
+  // Seven parts a bar (sim/device_memory.h's reserve and NCCL too), a capacity line each.
+  for (const char* part : {"weights", "gradients", "optimizer", "activations", "reserve", "framework", "nccl"})
     CHECK(count_of(html, std::string("<rect class=\"mem-") + part + "\"") == 16);
   CHECK(count_of(html, "<line class=\"capacity\"") == 16);
   // Each bar's total against its GPU's capacity (32 GB V100s, 80 GB A100s in the clusterfile).

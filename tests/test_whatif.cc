@@ -30,9 +30,12 @@ std::map<std::string, ordered_json> rows_by_name(const ordered_json& w) {
   return rows;
 }
 
+// The largest rank's memory as whatif accounts it: the allocated peak and the framework constant (simulate's
+// total also holds NCCL's buffers and the allocator's reserve, sim/device_memory.h, which whatif leaves out).
 double max_rank_total(const ordered_json& sim) {
   double peak = 0;
-  for (const auto& r : sim["ranks"]) peak = std::max(peak, r["total"].get<double>());
+  for (const auto& r : sim["ranks"])
+    peak = std::max(peak, r["allocated_peak"].get<double>() + r["framework"].get<double>());
   return peak;
 }
 
