@@ -275,13 +275,20 @@ TEST_CASE("a plan searched with --hf-config stays that model in simulate and exp
                     "use the plan's model\n");
   // export --to megatron, with no --hf-config, of the best plan with the same (dp, tp) in every stage (over
   // both GPU types): the Llama's flags, fp16 for the V100s.
+  const test::CommandResult u = test::run_hetplan(llama_common + "--uniform --hf-config " + (dir / "llama.json").string() +
+                                                  " --json " + (dir / "u.json").string());
+  INFO(u.output);
+  REQUIRE(u.exit_code == 0);
   std::string uniform;
-  for (const auto& p : plans["top"])
-    if (uniform.empty() && p["strategies"].size() > 1 && p["strategies"] == ordered_json::array({p["strategies"][0],
-                                                                                                 p["strategies"][0]})) {
+  const ordered_json uniform_plans = read_json_file((dir / "u.json").string());
+  for (const auto& p : uniform_plans["top"]) {
+    bool same = p["strategies"].size() > 1;
+    for (const auto& st : p["strategies"]) same = same && st == p["strategies"][0];
+    if (uniform.empty() && same) {
       uniform = (dir / "uniform.json").string();
       write_json_file(uniform, p);
     }
+  }
   REQUIRE(!uniform.empty());
   const test::CommandResult m = test::run_hetplan("export --plan " + uniform + " --to megatron");
   INFO(m.output);
