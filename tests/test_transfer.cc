@@ -123,7 +123,7 @@ TEST_CASE("rates: the catalogue's, an emulated partition's, a probe's curve", "[
   CHECK(p.launch_host_us == 6.0);
 }
 
-TEST_CASE("transfer: each kernel class scales by its own rate; the same GPU is the identity", "[transfer]") {
+TEST_CASE("transfer: each kernel class scales by its own rate, the same GPU is the identity", "[transfer]") {
   const RateDefaults d;
   const DeviceRates h100 = catalogue_rates("H100", ComputePrecision::kBf16, d, "test");
   const DeviceRates h200 = catalogue_rates("H200", ComputePrecision::kBf16, d, "test");
@@ -270,7 +270,7 @@ TEST_CASE("gen-profiles --analytic --hf-config: a Llama on A100 and V100, fused 
   CHECK(e["execution_memory"]["layer_activation_mb"][1].get<double>() > act * 2);
 }
 
-TEST_CASE("gen-profiles CLI: --from and --analytic --hf-config; a search with disagreeing shape flags is refused",
+TEST_CASE("gen-profiles CLI: --from and --analytic --hf-config, a search with disagreeing shape flags is refused",
           "[transfer][cli]") {
   const auto dir = test::scratch_dir("transfer-cli");
   const std::string root = HETPLAN_SOURCE_DIR;
