@@ -38,7 +38,7 @@ std::string fixed(double v, int digits) {
 struct SetupArgs {
   int zero = 0;
   std::string recompute = "none", precision = "bf16", accounting = "auto", bandwidth_unit = "GB/s";
-  bool sequence_parallel = false, flash = false, deepspeed_buffers = false;
+  bool sequence_parallel = false, flash = false, deepspeed_buffers = false, ddp_buckets = false;
   std::string offload = "none";
   int recompute_every = 1;
   double framework_mb = 0;
@@ -75,6 +75,9 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
       ->capture_default_str();
   s->add_flag("--deepspeed-buffers", a.deepspeed_buffers,
               "Count DeepSpeed's default bucket, prefetch and offload staging buffers (sim/offload.h)");
+  s->add_flag("--ddp-buckets", a.ddp_buckets,
+              "Without ZeRO: PyTorch DDP's gradient buckets (sim/runtime_overheads.h): a second copy of the gradients, "
+              "bucketed all-reduces overlapped with the backward");
   s->add_option("--recompute-every", a.recompute_every,
                 "With --recompute full: checkpoint only every k-th block (selective activation checkpointing)")
       ->capture_default_str()
@@ -95,6 +98,7 @@ TrainingSetup make_setup(const SetupArgs& a) {
   s.sequence_parallel = a.sequence_parallel;
   s.flash_attention = a.flash;
   s.deepspeed.model = a.deepspeed_buffers;
+  s.ddp.model = a.ddp_buckets;
   s.recompute_every = a.recompute_every;
   if (a.offload == "optimizer") s.offload_optimizer = true;
   else if (a.offload == "all") s.offload_optimizer = s.offload_params = true;
@@ -240,6 +244,9 @@ int run_simulate(const SimulateArgs& a) {
   if (!a.recompute_given && !pf.recompute.empty()) setup_args.recompute = pf.recompute;
   if (!a.precision_given && !pf.precision.empty()) setup_args.precision = pf.precision;
   if (!a.offload_given && pf.offload_optimizer) setup_args.offload = pf.offload_params ? "all" : "optimizer";
+  if (a.setup.accounting == "auto" && !pf.accounting.empty()) setup_args.accounting = pf.accounting;
+  if (pf.deepspeed_buffers) setup_args.deepspeed_buffers = true;
+  if (pf.ddp_buckets) setup_args.ddp_buckets = true;
   const std::string hostfile = a.hostfile.empty() ? pf.hostfile : a.hostfile;
   const std::string clusterfile = a.clusterfile.empty() ? pf.clusterfile : a.clusterfile;
   const std::string profile_dir = a.profiles.empty() ? pf.profile_dir : a.profiles;
@@ -255,6 +262,7 @@ int run_simulate(const SimulateArgs& a) {
   SimulationOptions o;
   o.schedule = parse_schedule(!a.schedule_given && !pf.schedule.empty() ? pf.schedule : a.schedule, "--schedule");
   o.setup = as_profiled(make_setup(setup_args), profiles, a.setup.accounting != "auto", a.setup.flash);
+  o.setup.grads_in_backward = pf.grads_in_backward;  // as the plan was costed (whatif --export)
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   o.measured_collectives = parse_collectives(a.collectives);
   o.sustained_clocks = !a.burst_clocks;
@@ -331,8 +339,24 @@ struct WhatifArgs {
   bool inference = false;
   int prompt = 512, output = 128;
   std::string weights = "bf16,fp16,int8,nf4,awq";
+  std::string kv_cache = "auto";
+  // Runtime overheads (sim/runtime_overheads.h)
+  std::string runtime = "eager";
+  double eager_op_us = 0, graph_kernel_us = 0;
+  bool unfused_attention = false;
+  std::string deepspeed_config;
+  bool micro_batch_given = false, gbs_given = false;
   SetupArgs setup;
 };
+
+// --deepspeed-config, read and its "auto" sizes resolved for the model; empty path when not given.
+DeepSpeedRunConfig whatif_deepspeed_config(const WhatifArgs& a, const ModelShape& m) {
+  DeepSpeedRunConfig c;
+  if (a.deepspeed_config.empty()) return c;
+  c = read_deepspeed_config(a.deepspeed_config);
+  resolve_deepspeed_auto(c, m.hidden_size);
+  return c;
+}
 
 unsigned parse_targets(const std::string& s) {
   unsigned m = 0;
@@ -434,10 +458,14 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const Train
     if (int4) s.assumptions.push_back("dequantised inside the GEMV/GEMM kernel (fused; packed bytes move)");
     if (s.weights == WeightFormat::kInt8) s.assumptions.push_back("weight-only int8 (W8A16), fused dequantisation");
     const WhatifCalibration& c = in.calibration;
-    s.kernel_floor_us = c.kernel_floor_us;
+    s.launch = in.launch;
     s.kernels_per_layer = c.decode_kernels_per_layer;
-    s.kv_repeat_materialised = c.kv_repeat_materialised;
-    s.static_kv_cache = c.static_kv_cache;
+    // Hugging Face's eager and SDPA attention materialise repeat_kv; generate's default cache is dynamic
+    // (the context is read), a graph-captured decoder needs a static one (the whole allocation is read).
+    s.kv_repeat_materialised = c.path.empty() ? true : c.kv_repeat_materialised;
+    s.static_kv_cache = a.kv_cache == "auto" ? (c.path.empty() ? in.launch.runtime == LaunchRuntime::kGraphs
+                                                               : c.static_kv_cache)
+                                             : a.kv_cache == "static";
     s.attention_hbm_efficiency = c.attention_hbm_efficiency;
     if (s.attention_hbm_efficiency > 0)
       s.assumptions.push_back("attention HBM efficiency " + fixed(s.attention_hbm_efficiency, 2) + " measured");
@@ -448,10 +476,11 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const Train
     s.assumptions.push_back(
         std::string("KV cache 16-bit") + (s.static_kv_cache ? ", static (the whole allocation read each step)" : "") +
         (s.kv_repeat_materialised ? ", GQA repeat materialised (HF repeat_kv)" : "") + "; " +
-        (s.kernel_floor_us > 0 && s.kernels_per_layer > 0
-             ? fixed(s.kernels_per_layer, 1) + " kernels per layer at a " + fixed(s.kernel_floor_us, 2) +
-                   " us floor each (measured)"
-             : std::string("fused decode (no per-kernel launch floor)")));
+        (s.kernels_per_layer > 0 ? fixed(s.kernels_per_layer, 1) + " kernels per layer (measured)"
+                                 : fixed(hf_decode_kernels_per_layer(in.shape), 0) + " kernels per layer + " +
+                                       fixed(hf_decode_kernels_per_step(in.shape), 0) +
+                                       " per step (Hugging Face eager decoder)") +
+        "; runtime: " + s.launch.describe());
     const InferenceResult r = cost_inference(in.shape, g, s, in.memory_gb);
     const std::string as = r.offered ? joined(r.assumptions) : "not offered: " + r.not_offered;
     if (!r.offered) {
@@ -533,31 +562,63 @@ WhatifInput whatif_input(const WhatifArgs& a) {
   in.cpu_memory_gb = a.cpu_memory_gb;
   in.gemm_efficiency = a.efficiency;
   in.memory_efficiency = a.memory_efficiency;
+  // A DeepSpeed config's batch: train_micro_batch_size_per_gpu and gradient_accumulation_steps, where the flags
+  // do not set them (a flag that contradicts the config is an error naming both).
+  const DeepSpeedRunConfig ds = whatif_deepspeed_config(a, in.shape);
+  if (ds.micro_batch > 0) {
+    if (a.micro_batch_given && a.micro_batch != ds.micro_batch)
+      throw InputError("--micro-batch " + std::to_string(a.micro_batch) + " contradicts " + a.deepspeed_config +
+                       ": key 'train_micro_batch_size_per_gpu' (" + std::to_string(ds.micro_batch) + ")");
+    in.micro_batch = ds.micro_batch;
+  }
   in.calibration = read_whatif_calibration(a.profiles);
   if (a.h2d_gbs > 0) in.calibration.host.h2d_bytes_per_s = a.h2d_gbs * 1e9;
   if (a.d2h_gbs > 0) in.calibration.host.d2h_bytes_per_s = a.d2h_gbs * 1e9;
   if (a.cpu_adam_params_per_s > 0) in.calibration.host.cpu_adam_params_per_s = a.cpu_adam_params_per_s;
   if (a.h2d_gbs > 0 || a.d2h_gbs > 0 || a.cpu_adam_params_per_s > 0) in.calibration.host.source = "flags";
+  in.launch.runtime = parse_launch_runtime(a.runtime, "--runtime");
+  if (in.calibration.kernel_floor_us > 0 || in.calibration.eager_op_us > 0) in.launch.source = "measured (" + in.calibration.path + ")";
+  if (in.calibration.kernel_floor_us > 0) in.launch.graph_kernel_us = in.calibration.kernel_floor_us;
+  if (in.calibration.eager_op_us > 0) in.launch.eager_op_us = in.calibration.eager_op_us;
+  if (a.graph_kernel_us > 0) in.launch.graph_kernel_us = a.graph_kernel_us, in.launch.source = "flags";
+  if (a.eager_op_us > 0) in.launch.eager_op_us = a.eager_op_us, in.launch.source = "flags";
+  if (a.kv_cache != "auto" && a.kv_cache != "static" && a.kv_cache != "dynamic")
+    throw InputError("--kv-cache: '" + excerpt(a.kv_cache) + "': expected auto, static or dynamic");
   const BandwidthUnit unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   const std::string gpu = a.hostfile.empty() ? a.gpu : whatif_hostfile_gpus(a, unit, in);
   in.gpu = &require_gpu_spec(gpu, "--gpu");
   in.gpus_per_node = std::min(in.gpus_per_node, in.gpus);
+  if (ds.accumulation > 0 && !a.gbs_given) in.gbs = in.micro_batch * in.gpus * ds.accumulation;
   return in;
 }
 
 // The base setup of the rows. --precision auto: bf16 where the GPU has it, else fp16 (V100); a precision it
 // lacks is an error.
-TrainingSetup whatif_base_setup(const WhatifArgs& a, const GpuSpec& g) {
+TrainingSetup whatif_base_setup(const WhatifArgs& a, const GpuSpec& g, const DeepSpeedRunConfig& ds) {
   SetupArgs setup_args = a.setup;
+  if (setup_args.precision == "auto" && !ds.path.empty()) setup_args.precision = ds.precision;  // its fp16/bf16
   if (setup_args.precision == "auto") setup_args.precision = g.supports(ComputePrecision::kBf16) ? "bf16" : "fp16";
-  const TrainingSetup base = make_setup(setup_args);
+  // Fused attention (SDPA, flash) is what PyTorch, DeepSpeed and Transformers run: on unless --unfused-attention.
+  setup_args.flash = !a.unfused_attention;
+  // --offload is for the ZeRO rows (which set their own stage): not checked against --zero here.
+  setup_args.offload = "none";
+  TrainingSetup base = make_setup(setup_args);
+  if (a.setup.offload == "optimizer") base.offload_optimizer = true;
+  else if (a.setup.offload == "all") base.offload_optimizer = base.offload_params = true;
+  else if (a.setup.offload != "none")
+    throw InputError("--offload: '" + excerpt(a.setup.offload) + "': expected none, optimizer or all");
+  if (!ds.path.empty()) base.deepspeed = ds.buffers;  // the DeepSpeed rows' sizes and pinning
+  base.deepspeed.model = false;
   if (a.setup.precision != "auto") require_peak(g, compute_precision(base.precision), "--precision " + a.setup.precision);
   return base;
 }
 
 // The standard rows, or the --rows named, in the order named.
-std::vector<WhatifRow> whatif_rows(const WhatifArgs& a, const TrainingSetup& base, int gpus_per_node) {
-  std::vector<WhatifRow> rows = standard_whatif_rows(base, a.lora_rank, parse_targets(a.lora_targets), gpus_per_node);
+std::vector<WhatifRow> whatif_rows(const WhatifArgs& a, const TrainingSetup& base, int gpus_per_node,
+                                   const DeepSpeedRunConfig& ds) {
+  std::vector<WhatifRow> rows = standard_whatif_rows(base, a.lora_rank, parse_targets(a.lora_targets), gpus_per_node,
+                                                     a.setup.accounting != "auto");
+  if (!ds.path.empty()) rows.insert(rows.begin(), deepspeed_config_row(base, ds, a.setup.accounting != "auto"));
   if (a.rows.empty()) return rows;
   std::vector<WhatifRow> chosen;
   for (const std::string& name : split_list(a.rows)) {
@@ -576,7 +637,7 @@ void print_whatif_header(const WhatifArgs& a, const WhatifInput& in, int gbs) {
   const double params = static_cast<double>(in.shape.parameter_count());
   std::cout << "model: " << in.shape.name << " (" << fixed(params / 1e9, 3) << "B parameters), " << in.gpus << " x "
             << in.gpu->name << " (" << fixed(in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb, 0)
-            << " GB; datasheet: " << in.gpu->source_url << "), seq " << a.seq << ", micro-batch " << a.micro_batch
+            << " GB; datasheet: " << in.gpu->source_url << "), seq " << a.seq << ", micro-batch " << in.micro_batch
             << " per GPU, gbs " << gbs << "\n"
             << "cost: each row is a one-stage plan through the simulator (as `simulate`), layer times a roofline: "
                "GEMMs at the row's dense peak x "
@@ -656,7 +717,7 @@ void write_whatif_json(const WhatifArgs& a, const WhatifInput& in, int gbs, orde
   j["gpus"] = in.gpus;
   j["gpu_memory_gb"] = in.memory_gb > 0 ? in.memory_gb : in.gpu->memory_gb;
   j["sequence_length"] = a.seq;
-  j["micro_batch"] = a.micro_batch;
+  j["micro_batch"] = in.micro_batch;
   j["gbs"] = gbs;
   j["gemm_efficiency"] = in.calibration.gemm_efficiency > 0 ? in.calibration.gemm_efficiency : a.efficiency;
   j["memory_efficiency"] = a.memory_efficiency;
@@ -676,14 +737,15 @@ int print_whatif_constants(const WhatifArgs& a, const WhatifInput& in) {
 int run_whatif(const WhatifArgs& a) {
   const WhatifInput in = whatif_input(a);
   if (a.print_constants) return print_whatif_constants(a, in);
-  const TrainingSetup base = whatif_base_setup(a, *in.gpu);
+  const DeepSpeedRunConfig ds = whatif_deepspeed_config(a, in.shape);
+  const TrainingSetup base = whatif_base_setup(a, *in.gpu, ds);
   if (a.inference) return run_whatif_inference(a, in, base);
-  const std::vector<WhatifRow> rows = whatif_rows(a, base, in.gpus_per_node);
+  const std::vector<WhatifRow> rows = whatif_rows(a, base, in.gpus_per_node, ds);
   if (!a.export_dir.empty()) {
     if (rows.size() != 1) throw InputError("--export: name one row with --rows");
     export_whatif_row(in, rows[0], a.export_dir);
   }
-  const int gbs = whatif_accumulation(in) * a.micro_batch * in.gpus;  // validates the batch before any output
+  const int gbs = whatif_accumulation(in) * in.micro_batch * in.gpus;  // validates the batch before any output
   print_whatif_header(a, in, gbs);
   ordered_json out_rows = ordered_json::array();
   for (const WhatifRow& row : rows) out_rows.push_back(print_whatif_row(row, cost_whatif_row(in, row)));
@@ -782,10 +844,19 @@ Runner add_whatif_command(CLI::App& app) {
   s->add_option("--max-positions", a->model.max_positions, "Max positions (learned for gpt2; at least --seq)")
       ->capture_default_str();
   s->add_option("--seq", a->seq, "Sequence length")->capture_default_str()->check(kPositiveNumber);
-  s->add_option("--micro-batch", a->micro_batch, "Sequences per GPU per micro-batch (--inference: the batch)")
-      ->capture_default_str()
-      ->check(kPositiveNumber);
-  s->add_option("--gbs", a->gbs, "Global batch (default: micro-batch x GPUs; more means gradient accumulation)");
+  CLI::Option* micro_batch =
+      s->add_option("--micro-batch", a->micro_batch, "Sequences per GPU per micro-batch (--inference: the batch)")
+          ->capture_default_str()
+          ->check(kPositiveNumber);
+  CLI::Option* gbs =
+      s->add_option("--gbs", a->gbs, "Global batch (default: micro-batch x GPUs; more means gradient accumulation)");
+  s->add_option("--deepspeed-config", a->deepspeed_config,
+                "A DeepSpeed ds_config.json: adds its row (ds_config: zero_optimization.stage, offload_optimizer/"
+                "offload_param device and pin_memory) first, gives every DeepSpeed row its reduce_bucket_size, "
+                "allgather_bucket_size, stage3_prefetch_bucket_size, stage3_max_live_parameters, "
+                "stage3_param_persistence_threshold, overlap_comm and pinning, and sets the precision (fp16/bf16 "
+                "enabled, unless --precision), the micro-batch (train_micro_batch_size_per_gpu) and the accumulation "
+                "(gradient_accumulation_steps, unless --gbs). \"auto\" sizes follow the Hugging Face Trainer's rules");
   s->add_option("--gpu", a->gpu, "GPU type of the catalogue (sim/data/gpus.json): " + gpu_names())
       ->capture_default_str();
   s->add_option("--gpu-spec", a->gpu_spec,
@@ -824,11 +895,36 @@ Runner add_whatif_command(CLI::App& app) {
   s->add_flag("--print-constants", a->print_constants,
               "Print the model's FLOP and byte counts, the roofline's efficiencies and the GPU's datasheet numbers "
               "as JSON (also to --json), and cost nothing (scripts/gpu_whatif_calibrate.py reads them)");
+  s->add_option("--runtime", a->runtime,
+                "Launch model (sim/runtime_overheads.h): eager (PyTorch issuing each kernel from Python; a block is no "
+                "faster than its kernel count x the host's time per op) or graphs (CUDA graphs: the GPU's per-kernel "
+                "floor). Every row prints the runtime it assumed")
+      ->capture_default_str();
+  s->add_option("--eager-op-us", a->eager_op_us,
+                "Host time per eager op in microseconds (default: the profile's whatif_calibration.json "
+                "inference.eager_op_us, else 7.47, an H200 host's micro-benchmark)");
+  s->add_option("--graph-kernel-us", a->graph_kernel_us,
+                "GPU floor per kernel of a CUDA graph in microseconds (default: the profile's kernel_floor_us, else 2.16)");
+  s->add_option("--kv-cache", a->kv_cache,
+                "--inference: static (preallocated to prompt + output; the whole allocation is read each step) or "
+                "dynamic (grown per token); auto: dynamic when eager (generate's default), static with graphs")
+      ->capture_default_str();
+  s->add_flag("--unfused-attention", a->unfused_attention,
+              "Attention stores its scores (no SDPA/flash kernel); by default whatif assumes fused attention, as "
+              "PyTorch, DeepSpeed and Transformers run it");
   add_setup_options(s, a->setup, 1024);
   a->setup.precision = "auto";
-  s->get_option("--precision")->description("Training precision: auto (bf16, or fp16 where the GPU lacks bf16), fp32, fp16, bf16 or fp8");
-  return [a, layers] {
+  s->get_option("--precision")
+      ->description("Training precision: auto (bf16, or fp16 where the GPU lacks bf16), fp32, fp16, bf16 or fp8")
+      ->default_str("auto");
+  s->get_option("--flash-attention")->description("Fused attention (the whatif default; see --unfused-attention)");
+  s->get_option("--offload")
+      ->description("ZeRO-Offload for the ZeRO rows that do not choose their own (FSDP, LoRA/QLoRA+ZeRO): none, "
+                    "optimizer, or all (optimizer, and parameters on the ZeRO-3 rows); never for rows without ZeRO");
+  return [a, layers, micro_batch, gbs] {
     a->model.blocks_given = layers->count() > 0;
+    a->micro_batch_given = micro_batch->count() > 0;
+    a->gbs_given = gbs->count() > 0;
     return run_whatif(*a);
   };
 }

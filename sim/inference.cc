@@ -100,10 +100,12 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
   double step_s = std::max(roofline.compute_s(step_flops), roofline.memory_s(streamed) + kv_bytes / bw_attn);
   const bool int4 = s.weights == WeightFormat::kInt4Nf4 || s.weights == WeightFormat::kInt4Awq;
   if (int4 && s.int4_row_params_per_s > 0) step_s += b * lin_params / s.int4_row_params_per_s;
-  if (s.kernel_floor_us > 0 && s.kernels_per_layer > 0) {
-    const double streamed_kernels = m.block_linears().size() * L + 1;  // the projections' GEMVs, the LM head
-    step_s += std::max(0.0, s.kernels_per_layer * L - streamed_kernels) * s.kernel_floor_us * 1e-6;
-  }
+  // The runtime's per-kernel floors (sim/runtime_overheads.h).
+  const double kernels = s.kernels_per_layer > 0 ? s.kernels_per_layer * L
+                                                 : hf_decode_kernels_per_layer(m) * L + hf_decode_kernels_per_step(m);
+  const double streamed_kernels = m.block_linears().size() * L + 1;  // the projections' GEMVs, the LM head
+  step_s += std::max(0.0, kernels - streamed_kernels) * s.launch.graph_kernel_us * 1e-6;
+  if (s.launch.runtime == LaunchRuntime::kEager) step_s = launch_bound_s(s.launch, step_s, kernels);
   r.decode_ms_per_token = step_s * 1e3;
   r.tokens_per_s = b / (r.decode_ms_per_token / 1e3);
   return r;

@@ -15,14 +15,20 @@
 //    GEMV): the weights' packed bytes move; the GEMMs run at the 16-bit peak.
 // The per-token latency is the mean over the output (the KV cache grows
 // from prompt to prompt + output tokens).
+// The runtime (sim/runtime_overheads.h, InferenceSetup::launch): Hugging Face
+// `generate` runs the decoder eagerly, kernel by kernel from Python; a
+// graph-captured decoder (CUDA graphs, torch.compile's reduce-overhead)
+// replays the step's kernels without the host. The step has
+// hf_decode_kernels_per_layer x layers + hf_decode_kernels_per_step kernels
+// (or kernels_per_layer x layers where a calibration counted them):
+//  - graphs: the small kernels (norms, rotary, residual adds, KV-cache writes,
+//    softmax, casts) take the GPU's per-kernel floor, not bytes over
+//    bandwidth: (kernels - the streamed GEMV/GEMM kernels, whose time is their
+//    bytes) x the graph floor is added to the roofline step;
+//  - eager: the GPU waits on the host, which issues every kernel at its
+//    per-op time: the step takes max(that graph step, kernels x eager op time).
 // Mechanisms an implementation adds to the decode step (each off by default,
-// set from a calibration that measured them separately):
-//  - a per-kernel floor: an unfused decode step runs many small kernels
-//    (norms, rotary, residual adds, KV-cache writes, softmax, casts) whose
-//    time is a floor (launch or graph-replay gap, ramp-up and drain), not
-//    bytes over bandwidth. Time added: (kernels_per_layer x layers -
-//    the streamed GEMV/GEMM kernels, 7 per layer and the LM head, whose
-//    time is their bytes) x kernel_floor_us;
+// set from a calibration that measured them separately, or by flags):
 //  - a materialised GQA repeat (HF transformers' repeat_kv in eager/SDPA
 //    attention): each layer's K and V are expanded to num_heads before the
 //    attention reads them, so the step also writes and reads the expanded
@@ -46,6 +52,7 @@
 #include "sim/gpu_specs.h"
 #include "sim/memory_model.h"
 #include "sim/model_shape.h"
+#include "sim/runtime_overheads.h"
 
 namespace hetplan {
 
@@ -68,8 +75,8 @@ struct InferenceSetup {
   double hbm_efficiency = kDefaultDecodeHbmEfficiency;
   double compute_efficiency = kDefaultPrefillComputeEfficiency;
   double framework_bytes = 1024.0 * 1024 * 1024;  // CUDA context and workspaces
-  double kernel_floor_us = 0;       // 0: fused decode (no per-kernel floor)
-  double kernels_per_layer = 0;     // decode kernels per step / layers (the whole step's, spread over layers)
+  LaunchModel launch;               // eager (HF generate's default) or CUDA graphs, and the per-kernel floors
+  double kernels_per_layer = 0;     // decode kernels per step / layers (measured); 0: the HF eager count
   bool kv_repeat_materialised = false;
   bool static_kv_cache = false;
   double attention_hbm_efficiency = 0;  // 0: hbm_efficiency

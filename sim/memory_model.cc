@@ -238,6 +238,9 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   }
   // DeepSpeed's gradient buckets, offload staging and ZeRO-3 prefetch (sim/offload.h); 0 unless setup.deepspeed.model.
   out.states.transient += deepspeed_buffer_bytes(s, p.largest_module / tp);
+  const double gradients_allocated = out.states.gradients;  // (before DDP's persistent buckets)
+  // PyTorch DDP's buckets: a second copy of the gradients (sim/runtime_overheads.h); not with ZeRO.
+  if (s.zero_stage == 0) out.states.gradients += ddp_bucket_bytes(s.ddp, trainable * reduced_gradient_bytes(s));
 
   const int last = m.metis_num_layers() - 1;
   double per_mb = 0, one_layer_full = 0;
@@ -316,6 +319,13 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
     }
     out.activations = stored * r.in_flight;
     out.recompute_workspace = peak;
+  }
+  if (s.grads_in_backward) {
+    // The gradients grow as the backward releases the activations and the 16-bit weight copies (Megatron's
+    // accounting's weights are those copies): the peak is the larger, at the backward's start or its end.
+    const double released = out.activations + out.recompute_workspace +
+                            (s.accounting == ZeroAccounting::kMegatron ? out.states.weights : 0.0);
+    out.states.gradients -= std::min(gradients_allocated, released);
   }
   out.framework = s.framework_bytes;
   return out;

@@ -16,6 +16,7 @@
 
 #include "sim/model_shape.h"
 #include "sim/offload.h"
+#include "sim/runtime_overheads.h"
 #include "sim/schedule.h"
 
 namespace hetplan {
@@ -59,6 +60,11 @@ struct TrainingSetup {
   bool offload_params = false;     // ZeRO-3 / ZeRO-Infinity: 16-bit weights in CPU memory too
   bool zero_init = true;           // DeepSpeed's zero.Init: the model is built already partitioned
   DeepSpeedBuffers deepspeed;      // DeepSpeed's bucket/prefetch buffers (sim/offload.h); off by default
+  DdpBuckets ddp;                  // PyTorch DDP's gradient buckets (sim/runtime_overheads.h); off by default
+  // PyTorch's optimizer.zero_grad(set_to_none=True) (its default since 2.0): the gradients are allocated
+  // during the backward while the activations (and autocast's weight copies) are released, so the peak
+  // holds the larger of the two, not both; rank_memory counts only the gradients beyond them.
+  bool grads_in_backward = false;
   int recompute_every = 1;         // with kFull: only every k-th block is checkpointed (torchtitan's selective
                                    // "every k-th layer" AC); the others keep all activations
   int shard_group = 0;             // ZeRO/FSDP partitions over groups of this many ranks (FSDP HYBRID_SHARD: a

@@ -301,7 +301,7 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
   c->sustained_factor = b.sustained;
   c->send_forward_ms = b.send_forward;
   c->send_backward_ms = b.send_backward;
-  add_gradient_sync(s, index, p, setup, trainable, grad_bytes, reuse, c);
+  add_gradient_sync(s, index, p, setup, trainable, grad_bytes, ptype_hbm_bytes_per_s_[b.rtype[0]], reuse, c);
   c->optimizer_ms = optimizer / (setup.zero_stage >= 1 ? s.st.dp : 1);
   if (setup.offload_optimizer || (setup.offload_params && setup.zero_stage >= 3))
     add_offload(s, setup, b.rtype[0], trainable, full_on_rank, c);
@@ -334,8 +334,8 @@ void PlanCostModel::replica_step_ms(Strategy st, const StageBasis& b, double tra
 // the forward and the all-reduce before the step, and the tied embedding's all-reduce between the
 // pipeline's ends.
 void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, const TrainingSetup& setup,
-                                      double trainable, double grad_bytes, SetupReuse* reuse,
-                                      FastStageCost* c) const {
+                                      double trainable, double grad_bytes, double hbm_bytes_per_s,
+                                      SetupReuse* reuse, FastStageCost* c) const {
   const int begin = s.begin, dp = s.st.dp, tp = s.st.tp;
   // Data-parallel gradient all-reduce of each tp slice over tp index t's dp group.
   const StageGrid grid(begin, s.st);
@@ -363,14 +363,36 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
   // again before its backward, which reduce-scatters the gradients; nothing is left for the step.
   const double rs = reuse->grad_ar * 1e3 / 2, ag = zero_sharded ? reuse->weight_ar * 1e3 / 2 : 0.0;
   c->allreduce_ms = 0;
-  switch (dp > 1 ? setup.zero_stage : 0) {
-    case 0: c->allreduce_ms = reuse->grad_ar * 1e3; break;
+  // DeepSpeed's ZeRO-3 gathers module by module even on one rank (with offload_param, from the host).
+  const bool ds_zero3 = setup.deepspeed.model && setup.zero_stage >= 3;
+  switch (ds_zero3 ? 3 : dp > 1 ? setup.zero_stage : 0) {
+    case 0:
+      if (setup.ddp.model) {
+        // PyTorch DDP: bucketed all-reduces overlapped with the backward (sim/runtime_overheads.h). The first
+        // layer's gradients (the embedding's) are complete only when the backward ends.
+        const double last = s.layer_begin == 0 ? static_cast<double>(sim_->shape_.embedding_params()) / tp *
+                                                          grad_bytes / std::max(trainable, 1.0)
+                                                    : 0.0;
+        const DdpSyncTime t = ddp_sync(
+            setup.ddp, grad_bytes, last, c->backward_ms, [&](double bytes) { return slowest_all_reduce(bytes) * 1e3; },
+            [&](double bytes) { return hbm_bytes_per_s > 0 ? 2 * bytes / hbm_bytes_per_s * 1e3 : 0.0; });
+        // The copy into the buckets runs in the last micro-batch's backward only (no_sync before it).
+        c->allreduce_ms = t.exposed_ms + t.backward_added_ms;
+      } else {
+        c->allreduce_ms = reuse->grad_ar * 1e3;
+      }
+      break;
     case 1: c->allreduce_ms = rs + ag; break;
     case 2:
       c->backward_ms += rs;
       c->allreduce_ms = ag;
       break;
     default:
+      if (ds_zero3) {
+        add_zero3_gathers(s, setup, hbm_bytes_per_s, c);
+        c->backward_ms += rs;
+        break;
+      }
       c->forward_ms += ag;
       c->backward_ms += ag + rs;
       break;
@@ -386,6 +408,47 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
     const RankStride ends{std::min(begin, partner), std::max(1, std::abs(partner - begin)), 2};
     c->allreduce_ms += net_.all_reduce_seconds_strided(ends, bytes) * 1e3;
   }
+}
+
+// DeepSpeed ZeRO-3's per-module gathers in the forward and the backward (sim/offload.h, zero3_pass_ms):
+// each module's all-gather over the stage's data-parallel group (the slowest tp slice's), after the
+// coordinator's host work, and with offload_param after the host-to-device copy of the rank's partition.
+void PlanCostModel::add_zero3_gathers(const StageChoice& s, const TrainingSetup& setup, double /*hbm*/,
+                                      FastStageCost* c) const {
+  const DeepSpeedBuffers& d = setup.deepspeed;
+  const int dp = s.st.dp, tp = s.st.tp;
+  const StageGrid grid(s.begin, s.st);
+  const std::vector<double> modules =
+      zero3_gathered_modules(sim_->shape_, s.layer_begin, s.layer_end, tp, d.param_persistence_threshold);
+  const double e = setup.precision == Precision::kFp32 ? 4 : 2;
+  const HostSpec host = host_for(s.begin);
+  const double h2d = host.h2d_bytes_per_s * (d.pin_memory ? 1 : kPageableCopyFactor);
+  auto gather_ms = [&](double elements) {
+    double ms = kDeepSpeedGatherHostOps * d.host_op_us * 1e-3;
+    if (dp > 1) {
+      double ar = 0;
+      for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(grid.dp_group(t), elements * e));
+      ms += ar * 1e3 / 2;  // an all-gather moves half an all-reduce's bytes
+    }
+    if (setup.offload_params && h2d > 0) ms += elements * e / dp / h2d * 1e3;
+    return ms;
+  };
+  c->forward_ms = zero3_pass_ms(d, modules, false, c->forward_ms, gather_ms);
+  c->backward_ms = zero3_pass_ms(d, modules, true, c->backward_ms, gather_ms);
+}
+
+// The host of rank `rank`: measured, or the stated defaults for its GPU.
+HostSpec PlanCostModel::host_for(int rank) const {
+  HostSpec host = sim_->opt_.host;
+  if (host.d2h_bytes_per_s <= 0 || host.h2d_bytes_per_s <= 0 || host.cpu_adam_params_per_s <= 0) {
+    const int ptype = rank_ptype_[static_cast<std::size_t>(rank)];
+    const GpuSpec* g = ptype >= 0 ? find_gpu_spec(sim_->profiles_->device_types()[ptype]) : nullptr;
+    const HostSpec d = default_host_spec(g ? g->host_link_gbs : 16.0);
+    if (host.d2h_bytes_per_s <= 0) host.d2h_bytes_per_s = d.d2h_bytes_per_s;
+    if (host.h2d_bytes_per_s <= 0) host.h2d_bytes_per_s = d.h2d_bytes_per_s;
+    if (host.cpu_adam_params_per_s <= 0) host.cpu_adam_params_per_s = d.cpu_adam_params_per_s;
+  }
+  return host;
 }
 
 // ZeRO-Offload / ZeRO-Infinity by DeepSpeed's overlap rules (sim/offload.h): the host measured, or the

@@ -160,9 +160,13 @@ class PlanCostModel {
   void replica_step_ms(Strategy st, const StageBasis& b, double trainable, double full_on_rank, double grad_bytes,
                        double* accumulation, double* optimizer) const;
   void add_gradient_sync(const StageChoice& s, int index, int num_stages, const TrainingSetup& setup,
-                         double trainable, double grad_bytes, SetupReuse* reuse, FastStageCost* c) const;
+                         double trainable, double grad_bytes, double hbm_bytes_per_s, SetupReuse* reuse,
+                         FastStageCost* c) const;
   void add_offload(const StageChoice& s, const TrainingSetup& setup, int ptype, double trainable,
                    double full_on_rank, FastStageCost* c) const;
+  void add_zero3_gathers(const StageChoice& s, const TrainingSetup& setup, double hbm_bytes_per_s,
+                         FastStageCost* c) const;
+  HostSpec host_for(int rank) const;
   void stage_memory(const StageChoice& s, int index, int num_stages, const StageBasis& b,
                     const TrainingSetup& setup, const ShardParams& sp, FastStageCost* c, StageDetail* detail) const;
   MemoryBreakdown rank_breakdown(const StageChoice& s, int index, int num_stages, int in_flight, int r, int mb,

@@ -186,6 +186,10 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (!f.precision.empty()) j["precision"] = f.precision;
   if (f.offload_optimizer) j["offload_optimizer"] = true;
   if (f.offload_params) j["offload_params"] = true;
+  if (!f.accounting.empty()) j["accounting"] = f.accounting;
+  if (f.deepspeed_buffers) j["deepspeed_buffers"] = true;
+  if (f.ddp_buckets) j["ddp_buckets"] = true;
+  if (f.grads_in_backward) j["grads_in_backward"] = true;
   return j;
 }
 
@@ -209,7 +213,7 @@ void read_architecture(const ordered_json& a, const std::string& file, PlanFile&
 }
 
 // The training setup the plan was costed with, each key when present: zero_stage, recompute, schedule,
-// precision, offload_optimizer and offload_params.
+// precision, offload_optimizer, offload_params, accounting, deepspeed_buffers and ddp_buckets.
 void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
   if (j.contains("zero_stage")) {
     const double z = require_number(j, "zero_stage", file, "");
@@ -238,6 +242,16 @@ void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
   };
   flag("offload_optimizer", f.offload_optimizer);
   flag("offload_params", f.offload_params);
+  flag("deepspeed_buffers", f.deepspeed_buffers);
+  flag("ddp_buckets", f.ddp_buckets);
+  flag("grads_in_backward", f.grads_in_backward);
+  if (j.contains("accounting")) {
+    const std::string where = file + ": key 'accounting'";
+    if (!j["accounting"].is_string()) throw InputError(where + ": expected zero, deepspeed or megatron");
+    f.accounting = j["accounting"].get<std::string>();
+    if (f.accounting != "zero" && f.accounting != "deepspeed" && f.accounting != "megatron")
+      throw InputError(where + ": '" + excerpt(f.accounting) + "': expected zero, deepspeed or megatron");
+  }
 }
 
 }  // namespace

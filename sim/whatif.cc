@@ -95,13 +95,21 @@ BlockSeconds block_seconds(const WhatifInput& in, const WhatifRow& row, const Ro
   const bool measured_dequant = quantised_base(s) && in.calibration.qlora_dequant_factor > 0;
   if (quantised_base(s) && !measured_dequant)
     dequant = r.gemm.memory_s(static_cast<double>(m.block_linear_weights()) * (s.base_weights.bits_per_param() / 8 + 2));
+  // torch.autocast casts every fp32 weight to 16 bits in each forward (and each recomputed forward).
+  const double cast = row.autocast ? r.elementwise.memory_s(static_cast<double>(m.block_linear_weights()) *
+                                                             kAutocastCastBytesPerParam)
+                                   : 0.0;
   BlockSeconds b;
-  b.forward = gemm_fwd + attn_fwd + lora_fwd + elem + dequant;
+  b.forward = gemm_fwd + attn_fwd + lora_fwd + elem + dequant + cast;
   // Backward: weight and input gradients of every GEMM; a frozen base computes input gradients only.
   b.backward = (peft ? gemm_fwd : kBackwardPerForward * gemm_fwd) + kBackwardPerForward * attn_fwd +
                kBackwardPerForward * lora_fwd + kBackwardPerForward * elem + dequant;
   if (measured_dequant)
     b.forward *= in.calibration.qlora_dequant_factor, b.backward *= in.calibration.qlora_dequant_factor;
+  // The launch floor (sim/runtime_overheads.h): no faster than the runtime issues the block's kernels.
+  const double kernels = eager_block_forward_kernels(m, row.autocast, m.learned_positions);
+  b.forward = launch_bound_s(in.launch, b.forward, kernels);
+  b.backward = launch_bound_s(in.launch, b.backward, kernels * kBackwardKernelsPerForward);
   return b;
 }
 
@@ -128,7 +136,9 @@ LayerTimes roofline_layers(const WhatifInput& in, const WhatifRow& row, int bs) 
   // Final norm, LM head and the fp32 cross-entropy (logits written, read by softmax, gradient written).
   const double head_gemm = r.gemm.compute_s(m.head_forward_flops_per_token() * T);
   const double logits = r.gemm.memory_s(3 * T * V * 4);
-  const double head_fwd = head_gemm + logits + r.gemm.memory_s(2 * T * h * e);
+  // torch.autocast casts the head's fp32 weight (the tied embedding table, or the untied head) each forward.
+  const double head_cast = row.autocast ? r.elementwise.memory_s(V * h * kAutocastCastBytesPerParam) : 0.0;
+  const double head_fwd = head_gemm + logits + r.gemm.memory_s(2 * T * h * e) + head_cast;
   const double head_bwd = (peft ? head_gemm : kBackwardPerForward * head_gemm) + logits + r.gemm.memory_s(2 * T * h * e);
   t.forward.push_back(head_fwd);
   t.total.push_back(head_fwd + head_bwd);
@@ -169,7 +179,8 @@ ordered_json profile_json(const WhatifInput& in, const WhatifRow& row, const Lay
   for (std::size_t i = 0; i < t.total.size(); ++i) mem.push_back(0);
   j["execution_memory"] = {{"note", "memory comes from the memory model (sim/memory_model.h), not from this file"},
                            {"total_memory", 0},
-                           {"layer_memory_total_mb", mem}};
+                           {"layer_memory_total_mb", mem},
+                           {"attention", row.setup.flash_attention ? "fused" : "materialized"}};
   return j;
 }
 
@@ -249,6 +260,7 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
     }
     num(inf, "prefill_compute_efficiency", "inference", &c.prefill_compute_efficiency, frac);
     num(inf, "kernel_floor_us", "inference", &c.kernel_floor_us, rules::positive_up_to(1e4));
+    num(inf, "eager_op_us", "inference", &c.eager_op_us, rules::positive_up_to(1e5));
     num(inf, "attention_hbm_efficiency", "inference", &c.attention_hbm_efficiency, frac);
     num(inf, "decode_kernels_per_layer", "inference", &c.decode_kernels_per_layer, rules::positive_up_to(1e5));
     num(inf, "int4_row_params_per_s", "inference", &c.int4_row_params_per_s, rules::positive_up_to(1e18));
@@ -263,26 +275,91 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
   return c;
 }
 
+namespace {
+
+std::string sci(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+}  // namespace
+
+WhatifRow deepspeed_config_row(const TrainingSetup& base, const DeepSpeedRunConfig& c, bool accounting_given) {
+  WhatifRow r;
+  r.name = "ds_config";
+  r.framework = "DeepSpeed";
+  r.setup = base;
+  r.setup.zero_stage = c.stage;
+  if (!accounting_given) r.setup.accounting = c.stage > 0 ? ZeroAccounting::kDeepSpeed : ZeroAccounting::kMegatron;
+  r.setup.deepspeed = c.buffers;
+  r.setup.deepspeed.model = c.stage > 0;
+  r.setup.offload_optimizer = c.offload_optimizer;
+  r.setup.offload_params = c.offload_params;
+  r.multi_gpu = c.stage > 0 && !c.offload_optimizer;
+  r.assumptions.push_back(deepspeed_settings_text(r.setup));
+  return r;
+}
+
+std::string deepspeed_settings_text(const TrainingSetup& s) {
+  const DeepSpeedBuffers& d = s.deepspeed;
+  std::string out = std::string(d.from_config.empty() ? "DeepSpeed defaults" : "DeepSpeed config " + d.from_config) +
+                    ": reduce_bucket_size " + sci(d.reduce_bucket_size) + ", overlap_comm " +
+                    (deepspeed_overlap_comm(s) ? "on" : "off");
+  if (s.zero_stage <= 2) out += ", allgather_bucket_size " + sci(d.allgather_bucket_size);
+  if (s.zero_stage == 3)
+    out += ", stage3_prefetch_bucket_size " + sci(d.prefetch_bucket_size) + ", stage3_max_live_parameters " +
+           sci(d.max_live_parameters);
+  if (s.offload_optimizer || s.offload_params) out += std::string(", offload ") + (d.pin_memory ? "pinned" : "pageable");
+  return out;
+}
+
 std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_rank, unsigned lora_targets,
-                                            int gpus_per_node) {
+                                            int gpus_per_node, bool accounting_given) {
   std::vector<WhatifRow> rows;
+  // The base's offload is for the ZeRO rows that take it (FSDP, PEFT+ZeRO); every other row starts without.
+  TrainingSetup plain = base;
+  plain.offload_optimizer = plain.offload_params = false;
   auto row = [&](const std::string& name, const std::string& framework, auto edit) {
     WhatifRow r;
     r.name = name;
     r.framework = framework;
-    r.setup = base;
+    r.setup = plain;
+    const bool pytorch = framework == "PyTorch" || framework == "PyTorch DDP";
     edit(r);
+    const bool sixteen = r.setup.precision == Precision::kBf16 || r.setup.precision == Precision::kFp16;
+    if (pytorch && sixteen && r.setup.finetune == Finetune::kFull) {
+      // torch.autocast over fp32 parameters: fp32 weights and gradients, Adam states, and the 16-bit copies
+      // autocast makes in the forward (Megatron's 18 bytes per parameter).
+      r.autocast = true;
+      r.setup.grads_in_backward = true;  // zero_grad(set_to_none=True)
+      if (!accounting_given) r.setup.accounting = ZeroAccounting::kMegatron;
+      r.assumptions.push_back("torch.autocast: fp32 parameters and gradients, each weight cast to " +
+                              std::string(to_string(r.setup.precision)) +
+                              " in every forward; gradients allocated in the backward (zero_grad set_to_none)");
+    }
+    if (framework == "PyTorch DDP" && r.gpus != 1) {
+      r.setup.ddp.model = true;  // (dropped where the row runs on one GPU: nothing wraps it in DDP there)
+      r.multi_gpu = name == "DDP";
+      r.assumptions.push_back("DDP: bucket_cap_mb 25, gradient_as_bucket_view False (buckets are a second copy "
+                              "of the gradients), bucketed all-reduce overlapped with the backward");
+    }
+    if (r.setup.zero_stage >= 1 && !r.setup.offload_optimizer) r.multi_gpu = true;
     rows.push_back(std::move(r));
   };
-  auto deepspeed = [](WhatifRow& r, int stage, bool opt, bool params) {
+  // The ZeRO rows that take --offload: the optimizer, and the parameters too at ZeRO-3.
+  auto base_offload = [&](WhatifRow& r) {
+    r.setup.offload_optimizer = base.offload_optimizer;
+    r.setup.offload_params = base.offload_params && r.setup.zero_stage >= 3;
+  };
+  auto deepspeed = [&](WhatifRow& r, int stage, bool opt, bool params) {
     r.setup.zero_stage = stage;
-    r.setup.accounting = ZeroAccounting::kDeepSpeed;
+    if (!accounting_given) r.setup.accounting = ZeroAccounting::kDeepSpeed;
+    r.setup.deepspeed = base.deepspeed;  // DeepSpeed's defaults, or a --deepspeed-config's sizes
     r.setup.deepspeed.model = true;
     r.setup.offload_optimizer = opt;
     r.setup.offload_params = params;
-    r.assumptions.push_back("DeepSpeed defaults: reduce_bucket_size 5e8, overlap_comm " +
-                            std::string(stage == 3 ? "on" : "off") +
-                            (stage == 3 ? ", stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9" : ""));
+    r.assumptions.push_back(deepspeed_settings_text(r.setup));
   };
   row("single GPU", "PyTorch", [](WhatifRow& r) {
     r.gpus = 1;
@@ -296,14 +373,18 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
   row("ZeRO-3", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 3, false, false); });
   row("ZeRO-3+opt-offload", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 3, true, false); });
   row("ZeRO-3+offload", "DeepSpeed", [&](WhatifRow& r) { deepspeed(r, 3, true, true); });
-  row("FSDP", "FSDP", [](WhatifRow& r) {
+  row("FSDP", "FSDP", [&](WhatifRow& r) {
     r.setup.zero_stage = 3;
-    r.setup.accounting = ZeroAccounting::kZeroPaper;
+    r.setup.grads_in_backward = true;
+    if (!accounting_given) r.setup.accounting = ZeroAccounting::kZeroPaper;
+    base_offload(r);
     r.assumptions.push_back("FULL_SHARD, mixed precision: fp32 shards (master), Adam states and gradients sharded");
   });
   row("FSDP-hybrid", "FSDP", [&](WhatifRow& r) {
     r.setup.zero_stage = 3;
-    r.setup.accounting = ZeroAccounting::kZeroPaper;
+    r.setup.grads_in_backward = true;
+    if (!accounting_given) r.setup.accounting = ZeroAccounting::kZeroPaper;
+    base_offload(r);
     r.setup.shard_group = gpus_per_node;
     r.assumptions.push_back("HYBRID_SHARD: sharded within a node of " + std::to_string(gpus_per_node) +
                             " GPUs, replicated across nodes; communication costed as FULL_SHARD's");
@@ -341,7 +422,10 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
     r.setup.zero_stage = 0;
     if (kind == Finetune::kQlora) r.setup.base_weights = nf4_double_quant();
     if (gc) r.setup.recompute = Recompute::kFull, r.setup.recompute_every = 1;
-    if (stage > 0) deepspeed(r, stage, false, false);
+    if (stage > 0) {
+      deepspeed(r, stage, false, false);
+      base_offload(r);
+    }
     r.assumptions.push_back("frozen base: its backward computes input gradients only; adapters in fp32 with Adam");
     if (kind == Finetune::kQlora)
       r.assumptions.push_back("NF4 with double quantisation (4.127 bits); each projection dequantised before its "
@@ -371,6 +455,10 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
 }
 
 std::string whatif_unsupported(const WhatifInput& in, const WhatifRow& row) {
+  if (row.multi_gpu && row_gpus(in, row) < 2)
+    return "needs more than one GPU (" + row.framework + " " +
+           (row.setup.zero_stage > 0 ? "partitions over data-parallel ranks" : "replicates over data-parallel ranks") +
+           "); on one GPU see 'single GPU' or the ZeRO-Offload rows";
   const ComputePrecision p = compute_precision(row.setup.precision);
   if (in.gpu->supports(p)) return "";
   return in.gpu->name + " has no " + to_string(p) + " (it supports " + in.gpu->supported() + ")";
@@ -418,6 +506,7 @@ WhatifSimulation whatif_simulation(const WhatifInput& in, const WhatifRow& row) 
 
   w.options.schedule = Schedule::k1F1B;
   w.options.setup = row.setup;
+  if (gpus == 1) w.options.setup.ddp.model = false;  // one GPU: no DDP wrapper, no buckets
   w.options.network.unit = BandwidthUnit::kGBps;
   w.options.measured_collectives = false;  // no measured bus bandwidth: the link's
   w.options.host = in.calibration.host;
@@ -440,6 +529,7 @@ WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
   r.gpus = row_gpus(in, row);
   r.accumulation = accumulation_of(in);
   r.gbs = in.micro_batch * r.gpus * r.accumulation;
+  r.assumptions.push_back("runtime: " + in.launch.describe());
   r.not_offered = whatif_unsupported(in, row);
   if (!r.not_offered.empty()) {
     r.offered = false;
@@ -466,7 +556,9 @@ WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
     const double h2d = h.h2d_bytes_per_s > 0 ? h.h2d_bytes_per_s : d.h2d_bytes_per_s;
     const double adam = h.cpu_adam_params_per_s > 0 ? h.cpu_adam_params_per_s : d.cpu_adam_params_per_s;
     const std::string measured_by = h.source.empty() ? "measured" : h.source;
-    r.assumptions.push_back("host: " + fixed(h2d / 1e9, 1) + " GB/s pinned copies per GPU (" +
+    const bool pinned = !row.setup.deepspeed.model || row.setup.deepspeed.pin_memory;
+    r.assumptions.push_back("host: " + fixed(h2d / 1e9 * (pinned ? 1 : kPageableCopyFactor), 1) + " GB/s " +
+                            (pinned ? "pinned" : "pageable (pin_memory false)") + " copies per GPU (" +
                             (h.h2d_bytes_per_s > 0 ? measured_by : std::string("default")) + "), CPU Adam " +
                             fixed(adam / 1e9, 2) + "e9 params/s per host (" +
                             (h.cpu_adam_params_per_s > 0 ? measured_by : std::string("default")) + "), fp32->16-bit cast " +
@@ -508,6 +600,17 @@ void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::s
   pf.zero_stage = row.setup.zero_stage;
   pf.recompute = to_string(row.setup.recompute);
   pf.schedule = "1f1b";
+  // The rest of the row's setup, so that `simulate --plan` costs the same thing without flags.
+  pf.shape = in.shape;
+  pf.precision = to_string(row.setup.precision);
+  pf.offload_optimizer = row.setup.offload_optimizer;
+  pf.offload_params = row.setup.offload_params;
+  pf.accounting = row.setup.accounting == ZeroAccounting::kDeepSpeed ? "deepspeed"
+                  : row.setup.accounting == ZeroAccounting::kMegatron ? "megatron"
+                                                                      : "zero";
+  pf.deepspeed_buffers = row.setup.deepspeed.model;
+  pf.ddp_buckets = w.options.setup.ddp.model;
+  pf.grads_in_backward = row.setup.grads_in_backward;
   write_json_file_in(dir, "plan.json", plan_file_to_json(pf));
 }
 

@@ -22,7 +22,19 @@
 //    at the HBM roofline; or the measured QLoRA/LoRA slowdown
 //    (WhatifCalibration::qlora_dequant_factor) where a profile gives one;
 //  - FP8 (Transformer Engine recipe): the GEMMs at the fp8 peak, the rest as bf16;
-//  - torch.compile: the elementwise traffic x kCompileElementwiseFactor (fusion), a stated assumption.
+//  - torch.compile: the elementwise traffic x kCompileElementwiseFactor (fusion), a stated assumption;
+//  - torch.autocast (the PyTorch rows: fp32 parameters, 16-bit compute): each forward, and each
+//    recomputed forward, casts every fp32 weight to the 16-bit type (read 4 bytes, write 2) at the HBM
+//    roofline; their model states are counted as Megatron's accounting does (fp32 parameters and
+//    gradients, Adam states, the 16-bit weight copies) unless --accounting names another;
+//  - the runtime's launch floor (sim/runtime_overheads.h, WhatifInput::launch): a block's forward and
+//    backward each take at least their eager kernel count x the per-kernel floor (eager: the host's time
+//    per op; CUDA graphs: the GPU's per-kernel floor);
+//  - PyTorch DDP (the DDP-framework rows on more than one GPU): its gradient buckets, in memory (a second
+//    copy of the gradients) and in time (bucketed all-reduces overlapped with the backward, the copies).
+// The multi-GPU rows (DDP, ZeRO without offload, FSDP) are not offered on one GPU; ZeRO-Offload is (its
+// single-GPU use). --offload applies to the ZeRO rows that do not choose their own offload (FSDP, the
+// PEFT+ZeRO rows), never to rows without ZeRO.
 // A row whose precision the GPU lacks (fp8 or bf16 on V100) is not offered
 // (WhatifResult::offered false, with the reason).
 //
@@ -42,6 +54,7 @@
 #include "sim/plan.h"
 #include "sim/plan_simulator.h"
 #include "sim/profile.h"
+#include "sim/runtime_overheads.h"
 
 namespace hetplan {
 
@@ -55,13 +68,15 @@ inline constexpr double kElementwiseBytesPerTokenHidden = 20;
 // The backward's time per forward's for the attention, the adapters, the elementwise kernels and a trained
 // GEMM (input and weight gradients); a frozen GEMM's backward computes input gradients only (1x).
 inline constexpr double kBackwardPerForward = kTrainingFlopsPerForwardFlop - 1;
+// torch.autocast's cast of an fp32 weight to 16 bits in each forward: read 4 bytes, write 2.
+inline constexpr double kAutocastCastBytesPerParam = 6;
 
 // Measured corrections a profile folder may carry (whatif_calibration.json; every key optional):
 //   {"host": {"h2d_gbs": .., "d2h_gbs": .., "cpu_adam_params_per_s": .., "cpu_cast_params_per_s": ..},
 //    "training": {"qlora_dequant_factor": .., "gemm_efficiency": .., "attention_efficiency": ..,
 //                 "elementwise_efficiency": .., "optimizer_hbm_efficiency": ..},
 //    "inference": {"decode_hbm_efficiency": {"bf16": .., "int4": ..}, "prefill_compute_efficiency": ..,
-//                  "kernel_floor_us": .., "decode_kernels_per_layer": .., "int4_row_params_per_s": ..,
+//                  "kernel_floor_us": .., "eager_op_us": .., "decode_kernels_per_layer": .., "int4_row_params_per_s": ..,
 //                  "attention_hbm_efficiency": ..,
 //                  "kv_repeat_materialised": bool, "static_kv_cache": bool}}
 // The inference keys are mechanism constants measured by micro-benchmarks (sim/inference.h): the decode
@@ -89,6 +104,7 @@ struct WhatifCalibration {
   double decode_hbm_efficiency_bf16 = 0, decode_hbm_efficiency_int4 = 0;
   double prefill_compute_efficiency = 0;
   double kernel_floor_us = 0, decode_kernels_per_layer = 0, int4_row_params_per_s = 0;
+  double eager_op_us = 0;  // host time per eager op (inference.eager_op_us); 0: the LaunchModel default
   double attention_hbm_efficiency = 0;
   bool kv_repeat_materialised = false, static_kv_cache = false;
 };
@@ -108,6 +124,7 @@ struct WhatifInput {
   double cpu_memory_gb = 1024;
   double gemm_efficiency = 0.6;    // achieved fraction of the dense peak on matrix multiplies
   double memory_efficiency = 0.75; // achieved fraction of HBM bandwidth on elementwise kernels
+  LaunchModel launch;              // eager (default) or CUDA graphs, and the per-kernel floors
   WhatifCalibration calibration;
 };
 
@@ -117,6 +134,8 @@ struct WhatifRow {
   TrainingSetup setup;
   int gpus = 0;               // 0: all of WhatifInput::gpus; 1: a single GPU
   bool torch_compile = false;
+  bool autocast = false;      // torch.autocast over fp32 parameters (the weights are cast in every forward)
+  bool multi_gpu = false;     // needs more than one GPU (DDP, ZeRO without offload, FSDP)
   std::string framework;      // "PyTorch DDP", "DeepSpeed", "FSDP", "PEFT", "Transformer Engine"
   std::vector<std::string> assumptions;
 };
@@ -133,10 +152,20 @@ struct WhatifResult {
   std::vector<std::string> assumptions;  // the row's and the model's, in order
 };
 
-// The usual rows over a base setup (precision, recompute, accounting, flash attention and framework
-// constant are the base's unless the row is about them). `lora_rank`/`lora_targets` for the PEFT rows.
+// The usual rows over a base setup (precision, recompute, flash attention and framework constant are the
+// base's unless the row is about them). `lora_rank`/`lora_targets` for the PEFT rows. The base's offload
+// goes to FSDP and the PEFT+ZeRO rows only (parameter offload to their ZeRO-3 ones). Accounting: the
+// base's when `accounting_given`, else each framework's (PyTorch AMP: Megatron's; DeepSpeed: its
+// estimator's; FSDP: the ZeRO paper's).
 std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_rank, unsigned lora_targets,
-                                            int gpus_per_node);
+                                            int gpus_per_node, bool accounting_given = false);
+
+// The row a DeepSpeed config describes ("ds_config": its stage, offload, precision and sizes; DeepSpeed's
+// accounting unless `accounting_given`). REQUIRES: resolve_deepspeed_auto done.
+WhatifRow deepspeed_config_row(const TrainingSetup& base, const DeepSpeedRunConfig& c, bool accounting_given);
+
+// DeepSpeed's settings a row assumes, in words (its bucket sizes, overlap_comm, pinned or pageable offload).
+std::string deepspeed_settings_text(const TrainingSetup& s);
 
 // The simulator's inputs for a row: a one-type cluster, the roofline profile set and the one-stage plan.
 struct WhatifSimulation {

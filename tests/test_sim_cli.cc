@@ -125,7 +125,9 @@ TEST_CASE("whatif table: rows, JSON and memory ordering", "[cli][whatif]") {
   CHECK(mem("ZeRO-3+offload") < mem("ZeRO-3"));
   CHECK(mem("QLoRA") < mem("LoRA"));
   CHECK(mem("LoRA+GC") < mem("LoRA"));
-  CHECK(mem("bf16+ckpt-every-2") < mem("bf16"));
+  // (Gradients allocated in the backward take the activations' place: for this 8B model at micro-batch 1 its
+  // fp32 gradients are the larger, so checkpointing does not lower the peak.)
+  CHECK(mem("bf16+ckpt-every-2") <= mem("bf16"));
   CHECK(rows["DDP"]["fits"] == false);  // 16 bytes x 8B parameters > 80 GB
   CHECK(rows["QLoRA+GC"]["fits"] == true);
   CHECK(rows["FP8"]["offered"] == true);  // H100 has fp8

@@ -150,7 +150,8 @@ TEST_CASE("whatif and simulate agree: every ZeRO stage x recomputation, offload"
     const char* name;
     const char* simulate_flags;
   };
-  const Row rows[] = {{"DDP", "--zero 0 --accounting zero"},
+  // (The plan carries the accounting, DDP's buckets and the gradients-in-backward rule: whatif --export.)
+  const Row rows[] = {{"DDP", "--zero 0 --accounting megatron"},
                       {"ZeRO-1", "--zero 1 --accounting deepspeed --deepspeed-buffers"},
                       {"ZeRO-2", "--zero 2 --accounting deepspeed --deepspeed-buffers"},
                       {"ZeRO-3", "--zero 3 --accounting deepspeed --deepspeed-buffers"},
@@ -231,7 +232,9 @@ TEST_CASE("DeepSpeed buffers and offload time follow the stated rules", "[whatif
   t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
   CHECK(t.step_ms == Approx(2000 + 1000).epsilon(1e-12));
   CHECK(t.forward_exposed_ms == Approx(400 - 100).epsilon(1e-12));
-  CHECK(t.backward_exposed_ms == Approx((400 - 300) + (400 - 300)).epsilon(1e-12));
+  // The gradients' 400 ms device-to-host and the weights' 400 ms host-to-device run at once (opposite
+  // directions): the backward hides 300 ms of the longer, once (issue 32: it was subtracted from each).
+  CHECK(t.backward_exposed_ms == Approx(400 - 300).epsilon(1e-12));
   // Unmeasured cast: the default is 6 bytes per parameter over the default host memory bandwidth.
   CHECK(default_host_spec(32).cpu_cast_params_per_s == Approx(kDefaultHostMemoryGBps * 1e9 / 6).epsilon(1e-12));
 }
@@ -240,7 +243,14 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
           "[whatif][inference]") {
   const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
   const GpuSpec& g = *find_gpu_spec("H200");
+  // The roofline alone: a graph-captured decoder with no per-kernel floor (the runtime's floors are
+  // the [runtime] tests').
+  auto no_floor = [](InferenceSetup& x) {
+    x.launch.runtime = LaunchRuntime::kGraphs;
+    x.launch.graph_kernel_us = 0;
+  };
   InferenceSetup s;
+  no_floor(s);
   s.batch = 8;
   s.prompt = 512;
   s.output = 128;
@@ -249,11 +259,11 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
   const double L = m.num_layers;
   const double kv_token = 2.0 * L * m.num_kv_heads * m.head_dim * 2;
   // Kernel floor: (30 x 28 - (7 x 28 + 1)) kernels x 2.5 us.
-  s.kernel_floor_us = 2.5;
+  s.launch.graph_kernel_us = 2.5;
   s.kernels_per_layer = 30;
   CHECK(cost_inference(m, g, s).decode_ms_per_token ==
         Approx(base.decode_ms_per_token + (30 * L - (7 * L + 1)) * 2.5e-3).epsilon(1e-12));
-  s.kernel_floor_us = 0;
+  s.launch.graph_kernel_us = 0;
   // Static cache: the whole allocation (640 tokens) instead of the mean context (576).
   s.static_kv_cache = true;
   CHECK(cost_inference(m, g, s).decode_ms_per_token ==
@@ -270,6 +280,7 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
   s.attention_hbm_efficiency = 0.25;
   CHECK(cost_inference(m, g, s).decode_ms_per_token == Approx(with_kv + 2 * kv_ms).epsilon(1e-12));
   s = InferenceSetup();
+  no_floor(s);
   s.batch = 8;
   s.weights = WeightFormat::kInt4Awq;
   const InferenceResult awq = cost_inference(m, g, s);
@@ -287,6 +298,8 @@ TEST_CASE("inference roofline: memory exact, decode bandwidth-bound at batch 1",
   const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
   const GpuSpec& g = *find_gpu_spec("H200");
   InferenceSetup s;
+  s.launch.runtime = LaunchRuntime::kGraphs;  // the roofline alone: no per-kernel floor
+  s.launch.graph_kernel_us = 0;
   s.batch = 1;
   s.prompt = 512;
   s.output = 128;
@@ -363,10 +376,12 @@ TEST_CASE("seed setups: Llama-3.2-3B LoRA/QLoRA on one RTX 5090, and its inferen
   CHECK(ms("QLoRA+GC") > ms("QLoRA"));
   // LoRA r=8 on q, k, v, o of 28 blocks (hidden 3072, kv 1024): r x (in + out) per adapter, fp32 with Adam.
   CHECK(w["LoRA"]["gbs"] == 4);
-  for (const auto& [name, row] : w) CHECK(row["fits"] == true);
+  for (const char* name : {"LoRA", "LoRA+GC", "QLoRA", "QLoRA+GC"}) CHECK(w[name]["fits"] == true);
+  // ZeRO partitions over data-parallel ranks: on one GPU those rows are not offered (issue 32).
+  for (const char* name : {"LoRA+ZeRO-2", "LoRA+ZeRO-3", "QLoRA+ZeRO-2", "QLoRA+ZeRO-3"}) CHECK(w[name]["offered"] == false);
 
-  // Inference at batch 1, fp16 against INT4.
-  r = test::run_hetplan("whatif --inference --hf-config " + hf("llama-3.2-3b.json") +
+  // Inference at batch 1, fp16 against INT4, graph-captured (eager, both wait on the host alike).
+  r = test::run_hetplan("whatif --inference --runtime graphs --hf-config " + hf("llama-3.2-3b.json") +
                         " --gpu RTX5090 --micro-batch 1 --weights fp16,nf4 --json " + json);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -469,7 +484,7 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
     s.weights = i == 0 ? WeightFormat::kBf16 : WeightFormat::kInt4Awq;
     s.batch = 8;
     s.hbm_efficiency = i == 0 ? 0.8 : 0.6;
-    s.kernel_floor_us = 2.5;
+    s.launch.graph_kernel_us = 2.5;  // measured; the runtime stays eager (whatif's default)
     s.kernels_per_layer = 30;
     s.int4_row_params_per_s = i == 0 ? 0 : 1e13;
     s.kv_repeat_materialised = s.static_kv_cache = true;
@@ -477,7 +492,7 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
     CHECK(rows[i]["decode_ms_per_token"].get<double>() ==
           Approx(cost_inference(m, g, s).decode_ms_per_token).epsilon(1e-9));
   }
-  CHECK(r.output.find("30.0 kernels per layer at a 2.50 us floor each (measured)") != std::string::npos);
+  CHECK(r.output.find("30.0 kernels per layer (measured); runtime: eager (7.47 us/op host floor)") != std::string::npos);
 }
 
 TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimizer efficiencies", "[whatif][calibration]") {
@@ -538,4 +553,405 @@ TEST_CASE("whatif --print-constants: the model's and the roofline's constants as
   CHECK(j["gpu"]["name"] == "H100");
   CHECK(j["gpu"]["memory_bw_gbs"].get<double>() == find_gpu_spec("H100")->memory_bw_gbs);
   CHECK(ordered_json::parse(r.output) == j);  // stdout holds the same JSON
+}
+
+// ------------------------------------------------------------------ runtime overheads (issue 32, item 4)
+
+TEST_CASE("launch floor: eager issues each kernel at the host's time, graphs at the GPU's floor", "[whatif][runtime]") {
+  LaunchModel eager;
+  LaunchModel graphs;
+  graphs.runtime = LaunchRuntime::kGraphs;
+  CHECK(eager.floor_s() == kDefaultEagerOpUs * 1e-6);
+  CHECK(graphs.floor_s() == kDefaultGraphKernelUs * 1e-6);
+  // 100 kernels with 0.3 ms of GPU work: eager is host-bound (0.747 ms), graphs is not.
+  CHECK(launch_bound_s(eager, 0.3e-3, 100) == Approx(100 * 7.47e-6).epsilon(1e-12));
+  CHECK(launch_bound_s(graphs, 0.3e-3, 100) == 0.3e-3);
+  CHECK(parse_launch_runtime("graphs", "--runtime") == LaunchRuntime::kGraphs);
+  CHECK_THROWS_AS(parse_launch_runtime("compiled", "--runtime"), InputError);
+  // Kernel counts, itemised: a GPT-2 block under autocast (fused c_attn): 2 LayerNorms, 4 GEMMs each with its
+  // weight and bias casts, SDPA and its output copy, GELU, 2 residual adds = 2 + 12 + 2 + 1 + 2.
+  const ModelShape gpt = read_hf_config(hf("gpt2-xl.json"));
+  CHECK(eager_block_forward_kernels(gpt, true, true) == 19);
+  CHECK(eager_block_forward_kernels(gpt, false, true) == 11);
+  // A Llama decoder layer of HF's eager generate: 16 (RMSNorms) + 3 + 10 (rotary) + 2 (cache) + 2 (repeat_kv)
+  // + 3 (SDPA, mask) + 2 + 5 (SwiGLU) + 2.
+  const ModelShape llama = read_hf_config(hf("llama-3.2-3b.json"));
+  CHECK(hf_decode_kernels_per_layer(llama) == 45);
+}
+
+TEST_CASE("whatif runtime flag: every row prints its runtime, a small model is host-bound in eager mode",
+          "[whatif][runtime]") {
+  // A tiny GPT: its blocks' GPU work is far below 19 kernels x 7.47 us forward, so eager is the floor.
+  WhatifInput in;
+  in.shape = gpt2_shape(1000, 128, 4, 4, 256);
+  in.shape.dropout = false;
+  in.seq = 128;
+  in.gpu = find_gpu_spec("H100");
+  in.gpus = 1;
+  const std::vector<WhatifRow> rows = standard_whatif_rows(TrainingSetup(), 16, kTargetQ | kTargetV, 8);
+  const WhatifRow& single = rows[0];
+  REQUIRE(single.name == "single GPU");
+  const WhatifResult eager = cost_whatif_row(in, single);
+  in.launch.runtime = LaunchRuntime::kGraphs;
+  const WhatifResult graphs = cost_whatif_row(in, single);
+  auto has = [](const WhatifResult& w, const std::string& a) {
+    return std::find(w.assumptions.begin(), w.assumptions.end(), a) != w.assumptions.end();
+  };
+  CHECK(has(eager, "runtime: eager (7.47 us/op host floor)"));
+  CHECK(has(graphs, "runtime: CUDA graphs (2.16 us/kernel floor)"));
+  // Four blocks, each at least 19 kernels forward and 38 backward at the host's time per op.
+  const double floor_ms = 4 * (19 + 38) * kDefaultEagerOpUs * 1e-3;
+  CHECK(eager.step_ms > floor_ms);
+  CHECK(graphs.step_ms < eager.step_ms - 0.5 * floor_ms);
+  // With no floor (a zero host time) the step is the GPU's alone: the floor is what made eager slower.
+  in.launch.runtime = LaunchRuntime::kEager;
+  in.launch.eager_op_us = 1e-9;
+  CHECK(cost_whatif_row(in, single).step_ms < graphs.step_ms);
+}
+
+TEST_CASE("inference: HF generate eager is host-bound, a graph-captured decoder is not", "[whatif][runtime][inference]") {
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  const GpuSpec& g = *find_gpu_spec("H100");
+  InferenceSetup s;
+  s.launch.runtime = LaunchRuntime::kGraphs;
+  const InferenceResult graphs = cost_inference(m, g, s);
+  s.launch.runtime = LaunchRuntime::kEager;
+  const InferenceResult eager = cost_inference(m, g, s);
+  const double kernels = hf_decode_kernels_per_layer(m) * m.num_layers + hf_decode_kernels_per_step(m);
+  CHECK(kernels == 45 * 28 + 27);
+  CHECK(eager.decode_ms_per_token == Approx(kernels * kDefaultEagerOpUs * 1e-3).epsilon(1e-12));
+  // Graphs: the roofline step plus the small kernels' GPU floor (every kernel but the 7 x 28 GEMVs and the head).
+  s.launch.graph_kernel_us = 0;
+  s.launch.runtime = LaunchRuntime::kGraphs;
+  const double roofline_ms = cost_inference(m, g, s).decode_ms_per_token;
+  CHECK(graphs.decode_ms_per_token ==
+        Approx(roofline_ms + (kernels - 7 * 28 - 1) * kDefaultGraphKernelUs * 1e-3).epsilon(1e-12));
+  CHECK(eager.decode_ms_per_token > 1.5 * graphs.decode_ms_per_token);
+}
+
+TEST_CASE("DDP buckets: a second copy of the gradients, all-reduces overlapped with the backward", "[whatif][runtime]") {
+  // Memory: the buckets hold every gradient again (fp32 under Megatron's accounting), unless they are views.
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  TrainingSetup s;
+  s.accounting = ZeroAccounting::kMegatron;
+  RankShard r;
+  r.first_layer = 0;
+  r.end_layer = m.metis_num_layers();
+  r.dp = 2;
+  const MemoryBreakdown plain = rank_memory(m, s, r);
+  s.ddp.model = true;
+  const MemoryBreakdown ddp = rank_memory(m, s, r);
+  CHECK(ddp.states.gradients - plain.states.gradients == static_cast<double>(m.parameter_count()) * 4);
+  s.ddp.gradient_as_bucket_view = true;
+  CHECK(rank_memory(m, s, r).states.gradients == plain.states.gradients);
+  // Time: 100 MiB of gradients over a 10 ms backward, 1 ms per MiB all-reduced, 20 MiB of them the embedding's
+  // (ready at the end). Buckets: 1 MiB, then 25, 25, 25, 4 (80 MiB produced uniformly), then the 20 MiB one.
+  DdpBuckets d;
+  d.model = true;
+  const double MiB = 1024.0 * 1024;
+  auto ar = [&](double bytes) { return bytes / MiB; };
+  auto copy = [&](double bytes) { return bytes / MiB * 0.01; };
+  const DdpSyncTime t = ddp_sync(d, 100 * MiB, 20 * MiB, 10, ar, copy);
+  CHECK(t.buckets == 6);
+  // The comm stream: 1 MiB ready at 0.1 ms (done 1.1), 25 MiB ready at 2.6 ms (done 27.6), then back to back:
+  // 52.6, 77.6, 81.6, and the embedding's 20 MiB at 101.6 ms, 91.6 ms after the backward; then the copy back.
+  CHECK(t.exposed_ms == Approx(101.6 - 10 + 1).epsilon(1e-12));
+  CHECK(t.backward_added_ms == Approx(1).epsilon(1e-12));
+  // A fast link: only the last bucket (the embedding's) shows.
+  auto fast = [&](double bytes) { return bytes / MiB * 0.01; };
+  CHECK(ddp_sync(d, 100 * MiB, 20 * MiB, 10, fast, copy).exposed_ms == Approx(0.2 + 1).epsilon(1e-9));
+}
+
+TEST_CASE("whatif DDP row: its buckets cost memory and time that the single GPU row does not have",
+          "[whatif][runtime]") {
+  const auto dir = test::scratch_dir("whatif-ddp");
+  const std::string json = (dir / "w.json").string();
+  test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-3.2-3b.json") +
+                                            " --gpu H100 --gpus 2 --gpus-per-node 2 --seq 1024 --rows \"single GPU,DDP\""
+                                            " --json " + json);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto rows = rows_by_name(read_json_file(json));
+  const double params = static_cast<double>(read_hf_config(hf("llama-3.2-3b.json")).parameter_count());
+  // Megatron's accounting for torch.autocast (fp32 gradients) and the buckets' copy of them.
+  CHECK(rows["DDP"]["gradients_bytes"].get<double>() - rows["single GPU"]["gradients_bytes"].get<double>() ==
+        Approx(params * 4).epsilon(1e-9));
+  CHECK(rows["DDP"]["step_ms"].get<double>() > rows["single GPU"]["step_ms"].get<double>());
+  CHECK(r.output.find("DDP: bucket_cap_mb 25, gradient_as_bucket_view False") != std::string::npos);
+  CHECK(r.output.find("torch.autocast: fp32 parameters and gradients") != std::string::npos);
+}
+
+TEST_CASE("ZeRO-3 gathers: module by module, prefetched within the bucket, latency-bound when small",
+          "[whatif][runtime][deepspeed]") {
+  DeepSpeedBuffers d;
+  d.prefetch_bucket_size = 0;  // nothing fetched ahead: every gather is on demand, in series with the compute
+  const std::vector<double> modules{10, 10, 10, 10};
+  auto gather = [](double elements) { return 1 + elements / 10; };  // 1 ms latency + 1 ms per 10 elements
+  CHECK(zero3_pass_ms(d, modules, false, 8, gather) == Approx(4 * 2 + 8).epsilon(1e-12));
+  // A bucket of 10 elements: one module ahead. Gather 0 (2 ms) on demand, then gather i+1 overlaps compute i
+  // (2 ms each, compute 2 ms each): 2 + 4 x 2 = 10 ms.
+  d.prefetch_bucket_size = 10;
+  CHECK(zero3_pass_ms(d, modules, false, 8, gather) == Approx(10).epsilon(1e-12));
+  // The live-parameter cap stops the prefetch as the bucket does.
+  d.prefetch_bucket_size = 1e9;
+  d.max_live_parameters = 10;
+  CHECK(zero3_pass_ms(d, modules, false, 8, gather) == Approx(16).epsilon(1e-12));
+  // Modules of a transformer: GPT-2's c_attn is one module; norms and biases under the threshold persist.
+  const ModelShape gpt = read_hf_config(hf("gpt2-xl.json"));
+  const std::vector<double> g = zero3_gathered_modules(gpt, 0, gpt.metis_num_layers(), 1, 1e5);
+  CHECK(g.size() == 2 + 4 * 48 + 1);  // wte, wpe; c_attn, c_proj, c_fc, mlp c_proj per block; the head
+  const ModelShape llama = read_hf_config(hf("llama-2-7b.json"));
+  CHECK(zero3_gathered_modules(llama, 0, llama.metis_num_layers(), 1, 1e5).size() == 1 + 7 * 32 + 1);
+}
+
+TEST_CASE("whatif deepspeed-config: ZeRO-3 at 1e8 buckets and an offload config change the rows as DeepSpeed does",
+          "[whatif][deepspeed]") {
+  const auto dir = test::scratch_dir("whatif-dsconfig");
+  std::ofstream(dir / "z3.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+    "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "reduce_bucket_size": 1e8,
+    "stage3_prefetch_bucket_size": 1e8, "stage3_max_live_parameters": 1e9, "overlap_comm": true}})";
+  std::ofstream(dir / "z3off.json") << R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+    "offload_param": {"device": "cpu", "pin_memory": true}}})";
+  const DeepSpeedRunConfig c = read_deepspeed_config((dir / "z3.json").string());
+  CHECK(c.stage == 3);
+  CHECK(c.buffers.reduce_bucket_size == 1e8);
+  CHECK(c.buffers.prefetch_bucket_size == 1e8);
+  CHECK(c.micro_batch == 2);
+  CHECK(c.accumulation == 4);
+  CHECK(c.precision == "bf16");
+  const DeepSpeedRunConfig o = read_deepspeed_config((dir / "z3off.json").string());
+  CHECK(o.offload_optimizer);
+  CHECK(o.offload_params);
+  CHECK(o.buffers.pin_memory);
+  const std::string base = "whatif --hf-config " + hf("llama-2-7b.json") + " --gpu V100 --gpus 8 --seq 350";
+  auto run = [&](const std::string& extra, const std::string& json) {
+    const std::string out = (dir / ("out-" + json)).string();  // (never over a config file)
+    test::CommandResult r = test::run_hetplan(base + extra + " --json " + out);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return rows_by_name(read_json_file(out));
+  };
+  auto d = run(" --rows ZeRO-3,ZeRO-2+offload", "default.json");
+  auto z = run(" --deepspeed-config " + (dir / "z3.json").string() + " --rows ds_config,ZeRO-3", "z3.json");
+  // The config's row is ZeRO-3 in bf16... on a V100 (no bf16): not offered, naming why.
+  CHECK(z["ds_config"]["offered"] == false);
+  auto z16 = run(" --precision fp16 --deepspeed-config " + (dir / "z3.json").string() + " --rows ds_config",
+                 "z3fp16.json");
+  // reduce_bucket_size 1e8 instead of 5e8: the ipg bucket holds 4e8 fewer 16-bit elements; the prefetch
+  // bucket 1e8 instead of 5e7 holds 5e7 more.
+  CHECK(z16["ds_config"]["transient_bytes"].get<double>() - d["ZeRO-3"]["transient_bytes"].get<double>() ==
+        Approx((-4e8 + 5e7) * 2).epsilon(1e-9));
+  // The micro-batch and the accumulation come from the config: 2 x 8 GPUs x 4.
+  CHECK(z16["ds_config"]["gbs"] == 64);
+  CHECK(z16["ds_config"]["accumulation"] == 4);
+  // ZeRO-3 gathers module by module, prefetching within stage3_prefetch_bucket_size: with no prefetch
+  // (a 1-element bucket) every gather waits in series with the compute.
+  std::ofstream(dir / "z3nopf.json") << R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1}})";
+  auto nopf = run(" --precision fp16 --deepspeed-config " + (dir / "z3nopf.json").string() + " --rows ds_config,ZeRO-3",
+                  "z3nopf.json");
+  CHECK(nopf["ds_config"]["step_ms"].get<double>() > d["ZeRO-3"]["step_ms"].get<double>());
+  // The config's sizes apply to every DeepSpeed row: its ZeRO-3 row is the ds_config row.
+  CHECK(nopf["ZeRO-3"]["step_ms"].get<double>() == nopf["ds_config"]["step_ms"].get<double>());
+  // Parameter offload: each module's partition crosses PCIe before its gather, in the forward and again in
+  // the backward: slower than the same ZeRO-3 with the optimizer alone offloaded (whose 16-bit weights stay
+  // on the GPU and cross once, after the step).
+  auto off = run(" --precision fp16 --deepspeed-config " + (dir / "z3off.json").string() +
+                     " --rows ds_config,ZeRO-3+opt-offload",
+                 "z3off.json");
+  CHECK(off["ds_config"]["offload_params"] == true);
+  CHECK(off["ds_config"]["step_ms"].get<double>() > off["ZeRO-3+opt-offload"]["step_ms"].get<double>());
+  // Pageable copies (pin_memory false, DeepSpeed's default) are slower than pinned ones.
+  std::ofstream(dir / "z3page.json") << R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})";
+  auto page = run(" --precision fp16 --micro-batch 2 --deepspeed-config " + (dir / "z3page.json").string() +
+                  " --rows ds_config", "z3page.json");
+  CHECK(page["ds_config"]["step_ms"].get<double>() > off["ds_config"]["step_ms"].get<double>());
+}
+
+TEST_CASE("whatif deepspeed-config: errors name the file and the key", "[whatif][deepspeed]") {
+  const auto dir = test::scratch_dir("whatif-dsconfig-errors");
+  auto error = [&](const std::string& text) {
+    std::ofstream(dir / "c.json") << text;
+    try {
+      read_deepspeed_config((dir / "c.json").string());
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error(R"({"zero_optimization": {"stage": 4}})").find("key 'zero_optimization.stage'") != std::string::npos);
+  CHECK(error(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": "big"}})")
+            .find("key 'zero_optimization.reduce_bucket_size': expected a number or \"auto\"") != std::string::npos);
+  CHECK(error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})")
+            .find("key 'zero_optimization.offload_param.device'") != std::string::npos);
+  CHECK(error(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})")
+            .find("parameter offload needs stage 3") != std::string::npos);
+  CHECK(error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})").find("both true") != std::string::npos);
+  CHECK(error(R"({"train_micro_batch_size_per_gpu": 0})").find("key 'train_micro_batch_size_per_gpu'") !=
+        std::string::npos);
+  // "auto" sizes: the Hugging Face Trainer's rules.
+  std::ofstream(dir / "a.json") << R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+    "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}})";
+  DeepSpeedRunConfig c = read_deepspeed_config((dir / "a.json").string());
+  resolve_deepspeed_auto(c, 4096);
+  CHECK(c.buffers.reduce_bucket_size == 4096.0 * 4096);
+  CHECK(c.buffers.prefetch_bucket_size == 0.9 * 4096 * 4096);
+  CHECK(c.buffers.param_persistence_threshold == 40960);
+}
+
+// ------------------------------------------------------------------ the five whatif defects (issue 32, item 5)
+
+TEST_CASE("whatif defects: --offload stays out of rows without ZeRO", "[whatif][defects]") {
+  TrainingSetup base;
+  base.offload_optimizer = true;
+  const std::vector<WhatifRow> rows = standard_whatif_rows(base, 16, kTargetQ | kTargetV, 8);
+  for (const WhatifRow& r : rows) {
+    INFO(r.name);
+    if (r.setup.zero_stage == 0) CHECK_FALSE(r.setup.offload_optimizer);
+  }
+  // ... and the ZeRO rows that take it do.
+  auto fsdp = std::find_if(rows.begin(), rows.end(), [](const WhatifRow& r) { return r.name == "FSDP"; });
+  CHECK(fsdp->setup.offload_optimizer);
+  // The model refuses it too: no offload time without a ZeRO stage.
+  TrainingSetup s;
+  s.offload_optimizer = true;
+  HostSpec h = default_host_spec(32);
+  const OffloadTime t = offload_time(s, h, 1e9, 2e9, 1, 1, 10, 20);
+  CHECK(t.step_ms == 0);
+  CHECK(t.backward_exposed_ms == 0);
+  // Through the binary: --offload optimizer leaves the DDP row as it was.
+  const auto dir = test::scratch_dir("whatif-offload-leak");
+  const std::string cmd = "whatif --hf-config " + hf("llama-3.2-3b.json") + " --gpu H100 --gpus 2 --rows DDP --json ";
+  REQUIRE(test::run_hetplan(cmd + (dir / "a.json").string()).exit_code == 0);
+  REQUIRE(test::run_hetplan(cmd + (dir / "b.json").string() + " --offload optimizer").exit_code == 0);
+  CHECK(read_json_file((dir / "a.json").string())["rows"][0] == read_json_file((dir / "b.json").string())["rows"][0]);
+}
+
+TEST_CASE("whatif defects: the backward is subtracted once from the offload copies", "[whatif][defects]") {
+  TrainingSetup s;
+  s.zero_stage = 3;
+  s.offload_optimizer = s.offload_params = true;
+  HostSpec h;
+  h.h2d_bytes_per_s = h.d2h_bytes_per_s = 10e9;
+  h.cpu_adam_params_per_s = h.cpu_cast_params_per_s = 1e12;
+  // 1e9 trainable, 2e9 weight bytes, dp 1: gradients 4e9 B -> 400 ms; weights 2e9 B -> 200 ms.
+  // A step's backward plus what it exposes: max(backward, 400 ms) whatever the backward, so that a longer
+  // backward (recomputation) never makes the step shorter.
+  for (double backward : {100.0, 150.0, 300.0, 500.0}) {
+    const OffloadTime t = offload_time(s, h, 1e9, 2e9, 1, 1, 50, backward);
+    INFO(backward);
+    CHECK(backward + t.backward_exposed_ms == Approx(std::max(backward, 400.0)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("whatif defects: recomputation never makes offload faster", "[whatif][defects]") {
+  const auto dir = test::scratch_dir("whatif-offload-recompute");
+  // (--gbs 16: eight micro-batches, where the double subtraction showed: ZeRO-3+offload 2876 -> 2782 ms.)
+  for (const char* row : {"ZeRO-2+offload", "ZeRO-3+offload", "ZeRO-1+offload"}) {
+    double step[2];
+    for (int ckpt = 0; ckpt < 2; ++ckpt) {
+      const std::string json = (dir / (std::to_string(ckpt) + ".json")).string();
+      test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-3.2-3b.json") +
+                                                " --gpu H100 --gpus 2 --seq 1024 --gbs 16 --rows " + row +
+                                                (ckpt ? " --recompute full" : "") + " --json " + json);
+      INFO(r.output);
+      REQUIRE(r.exit_code == 0);
+      step[ckpt] = read_json_file(json)["rows"][0]["step_ms"].get<double>();
+    }
+    INFO(row);
+    CHECK(step[1] >= step[0]);
+  }
+}
+
+TEST_CASE("whatif defects: --export keeps precision, offload, accounting and the model", "[whatif][defects]") {
+  const auto dir = test::scratch_dir("whatif-export-setup");
+  test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-3.2-3b.json") +
+                                            " --gpu V100 --gpus 4 --rows ZeRO-3+offload --export " + dir.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const ordered_json plan = read_json_file((dir / "plan.json").string());
+  CHECK(plan["precision"] == "fp16");  // V100: auto is fp16
+  CHECK(plan["offload_optimizer"] == true);
+  CHECK(plan["offload_params"] == true);
+  CHECK(plan["accounting"] == "deepspeed");
+  CHECK(plan["deepspeed_buffers"] == true);
+  CHECK(plan["model"]["architecture"]["num_kv_heads"] == 8);
+  CHECK(plan["zero_stage"] == 3);
+  // simulate reads it back with no setup flags and agrees with whatif.
+  test::CommandResult s = test::run_hetplan("simulate --plan " + (dir / "plan.json").string() +
+                                            " --framework-mb 1024 --json " + (dir / "s.json").string());
+  INFO(s.output);
+  REQUIRE(s.exit_code == 0);
+  test::CommandResult w = test::run_hetplan("whatif --hf-config " + hf("llama-3.2-3b.json") +
+                                            " --gpu V100 --gpus 4 --rows ZeRO-3+offload --json " +
+                                            (dir / "w.json").string());
+  REQUIRE(w.exit_code == 0);
+  CHECK(read_json_file((dir / "s.json").string())["iteration_ms"].get<double>() ==
+        read_json_file((dir / "w.json").string())["rows"][0]["step_ms"].get<double>());
+  CHECK(max_rank_total(read_json_file((dir / "s.json").string())) ==
+        read_json_file((dir / "w.json").string())["rows"][0]["memory_per_gpu_bytes"].get<double>());
+}
+
+TEST_CASE("whatif defects: --help shows the real default precision", "[whatif][defects]") {
+  test::CommandResult r = test::run_hetplan("whatif --help");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("--precision TEXT=auto") != std::string::npos);
+  CHECK(r.output.find("--precision TEXT=bf16") == std::string::npos);
+  CHECK(r.output.find("--runtime TEXT=eager") != std::string::npos);
+}
+
+TEST_CASE("whatif defects: on one GPU the multi-GPU rows are not offered, ZeRO-Offload is", "[whatif][defects]") {
+  const auto dir = test::scratch_dir("whatif-one-gpu");
+  const std::string json = (dir / "w.json").string();
+  test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-3.2-3b.json") +
+                                            " --gpu H100 --gpus 1 --json " + json);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto rows = rows_by_name(read_json_file(json));
+  for (const char* name : {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP", "FSDP-hybrid", "LoRA+ZeRO-2"}) {
+    INFO(name);
+    CHECK(rows[name]["offered"] == false);
+    CHECK(rows[name]["not_offered"].get<std::string>().find("needs more than one GPU") == 0);
+  }
+  for (const char* name : {"single GPU", "ZeRO-2+offload", "ZeRO-3+offload", "LoRA", "QLoRA", "bf16"}) {
+    INFO(name);
+    CHECK(rows[name]["offered"] == true);
+  }
+}
+
+TEST_CASE("torch.autocast rows: weight casts every forward, gradients allocated in the backward",
+          "[whatif][runtime]") {
+  // Memory: with zero_grad(set_to_none=True) the gradients take the place the activations and the 16-bit
+  // weight copies release; the peak holds the larger, not both.
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  TrainingSetup s;
+  s.accounting = ZeroAccounting::kMegatron;
+  s.flash_attention = true;
+  RankShard r;
+  r.first_layer = 0;
+  r.end_layer = m.metis_num_layers();
+  r.seq = 1024;
+  const MemoryBreakdown kept = rank_memory(m, s, r);
+  s.grads_in_backward = true;
+  const MemoryBreakdown freed = rank_memory(m, s, r);
+  const double released = kept.activations + kept.recompute_workspace + kept.states.weights;
+  CHECK(freed.states.gradients == Approx(kept.states.gradients - std::min(kept.states.gradients, released)));
+  CHECK(freed.allocated_peak() ==
+        Approx(kept.allocated_peak() - kept.states.gradients - released + std::max(kept.states.gradients, released)));
+  // Time: the casts (6 bytes per block weight each forward) are what makes an autocast row slower.
+  WhatifInput in;
+  in.shape = m;
+  in.seq = 1024;
+  in.gpu = find_gpu_spec("H100");
+  in.gpus = 1;
+  WhatifRow row = standard_whatif_rows(TrainingSetup(), 16, kTargetQ | kTargetV, 8)[0];
+  REQUIRE(row.autocast);
+  const double with_casts = cost_whatif_row(in, row).step_ms;
+  row.autocast = false;
+  const double without = cost_whatif_row(in, row).step_ms;
+  const double cast_ms = (static_cast<double>(m.block_linear_weights()) * m.num_layers +
+                          static_cast<double>(m.vocab_size) * m.hidden_size) *
+                         kAutocastCastBytesPerParam / (in.gpu->memory_bw_gbs * 1e9 * 0.75) * 1e3;
+  CHECK(with_casts - without == Approx(cast_ms).epsilon(1e-6));
 }

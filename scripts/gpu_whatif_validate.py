@@ -1,0 +1,461 @@
+#!/usr/bin/env python3
+"""`hetplan whatif` against plain PyTorch, measured side by side on one machine (issue 32, item 6).
+
+The predictions are written and committed BEFORE anything is measured
+(scripts/whatif_validate_predict.sh -> scripts/validation/whatif/predictions_<GPU>.json);
+this script only measures, and `summary` compares.
+
+  gpu_whatif_validate.py train --mode single|offload --cases mb1-ckpt0,mb4-ckpt1 --out DIR
+  torchrun --nproc-per-node 2 gpu_whatif_validate.py train --mode ddp|fsdp2 --cases ... --out DIR
+  gpu_whatif_validate.py decode --runtimes eager,graphs --out DIR
+  gpu_whatif_validate.py summary --pred scripts/validation/whatif/predictions_H100.json --meas DIR --out summary.md
+
+Training: the held-out GPT of scripts/plain_pytorch_train.py (GPT-2 blocks, hidden 2048, 24 blocks,
+16 heads, ffn 8192, vocab 50304, sequence 2048, tied embeddings, learned positions; ~1.3B parameters),
+written as a PyTorch user writes it: fp32 parameters, torch.autocast(bfloat16), SDPA (fused attention),
+AdamW(fused=True), no dropout. Modes:
+  single  one GPU;
+  ddp     DistributedDataParallel over the ranks (bucket_cap_mb 25, gradient_as_bucket_view False: defaults);
+  fsdp2   torch.distributed.fsdp.fully_shard per block and at the root, MixedPrecisionPolicy(bf16 params,
+          fp32 reduce), fp32 sharded parameters and AdamW states;
+  offload CPU-offloaded Adam on one GPU, the way ZeRO-Offload (DeepSpeed ZeRO-2, offload_optimizer cpu,
+          pin_memory, one rank) does it: 16-bit (bf16) parameters on the GPU; during the backward each
+          gradient is copied into a flat 16-bit bucket of reduce_bucket_size elements (5e8, DeepSpeed's
+          default) which, when full and at the end, is copied non-blocking to a pinned fp32 host buffer
+          (converted on the GPU); after the backward the fp32 master weights and Adam states on the host are
+          updated by torch's CPU AdamW (fused where this torch has it, else foreach), cast to bf16 on the
+          host and copied to the GPU.
+Checkpointing (ckpt1): torch.utils.checkpoint around every block (use_reentrant=False).
+Recorded per case: median time per iteration (after warm-up) and torch.cuda.max_memory_allocated of
+rank 0 (the caching allocator's peak, without the CUDA context), and max_memory_reserved.
+
+Decode: a Llama-3.2-3B-shaped decoder (tests/data/hf/llama-3.2-3b.json: hidden 3072, 28 blocks, 24 heads,
+8 KV heads, ffn 8192, vocab 128256, tied), bf16 weights (random), batch 1, prompt 512, 128 new tokens,
+greedy; each block written op for op as Hugging Face transformers' eager LlamaDecoderLayer (fp32 RMSNorm,
+rotate_half RoPE, repeat_kv, SDPA with a mask over a static KV cache of prompt + output). "eager" runs
+the decode step as Python issues it; "graphs" captures the same step once in a CUDA graph and replays it
+per token. Recorded: ms per generated token (decode only: the 128 steps after the prefill) and the peak
+allocated bytes.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+GPT = dict(vocab=50304, hidden=2048, blocks=24, heads=16, ffn=8192, seq=2048, eps=1e-5)
+LLAMA3B = dict(vocab=128256, hidden=3072, blocks=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, eps=1e-5,
+               theta=500000.0)
+
+
+def parse_cases(s):
+    out = []
+    for c in s.split(","):
+        mb, ck = c.split("-")
+        out.append((c, int(mb[2:]), ck == "ckpt1"))
+    return out
+
+
+# ------------------------------------------------------------------ training
+
+def gpt_model(ckpt):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    s = GPT
+    h, nh = s["hidden"], s["heads"]
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(h, eps=s["eps"]), nn.LayerNorm(h, eps=s["eps"])
+            self.qkv = nn.Linear(h, 3 * h)
+            self.proj = nn.Linear(h, h)
+            self.fc1 = nn.Linear(h, s["ffn"])
+            self.fc2 = nn.Linear(s["ffn"], h)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, nh, h // nh).unbind(2)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, n, h))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(s["vocab"], h)
+            self.wpe = nn.Parameter(torch.randn(s["seq"], h) * 0.02)
+            self.blocks = nn.ModuleList(Block() for _ in range(s["blocks"]))
+            self.ln_f = nn.LayerNorm(h, eps=s["eps"])
+
+        def forward(self, ids, targets):
+            x = self.wte(ids) + self.wpe[: ids.size(1)]
+            for blk in self.blocks:
+                x = checkpoint(blk, x, use_reentrant=False) if ckpt else blk(x)
+            logits = F.linear(self.ln_f(x), self.wte.weight)
+            return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+    return Model()
+
+
+class OffloadAdam:
+    """ZeRO-Offload's optimizer path on one rank (see the module docstring)."""
+
+    def __init__(self, model, bucket_elems=int(5e8)):
+        import torch
+        self.torch = torch
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        n = sum(p.numel() for p in self.params)
+        self.master = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        self.grad = torch.zeros(n, dtype=torch.float32, pin_memory=True)
+        self.offsets, off = {}, 0
+        for p in self.params:
+            self.master[off:off + p.numel()].copy_(p.detach().float().view(-1).cpu())
+            self.offsets[p] = off
+            off += p.numel()
+        self.master_p = torch.nn.Parameter(self.master, requires_grad=False)
+        self.master_p.grad = self.grad
+        try:
+            self.opt = torch.optim.AdamW([self.master_p], lr=1e-4, weight_decay=0.0, fused=True)
+            self.opt_kind = "AdamW(fused=True) on CPU"
+        except Exception:
+            self.opt = torch.optim.AdamW([self.master_p], lr=1e-4, weight_decay=0.0, foreach=True)
+            self.opt_kind = "AdamW(foreach=True) on CPU"
+        self.bucket = torch.empty(min(bucket_elems, n), dtype=torch.bfloat16, device="cuda")
+        self.bucket_elems = self.bucket.numel()
+        self.fill, self.pending = 0, []  # (bucket offset, host offset, numel)
+        self.bf16_host = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def _flush(self):
+        for b_off, h_off, numel in self.pending:
+            # non_blocking cross-device copy with a dtype change: converted on the GPU (ATen Copy.cu).
+            self.grad[h_off:h_off + numel].copy_(self.bucket[b_off:b_off + numel], non_blocking=True)
+        self.pending, self.fill = [], 0
+        self.torch.cuda.current_stream().synchronize()  # the bucket is reused
+
+    def _hook(self, p):
+        numel = p.numel()
+        if self.fill + numel > self.bucket_elems:
+            self._flush()
+        g = p.grad.detach().view(-1)
+        if numel > self.bucket_elems:  # larger than a bucket: straight from the gradient
+            self.grad[self.offsets[p]:self.offsets[p] + numel].copy_(g, non_blocking=True)
+            self.torch.cuda.current_stream().synchronize()
+        else:
+            self.bucket[self.fill:self.fill + numel].copy_(g)
+            self.pending.append((self.fill, self.offsets[p], numel))
+            self.fill += numel
+        p.grad = None
+
+    def step(self):
+        self._flush()
+        try:
+            self.opt.step()
+        except RuntimeError:  # a torch without the fused CPU kernel for this case
+            self.opt = self.torch.optim.AdamW([self.master_p], lr=1e-4, weight_decay=0.0, foreach=True)
+            self.opt_kind = "AdamW(foreach=True) on CPU"
+            self.opt.step()
+        self.bf16_host.copy_(self.master)  # the cast on the host
+        with self.torch.no_grad():  # the updated 16-bit weights back, parameter by parameter (no GPU temporary)
+            for p in self.params:
+                o = self.offsets[p]
+                p.copy_(self.bf16_host[o:o + p.numel()].view_as(p), non_blocking=True)
+
+
+def train(args):
+    import torch
+    import torch.distributed as dist
+
+    rank, world = 0, 1
+    if args.mode in ("ddp", "fsdp2"):
+        dist.init_process_group("nccl")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    else:
+        torch.cuda.set_device(0)
+    dev = torch.device("cuda")
+    results = []
+    for name, mb, ckpt in parse_cases(args.cases):
+        torch.manual_seed(0)
+        torch.cuda.empty_cache()
+        with torch.device(dev):
+            model = gpt_model(ckpt)
+        params = sum(p.numel() for p in model.parameters())
+        autocast = True
+        if args.mode == "offload":
+            model = model.to(dtype=torch.bfloat16)
+            opt = OffloadAdam(model)
+            autocast = False
+        elif args.mode == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model, device_ids=[torch.cuda.current_device()])
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+        elif args.mode == "fsdp2":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for blk in model.blocks:
+                fully_shard(blk, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+            autocast = False  # FSDP2's mixed precision casts the parameters
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+        n = GPT["seq"]
+        ids = torch.randint(GPT["vocab"], (mb, n), device=dev)
+        tgt = torch.randint(GPT["vocab"], (mb, n), device=dev)
+        times = []
+        opt_kind = "AdamW(fused=True)"
+        steps = args.warmup + args.iters
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()  # after the set-up: the training's peak, not the initialisation's
+        for step in range(steps):
+            if world > 1:
+                dist.barrier()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if autocast:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(ids, tgt)
+            else:
+                loss = model(ids, tgt)
+            loss.backward()
+            try:
+                opt.step()
+            except (RuntimeError, NotImplementedError) as e:  # fused AdamW unsupported here (DTensor, ...)
+                if args.mode == "offload" or step > 0:
+                    raise
+                print(f"fused AdamW failed ({e!r:.200}); foreach AdamW instead", flush=True)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
+                opt_kind = "AdamW(foreach=True)"
+                opt.step()
+            if args.mode != "offload":
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            if step >= args.warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+        res = {"mode": args.mode, "case": name, "micro_batch": mb, "ckpt": ckpt, "ranks": world,
+               "parameters": params, "step_ms": statistics.median(times), "step_ms_all": times,
+               "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+               "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+        res["optimizer"] = opt.opt_kind if args.mode == "offload" else opt_kind
+        if args.mode == "offload":
+            res["cpu_threads"] = torch.get_num_threads()
+        if rank == 0:
+            print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
+                  f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
+            results.append(res)
+        del model, opt, loss
+        torch.cuda.synchronize()
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        json.dump(results, open(os.path.join(args.out, f"train_{args.mode}.json"), "w"), indent=1)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ decode
+
+def decode(args):
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    s = LLAMA3B
+    h, nh, nkv, hd, L = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["blocks"]
+    P, O = args.prompt, args.output
+    T = P + O
+    dt = torch.bfloat16
+    results = []
+
+    def w(*shape):
+        return (torch.randn(*shape, device=dev, dtype=torch.float32) * 0.02).to(dt)
+
+    emb = w(s["vocab"], h)
+    layers = [dict(ln1=torch.ones(h, device=dev, dtype=dt), ln2=torch.ones(h, device=dev, dtype=dt),
+                   q=w(nh * hd, h), k=w(nkv * hd, h), v=w(nkv * hd, h), o=w(h, nh * hd),
+                   gate=w(s["ffn"], h), up=w(s["ffn"], h), down=w(h, s["ffn"])) for _ in range(L)]
+    ln_f = torch.ones(h, device=dev, dtype=dt)
+    # Static KV cache (HF StaticCache layout): [batch, kv_heads, T, head_dim] per layer.
+    kc = [torch.zeros(1, nkv, T, hd, device=dev, dtype=dt) for _ in range(L)]
+    vc = [torch.zeros(1, nkv, T, hd, device=dev, dtype=dt) for _ in range(L)]
+    inv = 1.0 / (s["theta"] ** (torch.arange(0, hd, 2, device=dev, dtype=torch.float32) / hd))
+
+    def rms(x, weight):  # LlamaRMSNorm
+        xf = x.to(torch.float32)
+        var = xf.pow(2).mean(-1, keepdim=True)
+        xf = xf * torch.rsqrt(var + s["eps"])
+        return weight * xf.to(dt)
+
+    def rotate_half(x):
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def rope(pos):  # LlamaRotaryEmbedding for positions `pos` [n]
+        f = pos.to(torch.float32)[:, None] * inv[None, :]
+        e = torch.cat((f, f), dim=-1)
+        return e.cos().to(dt)[None, None], e.sin().to(dt)[None, None]
+
+    def repeat_kv(x, g):
+        b, k, n, d = x.shape
+        return x[:, :, None].expand(b, k, g, n, d).reshape(b, k * g, n, d)
+
+    def forward(ids, pos):
+        """ids [1, n], pos [n] (device tensors); writes the cache at pos; returns the last token's logits."""
+        n = ids.shape[1]
+        x = F.embedding(ids, emb)
+        cos, sin = rope(pos)
+        # The mask over the static cache: key j visible to query i iff j <= pos[i].
+        mask = torch.arange(T, device=dev)[None, :] <= pos[:, None]
+        for i, lw in enumerate(layers):
+            r = x
+            y = rms(x, lw["ln1"])
+            q = F.linear(y, lw["q"]).view(1, n, nh, hd).transpose(1, 2)
+            k = F.linear(y, lw["k"]).view(1, n, nkv, hd).transpose(1, 2)
+            v = F.linear(y, lw["v"]).view(1, n, nkv, hd).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            kc[i].index_copy_(2, pos, k)
+            vc[i].index_copy_(2, pos, v)
+            kk, vv = repeat_kv(kc[i], nh // nkv), repeat_kv(vc[i], nh // nkv)
+            a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask[None, None])
+            x = r + F.linear(a.transpose(1, 2).reshape(1, n, nh * hd), lw["o"])
+            r = x
+            y = rms(x, lw["ln2"])
+            x = r + F.linear(F.silu(F.linear(y, lw["gate"])) * F.linear(y, lw["up"]), lw["down"])
+        x = rms(x[:, -1:], ln_f)
+        return F.linear(x, emb).float()
+
+    prompt = torch.randint(s["vocab"], (1, P), device=dev)
+    tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
+    pos = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def step():
+        logits = forward(tok, pos)
+        tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        pos.add_(1)
+
+    graph = None
+    for runtime in args.runtimes.split(","):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()  # weights and cache resident; the initialisation's temporaries gone
+        if runtime == "graphs" and graph is None:
+            with torch.no_grad():
+                forward(prompt, torch.arange(P, device=dev))
+                pos.fill_(P)
+                st = torch.cuda.Stream()
+                st.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(st):
+                    for _ in range(3):
+                        step()
+                torch.cuda.current_stream().wait_stream(st)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step()
+        per_token = []
+        for rep in range(args.reps + 1):
+            with torch.no_grad():
+                forward(prompt, torch.arange(P, device=dev))
+                tok.fill_(1)
+                pos.fill_(P)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(O):
+                    if runtime == "graphs":
+                        graph.replay()
+                    else:
+                        step()
+                torch.cuda.synchronize()
+                if rep > 0:  # the first is warm-up
+                    per_token.append((time.perf_counter() - t0) * 1e3 / O)
+        res = {"runtime": runtime, "batch": 1, "prompt": P, "output": O, "ms_per_token": statistics.median(per_token),
+               "ms_per_token_all": per_token, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+               "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "device": torch.cuda.get_device_name(),
+               "torch": torch.__version__}
+        print(f"decode {runtime}: {res['ms_per_token']:.3f} ms/token, peak allocated "
+              f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
+        results.append(res)
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(results, open(os.path.join(args.out, "decode.json"), "w"), indent=1)
+
+
+# ------------------------------------------------------------------ summary
+
+def summary(args):
+    pred = json.load(open(args.pred))
+    meas = []
+    for f in sorted(os.listdir(args.meas)):
+        if f.startswith(("train_", "decode")) and f.endswith(".json"):
+            meas += json.load(open(os.path.join(args.meas, f)))
+    by_key = {c["key"]: c for c in pred["cases"]}
+    lines = [f"# whatif against plain PyTorch, {args.machine or '(machine not recorded)'}", "",
+             f"Predictions: {args.pred} (written and committed before measuring; hetplan {pred.get('commit', '?')}).",
+             "Memory: whatif's per-GPU bytes without its framework constant (CUDA context, kept outside the "
+             "allocator) against torch.cuda.max_memory_allocated of rank 0.", "",
+             "| case | whatif row | runtime | predicted ms | measured ms | time error | predicted GiB | measured GiB | memory error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    t_err, m_err = [], []
+    for m in meas:
+        key = (f"decode-{m['runtime']}" if "runtime" in m else f"{m['mode']}-{m['case']}")
+        p = by_key.get(key)
+        if p is None:
+            lines.append(f"| {key} | no prediction | | | {m.get('step_ms', m.get('ms_per_token')):.2f} | | | | |")
+            continue
+        mt = m.get("step_ms", m.get("ms_per_token"))
+        mm = m["peak_allocated_bytes"] / 2**30
+        te = 100 * (p["time_ms"] - mt) / mt
+        me = 100 * (p["allocated_bytes"] / 2**30 - mm) / mm
+        t_err.append(abs(te))
+        m_err.append(abs(me))
+        lines.append(f"| {key} | {p['row']} | {p['runtime']} | {p['time_ms']:.2f} | {mt:.2f} | {te:+.1f}% | "
+                     f"{p['allocated_bytes'] / 2**30:.2f} | {mm:.2f} | {me:+.1f}% |")
+    missing = sorted(set(by_key) - {(f"decode-{m['runtime']}" if "runtime" in m else f"{m['mode']}-{m['case']}")
+                                    for m in meas})
+    lines += [""]
+    if t_err:
+        lines.append(f"MAPE over {len(t_err)} cases: time {statistics.mean(t_err):.1f}% (goal <= 10%), "
+                     f"memory {statistics.mean(m_err):.1f}% (goal <= 5%); worst time {max(t_err):.1f}%, "
+                     f"worst memory {max(m_err):.1f}%")
+    if missing:
+        lines.append("Not measured (predicted only): " + ", ".join(missing))
+    open(args.out, "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--mode", choices=["single", "ddp", "fsdp2", "offload"], required=True)
+    t.add_argument("--cases", default="mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1")
+    t.add_argument("--warmup", type=int, default=3)
+    t.add_argument("--iters", type=int, default=8)
+    t.add_argument("--out", required=True)
+    d = sub.add_parser("decode")
+    d.add_argument("--runtimes", default="eager,graphs")
+    d.add_argument("--prompt", type=int, default=512)
+    d.add_argument("--output", type=int, default=128)
+    d.add_argument("--reps", type=int, default=3)
+    d.add_argument("--out", required=True)
+    s = sub.add_parser("summary")
+    s.add_argument("--pred", required=True)
+    s.add_argument("--meas", required=True)
+    s.add_argument("--machine", default="")
+    s.add_argument("--out", required=True)
+    args = ap.parse_args()
+    {"train": train, "decode": decode, "summary": summary}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
