@@ -222,7 +222,9 @@ PlanSearchResult PlanSearch::search() const {
   // The seed plans: a runnable plan and a threshold before the search proper.
   TopPlans seeds(opt_.top_k);
   SeedStats seeded;
-  if (!opt_.exhaustive) {
+  // (Not under interleaving: the seeds are plain pipelines costed stage by stage, and an interleaved plan needs
+  // pp >= 2 and micro-batches a multiple of pp; the interleaved search runs without them.)
+  if (!opt_.exhaustive && sim_->options().schedule != Schedule::kInterleaved1F1B) {
     const double seed_time = opt_.time_budget_s > 0 ? std::min(opt_.seed_time_s, 0.25 * opt_.time_budget_s)
                                                     : opt_.seed_time_s;
     seeded = seed_plans(space, least_gpu_ms_per_sample(space, *profiles_, *cluster_), *cluster_, opt_,
