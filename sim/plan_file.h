@@ -49,6 +49,8 @@ struct PlanFile {
   bool deepspeed_buffers = false, ddp_buckets = false;
   // Gradients allocated during the backward (TrainingSetup::grads_in_backward).
   bool grads_in_backward = false;
+  // TrainingSetup::fp32_residual and eager_fp32_loss (whatif's PyTorch rows).
+  bool fp32_residual = false, eager_fp32_loss = false;
 };
 
 // The model.architecture object: every ModelShape field, by ModelShape's names, plus rope_scaling when not null.
