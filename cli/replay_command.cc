@@ -35,9 +35,10 @@ using namespace hetplan::executor;
 namespace {
 
 struct ReplayArgs {
-  std::string plan, out = "replay.json", trace, schedule = "1f1b", dtype = "bf16", device = "auto";
+  std::string plan, out = "replay.json", trace, schedule, dtype = "bf16", device = "auto";
   std::string profile_dir, hostfile, clusterfile, dump_dir, work_dir, hf_config, recompute;
-  int iters = 10, warmup = 3, timeout_s = 300, heads = 0, zero = -1;
+  int iters = 10, warmup = 3, timeout_s = 300, heads = 0, zero = -1, vp = 0;
+  bool overlap_grad_reduce = false;
   int64_t cpu_memory_limit_mb = 0;
   double lr = 1e-4;
   std::vector<std::string> argv;
@@ -99,6 +100,7 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
       p.rank_emulation.push_back(e ? std::optional<EmulatedDevice>(*e) : std::nullopt);
     }
   }
+  if (a.vp > 0) p.plan.virtual_stages = a.vp;  // else the plan's (1 when it records none)
   p.layout = std::make_unique<PipelineLayout>(p.plan, p.rank_types, p.profiles.get());
 
   ReplayConfig& c = p.config;
@@ -111,15 +113,18 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   // ZeRO: the flag, else the plan's stage.
   if (a.zero > 3) throw InputError("--zero " + std::to_string(a.zero) + ": expected 0, 1, 2 or 3");
   c.zero_stage = a.zero >= 0 ? a.zero : std::min(3, std::max(0, p.plan.zero_stage));
+  // Overlapped reduction (ZeRO-2/3): the flag, or the plan's overlap.grad_reduce.
+  c.overlap_grad_reduce = a.overlap_grad_reduce || p.plan.overlap.grad_reduce;
   // Activation recomputation: the flag, else the setting the plan was costed with.
   if (!a.recompute.empty()) c.model.recompute = parse_recompute(a.recompute, "--recompute");
   else if (!p.plan.recompute.empty()) c.model.recompute = parse_recompute(p.plan.recompute, a.plan + ": recompute");
   c.gbs = p.plan.gbs;
   c.warmup = a.warmup;
   c.iters = a.iters;
-  if (a.schedule == "gpipe") c.schedule = Schedule::kGpipe;
-  else if (a.schedule == "1f1b") c.schedule = Schedule::k1F1B;
-  else throw InputError("--schedule: expected gpipe or 1f1b, got '" + excerpt(a.schedule) + "'");
+  // The flag, else the schedule the plan was costed with, else 1F1B.
+  c.schedule = !a.schedule.empty()        ? parse_schedule(a.schedule, "--schedule")
+               : !p.plan.schedule.empty() ? parse_schedule(p.plan.schedule, a.plan + ": schedule")
+                                          : Schedule::k1F1B;
   c.dtype = profiler::parse_dtype(a.dtype);
   c.device = profiler::parse_device(a.device, local_rank);
   c.lr = a.lr;
@@ -385,12 +390,17 @@ ordered_json replay_json(const ReplayArgs& a, const Prepared& p, const ReplayMea
   out["plan"] = plan_file_to_json(p.plan);
   out["device"] = local;
   out["mapping"] = mapping;
-  out["schedule"] = a.schedule;
+  out["schedule"] = to_string(p.config.schedule);
+  out["virtual_stages"] = p.layout->virtual_stages();
   out["dtype"] = a.dtype;
   out["recompute"] = to_string(p.config.model.recompute);
   // 1: fp32 masters and Adam state sharded over each stage's dp group; 2: and
   // the fp32 gradients (reduce-scattered); 3: and the 16-bit weights (gathered per layer).
   out["zero_stage_executed"] = p.config.zero_stage;
+  out["overlap_grad_reduce_executed"] = p.config.overlap_grad_reduce && p.config.zero_stage >= 2;
+  long long overlapped = 0;
+  for (const auto& rep : m.reports) overlapped += rep.overlapped_collectives;
+  out["overlapped_collectives"] = overlapped;
   out["model"] = {{"name", model.shape.name},
                   {"family", model.shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2"},
                   {"parameters", model.shape.parameter_count()},
@@ -429,7 +439,8 @@ void write_replay_trace(const std::string& trace_path, const std::vector<RankRep
                                              std::to_string(rep.tp_index) + ")"}}}});
     for (const auto& sp : rep.trace)
       events.push_back({{"name", sp.name}, {"ph", "X"}, {"pid", rep.rank}, {"tid", 0}, {"ts", sp.start_ms * 1000},
-                        {"dur", (sp.end_ms - sp.start_ms) * 1000}, {"args", {{"micro_batch", sp.micro_batch}}}});
+                        {"dur", (sp.end_ms - sp.start_ms) * 1000},
+                        {"args", {{"micro_batch", sp.micro_batch}, {"chunk", sp.chunk}}}});
   }
   write_json_file(trace_path, {{"traceEvents", events}, {"displayTimeUnit", "ms"}});
 }
@@ -467,7 +478,7 @@ int run_replay(const ReplayArgs& a) {
   const std::string local = profiler::device_description(device);
   const std::string mapping = device_mapping(p, local);
   std::cout << "replay: " << a.plan << ": " << layout.num_stages() << " stage(s), " << layout.batches()
-            << " micro-batches of " << layout.micro_batch() << ", " << a.schedule << ", " << a.dtype << "\n";
+            << " micro-batches of " << layout.micro_batch() << ", " << to_string(p.config.schedule) << ", " << a.dtype << "\n";
   std::cout << "mapping: " << mapping << "\n";
 
   const std::string dir = work_dir(a);
@@ -495,7 +506,14 @@ Runner add_replay_command(CLI::App& app, int argc, char** argv) {
   s->add_option("--plan", a->plan, "Plan JSON (a search --json entry, or the whole file: its best plan)")->required();
   s->add_option("--iters", a->iters, "Measured iterations")->capture_default_str();
   s->add_option("--warmup", a->warmup, "Unmeasured iterations first")->capture_default_str();
-  s->add_option("--schedule", a->schedule, "gpipe or 1f1b")->capture_default_str();
+  s->add_option("--schedule", a->schedule,
+                "gpipe, 1f1b or interleaved (Megatron's interleaved 1F1B: each rank runs --vp model chunks, "
+                "the plan's stages' layers split evenly into them; needs batches a multiple of pp). Default: the "
+                "schedule the plan was costed with, else 1f1b");
+  s->add_option("--vp", a->vp,
+                "Virtual stages (model chunks) per pipeline rank for --schedule interleaved; default: the plan's "
+                "virtual_stages")
+      ->check(CLI::Range(1, 64));
   s->add_option("--dtype", a->dtype, "bf16, fp16 or fp32")->capture_default_str();
   s->add_option("--device", a->device, "auto, cuda or cpu")->capture_default_str();
   s->add_option("--profile-dir", a->profile_dir, "Profiles, for the data load balancer (default: the plan's)");
@@ -506,6 +524,10 @@ Runner add_replay_command(CLI::App& app, int argc, char** argv) {
                 "ZeRO stage to execute over each stage's replicas: 0 (replicated), 1 (fp32 masters and Adam state "
                 "sharded), 2 (and fp32 gradients, reduce-scattered per layer), 3 (and bf16 weights, gathered per "
                 "layer just in time, as FSDP) (default: the plan's)");
+  s->add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
+              "With --zero 2 or 3: leave each layer's gradient reduce-scatter running while the backward goes on "
+              "(DeepSpeed's overlap_comm); waited for at each micro-batch's end (default: the plan's "
+              "overlap.grad_reduce)");
   s->add_option("--recompute", a->recompute,
                 "Activation recomputation: none, selective (core attention) or full (each block) (default: the "
                 "plan's setting, else none)");

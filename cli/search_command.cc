@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "planner/search_settings.h"
 #include "cli/device_memory_flags.h"
 #include "cli/flag_validators.h"
 #include <atomic>
@@ -44,11 +45,15 @@ struct SearchArgs {
   bool progress = false, quiet = false;
   bool reject_dropped_layers = false;
   // --cost-model sim: the simulator's iteration time and per-rank memory.
-  std::string cost_model = "sim", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s";
+  std::string cost_model = "sim", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s", vp = "1";
   std::string collectives = "measured";
   bool burst_clocks = false;
   std::string zero = "0";
+  bool sequence_parallel = false;
+  std::string overlap = "off";
+  double ddp_bucket_params = 0, comm_slowdown = kCommComputeSlowdown;
   bool cross_node_tp = false;
+  double gap = 0.01;         // --gap: prove the best within this relative gap (0: exact)
   std::string time_budget;  // seconds, or "none" / "" for no limit (parse_time_budget)
   int max_stages = 0;
   std::string stage_boundaries = "auto";
@@ -113,6 +118,18 @@ void check_shape_against_profiles(const SearchArgs& a, const ModelShape& shape, 
                      " records model.family = " + excerpt(profiled.family));
 }
 
+// "123.4 ms", or "-" where there is none (negative).
+std::string ms_text(double ms) { return ms >= 0 ? python_float(std::round(ms * 10) / 10) + " ms" : "-"; }
+// A lower bound: "none left" where no plan is left to search (infinity).
+std::string bound_text(double ms) { return std::isfinite(ms) ? ms_text(ms) : "none left"; }
+// "0.84%", or "?" where not known (negative or infinite).
+std::string gap_text(double gap) {
+  if (!(gap >= 0) || !std::isfinite(gap)) return "?";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%%", 100 * gap);
+  return buf;
+}
+
 // Set by SIGINT during a search: the search stops and reports what it found.
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
@@ -148,6 +165,8 @@ void check_flags(const SearchArgs& a) {
   check_flag(a.top, 1, 1000000, "--top");
   check_flag(a.threads, 0, 4096, "--threads");
   check_number(a.variance, rules::positive_up_to(1e6), "--min_group_scale_variance");
+  if (!(a.gap >= 0 && a.gap <= 10))
+    throw InputError("--gap: expected a relative gap from 0 (exact) to 10, got " + python_float(a.gap));
 }
 
 // Loads the cluster and checks its bandwidths with the one rule simulate uses too.
@@ -385,9 +404,17 @@ int run_default_search(const SearchArgs& a) {
   if (a.max_bs > 0) so.max_profiled_bs = a.max_bs;
   parse_memory_headroom(a.memory_headroom, "--memory-headroom", &so.device_memory);
   so.setup = as_profiled(so.setup, profiles, false, false);
+  so.setup.sequence_parallel = a.sequence_parallel;
+  so.setup.overlap.grad_bucket_params = a.ddp_bucket_params;
+  so.setup.overlap.compute_slowdown = a.comm_slowdown;
   const ModelShape shape = shape_of_plan(a.model, a.hf_config, "--num_layers and --hidden_size");
   check_shape_against_profiles(a, shape, profiles.model());
-  const PlanSimulator simulator(cluster, profiles, shape, a.model.sequence_length, so);
+  const std::vector<int> vps = parse_virtual_stages(a.vp);
+  if (so.schedule == Schedule::kInterleaved1F1B)
+    throw InputError("--schedule interleaved: give --vp N (or auto) for the virtual stages; --schedule names the "
+                     "schedule of the plans without interleaving");
+  if (so.schedule == Schedule::kGpipe && (vps.size() > 1 || vps[0] > 1))
+    throw InputError("--vp " + a.vp + ": interleaving is a 1F1B schedule; drop --schedule gpipe");
 
   PlanSearchOptions o;
   o.gbs = a.gbs;
@@ -396,22 +423,24 @@ int run_default_search(const SearchArgs& a) {
   o.allow_cross_node_tp = a.cross_node_tp;
   o.uniform = a.uniform;
   o.stage_boundaries = parse_stage_boundaries(a.stage_boundaries);
-  o.setups = search_setups(so.setup, a.zero, a.recompute);
+  o.setups = with_overlap_dimension(search_setups(so.setup, a.zero, a.recompute), a.overlap);
   o.top_k = a.top;
   o.threads = a.threads;
   o.time_budget_s = parse_time_budget(a.time_budget);
+  o.gap = a.gap;
   o.cancel = &g_interrupted;
   const bool show_progress = !a.quiet && (a.progress || isatty(STDERR_FILENO));
   if (show_progress)
     o.progress = [](const PlanSearchProgress& p) {
-      if (p.units_total == 0) {  // the set-up before the search's units
-        std::fprintf(stderr, "\rsetting up the search: %.0f s   ", p.elapsed_s);
+      const std::string proof = "best " + ms_text(p.best_ms) + ", bound " + bound_text(p.lower_bound_ms) +
+                                ", gap " + gap_text(p.gap);
+      if (p.units_total == 0) {  // the set-up (and the seed plans) before the search's units
+        std::fprintf(stderr, "\rsetting up the search: %.0f s, %s   ", p.elapsed_s, proof.c_str());
         std::fflush(stderr);
         return;
       }
-      std::fprintf(stderr, "\rsearching: %lld/%lld units, %lld enumerated, %lld pruned, %lld costed, best %s, ETA %s   ",
-                   p.units_done, p.units_total, p.enumerated, p.pruned, p.costed,
-                   p.best_ms >= 0 ? (python_float(std::round(p.best_ms * 10) / 10) + " ms").c_str() : "-",
+      std::fprintf(stderr, "\rsearching: %lld/%lld units, %lld enumerated, %lld pruned, %lld costed, %s, ETA %s   ",
+                   p.units_done, p.units_total, p.enumerated, p.pruned, p.costed, proof.c_str(),
                    p.eta_s >= 0 ? (std::to_string(static_cast<long long>(std::ceil(p.eta_s))) + " s").c_str() : "?");
       std::fflush(stderr);
     };
@@ -419,15 +448,18 @@ int run_default_search(const SearchArgs& a) {
   ObjectiveOptions objective;
   objective.objective = parse_objective(a.objective, "--objective");
   objective.deadline_ms = a.deadline_ms;
-  if (objective.objective == Objective::kCost || objective.deadline_ms > 0)
+  if (objective.objective == Objective::kCost || objective.deadline_ms > 0) {
+    if (vps.size() > 1 || vps[0] > 1)
+      throw InputError("--vp " + a.vp + ": the cost objective (--objective cost, --deadline-ms) searches plain "
+                       "schedules only; drop --vp");
     return run_objective_search(a, cluster, profiles, shape, so, o, objective, show_progress);
+  }
 
-  const PlanSearch search(cluster, profiles, simulator, o);
   g_interrupted.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
   PlanSearchResult result;
   try {
-    result = search.run();
+    result = search_virtual_stages(cluster, profiles, shape, a.model.sequence_length, so, o, vps);
   } catch (...) {
     std::signal(SIGINT, previous);
     throw;
@@ -435,18 +467,31 @@ int run_default_search(const SearchArgs& a) {
   std::signal(SIGINT, previous);
   if (show_progress) std::fprintf(stderr, "\n");
 
-  if (result.cut_short)
-    std::cerr << "hetplan: note: the search was cut short (" << result.cut_reason
-              << "): the plans below are the best found so far, not necessarily the best of the space\n";
+  if (result.cut_short && !result.top.empty())
+    std::cerr << "hetplan: note: the search was cut short (" << result.cut_reason << "): the plans below are the "
+              << "best found so far, within " << gap_text(result.gap) << " of the optimum (lower bound "
+              << bound_text(result.lower_bound_ms) << "); --gap " << python_float(a.gap) << " was not yet proven\n";
   if (result.top.empty()) {
-    std::string why = result.cut_short ? "the search was cut short before any plan was costed"
-                                       : "no plan of the space fits every rank's memory with its profiles";
+    // Exit code 2 (an InputError) either way, as before: the cluster and flags give no plan to print.
+    if (result.cut_short) {
+      std::string why = "the search was cut short (" + result.cut_reason + ") before it found a plan that fits; "
+                        "this does not show that none exists (lower bound so far " + bound_text(result.lower_bound_ms) +
+                        "). Try a longer --time-budget, --zero auto --recompute auto (ZeRO and recomputation "
+                        "save memory), --stage-boundaries node (a smaller space), or --max-stages";
+      if (!result.first_infeasible_reason.empty()) why += "; first plan out of memory: " + result.first_infeasible_reason;
+      throw InputError(a.hostfile + ": no plan found for this cluster (" + std::to_string(cluster.num_devices()) +
+                       " GPUs, gbs " + std::to_string(a.gbs) + "): " + why);
+    }
+    std::string why = "the whole space was searched and no plan of it fits every rank's memory with its profiles";
+    if (a.zero != "auto" || a.recompute != "auto") why += " (--zero auto --recompute auto may find one)";
     if (!result.first_infeasible_reason.empty()) why += "; first: " + result.first_infeasible_reason;
     throw InputError(a.hostfile + ": no plan exists for this cluster (" + std::to_string(cluster.num_devices()) +
                      " GPUs, gbs " + std::to_string(a.gbs) + "): " + why);
   }
 
-  std::cout << "search: simulated iteration time (" << to_string(so.schedule) << "), " << cluster.num_devices()
+  std::cout << "search: simulated iteration time (" << to_string(so.schedule)
+            << (vps.size() > 1 || vps[0] > 1 ? ", virtual stages " + a.vp + " (interleaved 1F1B)" : "") << "), "
+            << cluster.num_devices()
             << " GPUs, gbs " << a.gbs << ", " << profiles.num_layers() << " layers"
             << (whole_node_stages(o.stage_boundaries, cluster.num_devices())
                     ? ", stages of whole nodes (--stage-boundaries rank for any GPU)"
@@ -455,12 +500,24 @@ int run_default_search(const SearchArgs& a) {
   std::cout << "enumerated: " << result.enumerated << ", pruned: " << result.pruned << ", costed: " << result.costed
             << ", infeasible: " << result.infeasible << ", time: " << python_float(std::round(result.seconds * 1e4) / 1e4)
             << " s" << (result.cut_short ? " (cut short)" : "") << "\n";
+  std::cout << "best: " << ms_text(result.best_ms) << ", lower bound: " << bound_text(result.lower_bound_ms)
+            << ", gap: " << gap_text(result.gap)
+            << (result.proven ? (a.gap > 0 ? " (proven within --gap " + python_float(a.gap) + ")" : " (proven optimal)")
+                              : " (not proven: cut short)")
+            << ", first plan after " << python_float(std::round(result.first_plan_s * 1e3) / 1e3) << " s\n";
   std::cout << "rank, iteration_ms, node_sequence, device_groups, strategies(dp_deg, tp_deg), batches(number of batch), "
                "layer_partition\n";
   for (std::size_t i = 0; i < result.top.size(); ++i) {
     std::cout << reference_plan_line(static_cast<int>(i + 1), result.top[i].plan) << "\n";
     if (o.setups.size() > 1)
-      std::cout << "setting " << i + 1 << ": " << setup_label(o.setups[result.top[i].setup]) << "\n";
+      std::cout << "setting " << i + 1 << ": " << setup_label(o.setups[result.top[i].setup])
+                << parallel_setup_suffix(o.setups[result.top[i].setup]) << "\n";
+    if (vps.size() > 1 || vps[0] > 1)
+      std::cout << "schedule " << i + 1 << ": "
+                << (result.top[i].virtual_stages > 1
+                        ? "interleaved 1F1B, " + std::to_string(result.top[i].virtual_stages) + " virtual stages per rank"
+                        : std::string(to_string(so.schedule)))
+                << "\n";
   }
 
   if (!a.json_out.empty()) {
@@ -490,10 +547,15 @@ Runner add_search_command(CLI::App& app) {
       "By default (--cost-model sim) it searches node orders, micro-batch counts dividing --gbs, pipeline\n"
       "stages of any size on real node boundaries (whole nodes above 256 GPUs: --stage-boundaries), (dp, tp)\n"
       "per stage with tp inside one node, and the layers of each stage, and keeps only plans that train\n"
-      "every layer and sample and fit every rank's memory. It is exact over that space (it prunes only\n"
-      "with lower bounds) and streams, so memory stays flat; --time-budget or Ctrl-C return the best plans\n"
-      "found so far. Each plan's cost is the iteration time `hetplan simulate` reports for it; --json\n"
+      "every layer and sample and fit every rank's memory. It prunes only with lower bounds (exact at\n"
+      "--gap 0, within --gap otherwise) and streams, so memory stays flat; --time-budget or Ctrl-C return\n"
+      "the best plans found so far. Each plan's cost is the iteration time `hetplan simulate` reports for it; --json\n"
       "names the host and GPU of every rank.\n\n"
+      "Anytime: it first costs hand-written-style plans (Megatron grids: tp inside a node, pp, dp, layers\n"
+      "split by compute), so a plan is known within seconds; it then prints the best plan, a lower bound\n"
+      "on the optimum over the whole space and the gap between them, and stops once the gap is within\n"
+      "--gap (default 1%; --gap 0 is exact). \"no plan exists\" means the whole space was searched; a\n"
+      "search cut short without a plan says so. Both exit with code 2.\n\n"
       "--cost-model metis reproduces the Metis reference (cost_het_cluster.py, livingshade/Metis@900445f)\n"
       "bit for bit, quirks included: use it to reproduce the paper's Table 1, not to plan a cluster.\n"
       "Flags marked [metis] act only there: the default search ignores them with a warning on stderr.\n\n"
@@ -553,12 +615,24 @@ Runner add_search_command(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--schedule", a->schedule, "With --cost-model sim: pipeline schedule, gpipe or 1f1b")
       ->capture_default_str();
+  s->add_option("--vp", a->vp,
+                "With --cost-model sim: virtual stages (model chunks) per pipeline rank, Megatron's interleaved "
+                "1F1B: 1 (none), N, or auto (1 to 4 searched as a dimension). Interleaving cuts the bubble about "
+                "v-fold for more p2p sends; it needs pp >= 2, micro-batches a multiple of pp and each stage at "
+                "least v layers, which the search keeps to")
+      ->capture_default_str();
   s->add_flag("--allow-cross-node-tp", a->cross_node_tp,
               "With --cost-model sim: let tp groups span nodes (their all-reduces are then costed over the "
               "inter-node link); by default every tp group stays inside one node and one GPU type");
   s->add_option("--time-budget", a->time_budget,
-                "With --cost-model sim: stop after this many seconds and report the best plans found so far "
-                "(Ctrl-C does the same); a positive number, or none (the default) for no limit");
+                "With --cost-model sim: stop after this many seconds and report the best plans found so far, with "
+                "a lower bound on the optimum and the gap between them (Ctrl-C does the same); a positive number, "
+                "or none (the default) for no limit");
+  s->add_option("--gap", a->gap,
+                "With --cost-model sim: stop once the best plan is proven within this relative gap of the optimum "
+                "(0.01: at most 1% slower than the best plan of the space); 0 is exact (the same plans as "
+                "exhaustive enumeration). The search prunes every plan a bound shows cannot beat best / (1 + gap)")
+      ->capture_default_str();
   s->add_option("--max-stages", a->max_stages, "With --cost-model sim: deepest pipeline considered (default: layers)")
       ->check(kPositiveNumber);
   s->add_option("--stage-boundaries", a->stage_boundaries,
@@ -573,6 +647,22 @@ Runner add_search_command(CLI::App& app) {
   s->add_option("--recompute", a->recompute,
                 "With --cost-model sim: none, selective, full, or auto to search them as a dimension")
       ->capture_default_str();
+  s->add_flag("--sequence-parallel", a->sequence_parallel,
+              "With --cost-model sim: Megatron sequence parallelism at every tp > 1 (activations between the "
+              "blocks split by tp; all-gather and reduce-scatter in place of the all-reduces)");
+  s->add_option("--overlap", a->overlap,
+                "With --cost-model sim: overlapped data-parallel communication (bucketed gradient reduction "
+                "during the backward; weight gathers during the forward with ZeRO): off, on, or auto to search "
+                "it as a dimension")
+      ->capture_default_str();
+  s->add_option("--ddp-bucket-size", a->ddp_bucket_params,
+                "With --cost-model sim and --overlap: parameters per bucket (default: Megatron's max(40M, 1M x dp))")
+      ->check(CLI::Range(0.0, 1e13));
+  s->add_option("--comm-slowdown", a->comm_slowdown,
+                "With --cost-model sim and --overlap: compute time while a collective shares the SMs over its "
+                "time alone (measured by scripts/gpu_nccl_bench.sh)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 10.0));
   s->add_option("--bandwidth-unit", a->bandwidth_unit,
                 "Clusterfile bandwidth unit, GB/s, GiB/s or bytes/s (checked for plausibility under either cost model)")
       ->capture_default_str();

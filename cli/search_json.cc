@@ -1,5 +1,7 @@
 #include "cli/search_json.h"
 
+#include <cmath>
+
 #include <tuple>
 
 #include "planner/export_plan.h"
@@ -79,7 +81,12 @@ ordered_json searched_plan_json(const SearchedPlan& p, const Cluster& cluster, c
   const TrainingSetup& s = setups[p.setup];
   f.zero_stage = s.zero_stage;
   f.recompute = to_string(s.recompute);
-  f.schedule = schedule;
+  f.sequence_parallel = s.sequence_parallel;
+  f.context_parallel = s.context_parallel;
+  f.overlap = s.overlap;
+  f.overlap_recorded = true;
+  f.schedule = p.virtual_stages > 1 ? "interleaved" : schedule;
+  f.virtual_stages = p.virtual_stages;
   ordered_json j = plan_file_to_json(f);
   j["ranks"] = rank_placement_json(cluster, f.plan);
   // Which exporters take it as is: each exporter's own checks (planner/export_plan.h).
@@ -111,6 +118,16 @@ ordered_json plan_search_result_to_json(const PlanSearchResult& r, const Cluster
   j["seconds"] = r.seconds;
   j["cut_short"] = r.cut_short;
   if (r.cut_short) j["cut_reason"] = r.cut_reason;
+  // The proof: null where unknown (no plan; no bound), lower_bound_ms null also where no plan is left.
+  auto number_or_null = [](double x, bool known) { return known ? ordered_json(x) : ordered_json(nullptr); };
+  j["best_ms"] = number_or_null(r.best_ms, r.best_ms >= 0);
+  j["lower_bound_ms"] = number_or_null(r.lower_bound_ms, std::isfinite(r.lower_bound_ms));
+  j["gap"] = number_or_null(r.gap, std::isfinite(r.gap));
+  j["gap_asked"] = r.gap_asked;
+  j["proven"] = r.proven;
+  j["space_empty"] = r.space_empty;
+  j["first_plan_seconds"] = number_or_null(r.first_plan_s, r.first_plan_s >= 0);
+  j["seed_plans_costed"] = r.seeds_costed;
   add_search_context(context, &j);
   return j;
 }

@@ -42,7 +42,35 @@ struct SetupArgs {
   std::string offload = "none";
   int recompute_every = 1;
   double framework_mb = 0;
+  // simulate only (add_parallel_options): 0 / off / 0 take the plan file's setting.
+  int context_parallel = 0;
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
+  double ddp_bucket_params = 0, comm_slowdown = kCommComputeSlowdown;
 };
+
+// simulate's context parallelism and overlapped data-parallel communication (sim/sequence_parallel.h,
+// sim/dp_overlap.h).
+void add_parallel_options(CLI::App* s, SetupArgs& a) {
+  s->add_option("--context-parallel", a.context_parallel,
+                "Context-parallel size cp (ring attention): every stage's dp counts dp/cp replicas of cp ranks "
+                "(Megatron's order tp, cp, dp); each rank holds and computes 1/cp of every sequence and "
+                "exchanges K/V with its ring neighbours (default: the plan file's, else 1)")
+      ->check(CLI::Range(1, kMaxReplicas));
+  s->add_flag("--overlap-grad-reduce", a.overlap_grad_reduce,
+              "Reduce gradients bucket by bucket during the backward (Megatron --overlap-grad-reduce, DeepSpeed "
+              "overlap_comm, PyTorch DDP); only the tail stays exposed (sim/dp_overlap.h)");
+  s->add_flag("--overlap-param-gather", a.overlap_param_gather,
+              "With ZeRO >= 1: gather the updated weights bucket by bucket during the forward (Megatron "
+              "--overlap-param-gather, FSDP prefetch)");
+  s->add_option("--ddp-bucket-size", a.ddp_bucket_params,
+                "Parameters per overlapped communication bucket (default: Megatron's max(40M, 1M x dp))")
+      ->check(CLI::Range(0.0, 1e13));
+  s->add_option("--comm-slowdown", a.comm_slowdown,
+                "Compute time while an overlapped collective shares the SMs, over its time alone (measured by "
+                "scripts/gpu_nccl_bench.sh)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 10.0));
+}
 
 // --framework-mb's default for simulate: take the constant the profiles measured.
 constexpr double kFrameworkFromProfiles = -1;
@@ -107,6 +135,11 @@ TrainingSetup make_setup(const SetupArgs& a) {
   if (a.framework_mb != kFrameworkFromProfiles)
     check_number(a.framework_mb, rules::non_negative_up_to(kMaxProfileMb), "--framework-mb");
   s.framework_bytes = a.framework_mb < 0 ? -1.0 : a.framework_mb * 1024 * 1024;
+  s.context_parallel = std::max(1, a.context_parallel);
+  s.overlap.grad_reduce = a.overlap_grad_reduce;
+  s.overlap.param_gather = a.overlap_param_gather;
+  s.overlap.grad_bucket_params = a.ddp_bucket_params;
+  s.overlap.compute_slowdown = a.comm_slowdown;
   return s;
 }
 
@@ -117,6 +150,7 @@ struct SimulateArgs {
   std::string collectives = "measured";
   std::string cost_model = "sim";
   int max_profiled_bs = 0;  // --cost-model metis: 0, the profiles' largest
+  int vp = 0;               // --vp: 0, the plan's virtual_stages
   double min_group_scale_variance = 1;
   int max_permute_len = 128;
   bool burst_clocks = false;
@@ -247,6 +281,12 @@ int run_simulate(const SimulateArgs& a) {
   if (a.setup.accounting == "auto" && !pf.accounting.empty()) setup_args.accounting = pf.accounting;
   if (pf.deepspeed_buffers) setup_args.deepspeed_buffers = true;
   if (pf.ddp_buckets) setup_args.ddp_buckets = true;
+  // Sequence/context parallelism and overlap: the plan's, unless a flag says otherwise.
+  setup_args.sequence_parallel = setup_args.sequence_parallel || pf.sequence_parallel;
+  if (setup_args.context_parallel == 0) setup_args.context_parallel = pf.context_parallel;
+  setup_args.overlap_grad_reduce = setup_args.overlap_grad_reduce || pf.overlap.grad_reduce;
+  setup_args.overlap_param_gather = setup_args.overlap_param_gather || pf.overlap.param_gather;
+  if (setup_args.ddp_bucket_params == 0) setup_args.ddp_bucket_params = pf.overlap.grad_bucket_params;
   const std::string hostfile = a.hostfile.empty() ? pf.hostfile : a.hostfile;
   const std::string clusterfile = a.clusterfile.empty() ? pf.clusterfile : a.clusterfile;
   const std::string profile_dir = a.profiles.empty() ? pf.profile_dir : a.profiles;
@@ -261,6 +301,11 @@ int run_simulate(const SimulateArgs& a) {
 
   SimulationOptions o;
   o.schedule = parse_schedule(!a.schedule_given && !pf.schedule.empty() ? pf.schedule : a.schedule, "--schedule");
+  o.virtual_stages = a.vp > 0 ? a.vp : o.schedule == Schedule::kInterleaved1F1B ? pf.virtual_stages : 1;
+  if (const std::string e = interleaving_error(o.schedule, static_cast<int>(pf.plan.device_groups.size()),
+                                               pf.plan.batches, o.virtual_stages);
+      !e.empty())
+    throw InputError(a.plan + ": " + e + " (--schedule, --vp)");
   o.setup = as_profiled(make_setup(setup_args), profiles, a.setup.accounting != "auto", a.setup.flash);
   o.setup.grads_in_backward = pf.grads_in_backward;  // as the plan was costed (whatif --export)
   o.setup.fp32_residual = pf.fp32_residual;
@@ -276,7 +321,12 @@ int run_simulate(const SimulateArgs& a) {
 
   std::cout << "plan: " << a.plan << " (" << pf.plan.device_groups.size() << " stages, " << pf.plan.batches
             << " micro-batches, gbs " << pf.gbs << "), schedule " << to_string(o.schedule) << ", ZeRO-"
-            << o.setup.zero_stage << ", recompute " << to_string(o.setup.recompute) << "\n";
+            << o.setup.zero_stage << ", recompute " << to_string(o.setup.recompute)
+            << (o.setup.sequence_parallel ? ", sequence parallel" : "")
+            << (o.setup.context_parallel > 1 ? ", cp " + std::to_string(o.setup.context_parallel) : std::string())
+            << (o.setup.overlap.grad_reduce ? ", overlapped grad reduce" : "")
+            << (o.setup.overlap.param_gather ? ", overlapped param gather" : "")
+            << (o.virtual_stages > 1 ? ", " + std::to_string(o.virtual_stages) + " virtual stages per rank" : "") << "\n";
   std::cout << "iteration_ms: " << fixed(t.iteration_ms, 3) << "\n";
   std::cout << "bubble_fraction: " << fixed(t.bubble_fraction, 4) << "\n";
   std::cout << "tokens_per_s: " << fixed(t.tokens_per_s, 1) << "\n";
@@ -316,10 +366,16 @@ int run_simulate(const SimulateArgs& a) {
   if (!a.json_out.empty()) {
     ordered_json j = simulation_to_json(sim);
     j["schedule"] = to_string(o.schedule);
+    j["virtual_stages"] = o.virtual_stages;
     j["zero_stage"] = o.setup.zero_stage;
     j["recompute"] = to_string(o.setup.recompute);
     j["network"] = simulator.collective_sources();
-    j["plan"] = plan_file_to_json(pf);
+    // The plan as simulated: its file's keys with the flags' sequence/context parallelism and overlap.
+    PlanFile simulated = pf;
+    simulated.sequence_parallel = o.setup.sequence_parallel;
+    simulated.context_parallel = o.setup.context_parallel;
+    simulated.overlap = o.setup.overlap;
+    j["plan"] = plan_file_to_json(simulated);
     write_json_file(a.json_out, j);
   }
   return 0;
@@ -773,11 +829,19 @@ Runner add_simulate_command(CLI::App& app) {
   auto a = std::make_shared<SimulateArgs>();
   CLI::App* s = app.add_subcommand(
       "simulate",
-      "Simulate one plan (an entry of `search --json`) as a GPipe or 1F1B task graph: iteration time, bubble,\n"
+      "Simulate one plan (an entry of `search --json`) as a GPipe, 1F1B or interleaved 1F1B task graph: iteration\n"
+      "time, bubble,\n"
       "per-stage busy time, per-rank peak memory, tokens/s, MFU, and a Chrome trace.");
   s->add_option("--plan", a->plan, "Plan JSON: an entry of `hetplan search --json` (or the whole file: its best)")
       ->required();
-  s->add_option("--schedule", a->schedule, "Pipeline schedule: gpipe or 1f1b")->capture_default_str();
+  s->add_option("--schedule", a->schedule,
+                "Pipeline schedule: gpipe, 1f1b or interleaved (Megatron's interleaved 1F1B; default: the plan's, "
+                "else 1f1b)")
+      ->capture_default_str();
+  s->add_option("--vp", a->vp,
+                "With --schedule interleaved: virtual stages (model chunks) per pipeline rank; each stage's layers "
+                "split evenly into them (default: the plan's virtual_stages)")
+      ->check(CLI::Range(2, 64));
   s->add_option("--profiles", a->profiles, "Profile folder (default: the plan's profile_dir)");
   s->add_option("--hostfile", a->hostfile, "Hostfile (default: the plan's)");
   s->add_option("--clusterfile", a->clusterfile, "Clusterfile (default: the plan's)");
@@ -813,6 +877,7 @@ Runner add_simulate_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, kMaxModelLayers));
   add_setup_options(s, a->setup, kFrameworkFromProfiles);
+  add_parallel_options(s, a->setup);
   add_memory_headroom_option(s, &a->memory_headroom);
   CLI::Option* zero = s->get_option("--zero");
   CLI::Option* recompute = s->get_option("--recompute");

@@ -4,6 +4,7 @@
 
 #include "sim/data_load_balancer.h"
 #include "base/input_error.h"
+#include "sim/schedule.h"
 
 namespace hetplan::executor {
 
@@ -11,6 +12,25 @@ namespace {
 
 SampleRange overlap(const SampleRange& a, const SampleRange& b) {
   return {std::max(a.begin, b.begin), std::min(a.end, b.end)};
+}
+
+// Activations from a's ranks to b's (receiver tp index t from the sender's t mod tp_a), and, where
+// `gradients`, the gradients back.
+void link(const StageLayout& a, const StageLayout& b, bool gradients, std::vector<Transfer>* fwd,
+          std::vector<Transfer>* bwd) {
+  for (int db = 0; db < b.dp; ++db)
+    for (int tb = 0; tb < b.tp; ++tb)
+      for (int da = 0; da < a.dp; ++da) {
+        const SampleRange o = overlap(a.replica_samples[da], b.replica_samples[db]);
+        if (o.size() > 0) fwd->push_back({a.rank(da, tb % a.tp), b.rank(db, tb), o});
+      }
+  if (!gradients) return;
+  for (int da = 0; da < a.dp; ++da)
+    for (int ta = 0; ta < a.tp; ++ta)
+      for (int db = 0; db < b.dp; ++db) {
+        const SampleRange o = overlap(a.replica_samples[da], b.replica_samples[db]);
+        if (o.size() > 0) bwd->push_back({b.rank(db, ta % b.tp), a.rank(da, ta), o});
+      }
 }
 
 }  // namespace
@@ -26,6 +46,18 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
   if (p.layer_partition[p.layer_partition.size() - 2] == L)
     throw InputError("plan: the last stage holds no layers (the loss would be computed before it)");
 
+  virtual_stages_ = f.virtual_stages;
+  const int pp = static_cast<int>(p.device_groups.size());
+  if (virtual_stages_ > 1) {
+    if (pp < 2) throw InputError("plan: virtual_stages " + std::to_string(virtual_stages_) + " needs pp >= 2");
+    if (const std::string e = interleaving_error(Schedule::kInterleaved1F1B, pp, batches_, virtual_stages_);
+        !e.empty())
+      throw InputError("plan: " + e);
+    for (int s = 0; s < pp; ++s)
+      if (stage_blocks(p.layer_partition[s], p.layer_partition[s + 1], L) < virtual_stages_)
+        throw InputError("plan: stage " + std::to_string(s) + " holds fewer transformer blocks than its " +
+                         std::to_string(virtual_stages_) + " virtual stages");
+  }
   int begin = 0;
   for (std::size_t s = 0; s < p.device_groups.size(); ++s) {
     StageLayout st;
@@ -35,6 +67,12 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
     st.tp = p.strategies[s].tp;
     st.first_layer = p.layer_partition[s];
     st.last_layer = p.layer_partition[s + 1];
+    for (int c = 0; c < virtual_stages_; ++c) {
+      int first = st.first_layer, last = st.last_layer;
+      if (virtual_stages_ > 1)
+        chunk_model_layers(p.layer_partition.data(), pp, virtual_stages_, static_cast<int>(s), c, &first, &last);
+      st.chunk_layers.emplace_back(first, last);
+    }
     // Split each micro-batch over the replicas.
     std::vector<int> counts(st.dp);
     split_micro_batch(micro_batch_, st.dp, counts.data());
@@ -64,22 +102,11 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
   forward_.resize(stages_.size());
   backward_.resize(stages_.size());
   for (std::size_t s = 0; s + 1 < stages_.size(); ++s) {
-    const StageLayout& a = stages_[s];
-    const StageLayout& b = stages_[s + 1];
-    for (int db = 0; db < b.dp; ++db)
-      for (int tb = 0; tb < b.tp; ++tb)
-        for (int da = 0; da < a.dp; ++da) {
-          const SampleRange o = overlap(a.replica_samples[da], b.replica_samples[db]);
-          if (o.size() > 0) forward_[s].push_back({a.rank(da, tb % a.tp), b.rank(db, tb), o});
-        }
-    if (b.first_layer == 0) continue;  // b receives token ids: no gradient flows back
-    for (int da = 0; da < a.dp; ++da)
-      for (int ta = 0; ta < a.tp; ++ta)
-        for (int db = 0; db < b.dp; ++db) {
-          const SampleRange o = overlap(a.replica_samples[da], b.replica_samples[db]);
-          if (o.size() > 0) backward_[s].push_back({b.rank(db, ta % b.tp), a.rank(da, ta), o});
-        }
+    // A stage that receives token ids sends no gradient back.
+    link(stages_[s], stages_[s + 1], stages_[s + 1].first_layer != 0, &forward_[s], &backward_[s]);
   }
+  // Chunk c + 1 of the first stage never starts at layer 0: its gradients flow back.
+  if (virtual_stages_ > 1) link(stages_.back(), stages_.front(), true, &wrap_forward_, &wrap_backward_);
 }
 
 const StageLayout& PipelineLayout::stage_of(int rank) const {

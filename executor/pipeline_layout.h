@@ -15,6 +15,14 @@
 // sender replica's tp rank t mod tp_sender; gradients go back the same way
 // with the roles swapped.
 //
+// Interleaved 1F1B (the plan's virtual_stages v > 1): stage s's layers split
+// into v chunks (chunk_layers, sim/schedule.h), and the model runs them in
+// virtual-stage order, so chunk c of the last stage feeds chunk c + 1 of the
+// first: those activations (and their gradients back) move as between
+// neighbouring stages (wrap_forward_transfers / wrap_backward_transfers).
+// Like Megatron, it needs pp >= 2 and a micro-batch count that is a multiple
+// of pp.
+//
 // Thread-safety: immutable after construction. It keeps no pointers to the
 // plan or the profiles it was built from.
 #pragma once
@@ -36,7 +44,9 @@ struct SampleRange {
 // A stage: its rank grid (first rank, dp, tp), its layers and each replica's samples.
 struct StageLayout : StageGrid {
   int index = 0;
-  int first_layer = 0, last_layer = 0;  // layers [first, last)
+  int first_layer = 0, last_layer = 0;  // layers [first, last) in the plan's numbering
+  // Per model chunk (one without interleaving): the model layers [first, second) it runs.
+  std::vector<std::pair<int, int>> chunk_layers;
   std::vector<SampleRange> replica_samples;
 };
 
@@ -64,6 +74,7 @@ class PipelineLayout {
   int num_stages() const { return static_cast<int>(stages_.size()); }
   int micro_batch() const { return micro_batch_; }
   int batches() const { return batches_; }
+  int virtual_stages() const { return virtual_stages_; }
   const StageLayout& stage(int s) const { return stages_[s]; }
   const StageLayout& stage_of(int rank) const;
   int replica_of(int rank) const;
@@ -86,11 +97,15 @@ class PipelineLayout {
   // Activations from stage s to s + 1, and gradients from s + 1 back to s.
   const std::vector<Transfer>& forward_transfers(int s) const { return forward_[s]; }
   const std::vector<Transfer>& backward_transfers(int s) const { return backward_[s]; }
+  // Interleaved: activations from the last stage to the first (chunk c to c + 1), gradients back.
+  const std::vector<Transfer>& wrap_forward_transfers() const { return wrap_forward_; }
+  const std::vector<Transfer>& wrap_backward_transfers() const { return wrap_backward_; }
 
  private:
-  int world_ = 0, micro_batch_ = 0, batches_ = 0;
+  int world_ = 0, micro_batch_ = 0, batches_ = 0, virtual_stages_ = 1;
   std::vector<StageLayout> stages_;
   std::vector<std::vector<Transfer>> forward_, backward_;
+  std::vector<Transfer> wrap_forward_, wrap_backward_;
 };
 
 }  // namespace hetplan::executor

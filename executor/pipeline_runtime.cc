@@ -52,16 +52,19 @@ RankGroups make_groups(const PipelineLayout& layout, int me, const ReplayConfig&
   if (const GroupSeat dp = layout.dp_seat(me); dp.member()) g.dp = join(dp);
   // One two-rank group per pair and direction, so that activations and
   // gradients never queue behind each other (NCCL orders a pair's p2p ops).
-  for (int s = 0; s + 1 < layout.num_stages(); ++s) {
-    for (const Transfer& x : layout.forward_transfers(s))
+  auto join_pairs = [&](const std::vector<Transfer>& fwd, const std::vector<Transfer>& bwd) {
+    for (const Transfer& x : fwd)
       if (x.src == me || x.dst == me)
         g.fwd[{x.src, x.dst}] = profiler::make_group(
             rv, "fwd." + std::to_string(x.src) + "." + std::to_string(x.dst), x.src == me ? 0 : 1, 2, c.device, c.timeout);
-    for (const Transfer& x : layout.backward_transfers(s))
+    for (const Transfer& x : bwd)
       if (x.src == me || x.dst == me)
         g.bwd[{x.src, x.dst}] = profiler::make_group(
             rv, "bwd." + std::to_string(x.src) + "." + std::to_string(x.dst), x.src == me ? 0 : 1, 2, c.device, c.timeout);
-  }
+  };
+  for (int s = 0; s + 1 < layout.num_stages(); ++s) join_pairs(layout.forward_transfers(s), layout.backward_transfers(s));
+  // Interleaved: the last stage's chunk c feeds the first stage's chunk c + 1 (pairs distinct from the above).
+  join_pairs(layout.wrap_forward_transfers(), layout.wrap_backward_transfers());
   if (c.model.shape.tied_embeddings)
     if (const GroupSeat emb = layout.embedding_seat(me); emb.member()) {
       g.emb = join(emb);
@@ -74,8 +77,19 @@ struct MicroBatchState {
   torch::Tensor input, output;  // output: activations, or the scaled loss on the last stage
 };
 
-// One rank's run of a replayed plan: its stage's model, optimizer and groups (built once), and one
-// training iteration at a time. REQUIRES: layout, config and meter outlive it.
+// The stage's model chunks: one GPT of the stage's layers, or (interleaved) one per chunk, each of its
+// model layers (the same weights as one process's layers of those numbers).
+std::vector<profiler::GPT> build_chunks(const ReplayConfig& c, const profiler::TensorParallelGroup& tp,
+                                        const StageLayout& st) {
+  std::vector<profiler::GPT> chunks;
+  for (const auto& [first, last] : st.chunk_layers) chunks.emplace_back(c.model, tp, first, last);
+  return chunks;
+}
+
+// One rank's run of a replayed plan: its stage's model chunks, optimizer and groups (built once), and one
+// training iteration at a time. Interleaved 1F1B runs each op on its chunk (sim/schedule.h's order);
+// every chunk keeps its own micro-batches' state, receives from the virtual stage before it and sends to
+// the one after. REQUIRES: layout, config and meter outlive it.
 class RankRun {
  public:
   RankRun(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env,
@@ -92,9 +106,12 @@ class RankRun {
   void timed(const std::string& name, int j, const std::function<void()>& f);
   void world_barrier();
   void run_schedule();
-  torch::Tensor receive_input(int j);
-  void forward(int j);
-  void backward(int j);
+  torch::Tensor receive_input(int c, int j);
+  void forward(int c, int j);
+  void backward(int c, int j);
+  // Chunk c's virtual stage, and the p2p tag of a message from virtual stage k about micro-batch j.
+  int vstage(int c) const { return virtual_stage(layout_.num_stages(), s_, c); }
+  int tag(int k, int j) const { return (v_ > 1 ? k * m_ : 0) + j; }
   void sync_gradients();
   void optimizer_step();
   void record(int origin, double ms);
@@ -105,12 +122,13 @@ class RankRun {
   const int me_;
   const StageLayout& st_;
   const int s_, replica_, t_;
-  const bool first_, last_;
+  const bool first_, last_;  // the first / last stage (chunk 0 / v - 1 on it: the model's ends)
   const SampleRange mine_;
-  const int m_, mb_;
+  const int m_, mb_, v_;
   RankGroups groups_;
   profiler::TensorParallelGroup tp_group_;
-  profiler::GPT stage_model_;
+  std::vector<profiler::GPT> chunks_;  // v model chunks (one without interleaving)
+  profiler::GPT& stage_model_;         // chunks_[0] (ZeRO-2/3 run one chunk only)
   std::vector<torch::Tensor> params_;
   torch::Tensor tied_;
   bool zero_ = false;  // ZeRO-1 over more than one replica
@@ -120,7 +138,7 @@ class RankRun {
   std::unique_ptr<ZeroOptimizer> zopt_;
   std::vector<std::vector<int>> layer_units_;  // per layer: its ZeRO units
   int64_t hidden_ = 0;
-  bool tokens_in_ = false;  // this stage's input is token ids
+  std::vector<char> tokens_in_;  // per chunk: its input is token ids
   torch::TensorOptions act_opts_, id_opts_;
   // Device memory in use (CUDA context and NCCL included), sampled at the end
   // of each iteration (nothing pending; the caching allocator keeps what the
@@ -128,18 +146,19 @@ class RankRun {
   // device, cuBLAS and NCCL workspaces included); its maximum is reported.
   int64_t device_used_peak_ = -1;
   RankReport report_;
-  // Incoming and outgoing pieces of this rank, in sample order.
-  std::vector<Transfer> recv_fwd_, send_fwd_, recv_bwd_, send_bwd_;
+  // Incoming and outgoing pieces of this rank per chunk, in sample order.
+  std::vector<std::vector<Transfer>> recv_fwd_, send_fwd_, recv_bwd_, send_bwd_;
   std::vector<CommGroup::Waiter> pending_;
   struct Mark {
     std::string name;
-    int a, b, micro_batch;
+    int a, b, micro_batch, chunk;
   };
+  int chunk_now_ = 0;  // the chunk of the op under way (for the marks)
   std::vector<Mark> marks_;
   torch::Tensor one_;
   // The iteration under way.
   torch::Tensor ids_full_, targets_full_, loss_share_;
-  std::vector<MicroBatchState> mbs_;
+  std::vector<std::vector<MicroBatchState>> mbs_;  // [chunk][micro-batch]
 };
 
 RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env,
@@ -157,16 +176,21 @@ RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const prof
       mine_(st_.replica_samples[replica_]),
       m_(layout.batches()),
       mb_(layout.micro_batch()),
+      v_(layout.virtual_stages()),
       groups_(make_groups(layout, env.rank, c, env)),
       tp_group_(st_.tp > 1 ? profiler::TensorParallelGroup(t_, st_.tp, groups_.tp) : profiler::TensorParallelGroup()),
-      stage_model_(c.model, tp_group_, st_.first_layer, st_.last_layer) {
-  stage_model_.to(c.device, c.dtype);
-  params_ = stage_model_.parameters();
-  tied_ = stage_model_.tied_embedding_to_sync();
+      chunks_(build_chunks(c, tp_group_, st_)),
+      stage_model_(chunks_.front()) {
+  for (profiler::GPT& chunk : chunks_) {
+    chunk.to(c.device, c.dtype);
+    for (const torch::Tensor& p : chunk.parameters()) params_.push_back(p);
+    // The tied embedding's end on this stage: chunk 0 of the first, chunk v - 1 of the last.
+    if (const torch::Tensor t = chunk.tied_embedding_to_sync(); t.defined()) tied_ = t;
+    tokens_in_.push_back(chunk.first_layer() == 0);
+  }
   zero_ = c.zero_stage == 1 && st_.dp > 1;
   build_optimizer();
   hidden_ = c.model.shape.hidden_size;
-  tokens_in_ = st_.first_layer == 0;
   act_opts_ = torch::TensorOptions().dtype(c.dtype).device(c.device);
   id_opts_ = torch::TensorOptions().dtype(torch::kLong).device(c.device);
   report_.rank = me_;
@@ -212,23 +236,42 @@ void RankRun::build_optimizer() {
   }
   if (shared && solo_unit >= 0) layer_units_.back().push_back(solo_unit);  // the head's use of the embedding
   zopt_ = std::make_unique<ZeroOptimizer>(c_.zero_stage, std::move(units), c_.lr, st_.dp > 1 ? groups_.dp : nullptr);
+  zopt_->set_overlap(c_.overlap_grad_reduce);
 }
 
+// Per chunk: from the stage before (the last stage's chunk c - 1 for the first stage's chunk c), to the
+// stage after (the first stage's chunk c + 1 from the last stage's chunk c).
 void RankRun::collect_transfers() {
-  if (!first_)
-    for (const Transfer& x : layout_.forward_transfers(s_ - 1)) if (x.dst == me_) recv_fwd_.push_back(x);
-  if (!last_)
-    for (const Transfer& x : layout_.forward_transfers(s_)) if (x.src == me_) send_fwd_.push_back(x);
-  if (!last_)
-    for (const Transfer& x : layout_.backward_transfers(s_)) if (x.dst == me_) recv_bwd_.push_back(x);
-  if (!first_)
-    for (const Transfer& x : layout_.backward_transfers(s_ - 1)) if (x.src == me_) send_bwd_.push_back(x);
+  recv_fwd_.assign(v_, {});
+  send_fwd_.assign(v_, {});
+  recv_bwd_.assign(v_, {});
+  send_bwd_.assign(v_, {});
+  auto pick = [&](const std::vector<Transfer>& all, bool mine_is_src, std::vector<Transfer>* out) {
+    for (const Transfer& x : all)
+      if ((mine_is_src ? x.src : x.dst) == me_) out->push_back(x);
+  };
+  for (int c = 0; c < v_; ++c) {
+    if (!first_) {
+      pick(layout_.forward_transfers(s_ - 1), false, &recv_fwd_[c]);
+      pick(layout_.backward_transfers(s_ - 1), true, &send_bwd_[c]);
+    } else if (c > 0) {
+      pick(layout_.wrap_forward_transfers(), false, &recv_fwd_[c]);
+      pick(layout_.wrap_backward_transfers(), true, &send_bwd_[c]);
+    }
+    if (!last_) {
+      pick(layout_.forward_transfers(s_), true, &send_fwd_[c]);
+      pick(layout_.backward_transfers(s_), false, &recv_bwd_[c]);
+    } else if (c + 1 < v_) {
+      pick(layout_.wrap_forward_transfers(), true, &send_fwd_[c]);
+      pick(layout_.wrap_backward_transfers(), false, &recv_bwd_[c]);
+    }
+  }
 }
 
 void RankRun::timed(const std::string& name, int j, const std::function<void()>& f) {
   const int a = meter_.mark();
   f();
-  marks_.push_back({name, a, meter_.mark(), j});
+  marks_.push_back({name, a, meter_.mark(), j, j >= 0 ? chunk_now_ : 0});
 }
 
 void RankRun::world_barrier() {
@@ -243,7 +286,7 @@ void RankRun::iteration(int step) {
   // would make the host wait for the GPU each time and stall the pipeline.
   ids_full_ = first_ ? ids_cpu.to(c_.device) : ids_cpu;
   targets_full_ = last_ ? targets_cpu.to(c_.device) : targets_cpu;
-  mbs_.assign(m_, MicroBatchState());
+  mbs_.assign(v_, std::vector<MicroBatchState>(m_));
   loss_share_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(c_.device));
   marks_.clear();
   meter_.clear_marks();
@@ -276,37 +319,40 @@ void RankRun::iteration(int step) {
 
 // The stage's forwards and backwards in the schedule's op order, then the wait for its sends.
 void RankRun::run_schedule() {
-  for (const PipelineOp op : StageOps(c_.schedule, layout_.num_stages(), s_, m_)) {
-    if (op.forward) forward(op.micro_batch);
-    else backward(op.micro_batch);
+  for (const PipelineOp op : StageOps(c_.schedule, layout_.num_stages(), s_, m_, v_)) {
+    chunk_now_ = op.chunk;
+    if (op.forward) forward(op.chunk, op.micro_batch);
+    else backward(op.chunk, op.micro_batch);
   }
   for (auto& w : pending_) w();
   pending_.clear();
 }
 
-// Micro-batch j's input: this replica's token ids on the first stage, else the pieces received.
-torch::Tensor RankRun::receive_input(int j) {
+// Micro-batch j's input to chunk c: this replica's token ids on virtual stage 0, else the pieces received.
+torch::Tensor RankRun::receive_input(int c, int j) {
   const int row = j * mb_ + mine_.begin;
-  if (first_) return ids_full_.narrow(0, row, mine_.size());
+  if (first_ && c == 0) return ids_full_.narrow(0, row, mine_.size());
   std::vector<torch::Tensor> pieces;
-  for (const Transfer& in : recv_fwd_) {
-    torch::Tensor buf = tokens_in_ ? torch::empty({in.samples.size(), c_.model.seq_len}, id_opts_)
-                                   : torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
-    timed("recv", j, [&] { groups_.fwd.at({in.src, in.dst})->recv(buf, 0, j); });
+  for (const Transfer& in : recv_fwd_[c]) {
+    torch::Tensor buf = tokens_in_[c] ? torch::empty({in.samples.size(), c_.model.seq_len}, id_opts_)
+                                      : torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
+    timed("recv", j, [&] { groups_.fwd.at({in.src, in.dst})->recv(buf, 0, tag(vstage(c) - 1, j)); });
     pieces.push_back(buf);
   }
   torch::Tensor x = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
-  if (!tokens_in_) x.requires_grad_(true);
+  if (!tokens_in_[c]) x.requires_grad_(true);
   return x;
 }
 
-void RankRun::forward(int j) {
-  const torch::Tensor x = receive_input(j);
+void RankRun::forward(int c, int j) {
+  const torch::Tensor x = receive_input(c, j);
   const int row = j * mb_ + mine_.begin;
-  auto& layers = stage_model_.layers();
+  profiler::GPT& model = chunks_[c];
+  const bool loss = last_ && c == v_ - 1;  // the model's last virtual stage
+  auto& layers = model.layers();
   torch::Tensor y = x;
   timed("forward", j, [&] {
-    if (last_) stage_model_.head().set_targets(targets_full_.narrow(0, row, mine_.size()));
+    if (loss) model.head().set_targets(targets_full_.narrow(0, row, mine_.size()));
     for (std::size_t li = 0; li < layers.size(); ++li) {
       if (zopt_)
         for (int u : layer_units_[li]) zopt_->gather(u);  // ZeRO-3: just in time
@@ -317,26 +363,27 @@ void RankRun::forward(int j) {
       }
     }
     // The loss of this replica's samples, weighted by its share of the global batch.
-    if (last_) y = y * (static_cast<double>(mine_.size()) / c_.gbs);
+    if (loss) y = y * (static_cast<double>(mine_.size()) / c_.gbs);
   });
-  if (last_ && t_ == 0) loss_share_ += y.detach().to(torch::kFloat64);
-  for (const Transfer& out : send_fwd_) {
+  if (loss && t_ == 0) loss_share_ += y.detach().to(torch::kFloat64);
+  for (const Transfer& out : send_fwd_[c]) {
     timed("send", j, [&] {
       pending_.push_back(groups_.fwd.at({out.src, out.dst})->send(
-          y.detach().narrow(0, out.samples.begin - mine_.begin, out.samples.size()), 1, j));
+          y.detach().narrow(0, out.samples.begin - mine_.begin, out.samples.size()), 1, tag(vstage(c), j)));
     });
   }
-  mbs_[j] = {x, y};
+  mbs_[c][j] = {x, y};
 }
 
-void RankRun::backward(int j) {
-  MicroBatchState& mbst = mbs_[j];
+void RankRun::backward(int c, int j) {
+  MicroBatchState& mbst = mbs_[c][j];
+  const bool loss = last_ && c == v_ - 1;
   torch::Tensor grad;
-  if (!last_) {
+  if (!loss) {
     std::vector<torch::Tensor> pieces;
-    for (const Transfer& in : recv_bwd_) {
+    for (const Transfer& in : recv_bwd_[c]) {
       torch::Tensor buf = torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
-      timed("recv", j, [&] { groups_.bwd.at({in.src, in.dst})->recv(buf, 0, j); });
+      timed("recv", j, [&] { groups_.bwd.at({in.src, in.dst})->recv(buf, 0, tag(vstage(c) + 1, j)); });
       pieces.push_back(buf);
     }
     if (!pieces.empty()) grad = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
@@ -344,7 +391,7 @@ void RankRun::backward(int j) {
   timed("backward", j, [&] {
     if (zopt_)
       for (int u : layer_units_.back()) zopt_->gather(u);  // the root's layer (its output hook may not fire)
-    if (last_) {
+    if (loss) {
       mbst.output.backward();
     } else if (mbst.output.requires_grad() && grad.defined()) {
       mbst.output.backward(grad);
@@ -354,12 +401,12 @@ void RankRun::backward(int j) {
     if (zopt_) zopt_->finish_backward();
     else mp_adam_->accumulate_grads();
   });
-  if (!first_ && !tokens_in_) {
+  if (!tokens_in_[c] && !send_bwd_[c].empty()) {
     const torch::Tensor g = mbst.input.grad();
-    for (const Transfer& out : send_bwd_) {
+    for (const Transfer& out : send_bwd_[c]) {
       timed("send", j, [&] {
         pending_.push_back(groups_.bwd.at({out.src, out.dst})->send(
-            g.narrow(0, out.samples.begin - mine_.begin, out.samples.size()), 1, j));
+            g.narrow(0, out.samples.begin - mine_.begin, out.samples.size()), 1, tag(vstage(c), j)));
       });
     }
   }
@@ -418,13 +465,14 @@ void RankRun::record(int origin, double ms) {
   report_.trace.clear();
   for (const Mark& mk : marks_)
     report_.trace.push_back(
-        {mk.name, meter_.elapsed_ms(origin, mk.a), meter_.elapsed_ms(origin, mk.b), mk.micro_batch});
+        {mk.name, meter_.elapsed_ms(origin, mk.a), meter_.elapsed_ms(origin, mk.b), mk.micro_batch, mk.chunk});
 }
 
 RankReport RankRun::finish() {
   constexpr double kMiB = 1024.0 * 1024.0;
   RankReport& report = report_;
   report.peak_memory_mb = std::max(report.peak_forward_backward_mb, report.peak_optimizer_mb);
+  if (zopt_) report.overlapped_collectives = zopt_->overlapped_collectives();
   if (meter_.has_memory_stats()) report.peak_allocated_mb = report.peak_memory_mb;
   if (c_.device.is_cuda()) {
     if (meter_.peak_reserved() >= 0) report.peak_reserved_mb = meter_.peak_reserved() / kMiB;
@@ -442,14 +490,16 @@ void RankRun::dump_parameters() {
   fs::create_directories(c_.dump_dir);
   std::vector<torch::Tensor> cpu;
   ordered_json index = ordered_json::array();
-  int64_t layer = st_.first_layer;
   if (zopt_) zopt_->gather_all();  // ZeRO-3 keeps only chunks between steps
-  for (auto& l : stage_model_.layers()) {
-    for (const auto& p : l->named_parameters()) {
-      cpu.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
-      index.push_back({{"layer", layer}, {"name", p.key()}});
+  for (profiler::GPT& chunk : chunks_) {
+    int64_t layer = chunk.first_layer();
+    for (auto& l : chunk.layers()) {
+      for (const auto& p : l->named_parameters()) {
+        cpu.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
+        index.push_back({{"layer", layer}, {"name", p.key()}});
+      }
+      ++layer;
     }
-    ++layer;
   }
   const std::string base = (fs::path(c_.dump_dir) / ("rank" + std::to_string(me_))).string();
   torch::save(cpu, base + ".pt");
@@ -464,6 +514,14 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   if (env.world_size != layout.world())
     throw InputError("replay: WORLD_SIZE is " + std::to_string(env.world_size) + " but the plan has " +
                      std::to_string(layout.world()) + " ranks");
+  if (layout.virtual_stages() > 1 && c.schedule != Schedule::kInterleaved1F1B)
+    throw InputError("replay: the plan has " + std::to_string(layout.virtual_stages()) +
+                     " virtual stages per pipeline rank, which need --schedule interleaved");
+  if (layout.virtual_stages() == 1 && c.schedule == Schedule::kInterleaved1F1B)
+    throw InputError("replay: --schedule interleaved needs virtual stages (the plan's virtual_stages or --vp) >= 2");
+  if (layout.virtual_stages() > 1 && c.zero_stage >= 2)
+    throw InputError("replay: ZeRO-" + std::to_string(c.zero_stage) +
+                     " with interleaving is not implemented (its layer units span one model chunk); use ZeRO-0 or 1");
   profiler::use_device(c.device);
   // Before anything is allocated: on the CPU the meter's counting allocator
   // sees only what is allocated after it is installed (CUDA counts from the start).
@@ -485,13 +543,14 @@ std::optional<double> opt_from(const ordered_json& j, const char* key) {
 
 ordered_json rank_report_to_json(const RankReport& r) {
   ordered_json spans = ordered_json::array();
-  for (const Span& s : r.trace) spans.push_back({s.name, s.start_ms, s.end_ms, s.micro_batch});
+  for (const Span& s : r.trace) spans.push_back({s.name, s.start_ms, s.end_ms, s.micro_batch, s.chunk});
   return {{"rank", r.rank},       {"stage", r.stage},   {"replica", r.replica},
           {"tp_index", r.tp_index}, {"iteration_ms", r.iteration_ms}, {"losses", r.losses},
           {"peak_memory_mb", r.peak_memory_mb}, {"peak_forward_backward_mb", r.peak_forward_backward_mb},
           {"peak_optimizer_mb", r.peak_optimizer_mb}, {"peak_allocated_mb", opt(r.peak_allocated_mb)},
           {"peak_reserved_mb", opt(r.peak_reserved_mb)}, {"device_used_mb", opt(r.device_used_mb)},
           {"memory_note", r.memory_note.empty() ? ordered_json(nullptr) : ordered_json(r.memory_note)},
+          {"overlapped_collectives", r.overlapped_collectives},
           {"trace", spans}};
 }
 
@@ -510,8 +569,10 @@ RankReport rank_report_from_json(const ordered_json& j) {
   r.peak_reserved_mb = opt_from(j, "peak_reserved_mb");
   r.device_used_mb = opt_from(j, "device_used_mb");
   if (j.contains("memory_note") && j["memory_note"].is_string()) r.memory_note = j["memory_note"];
+  r.overlapped_collectives = j.value("overlapped_collectives", 0LL);
   for (const auto& s : j["trace"])
-    r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>()});
+    r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>(),
+                       s.size() > 4 ? s[4].get<int>() : 0});
   return r;
 }
 

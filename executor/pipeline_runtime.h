@@ -1,6 +1,7 @@
 // PipelineRuntime: one rank's part of a replayed plan. It builds the rank's
-// stage of the GPT (its layers, its tp shard), the process groups it belongs
-// to, and runs training iterations under a GPipe or 1F1B schedule (the
+// stage of the GPT (its layers, its tp shard; under interleaved 1F1B one
+// model chunk per virtual stage), the process groups it belongs to, and runs
+// training iterations under a GPipe, 1F1B or interleaved 1F1B schedule (the
 // op order of sim/schedule.h, the one the simulator costs):
 // micro-batches flow forward and gradients backward through point-to-point
 // c10d sends and receives, gradients are added into fp32 main gradients
@@ -31,6 +32,7 @@ struct ReplayConfig {
   int gbs = 1;
   int warmup = 1, iters = 3;
   Schedule schedule = Schedule::k1F1B;  // each stage's op order: StageOps (sim/schedule.h)
+                                        // (interleaved: the layout's virtual_stages chunks)
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;
   double lr = 1e-3;
@@ -40,6 +42,9 @@ struct ReplayConfig {
   // per layer and micro-batch; 3: also the 16-bit weights, gathered per
   // layer just in time (executor/zero_optimizer.h).
   int zero_stage = 0;
+  // ZeRO-2/3: each layer unit's reduce-scatter left running while the backward goes on, waited for at
+  // the micro-batch's end (ZeroOptimizer::set_overlap; DeepSpeed's overlap_comm).
+  bool overlap_grad_reduce = false;
   uint64_t data_seed = 42;
   std::chrono::milliseconds timeout{300000};
   std::string dump_dir;  // if set: parameters after the last step, for checks
@@ -53,6 +58,7 @@ struct Span {
   std::string name;  // forward, backward, send, recv, allreduce, optimizer
   double start_ms, end_ms;
   int micro_batch;
+  int chunk = 0;  // the model chunk (interleaved 1F1B); 0 otherwise
 };
 
 struct RankReport {
@@ -67,6 +73,7 @@ struct RankReport {
   std::optional<double> peak_reserved_mb;   // CUDA caching allocator's peak reserved (cached) bytes
   std::optional<double> device_used_mb;     // max over the run of cudaMemGetInfo total - free (context, NCCL included)
   std::string memory_note;
+  long long overlapped_collectives = 0;  // ZeRO-2/3 reduce-scatters started while another was running
   std::vector<Span> trace;           // the last measured iteration
 };
 

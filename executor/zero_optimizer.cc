@@ -20,6 +20,13 @@ struct ZeroOptimizer::Unit {
   int arrived_count = 0;
 };
 
+// A reduce-scatter left running: its waiter, its output, the bucket it reads (kept alive) and the unit.
+struct ZeroOptimizer::Pending {
+  profiler::CommGroup::Waiter wait;
+  torch::Tensor out, bucket;
+  int unit;
+};
+
 namespace {
 
 // Runs after autograd accumulated a parameter's gradient: hands it to the optimizer.
@@ -162,7 +169,11 @@ void ZeroOptimizer::reduce_unit(int ui) {
   Unit& u = *units_[ui];
   torch::NoGradGuard no_grad;
   torch::Tensor mine = grad_.narrow(0, u.shard_offset, u.chunk);
-  if (group_) {
+  if (group_ && overlap_) {
+    torch::Tensor out = torch::empty({u.chunk}, grad_.options());
+    if (!pending_.empty()) ++overlapped_;
+    pending_.push_back({group_->reduce_scatter_async(out, u.bucket), out, u.bucket, ui});
+  } else if (group_) {
     torch::Tensor out = torch::empty({u.chunk}, grad_.options());
     group_->reduce_scatter(out, u.bucket);
     mine.add_(out);
@@ -180,6 +191,18 @@ void ZeroOptimizer::finish_backward() {
     if (units_[u]->bucket.defined()) reduce_unit(u);
     release(u);
   }
+  wait_pending();
+}
+
+// In the order started: each result added into this rank's chunk of its unit.
+void ZeroOptimizer::wait_pending() {
+  torch::NoGradGuard no_grad;
+  for (Pending& p : pending_) {
+    p.wait();
+    const Unit& u = *units_[p.unit];
+    grad_.narrow(0, u.shard_offset, u.chunk).add_(p.out);
+  }
+  pending_.clear();
 }
 
 void ZeroOptimizer::zero_grad() {

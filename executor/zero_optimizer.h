@@ -68,6 +68,13 @@ class ZeroOptimizer {
   // left pending (a unit some of whose parameters got no gradient), in unit
   // order, and (ZeRO-3) frees units still gathered.
   void finish_backward();
+  // Overlapped reduction (DeepSpeed's overlap_comm, Megatron's --overlap-grad-reduce): a unit's
+  // reduce-scatter is started when its gradients are complete and left running while the backward goes
+  // on; finish_backward() waits for them in order and adds each into this rank's chunk (the same sums,
+  // in the same order, as without it). Off by default.
+  void set_overlap(bool on) { overlap_ = on; }
+  // Reduce-scatters started while another was still running (the backward computed in between).
+  long long overlapped_collectives() const { return overlapped_; }
   void zero_grad();
   // The full fp32 gradient of unit u summed over the group, as a tensor
   // shaped like its parameter `param` (one of the unit's parameters); for
@@ -87,6 +94,11 @@ class ZeroOptimizer {
   struct Unit;
   void on_grad(int u, int index);
   void reduce_unit(int u);
+  void wait_pending();
+  struct Pending;
+  std::vector<Pending> pending_;
+  bool overlap_ = false;
+  long long overlapped_ = 0;
   int stage_;
   std::shared_ptr<profiler::CommGroup> group_;
   int rank_ = 0, size_ = 1;

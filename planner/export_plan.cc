@@ -1,4 +1,5 @@
 #include "planner/export_plan.h"
+#include "sim/schedule.h"
 
 #include <algorithm>
 #include <cmath>
@@ -95,9 +96,10 @@ void require_heads_split(const ModelShape& m, int tp, const std::string& where) 
                      ": Megatron-LM's TransformerConfig needs one or the other of num_query_groups" + why);
 }
 
-// Samples per replica per micro-batch: Megatron and DeepSpeed split each micro-batch evenly over dp.
+// Samples per replica per micro-batch: Megatron and DeepSpeed split each micro-batch evenly over dp (with
+// context parallelism, over the dp / cp groups: every rank of a cp group takes its group's samples).
 int micro_batch_per_replica(const PlanFile& f, const std::string& where, const std::string& framework) {
-  const int micro = f.gbs / f.plan.batches, dp = f.plan.strategies[0].dp;
+  const int micro = f.gbs / f.plan.batches, dp = f.plan.strategies[0].dp / std::max(1, f.context_parallel);
   if (!exporter_micro_batch_splits(micro, dp))
     throw InputError(where + ": a micro-batch of gbs / batches = " + std::to_string(micro) +
                      " sequences does not split evenly over dp " + std::to_string(dp) + ": " + framework +
@@ -129,6 +131,10 @@ const std::vector<NameSource>& megatron_flag_sources() {
       mg("--tensor-model-parallel-size", kMpc),
       mg("--pipeline-model-parallel-size", kMpc),
       mg("--sequence-parallel", kMpc),
+      mg("--context-parallel-size", kMpc),
+      mg("--overlap-grad-reduce", kArgs),
+      mg("--overlap-param-gather", kArgs),
+      mg("--ddp-bucket-size", kArgs),
       mg("--bf16", kMpc),
       mg("--fp16", kMpc),
       mg("--initial-loss-scale", kArgs),
@@ -168,6 +174,7 @@ const std::vector<NameSource>& megatron_flag_sources() {
       mg("--decoder-first-pipeline-num-layers", kArgs),
       mg("--decoder-last-pipeline-num-layers", kArgs),
       mg("--pipeline-model-parallel-layout", kArgs),
+      mg("--num-virtual-stages-per-pipeline-rank", kArgs),
       mg("--use-distributed-optimizer", kArgs),
       mg("--data-parallel-sharding-strategy", kArgs),
   };
@@ -234,8 +241,47 @@ using ArgList = std::vector<std::pair<std::string, std::string>>;
 
 std::string num(long long v) { return std::to_string(v); }
 
+// One segment of Megatron's --pipeline-model-parallel-layout: E (embedding), t*n (n blocks), L (loss).
+std::string layout_segment(bool embedding, int blocks, bool loss) {
+  std::string out = embedding ? "E" : "";
+  if (blocks == 1) out += "t";
+  else if (blocks > 1) out += "t*" + num(blocks);
+  return out + (loss ? "L" : "");
+}
+
+// Interleaved (virtual_stages v > 1): each stage's layers in v chunks (chunk_layers), run in virtual-stage
+// order. Every chunk the same blocks: Megatron's own even split with --num-virtual-stages-per-pipeline-rank;
+// else the explicit layout of pp * v segments in virtual-stage order (Megatron reads segment
+// chunk * pp + rank as rank's chunk; it then derives v from the segment count).
+void add_interleaved_layer_split(const PlanFile& f, const ModelShape& m, ArgList& args) {
+  const std::vector<int>& lp = f.plan.layer_partition;
+  const int pp = static_cast<int>(lp.size()) - 1, v = f.virtual_stages;
+  const int last_block = blocks_from_metis_layers(f.model.num_layers);
+  std::vector<int> blocks;  // per virtual stage
+  for (int k = 0; k < pp * v; ++k) {
+    int a = 0, b = 0;
+    chunk_layers(lp[k % pp], lp[k % pp + 1], lp[pp], v, k / pp, &a, &b);
+    blocks.push_back(std::max(0, std::min(last_block + 1, b) - std::max(1, a)));
+  }
+  args.emplace_back("--num-layers", num(m.num_layers));
+  if (std::all_of(blocks.begin(), blocks.end(), [&](int x) { return x == blocks[0]; })) {
+    args.emplace_back("--num-virtual-stages-per-pipeline-rank", num(v));
+    return;
+  }
+  std::string layout;
+  for (int k = 0; k < pp * v; ++k) {
+    if (k) layout += "|";
+    layout += layout_segment(k == 0, blocks[k], k == pp * v - 1);
+  }
+  args.emplace_back("--pipeline-model-parallel-layout", layout);
+}
+
 // Layers: an even split, the first/last stage counts, or the explicit layout.
 void add_layer_split(const PlanFile& f, const ModelShape& m, ArgList& args) {
+  if (f.virtual_stages > 1) {
+    add_interleaved_layer_split(f, m, args);
+    return;
+  }
   const std::vector<int> b = blocks_per_stage(f);
   const int pp = static_cast<int>(b.size());
   args.emplace_back("--num-layers", num(m.num_layers));
@@ -253,10 +299,7 @@ void add_layer_split(const PlanFile& f, const ModelShape& m, ArgList& args) {
     std::string layout;
     for (int s = 0; s < pp; ++s) {
       if (s) layout += "|";
-      if (s == 0) layout += "E";
-      if (b[s] == 1) layout += "t";
-      else if (b[s] > 1) layout += "t*" + num(b[s]);
-      if (s == pp - 1) layout += "L";
+      layout += layout_segment(s == 0, b[s], s == pp - 1);
     }
     args.emplace_back("--pipeline-model-parallel-layout", layout);
   }
@@ -281,6 +324,21 @@ void add_rope_scaling(const ordered_json& rs, ArgList& args, std::vector<std::st
   if (differs("low_freq_factor", 1) || differs("high_freq_factor", 4) || differs("original_max_position_embeddings", 8192))
     notes.push_back("rope_scaling " + excerpt(rs.dump()) + ": Megatron-LM's llama3 scaling fixes low_freq_factor 1, "
                     "high_freq_factor 4 and original_max_position_embeddings 8192");
+}
+
+// Context parallelism: Megatron's data-parallel size is the plan's dp / cp (its rank order is tp, cp, dp, as
+// the plan's); the sequence must split into 2 x cp load-balanced chunks (validate_args).
+void add_context_parallel(const PlanFile& f, const std::string& where, MegatronArgs& out) {
+  const int cp = std::max(1, f.context_parallel);
+  if (cp == 1) return;
+  for (const Strategy& st : f.plan.strategies)
+    if (st.dp % cp != 0)
+      throw InputError(where + ": context_parallel " + std::to_string(cp) + " does not divide a stage's dp " +
+                       std::to_string(st.dp));
+  if (f.model.sequence_length % (2 * cp) != 0)
+    throw InputError(where + ": Megatron-LM needs the sequence length (" + std::to_string(f.model.sequence_length) +
+                     ") to be a multiple of 2 x context_parallel (" + std::to_string(2 * cp) + ")");
+  out.args.emplace_back("--context-parallel-size", num(cp));
 }
 
 // The model's shape.
@@ -321,6 +379,8 @@ void add_model_shape(const PlanFile& f, const ModelShape& m, MegatronArgs& out) 
   }
 }
 
+void add_overlap(const PlanFile& f, MegatronArgs& out);
+
 // Training setting: mixed precision, ZeRO (distributed optimizer or Megatron-FSDP), recomputation.
 void add_training_setting(const PlanFile& f, const ParallelLayout* placement, const std::string& where,
                           MegatronArgs& out) {
@@ -356,6 +416,20 @@ void add_training_setting(const PlanFile& f, const ParallelLayout* placement, co
   if (f.offload_optimizer)
     out.notes.push_back("the plan was costed with the optimizer state offloaded to CPU memory: Megatron-LM's "
                         "--optimizer-cpu-offload is yours to add");
+  add_overlap(f, out);
+}
+
+// Overlapped data-parallel communication: Megatron overlaps the gradient reduction with
+// --overlap-grad-reduce, the distributed optimizer's (or Megatron-FSDP's) weight gather with
+// --overlap-param-gather, which needs the former (validate_args).
+void add_overlap(const PlanFile& f, MegatronArgs& out) {
+  auto add = [&](const std::string& flag, const std::string& value = "") { out.args.emplace_back(flag, value); };
+  const int zero = std::max(0, f.zero_stage);
+  const bool gather = f.overlap.param_gather && zero >= 1;
+  if (f.overlap.grad_reduce || gather) add("--overlap-grad-reduce");
+  if (gather) add("--overlap-param-gather");
+  if (f.overlap.any() && f.overlap.grad_bucket_params > 0)
+    add("--ddp-bucket-size", num(std::llround(f.overlap.grad_bucket_params)));
 }
 
 // The environment Megatron-LM needs and the torchrun line that starts pretrain_gpt.py on every node.
@@ -393,6 +467,10 @@ MegatronArgs export_megatron(const PlanFile& f, const ModelShape& m, const Paral
   add("--tensor-model-parallel-size", num(st.tp));
   add("--pipeline-model-parallel-size", num(pp));
   if (st.tp > 1) add("--sequence-parallel");
+  if (st.tp > 1 && !f.sequence_parallel)
+    out.notes.push_back("the plan was costed without sequence parallelism; --sequence-parallel only lowers the "
+                        "activation memory (sim/sequence_parallel.h)");
+  add_context_parallel(f, where, out);
   add("--micro-batch-size", num(micro_batch_per_replica(f, where, "Megatron-LM")));
   add("--global-batch-size", num(f.gbs));
   add_layer_split(f, m, out.args);
@@ -434,6 +512,15 @@ std::string megatron_args_text(const MegatronArgs& m, const std::string& header)
 DeepSpeedConfig export_deepspeed(const PlanFile& f, const ModelShape& m, const ParallelLayout* placement,
                                  const std::string& where) {
   require_uniform(f, where, "DeepSpeed");
+  if (f.context_parallel > 1)
+    throw InputError(where + ": context_parallel " + std::to_string(f.context_parallel) +
+                     ": DeepSpeed's config has no ring attention (Ulysses splits heads, not the ring); export it to "
+                     "Megatron-LM");
+  if (f.virtual_stages > 1)
+    throw InputError(where + ": the plan interleaves " + std::to_string(f.virtual_stages) +
+                     " virtual stages per pipeline rank, which DeepSpeed's pipeline engine cannot run (its "
+                     "PipelineModule gives each rank one contiguous piece and runs plain 1F1B); export it --to "
+                     "megatron, or `hetplan export --to torchrun` runs it with hetplan replay");
   DeepSpeedConfig out;
   ordered_json& c = out.config;
   const Strategy st = f.plan.strategies[0];
@@ -455,10 +542,15 @@ DeepSpeedConfig export_deepspeed(const PlanFile& f, const ModelShape& m, const P
   const long long h2 = m.hidden_size * m.hidden_size;
   ordered_json z;
   z["stage"] = zero;
-  z["overlap_comm"] = true;
+  // overlap_comm as costed (a plan file from before it recorded overlap: on, DeepSpeed's usual setting);
+  // bucket sizes in elements, the plan's when it set one.
+  z["overlap_comm"] = f.overlap.any() || !f.overlap_recorded;
   z["contiguous_gradients"] = true;
-  z["reduce_bucket_size"] = h2;
-  if (zero <= 2) z["allgather_bucket_size"] = h2;
+  const long long grad_bucket = f.overlap.grad_bucket_params > 0 ? std::llround(f.overlap.grad_bucket_params) : h2;
+  const long long gather_bucket = f.overlap.param_bucket_params > 0 ? std::llround(f.overlap.param_bucket_params)
+                                                                    : grad_bucket;
+  z["reduce_bucket_size"] = grad_bucket;
+  if (zero <= 2) z["allgather_bucket_size"] = gather_bucket;
   if (zero == 3) {
     z["stage3_prefetch_bucket_size"] = static_cast<long long>(0.9 * static_cast<double>(h2));
     z["stage3_param_persistence_threshold"] = 10 * m.hidden_size;

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,11 @@ struct PlanSearchOptions {
   tbb::task_arena* arena = nullptr;
   // Off only for tests: no bound is used, every plan of the space is costed.
   bool exhaustive = false;
+  // Only for tests: return the seed plans (planner/seed_plans.h) alone, marked cut short.
+  bool seeds_only = false;
+  // Seeded searches of more than this many GPUs first build every group's table for its bound (the
+  // bounds pass, planner/plan_search.md). Tests lower it to run the pass on small clusters.
+  int bounds_pass_above_gpus = kWholeNodeStagesAbove;
   // The largest suffix-bound table (in dynamic-program steps, 0.25 R^2 L^2 Q) the search builds per
   // (node order, m); above it, the throughput bound stands in. Tests lower it to exercise that bound.
   double suffix_table_limit = 4e9;
@@ -69,6 +75,13 @@ struct PlanSearchOptions {
   // estimates keep; above it (hundreds of GPUs) a mixed stage's estimate is the whole-sample capacity
   // bound (planner/stage_estimator.h). Tests lower it to exercise that bound.
   double mixed_table_limit = 2e6;
+  // The relative gap the result must be proven within: a partial plan is pruned once a bound shows it
+  // cannot beat the K-th best plan found by more than a factor 1 + gap, and the search stops once every
+  // plan left is so bounded. The best plan returned then costs at most (1 + gap) x the optimum. 0: exact
+  // (the same plans as exhaustive enumeration). `hetplan search --gap` defaults to 0.01.
+  double gap = 0;
+  // The seed plans' (planner/seed_plans.h) share of the time, in seconds, before the search proper.
+  double seed_time_s = 2;
   // Stop after this many seconds (0: no limit) and return the best plans
   // found so far, marked cut short.
   double time_budget_s = 0;
@@ -82,12 +95,15 @@ struct PlanSearchProgress {
   long long units_done = 0, units_total = 0;  // (node order, m, p, first stage) work units; total 0: setting up
   long long enumerated = 0, pruned = 0, costed = 0;
   double elapsed_s = 0, eta_s = -1;  // -1: not known yet
-  double best_ms = -1;
+  double best_ms = -1;         // the best plan's cost so far; -1: none yet
+  double lower_bound_ms = 0;   // a lower bound on the optimum over the whole space (infinity: no plan left)
+  double gap = -1;             // best_ms / lower_bound_ms - 1; -1: not known (no plan, or no bound yet)
 };
 
 struct SearchedPlan {
   PlanResult plan;     // cost = simulated iteration time (ms)
   int setup = 0;       // index into PlanSearchOptions::setups (0 without settings)
+  int virtual_stages = 1;  // > 1: interleaved 1F1B with that many chunks per stage (search_virtual_stages)
 };
 
 struct PlanSearchResult {
@@ -100,6 +116,17 @@ struct PlanSearchResult {
   bool cut_short = false;    // time budget or cancellation
   std::string cut_reason;
   double seconds = 0;
+  // The proof: best_ms is the best plan's cost (-1: none); lower_bound_ms a lower bound on every plan of
+  // the space (at most best_ms; infinity where the search finished without a plan: the space is empty);
+  // gap = best_ms / lower_bound_ms - 1 (infinity where unknown). A search not cut short has gap <= the
+  // gap asked for (0 for an exact search).
+  double best_ms = -1, lower_bound_ms = 0, gap = std::numeric_limits<double>::infinity();
+  double gap_asked = 0;
+  bool proven = false;       // gap <= the gap asked for (with a plan), or the space proven empty
+  bool space_empty = false;  // finished without a plan: no plan of the space fits
+  double first_plan_s = -1;  // seconds to the first plan found (-1: none)
+  long long seeds_costed = 0;
+  double seed_seconds = 0;
 };
 
 // The settings `--zero` ("0".."3" or "auto") and `--recompute` ("none",
@@ -111,6 +138,22 @@ std::vector<TrainingSetup> search_setups(const TrainingSetup& base, const std::s
 // "ZeRO-1, recompute selective".
 std::string setup_label(const TrainingSetup& s);
 
+// `--vp`: "1" (no interleaving), "N" (interleaved 1F1B, N chunks per stage), "auto" (1, 2, 3 and 4, each a
+// value of the dimension). Throws InputError naming the flag.
+std::vector<int> parse_virtual_stages(const std::string& s);
+
+class PlanSearch;
+
+// Virtual stages as a dimension: one PlanSearch per value v of `virtual_stages`, on a simulator of `base`
+// (v = 1: base's schedule; v > 1: interleaved 1F1B with v chunks per stage, which also restricts the
+// space to Megatron's: pp >= 2, micro-batches a multiple of pp, every stage at least v layers), each
+// exact over its space (planner/stage_search.cc: the bounds an interleaved search keeps), their best
+// plans merged cheapest first (ties: smaller v first), top_k of them; the counts add up. The time
+// budget covers all the searches. REQUIRES: as PlanSearch.
+PlanSearchResult search_virtual_stages(const Cluster& cluster, const ProfileSet& profiles, const ModelShape& shape,
+                                       int sequence_length, const SimulationOptions& base,
+                                       const PlanSearchOptions& options, const std::vector<int>& virtual_stages);
+
 class PlanSearch {
  public:
   // Throws InputError for options that cannot be searched (gbs < 1, ...).
@@ -121,6 +164,8 @@ class PlanSearch {
 
  private:
   PlanSearchResult search() const;  // run()'s work, in opt_.arena or a task arena of opt_.threads threads
+  void finish_proof(const class SharedBound& shared, const class OpenBounds& open, const class SearchControl& control,
+                    PlanSearchResult* result) const;
 
   const Cluster* cluster_;
   const ProfileSet* profiles_;

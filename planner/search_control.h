@@ -27,17 +27,24 @@ struct WorkerCounters {
 class SearchControl {
  public:
   using Clock = std::chrono::steady_clock;
-  enum Why { kNotStopped = 0, kTimeBudget = 1, kCancelled = 2 };
+  enum Why { kNotStopped = 0, kTimeBudget = 1, kCancelled = 2, kProven = 3 };
 
   SearchControl(Clock::time_point start, double time_budget_s, const std::atomic<bool>* cancel)
       : start_(start), time_budget_s_(time_budget_s), cancel_(cancel) {}
 
   Clock::time_point start() const { return start_; }
+  double time_budget_s() const { return time_budget_s_; }  // 0: none
   double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   bool stopped() const { return stop_.load(std::memory_order_relaxed); }
   Why why() const { return static_cast<Why>(why_.load()); }
   // Stops the search without a reason (a thread's exception): no thread waits for ever on its work.
   void stop_now() { stop_.store(true); }
+  // Stops the search because what is left cannot beat the best found by more than the gap asked for.
+  void stop_proven() {
+    int expected = kNotStopped;
+    why_.compare_exchange_strong(expected, kProven);
+    stop_.store(true);
+  }
 
   // Reads the cancellation flag and the clock; true: stop.
   bool check_stop() {

@@ -5,6 +5,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -45,14 +46,15 @@ int lanes() { return std::max(1, tbb::this_task_arena::max_concurrency()); }
 class Phases {
  public:
   explicit Phases(SearchWork& work);
-  void lane();
+  void lane(int lane);
 
  private:
   void build_last_stages();
   void run_shallow_units(Worker& w);
-  bool build_deeper_and_run(Worker& w, int group);
-  void join_deep_units(Worker& w);
-  bool run_deep_units(Worker& w, int group);
+  bool build_deeper_and_run(Worker& w, int lane, int group);
+  void join_deep_units(Worker& w, int lane);
+  bool run_deep_units(Worker& w, int lane, int group);
+  void update_open_bound(int group);
   // Waits until `done()`: work of an earlier phase, which running threads have taken (every item of a
   // phase is taken before any thread leaves it), and which waits only on work of a phase before its own
   // (phase 1 on nothing). No TBB wait runs inside a lane, so no thread holds such work below a wait.
@@ -67,8 +69,29 @@ class Phases {
 
   static constexpr long long kChunk = 32;
   SearchWork& work_;
-  const std::vector<int> order_;
+  std::vector<int> order_;  // (re-sorted by the bounds pass, before any thread reads it past that pass)
   const std::size_t n_groups_;
+  // The least pipeline depth of phase 3: 3, or 1 where the seed plans set a threshold before the search
+  // on a cluster of kDeepTablesFirstFrom GPUs or more (phase 2 is then empty: its plans are not needed to
+  // set one, and they are pruned far better by the deeper entries, which also give the group's bound at
+  // once). On smaller clusters phase 2 is cheap and its plans tighten the threshold the deeper entries
+  // are built with.
+  static constexpr int kDeepTablesFirstFrom = 64;
+  const int first_deep_;
+  // The bounds pass (seeded searches of more than kWholeNodeStagesAbove GPUs): every group's whole table
+  // first, for its bound over every depth (the global bound at once), then released; the groups are
+  // then searched from the least bound up, and a group whose bound is above the threshold is closed
+  // without building anything more.
+  const bool bounds_pass_;
+  std::atomic<std::size_t> next0_{0};
+  std::atomic<std::size_t> bounded_{0};
+  std::atomic<bool> sorted_{false};
+  std::vector<double> group_bound_;  // [group]: the bounds pass's bound over every depth
+  void run_bounds_pass();
+  std::vector<double> root_bounds(int group) const;
+  bool closed_by_bound(int group) const {
+    return bounds_pass_ && group_bound_[group] > work_.shared.threshold();
+  }
   const long long per_group2_, n2_;  // each group's units of one and two stages; all groups'
   const long long per_group3_;       // each group's units of three stages and more
   std::atomic<std::size_t> next1_{0}, next3_{0};
@@ -79,20 +102,33 @@ class Phases {
   // per_group3_, once its deeper entries are built (open3_[g]).
   std::unique_ptr<std::atomic<long long>[]> next3u_, done3u_;
   std::unique_ptr<std::atomic<bool>[]> open3_;
+  // The global bound's data: per group, the least of its deeper table's bound over the depths from p on
+  // ([group][p], written before open3_[group]); per lane, the phase-3 unit it runs (group x (per_group3_ +
+  // 1) + index, or -1), published before it takes the unit from next3u_.
+  std::vector<std::vector<double>> from_depth_;
+  const int n_lanes_;
+  std::unique_ptr<std::atomic<long long>[]> lane_at_;
 };
 
 Phases::Phases(SearchWork& work)
     : work_(work),
       order_(group_order(work.space)),
       n_groups_(order_.size()),
-      per_group2_(work.space.group_unit_count(1, 2)),
+      first_deep_(std::isfinite(work.shared.threshold()) && work.space.gpus >= kDeepTablesFirstFrom ? 1 : 3),
+      per_group2_(first_deep_ == 1 ? 0 : work.space.group_unit_count(1, 2)),
       n2_(per_group2_ * static_cast<long long>(n_groups_)),
-      per_group3_(work.space.group_unit_count(3, work.space.max_stages)),
+      per_group3_(work.space.group_unit_count(first_deep_, work.space.max_stages)),
       ready_(new std::atomic<bool>[n_groups_]),
       left2_(new std::atomic<long long>[n_groups_]),
       next3u_(new std::atomic<long long>[n_groups_]),
       done3u_(new std::atomic<long long>[n_groups_]),
-      open3_(new std::atomic<bool>[n_groups_]) {
+      open3_(new std::atomic<bool>[n_groups_]),
+      bounds_pass_(first_deep_ == 1 && work.space.gpus > work.bounds_pass_above_gpus),
+      group_bound_(n_groups_, 0.0),
+      from_depth_(n_groups_),
+      n_lanes_(lanes()),
+      lane_at_(new std::atomic<long long>[n_lanes_]) {
+  for (int i = 0; i < n_lanes_; ++i) lane_at_[i].store(-1);
   for (std::size_t group = 0; group < n_groups_; ++group) {
     ready_[group].store(false);
     left2_[group].store(per_group2_);
@@ -102,19 +138,117 @@ Phases::Phases(SearchWork& work)
   }
 }
 
-void Phases::lane() {
+void Phases::lane(int lane) {
+  if (bounds_pass_) run_bounds_pass();
   build_last_stages();
   Worker& w = work_.workers.local();
   run_shallow_units(w);
   // 3. Per group, its deeper entries, then its units of three stages and more; then, with no group left
   //    to build, the units of the groups other threads are on (see run_deep_units).
-  take_groups(work_.control, order_, next3_, [&](int group) { return build_deeper_and_run(w, group); });
-  join_deep_units(w);
+  take_groups(work_.control, order_, next3_, [&](int group) { return build_deeper_and_run(w, lane, group); });
+  join_deep_units(w, lane);
+}
+
+// 0. Every group's table, for its bound, then released.
+void Phases::run_bounds_pass() {
+  // Under a time budget, the pass takes at most half of it: the groups it has not reached keep the floor.
+  const double budget = work_.control.time_budget_s(), pass_end = budget > 0 ? 0.5 * budget : 1e300;
+  take_groups(work_.control, order_, next0_, [&](int group) {
+    if (work_.control.elapsed_s() > pass_end) {
+      bounded_.fetch_add(1);
+      return true;
+    }
+    SuffixBound& b = work_.bounds[group];
+    work_.builder.build_last_stages(group, &b);
+    work_.builder.finish(&b);
+    work_.builder.build_deeper(group, &b);
+    if (!work_.control.stopped()) {
+      from_depth_[group] = root_bounds(group);
+      group_bound_[group] = from_depth_[group][1];
+      work_.open.set(group, group_bound_[group]);
+    }
+    b.release();
+    bounded_.fetch_add(1);
+    return true;
+  });
+  // The last thread out sorts the groups by their bound; the others wait for it.
+  if (!wait_for([&] { return bounded_.load() >= n_groups_; })) return;
+  std::size_t expected = n_groups_;
+  if (bounded_.compare_exchange_strong(expected, n_groups_ + 1)) {
+    std::stable_sort(order_.begin(), order_.end(), [&](int x, int y) { return group_bound_[x] < group_bound_[y]; });
+    sorted_.store(true);
+  }
+  wait_for([&] { return sorted_.load(); });
+}
+
+// [p]: a bound on every plan of the group with p stages or more, from its whole table: stage 0's
+// choices (size, tp, layers), each bounded as the depth-first search bounds it (its estimate's busy time,
+// or its passes plus the table's path through the stages after it), plus its exact all-reduce and
+// optimizer step (the least over the settings), which the plan runs after the last backward reaches
+// stage 0. The table's path(q, 0, 0) alone leaves that tail out.
+std::vector<double> Phases::root_bounds(int group) const {
+  const SearchSpace& sp = work_.space;
+  const SuffixBound& bound = work_.bounds[group];
+  const NodeOrder& o = sp.order_of_group(group);
+  const int m = sp.micro_batches_of_group(group), mb = sp.gbs / m, layers = sp.layers, depth = sp.max_stages;
+  const int setups = sp.num_setups();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<double> best(depth + 2, kInf);
+  std::vector<FastStageCost> costs(setups);
+  for (int s = 1; s <= sp.gpus && !work_.control.stopped(); ++s) {
+    if (sp.whole_nodes && !o.node_start(s)) continue;
+    const bool homo = o.homogeneous(0, s), all = s == sp.gpus;
+    if (!all && depth < 2) continue;
+    for (int tp = 1; tp <= std::min(s, sp.max_tp); ++tp) {
+      if (s % tp != 0 || s / tp > mb || !o.tp_profiled(0, s, tp)) continue;
+      const bool inside = o.tp_inside_nodes(0, s, tp);
+      if (!work_.builder.cross_node_tp() && !inside) continue;
+      double sf = 0, sb = 0;
+      bound.estimator->sends(0, s, tp, homo, &sf, &sb);
+      for (int k = all ? layers : 1; k <= (all ? layers : layers - 1); ++k) {
+        const stage_estimates::StageEstimate x = bound.estimator->estimate(0, s, tp, 0, k, homo, inside);
+        if (!std::isfinite(x.t)) continue;
+        const double busy = m * x.t + (m - 1) * x.a + sb, csum = x.t + sf + sb + (m > 1 ? x.a : 0.0);
+        double first = busy;  // the least of the bounds without the tail, over the depths
+        if (!all)
+          for (int q = 2; q <= std::min(depth, layers - k + 1); ++q) first = std::min(first, std::max(busy, csum + bound.path(q - 1, s, k)));
+        if (!(first < best[all ? 1 : 2])) {
+          bool above = true;  // no depth gains: skip the stage cost
+          if (!all)
+            for (int q = 2; q <= std::min(depth, layers - k + 1) && above; ++q)
+              above = !(std::max(busy, csum + bound.path(q - 1, s, k)) < best[q]);
+          if (above) continue;
+        }
+        StageChoice c;
+        c.begin = 0;
+        c.size = s;
+        c.st = Strategy{s / tp, tp};
+        c.layer_begin = 0;
+        c.layer_end = k;
+        if (!o.cost->stage(c, 0, all ? 1 : 2, m, mb, costs.data())) continue;
+        double tail = kInf;
+        for (const FastStageCost& fc : costs) tail = std::min(tail, fc.allreduce_ms + fc.optimizer_ms);
+        if (all) {
+          best[1] = std::min(best[1], busy + tail);
+          continue;
+        }
+        for (int q = 2; q <= std::min(depth, layers - k + 1); ++q)
+          best[q] = std::min(best[q], std::max(busy, csum + bound.path(q - 1, s, k)) + tail);
+      }
+    }
+  }
+  for (int q = depth; q >= 1; --q) best[q] = std::min(best[q], best[q + 1]);
+  if (work_.control.stopped()) best.assign(depth + 2, 0.0);
+  return best;
 }
 
 // 1. Every group's estimator and the one-stage entries of its suffix bound.
 void Phases::build_last_stages() {
   take_groups(work_.control, order_, next1_, [&](int group) {
+    if (closed_by_bound(group)) {
+      ready_[group].store(true, std::memory_order_release);
+      return true;
+    }
     work_.builder.build_last_stages(group, &work_.bounds[group]);
     work_.builder.finish(&work_.bounds[group]);
     ready_[group].store(true, std::memory_order_release);
@@ -139,16 +273,60 @@ void Phases::run_shallow_units(Worker& w) {
     }
 }
 
-bool Phases::build_deeper_and_run(Worker& w, int group) {
+bool Phases::build_deeper_and_run(Worker& w, int lane, int group) {
+  // Its one-stage entries (phase 1: with no phase 2, another thread may still be building them), then
+  // its units of one and two stages.
+  if (!wait_for([&] { return ready_[group].load(std::memory_order_acquire); })) return false;
   if (!wait_for([&] { return left2_[group].load(std::memory_order_acquire) == 0; })) return false;
+  if (closed_by_bound(group)) {  // every plan of the group costs more than the threshold
+    work_.bounds[group].release();
+    from_depth_[group].assign(work_.space.max_stages + 2, std::numeric_limits<double>::infinity());
+    next3u_[group].store(per_group3_);
+    done3u_[group].store(per_group3_);
+    open3_[group].store(true, std::memory_order_release);
+    work_.open.close(group);
+    return true;
+  }
   work_.builder.build_deeper(group, &work_.bounds[group]);
   work_.builder.finish(&work_.bounds[group]);
+  // Every plan of q stages of the group is bounded by path(q, 0, 0) (or costs more than the threshold).
+  const int max_stages = work_.space.max_stages;
+  std::vector<double>& fd = from_depth_[group];
+  const std::vector<double> from_pass = fd;  // the bounds pass's, where it ran: stage 0's tail included
+  fd.assign(max_stages + 2, std::numeric_limits<double>::infinity());
+  if (!work_.control.stopped())
+    for (int q = max_stages; q >= 1; --q) fd[q] = std::min(fd[q + 1], work_.bounds[group].path(q, 0, 0));
+  else fd.assign(max_stages + 2, 0.0);  // (the table may be part-built)
+  if (from_pass.size() == fd.size())
+    for (std::size_t q = 0; q < fd.size(); ++q) fd[q] = std::max(fd[q], from_pass[q]);
   open3_[group].store(true, std::memory_order_release);
-  if (per_group3_ == 0) work_.bounds[group].release();  // no unit of three stages or more (fewer stages searched)
-  return run_deep_units(w, group);
+  if (per_group3_ == 0) {
+    work_.bounds[group].release();  // no unit of three stages or more (fewer stages searched)
+    work_.open.close(group);
+  } else {
+    work_.open.set(group, fd[first_deep_]);
+  }
+  return run_deep_units(w, lane, group);
 }
 
-void Phases::join_deep_units(Worker& w) {
+// The group's bound from the least pipeline depth of its phase-3 units not yet done.
+void Phases::update_open_bound(int group) {
+  if (done3u_[group].load() >= per_group3_) {
+    work_.open.close(group);
+    return;
+  }
+  long long lowest = next3u_[group].load();
+  const long long base = static_cast<long long>(group) * (per_group3_ + 1);
+  for (int i = 0; i < n_lanes_; ++i) {
+    const long long at = lane_at_[i].load();
+    if (at >= base && at <= base + per_group3_) lowest = std::min(lowest, at - base);
+  }
+  if (lowest >= per_group3_) return;
+  const int p = work_.space.group_unit(group, first_deep_, lowest).stages;
+  work_.open.set(group, from_depth_[group][p]);
+}
+
+void Phases::join_deep_units(Worker& w, int lane) {
   for (bool left = true; left && !work_.control.stopped();) {
     left = false;
     bool ran = false;
@@ -157,7 +335,7 @@ void Phases::join_deep_units(Worker& w) {
       left = true;
       if (!open3_[group].load(std::memory_order_acquire)) continue;  // its table is being built
       ran = true;
-      if (!run_deep_units(w, group)) break;
+      if (!run_deep_units(w, lane, group)) break;
     }
     if (left && !ran) std::this_thread::yield();
   }
@@ -167,22 +345,31 @@ void Phases::join_deep_units(Worker& w) {
 // last frees its table. Any thread may join a group's units: the chunks shrink as they run out, so that
 // at the end of the search no thread is left alone with a long chunk (a few units take milliseconds, most
 // microseconds) while the other has nothing to do. False where the search stops.
-bool Phases::run_deep_units(Worker& w, int group) {
+bool Phases::run_deep_units(Worker& w, int lane, int group) {
+  const long long base = static_cast<long long>(group) * (per_group3_ + 1);
   for (;;) {
-    const long long left = per_group3_ - next3u_[group].load(std::memory_order_relaxed);
+    const long long taken = next3u_[group].load();
+    const long long left = per_group3_ - taken;
     if (left <= 0) return true;
     const long long chunk = std::clamp<long long>(left / 64, 1, 64);
-    const long long b = next3u_[group].fetch_add(chunk, std::memory_order_relaxed);
-    if (b >= per_group3_) return true;
+    lane_at_[lane].store(base + taken);  // at most the unit it takes: published before next3u_ moves past
+    const long long b = next3u_[group].fetch_add(chunk);
+    lane_at_[lane].store(base + std::min(b, per_group3_));
+    if (b >= per_group3_) {
+      lane_at_[lane].store(-1);
+      return true;
+    }
     const long long e = std::min(per_group3_, b + chunk);
     long long i = b;
     bool stopped = false;
-    for (Unit u = work_.space.group_unit(group, 3, b); i < e; ++i, ++w.counters.own.units, u = work_.space.next_in_group(u)) {
+    for (Unit u = work_.space.group_unit(group, first_deep_, b); i < e; ++i, ++w.counters.own.units, u = work_.space.next_in_group(u)) {
       if ((stopped = work_.control.every_so_often(w.counters))) break;
       work_.stage_search.run_unit(w, u);
     }
     if (stopped) return false;  // (the table is left to the search's end)
+    lane_at_[lane].store(-1);
     if (done3u_[group].fetch_add(e - b, std::memory_order_acq_rel) + (e - b) == per_group3_) work_.bounds[group].release();
+    update_open_bound(group);
   }
 }
 
@@ -216,9 +403,9 @@ void run_in_phases(SearchWork& work) {
   // VM). A group's units wait only for its own one-stage entries, and its deeper entries (which rebuild
   // its table) for its units of one and two stages.
   Phases phases(work);
-  tbb::parallel_for(0, lanes(), [&](int) {
+  tbb::parallel_for(0, lanes(), [&](int lane) {
     try {
-      phases.lane();
+      phases.lane(lane);
     } catch (...) {
       work.control.stop_now();  // (out of memory) no thread waits for ever on this one's work
       throw;

@@ -44,6 +44,9 @@ class UnitSearch {
         est_(*search.bounds_[u.group].estimator),
         use_bounds_(search.use_bounds_),
         schedule_(search.schedule_),
+        v_(search.schedule_ == Schedule::kInterleaved1F1B ? search.virtual_stages_ : 1),
+        chain_bounds_(use_bounds_ && v_ == 1),
+        busy_bound_(use_bounds_ && (v_ == 1 || !any_offload(search.space_))),
         stages_(u.stages),
         micro_batches_(u.micro_batches),
         micro_batch_(search.space_.gbs / u.micro_batches),
@@ -56,8 +59,17 @@ class UnitSearch {
         allow_cross_node_tp_(search.options_.allow_cross_node_tp) {}
 
   void run() {
+    // Interleaving (Megatron's rule, sim/schedule.h): pp >= 2 and the micro-batches a multiple of pp.
+    if (v_ > 1 && (stages_ < 2 || micro_batches_ % stages_ != 0)) return;
     start_state();
     descend(0, 0, 0);
+  }
+
+  // Offloading's exposed copies are not additive over a stage's chunks (sim/offload.h).
+  static bool any_offload(const SearchSpace& space) {
+    for (const TrainingSetup& q : space.setups)
+      if (q.offload_optimizer || q.offload_params) return true;
+    return false;
   }
 
  private:
@@ -116,6 +128,15 @@ class UnitSearch {
   const StageEstimator& est_;
   const bool use_bounds_;
   const Schedule schedule_;
+  // Interleaved 1F1B (v_ > 1): the chains the bounds follow (micro-batch 0's passes through whole
+  // stages, the suffix bound's paths) are not the interleaved pipeline's, whose micro-batches cross a
+  // stage chunk by chunk: those bounds are off (chain_bounds_). What stays is that a stage runs all its
+  // chunks' compute, then its all-reduce and optimizer: a chunk costs as a stage of its layers, and a
+  // stage's costs add up over layers (its slowest replica's over chunks at least its slowest over the
+  // whole stage), so its whole-stage busy time is a lower bound (busy_bound_; less a relative 1e-9 for
+  // the sums' rounding).
+  const int v_;
+  const bool chain_bounds_, busy_bound_;
   const int stages_, micro_batches_, micro_batch_, setups_, layers_, gpus_, max_tp_;
   const bool cacheable_, whole_nodes_, allow_cross_node_tp_;
 };
@@ -132,6 +153,10 @@ void UnitSearch::start_state() {
   w_.feasible_setups.resize(stages_ + 1);
   w_.choices.resize(stages_);
   w_.leaf_costs.resize(stages_);
+  if (v_ > 1) {
+    w_.chunk_costs.resize(static_cast<std::size_t>(stages_) * v_ * setups_);
+    w_.leaf_chunks.resize(static_cast<std::size_t>(stages_) * v_);
+  }
   w_.feasible_setups[0] = setups_ >= 32 ? 0xffffffffu : ((1u << setups_) - 1);
 }
 
@@ -146,6 +171,14 @@ void UnitSearch::start_state() {
   f.s_min = i == 0 ? u_.first_size : f.last ? gpus_ - r : 1;
   f.k_max = i == 0 && u_.first_layers > 0 ? u_.first_layers : f.last ? layers_ - l : layers_ - l - f.rest;
   f.k_min = i == 0 && u_.first_layers > 0 ? u_.first_layers : f.last ? layers_ - l : 1;
+  if (v_ > 1) {
+    // Interleaved: every stage at least v blocks (stage_blocks, sim/schedule.h), the head's stage one
+    // layer more; none to try where the fixed counts fall short.
+    if (!f.last) f.k_max = std::min(f.k_max, layers_ - l - f.rest * v_ - 1);
+    if (!(i == 0 && u_.first_layers > 0) && !f.last) f.k_min = std::max(f.k_min, v_ + (l == 0 ? 1 : 0));
+    if (stage_blocks(l, l + f.k_min, layers_) < v_ || (f.last && stage_blocks(l, layers_, layers_) < v_))
+      f.k_max = f.k_min - 1;
+  }
   f.tail = i == 0 ? 0.0 : kInf;
   for (int q = 0; q < setups_; ++q)
     if (w_.feasible_setups[i] & (1u << q)) {
@@ -174,7 +207,7 @@ void UnitSearch::descend(int i, int r, int l) {
   for (int s = f.s_min; s <= f.s_max; ++s) {
     if (whole_nodes_ && !o_.node_start(r + s)) continue;
     // Whatever layers this stage takes, the ranks after it cannot finish in time.
-    if (use_bounds_ && !f.last &&
+    if (chain_bounds_ && !f.last &&
         f.passes + sb_.least_path_from(f.rest, r + s, l + f.k_min) + f.tail > shared_.threshold()) {
       ++count_.enumerated;
       ++count_.pruned;
@@ -199,7 +232,7 @@ void UnitSearch::descend(int i, int r, int l) {
   // The least model-state bytes of layers [l, l + k) on these ranks, against their least memory.
   sh.states = tables_.states_row(tp, dp, f.l);
   sh.capacity = sh.states ? o_.capacity(f.r, s) : kInf;
-  if (use_bounds_) {
+  if (chain_bounds_) {
     est_.sends(f.r, s, tp, homo, &sh.send_fw, &sh.send_bw);
     sh.kept = kept_.get(o_, est_, f.r, s, tp, micro_batch_, homo, inside);
   }
@@ -215,7 +248,7 @@ void UnitSearch::descend(int i, int r, int l) {
 // much to do, by bisection on a bound non-increasing in k (each skipped k would be pruned by
 // test_bounds: it is at least passes + that bound + tail).
 [[gnu::always_inline]] inline int UnitSearch::first_layer_count(const Frame& f, const Shape& sh) {
-  if (!use_bounds_ || f.last || f.k_max <= f.k_min) return f.k_min;
+  if (!chain_bounds_ || f.last || f.k_max <= f.k_min) return f.k_min;
   const double thr = shared_.threshold();
   int lo = f.k_min, hi = f.k_max + 1;
   while (lo < hi) {
@@ -238,7 +271,7 @@ void UnitSearch::descend(int i, int r, int l) {
     note_states_out_of_memory(f, sh, k);
     return Next::kBreak;
   }
-  if (use_bounds_) {
+  if (chain_bounds_) {
     const Verdict verdict = test_bounds(f, sh, k);
     if (verdict == Verdict::kPruneMoreLayers) return Next::kBreak;
     if (verdict == Verdict::kPrune) return Next::kContinue;
@@ -299,7 +332,7 @@ void UnitSearch::descend(int i, int r, int l) {
   FastStageCost* sc = &w_.stage_costs[static_cast<std::size_t>(i) * setups_];
   std::string why;
   const StageCache::Key ck = cacheable_ ? StageCache::key(u_.group, f.r, sh.s, sh.tp, f.l, f.l + k, i == 0, f.last,
-                                                          in_flight_microbatches(schedule_, stages_, i, micro_batches_))
+                                                          in_flight_microbatches(schedule_, stages_, i, micro_batches_, v_))
                                         : StageCache::Key{};
   bool hit = false;
   FastStageCost* cached = cacheable_ ? w_.cache.slot(ck, &hit) : nullptr;
@@ -343,8 +376,9 @@ void UnitSearch::descend(int i, int r, int l) {
     // Micro-batch 0 reaches this stage after the forward chain; the stage then runs all its compute,
     // then its all-reduce and optimizer; its last gradients go down the chain to stage 0's all-reduce
     // and optimizer.
-    const double own = std::max(w_.forward_chain[at] + busy + fc.allreduce_ms + fc.optimizer_ms,
-                                w_.passes[at] + fc.send_backward_ms + busy + tail0);
+    const double own = !chain_bounds_ ? (busy_bound_ ? busy * (1 - 1e-9) + fc.allreduce_ms + fc.optimizer_ms : 0.0)
+                                      : std::max(w_.forward_chain[at] + busy + fc.allreduce_ms + fc.optimizer_ms,
+                                                 w_.passes[at] + fc.send_backward_ms + busy + tail0);
     double lb = std::max(w_.lower_bound[at], own);
     const double pass0 = fc.forward_ms + fc.send_forward_ms + fc.backward_ms + fc.send_backward_ms;
     w_.forward_chain[next] = w_.forward_chain[at] + fc.forward_ms + fc.send_forward_ms;
@@ -361,7 +395,7 @@ void UnitSearch::descend(int i, int r, int l) {
                       (micro_batches - 1) * fc.accumulation_ms + fc.send_forward_ms + fc.send_backward_ms -
                       w_.first_passes[next];
     w_.start_extra[next] = std::max(w_.start_extra[at], xs);
-    if (use_bounds_) {
+    if (chain_bounds_) {
       const int rest = f.rest, r = f.r + sh.s, l = f.l + k;
       lb = std::max({lb, w_.passes[next] + (f.last ? 0.0 : sb_.path(rest, r, l)) + tail0,
                      w_.passes[next] + w_.end_extra[next] + sb_.last_trip(rest, r, l) + tail0,
@@ -409,6 +443,7 @@ void UnitSearch::leaf() {
   double best = kInf;
   int best_setup = -1;
   const unsigned mk = w_.feasible_setups[stages_];
+  bool chunks_costed = false;
   for (int k = 0; k < setups_; ++k) {
     if (!(mk & (1u << k))) continue;
     if (s_.options_.uniform && !deepspeed_pipeline_zero_ok(stages_, o_.cost->setup(k).zero_stage)) continue;
@@ -416,7 +451,18 @@ void UnitSearch::leaf() {
                            std::min(best, shared_.threshold()))
       continue;
     for (int i = 0; i < stages_; ++i) w_.leaf_costs[i] = w_.stage_costs[static_cast<std::size_t>(i) * setups_ + k];
-    const double t = o_.cost->iteration_ms(w_.leaf_costs.data(), stages_, micro_batches_, schedule_, &w_.scratch);
+    if (v_ > 1 && !chunks_costed) {
+      // Interleaved: the chunks' costs, every setup at once, once per plan.
+      if (!o_.cost->chunk_costs(w_.choices.data(), stages_, micro_batches_, micro_batch_, v_, w_.chunk_costs.data())) {
+        ++count_.infeasible;
+        return;
+      }
+      chunks_costed = true;
+    }
+    if (v_ > 1)
+      for (int c = 0; c < stages_ * v_; ++c) w_.leaf_chunks[c] = w_.chunk_costs[static_cast<std::size_t>(c) * setups_ + k];
+    const double t = o_.cost->iteration_ms(w_.leaf_costs.data(), stages_, micro_batches_, schedule_, &w_.scratch,
+                                           v_ > 1 ? w_.leaf_chunks.data() : nullptr, v_);
     if (t < best) {
       best = t;
       best_setup = k;
@@ -440,6 +486,7 @@ void UnitSearch::keep_plan(double cost, int setup) {
     key.order.push_back(w_.choices[i].layer_end - w_.choices[i].layer_begin);
   }
   if (!w_.top.wants(key)) return;
+  const unsigned long long id = plan_id(key.order);
   SearchedPlan sp;
   PlanResult& pr = sp.plan;
   for (int t : o_.sequence) pr.node_sequence.push_back(s_.cluster_.device_types()[t]);
@@ -454,13 +501,13 @@ void UnitSearch::keep_plan(double cost, int setup) {
   pr.cost = cost;
   sp.setup = setup;
   w_.top.insert(std::move(key), std::move(sp));
-  shared_.offer(cost);
+  shared_.offer(cost, id);
 }
 
 StageSearch::StageSearch(const SearchSpace& space, const FeasibilityTables& tables,
                          const std::vector<SuffixBound>& bounds, KeptEstimates& kept, SharedBound& shared,
                          SearchControl& control, const Cluster& cluster, const PlanSearchOptions& options,
-                         Schedule schedule)
+                         Schedule schedule, int virtual_stages)
     : space_(space),
       tables_(tables),
       bounds_(bounds),
@@ -470,13 +517,14 @@ StageSearch::StageSearch(const SearchSpace& space, const FeasibilityTables& tabl
       cluster_(cluster),
       options_(options),
       schedule_(schedule),
+      virtual_stages_(virtual_stages),
       use_bounds_(!options.exhaustive) {}
 
 void StageSearch::run_unit(Worker& w, const Unit& u) const {
   if (space_.whole_nodes && !space_.orders[u.order].node_start(u.first_size)) return;  // stage 0 ends inside a node
   // The depth-first search's first test (stage 0's size is the unit's), before anything is set up: most
   // units end there.
-  if (use_bounds_ && u.stages > 1 &&
+  if (use_bounds_ && virtual_stages_ == 1 && u.stages > 1 &&
       bounds_[u.group].least_path_from(u.stages - 1, u.first_size, u.first_layers > 0 ? u.first_layers : 1) >
           shared_.threshold()) {
     ++w.counters.own.enumerated;

@@ -41,6 +41,13 @@ struct PlanKey {
 
 using TopPlans = TopK<PlanKey, SearchedPlan>;
 
+// A hash of a PlanKey's order: names a plan to SharedBound::offer.
+inline unsigned long long plan_id(const std::vector<int>& order) {
+  unsigned long long h = 0xcbf29ce484222325ull;
+  for (int x : order) h = (h ^ static_cast<unsigned>(x)) * 0x100000001b3ull;
+  return h;
+}
+
 // A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
 // group, its ranks, (dp, tp), layers, whether it is the first and the last stage, and its in-flight
 // micro-batches (the memory of its activations): not on the stages around it, so the same stage met
@@ -113,13 +120,15 @@ struct Worker {
   std::vector<unsigned> feasible_setups;  // [stage]: setups still feasible, a bit each
   std::vector<StageChoice> choices;       // [stage]
   std::vector<FastStageCost> leaf_costs;  // [stage] for one setup
+  std::vector<FastStageCost> chunk_costs;  // interleaved: [virtual stage * setups + setup] of the leaf
+  std::vector<FastStageCost> leaf_chunks;  // interleaved: [virtual stage] for one setup
 };
 
 class StageSearch {
  public:
   StageSearch(const SearchSpace& space, const FeasibilityTables& tables, const std::vector<SuffixBound>& bounds,
               KeptEstimates& kept, SharedBound& shared, SearchControl& control, const Cluster& cluster,
-              const PlanSearchOptions& options, Schedule schedule);
+              const PlanSearchOptions& options, Schedule schedule, int virtual_stages = 1);
   // Searches the unit's plans on `worker`.
   void run_unit(Worker& worker, const Unit& unit) const;
 
@@ -134,6 +143,7 @@ class StageSearch {
   const Cluster& cluster_;
   const PlanSearchOptions& options_;
   const Schedule schedule_;
+  const int virtual_stages_;  // > 1: interleaved 1F1B (see UnitSearch: the bounds it keeps)
   const bool use_bounds_;
 };
 

@@ -160,7 +160,8 @@ void widen_table(SuffixBound* bound, int depth) {
 
 }  // namespace
 
-ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster) {
+std::vector<std::vector<double>> least_gpu_ms_per_sample(const SearchSpace& space, const ProfileSet& profiles,
+                                                          const Cluster& cluster) {
   // Per type and layer, the least GPU-ms per sample over its files (tp x time / bs: a replica of tp GPUs
   // runs a share of its slices, each at least its bs x that).
   const int n_types = space.device_types, layers = space.layers;
@@ -172,6 +173,12 @@ ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& pro
       for (int l = 0; l < layers; ++l) per_layer[t][l] = std::min(per_layer[t][l], e.tp * e.time(l, l + 1) / e.bs);
     }
   }
+  return per_layer;
+}
+
+ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster) {
+  const int n_types = space.device_types, layers = space.layers;
+  const std::vector<std::vector<double>> per_layer = least_gpu_ms_per_sample(space, profiles, cluster);
   bool known = true;
   for (int t = 0; t < n_types; ++t)
     for (int l = 0; l < layers; ++l) known = known && std::isfinite(per_layer[t][l]);

@@ -98,6 +98,10 @@ struct SuffixBound {
 struct ThroughputRates {
   std::vector<double> kappa, reference;
 };
+// [type][layer]: the least GPU-ms per sample of the layer on the type over its profiles (infinity where
+// it has none).
+std::vector<std::vector<double>> least_gpu_ms_per_sample(const SearchSpace& space, const ProfileSet& profiles,
+                                                          const Cluster& cluster);
 ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster);
 
 // Whether the per-rank table of every group fits suffix_table_limit.
@@ -111,6 +115,7 @@ class SuffixBoundBuilder {
                      const ProfileSet& profiles, const Cluster& cluster, const PlanSimulator& simulator,
                      const PlanSearchOptions& options, bool table_fits);
 
+  bool cross_node_tp() const { return options_.allow_cross_node_tp; }
   // Creates the group's estimator and its table, and fills the entries of one stage (exact).
   void build_last_stages(int group, SuffixBound* bound) const;
   // Fills the group's entries of two stages and more. These leave out every stage whose own compute

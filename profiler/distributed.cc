@@ -74,6 +74,23 @@ class C10dCollectives : public CommGroup {
     pg_->allreduce(v)->wait();
     out.copy_(in.view({-1}).narrow(0, rank() * n, n).view(out.sizes()));
   }
+  Waiter reduce_scatter_async(torch::Tensor& out, torch::Tensor& in) override {
+    const int64_t n = out.numel();
+    TORCH_CHECK(in.numel() == n * size() && in.is_contiguous() && out.is_contiguous(), "reduce_scatter: bad shapes");
+#if defined(HETPLAN_TORCH_CUDA)
+    if constexpr (std::is_same_v<PG, c10d::ProcessGroupNCCL>) {
+      auto work = pg_->_reduce_scatter_base(out, in);
+      return [work] { work->wait(); };
+    }
+#endif
+    std::vector<torch::Tensor> v{in};
+    auto work = pg_->allreduce(v);
+    const int r = rank();
+    return [work, v, out, n, r]() mutable {
+      work->wait();
+      out.copy_(v[0].view({-1}).narrow(0, r * n, n).view(out.sizes()));
+    };
+  }
   void all_gather_flat(torch::Tensor& out, const torch::Tensor& in) override {
     const int64_t n = in.numel();
     TORCH_CHECK(out.numel() == n * size() && out.is_contiguous(), "all_gather_flat: bad shapes");

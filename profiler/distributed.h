@@ -83,6 +83,9 @@ class CommGroup : public TensorParallelGroup::Collectives {
   // reduce-scatter; Gloo (which lacks one in LibTorch 1.13) all-reduces `in`
   // in place and copies this rank's chunk, so `in` is clobbered either way.
   virtual void reduce_scatter(torch::Tensor& out, torch::Tensor& in) = 0;
+  // The same, started and left running: the returned Waiter blocks until `out` holds the result. `in`
+  // and `out` must stay alive and untouched until then (overlapped reduction, executor/zero_optimizer.h).
+  virtual Waiter reduce_scatter_async(torch::Tensor& out, torch::Tensor& in) = 0;
   // all_gather_flat: `out` (size() * in.numel() elements, contiguous) gets
   // every rank's `in`, in rank order. NCCL: one flat all-gather; Gloo: per
   // chunk, through fp32 for 16-bit floats (Gloo gathers no bf16).

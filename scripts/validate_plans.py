@@ -127,6 +127,8 @@ def plan_file(suite, p):
         "schedule": p.get("schedule", "1f1b"),
         "zero_stage": p.get("zero_stage", 0),
         "recompute": p.get("recompute", "none"),
+        # Interleaved 1F1B: model chunks per pipeline rank (absent: 1).
+        **({"virtual_stages": p["virtual_stages"]} if p.get("virtual_stages", 1) > 1 else {}),
     }
 
 
@@ -153,7 +155,7 @@ def searched_plan(suite, p, binary, work, log):
     for key in ("node_sequence", "device_groups", "strategies", "batches", "layer_partition"):
         plan[key] = best[key]
     plan["cost"] = best.get("cost")
-    for key in ("zero_stage", "recompute", "schedule"):
+    for key in ("zero_stage", "recompute", "schedule", "virtual_stages"):
         if key in best:
             plan[key] = best[key]
     plan["chosen_by"] = f"hetplan search --cost-model {cm}"
@@ -302,7 +304,7 @@ def table(work, suite_name, machine):
                 metis_merr_s = pct(max(errs, key=abs)) if errs else ""
         rows.append(shown)
         out.append(f"| {shown} | {meta.get('model', '')} | {stages} | {p['batches']} x {p['gbs']} | "
-                   f"{p.get('zero_stage', 0)} | {p.get('recompute', 'none')} | {p.get('schedule', '1f1b')} | "
+                   f"{p.get('zero_stage', 0)} | {p.get('recompute', 'none')} | {p.get('schedule', '1f1b')}{(' v' + str(p['virtual_stages'])) if p.get('virtual_stages', 1) > 1 else ''} | "
                    f"{sim['iteration_ms']:.1f} | {meas_s} | {err_s} | {fmt_list(pred_alloc)} | {mm_s} | {merr_s} | "
                    f"{metis_ms_s} | {metis_err_s} | {metis_mem_s} | {metis_merr_s} |")
     out.append("")

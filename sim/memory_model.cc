@@ -281,7 +281,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   if (s.recompute == Recompute::kFull && any_block)
     one_layer_full = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
                                             s.flash_attention, s.precision, s.fp32_residual);
-  out.activations = per_mb * r.in_flight;
+  out.activations = per_mb * r.in_flight / r.virtual_stages;
   out.recompute_workspace = one_layer_full;
   if (measured) {
     // Measured on the GPU: what the kernels really keep. A plan that recomputes
@@ -326,7 +326,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
       if (layer_units) peak = std::max(peak, (gathered_b + bucket_b) * unit_l - later - held);
       later += held;
     }
-    out.activations = stored * r.in_flight;
+    out.activations = stored * r.in_flight / r.virtual_stages;
     out.recompute_workspace = peak;
   }
   if (s.grads_in_backward) {

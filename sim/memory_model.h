@@ -14,6 +14,7 @@
 
 #include <string>
 
+#include "sim/dp_overlap.h"
 #include "sim/model_shape.h"
 #include "sim/offload.h"
 #include "sim/runtime_overheads.h"
@@ -78,7 +79,10 @@ struct TrainingSetup {
                                    // node), replicated across groups; 0: the whole data-parallel group
   bool adam_8bit = false;          // bitsandbytes 8-bit Adam: m and v in 8 bits, one fp32 absmax per 2048 (2.004 B/param)
   Recompute recompute = Recompute::kNone;
-  bool sequence_parallel = false;
+  bool sequence_parallel = false;  // Megatron --sequence-parallel (with tp; sim/sequence_parallel.h)
+  int context_parallel = 1;        // cp: ranks of a ring-attention group, carved from each stage's dp
+                                   // (Megatron's order: tp, cp, dp); 1: none (sim/sequence_parallel.h)
+  CommOverlap overlap;             // bucketed data-parallel communication during compute (sim/dp_overlap.h)
   bool flash_attention = false;  // the a*s^2 terms are never stored (as selective recomputation)
   Finetune finetune = Finetune::kFull;
   int lora_rank = 16;
@@ -91,12 +95,15 @@ struct TrainingSetup {
 
 // What one rank holds: Metis layers [first_layer, end_layer) at (tp, dp), as
 // stage `stage` of `pp`, with `in_flight` micro-batches of `micro_batch`
-// sequences of `seq` tokens.
+// sequences of `seq` tokens. Interleaved (virtual_stages v > 1): the layers are
+// v chunks and `in_flight` counts (micro-batch, chunk) pairs, each 1 / v of the
+// layers' activations (in_flight_microbatches, sim/schedule.h).
 struct RankShard {
   int first_layer = 0, end_layer = 0;
   int tp = 1, dp = 1, pp = 1, stage = 0;
   long long micro_batch = 1, seq = 1024;
   int in_flight = 1;
+  int virtual_stages = 1;
   int gpus_per_node = 8;  // for the CPU memory of offloading and model loading
 };
 

@@ -136,11 +136,29 @@ double Network::hierarchical_all_reduce_seconds(const std::vector<int>& ranks, d
   return intra + inter;
 }
 
-double Network::all_reduce_seconds(const std::vector<int>& ranks, double bytes) const {
-  return std::min(ring_all_reduce_seconds(ranks, bytes), hierarchical_all_reduce_seconds(ranks, bytes));
+double Network::tree_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const {
+  const double n = static_cast<double>(ranks.size());
+  if (n <= 1 || bytes <= 0) return 0.0;
+  std::map<int, int> per_node;
+  for (int r : ranks) ++per_node[layout_->node_of(r)];
+  double bw, lat;
+  ring_bottleneck(ranks, &bw, &lat);
+  if (per_node.size() == 1) return ring_all_reduce_seconds(ranks, bytes);
+  int most = 0;
+  for (const auto& [node, k] : per_node) most = std::max(most, k);
+  return tree_latency_s(most, static_cast<int>(per_node.size())) + 2 * (n - 1) / n * bytes / bw;
 }
 
-void Network::strided_all_reduces(RankStride group, double bytes, double* ring, double* hier) const {
+double Network::tree_latency_s(int per_node, int nodes) const {
+  return 2 * ((per_node - 1) * opt_.intra_latency_s + std::ceil(std::log2(static_cast<double>(nodes))) * opt_.inter_latency_s);
+}
+
+double Network::all_reduce_seconds(const std::vector<int>& ranks, double bytes) const {
+  return std::min({ring_all_reduce_seconds(ranks, bytes), hierarchical_all_reduce_seconds(ranks, bytes),
+                   tree_all_reduce_seconds(ranks, bytes)});
+}
+
+void Network::strided_all_reduces(RankStride group, double bytes, double* ring, double* hier, double* tree) const {
   const int first = group.first, stride = group.stride, count = group.count;
   const double n = static_cast<double>(count);
   const double intra_lat = opt_.intra_latency_s, inter_lat = opt_.inter_latency_s;
@@ -190,9 +208,12 @@ void Network::strided_all_reduces(RankStride group, double bytes, double* ring, 
   }
   *ring = 2 * (n - 1) * ring_lat + 2 * (n - 1) / n * bytes / ring_bw;
   if (runs == 1) {
-    *hier = *ring;
+    *hier = *tree = *ring;
     return;
   }
+  // NCCL's tree: a chain inside each node and a double binary tree over the nodes: the ring's bandwidth
+  // term with a latency logarithmic in the nodes.
+  *tree = tree_latency_s(per_node, runs) + 2 * (n - 1) / n * bytes / ring_bw;
   const double leader_bytes = bytes / static_cast<double>(per_node);
   const double nl = static_cast<double>(runs);
   const double inter = leader_bytes > 0 ? 2 * (nl - 1) * leader_lat + 2 * (nl - 1) / nl * leader_bytes / leader_bw : 0.0;
@@ -201,16 +222,16 @@ void Network::strided_all_reduces(RankStride group, double bytes, double* ring, 
 
 double Network::ring_all_reduce_seconds_strided(RankStride group, double bytes) const {
   if (group.size() <= 1 || bytes <= 0) return 0.0;
-  double ring, hier;
-  strided_all_reduces(group, bytes, &ring, &hier);
+  double ring, hier, tree;
+  strided_all_reduces(group, bytes, &ring, &hier, &tree);
   return ring;
 }
 
 double Network::all_reduce_seconds_strided(RankStride group, double bytes) const {
   if (group.size() <= 1 || bytes <= 0) return 0.0;
-  double ring, hier;
-  strided_all_reduces(group, bytes, &ring, &hier);
-  return std::min(ring, hier);
+  double ring, hier, tree;
+  strided_all_reduces(group, bytes, &ring, &hier, &tree);
+  return std::min({ring, hier, tree});
 }
 
 double Network::intra_node_all_reduce_seconds(int node, int count, double bytes) const {

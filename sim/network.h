@@ -7,7 +7,13 @@
 // A ring all-reduce of B bytes over n ranks moves 2 (n - 1) / n x B over its
 // slowest link in 2 (n - 1) steps; the hierarchical form reduce-scatters
 // inside each node, all-reduces the node's shard across nodes and all-gathers
-// inside the node again. all_reduce() takes the faster, as NCCL's tuner would.
+// inside the node again. NCCL's tree (a chain inside each node, a double
+// binary tree over the nodes) moves the ring's bytes at full bandwidth with a
+// latency logarithmic in the nodes (Jeaugey, "Massively Scale Your Deep
+// Learning Training with NCCL 2.4", NVIDIA blog 2019): 2 ((k - 1) intra +
+// ceil(log2 nodes) inter) latencies. all_reduce() takes the fastest of the
+// three, as NCCL's tuner would. The constants and where each comes from:
+// sim/network.md.
 // Collectives inside a node may run at a measured bus bandwidth instead of
 // the clusterfile's (NetworkOptions::intra_collective_bytes_per_s).
 //
@@ -49,7 +55,8 @@ struct NetworkOptions {
   // intra_bandwidth). It covers what the datasheet does not: NCCL's protocol
   // and per-call costs. p2p keeps the clusterfile's numbers.
   std::vector<double> intra_collective_bytes_per_s;
-  double intra_latency_s = 5e-6;   // NVLink/PCIe hop, NCCL's order of magnitude
+  double intra_latency_s = 11e-6;  // NVLink/PCIe hop: an 8 KiB all-reduce on 2 x H200 took 22 us, 2 ring steps
+                                   // (scripts/gpu_nccl_bench.sh, logs/validate/nccl-h200x2; sim/network.md)
   double inter_latency_s = 20e-6;  // InfiniBand/Ethernet hop between nodes
 };
 
@@ -67,6 +74,7 @@ class Network {
   double p2p_seconds(int from, int to, double bytes) const;
   double ring_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
   double hierarchical_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
+  double tree_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
   double all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
   // Ring all-gather (or reduce-scatter) where every rank ends with (or
   // starts from) `bytes` in total: (n - 1) / n x bytes over the slowest link.
@@ -89,7 +97,9 @@ class Network {
   // The ring and the hierarchical all-reduce of `bytes` over `group`, walked node by node (a node is a
   // range of ranks, so its members are one run): the same links, so the same bottlenecks, as a walk
   // rank by rank, in O(nodes) instead of O(n). REQUIRES: group.size() >= 2, bytes > 0.
-  void strided_all_reduces(RankStride group, double bytes, double* ring, double* hier) const;
+  void strided_all_reduces(RankStride group, double bytes, double* ring, double* hier, double* tree) const;
+  // The tree's latency: a chain of `per_node` ranks inside each node and a double binary tree over `nodes`.
+  double tree_latency_s(int per_node, int nodes) const;
 
   const RankLayout* layout_;
   NetworkOptions opt_;

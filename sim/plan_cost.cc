@@ -8,6 +8,7 @@
 #include "sim/data_load_balancer.h"
 #include "sim/gpu_specs.h"
 #include "sim/schedule.h"
+#include "sim/sequence_parallel.h"
 
 namespace hetplan {
 
@@ -141,6 +142,9 @@ struct PlanCostModel::StageBasis {
   double sustained = 1, tpx_fwd = 0, tpx_bwd = 0;
   double send_forward = 0, send_backward = 0;
   int max_share = 0, in_flight = 1;
+  int cp = 1;                      // context-parallel ranks per replica group (every replica d of a group
+                                   // d / cp shares its samples; each computes 1/cp of them)
+  double cpx_fwd = 0, cpx_bwd = 0;  // exposed ring-attention exchange per micro-batch (ms)
 };
 
 // The all-reduce times stage_impl carries from one setup to the next (recomputed only when their bytes
@@ -148,6 +152,9 @@ struct PlanCostModel::StageBasis {
 struct PlanCostModel::SetupReuse {
   ShardParams sp;
   double grad_bytes = -1, grad_ar = 0, weight_bytes = -1, weight_ar = 0;
+  // One bucket's all-reduce of the gradients and of the weights (overlapped communication), by bytes.
+  double grad_bucket_bytes = -1, grad_bucket_ar = 0, weight_bucket_bytes = -1, weight_bucket_ar = 0;
+  int stage_begin = 0;
 };
 
 bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batches, int micro_batch, int k0, int nk,
@@ -159,25 +166,17 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
     return false;
   }
   StageBasis b;
-  if (!replica_shares(s, micro_batch, &b, why)) return false;
-  if (detail) {
-    detail->replica_types.assign(b.rtype, b.rtype + dp);
-    detail->shares.assign(b.share, b.share + dp);
-  }
-  if (!slowest_replica(s, index, &b, why)) return false;
-  // p2p over the boundary link, bf16 activations split over tp.
-  // (A stage with no rank beyond it on that side has no link to cost.)
-  const int begin = s.begin, size = s.size, tp = s.st.tp;
-  const bool next_rank = begin + size < layout_->num_ranks(), prev_rank = begin > 0;
-  b.send_forward = index + 1 < p && next_rank ? p2p_ms(begin + size - 1, begin + size, b.max_share, tp) : 0.0;
-  b.send_backward = index > 0 && prev_rank ? p2p_ms(begin, begin - 1, b.max_share, tp) : 0.0;
-  b.in_flight = in_flight_microbatches(sim_->opt_.schedule, p, index, batches);
+  if (!stage_basis(s, index, p, batches, micro_batch, setups_[k0].context_parallel, &b, detail, why)) return false;
 
   SetupReuse reuse;
   for (int k = k0; k < k0 + nk; ++k) {
     const TrainingSetup& setup = setups_[k];
     FastStageCost& c = out[k - k0];
     c = FastStageCost();
+    // Context parallelism changes the shares and the compute: a setting of another cp rebuilds the basis.
+    if (setup.context_parallel != b.cp &&
+        !stage_basis(s, index, p, batches, micro_batch, setup.context_parallel, &b, detail, why))
+      return false;
     if (k == k0 || !same_params_setup(setup, setups_[k - 1]))
       reuse.sp = shard_params(sim_->shape_, s.layer_begin, s.layer_end, p, setup);
     setup_times(s, index, p, b, k, &reuse, &c);
@@ -186,11 +185,89 @@ bool PlanCostModel::stage_impl(const StageChoice& s, int index, int p, int batch
   return true;
 }
 
-// Each replica's type (its first rank's) and share of the micro-batch.
+// Everything of the stage that does not depend on the setup but its context-parallel size `cp`.
+bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batches, int micro_batch, int cp,
+                                StageBasis* b, StageDetail* detail, std::string* why) const {
+  // The scalar fields afresh (the arrays are written for the stage's replicas below).
+  b->blocks = 0;
+  b->param_share = b->slowest_base = b->forward = b->block_forward = b->extra = 0;
+  b->sustained = 1;
+  b->tpx_fwd = b->tpx_bwd = b->send_forward = b->send_backward = b->cpx_fwd = b->cpx_bwd = 0;
+  b->max_share = 0;
+  b->in_flight = 1;
+  b->cp = cp;
+  const int dp = s.st.dp;
+  if (cp < 1 || dp % cp != 0) {
+    if (why) *why = "dp " + std::to_string(dp) + " is not a multiple of the context-parallel size " + std::to_string(cp);
+    return false;
+  }
+  if (!replica_shares(s, micro_batch, b, why)) return false;
+  if (detail) {
+    detail->replica_types.assign(b->rtype, b->rtype + dp);
+    detail->shares.assign(b->share, b->share + dp);
+  }
+  if (!slowest_replica(s, index, b, why)) return false;
+  if (detail) {
+    detail->cp_exchange_forward_ms = b->cpx_fwd;
+    detail->cp_exchange_backward_ms = b->cpx_bwd;
+  }
+  // p2p over the boundary link, bf16 activations split over tp (and cp: each rank sends its chunk).
+  // (A stage with no rank beyond it on that side has no link to cost.)
+  const int begin = s.begin, size = s.size, tp = s.st.tp;
+  const bool next_rank = begin + size < layout_->num_ranks(), prev_rank = begin > 0;
+  auto send_ms = [&](int from, int to) {
+    return cp == 1 ? p2p_ms(from, to, b->max_share, tp)
+                   : net_.p2p_seconds(from, to, act_bytes_per_sample_ * b->max_share / tp / cp) * 1e3;
+  };
+  b->send_forward = index + 1 < p && next_rank ? send_ms(begin + size - 1, begin + size) : 0.0;
+  b->send_backward = index > 0 && prev_rank ? send_ms(begin, begin - 1) : 0.0;
+  b->in_flight = in_flight_microbatches(sim_->opt_.schedule, p, index, batches, virtual_stages());
+  return true;
+}
+
+double PlanCostModel::p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch) const {
+  StageBasis b;
+  if (!replica_shares(s, micro_batch, &b, nullptr)) return 0;
+  int max_share = 0;
+  for (int d = 0; d < s.st.dp; ++d) max_share = std::max(max_share, b.share[d]);
+  return p2p_ms(from, to, max_share, s.st.tp);
+}
+
+bool PlanCostModel::chunk_costs(const StageChoice* stages, int p, int batches, int micro_batch, int v,
+                                FastStageCost* out, std::string* why) const {
+  const int n = num_setups();
+  const int last_rank = stages[p - 1].begin + stages[p - 1].size - 1;
+  for (int i = 0; i < p; ++i)
+    for (int c = 0; c < v; ++c) {
+      const int k = virtual_stage(p, i, c);
+      StageChoice piece = stages[i];
+      chunk_layers(stages[i].layer_begin, stages[i].layer_end, sim_->shape_.metis_num_layers(), v, c, &piece.layer_begin,
+                   &piece.layer_end);
+      FastStageCost* o = out + static_cast<std::size_t>(k) * n;
+      if (!stage(piece, k, p * v, batches, micro_batch, o, why)) return false;
+      // The link between the pipeline's ends (stage() costs only the neighbours in rank order).
+      if (i == p - 1 && c + 1 < v) {
+        const double ms = p2p_ms_of(piece, last_rank, stages[0].begin, micro_batch);
+        for (int q = 0; q < n; ++q) o[q].send_forward_ms = ms;
+      }
+      if (i == 0 && c > 0) {
+        const double ms = p2p_ms_of(piece, stages[0].begin, last_rank, micro_batch);
+        for (int q = 0; q < n; ++q) o[q].send_backward_ms = ms;
+      }
+    }
+  return true;
+}
+
+int PlanCostModel::virtual_stages() const {
+  return sim_->opt_.schedule == Schedule::kInterleaved1F1B ? sim_->opt_.virtual_stages : 1;
+}
+
+// Each replica's type (its first rank's) and share of the micro-batch. With context parallelism the
+// micro-batch is split over the dp / cp groups, and every rank of a group takes its group's share.
 bool PlanCostModel::replica_shares(const StageChoice& s, int micro_batch, StageBasis* b, std::string* why) const {
   const ProfileSet& profiles = *sim_->profiles_;
   const Strategy st = s.st;
-  const int begin = s.begin, dp = st.dp, tp = st.tp;
+  const int begin = s.begin, dp = st.dp, tp = st.tp, cp = b->cp;
   const StageGrid grid(begin, st);
   for (int d = 0; d < dp; ++d) {
     b->rtype[d] = rank_ptype_[grid.rank(d, 0)];
@@ -200,15 +277,20 @@ bool PlanCostModel::replica_shares(const StageChoice& s, int micro_batch, StageB
     }
   }
   const bool homogeneous = layout_->homogeneous(begin, begin + s.size);
+  const int groups = dp / cp;
   if (homogeneous) {
-    split_micro_batch(micro_batch, dp, b->share);
+    split_micro_batch(micro_batch, groups, b->share);
   } else {
+    int group_type[kMaxReplicas];
+    for (int g = 0; g < groups; ++g) group_type[g] = b->rtype[g * cp];
     int missing = -1;
-    if (!partition_data(profiles, b->rtype, st, micro_batch, b->share, &missing)) {
+    if (!partition_data(profiles, group_type, Strategy{groups, tp}, micro_batch, b->share, &missing)) {
       if (why) *why = profiles.missing_message(missing, tp, 1, "the data load balancer");
       return false;
     }
   }
+  // Spread each group's share over its cp ranks (from the last group down: share[g] is read before written).
+  for (int d = dp - 1; d >= 0 && cp > 1; --d) b->share[d] = b->share[d / cp];
   return true;
 }
 
@@ -240,14 +322,15 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
       const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, share[d]));
       outside = lp ? std::max(0.0, lp->fb_sync_ms) * param_share : 0.0;
     }
-    const double extra = cross_node_tp_ms(begin, st, d, share[d], blocks);
-    const double total = c.total_ms + 2 * extra + outside;
+    const double extra = cross_node_tp_ms(begin, st, d, share[d], blocks) / b->cp;
+    const double total = c.total_ms / b->cp + 2 * extra + outside;
     if (total >= slowest) {
       slowest = total;
       slowest_outside = outside;
-      slowest_base = c.total_ms;
-      slowest_forward = c.forward_ms;
-      slowest_block_forward = c.block_forward_ms;
+      // Context parallelism: each rank of the group computes 1/cp of the group's samples.
+      slowest_base = c.total_ms / b->cp;
+      slowest_forward = c.forward_ms >= 0 ? c.forward_ms / b->cp : -1;
+      slowest_block_forward = c.block_forward_ms >= 0 ? c.block_forward_ms / b->cp : -1;
       b->sustained = c.sustained_ratio;
       b->tpx_fwd = extra;
       b->tpx_bwd = extra;
@@ -266,7 +349,22 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
   b->slowest_base = slowest_base;
   b->blocks = blocks;
   b->param_share = param_share;
+  if (b->cp > 1) ring_attention_ms(s, b);
   return true;
+}
+
+// Context parallelism: each block's K/V ring exchange over the cp group of replica 0's tp index 0 (the
+// slowest link of the ring), against the rank's attention time (its share of the blocks' profiled forward).
+void PlanCostModel::ring_attention_ms(const StageChoice& s, StageBasis* b) const {
+  const int cp = b->cp, tp = s.st.tp;
+  if (b->blocks <= 0 || b->max_share <= 0) return;
+  const StageGrid grid(s.begin, s.st);
+  const double bytes = cp_kv_step_bytes(sim_->shape_, sim_->seq_, cp, tp, b->max_share);
+  double step = 0;
+  for (int i = 0; i < cp; ++i) step = std::max(step, net_.p2p_seconds(grid.rank(i, 0), grid.rank((i + 1) % cp, 0), bytes));
+  const double attention = b->block_forward / b->blocks * attention_flop_share(sim_->shape_, sim_->seq_) / 1e3;
+  b->cpx_fwd = b->blocks * ring_exposed_s(cp, step, attention) * 1e3;
+  b->cpx_bwd = b->blocks * ring_exposed_s(cp, 2 * step, 2 * attention) * 1e3;
 }
 
 // A tp group across nodes: Megatron's 2 forward and 2 backward all-reduces per block over the
@@ -294,9 +392,9 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
   const double grad_bytes = trainable * reduced_gradient_bytes(setup);
   double accumulation = 0, optimizer = 0;
   replica_step_ms(s.st, b, trainable, full_on_rank, grad_bytes, &accumulation, &optimizer);
-  c->forward_ms = b.forward + b.extra * (1 - opt.backward_share) + b.tpx_fwd;
+  c->forward_ms = b.forward + b.extra * (1 - opt.backward_share) + b.tpx_fwd + b.cpx_fwd;
   c->backward_ms = b.slowest_base - b.forward + b.extra * opt.backward_share +
-                   b.block_forward * recompute_fraction_[k] + b.tpx_bwd;
+                   b.block_forward * recompute_fraction_[k] + b.tpx_bwd + b.cpx_bwd;
   c->accumulation_ms = accumulation;
   c->sustained_factor = b.sustained;
   c->send_forward_ms = b.send_forward;
@@ -330,6 +428,14 @@ void PlanCostModel::replica_step_ms(Strategy st, const StageBasis& b, double tra
   }
 }
 
+// The slowest, over the stage's tp slices, of an all-reduce of `bytes` over tp index t's dp group (s).
+double PlanCostModel::slowest_dp_all_reduce(int begin, Strategy st, double bytes) const {
+  const StageGrid grid(begin, st);
+  double ar = 0;
+  for (int t = 0; t < st.tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(grid.dp_group(t), bytes));
+  return ar;
+}
+
 // The data-parallel gradient synchronisation as the setup's ZeRO stage splits it between the backward,
 // the forward and the all-reduce before the step, and the tied embedding's all-reduce between the
 // pipeline's ends.
@@ -337,14 +443,10 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
                                       double trainable, double grad_bytes, double hbm_bytes_per_s,
                                       SetupReuse* reuse, FastStageCost* c) const {
   const int begin = s.begin, dp = s.st.dp, tp = s.st.tp;
-  // Data-parallel gradient all-reduce of each tp slice over tp index t's dp group.
-  const StageGrid grid(begin, s.st);
-  // (Each the slowest over the slices; recomputed only when its bytes change between settings.)
-  auto slowest_all_reduce = [&](double bytes) {
-    double ar = 0;
-    for (int t = 0; t < tp; ++t) ar = std::max(ar, net_.all_reduce_seconds_strided(grid.dp_group(t), bytes));
-    return ar;
-  };
+  // Data-parallel gradient all-reduce of each tp slice over tp index t's dp group
+  // (each the slowest over the slices; recomputed only when its bytes change between settings.)
+  auto slowest_all_reduce = [&](double bytes) { return slowest_dp_all_reduce(begin, s.st, bytes); };
+  reuse->stage_begin = begin;
   if (grad_bytes != reuse->grad_bytes) {
     reuse->grad_bytes = grad_bytes;
     reuse->grad_ar = slowest_all_reduce(grad_bytes);
@@ -365,6 +467,10 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
   c->allreduce_ms = 0;
   // DeepSpeed's ZeRO-3 gathers module by module even on one rank (with offload_param, from the host).
   const bool ds_zero3 = setup.deepspeed.model && setup.zero_stage >= 3;
+  if (dp > 1 && setup.overlap.any() && !ds_zero3 && !setup.ddp.model) {
+    // Megatron-style overlapped data-parallel communication (sim/dp_overlap.h).
+    add_overlapped_sync(s.st, setup.zero_stage, trainable, grad_bytes, weight_bytes, setup.overlap, rs, ag, reuse, c);
+  } else {
   switch (ds_zero3 ? 3 : dp > 1 ? setup.zero_stage : 0) {
     case 0:
       if (setup.ddp.model) {
@@ -396,6 +502,7 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
       c->forward_ms += ag;
       c->backward_ms += ag + rs;
       break;
+    }
   }
   // Tied embeddings over a pipeline: the first and the last stage each hold the embedding and
   // all-reduce its gradient between them after the backward (Megatron's embedding-group all-reduce),
@@ -449,6 +556,51 @@ HostSpec PlanCostModel::host_for(int rank) const {
     if (host.cpu_adam_params_per_s <= 0) host.cpu_adam_params_per_s = d.cpu_adam_params_per_s;
   }
   return host;
+}
+
+// Overlapped data-parallel communication (sim/dp_overlap.h): the gradient reduction runs bucket by bucket
+// during the backward it follows (the last micro-batch's, or every one's at ZeRO-2/3), the weight gather
+// bucket by bucket during the forward that needs it (ZeRO-1's after the step: the next iteration's first
+// forward, charged at the iteration's end); each leaves exposed the tail exposed_after_window gives, and
+// stretches the compute it shares the GPU with by the measured slowdown. `rs` and `ag` are the whole
+// reduce-scatter and all-gather (ms); a ZeRO-0 reduction is the whole all-reduce.
+void PlanCostModel::add_overlapped_sync(Strategy st, int zero, double trainable, double grad_bytes,
+                                        double weight_bytes, const CommOverlap& ov, double rs, double ag,
+                                        SetupReuse* reuse, FastStageCost* c) const {
+  const int ng = bucket_count(trainable, ov.grad_bucket_params, st.dp);
+  const int nw = bucket_count(trainable, ov.param_bucket_params > 0 ? ov.param_bucket_params : ov.grad_bucket_params,
+                              st.dp);
+  if (grad_bytes / ng != reuse->grad_bucket_bytes) {
+    reuse->grad_bucket_bytes = grad_bytes / ng;
+    reuse->grad_bucket_ar = slowest_dp_all_reduce(reuse->stage_begin, st, grad_bytes / ng);
+  }
+  if (zero >= 1 && weight_bytes / nw != reuse->weight_bucket_bytes) {
+    reuse->weight_bucket_bytes = weight_bytes / nw;
+    reuse->weight_bucket_ar = slowest_dp_all_reduce(reuse->stage_begin, st, weight_bytes / nw);
+  }
+  const double f = ov.compute_slowdown;
+  const double window_b = c->backward_ms, window_f = c->forward_ms;
+  // One bucket's reduction (ms): the all-reduce at ZeRO-0, half of it (a reduce-scatter) with ZeRO.
+  const double red_b = reuse->grad_bucket_ar * 1e3 / (zero == 0 ? 1 : 2);
+  const double red = zero == 0 ? reuse->grad_ar * 1e3 : rs;
+  const double gat_b = zero >= 1 ? reuse->weight_bucket_ar * 1e3 / 2 : 0.0;
+  auto hidden = [&](double per_bucket, int n, double total, double window) {
+    return exposed_after_window(per_bucket, n, window) + overlap_slowdown_s(total, window, f);
+  };
+  const double reduce = ov.grad_reduce ? hidden(red_b, ng, red, window_b) : red;
+  switch (zero) {
+    case 0: c->allreduce_ms = reduce; break;
+    case 1: c->allreduce_ms = reduce + (ov.param_gather ? hidden(gat_b, nw, ag, window_f) : ag); break;
+    case 2:
+      c->backward_ms += reduce;
+      c->allreduce_ms = ov.param_gather ? hidden(gat_b, nw, ag, window_f) : ag;
+      break;
+    default:
+      c->forward_ms += ov.param_gather ? hidden(gat_b, nw, ag, window_f) : ag;
+      // The backward gathers the weights again and reduce-scatters the gradients, bucket by bucket.
+      c->backward_ms += ov.grad_reduce ? hidden(red_b + gat_b, std::max(ng, nw), red + ag, window_b) : ag + red;
+      break;
+  }
 }
 
 // ZeRO-Offload / ZeRO-Infinity by DeepSpeed's overlap rules (sim/offload.h): the host measured, or the
@@ -545,8 +697,9 @@ MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, i
   shard.pp = p;
   shard.stage = index;
   shard.micro_batch = mb;
-  shard.seq = sim_->seq_;
+  shard.seq = sim_->seq_ / std::max(1, setup.context_parallel);  // each cp rank holds its chunk of every sequence
   shard.in_flight = in_flight;
+  shard.virtual_stages = virtual_stages();
   shard.gpus_per_node = gpn;
   // A negative framework constant means "as the profiles measured it".
   TrainingSetup rank_setup = setup;
@@ -568,7 +721,7 @@ MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, i
   if (use_measured) {
     measured.activation_mb = mp->activation_mb.data() + start;
     measured.working_mb = mp->working_mb.data() + start;
-    measured.scale = static_cast<double>(mb) / mp->bs;
+    measured.scale = static_cast<double>(mb) / mp->bs / std::max(1, setup.context_parallel);
     measured.recompute = mp->recompute;
   }
   MemoryBreakdown m = rank_memory(sim_->shape_, rank_setup, shard, sp, use_measured ? &measured : nullptr);
@@ -625,26 +778,33 @@ int PlanCostModel::pace_stage(const FastStageCost* c, int p, int batches) const 
   return c[pace].sustained_factor > 1 ? pace : -1;
 }
 
-double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedule schedule,
-                                   PipelineScratch* scratch) const {
+double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedule schedule, PipelineScratch* scratch,
+                                   const FastStageCost* chunks, int virtual_stages) const {
   if (p < 1 || m < 1) throw std::invalid_argument("iteration_ms: expected at least one stage and one micro-batch");
+  const int v = schedule == Schedule::kInterleaved1F1B ? virtual_stages : 1;
+  if (v > 1 && chunks == nullptr) throw std::invalid_argument("iteration_ms: interleaving without chunk costs");
+  const int vs = p * v;  // virtual stages; virtual stage k is chunk k / p of stage k % p
   const int pace = pace_stage(c, p, m);
-  const std::size_t pm = static_cast<std::size_t>(p) * m;
+  const std::size_t pm = static_cast<std::size_t>(vs) * m;
   PipelineScratch& s = *scratch;
   if (s.a.size() < pm) s.a.resize(pm);
   if (s.b.size() < pm) s.b.resize(pm);
   if (s.c.size() < static_cast<std::size_t>(p)) s.c.resize(p);
-  if (s.pos.size() < static_cast<std::size_t>(3 * p)) s.pos.resize(3 * p);
-  double* sendf = s.a.data();     // [i * m + j]: end of stage i's send of micro-batch j's activations to i + 1
-  double* sendb = s.b.data();     // [i * m + j]: end of stage i's send of micro-batch j's gradients to i - 1
+  if (s.d.size() < static_cast<std::size_t>(2 * p)) s.d.resize(2 * p);
+  if (s.pos.size() < static_cast<std::size_t>(p + 2 * vs)) s.pos.resize(p + 2 * vs);
+  double* sendf = s.a.data();     // [k * m + j]: end of virtual stage k's send of micro-batch j's activations to k + 1
+  double* sendb = s.b.data();     // [k * m + j]: end of virtual stage k's send of micro-batch j's gradients to k - 1
   double* last_end = s.c.data();  // end of stage i's latest compute
+  double* last_sendf = s.d.data();      // end of stage i's latest forward send (0: none yet)
+  double* last_sendb = s.d.data() + p;  // end of stage i's latest backward send
   int* pos = s.pos.data();        // next op of stage i in its StageOps
-  int* nf = pos + p;              // forwards stage i has done (in micro-batch order)
-  int* nb = pos + 2 * p;          // backwards done
+  int* nf = pos + p;              // forwards virtual stage k has done (in micro-batch order)
+  int* nb = pos + p + vs;         // backwards done
   for (int i = 0; i < p; ++i) {
-    last_end[i] = 0;
-    pos[i] = nf[i] = nb[i] = 0;
+    last_end[i] = last_sendf[i] = last_sendb[i] = 0;
+    pos[i] = 0;
   }
+  for (int k = 0; k < vs; ++k) nf[k] = nb[k] = 0;
   double iteration = 0;
   int remaining = p;
   bool down = true;
@@ -652,37 +812,38 @@ double PlanCostModel::iteration_ms(const FastStageCost* c, int p, int m, Schedul
     bool progress = false;
     for (int step = 0; step < p; ++step) {
       const int i = down ? step : p - 1 - step;
-      const StageOps ops(schedule, p, i, m);
+      const StageOps ops(schedule, p, i, m, v);
       if (pos[i] == ops.size()) continue;
       const FastStageCost& st = c[i];
-      // The stretch simulate_timeline sees: PlanSimulator multiplies the pace-setter's times.
-      const double fwd = i == pace ? st.forward_ms * st.sustained_factor : st.forward_ms;
-      const double bwd = i == pace ? st.backward_ms * st.sustained_factor : st.backward_ms;
+      const double factor = st.sustained_factor;
       while (pos[i] < ops.size()) {
         const PipelineOp op = ops[pos[i]];
         const bool forward = op.forward;
         const int j = op.micro_batch;
+        const int k = virtual_stage(p, i, op.chunk);
+        const FastStageCost& ck = v > 1 ? chunks[k] : st;
+        // The stretch simulate_timeline sees: PlanSimulator multiplies the pace-setter's times.
         double start = last_end[i], finish;
         if (forward) {
-          if (i > 0 && nf[i - 1] <= j) break;
-          if (i > 0) start = std::max(start, sendf[(i - 1) * m + j]);
-          finish = start + fwd;
-          if (i + 1 < p) {
-            const double send_start = std::max(finish, j > 0 ? sendf[i * m + j - 1] : 0.0);
-            sendf[i * m + j] = send_start + st.send_forward_ms;
-            iteration = std::max(iteration, sendf[i * m + j]);
+          if (k > 0 && nf[k - 1] <= j) break;
+          if (k > 0) start = std::max(start, sendf[(k - 1) * m + j]);
+          finish = start + (i == pace ? ck.forward_ms * factor : ck.forward_ms);
+          if (k + 1 < vs) {
+            const double send_start = std::max(finish, last_sendf[i]);
+            sendf[k * m + j] = last_sendf[i] = send_start + ck.send_forward_ms;
+            iteration = std::max(iteration, sendf[k * m + j]);
           }
-          ++nf[i];
+          ++nf[k];
         } else {
-          if (i + 1 < p && nb[i + 1] <= j) break;
-          if (i + 1 < p) start = std::max(start, sendb[(i + 1) * m + j]);
-          finish = start + (bwd + (j > 0 ? st.accumulation_ms : 0.0));
-          if (i > 0) {
-            const double send_start = std::max(finish, j > 0 ? sendb[i * m + j - 1] : 0.0);
-            sendb[i * m + j] = send_start + st.send_backward_ms;
-            iteration = std::max(iteration, sendb[i * m + j]);
+          if (k + 1 < vs && nb[k + 1] <= j) break;
+          if (k + 1 < vs) start = std::max(start, sendb[(k + 1) * m + j]);
+          finish = start + ((i == pace ? ck.backward_ms * factor : ck.backward_ms) + (j > 0 ? ck.accumulation_ms : 0.0));
+          if (k > 0) {
+            const double send_start = std::max(finish, last_sendb[i]);
+            sendb[k * m + j] = last_sendb[i] = send_start + ck.send_backward_ms;
+            iteration = std::max(iteration, sendb[k * m + j]);
           }
-          ++nb[i];
+          ++nb[k];
         }
         last_end[i] = finish;
         iteration = std::max(iteration, finish);

@@ -78,6 +78,7 @@ struct StageDetail {
   std::vector<int> replica_types;  // profile type index of each dp replica (its first rank's)
   std::vector<int> shares;         // each dp replica's share of the micro-batch
   std::vector<RankMemory> ranks;   // each rank of the stage, in rank order
+  double cp_exchange_forward_ms = 0, cp_exchange_backward_ms = 0;  // exposed ring-attention K/V exchange
 };
 
 // The fast cost of candidates of one search over one node sequence.
@@ -112,6 +113,23 @@ class PlanCostModel {
     return net_.p2p_seconds(from, to, act_bytes_per_sample_ * max_share / tp) * 1e3;
   }
 
+  // p2p_ms from rank `from` to rank `to` for stage s's micro-batch shares (0 where a profile is missing):
+  // an interleaved pipeline's sends between its last and first stage. No allocation.
+  double p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch) const;
+  // The simulator's chunks per stage: its virtual_stages under the interleaved schedule, else 1.
+  int virtual_stages() const;
+
+  // Interleaved 1F1B: the costs of the p * v virtual stages of the pipeline `stages` for every setup,
+  // out[k * num_setups() + q] for virtual stage k (chunk k / p of stage k % p, its layers chunk_layers,
+  // sim/schedule.h) and setup q. A chunk is costed as a stage of its layers numbered as its virtual
+  // stage of p * v (so only virtual stage 0 runs the batch generator); the sends from the last stage's
+  // chunk c to the first stage's chunk c + 1, and back, go over the link between those stages. Their
+  // all-reduce, optimizer and memory fields are not the stage's (those come from stage()). Returns false
+  // where a profile is missing (then, if `why` is non-null, sets it).
+  // REQUIRES: v >= 2, every stage at least v blocks (stage_blocks). No allocation (but `why`).
+  bool chunk_costs(const StageChoice* stages, int p, int batches, int micro_batch, int v, FastStageCost* out,
+                   std::string* why = nullptr) const;
+
   // The least, over the setups, of the gradient accumulation per micro-batch that stage() gives a
   // replica of profile type `ptype` at tp on layers [start, end) whose profile does not measure it (its
   // gradient read twice and written once at the datasheet's HBM bandwidth; 0 where that is unknown).
@@ -135,9 +153,13 @@ class PlanCostModel {
 
   // The iteration time of a pipeline of these stages (one setup), exactly the number
   // simulate_timeline gives for the same stages, including the sustained-clock stretch of the
-  // pace-setting stage (as PlanSimulator::run applies it). O(p * m), no allocation once scratch is grown.
-  double iteration_ms(const FastStageCost* stages, int p, int batches, Schedule schedule,
-                      PipelineScratch* scratch) const;
+  // pace-setting stage (as PlanSimulator::run applies it). O(p * v * m), no allocation once scratch is
+  // grown. Interleaved (schedule kInterleaved1F1B, virtual_stages v > 1): `chunks` holds the p * v
+  // virtual stages' costs in model order (their forward, backward, accumulation and send times are
+  // read); `stages` still gives each stage's all-reduce, optimizer and the pace (as a whole stage).
+  // REQUIRES: interleaving_error(schedule, p, batches, virtual_stages) empty.
+  double iteration_ms(const FastStageCost* stages, int p, int batches, Schedule schedule, PipelineScratch* scratch,
+                      const FastStageCost* chunks = nullptr, int virtual_stages = 1) const;
 
   // The fastest setup that fits every stage's memory, from stage()'s output for all p stages laid out
   // stage-major (`all[i * num_setups() + k]`): the minimum of iteration_ms over the fitting setups,
@@ -152,7 +174,10 @@ class PlanCostModel {
   struct SetupReuse;  // what one setup's costing leaves for the next (plan_cost.cc)
   bool stage_impl(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int first_setup,
                   int num_setups, FastStageCost* out, StageDetail* detail, std::string* why) const;
+  bool stage_basis(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int cp, StageBasis* b,
+                   StageDetail* detail, std::string* why) const;
   bool replica_shares(const StageChoice& s, int micro_batch, StageBasis* b, std::string* why) const;
+  void ring_attention_ms(const StageChoice& s, StageBasis* b) const;
   bool slowest_replica(const StageChoice& s, int index, StageBasis* b, std::string* why) const;
   double cross_node_tp_ms(int begin, Strategy st, int d, int share, int blocks) const;
   void setup_times(const StageChoice& s, int index, int num_stages, const StageBasis& b, int k, SetupReuse* reuse,
@@ -162,6 +187,9 @@ class PlanCostModel {
   void add_gradient_sync(const StageChoice& s, int index, int num_stages, const TrainingSetup& setup,
                          double trainable, double grad_bytes, double hbm_bytes_per_s, SetupReuse* reuse,
                          FastStageCost* c) const;
+  double slowest_dp_all_reduce(int begin, Strategy st, double bytes) const;
+  void add_overlapped_sync(Strategy st, int zero, double trainable, double grad_bytes, double weight_bytes,
+                           const CommOverlap& ov, double rs, double ag, SetupReuse* reuse, FastStageCost* c) const;
   void add_offload(const StageChoice& s, const TrainingSetup& setup, int ptype, double trainable,
                    double full_on_rank, FastStageCost* c) const;
   void add_zero3_gathers(const StageChoice& s, const TrainingSetup& setup, double hbm_bytes_per_s,

@@ -183,6 +183,7 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (f.zero_stage >= 0) j["zero_stage"] = f.zero_stage;
   if (!f.recompute.empty()) j["recompute"] = f.recompute;
   if (!f.schedule.empty()) j["schedule"] = f.schedule;
+  if (f.virtual_stages > 1) j["virtual_stages"] = f.virtual_stages;
   if (!f.precision.empty()) j["precision"] = f.precision;
   if (f.offload_optimizer) j["offload_optimizer"] = true;
   if (f.offload_params) j["offload_params"] = true;
@@ -192,6 +193,16 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (f.grads_in_backward) j["grads_in_backward"] = true;
   if (f.fp32_residual) j["fp32_residual"] = true;
   if (f.eager_fp32_loss) j["eager_fp32_loss"] = true;
+  if (f.sequence_parallel) j["sequence_parallel"] = true;
+  if (f.context_parallel > 1) j["context_parallel"] = f.context_parallel;
+  if (f.overlap.any() || f.overlap_recorded) {
+    ordered_json o;
+    o["grad_reduce"] = f.overlap.grad_reduce;
+    o["param_gather"] = f.overlap.param_gather;
+    if (f.overlap.grad_bucket_params > 0) o["grad_bucket_params"] = f.overlap.grad_bucket_params;
+    if (f.overlap.param_bucket_params > 0) o["param_bucket_params"] = f.overlap.param_bucket_params;
+    j["overlap"] = o;
+  }
   return j;
 }
 
@@ -229,8 +240,17 @@ void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
   }
   if (j.contains("schedule")) {
     const std::string where = file + ": key 'schedule'";
-    if (!j["schedule"].is_string()) throw InputError(where + ": expected gpipe or 1f1b");
+    if (!j["schedule"].is_string()) throw InputError(where + ": expected gpipe, 1f1b or interleaved");
     f.schedule = to_string(parse_schedule(j["schedule"].get<std::string>(), where));
+  }
+  if (j.contains("virtual_stages")) {
+    const double v = require_number(j, "virtual_stages", file, "");
+    if (v < 1 || v > 64 || v != static_cast<int>(v))
+      throw InputError(file + ": key 'virtual_stages': expected a whole number from 1 to 64");
+    f.virtual_stages = static_cast<int>(v);
+    if (f.virtual_stages > 1 && f.schedule != "interleaved")
+      throw InputError(file + ": key 'virtual_stages' is " + std::to_string(f.virtual_stages) +
+                       ", which needs \"schedule\": \"interleaved\"");
   }
   if (j.contains("precision")) {
     const std::string where = file + ": key 'precision'";
@@ -255,6 +275,27 @@ void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
     f.accounting = j["accounting"].get<std::string>();
     if (f.accounting != "zero" && f.accounting != "deepspeed" && f.accounting != "megatron")
       throw InputError(where + ": '" + excerpt(f.accounting) + "': expected zero, deepspeed or megatron");
+  }
+  flag("sequence_parallel", f.sequence_parallel);
+  if (j.contains("context_parallel"))
+    f.context_parallel =
+        static_cast<int>(require_integer(j, "context_parallel", file, "", rules::int_in(1, kMaxReplicas)));
+  if (j.contains("overlap")) {
+    const ordered_json& o = j["overlap"];
+    if (!o.is_object()) throw InputError(file + ": key 'overlap' must be an object");
+    f.overlap_recorded = true;
+    auto oflag = [&](const char* key, bool& out) {
+      if (!o.contains(key)) return;
+      if (!o[key].is_boolean()) throw InputError(file + ": key 'overlap." + key + "' must be true or false");
+      out = o[key].get<bool>();
+    };
+    oflag("grad_reduce", f.overlap.grad_reduce);
+    oflag("param_gather", f.overlap.param_gather);
+    const NumberRule bucket = rules::non_negative_up_to(1e13);
+    if (o.contains("grad_bucket_params"))
+      f.overlap.grad_bucket_params = require_number(o, "grad_bucket_params", file, "overlap.", bucket);
+    if (o.contains("param_bucket_params"))
+      f.overlap.param_bucket_params = require_number(o, "param_bucket_params", file, "overlap.", bucket);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "base/json_util.h"
+#include "sim/dp_overlap.h"
 #include "sim/model_config.h"
 #include "sim/model_shape.h"
 #include "sim/plan.h"
@@ -32,9 +33,12 @@ struct PlanFile {
   // (--zero/--recompute auto); -1 and "" when the file records none.
   int zero_stage = -1;
   std::string recompute;
-  // The pipeline schedule the default search costed the plan with ("gpipe"
-  // or "1f1b"); "" when the file records none.
+  // The pipeline schedule the default search costed the plan with ("gpipe",
+  // "1f1b" or "interleaved"); "" when the file records none.
   std::string schedule;
+  // Model chunks per pipeline stage (Megatron's vp; key "virtual_stages"): > 1 only with the interleaved
+  // schedule, stage i's layers then split as chunk_layers (sim/schedule.h) says. 1 when absent.
+  int virtual_stages = 1;
   // The model's exact shape; absent in a plan file from before it was recorded.
   std::optional<ModelShape> shape;
   // The Hugging Face config's rope_scaling object, verbatim (Llama-3.1's); null when the model has none.
@@ -51,6 +55,14 @@ struct PlanFile {
   bool grads_in_backward = false;
   // TrainingSetup::fp32_residual and eager_fp32_loss (whatif's PyTorch rows).
   bool fp32_residual = false, eager_fp32_loss = false;
+  // Sequence parallelism with tp, the context-parallel size (carved from each stage's dp: Megatron's
+  // dp is the plan's dp / cp) and overlapped data-parallel communication, as costed (keys
+  // sequence_parallel, context_parallel, overlap.{grad_reduce, param_gather, grad_bucket_params,
+  // param_bucket_params}; absent: off, 1, off).
+  bool sequence_parallel = false;
+  int context_parallel = 1;
+  CommOverlap overlap;
+  bool overlap_recorded = false;  // the file has the key 'overlap' (the default search writes it)
 };
 
 // The model.architecture object: every ModelShape field, by ModelShape's names, plus rope_scaling when not null.

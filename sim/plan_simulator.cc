@@ -32,12 +32,17 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
     return false;
   }
   const int micro_batch = gbs / batches;
+  if (const std::string e = interleaving_error(opt_.schedule, p, batches, opt_.virtual_stages); !e.empty()) {
+    if (why) *why = e;
+    return false;
+  }
   // The stage costs come from the fast path's one definition of them.
   const PlanCostModel model(*this, layout, {opt_.setup});
   PlanSimulation sim;
   TimelineInput tin;
   tin.microbatches = batches;
   tin.schedule = opt_.schedule;
+  tin.virtual_stages = opt_.virtual_stages;
   tin.tokens = static_cast<double>(gbs) * seq_;
   tin.model_flops = shape_.training_flops(tin.tokens, seq_);
 
@@ -87,10 +92,59 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
     c.backward_ms *= c.sustained_factor;
     c.power_limited = true;
   }
+  if (model.virtual_stages() > 1) {
+    if (!add_chunk_costs(model, groups, strategies, partition, batches, micro_batch, &tin, why)) return false;
+    if (pace >= 0)
+      for (int c = 0; c < tin.virtual_stages; ++c) {
+        StageCosts& k = tin.chunks[virtual_stage(p, pace, c)];
+        k.forward_ms *= tin.stages[pace].sustained_factor;
+        k.backward_ms *= tin.stages[pace].sustained_factor;
+        k.power_limited = true;
+      }
+  }
   sim.timeline = simulate_timeline(tin);
   if (!spans) sim.timeline.spans.clear();
   sim.stages = std::move(tin.stages);
   *out = std::move(sim);
+  return true;
+}
+
+// Interleaved: the costs of each stage's chunks (PlanCostModel::chunk_costs), labelled, in model order.
+bool PlanSimulator::add_chunk_costs(const PlanCostModel& model, const std::vector<int>& groups,
+                                    const Strategy* strategies, const int* partition, int batches, int micro_batch,
+                                    TimelineInput* tin, std::string* why) const {
+  const int p = static_cast<int>(groups.size());
+  const int v = tin->virtual_stages;
+  std::vector<StageChoice> choices;
+  int begin = 0;
+  for (int i = 0; i < p; ++i) {
+    if (stage_blocks(partition[i], partition[i + 1], partition[p]) < v) {
+      if (why)
+        *why = "stage " + std::to_string(i) + " has " +
+               std::to_string(stage_blocks(partition[i], partition[i + 1], partition[p])) +
+               " transformer blocks, fewer than its " + std::to_string(v) + " virtual stages";
+      return false;
+    }
+    choices.push_back(StageChoice{begin, groups[i], strategies[i], partition[i], partition[i + 1]});
+    begin += groups[i];
+  }
+  std::vector<FastStageCost> fast(static_cast<std::size_t>(p) * v);
+  if (!model.chunk_costs(choices.data(), p, batches, micro_batch, v, fast.data(), why)) return false;
+  tin->chunks.assign(fast.size(), StageCosts());
+  for (int k = 0; k < p * v; ++k) {
+    const FastStageCost& f = fast[k];
+    StageCosts& out = tin->chunks[k];
+    int first = 0, last = 0;
+    chunk_model_layers(partition, p, v, k % p, k / p, &first, &last);
+    out.label = "stage " + std::to_string(k % p) + " chunk " + std::to_string(k / p) + " (virtual stage " +
+                std::to_string(k) + "): model layers [" + std::to_string(first) + ", " + std::to_string(last) + ")";
+    out.forward_ms = f.forward_ms;
+    out.backward_ms = f.backward_ms;
+    out.accumulation_ms = f.accumulation_ms;
+    out.send_forward_ms = f.send_forward_ms;
+    out.send_backward_ms = f.send_backward_ms;
+    out.sustained_factor = tin->stages[k % p].sustained_factor;
+  }
   return true;
 }
 

@@ -72,6 +72,9 @@ namespace hetplan {
 
 struct SimulationOptions {
   Schedule schedule = Schedule::k1F1B;
+  // Model chunks per stage (Megatron's vp): > 1 only with Schedule::kInterleaved1F1B. Stage i's layers
+  // split into v chunks (chunk_layers, sim/schedule.h); each chunk is costed as a stage of its layers.
+  int virtual_stages = 1;
   TrainingSetup setup;  // precision, ZeRO stage, recomputation, framework constant
   NetworkOptions network;
   // Of a layer's profiled forward+backward time, the backward's share: 2/3,
@@ -143,6 +146,9 @@ class PlanSimulator {
   std::vector<std::string> collective_sources() const;
 
  private:
+  bool add_chunk_costs(const PlanCostModel& model, const std::vector<int>& groups, const Strategy* strategies,
+                       const int* partition, int batches, int micro_batch, TimelineInput* tin,
+                       std::string* why) const;
   friend class PlanCostModel;  // the per-stage costs (sim/plan_cost.h): one definition for both paths
   // Parameter bytes of layers [start, end), from the profiles' model block.
   double layer_bytes(int start, int end) const;

@@ -10,11 +10,25 @@
 //   1F1B (Narayanan et al. 2021, Sec. 2.2.1): pp - stage - 1 warm-up
 //   forwards (at most m), then pairs of one forward and one backward, then
 //   the backwards the warm-up left (cool-down).
-// GPipe is the 1F1B order with a warm-up of all m forwards, so one order
-// serves both. An op names its model chunk so that an interleaved schedule
-// (virtual stages) is one more case here later; every chunk is 0 today.
+//   Interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2; Megatron-LM's
+//   forward_backward_pipelining_with_interleaving): each stage (pipeline
+//   rank) holds v model chunks; chunk c of stage s is virtual stage
+//   c * pp + s of the pp * v the model is cut into. A stage runs m * v
+//   forwards and m * v backwards; its k-th forward is on chunk
+//   (k mod pp*v) / pp and micro-batch (k / (pp*v)) * pp + k mod pp (groups
+//   of pp micro-batches go through one chunk, then the next), its k-th
+//   backward on the same micro-batch and chunk v - 1 - that. Warm-up:
+//   min(2 (pp - stage - 1) + (v - 1) pp, m v) forwards, then forward/backward
+//   pairs, then the cool-down (Megatron's count, its
+//   microbatch_group_size_per_vp_stage left at pp). Megatron requires m to
+//   be a multiple of pp for it (else micro-batch ids run past m); so do we
+//   (interleaving_error).
+// GPipe and 1F1B are the interleaved order's special case v = 1 with their
+// own warm-up, so one order serves all three.
 //
-// REQUIRES (everywhere): pp >= 1, 0 <= stage < pp, microbatches >= 1.
+// REQUIRES (everywhere): pp >= 1, 0 <= stage < pp, microbatches >= 1,
+// virtual_stages >= 1 (> 1 only with kInterleaved1F1B), and for
+// kInterleaved1F1B interleaving_error(...) empty.
 // Everything here is a pure function of its arguments: thread-safe, no
 // allocation, nothing stored.
 #pragma once
@@ -24,50 +38,105 @@
 
 namespace hetplan {
 
-enum class Schedule { kGpipe, k1F1B };
+enum class Schedule { kGpipe, k1F1B, kInterleaved1F1B };
 
 const char* to_string(Schedule s);
-// "gpipe" / "GPipe" or "1f1b" / "1F1B"; anything else is an InputError naming `where`.
+// "gpipe" / "GPipe", "1f1b" / "1F1B" or "interleaved" / "interleaved-1f1b"; anything else is an
+// InputError naming `where`.
 Schedule parse_schedule(const std::string& s, const std::string& where);
+
+// Why `schedule` cannot run pp stages of `virtual_stages` chunks each over `microbatches`, as one line
+// (empty: it can). Interleaved 1F1B: virtual_stages >= 2 and microbatches a multiple of pp (Megatron's
+// rule); the others: virtual_stages == 1.
+std::string interleaving_error(Schedule schedule, int pp, int microbatches, int virtual_stages);
+
+// The virtual stage (place in the model's order of pp * v pieces) of chunk `chunk` of stage `stage`.
+inline int virtual_stage(int pp, int stage, int chunk) { return chunk * pp + stage; }
+
+// Transformer blocks among Metis layers [begin, end) of a model of num_layers (layer 0 the embedding,
+// num_layers - 1 the head).
+inline int stage_blocks(int begin, int end, int num_layers) {
+  return std::max(0, std::min(end, num_layers - 1) - std::max(begin, 1));
+}
+
+// How a plan's stage of Metis layers [begin, end) splits into v chunks: its blocks as evenly as possible
+// (the first chunks one more), the embedding with chunk 0 and the head with chunk v - 1 (Megatron's even
+// virtual split, which does not count them). A plan keeps each stage's layers; chunk c of stage s holds
+// the c-th piece, and the model runs the pieces in virtual-stage order (all stages' chunk 0, then chunk
+// 1, ...). Sets chunk `chunk`'s piece [*first, *last) of [begin, end) (the plan's numbering: a stage's
+// pieces stay contiguous there; chunk_model_layers gives where they sit in the model).
+// REQUIRES: stage_blocks(begin, end, num_layers) >= v >= 1, 0 <= chunk < v.
+inline void chunk_layers(int begin, int end, int num_layers, int v, int chunk, int* first, int* last) {
+  const int lo = std::max(begin, 1), n = stage_blocks(begin, end, num_layers), base = n / v, extra = n % v;
+  *first = chunk == 0 ? begin : lo + chunk * base + std::min(chunk, extra);
+  *last = chunk == v - 1 ? end : lo + (chunk + 1) * base + std::min(chunk + 1, extra);
+}
+
+// The model layers [*first, *last) of chunk `chunk` of stage `stage`, for a plan whose stage i keeps
+// Metis layers [partition[i], partition[i + 1]) (partition: pp + 1 entries from 0 to the model's layers):
+// the pieces (chunk_layers) laid end to end in virtual-stage order. Layer 0 (the embedding) stays on
+// virtual stage 0 and the last (the head) on the last one; every other piece is blocks, so a piece costs
+// the same at either numbering. O(pp * v).
+inline void chunk_model_layers(const int* partition, int pp, int v, int stage, int chunk, int* first, int* last) {
+  int at = 0;
+  for (int k = 0; k <= virtual_stage(pp, stage, chunk); ++k) {
+    int a = 0, b = 0;
+    chunk_layers(partition[k % pp], partition[k % pp + 1], partition[pp], v, k / pp, &a, &b);
+    *first = at;
+    at += b - a;
+  }
+  *last = at;
+}
 
 // One compute op of a stage: the forward or the backward of one micro-batch on one model chunk.
 struct PipelineOp {
   int micro_batch = 0;
-  int chunk = 0;  // virtual stage of the stage's model (always 0: no interleaving yet)
+  int chunk = 0;  // the stage's model chunk, 0 <= chunk < v (always 0 without interleaving)
   bool forward = true;
 };
 
-// Forwards a stage runs before its first backward, beyond the one right before it under 1F1B:
-// GPipe m, 1F1B min(pp - stage - 1, m).
-inline int warmup_forwards(Schedule schedule, int pp, int stage, int microbatches) {
-  return schedule == Schedule::kGpipe ? microbatches : std::min(pp - stage - 1, microbatches);
+// Forwards (of a micro-batch on one chunk) a stage runs before its first backward, beyond the one right
+// before it under 1F1B: GPipe m, 1F1B min(pp - stage - 1, m), interleaved
+// min(2 (pp - stage - 1) + (v - 1) pp, m v).
+inline int warmup_forwards(Schedule schedule, int pp, int stage, int microbatches, int virtual_stages = 1) {
+  if (schedule == Schedule::kGpipe) return microbatches;
+  if (schedule == Schedule::k1F1B) return std::min(pp - stage - 1, microbatches);
+  return std::min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp, microbatches * virtual_stages);
 }
 
-// Micro-batches whose activations stage `stage` of `pp` holds at its peak (forwarded, not yet
-// backwarded): GPipe m, 1F1B min(pp - stage, m) (at least 1).
-inline int in_flight_microbatches(Schedule schedule, int pp, int stage, int microbatches) {
+// (Micro-batch, chunk) pairs whose activations stage `stage` of `pp` holds at its peak (forwarded, not
+// yet backwarded): GPipe m, 1F1B min(pp - stage, m), interleaved min(warm-up + 1, m v) (at least 1).
+// Under interleaving each counts one chunk's activations: the first stage holds
+// ((v + 1) pp - 1) / v stage-sized micro-batches, pp + (pp - 1) / v, Korthikanti et al. 2022's
+// pp (1 + (pp - 1) / (pp v)).
+inline int in_flight_microbatches(Schedule schedule, int pp, int stage, int microbatches, int virtual_stages = 1) {
   if (schedule == Schedule::kGpipe) return microbatches;
-  return std::max(1, std::min(pp - stage, microbatches));
+  const int total = microbatches * (schedule == Schedule::kInterleaved1F1B ? virtual_stages : 1);
+  return std::max(1, std::min(warmup_forwards(schedule, pp, stage, microbatches, virtual_stages) + 1, total));
 }
 
 // The op order of one stage: ops [0, size()), op(q) in O(1). A value; iterate it or index it.
 class StageOps {
  public:
-  StageOps(Schedule schedule, int pp, int stage, int microbatches)
-      : m_(microbatches), warmup_(warmup_forwards(schedule, pp, stage, microbatches)) {}
+  StageOps(Schedule schedule, int pp, int stage, int microbatches, int virtual_stages = 1)
+      : pp_(pp),
+        v_(schedule == Schedule::kInterleaved1F1B ? virtual_stages : 1),
+        total_(microbatches * v_),
+        warmup_(warmup_forwards(schedule, pp, stage, microbatches, v_)) {}
 
-  int size() const { return 2 * m_; }
+  int size() const { return 2 * total_; }
   int warmup() const { return warmup_; }
+  int chunks() const { return v_; }
 
   // The q-th op, 0 <= q < size(): warm-up forwards, then forward/backward pairs, then the cool-down.
   PipelineOp operator[](int q) const {
-    if (q < warmup_) return {q, 0, true};
-    if (q < warmup_ + 2 * (m_ - warmup_)) {
+    if (q < warmup_) return nth(q, true);
+    if (q < warmup_ + 2 * (total_ - warmup_)) {
       const int r = q - warmup_;
       const bool forward = (r % 2) == 0;
-      return {forward ? warmup_ + r / 2 : r / 2, 0, forward};
+      return nth(forward ? warmup_ + r / 2 : r / 2, forward);
     }
-    return {q - m_, 0, false};
+    return nth(q - total_, false);
   }
 
   class iterator {
@@ -88,7 +157,16 @@ class StageOps {
   iterator end() const { return {this, size()}; }
 
  private:
-  int m_;
+  // The k-th forward or backward: groups of pp micro-batches per chunk (chunks in reverse for backwards).
+  PipelineOp nth(int k, bool forward) const {
+    const int in_group = k % (pp_ * v_);
+    const int chunk = in_group / pp_;
+    return {(k / (pp_ * v_)) * pp_ + k % pp_, forward ? chunk : v_ - 1 - chunk, forward};
+  }
+
+  int pp_;
+  int v_;
+  int total_;
   int warmup_;
 };
 

@@ -20,8 +20,19 @@
 // "allreduce" and "optimizer" (the names replay's trace uses), sorted by
 // start time.
 //
-// REQUIRES: at least one stage and one micro-batch (else InputError);
-// durations >= 0.
+// Interleaved 1F1B (virtual_stages v > 1): each stage (pipeline rank) runs
+// v model chunks; TimelineInput::chunks holds the costs of the pp * v
+// virtual stages in the model's order (virtual stage k is chunk k / pp of
+// stage k % pp, sim/schedule.h). Forwards then flow k -> k + 1, so the last
+// stage's chunk c sends to the first stage's chunk c + 1, and a stage's
+// sends leave in the order its own ops produce them (micro-batch order
+// without interleaving). Accumulation is per chunk (every backward of a chunk
+// but its first); the all-reduce and optimizer stay the stage's.
+//
+// REQUIRES: at least one stage and one micro-batch, and
+// interleaving_error(schedule, stages, microbatches, virtual_stages) empty
+// with chunks.size() == stages x virtual_stages where virtual_stages > 1
+// (else InputError); durations >= 0.
 // Thread-safety: pure functions of their arguments; nothing is stored, and
 // results own their data.
 #pragma once
@@ -55,6 +66,10 @@ struct TimelineInput {
   std::vector<StageCosts> stages;
   int microbatches = 1;
   Schedule schedule = Schedule::k1F1B;
+  int virtual_stages = 1;  // model chunks per stage (> 1: interleaved 1F1B)
+  // virtual_stages > 1: the virtual stages' forward, backward, accumulation and send times, in model
+  // order (the stages' own fields of these are then unused); their labels name the chunks.
+  std::vector<StageCosts> chunks;
   double tokens = 0;       // tokens per iteration, for tokens/s
   double model_flops = 0;  // model FLOPs per iteration, for MFU
 };
@@ -64,6 +79,7 @@ struct Span {
   int stage = 0;
   int microbatch = -1;  // -1 for allreduce and optimizer
   int peer = -1;        // the other stage of a send or recv
+  int chunk = 0;        // the model chunk of a forward, backward, send or recv (0 without interleaving)
   double start_ms = 0, end_ms = 0;
 };
 
@@ -71,7 +87,7 @@ struct TimelineResult {
   double iteration_ms = 0;
   double bubble_fraction = 0;            // 1 - forward/backward busy time / (stages x iteration)
   std::vector<double> busy_ms;           // per stage: forward + backward + optimizer
-  std::vector<int> peak_in_flight;       // per stage: most micro-batches forwarded but not yet backwarded
+  std::vector<int> peak_in_flight;       // per stage: most (micro-batch, chunk) pairs forwarded but not yet backwarded
   double tokens_per_s = 0;
   double mfu = -1;                       // -1 when the peak FLOP/s are unknown
   std::vector<Span> spans;

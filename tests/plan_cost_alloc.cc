@@ -104,6 +104,12 @@ int main(int argc, char** argv) {
       setups.push_back(so.setup);
       sims.emplace_back(cluster, profiles, shape_from_model_config(ao.model), ao.model.sequence_length, so);
     }
+  // search --overlap auto: each ZeRO stage with overlapped communication too (sim/dp_overlap.h).
+  for (int zero = 0; zero <= 3; ++zero) {
+    TrainingSetup s = setups[zero * 3];
+    s.overlap.grad_reduce = s.overlap.param_gather = true;
+    setups.push_back(s);
+  }
   const RankLayout layout(cluster, {1, 0});
   const PlanCostModel model(sims[0], layout, setups);
   const int n = model.num_setups(), gbs = 64;

@@ -3,6 +3,7 @@
 // These tests run the real `hetplan` binary.
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -261,6 +262,35 @@ TEST_CASE("a GPU count for which no plan exists", "[errors]") {
   expect_one_line_error(search(dir / "one", test::analytic_dir(10), "", cf),
                         {"no plan exists for this cluster (1 GPUs, gbs 128)", "fits every rank's memory",
                          "runs out of memory"});
+}
+
+// The anytime search's proof (issue 33): best, lower bound and gap in the text and the --json; --gap 0
+// proves the optimum (the bound meets the best); a bad --gap is one line naming the flag.
+TEST_CASE("search prints best, lower bound and gap, in text and --json, and at gap 0 proves the optimum",
+          "[errors][search-sim][anytime]") {
+  const auto dir = test::scratch_dir("err-gap");
+  write(dir / "eight", "0.0.0.1 slots=4\n0.0.0.4 slots=4\n");
+  const test::CommandResult exact =
+      search(dir / "eight", test::analytic_dir(10), "--gap 0 --json " + (dir / "exact.json").string());
+  INFO(exact.output);
+  REQUIRE(exact.exit_code == 0);
+  CHECK(exact.output.find("gap: 0.00% (proven optimal)") != std::string::npos);
+  std::ifstream in(dir / "exact.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  CHECK(j["best_ms"].get<double>() == j["lower_bound_ms"].get<double>());
+  CHECK(j["gap"].get<double>() == 0.0);
+  CHECK(j["proven"].get<bool>());
+  CHECK_FALSE(j["space_empty"].get<bool>());
+  CHECK(j["gap_asked"].get<double>() == 0.0);
+  const test::CommandResult loose = search(dir / "eight", test::analytic_dir(10), "--json " + (dir / "loose.json").string());
+  REQUIRE(loose.exit_code == 0);
+  CHECK(loose.output.find("(proven within --gap 0.01)") != std::string::npos);
+  std::ifstream in2(dir / "loose.json");
+  const nlohmann::json k = nlohmann::json::parse(in2);
+  CHECK(k["gap"].get<double>() <= 0.01 + 1e-9);
+  CHECK(k["best_ms"].get<double>() <= j["best_ms"].get<double>() * 1.01 * (1 + 1e-12));
+  CHECK(k["lower_bound_ms"].get<double>() <= j["best_ms"].get<double>() * (1 + 1e-12));
+  expect_one_line_error(search(dir / "eight", test::analytic_dir(10), "--gap -1"), {"--gap", "from 0"});
 }
 
 TEST_CASE("help and good runs exit 0", "[errors]") {

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <tuple>
 
 #include <sys/wait.h>
 
@@ -32,12 +34,12 @@ constexpr int kLayers = 4, kHidden = 32, kSeq = 8, kVocab = 64, kHeads = 4, kGbs
 constexpr double kLr = 1e-3;
 
 ordered_json plan_json(std::vector<int> groups, std::vector<std::pair<int, int>> strategies, std::vector<int> lp,
-                       int batches) {
+                       int batches, int layers = kLayers) {
   ordered_json st = ordered_json::array();
   for (auto [dp, tp] : strategies) st.push_back({dp, tp});
   return {{"node_sequence", {"CPU"}}, {"device_groups", groups}, {"strategies", st}, {"batches", batches},
           {"layer_partition", lp},   {"gbs", kGbs},           {"cost", 1.0},
-          {"model", {{"num_layers", kLayers}, {"hidden_size", kHidden}, {"sequence_length", kSeq},
+          {"model", {{"num_layers", layers}, {"hidden_size", kHidden}, {"sequence_length", kSeq},
                      {"vocab_size", kVocab}, {"attention_heads", kHeads}}}};
 }
 
@@ -67,7 +69,7 @@ struct Reference {
 
 const Reference& reference(int steps, const ModelShape& shape) {
   static std::map<std::pair<int, std::string>, Reference> cache;
-  const std::pair<int, std::string> key{steps, shape.name};
+  const std::pair<int, std::string> key{steps, shape.name + "/" + std::to_string(shape.num_layers)};
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const ReplayConfig c = config(shape);
@@ -82,7 +84,7 @@ const Reference& reference(int steps, const ModelShape& shape) {
     loss.backward();
     adam.step();
   }
-  for (int64_t l = 0; l < kLayers; ++l)
+  for (int64_t l = 0; l < shape.metis_num_layers(); ++l)
     for (const auto& p : model.layers()[l]->named_parameters()) r.params[{l, p.key()}] = p.value().detach().clone();
   return cache[key] = r;
 }
@@ -143,9 +145,9 @@ void check_trains_like_reference(const Reference& ref, const std::vector<double>
   CHECK(err <= 1e-4);
 }
 
-void check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
+ordered_json check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
                                         const std::string& schedule = "1f1b", const std::string& hf_config = "",
-                                        const std::string& extra = "") {
+                                        const std::string& extra = "", const ModelShape& shape = plan_shape()) {
   const auto dir = test::scratch_dir("replay-" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -156,7 +158,7 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
                             (hf_config.empty() ? "" : " --hf-config " + hf_config) + " " + extra);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  const Reference& ref = reference(2, hf_config.empty() ? plan_shape() : read_hf_config(hf_config));
+  const Reference& ref = reference(2, hf_config.empty() ? shape : read_hf_config(hf_config));
   const ordered_json result = read_json_file((dir / "result.json").string());
   REQUIRE(result["losses"].size() == 2);
   std::vector<double> losses;
@@ -164,6 +166,7 @@ void check_plan_trains_like_one_process(const std::string& name, const ordered_j
   if (const auto z = extra.find("--zero "); z != std::string::npos)
     CHECK(result["zero_stage_executed"] == std::stoi(extra.substr(z + 7)));
   check_trains_like_reference(ref, losses, dir / "params");
+  return result;
 }
 
 }  // namespace
@@ -189,6 +192,67 @@ TEST_CASE("replay with different dp per stage re-shards activations", "[executor
   check_plan_trains_like_one_process("dp2-tp2", plan_json({2, 2}, {{2, 1}, {1, 2}}, {0, 2, 4}, 2));
   // Stage 0: one GPU; stage 1: dp 3 (micro-batch 4 splits 2, 1, 1), under GPipe.
   check_plan_trains_like_one_process("dp1-dp3", plan_json({1, 3}, {{1, 1}, {3, 1}}, {0, 1, 4}, 2), "gpipe");
+}
+
+// Interleaved 1F1B, pp 2 x v 2 over 7 layers (embedding, 5 blocks, head) on stages of uneven size:
+// stage 0 keeps 3 layers (chunks of 2 and 1), stage 1 keeps 4 (2 and 2), so the model runs
+// [0, 2) on stage 0, [2, 4) on stage 1, [4, 5) on stage 0, [5, 7) on stage 1. Besides training
+// like one process, each rank must hold exactly its chunks' layers and run its forwards and
+// backwards in Megatron's interleaved order (so a replay that ran plain 1F1B on contiguous
+// stages fails here).
+void check_interleaved(const std::string& name, std::vector<int> groups, std::vector<std::pair<int, int>> strategies) {
+  const int layers = 7;
+  ordered_json plan = plan_json(groups, strategies, {0, 3, 7}, 4, layers);
+  plan["schedule"] = "interleaved";
+  plan["virtual_stages"] = 2;
+  const ModelShape shape = gpt2_shape(kVocab, kHidden, layers - 2, kHeads, kSeq);
+  check_plan_trains_like_one_process(name, plan, "interleaved", "", "", shape);
+  const auto dir = test::scratch_dir("replay-" + name);
+  const std::vector<std::set<int64_t>> want_layers = {{0, 1, 4}, {2, 3, 5, 6}};
+  const ordered_json trace = read_json_file((dir / "result.trace.json").string());
+  for (const auto& f : fs::directory_iterator(dir / "params")) {
+    if (f.path().extension() != ".json") continue;
+    const ordered_json meta = read_json_file(f.path().string());
+    std::set<int64_t> held;
+    for (const auto& p : meta["params"]) held.insert(p["layer"].get<int64_t>());
+    const int stage = meta["stage"];
+    INFO("rank " << meta["rank"] << " stage " << stage);
+    CHECK(held == want_layers[stage]);
+    // The rank's compute spans, in time order, are StageOps' interleaved order.
+    std::vector<std::tuple<double, bool, int, int>> ops;
+    for (const auto& e : trace["traceEvents"])
+      if (e["ph"] == "X" && e["pid"] == meta["rank"] && (e["name"] == "forward" || e["name"] == "backward"))
+        ops.emplace_back(e["ts"].get<double>(), e["name"] == "forward", e["args"]["micro_batch"].get<int>(),
+                         e["args"]["chunk"].get<int>());
+    std::sort(ops.begin(), ops.end());
+    const StageOps want(Schedule::kInterleaved1F1B, 2, stage, 4, 2);
+    REQUIRE(static_cast<int>(ops.size()) == want.size());
+    for (int q = 0; q < want.size(); ++q) {
+      INFO("op " << q);
+      CHECK(std::get<1>(ops[q]) == want[q].forward);
+      CHECK(std::get<2>(ops[q]) == want[q].micro_batch);
+      CHECK(std::get<3>(ops[q]) == want[q].chunk);
+    }
+  }
+}
+
+TEST_CASE("replay under interleaved 1F1B (pp 2 x v 2, uneven stages) trains like one process",
+          "[executor][interleaved]") {
+  REQUIRE_CPU_COLLECTIVES();
+  check_interleaved("interleaved-pp2v2", {1, 1}, {{1, 1}, {1, 1}});
+  // Stage 0 dp 2, stage 1 tp 2: the last stage's chunk 0 re-shards into the first stage's chunk 1.
+  check_interleaved("interleaved-dp2-tp2", {2, 2}, {{2, 1}, {1, 2}});
+}
+
+TEST_CASE("replay refuses interleaving it cannot run", "[executor][interleaved]") {
+  ordered_json plan = plan_json({1, 1}, {{1, 1}, {1, 1}}, {0, 3, 7}, 3, 7);
+  plan["schedule"] = "interleaved";
+  plan["virtual_stages"] = 2;
+  CHECK_THROWS_AS(PipelineLayout(plan_file_from_json(plan, "plan"), {}, nullptr), InputError);  // 3 batches, pp 2
+  plan = plan_json({1, 1}, {{1, 1}, {1, 1}}, {0, 1, 7}, 4, 7);
+  plan["schedule"] = "interleaved";
+  plan["virtual_stages"] = 2;
+  CHECK_THROWS_AS(PipelineLayout(plan_file_from_json(plan, "plan"), {}, nullptr), InputError);  // 1 layer, v 2
 }
 
 TEST_CASE("pipeline layout: sample splits and re-sharding transfers", "[executor]") {
@@ -534,6 +598,27 @@ TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-3 (weights gathered per layer jus
           "[executor][zero]") {
   REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-zero3", plan_dp2tp2pp2(), "1f1b", "", "--zero 3");
+}
+
+// Overlapped reduction (issue 34): each layer unit's reduce-scatter is left running while the backward goes
+// on. The sums are the same, in the same order; the replay must also have started reduce-scatters while
+// others were still running, or nothing was overlapped.
+TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-2 and overlapped reduce-scatters trains like one process",
+          "[executor][zero][overlap]") {
+  REQUIRE_CPU_COLLECTIVES();
+  const ordered_json r = check_plan_trains_like_one_process("dp2tp2pp2-zero2-overlap", plan_dp2tp2pp2(), "1f1b", "",
+                                                            "--zero 2 --overlap-grad-reduce");
+  CHECK(r["overlap_grad_reduce_executed"] == true);
+  CHECK(r["overlapped_collectives"].get<long long>() > 0);
+}
+
+TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-3 and overlapped reduce-scatters trains like one process",
+          "[executor][zero][overlap]") {
+  REQUIRE_CPU_COLLECTIVES();
+  const ordered_json r = check_plan_trains_like_one_process("dp2tp2pp2-zero3-overlap", plan_dp2tp2pp2(), "1f1b", "",
+                                                            "--zero 3 --overlap-grad-reduce");
+  CHECK(r["overlap_grad_reduce_executed"] == true);
+  CHECK(r["overlapped_collectives"].get<long long>() > 0);
 }
 
 TEST_CASE("replay (dp 2, tp 2, pp 2) with full recomputation trains like one process", "[executor][recompute]") {

@@ -39,6 +39,10 @@ const std::map<std::string, std::string> kMegatronFlags = {
     {"--tensor-model-parallel-size", "megatron/core/model_parallel_config.py"},
     {"--pipeline-model-parallel-size", "megatron/core/model_parallel_config.py"},
     {"--sequence-parallel", "megatron/core/model_parallel_config.py"},
+    {"--context-parallel-size", "megatron/core/model_parallel_config.py"},
+    {"--overlap-grad-reduce", "megatron/training/arguments.py"},
+    {"--overlap-param-gather", "megatron/training/arguments.py"},
+    {"--ddp-bucket-size", "megatron/training/arguments.py"},
     {"--bf16", "megatron/core/model_parallel_config.py"},
     {"--fp16", "megatron/core/model_parallel_config.py"},
     {"--initial-loss-scale", "megatron/training/arguments.py"},
@@ -78,6 +82,7 @@ const std::map<std::string, std::string> kMegatronFlags = {
     {"--decoder-first-pipeline-num-layers", "megatron/training/arguments.py"},
     {"--decoder-last-pipeline-num-layers", "megatron/training/arguments.py"},
     {"--pipeline-model-parallel-layout", "megatron/training/arguments.py"},
+    {"--num-virtual-stages-per-pipeline-rank", "megatron/training/arguments.py"},
     {"--use-distributed-optimizer", "megatron/training/arguments.py"},
     {"--data-parallel-sharding-strategy", "megatron/training/arguments.py"},
 };
@@ -202,6 +207,15 @@ TEST_CASE("export: the flag and key names, with the parser's file and commit the
   PlanFile scaled = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64, -1, "", {"V100"});  // fp16, rope scaling
   scaled.rope_scaling = kLlama31RopeScaling;
   megatron(scaled, llama);
+  PlanFile cp = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 8, 64, 1);  // context parallelism, overlap, buckets
+  cp.context_parallel = 2;
+  cp.overlap.grad_reduce = cp.overlap.param_gather = true;
+  cp.overlap.grad_bucket_params = 5e7;
+  megatron(cp, llama);
+  PlanFile interleaved = plan(34, 4096, {4, 4}, {{2, 2}, {2, 2}}, {0, 17, 34}, 8, 64);  // 8 blocks per chunk
+  interleaved.schedule = "interleaved";
+  interleaved.virtual_stages = 2;
+  megatron(interleaved, gpt);
   std::set<std::string> want;
   for (const auto& [k, v] : kMegatronFlags) want.insert(k);
   CHECK(emitted == want);
@@ -455,6 +469,92 @@ TEST_CASE("export --to deepspeed: the plan's offload devices", "[export]") {
   const ordered_json o = export_deepspeed(p, llama, nullptr, "p").config["zero_optimization"];
   CHECK(o["offload_optimizer"] == ordered_json{{"device", "cpu"}});
   CHECK(o["offload_param"] == ordered_json{{"device", "none"}});
+}
+
+TEST_CASE("export: context parallelism, sequence parallelism and overlapped communication", "[export][seqpar]") {
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));
+  // 8 GPUs of dp 4 x tp 2 at cp 2: Megatron's dp is 2, each dp group takes 64 / 8 / 2 = 4 sequences.
+  PlanFile p = plan(34, 4096, {8}, {{4, 2}}, {0, 34}, 8, 64, 1);
+  p.sequence_parallel = true;
+  p.context_parallel = 2;
+  p.overlap.grad_reduce = p.overlap.param_gather = true;
+  p.overlap.grad_bucket_params = 5e7;
+  const MegatronArgs m = export_megatron(p, llama, nullptr, "plan.json");
+  auto value = [&](const std::string& flag) -> std::string {
+    for (const auto& [f, v] : m.args)
+      if (f == flag) return v.empty() ? "(set)" : v;
+    return "(absent)";
+  };
+  CHECK(m.world_size == 8);
+  CHECK(value("--sequence-parallel") == "(set)");
+  CHECK(value("--context-parallel-size") == "2");
+  CHECK(value("--micro-batch-size") == "4");
+  CHECK(value("--overlap-grad-reduce") == "(set)");
+  CHECK(value("--overlap-param-gather") == "(set)");
+  CHECK(value("--ddp-bucket-size") == "50000000");
+  CHECK(value("--use-distributed-optimizer") == "(set)");
+  // Without ZeRO there is nothing to gather: only the reduction overlaps.
+  PlanFile z0 = p;
+  z0.zero_stage = 0;
+  z0.context_parallel = 1;
+  const MegatronArgs m0 = export_megatron(z0, llama, nullptr, "plan.json");
+  CHECK(std::count_if(m0.args.begin(), m0.args.end(), [](const auto& a) { return a.first == "--overlap-param-gather"; }) == 0);
+  CHECK(std::count_if(m0.args.begin(), m0.args.end(), [](const auto& a) { return a.first == "--overlap-grad-reduce"; }) == 1);
+  CHECK(std::count_if(m0.args.begin(), m0.args.end(), [](const auto& a) { return a.first == "--context-parallel-size"; }) == 0);
+  // cp must divide dp, and 2 cp the sequence.
+  PlanFile bad = p;
+  bad.context_parallel = 3;
+  CHECK_THROWS_WITH(export_megatron(bad, llama, nullptr, "plan.json"),
+                    Catch::Contains("context_parallel 3 does not divide a stage's dp 4"));
+  // DeepSpeed: overlap_comm and the bucket sizes as costed; no ring attention.
+  PlanFile ds = plan(34, 4096, {8}, {{8, 1}}, {0, 34}, 4, 64, 2);
+  ds.overlap.grad_reduce = true;
+  ds.overlap.grad_bucket_params = 5e7;
+  ds.overlap_recorded = true;
+  const ordered_json z = export_deepspeed(ds, llama, nullptr, "p").config["zero_optimization"];
+  CHECK(z["overlap_comm"] == true);
+  CHECK(z["reduce_bucket_size"] == 50000000);
+  CHECK(z["allgather_bucket_size"] == 50000000);
+  ds.overlap = CommOverlap{};
+  CHECK(export_deepspeed(ds, llama, nullptr, "p").config["zero_optimization"]["overlap_comm"] == false);
+  CHECK_THROWS_WITH(export_deepspeed(p, llama, nullptr, "p"), Catch::Contains("DeepSpeed's config has no ring attention"));
+}
+
+// Interleaved 1F1B: Megatron's virtual pipeline. Each stage's layers split into v chunks in virtual-stage
+// order: every chunk the same blocks is Megatron's own even split (--num-virtual-stages-per-pipeline-rank);
+// otherwise the layout of pp * v segments, segment chunk * pp + rank (Megatron's
+// PipelineParallelLayerLayout). DeepSpeed's pipeline engine has no interleaving: the exporter says so.
+TEST_CASE("export: interleaved plans get Megatron's virtual-pipeline flags, and DeepSpeed refuses them", "[export][interleaved]") {
+  const ModelShape llama = read_hf_config(hf("llama-3.1-8b.json"));  // 32 blocks: Metis layers 34
+  auto args_of = [&](const PlanFile& p) { return export_megatron(p, llama, nullptr, "plan.json").args; };
+  auto has = [](const Args& args, const std::string& flag, const std::string& value) {
+    return std::count(args.begin(), args.end(), std::make_pair(flag, value)) == 1;
+  };
+  // Stages of 17 Metis layers (16 blocks each): chunks [0, 9) [9, 17) and [17, 25) [25, 34): 8 blocks each.
+  PlanFile even = plan(34, 4096, {4, 4}, {{2, 2}, {2, 2}}, {0, 17, 34}, 8, 64);
+  even.schedule = "interleaved";
+  even.virtual_stages = 2;
+  const Args a = args_of(even);
+  CHECK(has(a, "--num-virtual-stages-per-pipeline-rank", "2"));
+  CHECK(has(a, "--num-layers", "32"));
+  for (const auto& [flag, value] : a) CHECK(flag != "--pipeline-model-parallel-layout");
+  // Uneven stages (15 and 19 Metis layers: 14 and 18 blocks): chunks of 7 + 7 and 9 + 9 blocks; virtual
+  // stages in model order: stage 0 chunk 0 (embedding + 7), stage 1 chunk 0 (9), stage 0 chunk 1 (7),
+  // stage 1 chunk 1 (9 + head).
+  PlanFile uneven = plan(34, 4096, {4, 4}, {{2, 2}, {2, 2}}, {0, 15, 34}, 8, 64);
+  uneven.schedule = "interleaved";
+  uneven.virtual_stages = 2;
+  const Args b = args_of(uneven);
+  CHECK(has(b, "--pipeline-model-parallel-layout", "Et*7|t*9|t*7|t*9L"));
+  for (const auto& [flag, value] : b) CHECK(flag != "--num-virtual-stages-per-pipeline-rank");
+  CHECK_THROWS_WITH(export_deepspeed(even, llama, nullptr, "plan.json"),
+                    Catch::Contains("DeepSpeed's pipeline engine cannot run"));
+  // A plan file keeps the setting: virtual_stages without the interleaved schedule is refused.
+  ordered_json j = plan_file_to_json(even);
+  CHECK(j["virtual_stages"] == 2);
+  CHECK(plan_file_from_json(j, "p").virtual_stages == 2);
+  j["schedule"] = "1f1b";
+  CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"), Catch::Contains("p.json: key 'virtual_stages'"));
 }
 
 TEST_CASE("export --to megatron: Llama-3.1's rope_scaling goes from its config.json through search to the arguments",

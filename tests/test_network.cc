@@ -4,6 +4,8 @@
 // 2 (p - 1) / p of the data per rank in 2 (p - 1) steps).
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <algorithm>
 #include <limits>
 #include <random>
@@ -112,6 +114,7 @@ double reference_strided(const Network& n, const RankLayout& layout, int first, 
   double bw, lat;
   ring_over(0, count, &bw, &lat);
   const double ring = 2 * (c - 1) * lat + 2 * (c - 1) / c * bytes / bw;
+  const double ring_bw = bw;
   if (ring_only) return ring;
   auto node = [&](int i) { return layout.node_of(first + i * stride); };
   double intra = 0, leader_bw = std::numeric_limits<double>::infinity(), leader_lat = 0;
@@ -141,7 +144,10 @@ double reference_strided(const Network& n, const RankLayout& layout, int first, 
   leader_lat = std::max(leader_lat, n.link_latency(prev, first_leader));
   const double nl = runs, leader_bytes = bytes / per_node;
   const double inter = 2 * (nl - 1) * leader_lat + 2 * (nl - 1) / nl * leader_bytes / leader_bw;
-  return std::min(ring, intra + inter);
+  // NCCL's tree: a chain of per_node ranks in each node, a double binary tree over the nodes, the ring's bytes.
+  const double tree = 2 * ((per_node - 1) * n.link_latency(first, first) + std::ceil(std::log2(nl)) * leader_lat) +
+                      2 * (c - 1) / c * bytes / ring_bw;
+  return std::min({ring, intra + inter, tree});
 }
 
 }  // namespace
@@ -182,4 +188,31 @@ TEST_CASE("strided all-reduces walked node by node equal the rank-by-rank walk e
             reference_strided(n, layout, first, stride, count, bytes, true));
     }
   }
+}
+
+TEST_CASE("NCCL's tree: logarithmic latency over nodes, the ring's bandwidth term", "[network][seqpar]") {
+  // 16 nodes of 8 GPUs, 50 GB/s inter, 400 GB/s intra; a dp group of one GPU per node (stride 8).
+  std::vector<ClusterfileEntry> cf = {{"10.0.0.1", "H100", 50, 400, 80}};
+  std::vector<std::pair<std::string, int>> hosts(16, {"10.0.0.1", 8});
+  const Cluster c = Cluster::from_parts(hosts, cf, "hostfile", "cluster.json");
+  const RankLayout layout(c, {0});
+  NetworkOptions o;
+  o.intra_latency_s = 5e-6;
+  o.inter_latency_s = 20e-6;
+  const Network n(c, layout, o);
+  const RankStride group{0, 8, 16};
+  const double bw = 50e9;
+  // A small message: the ring pays 2 x 15 inter-node latencies, the tree 2 x log2(16) = 8.
+  const double small = 1e4;
+  const double ring = 2 * 15 * 20e-6 + 2 * 15.0 / 16 * small / bw;
+  const double tree = 2 * 4 * 20e-6 + 2 * 15.0 / 16 * small / bw;
+  CHECK(n.ring_all_reduce_seconds_strided(group, small) == Approx(ring).epsilon(1e-12));
+  CHECK(n.all_reduce_seconds_strided(group, small) == Approx(tree).epsilon(1e-12));
+  std::vector<int> ranks;
+  for (int i = 0; i < 16; ++i) ranks.push_back(8 * i);
+  CHECK(n.tree_all_reduce_seconds(ranks, small) == Approx(tree).epsilon(1e-12));
+  CHECK(n.all_reduce_seconds(ranks, small) == Approx(tree).epsilon(1e-12));
+  // Inside one node the tree is a chain: no better than the ring.
+  const RankStride node{0, 1, 8};
+  CHECK(n.all_reduce_seconds_strided(node, small) == n.ring_all_reduce_seconds_strided(node, small));
 }

@@ -129,6 +129,136 @@ TEST_CASE("iteration_ms equals simulate_timeline's longest path", "[plan_cost]")
   CHECK(stretched > 50);
 }
 
+TEST_CASE("interleaved: iteration_ms with chunk costs equals simulate_timeline's longest path",
+          "[plan_cost][interleaved]") {
+  const Setup16& s = setup16();
+  SimulationOptions so;
+  so.schedule = Schedule::kInterleaved1F1B;
+  so.virtual_stages = 2;
+  const PlanSimulator sim(s.cluster, s.profiles, shape_from_model_config(s.model), s.model.sequence_length, so);
+  const RankLayout layout(s.cluster, {0, 1});
+  const PlanCostModel model(sim, layout, {TrainingSetup{}});
+  std::mt19937 rng(4242);
+  std::uniform_real_distribution<double> ms(0.0, 10.0);
+  PipelineScratch scratch;
+  int checked = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int p = std::uniform_int_distribution<int>(2, 6)(rng);
+    const int v = std::uniform_int_distribution<int>(2, 4)(rng);
+    const int m = p * std::uniform_int_distribution<int>(1, 5)(rng);
+    std::vector<FastStageCost> stages(p), chunks(static_cast<std::size_t>(p) * v);
+    for (auto& c : stages) {
+      c.allreduce_ms = rng() % 4 == 0 ? 0.0 : ms(rng) * 3;
+      c.optimizer_ms = ms(rng);
+      c.sustained_factor = rng() % 2 ? 1.0 : 1.0 + ms(rng) / 50;
+    }
+    for (auto& c : chunks) {
+      c.forward_ms = ms(rng);
+      c.backward_ms = ms(rng);
+      c.accumulation_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 10;
+      c.send_forward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
+      c.send_backward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
+    }
+    // The stage as a whole (for the pace): its chunks' sums.
+    for (int k = 0; k < p * v; ++k) {
+      stages[k % p].forward_ms += chunks[k].forward_ms;
+      stages[k % p].backward_ms += chunks[k].backward_ms;
+      stages[k % p].accumulation_ms += chunks[k].accumulation_ms;
+    }
+    TimelineInput tin;
+    tin.microbatches = m;
+    tin.schedule = Schedule::kInterleaved1F1B;
+    tin.virtual_stages = v;
+    for (const auto& f : stages) {
+      StageCosts c;
+      c.allreduce_ms = f.allreduce_ms;
+      c.optimizer_ms = f.optimizer_ms;
+      tin.stages.push_back(c);
+    }
+    const int pace = model.pace_stage(stages.data(), p, m);
+    for (int k = 0; k < p * v; ++k) {
+      const FastStageCost& f = chunks[k];
+      StageCosts c;
+      c.forward_ms = f.forward_ms;
+      c.backward_ms = f.backward_ms;
+      if (k % p == pace) {  // PlanSimulator::run's stretch of the pace-setting stage's chunks
+        c.forward_ms *= stages[pace].sustained_factor;
+        c.backward_ms *= stages[pace].sustained_factor;
+      }
+      c.accumulation_ms = f.accumulation_ms;
+      c.send_forward_ms = k + 1 < p * v ? f.send_forward_ms : 0.0;
+      c.send_backward_ms = k > 0 ? f.send_backward_ms : 0.0;
+      tin.chunks.push_back(c);
+    }
+    chunks.front().send_backward_ms = chunks.back().send_forward_ms = 0;  // no such links
+    const double want = simulate_timeline(tin).iteration_ms;
+    const double got = model.iteration_ms(stages.data(), p, m, Schedule::kInterleaved1F1B, &scratch, chunks.data(), v);
+    INFO("trial " << trial << " p " << p << " v " << v << " m " << m);
+    REQUIRE(got == want);  // bit for bit
+    ++checked;
+  }
+  CHECK(checked == 200);
+}
+
+TEST_CASE("interleaved: PlanSimulator::run's timeline equals the fast cost of its chunks, on random plans",
+          "[plan_cost][interleaved]") {
+  const Setup16& s = setup16();
+  std::mt19937 rng(99);
+  int plans = 0;
+  for (const int v : {2, 3}) {
+    SimulationOptions so;
+    so.schedule = Schedule::kInterleaved1F1B;
+    so.virtual_stages = v;
+    const PlanSimulator sim(s.cluster, s.profiles, shape_from_model_config(s.model), s.model.sequence_length, so);
+    const RankLayout layout(s.cluster, {0, 1});
+    const PlanCostModel model(sim, layout, {so.setup});
+    PipelineScratch scratch;
+    for (int trial = 0; trial < 80; ++trial) {
+      // 2 or 3 stages of contiguous ranks (dp only), each at least v of the 8 blocks.
+      const int p = std::uniform_int_distribution<int>(2, 3)(rng);
+      std::vector<int> groups(p, 16 / p);
+      groups.back() = 16 - (p - 1) * (16 / p);
+      std::vector<int> partition = {0};
+      for (int i = 0; i < p - 1; ++i)
+        partition.push_back(std::uniform_int_distribution<int>(partition.back() + 1, 10 - (p - 1 - i))(rng));
+      partition.push_back(10);
+      bool enough = true;  // every stage at least v blocks
+      for (int i = 0; i < p; ++i) enough = enough && stage_blocks(partition[i], partition[i + 1], 10) >= v;
+      if (!enough) continue;
+      std::vector<Strategy> strategies;
+      for (int g : groups) strategies.push_back(Strategy{g, 1});
+      const int m = p * 2, gbs = m * 16;
+      PlanSimulation out;
+      std::string why;
+      REQUIRE(sim.run(layout, groups, strategies.data(), partition.data(), m, gbs, &out, &why, false));
+      // The fast path: whole stages (pace, all-reduce, optimizer), then the chunks.
+      std::vector<StageChoice> choices;
+      std::vector<FastStageCost> whole(p), chunks(static_cast<std::size_t>(p) * v);
+      int begin = 0;
+      for (int i = 0; i < p; ++i) {
+        choices.push_back(StageChoice{begin, groups[i], strategies[i], partition[i], partition[i + 1]});
+        REQUIRE(model.stage(choices[i], i, p, m, gbs / m, &whole[i]));
+        begin += groups[i];
+      }
+      REQUIRE(model.chunk_costs(choices.data(), p, m, gbs / m, v, chunks.data()));
+      INFO("v " << v << " trial " << trial);
+      CHECK(model.iteration_ms(whole.data(), p, m, so.schedule, &scratch, chunks.data(), v) ==
+            out.timeline.iteration_ms);
+      // Chunks sum to the stage (the search's bound: busy time of the whole stage).
+      for (int i = 0; i < p; ++i) {
+        double f = 0, b = 0;
+        for (int c = 0; c < v; ++c) {
+          f += chunks[virtual_stage(p, i, c)].forward_ms;
+          b += chunks[virtual_stage(p, i, c)].backward_ms;
+        }
+        CHECK(f + b >= (whole[i].forward_ms + whole[i].backward_ms) * (1 - 1e-9));
+      }
+      ++plans;
+    }
+  }
+  CHECK(plans >= 30);
+}
+
 TEST_CASE("PlanCostModel agrees with PlanSimulator::run on random plans", "[plan_cost]") {
   const Setup16& s = setup16();
   const std::vector<TrainingSetup> setups = searched_setups();

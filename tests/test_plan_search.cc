@@ -4,6 +4,8 @@
 // the simulator's iteration time.
 #include <catch2/catch.hpp>
 
+#include "planner/search_settings.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -141,7 +143,8 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
                                      bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
                                      const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
                                      StageBoundaries boundaries = StageBoundaries::kRank,
-                                     double mixed_limit = PlanSearchOptions().mixed_table_limit) {
+                                     double mixed_limit = PlanSearchOptions().mixed_table_limit,
+                                     const std::string& overlap = "off") {
   int compared = 0, with_plans = 0;
   long long pruned_costed = 0, full_costed = 0;
   const std::vector<Case> all = cases(uneven);
@@ -160,7 +163,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     TrainingSetup a = so.setup, b = a;
     b.zero_stage = 1;
     b.recompute = Recompute::kFull;
-    o.setups = {a, b};
+    o.setups = with_overlap_dimension({a, b}, overlap);  // "auto": overlapped communication as a dimension too
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
     const PlanSearchResult pruned = PlanSearch(cluster, profiles, sim, o).run();
@@ -275,6 +278,68 @@ TEST_CASE("the pruned search returns what exhaustive search returns: measured pr
 
 // GPUs of 2-3.5 GB, below the small model's ~5 GB of model states: most stages cannot hold their layers,
 // which the suffix tables leave out by PlanCostModel::state_bytes_lower_bound.
+TEST_CASE("the pruned search returns what exhaustive search returns with overlap as a dimension",
+          "[plan_search][seqpar]") {
+  expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false, true, PlanSearchOptions().suffix_table_limit,
+                                  clusterfile(), 20, StageBoundaries::kRank, PlanSearchOptions().mixed_table_limit,
+                                  "auto");
+}
+
+// Virtual stages as a dimension (search_virtual_stages over v = 1 and 2): the search with its bounds
+// returns what exhaustive enumeration returns, plan for plan, and interleaved plans are among the best.
+TEST_CASE("the pruned search returns what exhaustive search returns with v as a dimension", "[plan_search][interleaved]") {
+  int compared = 0, interleaved_best = 0, interleaved_top = 0;
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.top_k = 3;
+    TrainingSetup a = sim_options().setup, b = a;
+    b.zero_stage = 1;
+    b.recompute = Recompute::kFull;
+    o.setups = {a, b};
+    PlanSearchOptions ex = o;
+    ex.exhaustive = true;
+    const ModelShape shape = shape_from_model_config(small_model());
+    const PlanSearchResult pruned = search_virtual_stages(cluster, measured_profiles(), shape, 1024, sim_options(), o, {1, 2});
+    const PlanSearchResult full = search_virtual_stages(cluster, measured_profiles(), shape, 1024, sim_options(), ex, {1, 2});
+    REQUIRE(pruned.top.size() == full.top.size());
+    for (std::size_t i = 0; i < full.top.size(); ++i) {
+      const PlanResult& x = pruned.top[i].plan;
+      const PlanResult& y = full.top[i].plan;
+      CHECK(x.cost == y.cost);
+      CHECK(x.node_sequence == y.node_sequence);
+      CHECK(x.device_groups == y.device_groups);
+      CHECK(x.strategies == y.strategies);
+      CHECK(x.layer_partition == y.layer_partition);
+      CHECK(x.batches == y.batches);
+      CHECK(pruned.top[i].setup == full.top[i].setup);
+      CHECK(pruned.top[i].virtual_stages == full.top[i].virtual_stages);
+      if (full.top[i].virtual_stages > 1) {
+        ++interleaved_top;
+        // Megatron's rule and every chunk a layer.
+        CHECK(y.batches % static_cast<int>(y.device_groups.size()) == 0);
+        for (std::size_t s = 0; s + 1 < y.layer_partition.size(); ++s)
+          CHECK(stage_blocks(y.layer_partition[s], y.layer_partition[s + 1], 6) >= 2);
+        // Its cost is the simulator's for that plan.
+        SimulationOptions so = sim_options();
+        so.schedule = Schedule::kInterleaved1F1B;
+        so.virtual_stages = 2;
+        so.setup = o.setups[full.top[i].setup];
+        const PlanSimulator sim(cluster, measured_profiles(), shape, 1024, so);
+        CHECK(sim.simulate(y, c.gbs).timeline.iteration_ms == y.cost);
+      }
+    }
+    if (!full.top.empty() && full.top[0].virtual_stages > 1) ++interleaved_best;
+    CHECK(pruned.costed <= full.costed);
+    ++compared;
+  }
+  CHECK(compared == 30);
+  CHECK(interleaved_top > 0);  // the dimension is searched, not ignored
+  WARN("interleaved plans best on " << interleaved_best << " of 30 clusters, " << interleaved_top << " in the top 3s");
+}
+
 TEST_CASE("the pruned search returns what exhaustive search returns when model states overflow the GPUs",
           "[plan_search][memory]") {
   const std::vector<ClusterfileEntry> small_gpus = {{"10.0.0.1", "A100", 25, 300, 3.5}, {"10.0.0.2", "H100", 50, 450, 3},
@@ -551,6 +616,168 @@ TEST_CASE("stage estimates: a mixed stage's capacity bound counts its replicas a
     }
   }
   CHECK(mixed > 1000);
+}
+
+// Anytime search with a proof (issue 33): seed plans, the global lower bound, --gap.
+
+TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, and proves it, on 30 small clusters",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  int with_plans = 0, seeded = 0;
+  const std::vector<Case> all = cases(true);
+  REQUIRE(all.size() >= 30);
+  for (const Case& c : all) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.gap = 0;
+    PlanSearchOptions ex = o;
+    ex.exhaustive = true;
+    // With the bounds pass too (every group's table and root bound first, groups above the threshold
+    // closed), as above 256 GPUs.
+    PlanSearchOptions pass = o;
+    pass.bounds_pass_above_gpus = 0;
+    const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
+    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    const PlanSearchResult with_pass = PlanSearch(cluster, profiles, sim, pass).run();
+    REQUIRE(r.top.size() == full.top.size());
+    REQUIRE(with_pass.top.size() == full.top.size());
+    if (!full.top.empty()) {
+      CHECK(with_pass.top[0].plan.cost == full.top[0].plan.cost);
+      CHECK(with_pass.top[0].plan.device_groups == full.top[0].plan.device_groups);
+      CHECK(with_pass.top[0].plan.layer_partition == full.top[0].plan.layer_partition);
+      CHECK(with_pass.lower_bound_ms == full.top[0].plan.cost);
+    }
+    CHECK_FALSE(r.cut_short);
+    CHECK(r.proven);
+    if (full.top.empty()) {  // the space is proven empty: no plan, no bound
+      CHECK(r.space_empty);
+      CHECK(r.best_ms == -1);
+      CHECK(std::isinf(r.lower_bound_ms));
+      continue;
+    }
+    ++with_plans;
+    seeded += r.seeds_costed > 0;
+    const PlanResult& x = r.top[0].plan;
+    const PlanResult& y = full.top[0].plan;
+    CHECK(x.cost == y.cost);
+    CHECK(x.node_sequence == y.node_sequence);
+    CHECK(x.device_groups == y.device_groups);
+    CHECK(x.strategies == y.strategies);
+    CHECK(x.layer_partition == y.layer_partition);
+    CHECK(x.batches == y.batches);
+    CHECK_FALSE(r.space_empty);
+    CHECK(r.best_ms == y.cost);
+    CHECK(r.lower_bound_ms == y.cost);  // proven optimal: the bound meets the best
+    CHECK(r.gap == 0);
+    CHECK(r.first_plan_s >= 0);
+  }
+  CHECK(with_plans >= 25);
+  CHECK(seeded == with_plans);
+}
+
+TEST_CASE("the seed plans are plans of the space, costed as simulate costs them, and never below the optimum",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  int with_seeds = 0, optimal_seeds = 0;
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.top_k = 4;
+    o.seeds_only = true;
+    const PlanSearchResult seeds = PlanSearch(cluster, profiles, sim, o).run();
+    o.seeds_only = false;
+    o.top_k = 1;
+    const PlanSearchResult best = PlanSearch(cluster, profiles, sim, o).run();
+    CHECK(seeds.seeds_costed > 0);
+    if (seeds.top.empty()) continue;
+    ++with_seeds;
+    REQUIRE_FALSE(best.top.empty());
+    optimal_seeds += seeds.top[0].plan.cost == best.top[0].plan.cost;
+    for (const SearchedPlan& sp : seeds.top) {
+      const PlanResult& p = sp.plan;
+      CHECK(p.cost >= best.top[0].plan.cost);
+      std::vector<int> seq;
+      for (const auto& n : p.node_sequence) seq.push_back(cluster.type_index(n));
+      const RankLayout layout(cluster, seq);
+      int begin = 0;
+      for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
+        CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
+        CHECK(p.strategies[i].dp <= c.gbs / p.batches);
+        CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
+        CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
+        begin += p.device_groups[i];
+      }
+      CHECK(begin == cluster.num_devices());
+      CHECK(p.layer_partition.back() == 6);
+      const PlanSimulation s = sim.simulate(p, c.gbs);
+      CHECK(s.fits);
+      CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
+    }
+  }
+  CHECK(with_seeds >= 20);
+  CHECK(optimal_seeds > 0);
+}
+
+TEST_CASE("a gap G: the best plan is within 1 + G of the optimum, and the lower bound is below the optimum",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.gap = 0.25;
+    const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
+    PlanSearchOptions pass = o;  // the bounds pass's root bounds, and its groups closed by them
+    pass.bounds_pass_above_gpus = 0;
+    const PlanSearchResult with_pass = PlanSearch(cluster, profiles, sim, pass).run();
+    o.gap = 0;
+    const PlanSearchResult exact = PlanSearch(cluster, profiles, sim, o).run();
+    REQUIRE(r.top.empty() == exact.top.empty());
+    if (exact.top.empty()) continue;
+    const double opt = exact.top[0].plan.cost;
+    CHECK(r.best_ms >= opt);
+    CHECK(r.best_ms <= opt * 1.25 * (1 + 1e-12));
+    CHECK(r.lower_bound_ms <= opt * (1 + 1e-12));
+    CHECK(r.gap <= 0.25 + 1e-9);
+    CHECK(r.proven);
+    CHECK(with_pass.best_ms <= opt * 1.25 * (1 + 1e-12));
+    CHECK(with_pass.lower_bound_ms <= opt * (1 + 1e-12));
+  }
+}
+
+TEST_CASE("a search stopped before it starts reports no plan, not an empty space, and a bound below the optimum",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  int bounded = 0;
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    std::atomic<bool> cancel{true};
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.cancel = &cancel;
+    const PlanSearchResult stopped = PlanSearch(cluster, profiles, sim, o).run();
+    CHECK(stopped.cut_short);
+    CHECK(stopped.top.empty());
+    CHECK_FALSE(stopped.space_empty);  // not searched: no claim that no plan exists
+    CHECK_FALSE(stopped.proven);
+    cancel = false;
+    const PlanSearchResult exact = PlanSearch(cluster, profiles, sim, o).run();
+    if (exact.top.empty()) continue;
+    // The throughput floor: positive, and below every plan.
+    CHECK(stopped.lower_bound_ms <= exact.top[0].plan.cost);
+    bounded += stopped.lower_bound_ms > 0;
+  }
+  CHECK(bounded >= 20);
 }
 
 }  // namespace hetplan

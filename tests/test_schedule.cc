@@ -150,5 +150,119 @@ TEST_CASE("schedules parse and print", "[schedule]") {
   CHECK(parse_schedule("GPipe", "x") == Schedule::kGpipe);
   CHECK(parse_schedule("1F1B", "x") == Schedule::k1F1B);
   CHECK(std::string(to_string(Schedule::k1F1B)) == "1f1b");
-  CHECK_THROWS_AS(parse_schedule("interleaved", "--schedule"), InputError);
+  CHECK(parse_schedule("interleaved", "x") == Schedule::kInterleaved1F1B);
+  CHECK(parse_schedule("interleaved-1f1b", "x") == Schedule::kInterleaved1F1B);
+  CHECK(std::string(to_string(Schedule::kInterleaved1F1B)) == "interleaved");
+  CHECK_THROWS_AS(parse_schedule("zero-bubble", "--schedule"), InputError);
+}
+
+namespace {
+
+// Megatron-LM's interleaved order written out the way its schedule function builds it: the k-th
+// forward of a stage takes chunk (k mod pp v) / pp and micro-batch (k / pp v) pp + k mod pp, the k-th
+// backward the same micro-batch on the mirrored chunk; warm-up 2 (pp - stage - 1) + (v - 1) pp.
+// Encoded as +-(1 + micro_batch + 100 chunk).
+std::vector<int> megatron_interleaved(int pp, int v, int stage, int m) {
+  const int total = m * v;
+  const int warmup = std::min(2 * (pp - stage - 1) + (v - 1) * pp, total);
+  auto code = [&](int k, bool forward) {
+    int chunk = (k % (pp * v)) / pp;
+    if (!forward) chunk = v - 1 - chunk;
+    const int mb = (k / (pp * v)) * pp + k % pp;
+    return (forward ? 1 : -1) * (1 + mb + 100 * chunk);
+  };
+  std::vector<int> order;
+  for (int k = 0; k < warmup; ++k) order.push_back(code(k, true));
+  for (int k = 0; k < total - warmup; ++k) {
+    order.push_back(code(warmup + k, true));
+    order.push_back(code(k, false));
+  }
+  for (int k = total - warmup; k < total; ++k) order.push_back(code(k, false));
+  return order;
+}
+
+std::vector<int> encoded_chunks(const StageOps& ops) {
+  std::vector<int> order;
+  for (const PipelineOp op : ops) order.push_back((op.forward ? 1 : -1) * (1 + op.micro_batch + 100 * op.chunk));
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("interleaved 1F1B: pp 2 x v 2, m 4 written out by hand", "[schedule][interleaved]") {
+  // F/B(micro-batch, chunk) as +-(1 + mb + 100 chunk). Stage 0 warms up with 2 (2 - 1) + 2 = 4 forwards.
+  const std::vector<int> stage0 = {1, 2, 101, 102, 3, -101, 4, -102, 103, -1, 104, -2, -103, -104, -3, -4};
+  const std::vector<int> stage1 = {1, 2, 101, -101, 102, -102, 3, -1, 4, -2, 103, -103, 104, -104, -3, -4};
+  CHECK(encoded_chunks(StageOps(Schedule::kInterleaved1F1B, 2, 0, 4, 2)) == stage0);
+  CHECK(encoded_chunks(StageOps(Schedule::kInterleaved1F1B, 2, 1, 4, 2)) == stage1);
+  CHECK(in_flight_microbatches(Schedule::kInterleaved1F1B, 2, 0, 4, 2) == 5);
+  CHECK(in_flight_microbatches(Schedule::kInterleaved1F1B, 2, 1, 4, 2) == 3);
+}
+
+TEST_CASE("interleaved 1F1B is Megatron's order: every (micro-batch, chunk) once, a chunk's micro-batches in order",
+          "[schedule][interleaved]") {
+  for (int pp = 1; pp <= 5; ++pp)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = pp; m <= 4 * pp; m += pp)
+        for (int stage = 0; stage < pp; ++stage) {
+          INFO("pp " << pp << " v " << v << " m " << m << " stage " << stage);
+          REQUIRE(interleaving_error(Schedule::kInterleaved1F1B, pp, m, v).empty());
+          const StageOps ops(Schedule::kInterleaved1F1B, pp, stage, m, v);
+          CHECK(ops.size() == 2 * m * v);
+          CHECK(ops.chunks() == v);
+          CHECK(encoded_chunks(ops) == megatron_interleaved(pp, v, stage, m));
+          std::vector<int> next_fwd(v, 0), next_bwd(v, 0);
+          int held = 0, peak = 0;
+          for (const PipelineOp op : ops) {
+            REQUIRE(op.chunk >= 0);
+            REQUIRE(op.chunk < v);
+            if (op.forward) CHECK(op.micro_batch == next_fwd[op.chunk]++);
+            else CHECK(op.micro_batch == next_bwd[op.chunk]++);
+            if (!op.forward) CHECK(next_fwd[op.chunk] > op.micro_batch);  // its forward came first
+            held += op.forward ? 1 : -1;
+            peak = std::max(peak, held);
+          }
+          for (int c = 0; c < v; ++c) CHECK((next_fwd[c] == m && next_bwd[c] == m));
+          CHECK(peak == in_flight_microbatches(Schedule::kInterleaved1F1B, pp, stage, m, v));
+        }
+}
+
+TEST_CASE("interleaving needs v >= 2 and m a multiple of pp (Megatron's rule)", "[schedule][interleaved]") {
+  CHECK(interleaving_error(Schedule::kInterleaved1F1B, 4, 8, 2).empty());
+  CHECK(interleaving_error(Schedule::kInterleaved1F1B, 4, 6, 2).find("multiple of pp") != std::string::npos);
+  CHECK(!interleaving_error(Schedule::kInterleaved1F1B, 4, 8, 1).empty());
+  CHECK(!interleaving_error(Schedule::k1F1B, 4, 8, 2).empty());
+  CHECK(interleaving_error(Schedule::k1F1B, 4, 6, 1).empty());
+}
+
+TEST_CASE("a stage's layers split into chunks laid out in virtual-stage order", "[schedule][interleaved]") {
+  int a = 0, b = 0;
+  // A model of 10 Metis layers (embedding, 8 blocks, head). Stage [3, 8): 5 blocks, 3 + 2.
+  CHECK(stage_blocks(3, 8, 10) == 5);
+  chunk_layers(3, 8, 10, 2, 0, &a, &b);
+  CHECK((a == 3 && b == 6));
+  chunk_layers(3, 8, 10, 2, 1, &a, &b);
+  CHECK((a == 6 && b == 8));
+  // The embedding rides with chunk 0, the head with the last chunk: [0, 5) is the embedding and blocks
+  // 1-4 (2 + 2), [5, 10) blocks 5-8 and the head (2 + 2): Megatron's even virtual split.
+  CHECK(stage_blocks(0, 5, 10) == 4);
+  chunk_layers(0, 5, 10, 2, 0, &a, &b);
+  CHECK((a == 0 && b == 3));
+  chunk_layers(0, 5, 10, 2, 1, &a, &b);
+  CHECK((a == 3 && b == 5));
+  chunk_layers(5, 10, 10, 2, 0, &a, &b);
+  CHECK((a == 5 && b == 7));
+  chunk_layers(5, 10, 10, 2, 1, &a, &b);
+  CHECK((a == 7 && b == 10));
+  // Stages [0, 3) (embedding + 2 blocks) and [3, 7) (3 blocks + head) of 7 layers, v 2: virtual stages
+  // 0 (stage 0: [0, 2)), 1 (stage 1: 2 layers), 2 (stage 0: 1), 3 (stage 1: block and head).
+  const int partition[] = {0, 3, 7};
+  chunk_model_layers(partition, 2, 2, 0, 0, &a, &b);
+  CHECK((a == 0 && b == 2));
+  chunk_model_layers(partition, 2, 2, 1, 0, &a, &b);
+  CHECK((a == 2 && b == 4));
+  chunk_model_layers(partition, 2, 2, 0, 1, &a, &b);
+  CHECK((a == 4 && b == 5));
+  chunk_model_layers(partition, 2, 2, 1, 1, &a, &b);
+  CHECK((a == 5 && b == 7));
 }

@@ -318,3 +318,56 @@ TEST_CASE("search refuses shape flags the profiles disagree with, naming the key
                       " records model.hidden_size = 4096") != std::string::npos);
   CHECK(test::run_hetplan(search + "--sequence_length 2048").exit_code == 0);
 }
+
+// Issue 34's case for interleaving: a deep pipeline at a small global batch. A 7B-shaped GPT (32 blocks,
+// hidden 4096, sequence 2048) on 8 V100s of 32 GB without tp (--max-profiled-tp-degree 1): memory forces 8
+// stages, and gbs 8 leaves 8 micro-batches, so plain 1F1B idles (pp - 1) / (m + pp - 1) of the time. With
+// --vp auto the search finds an interleaved plan faster than the best plain 1F1B plan (which it also
+// searched), simulate gives the same time for it, the same plan under plain 1F1B is slower, and the
+// Megatron export carries its virtual pipeline.
+TEST_CASE("search --vp auto finds an interleaved plan that beats plain 1F1B on a deep pipeline at small gbs",
+          "[cli][search-sim][interleaved]") {
+  const auto dir = test::scratch_dir("search-interleaved");
+  std::ofstream(dir / "hostfile") << "0.0.0.1 slots=4\n0.0.0.1 slots=4\n";
+  REQUIRE(test::run_hetplan("gen-profiles --analytic 34 16 --types V100 --max-tp 1 --hidden-size 4096 --seq-len 2048 "
+                            "--vocab-size 32000 --heads 32 --out " + (dir / "profiles").string())
+              .exit_code == 0);
+  const std::string common = "search -q --hostfile " + (dir / "hostfile").string() + " --clusterfile " +
+                             test::project_clusterfile() + " --profiles " + (dir / "profiles").string() +
+                             " --num_layers 34 --hidden_size 4096 --sequence_length 2048 --vocab_size 32000 --heads 32 "
+                             "--gbs 8 --top 3 --max-profiled-tp-degree 1 --recompute auto ";
+  const test::CommandResult plain = test::run_hetplan(common + "--vp 1 --json " + (dir / "plain.json").string());
+  INFO(plain.output);
+  REQUIRE(plain.exit_code == 0);
+  const test::CommandResult any = test::run_hetplan(common + "--vp auto --json " + (dir / "auto.json").string());
+  INFO(any.output);
+  REQUIRE(any.exit_code == 0);
+  const ordered_json p = read_json_file((dir / "plain.json").string())["best"];
+  const ordered_json b = read_json_file((dir / "auto.json").string())["best"];
+  CHECK(p["schedule"] == "1f1b");
+  CHECK(p["device_groups"].size() == 8);
+  REQUIRE(b["schedule"] == "interleaved");
+  CHECK(b["virtual_stages"].get<int>() >= 2);
+  CHECK(b["device_groups"].size() == 8);
+  CHECK(b["cost"].get<double>() < 0.9 * p["cost"].get<double>());
+  write_json_file((dir / "best.json").string(), b);
+  const test::CommandResult s =
+      test::run_hetplan("simulate --plan " + (dir / "best.json").string() + " --json " + (dir / "s.json").string());
+  REQUIRE(s.exit_code == 0);
+  const ordered_json sj = read_json_file((dir / "s.json").string());
+  CHECK(sj["iteration_ms"].get<double>() == Approx(b["cost"].get<double>()).epsilon(1e-12));
+  CHECK(sj["virtual_stages"] == b["virtual_stages"]);
+  const test::CommandResult f = test::run_hetplan("simulate --plan " + (dir / "best.json").string() +
+                                                  " --schedule 1f1b --json " + (dir / "f.json").string());
+  REQUIRE(f.exit_code == 0);
+  CHECK(read_json_file((dir / "f.json").string())["iteration_ms"].get<double>() > sj["iteration_ms"].get<double>());
+  const test::CommandResult e = test::run_hetplan("export --plan " + (dir / "best.json").string() + " --to megatron");
+  INFO(e.output);
+  REQUIRE(e.exit_code == 0);
+  CHECK((e.output.find("--num-virtual-stages-per-pipeline-rank") != std::string::npos ||
+         e.output.find("--pipeline-model-parallel-layout") != std::string::npos));
+  CHECK(test::run_hetplan("export --plan " + (dir / "best.json").string() + " --to deepspeed").exit_code == 2);
+  // Interleaving's rules at the edge: one line, exit code 2.
+  CHECK(test::run_hetplan("simulate --plan " + (dir / "best.json").string() + " --schedule gpipe --vp 2").exit_code == 2);
+  CHECK(test::run_hetplan(common + "--vp two").exit_code == 2);
+}

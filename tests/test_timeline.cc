@@ -126,3 +126,57 @@ TEST_CASE("tokens/s, MFU and the Chrome trace", "[timeline]") {
   CHECK(backward == 8);
   CHECK_THROWS_AS(parse_schedule("zb", "--schedule"), InputError);
 }
+
+namespace {
+
+// pp stages of v chunks each, every chunk tf / tb.
+TimelineInput interleaved(int p, int v, int m, double tf, double tb) {
+  TimelineInput in = homogeneous(p, m, v * tf, v * tb, Schedule::kInterleaved1F1B);
+  in.virtual_stages = v;
+  for (int k = 0; k < p * v; ++k) {
+    StageCosts c;
+    c.forward_ms = tf;
+    c.backward_ms = tb;
+    in.chunks.push_back(c);
+  }
+  return in;
+}
+
+}  // namespace
+
+// Narayanan et al. 2021, Sec. 2.2.2: with v chunks per stage the bubble shrinks v-fold, to
+// (p - 1)(tf + tb) / v for stage times tf, tb: iteration (m v + p - 1)(chunk tf + chunk tb).
+TEST_CASE("interleaved 1F1B: the bubble is the 1F1B bubble over v", "[timeline][interleaved]") {
+  for (int p : {2, 3, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 4 * p}) {
+        const double tf = 0.5, tb = 1.25;
+        INFO("p " << p << " v " << v << " m " << m);
+        const TimelineResult r = simulate_timeline(interleaved(p, v, m, tf, tb));
+        CHECK(std::abs(r.iteration_ms - (m * v + p - 1) * (tf + tb)) < 1e-9);
+        const TimelineResult plain = simulate_timeline(homogeneous(p, m, v * tf, v * tb, Schedule::k1F1B));
+        CHECK(std::abs(plain.iteration_ms - (m + p - 1) * v * (tf + tb)) < 1e-9);
+        for (int i = 0; i < p; ++i)
+          CHECK(r.peak_in_flight[i] == in_flight_microbatches(Schedule::kInterleaved1F1B, p, i, m, v));
+      }
+}
+
+TEST_CASE("interleaved 1F1B: the last stage's chunk sends to the first stage's next chunk", "[timeline][interleaved]") {
+  TimelineInput in = interleaved(2, 2, 2, 1, 2);
+  for (auto& c : in.chunks) c.send_forward_ms = c.send_backward_ms = 0.25;
+  const TimelineResult r = simulate_timeline(in);
+  int wrap_sends = 0, wrap_recvs = 0;
+  for (const Span& s : r.spans) {
+    if (s.name == "send" && s.stage == 1 && s.peer == 0 && s.chunk == 0) ++wrap_sends;  // forwards 1 -> 0
+    if (s.name == "recv" && s.stage == 0 && s.peer == 1 && s.chunk == 1 ) ++wrap_recvs;
+  }
+  CHECK(wrap_sends == 2 + 2);  // 2 forward wrap sends (chunk 0 -> 1) and 2 backward sends of chunk 0
+  CHECK(wrap_recvs == 2 + 2);  // the forward wrap and stage 1 chunk 1's backward sends
+  const ordered_json trace = chrome_trace(r, in.stages);
+  bool chunk_arg = false;
+  for (const auto& e : trace["traceEvents"])
+    if (e.contains("args") && e["args"].contains("chunk") && e["args"]["chunk"] == 1) chunk_arg = true;
+  CHECK(chunk_arg);
+  in.microbatches = 3;  // not a multiple of pp
+  CHECK_THROWS_AS(simulate_timeline(in), InputError);
+}

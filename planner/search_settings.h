@@ -1,0 +1,31 @@
+// The search's training-setting dimensions beyond ZeRO and recomputation
+// (planner/plan_search.h's search_setups): overlapped data-parallel
+// communication as a dimension, and the label of the sequence-parallel,
+// context-parallel and overlap parts of a setting.
+//
+// Overlap keeps the search exact: with it a stage's data-parallel collectives
+// leave a non-negative exposed tail (sim/dp_overlap.h), which the search's
+// lower bounds leave out as they leave out the collectives themselves.
+// Context parallelism is not searched: the bounds price a replica's share of
+// the micro-batch from its own profile, and a cp rank computes 1/cp of a
+// larger share, which can cost less (sim/sequence_parallel.md).
+//
+// Pure functions; thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/memory_model.h"
+
+namespace hetplan {
+
+// `overlap`: "off" (setups unchanged), "on" (every setup overlaps its gradient reduction and, with ZeRO,
+// its weight gather) or "auto" (each setup both ways, off first). Throws InputError naming --overlap.
+std::vector<TrainingSetup> with_overlap_dimension(const std::vector<TrainingSetup>& setups,
+                                                  const std::string& overlap);
+
+// ", sequence parallel", ", cp N", ", overlapped communication" for what the setting turns on ("" for none).
+std::string parallel_setup_suffix(const TrainingSetup& s);
+
+}  // namespace hetplan

@@ -1,0 +1,23 @@
+#include "sim/sequence_parallel.h"
+
+#include <algorithm>
+
+namespace hetplan {
+
+double cp_kv_step_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples) {
+  const double tokens = samples * static_cast<double>(seq) / cp;
+  const double kv = static_cast<double>(m.num_kv_heads) * m.head_dim / tp;
+  return 2.0 /* K and V */ * tokens * kv * 2.0 /* bf16 */;
+}
+
+double attention_flop_share(const ModelShape& m, long long seq) {
+  const double total = m.block_forward_flops_per_token(seq);
+  return total > 0 ? m.attention_forward_flops_per_token(static_cast<double>(seq)) / total : 0.0;
+}
+
+double ring_exposed_s(int cp, double step_comm_s, double attention_s) {
+  if (cp <= 1) return 0;
+  return (cp - 1) * std::max(0.0, step_comm_s - attention_s / cp);
+}
+
+}  // namespace hetplan

@@ -1,0 +1,45 @@
+// Sequence parallelism (Megatron's --sequence-parallel, with tp) and context
+// parallelism (--context-parallel-size, ring attention over a cp group): the
+// costs they change, as pure functions the cost path (sim/plan_cost.cc)
+// calls. The memory side (activations split by tp between the blocks, and by
+// cp everywhere) is sim/memory_model's, given the setup. The story is in
+// sim/sequence_parallel.md.
+//
+// Sequence parallelism: each block's two tensor-parallel all-reduces of the
+// forward (and two of the backward) become an all-gather before the column-
+// parallel GEMMs and a reduce-scatter after the row-parallel ones. On a ring a
+// reduce-scatter plus an all-gather move exactly an all-reduce's bytes in the
+// same steps, so the collective time is the ring all-reduce's; NCCL's tree
+// and the hierarchical form have no all-gather, so over nodes SP pays the
+// ring where an all-reduce could take the tree (Network::all_reduce_seconds).
+//
+// Context parallelism over cp ranks (Megatron's rank order: tp fastest, then
+// cp, then dp; a stage's dp counts dp x cp ranks): each cp group takes one
+// data-parallel replica's share of the micro-batch, every rank 1/cp of each
+// sequence (load-balanced causal chunks), so each rank computes 1/cp of the
+// replica's FLOPs. Each block's attention exchanges K and V around the ring in
+// cp - 1 steps, each overlapped with one step's attention compute; the
+// backward sends K, V and their gradients. Gradients are reduced over all
+// dp x cp ranks, as Megatron's distributed optimizer does.
+//
+// Plain functions; thread-safe; no allocation.
+#pragma once
+
+#include "sim/model_shape.h"
+
+namespace hetplan {
+
+// Bytes each rank sends per ring step of one block's forward attention: K and V of its chunk
+// (samples x seq / cp tokens x num_kv_heads x head_dim / tp, bf16).
+double cp_kv_step_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples);
+
+// The share of a block's forward FLOPs that is attention (scores and weighted sum) at sequence `seq`.
+double attention_flop_share(const ModelShape& m, long long seq);
+
+// Exposed time of one block's ring exchange: cp - 1 steps of `step_comm_s` each against 1/cp of the
+// rank's attention time `attention_s` each: (cp - 1) x max(0, step_comm - attention / cp).
+// The forward passes (step_comm, attention_forward); the backward 2 x each (K, V and their gradients;
+// the attention backward's twice-forward FLOPs). REQUIRES: cp >= 1.
+double ring_exposed_s(int cp, double step_comm_s, double attention_s);
+
+}  // namespace hetplan

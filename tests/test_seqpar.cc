@@ -1,0 +1,284 @@
+// Sequence parallelism, context parallelism and overlapped data-parallel
+// communication (issue 34): the pure formulas (sim/dp_overlap.h,
+// sim/sequence_parallel.h), what PlanCostModel makes of them, the plan file's
+// keys and the search's overlap dimension.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "fixtures.h"
+#include "base/input_error.h"
+#include "base/json_util.h"
+#include "planner/search_settings.h"
+#include "sim/analytic_profiles.h"
+#include "sim/dp_overlap.h"
+#include "sim/model_shape.h"
+#include "sim/network.h"
+#include "sim/plan_cost.h"
+#include "sim/plan_file.h"
+#include "sim/sequence_parallel.h"
+
+namespace hetplan {
+namespace {
+
+// 2 V100 nodes then 2 A100 nodes of 4 GPUs, analytic profiles up to tp 4 and 64 samples.
+struct Cluster16 {
+  Cluster cluster;
+  ProfileSet profiles;
+  ModelConfig model;
+  Cluster16()
+      : cluster(Cluster::load(std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/a100_v100_16.hostfile",
+                              std::string(HETPLAN_SOURCE_DIR) + "/hostfiles/clusterfile.json")),
+        profiles(load()) {}
+  static ProfileSet load() {
+    const auto dir = test::scratch_dir("seqpar-analytic");
+    AnalyticOptions o;
+    o.model.num_layers = 10;
+    o.max_bs = 64;
+    o.max_tp = 4;
+    o.device_types = {"A100", "V100"};
+    generate_analytic_profiles(o, dir.string());
+    return ProfileSet::load(dir.string(), 10);
+  }
+  PlanSimulator simulator(const TrainingSetup& setup) const {
+    SimulationOptions so;
+    so.setup = setup;
+    return PlanSimulator(cluster, profiles, shape_from_model_config(model), model.sequence_length, so);
+  }
+};
+
+const Cluster16& cluster16() {
+  static const Cluster16 c;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("dp overlap: buckets, the exposed tail and the SM-sharing stretch", "[seqpar][overlap]") {
+  CHECK(megatron_default_bucket_params(8) == 4e7);
+  CHECK(megatron_default_bucket_params(64) == 6.4e7);
+  CHECK(bucket_count(1e8, 0, 8) == 3);      // 40M per bucket
+  CHECK(bucket_count(1e8, 0, 64) == 2);     // 64M per bucket
+  CHECK(bucket_count(1e8, 1e9, 8) == 1);
+  CHECK(bucket_count(0, 0, 8) == 1);
+  // 4 buckets of 1 ms against an 8 ms backward: all but the last bucket hide.
+  CHECK(exposed_after_window(1, 4, 8) == 1);
+  // 4 buckets of 3 ms: the chain outruns the window; 12 - 8 x 3/4 = 6 ms stay.
+  CHECK(exposed_after_window(3, 4, 8) == 6);
+  // One bucket: nothing overlaps.
+  CHECK(exposed_after_window(5, 1, 8) == 5);
+  CHECK(overlap_slowdown_s(5, 3, 1.1) == Approx(0.3).epsilon(1e-12));
+  CHECK(overlap_slowdown_s(2, 3, 1.1) == Approx(0.2).epsilon(1e-12));
+  CHECK(overlap_slowdown_s(2, 3, 1.0) == 0);
+}
+
+TEST_CASE("context parallelism: K/V bytes per ring step and the exposed exchange", "[seqpar][cp]") {
+  ModelShape m;  // GPT-2 XL: 25 heads of 64, no GQA
+  // 2 samples x 1024 / 2 tokens x 25 x 64 / 2 (tp) x 2 (K, V) x 2 bytes.
+  CHECK(cp_kv_step_bytes(m, 1024, 2, 2, 2) == 2.0 * 1024 * 25 * 64 / 2 * 2 * 2 / 2);
+  m.num_kv_heads = 5;  // GQA: a fifth of the K/V
+  CHECK(cp_kv_step_bytes(m, 1024, 2, 2, 2) == 2.0 * 1024 * 5 * 64 / 2 * 2 * 2 / 2);
+  CHECK(ring_exposed_s(1, 5, 1) == 0);
+  CHECK(ring_exposed_s(4, 1, 8) == 0);           // each step's 1 s hides under 2 s of attention
+  CHECK(ring_exposed_s(4, 3, 8) == 3 * (3 - 2));  // 1 s of each of the 3 exchanges shows
+  const double share = attention_flop_share(m, 1024);
+  CHECK(share == Approx(m.attention_forward_flops_per_token(1024) / m.block_forward_flops_per_token(1024)));
+  CHECK(share > 0);
+  CHECK(share < 1);
+}
+
+TEST_CASE("overlap in PlanCostModel: each ZeRO stage's collectives leave only their tail", "[seqpar][overlap][plan_cost]") {
+  const Cluster16& s = cluster16();
+  std::vector<TrainingSetup> setups(8);
+  for (int k = 0; k < 8; ++k) {
+    setups[k].zero_stage = k % 4;
+    setups[k].accounting = ZeroAccounting::kMegatron;
+    setups[k].overlap.grad_reduce = setups[k].overlap.param_gather = k >= 4;
+  }
+  const PlanSimulator sim = s.simulator(setups[0]);
+  const RankLayout layout(s.cluster, {0, 1});
+  const ModelShape shape = shape_from_model_config(s.model);
+  const double n = shard_params(shape, 0, 5, 2, setups[0]).on_rank(1);
+  for (auto& st : setups) st.overlap.grad_bucket_params = n / 3.5;  // 4 buckets
+  const PlanCostModel model(sim, layout, setups);
+  const StageChoice c{0, 4, Strategy{4, 1}, 0, 5};
+  FastStageCost f[8];
+  std::string why;
+  REQUIRE(model.stage(c, 0, 2, 8, 8, f, &why));
+  const Network net(s.cluster, layout, sim.options().network);
+  const RankStride dp{0, 1, 4};
+  const double ar_grad = net.all_reduce_seconds_strided(dp, n * 4) * 1e3;
+  const double ar_weights = net.all_reduce_seconds_strided(dp, n * 2) * 1e3;
+  const double bucket_grad = net.all_reduce_seconds_strided(dp, n * 4 / 4) * 1e3;
+  const double bucket_weights = net.all_reduce_seconds_strided(dp, n * 2 / 4) * 1e3;
+  const double tied = net.all_reduce_seconds_strided(RankStride{0, 15, 2},
+                                                     static_cast<double>(shape.vocab_size) * shape.hidden_size * 4) *
+                      1e3;
+  const double k = kCommComputeSlowdown - 1;
+  const double W = f[0].backward_ms, F = f[0].forward_ms;
+  // ZeRO-0: the bucketed all-reduce during the last backward.
+  CHECK(f[4].allreduce_ms ==
+        Approx(exposed_after_window(bucket_grad, 4, W) + k * std::min(W, ar_grad) + tied).epsilon(1e-12));
+  CHECK(f[4].allreduce_ms < f[0].allreduce_ms);
+  // ZeRO-1: the reduce-scatter in the backward, the weight gather in the next forward.
+  CHECK(f[5].allreduce_ms == Approx(exposed_after_window(bucket_grad / 2, 4, W) + k * std::min(W, ar_grad / 2) +
+                                    exposed_after_window(bucket_weights / 2, 4, F) + k * std::min(F, ar_weights / 2) +
+                                    tied)
+                                 .epsilon(1e-12));
+  CHECK(f[5].allreduce_ms < f[1].allreduce_ms);
+  // ZeRO-2: each micro-batch's reduce-scatter hides in its backward.
+  CHECK(f[6].backward_ms ==
+        Approx(W + exposed_after_window(bucket_grad / 2, 4, W) + k * std::min(W, ar_grad / 2)).epsilon(1e-12));
+  CHECK(f[6].backward_ms < f[2].backward_ms);
+  // ZeRO-3: the gathers prefetched in the forward, gather + reduce-scatter in the backward.
+  CHECK(f[7].forward_ms ==
+        Approx(F + exposed_after_window(bucket_weights / 2, 4, F) + k * std::min(F, ar_weights / 2)).epsilon(1e-12));
+  CHECK(f[7].backward_ms == Approx(W + exposed_after_window(bucket_grad / 2 + bucket_weights / 2, 4, W) +
+                                   k * std::min(W, ar_grad / 2 + ar_weights / 2))
+                                .epsilon(1e-12));
+  CHECK(f[7].forward_ms < f[3].forward_ms);
+  // A single replica has nothing to overlap.
+  FastStageCost one[8];
+  REQUIRE(model.stage(StageChoice{0, 1, Strategy{1, 1}, 0, 5}, 0, 2, 8, 8, one, &why));
+  CHECK(one[4].forward_ms == one[0].forward_ms);
+  CHECK(one[4].backward_ms == one[0].backward_ms);
+}
+
+TEST_CASE("context parallelism in PlanCostModel: shares per cp group, 1/cp of the compute, activations per chunk",
+          "[seqpar][cp][plan_cost]") {
+  const Cluster16& s = cluster16();
+  std::vector<TrainingSetup> setups(2);
+  setups[1].context_parallel = 2;
+  const PlanSimulator sim = s.simulator(setups[0]);
+  const RankLayout layout(s.cluster, {0, 1});  // A100 nodes first
+  const PlanCostModel model(sim, layout, setups);
+  const StageChoice c{0, 4, Strategy{4, 1}, 1, 9};  // 4 A100s, the 8 blocks only (stage 1 of 3)
+  FastStageCost f{}, g{}, half{};
+  StageDetail d1, d2, dh;
+  std::string why;
+  // cp 2: two groups of two ranks, each group 4 samples of the micro-batch of 8, every rank of a group the same.
+  REQUIRE(model.explain_stage(c, 1, 3, 4, 8, 1, &g, &d2, &why));
+  CHECK(d2.shares == std::vector<int>{4, 4, 4, 4});
+  REQUIRE(model.explain_stage(c, 1, 3, 4, 8, 0, &f, &d1, &why));
+  CHECK(d1.shares == std::vector<int>{2, 2, 2, 2});
+  // The same groups as dp 2 without cp (4 samples per replica): each cp rank computes about half of that.
+  REQUIRE(model.explain_stage(StageChoice{0, 2, Strategy{2, 1}, 1, 9}, 1, 3, 4, 8, 0, &half, &dh, &why));
+  CHECK(dh.shares == std::vector<int>{4, 4});
+  CHECK(g.forward_ms < 0.6 * half.forward_ms);
+  CHECK(g.forward_ms > 0.5 * half.forward_ms);
+  // Each cp rank holds 4 samples of half-length sequences, the dp-2 replica 4 whole ones: fewer activations.
+  CHECK(g.peak_memory_bytes < half.peak_memory_bytes);
+  // dp must be a multiple of cp.
+  CHECK_FALSE(model.explain_stage(StageChoice{0, 3, Strategy{3, 1}, 1, 9}, 1, 3, 4, 6, 1, &g, &d2, &why));
+  CHECK(why.find("multiple of the context-parallel size 2") != std::string::npos);
+}
+
+TEST_CASE("context parallelism: a cp ring across nodes exposes its K/V exchange", "[seqpar][cp][plan_cost]") {
+  const Cluster16& s = cluster16();
+  std::vector<TrainingSetup> setups(1);
+  setups[0].context_parallel = 2;
+  const PlanSimulator sim = s.simulator(setups[0]);
+  const RankLayout layout(s.cluster, {0, 1});  // A100 nodes first: ranks 0-3 and 4-7
+  const PlanCostModel model(sim, layout, setups);
+  const ModelShape shape = shape_from_model_config(s.model);
+  const Network net(s.cluster, layout, sim.options().network);
+  const int blocks = 8;
+  FastStageCost f{};
+  StageDetail across, inside;
+  std::string why;
+  // dp 2 x tp 4: the cp ring's two ranks (0 and 4) sit on two nodes, 25 GB/s apart; 8 samples each.
+  REQUIRE(model.explain_stage(StageChoice{0, 8, Strategy{2, 4}, 1, 9}, 1, 3, 4, 8, 0, &f, &across, &why));
+  const double step = net.p2p_seconds(0, 4, cp_kv_step_bytes(shape, s.model.sequence_length, 2, 4, 8)) * 1e3;
+  CHECK(across.cp_exchange_forward_ms > 0);
+  CHECK(across.cp_exchange_forward_ms < blocks * step);  // part of each exchange hides under attention
+  CHECK(across.cp_exchange_backward_ms > across.cp_exchange_forward_ms);
+  // dp 2 x tp 2 inside one node (NVLink): the same exchange per rank is 2x the bytes over a 12x faster link.
+  REQUIRE(model.explain_stage(StageChoice{0, 4, Strategy{2, 2}, 1, 9}, 1, 3, 4, 8, 0, &f, &inside, &why));
+  CHECK(inside.cp_exchange_forward_ms < across.cp_exchange_forward_ms);
+  // Without cp there is no exchange.
+  const PlanCostModel plain(sim, layout, {TrainingSetup{}});
+  StageDetail none;
+  REQUIRE(plain.explain_stage(StageChoice{0, 8, Strategy{2, 4}, 1, 9}, 1, 3, 4, 8, 0, &f, &none, &why));
+  CHECK(none.cp_exchange_forward_ms == 0);
+}
+
+TEST_CASE("plan file: sequence_parallel, context_parallel and overlap round-trip", "[seqpar][plan_file]") {
+  ordered_json j = {{"node_sequence", {"A100"}}, {"device_groups", {4}}, {"strategies", {{4, 1}}}, {"batches", 2},
+                    {"layer_partition", {0, 10}}, {"gbs", 8},
+                    {"model", {{"num_layers", 10}, {"hidden_size", 1024}, {"sequence_length", 2048},
+                               {"vocab_size", 50257}, {"attention_heads", 16}}},
+                    {"sequence_parallel", true}, {"context_parallel", 2},
+                    {"overlap", {{"grad_reduce", true}, {"param_gather", false}, {"grad_bucket_params", 1e7}}}};
+  const PlanFile f = plan_file_from_json(j, "p.json");
+  CHECK(f.sequence_parallel);
+  CHECK(f.context_parallel == 2);
+  CHECK(f.overlap.grad_reduce);
+  CHECK_FALSE(f.overlap.param_gather);
+  CHECK(f.overlap.grad_bucket_params == 1e7);
+  const ordered_json back = plan_file_to_json(f);
+  CHECK(back["sequence_parallel"] == true);
+  CHECK(back["context_parallel"] == 2);
+  CHECK(back["overlap"]["grad_reduce"] == true);
+  CHECK(back["overlap"]["grad_bucket_params"] == 1e7);
+  j["context_parallel"] = 0;
+  CHECK_THROWS_AS(plan_file_from_json(j, "p.json"), InputError);
+  j["context_parallel"] = 2;
+  j["overlap"]["grad_reduce"] = "yes";
+  CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"), "p.json: key 'overlap.grad_reduce' must be true or false");
+}
+
+TEST_CASE("search settings: overlap as a dimension", "[seqpar][overlap]") {
+  std::vector<TrainingSetup> base(2);
+  base[1].zero_stage = 1;
+  CHECK(with_overlap_dimension(base, "off").size() == 2);
+  const auto on = with_overlap_dimension(base, "on");
+  REQUIRE(on.size() == 2);
+  CHECK(on[0].overlap.grad_reduce);
+  CHECK_FALSE(on[0].overlap.param_gather);  // nothing to gather without ZeRO
+  CHECK(on[1].overlap.param_gather);
+  const auto both = with_overlap_dimension(base, "auto");
+  REQUIRE(both.size() == 4);
+  CHECK_FALSE(both[0].overlap.any());
+  CHECK(both[1].overlap.any());
+  CHECK_THROWS_WITH(with_overlap_dimension(base, "maybe"), "--overlap: 'maybe': expected off, on or auto");
+  TrainingSetup t;
+  t.sequence_parallel = true;
+  t.context_parallel = 4;
+  t.overlap.grad_reduce = true;
+  CHECK(parallel_setup_suffix(t) == ", sequence parallel, cp 4, overlapped communication");
+}
+
+}  // namespace hetplan
+
+namespace hetplan {
+
+TEST_CASE("simulate --context-parallel and --overlap-grad-reduce: costed, recorded, and checked", "[seqpar][cli]") {
+  const auto dir = test::scratch_dir("seqpar-cli");
+  const std::string bin = HETPLAN_BINARY, src = HETPLAN_SOURCE_DIR;
+  REQUIRE(test::run_hetplan("gen-profiles --analytic 10 8 --types A100 --max-tp 2 --out " + (dir / "prof").string())
+              .exit_code == 0);
+  // One stage of the 8 A100s (dp 8), micro-batches of 8.
+  const std::string plan = (dir / "plan.json").string();
+  std::ofstream(plan) << R"({"node_sequence": ["A100"], "device_groups": [8], "strategies": [[8, 1]], "batches": 2,
+    "layer_partition": [0, 10], "gbs": 16, "model": {"num_layers": 10, "hidden_size": 1600, "sequence_length": 1024,
+    "vocab_size": 50257, "attention_heads": 25}})";
+  const std::string common = "simulate --plan " + plan + " --hostfile " + src + "/hostfiles/a100_v100_16.hostfile" +
+                             " --clusterfile " + src + "/hostfiles/clusterfile.json --profiles " + (dir / "prof").string();
+  const auto base = test::run_hetplan(common + " --json " + (dir / "base.json").string());
+  REQUIRE(base.exit_code == 0);
+  const auto cp = test::run_hetplan(common + " --context-parallel 2 --overlap-grad-reduce --json " +
+                                    (dir / "cp.json").string());
+  REQUIRE(cp.exit_code == 0);
+  CHECK(cp.output.find("cp 2, overlapped grad reduce") != std::string::npos);
+  const ordered_json j = read_json_file((dir / "cp.json").string());
+  CHECK(j["plan"]["context_parallel"] == 2);
+  CHECK(j["plan"]["overlap"]["grad_reduce"] == true);
+  CHECK(j["iteration_ms"].get<double>() != read_json_file((dir / "base.json").string())["iteration_ms"].get<double>());
+  const auto bad = test::run_hetplan(common + " --context-parallel 3");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("dp 8 is not a multiple of the context-parallel size 3") != std::string::npos);
+}
+
+}  // namespace hetplan
