@@ -12,6 +12,7 @@
 #include "base/input_error.h"
 #include "base/json_util.h"
 #include "sim/profile.h"
+#include "sim/profile_transfer.h"
 #include "sim/synthetic_profiles.h"
 
 namespace hetplan::cli {
@@ -78,8 +79,8 @@ int run_gen_hostfile(const HostfileArgs& a) {
 
 struct ProfilesArgs {
   int layers = 0, max_bs = 0;
-  std::string samples, out;
-  bool analytic = false;
+  std::string samples, out, from, from_type, hf_config, probes;
+  bool analytic = false, no_flash_attention = false;
   AnalyticOptions analytic_options;
   std::string types = "A100,V100";
   std::vector<std::string> gpu_spec;
@@ -88,6 +89,20 @@ struct ProfilesArgs {
 int run_gen_profiles(ProfilesArgs a) {
   for (const auto& f : a.gpu_spec) load_gpu_spec_file(f);
   if (a.out.empty()) throw InputError("gen-profiles: --out DIR is required");
+  if (!a.from.empty()) {
+    if (a.analytic) throw InputError("gen-profiles: --from and --analytic exclude each other");
+    TransferOptions t;
+    t.from_dir = a.from;
+    t.from_type = a.from_type;
+    t.out_dir = a.out;
+    t.types = split_list(a.types);
+    t.probe_dirs = split_list(a.probes);
+    const auto written = transfer_profiles(t);
+    std::cout << "wrote " << written.size() << " profiles to " << a.out << " (derived from " << a.from
+              << " by the layer time model)\n";
+    return 0;
+  }
+  if (a.layers == 0 || a.max_bs == 0) throw InputError("gen-profiles: LAYERS and MAX_BS are required (unless --from)");
   if (a.analytic) {
     const ModelConfig& m = a.analytic_options.model;
     check_integer(a.layers, rules::int_in(3, kMaxModelLayers), "gen-profiles --analytic: LAYERS");
@@ -103,6 +118,15 @@ int run_gen_profiles(ProfilesArgs a) {
   if (a.analytic) {
     a.analytic_options.model.num_layers = a.layers;
     a.analytic_options.max_bs = a.max_bs;
+    a.analytic_options.flash_attention = !a.no_flash_attention;
+    if (!a.hf_config.empty()) {
+      ModelFlags f;
+      f.hf_config = a.hf_config;
+      f.blocks = a.layers - 2;  // LAYERS counts the embedding and the head
+      f.blocks_given = true;
+      a.analytic_options.shape = shape_from_flags(f, a.analytic_options.model.sequence_length);
+      a.analytic_options.sequence_length = a.analytic_options.model.sequence_length;
+    }
     a.analytic_options.device_types = split_list(a.types);
     written = generate_analytic_profiles(a.analytic_options, a.out);
   } else {
@@ -110,7 +134,7 @@ int run_gen_profiles(ProfilesArgs a) {
       throw InputError("gen-profiles: --samples DIR is required (Metis's A100 sample profiles), or use --analytic");
     written = generate_synthetic_profiles(a.samples, a.out, a.layers, a.max_bs);
   }
-  std::cout << "wrote " << written.size() << " profiles to " << a.out << (a.analytic ? " (roofline estimates)" : "")
+  std::cout << "wrote " << written.size() << " profiles to " << a.out << (a.analytic ? " (datasheet estimates: the layer time model)" : "")
             << "\n";
   return 0;
 }
@@ -140,15 +164,29 @@ Runner add_gen_profiles_command(CLI::App& app) {
       "Make a profile set. By default: the reference's gen_synth_data.py LAYERS MAX_BS from Metis's A100\n"
       "samples (--samples), with V100 = A100 x 3.5. With --analytic: roofline estimates from GPU datasheet\n"
       "numbers (the GPU catalogue, sim/data/gpus.json: " + gpu_names() + "), needing no input data.");
-  s->add_option("LAYERS", a->layers, "Layers, embedding and head included")->required();
-  s->add_option("MAX_BS", a->max_bs, "Largest micro-batch size (and, for synthetic sets, tp)")->required();
+  s->add_option("LAYERS", a->layers, "Layers, embedding and head included (not with --from)");
+  s->add_option("MAX_BS", a->max_bs, "Largest micro-batch size (and, for synthetic sets, tp; not with --from)");
+  s->add_option("--from", a->from,
+                "Derive profiles for --types from this folder of measured ones (same model, same tp/bs grid):\n"
+                "each layer's kernel classes (GEMMs by size, attention, elementwise, communication, launch floor)\n"
+                "scaled by the GPUs' rates: probe curves (gpu_probe.<TYPE>.json, `hetplan gpu-probe --out`) where\n"
+                "both GPUs' are found, else the catalogue's. Memory carries over. Targets: catalogue GPUs and\n"
+                "emulated SM partitions named BASE-<N>sm (e.g. H100-66sm)");
+  s->add_option("--from-type", a->from_type, "[--from] The source device type when the folder holds several");
+  s->add_option("--probes", a->probes, "[--from] More folders to find gpu_probe.<TYPE>.json in (comma-separated)");
+  s->add_option("--hf-config", a->hf_config,
+                "[--analytic] A Hugging Face config.json (gpt2, llama, mistral): its shape, with LAYERS - 2 blocks");
+  s->add_flag("--no-flash-attention", a->no_flash_attention,
+              "[--analytic] Store the attention scores (frameworks without fused attention); default: fused");
   s->add_option("--samples", a->samples, "Folder with Metis's DeviceType.A100_tp{1,2,4}_bs{1,2,4}.json samples");
   s->add_option("--out,-o", a->out, "Output folder (created; existing files of the same name are overwritten)")
       ->required();
-  s->add_flag("--analytic", a->analytic, "Roofline estimates instead of scaled samples");
+  s->add_flag("--analytic", a->analytic,
+              "Estimates from datasheet numbers (the layer time model of sim/layer_time_model.h) instead of\n"
+              "scaled samples");
   auto& m = a->analytic_options.model;
   s->add_option("--types", a->types,
-                "[--analytic] Device types of the GPU catalogue (profile names are alphanumeric: A10040GB for "
+                "[--analytic, --from] Device types of the GPU catalogue (profile names are alphanumeric: A10040GB for "
                 "A100-40GB)")
       ->capture_default_str();
   s->add_option("--gpu-spec", a->gpu_spec, "[--analytic] JSON file adding or overriding catalogue entries");
@@ -158,7 +196,7 @@ Runner add_gen_profiles_command(CLI::App& app) {
   s->add_option("--vocab-size", m.vocab_size, "[--analytic] Vocabulary size")->capture_default_str();
   s->add_option("--heads", m.attention_heads, "[--analytic] Attention heads")->capture_default_str();
   s->add_option("--compute-efficiency", a->analytic_options.compute_efficiency,
-                "[--analytic] Achieved fraction of peak FLOP/s")
+                "[--analytic] Achieved fraction of peak FLOP/s on large GEMMs")
       ->capture_default_str();
   return [a] { return run_gen_profiles(*a); };
 }

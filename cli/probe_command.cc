@@ -3,6 +3,8 @@
 // profiler/green_context.h), to check what an emulated device type is.
 #include <torch/torch.h>
 
+#include <cctype>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -10,6 +12,7 @@
 #include "cli/commands.h"
 #include "profiler/device_meter.h"
 #include "profiler/green_context.h"
+#include "profiler/gpu_probe.h"
 #include "base/input_error.h"
 #include "base/json_util.h"
 
@@ -18,10 +21,35 @@ namespace hetplan::cli {
 namespace {
 
 struct ProbeArgs {
-  std::string sms = "132,66,33,16", device = "cuda", json;
+  std::string sms = "132,66,33,16", device = "cuda", json, out_dir, device_type;
   int64_t gemm_size = 8192, copy_mb = 1024;
   int iters = 10;
 };
+
+// --out DIR: the full probe (GEMM curves per precision, streaming bandwidth, launch costs) of each SM count,
+// as DIR/gpu_probe.<TYPE>.json for the whole GPU and DIR/gpu_probe.<TYPE>-<N>sm.json for N SMs.
+int write_probe_files(const ProbeArgs& a, const std::vector<int>& counts, torch::Device device) {
+  if (a.device_type.empty()) throw InputError("gpu-probe --out: --device-type TYPE is required (the file names carry it)");
+  for (char c : a.device_type)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-')
+      throw InputError("--device-type: letters, digits and '-' only, got '" + excerpt(a.device_type) + "'");
+  profiler::GpuProbeOptions o;
+  o.iters = a.iters;
+  std::cout << "device: " << profiler::device_description(device) << "\n";
+  for (int sms : counts) {
+    const ordered_json j = profiler::probe_gpu(device, sms, o);
+    const std::string type = sms == 0 ? a.device_type : a.device_type + "-" + std::to_string(sms) + "sm";
+    ordered_json rec;
+    rec["device_type"] = type;
+    for (auto it = j.begin(); it != j.end(); ++it) rec[it.key()] = it.value();
+    const std::string path = a.out_dir + "/gpu_probe." + type + ".json";
+    std::filesystem::create_directories(a.out_dir);
+    write_json_file(path, rec);
+    std::cout << "wrote " << path << " (" << j["granted_sms"].get<int>() << " of " << j["device_sms"].get<int>()
+              << " SMs)\n" << std::flush;
+  }
+  return 0;
+}
 
 int run_probe(const ProbeArgs& a) {
   std::vector<int> counts;
@@ -45,6 +73,7 @@ int run_probe(const ProbeArgs& a) {
   const torch::Device device = profiler::parse_device(a.device, 0);
   if (!device.is_cuda()) throw InputError("gpu-probe: needs a CUDA device (--device cuda)");
 
+  if (!a.out_dir.empty()) return write_probe_files(a, counts, device);
   ordered_json rows = ordered_json::array();
   std::cout << "device: " << profiler::device_description(device) << "\n"
             << "| requested SMs | granted SMs | green context | GEMM " << a.gemm_size << "^3 bf16 TFLOP/s | copy TB/s |\n"
@@ -94,6 +123,12 @@ Runner add_probe_command(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--device", a->device, "cuda (auto picks CUDA when visible)")->capture_default_str();
   s->add_option("--json", a->json, "Also write the table as JSON here");
+  s->add_option("--out", a->out_dir,
+                "Instead of the table: the full probe of each SM count (GEMM TFLOP/s against size for bf16, fp16\n"
+                "and fp32; streaming TB/s against bytes; eager and CUDA-graph launch costs) into this profile\n"
+                "folder as gpu_probe.<TYPE>.json (0 SMs: the whole GPU) and gpu_probe.<TYPE>-<N>sm.json, which\n"
+                "`gen-profiles --from` reads to scale profiles between GPUs");
+  s->add_option("--device-type", a->device_type, "[--out] The device type the files are named after (e.g. H100)");
   return [a] { return run_probe(*a); };
 }
 

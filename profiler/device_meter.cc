@@ -10,6 +10,7 @@
 
 #if defined(HETPLAN_TORCH_CUDA)
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -126,6 +127,26 @@ int DeviceMeter::mark() {
 #endif
   impl_->wall.push_back(std::chrono::steady_clock::now());
   return static_cast<int>(impl_->wall.size()) - 1;
+}
+
+#if defined(HETPLAN_TORCH_CUDA)
+namespace {
+// Runs on a CUDA driver thread; the stream waits until it returns.
+void CUDART_CB sleep_on_stream(void* ms) {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(*static_cast<double*>(ms)));
+  delete static_cast<double*>(ms);
+}
+}  // namespace
+#endif
+
+void DeviceMeter::stall(double ms) {
+#if defined(HETPLAN_TORCH_CUDA)
+  if (!device_.is_cuda() || ms <= 0) return;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  if (cudaLaunchHostFunc(stream, sleep_on_stream, new double(ms)) != cudaSuccess) (void)cudaGetLastError();
+#else
+  (void)ms;
+#endif
 }
 
 void DeviceMeter::sync() {

@@ -26,6 +26,12 @@ class DeviceMeter {
   void sync();
   double elapsed_ms(int a, int b) const;
   void clear_marks();
+  // Holds the current stream for `ms`: a host function on the stream
+  // (cudaLaunchHostFunc) that sleeps that long. Work issued right after it
+  // queues up behind it, so marks around that work time the device alone,
+  // never a device waiting for the host to issue the next kernel (as long as
+  // issuing takes less than `ms`). No-op on the CPU.
+  void stall(double ms);
 
   // Memory: bytes live now, and the highest since reset_peak().
   bool has_memory_stats() const;

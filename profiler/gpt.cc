@@ -274,4 +274,9 @@ torch::Tensor GPT::loss(const torch::Tensor& ids, const torch::Tensor& targets) 
   return x;
 }
 
+torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    int64_t group) {
+  return causal_attention(q, k, v, group);
+}
+
 }  // namespace hetplan::profiler

@@ -50,6 +50,13 @@ struct GPTConfig {
   void validate(int tp, const std::string& where) const;
 };
 
+// Causal attention of q [b, heads, s, d] over k, v [b, heads / group, s, d]
+// (query head i attends with key/value head i / group), as the blocks run it:
+// fused (scaled_dot_product_attention) where LibTorch has it. The profiler
+// times it alone for the attention kernel class.
+torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    int64_t group);
+
 // One Metis layer: a module mapping its input to its output. The head maps
 // hidden states to the scalar loss against the targets set on it.
 class GPTLayer : public torch::nn::Module {

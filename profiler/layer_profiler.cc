@@ -9,9 +9,11 @@
 #include <thread>
 
 #include "profiler/device_meter.h"
+#include "profiler/kernel_classes.h"
 #include "profiler/mixed_precision.h"
 #include "profiler/statistics.h"
 #include "base/json_util.h"
+#include "sim/profile_model.h"
 
 namespace hetplan::profiler {
 
@@ -27,6 +29,8 @@ struct Measurement {
   std::vector<std::vector<double>> layer_ms;  // [layer][iteration]: forward + backward
   std::vector<std::vector<double>> forward_ms, accumulation_ms;  // [layer][iteration]
   std::vector<std::vector<double>> host_ms;                       // [layer][repeat]
+  std::vector<std::vector<double>> device_ms;                     // [layer][iteration]: queue filled first
+  std::vector<LayerClasses> classes;                              // per layer: GEMMs, attention, all-reduces
   std::vector<double> sustained_fb_ms;                            // back-to-back passes, in order
   std::vector<std::vector<double>> boost_ms;                      // [layer][iteration]: from idle
   std::vector<double> fb_ms, optimizer_ms, batch_ms;
@@ -230,6 +234,37 @@ void measure_host(GPT& model, int bs, const torch::TensorOptions& opts, const st
   drop_grads(params);
 }
 
+// Device time: each layer's forward and backward issued while the device is
+// still busy with a stall longer than the host takes to issue all layers, so
+// the marks time the device's work alone (no launch gaps). With host_ms, the
+// two sides of the launch floor.
+void measure_device(GPT& model, const ProfileRequest& req, int bs, const torch::TensorOptions& opts,
+                    const std::vector<torch::Tensor>& params, DeviceMeter& meter, Measurement& m) {
+  auto& layers = model.layers();
+  const std::size_t L = layers.size();
+  const std::vector<torch::Tensor> ins = layer_inputs(model, bs, opts);
+  double host_total = 0;
+  for (const auto& h : m.host_ms) host_total += h.empty() ? 0.0 : median(h);
+  m.device_ms.assign(L, {});
+  for (int it = 0; it < req.iters; ++it) {
+    drop_grads(params);
+    meter.clear_marks();
+    meter.sync();
+    meter.stall(2.0 * host_total + 5.0);
+    std::vector<int> a(L), b(L);
+    for (std::size_t i = 0; i < L; ++i) {
+      torch::Tensor in = i == 0 ? ins[i] : ins[i].detach().requires_grad_(true);
+      a[i] = meter.mark();
+      torch::Tensor out = layers[i]->forward(in);
+      layer_backward(out, i + 1 == L);
+      b[i] = meter.mark();
+    }
+    meter.sync();
+    for (std::size_t i = 0; i < L; ++i) m.device_ms[i].push_back(meter.elapsed_ms(a[i], b[i]));
+  }
+  drop_grads(params);
+}
+
 // Memory, one layer at a time: what its forward and backward add on top of
 // what is live, plus its weights, gradients and Adam state.
 void measure_memory(GPT& model, const ProfileRequest& req, int bs, const torch::TensorOptions& opts,
@@ -293,6 +328,8 @@ Measurement measure(GPT& model, const ProfileRequest& req, const TensorParallelG
   if (req.sustained_seconds > 0 && !m.fb_ms.empty())
     measure_sustained(model, req, group, bs, opts, params, adam, meter, m);
   measure_host(model, bs, opts, params, meter, m);
+  measure_device(model, req, bs, opts, params, meter, m);
+  m.classes = measure_layer_classes(req.model, group, bs, req.device, req.dtype, 2, req.iters, meter);
   measure_memory(model, req, bs, opts, params, meter, m);
   return m;
 }
@@ -302,30 +339,7 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
   const GPTConfig& c = req.model;
   const std::size_t L = m.layer_ms.size();
   ordered_json j;
-  ordered_json model;
-  const ModelShape& shape = c.shape;
-  model["model_name"] = shape.name;
-  model["num_layers"] = c.num_layers();
-  model["hidden_size"] = shape.hidden_size;
-  model["num_heads"] = shape.num_heads;
-  model["sequence_length"] = c.seq_len;
-  model["vocab_size"] = shape.vocab_size;
-  // hetplan's extensions: the rest of the shape (sim/model_shape.h).
-  model["family"] = shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2";
-  model["num_kv_heads"] = shape.num_kv_heads;
-  model["head_dim"] = shape.head_dim;
-  model["ffn_hidden_size"] = shape.ffn_hidden_size;
-  model["tied_embeddings"] = shape.tied_embeddings;
-  model["parameter_count"] = shape.parameter_count();
-  ordered_json per_layer = ordered_json::array();
-  int64_t total = 0;
-  const int64_t elem = torch::elementSize(req.dtype);
-  for (long long n : shape.metis_layer_params()) {
-    per_layer.push_back(n * elem);
-    total += n * elem;
-  }
-  model["parameters"] = {{"total_parameters_bytes", total}, {"parameters_per_layer_bytes", per_layer}};
-  j["model"] = model;
+  j["model"] = profile_model_record(c.shape, c.seq_len, static_cast<int>(torch::elementSize(req.dtype)));
 
   ordered_json et;
   std::vector<double> layer_median;
@@ -367,6 +381,14 @@ ordered_json profile_json(const ProfileRequest& req, const TensorParallelGroup& 
     et["sustained_seconds"] = req.sustained_seconds;
   }
   et["forward_backward_spread"] = spread(m.fb_ms);
+  {
+    std::vector<double> device, host_median;
+    for (std::size_t i = 0; i < L; ++i) {
+      device.push_back(m.device_ms[i].empty() ? layer_median[i] : median(m.device_ms[i]));
+      host_median.push_back(median(m.host_ms[i]));
+    }
+    et["kernel_classes"] = kernel_classes_json(m.classes, device, host_median, req.dtype_name);
+  }
   j["execution_time"] = et;
 
   ordered_json mem;

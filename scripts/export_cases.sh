@@ -37,10 +37,10 @@ printf '0.0.0.1 slots=8\n' >"$W/v100_1x8.hostfile"
 printf '0.0.0.4 slots=4\n0.0.0.1 slots=4\n' >"$W/a100_4_v100_4.hostfile"
 
 # Profiles for each model's shape (roofline estimates from the GPU catalogue).
-"$BIN" gen-profiles --analytic --types H100,A100,V100 --hidden-size 4096 --seq-len 4096 --vocab-size 128256 \
-  --heads 32 --max-tp 2 34 4 -o "$W/prof-llama-3.1-8b" >/dev/null
-"$BIN" gen-profiles --analytic --types H100,A100,V100 --hidden-size 3072 --seq-len 4096 --vocab-size 128256 \
-  --heads 24 --max-tp 2 30 4 -o "$W/prof-llama-3.2-3b" >/dev/null
+"$BIN" gen-profiles --analytic --types H100,A100,V100 --hf-config "$HF/llama-3.1-8b.json" --seq-len 4096 \
+  --max-tp 2 34 4 -o "$W/prof-llama-3.1-8b" >/dev/null
+"$BIN" gen-profiles --analytic --types H100,A100,V100 --hf-config "$HF/llama-3.2-3b.json" --seq-len 4096 \
+  --max-tp 2 30 4 -o "$W/prof-llama-3.2-3b" >/dev/null
 "$BIN" gen-profiles --analytic --types V100 --hidden-size 1600 --seq-len 1024 --vocab-size 50257 \
   --heads 25 --max-tp 2 50 4 -o "$W/prof-gpt2-xl" >/dev/null
 

@@ -5,71 +5,71 @@
 #include <filesystem>
 
 #include "base/file_access.h"
-#include "sim/gpu_specs.h"
 #include "base/input_error.h"
 #include "base/json_util.h"
-#include "sim/model_shape.h"
+#include "sim/gpu_specs.h"
+#include "sim/memory_model.h"
+#include "sim/profile_model.h"
 #include "sim/roofline.h"
 
 namespace hetplan {
-
-namespace fs = std::filesystem;
 
 namespace {
 
 constexpr double kBytes = 2.0;  // bf16 / fp16 activations and weights
 constexpr double kMB = 1024.0 * 1024.0;
+// Weights, fp32 main gradients, fp32 masters and Adam's two moments (Megatron's bf16 layout; what
+// `hetplan profile` records as state_bytes_per_parameter).
+constexpr double kStateBytesPerParameter = 18.0;
+// HBM bytes per parameter of an Adam step on fp32 masters: read and write the master, m and v (24), read the
+// fp32 main gradient (4) and zero it for the next iteration (4), write the 16-bit weight (2).
+constexpr double kAdamBytesPerParameter = 34.0;
 
 struct LayerEstimate {
-  double ms;
-  double memory_mb;
-  double params;
+  double ms = 0, forward_ms = 0, accumulation_ms = 0, host_ms = 0;
+  KernelClassTimes classes;
+  double params = 0;       // whole layer (before tp)
+  double rank_params = 0;  // this rank's shard
+  double activation_mb = 0, working_mb = 0, memory_mb = 0;
 };
 
-Roofline roofline_of(const GpuSpec& g, const AnalyticOptions& o) {
-  return make_roofline(g.peak_tflops, o.compute_efficiency, g.memory_bw_gbs, o.memory_efficiency);
+// The most a layer's forward or backward holds beyond what it stores: the largest transient tensors
+// (the MLP's intermediate and its gradient; the head's logits gradient; the embedding table's gradient).
+double working_bytes(const ModelShape& s, LayerKind kind, double tokens, int tp) {
+  const double h = static_cast<double>(s.hidden_size);
+  if (kind == LayerKind::kEmbedding) return static_cast<double>(s.vocab_size) / tp * h * kBytes + tokens * h * kBytes;
+  if (kind == LayerKind::kHead) return 1.5 * tokens * static_cast<double>(s.vocab_size) / tp * 4.0;
+  const double q = static_cast<double>(s.num_heads) * s.head_dim / tp;
+  const double kv = static_cast<double>(s.num_kv_heads) * s.head_dim / tp;
+  const double f = static_cast<double>(s.ffn_hidden_size) / tp;
+  return 2.0 * tokens * std::max(f, q + 2 * kv) * kBytes;
 }
 
-double roofline_ms(double flops, double bytes, const GpuSpec& g, const AnalyticOptions& o) {
-  return roofline_of(g, o).seconds(flops, bytes) * 1e3;
-}
-
-// One ring all-reduce of `bytes` over tp GPUs on NVLink, in ms.
-double allreduce_ms(double bytes, int tp, const GpuSpec& g) {
-  if (tp <= 1) return 0.0;
-  return 2.0 * (tp - 1) / tp * bytes / (g.nvlink_gbs * 1e9) * 1e3;
-}
-
-std::vector<LayerEstimate> estimate_layers(const ModelConfig& m, const GpuSpec& g, int tp, int bs,
-                                           const AnalyticOptions& o) {
-  const double b = bs, s = m.sequence_length, h = m.hidden_size, v = m.vocab_size, a = m.attention_heads;
-  const int L = m.num_layers;
-  const ModelShape shape = shape_from_model_config(m);  // the FLOP count (GPT-2: ffn 4 h)
-  const double tokens = b * s;
-  std::vector<LayerEstimate> out;
-
-  // Embedding: token + position lookup forward, scatter-add backward.
-  const double emb_params = v * h + s * h;
-  const double emb_bytes = 3 * b * s * h * kBytes + 2 * emb_params * kBytes / tp;
-  const double emb_act = b * s * h * kBytes;
-  out.push_back({roofline_ms(0, emb_bytes, g, o), (16 * emb_params / tp + emb_act) / kMB, emb_params});
-
-  // Transformer block: forward 24bsh^2 + 4bs^2h FLOPs (ModelShape's count), backward twice that.
-  const double block_params = 12 * h * h + 13 * h;
-  const double block_flops =
-      kTrainingFlopsPerForwardFlop * (tokens * shape.block_forward_flops_per_token(m.sequence_length)) / tp;
-  const double block_bytes = 3 * (kBytes * block_params / tp + 20 * b * s * h * kBytes / tp);
-  const double block_ms = roofline_ms(block_flops, block_bytes, g, o) + 4 * allreduce_ms(b * s * h * kBytes, tp, g);
-  // Korthikanti et al. (2022): s*b*h*(34 + 5*a*s/h) bytes per block, tensor parallel parts / tp.
-  const double block_act = s * b * h * (10 + 24.0 / tp + 5 * a * s / (h * tp));
-  for (int i = 0; i < blocks_from_metis_layers(L); ++i) out.push_back({block_ms, (16 * block_params / tp + block_act) / kMB, block_params});
-
-  // Final LayerNorm + LM head (vocab-parallel) + cross-entropy.
-  const double head_params = v * h + 2 * h;
-  const double head_flops = kTrainingFlopsPerForwardFlop * (tokens * shape.head_forward_flops_per_token()) / tp;
-  const double head_bytes = 3 * (kBytes * head_params / tp + 4 * b * s * v / tp);
-  const double head_act = b * s * (h * kBytes + 4 * v / tp);
-  out.push_back({roofline_ms(head_flops, head_bytes, g, o), (16 * head_params / tp + head_act) / kMB, head_params});
+std::vector<LayerEstimate> estimate_layers(const ModelShape& s, long long seq, const DeviceRates& r, int tp, int bs,
+                                           bool flash) {
+  const int L = s.metis_num_layers();
+  const double tokens = static_cast<double>(bs) * seq;
+  const TrainingSetup setup;
+  std::vector<LayerEstimate> out(L);
+  const std::vector<long long> params = s.metis_layer_params();
+  for (int i = 0; i < L; ++i) {
+    LayerEstimate& e = out[i];
+    const LayerKind kind = layer_kind(i, L);
+    e.classes = analytic_layer_classes(s, i, bs, seq, tp, Recompute::kNone, r);
+    e.ms = e.classes.layer_ms();
+    e.forward_ms = e.ms / 3.0;  // the forward runs one of the three passes
+    e.params = static_cast<double>(params[i]);
+    e.rank_params = shard_params(s, i, i + 1, 1, setup).on_rank(tp);
+    // Accumulating a micro-batch's gradients: read two, write one 16-bit value per parameter.
+    e.accumulation_ms = 3.0 * kBytes * e.rank_params / r.bytes_per_s * 1e3;
+    double act = 0;
+    if (kind == LayerKind::kEmbedding) act = embedding_activation_bytes(s, seq, bs, tp, false);
+    else if (kind == LayerKind::kHead) act = head_activation_bytes(s, seq, bs, tp, false);
+    else act = layer_activation_bytes(s, seq, bs, tp, false, Recompute::kNone, flash, Precision::kBf16);
+    e.activation_mb = act / kMB;
+    e.working_mb = working_bytes(s, kind, tokens, tp) / kMB;
+    e.memory_mb = kStateBytesPerParameter * e.rank_params / kMB + e.activation_mb + e.working_mb;
+  }
   return out;
 }
 
@@ -81,79 +81,137 @@ void require_readable_back(const std::string& gpu, int tp, int bs, double value,
                    " " + unit + " a profile may hold (use a smaller model or MAX_BS)");
 }
 
+bool tp_fits(const ModelShape& s, int tp) {
+  return s.num_heads % tp == 0 && s.num_kv_heads % tp == 0 && s.ffn_hidden_size % tp == 0 && s.vocab_size % tp == 0;
+}
+
+ordered_json round_kb(double mb) { return std::round(std::max(0.0, mb) * 1000.0) / 1000.0; }
+
 }  // namespace
 
+ModelShape analytic_shape(const AnalyticOptions& o, long long* seq) {
+  if (o.shape) {
+    *seq = o.sequence_length > 0 ? o.sequence_length : o.model.sequence_length;
+    return *o.shape;
+  }
+  *seq = o.model.sequence_length;
+  return shape_from_model_config(o.model);
+}
+
 std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, const std::string& out_dir) {
-  if (o.model.num_layers < 3) throw InputError("gen-profiles --analytic: LAYERS must be at least 3");
+  long long seq = 0;
+  const ModelShape shape = analytic_shape(o, &seq);
+  if (shape.metis_num_layers() < 3) throw InputError("gen-profiles --analytic: LAYERS must be at least 3");
   if (o.max_tp < 1 || o.max_bs < 1) throw InputError("gen-profiles --analytic: --max-tp and MAX_BS must be >= 1");
-  if (o.model.hidden_size % o.model.attention_heads != 0)
+  if (!o.shape && o.model.hidden_size % o.model.attention_heads != 0)
     throw InputError("gen-profiles --analytic: --hidden-size must be a multiple of --heads");
   make_output_folder(out_dir);
+  RateDefaults defaults;
+  defaults.gemm_efficiency = o.compute_efficiency;
+  defaults.memory_efficiency = o.memory_efficiency;
   std::vector<std::string> written;
   for (const std::string& type : o.device_types) {
-    const GpuSpec* g = &require_gpu_spec(type, "gen-profiles --analytic: device type");
+    std::string base;
+    int sms = 0;
+    const bool emulated = !find_gpu_spec(type) && parse_emulated_type(type, base, sms) && find_gpu_spec(base);
+    const GpuSpec* g = &require_gpu_spec(emulated ? base : type, "gen-profiles --analytic: device type");
     for (char c : type)
-      if (!std::isalnum(static_cast<unsigned char>(c)))
+      if (!std::isalnum(static_cast<unsigned char>(c)) && !(emulated && c == '-'))
         throw InputError("gen-profiles --analytic: device type '" + excerpt(type) +
                          "': profile file names take letters and digits only (write the catalogue name without "
-                         "punctuation, e.g. A10040GB for A100-40GB)");
+                         "punctuation, e.g. A10040GB for A100-40GB; an emulated type is BASE-<N>sm)");
+    // The 16-bit training precision the GPU runs: bf16, or fp16 where it has none (V100).
+    const ComputePrecision precision = g->supports(ComputePrecision::kBf16) ? ComputePrecision::kBf16 : ComputePrecision::kFp16;
+    const DeviceRates rates = catalogue_rates(type, precision, defaults, "gen-profiles --analytic: device type");
     for (int tp = 1; tp <= o.max_tp; tp *= 2) {
+      if (o.shape && !tp_fits(shape, tp)) continue;  // a config whose heads tp does not divide
       for (int bs = 1; bs <= o.max_bs; bs *= 2) {
-        const auto layers = estimate_layers(o.model, *g, tp, bs, o);
+        const auto layers = estimate_layers(shape, seq, rates, tp, bs, o.flash_attention);
         ordered_json j;
         ordered_json est;
-        est["method"] = "roofline";
+        est["method"] = "layer time model on datasheet rates (sim/layer_time_model.h)";
         est["note"] = "Estimated from datasheet numbers, not measured. Replace with `hetplan profile` output.";
         est["device"] = {{"name", g->name},
-                         {"peak_tflops", g->peak_tflops},
+                         {"peak_tflops", g->peak_of(precision)},
                          {"memory_gb", g->memory_gb},
                          {"memory_bw_gbs", g->memory_bw_gbs},
                          {"nvlink_gbs", g->nvlink_gbs},
                          {"source", g->source_url}};
+        est["rates"] = rates.record();
         est["compute_efficiency"] = o.compute_efficiency;
         est["memory_efficiency"] = o.memory_efficiency;
         j["estimate"] = est;
-        ordered_json model;
-        model["model_name"] = o.model.name;
-        model["num_layers"] = o.model.num_layers;
-        ordered_json params = ordered_json::array();
-        double total_params = 0;
-        for (const auto& l : layers) {
-          params.push_back(static_cast<long long>(l.params * kBytes));
-          total_params += l.params * kBytes;
-        }
-        model["parameters"] = {{"total_parameters_bytes", static_cast<long long>(total_params)},
-                               {"parameters_per_layer_bytes", params}};
-        j["model"] = model;
+        j["model"] = profile_model_record(shape, seq, static_cast<int>(kBytes));
         ordered_json et;
-        double sum_ms = 0;
-        ordered_json times = ordered_json::array();
+        double sum_ms = 0, total_rank_params = 0;
+        ordered_json times = ordered_json::array(), forward = ordered_json::array(), acc = ordered_json::array(),
+                     host = ordered_json::array();
+        ordered_json kc_gemm = ordered_json::array(), kc_attn = ordered_json::array(), kc_elem = ordered_json::array(),
+                     kc_comm = ordered_json::array(), kc_dev = ordered_json::array();
         for (const auto& l : layers) {
           times.push_back(l.ms);
+          forward.push_back(l.forward_ms);
+          acc.push_back(l.accumulation_ms);
+          host.push_back(l.classes.host_ms);
+          kc_gemm.push_back(l.classes.gemm_ms);
+          kc_attn.push_back(l.classes.attention_ms);
+          kc_elem.push_back(l.classes.elementwise_ms);
+          kc_comm.push_back(l.classes.communication_ms);
+          kc_dev.push_back(l.classes.device_ms());
           sum_ms += l.ms;
+          total_rank_params += l.rank_params;
         }
         const double fb = sum_ms * 1.02 + 0.5;  // launch gaps and pipeline hand-off outside the layers
-        const double optimizer = roofline_of(*g, o).memory_s(total_params / kBytes * 32.0 / tp) * 1e3;
-        et["total_time_ms"] = fb + optimizer + 0.5;
+        const double optimizer = kAdamBytesPerParameter * total_rank_params / rates.bytes_per_s * 1e3;
+        const double batch = 0.1;
+        et["total_time_ms"] = fb + optimizer + batch;
         et["forward_backward_time_ms"] = fb;
-        et["batch_generator_time_ms"] = 0.5;
+        et["batch_generator_time_ms"] = batch;
         et["layernorm_grads_all_reduce_time_ms"] = 0.0;
         et["embedding_grads_all_reduce_time_ms"] = 0.0;
         et["optimizer_time_ms"] = optimizer;
-        require_readable_back(g->name, tp, bs, fb + optimizer + 0.5, "ms", kMaxProfileMs);
+        require_readable_back(g->name, tp, bs, fb + optimizer + batch, "ms", kMaxProfileMs);
         et["layer_compute_total_ms"] = times;
+        if (o.extensions) {
+        et["layer_forward_ms"] = forward;
+        et["layer_grad_accumulation_ms"] = acc;
+        et["layer_host_ms"] = host;
+        et["kernel_classes"] = {{"how", "analytic: the layer time model on the catalogue's rates"},
+                                {"device_ms", kc_dev},
+                                {"gemm_ms", kc_gemm},
+                                {"attention_ms", kc_attn},
+                                {"communication_ms", kc_comm},
+                                {"elementwise_ms", kc_elem},
+                                {"host_ms", host}};
+        }
         j["execution_time"] = et;
         ordered_json mem;
-        ordered_json per_layer = ordered_json::array();
+        ordered_json per_layer = ordered_json::array(), act = ordered_json::array(), work = ordered_json::array();
         double total_mem = 0;
         for (const auto& l : layers) {
-          per_layer.push_back(static_cast<long long>(l.memory_mb + 0.5));
-          total_mem += static_cast<long long>(l.memory_mb + 0.5);
+          per_layer.push_back(round_kb(l.memory_mb));
+          act.push_back(round_kb(l.activation_mb));
+          work.push_back(round_kb(l.working_mb));
+          total_mem += round_kb(l.memory_mb).get<double>();
         }
         require_readable_back(g->name, tp, bs, total_mem, "MB", kMaxProfileMb);
-        mem["total_memory"] = static_cast<long long>(total_mem);
+        mem["total_memory"] = total_mem;
         mem["layer_memory_total_mb"] = per_layer;
+        if (o.extensions) {
+          mem["layer_activation_mb"] = act;
+          mem["layer_working_mb"] = work;
+          mem["source"] = "analytic (sim/memory_model.h)";
+          mem["state_bytes_per_parameter"] = static_cast<int>(kStateBytesPerParameter);
+          mem["attention"] = o.flash_attention ? "fused" : "materialized";
+          mem["cross_entropy"] = "vocab_parallel";
+          mem["recompute"] = "none";
+        }
         j["execution_memory"] = mem;
+        j["profiler"] = {{"tool", "hetplan gen-profiles --analytic"},
+                         {"device_type", type},
+                         {"dtype", to_string(precision)},
+                         {"tp", tp},
+                         {"micro_batch_size", bs}};
         const std::string name =
             "DeviceType." + type + "_tp" + std::to_string(tp) + "_bs" + std::to_string(bs) + ".json";
         write_json_file_in(out_dir, name, j);

@@ -1,8 +1,10 @@
 // Roofline: the time one GPU takes for some FLOPs and some HBM bytes, at
 // achieved fractions of its datasheet's dense peak and memory bandwidth.
 //
-// It promises one formula, used by the analytic profiles, whatif and the
-// inference what-if:
+// It promises one formula, used by whatif, the inference what-if and the
+// layer time model (sim/layer_time_model.h: the analytic profiles and the
+// profile transfer, which apply it per kernel class with a GEMM efficiency
+// that depends on the GEMM's size):
 //   time = max(flops / (peak x compute efficiency), bytes / (bandwidth x memory efficiency))
 // in seconds. Callers add their floors (per-kernel launch floors, per-row
 // dequantisation) on top, and sum kernel classes that run one after another

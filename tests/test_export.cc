@@ -563,8 +563,8 @@ TEST_CASE("export --to megatron: Llama-3.1's rope_scaling goes from its config.j
   const auto dir = test::scratch_dir("export-rope");
   std::ofstream((dir / "hostfile").string()) << "0.0.0.5 slots=8\n";
   const test::CommandResult gen = test::run_hetplan(
-      "gen-profiles --analytic 34 2 --types H100 --max-tp 2 --hidden-size 4096 --seq-len 4096 --vocab-size 128256 "
-      "--heads 32 --out " + (dir / "profiles").string());
+      "gen-profiles --analytic 34 2 --types H100 --max-tp 2 --hf-config " + hf("llama-3.1-8b.json") +
+      " --seq-len 4096 --out " + (dir / "profiles").string());
   REQUIRE(gen.exit_code == 0);
   const test::CommandResult s = test::run_hetplan(
       "search --hostfile " + (dir / "hostfile").string() + " --clusterfile " + kRepoClusterfile + " --profiles " +

@@ -33,6 +33,7 @@ struct Setup16 {
     o.max_bs = 64;
     o.max_tp = 16;
     o.device_types = {"A100", "V100"};
+    o.extensions = false;  // Metis's keys only: memory by the analytic terms
     generate_analytic_profiles(o, dir.string());
     return ProfileSet::load(dir.string(), 10);
   }
@@ -513,6 +514,7 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
   o.max_bs = 4;
   o.max_tp = 2;
   o.device_types = {"A100", "V100"};
+  o.extensions = false;  // Metis's keys only: the memory keys below are patched in
   generate_analytic_profiles(o, dir.string());
   for (const auto& f : std::filesystem::directory_iterator(dir)) {
     ordered_json j = read_json_file(f.path().string());

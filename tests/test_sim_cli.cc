@@ -239,7 +239,18 @@ TEST_CASE("a plan searched with --hf-config stays that model in simulate and exp
   cfg["rope_scaling"] = {{"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                          {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}};
   write_json_file((dir / "llama.json").string(), cfg);
-  const test::CommandResult r = test::run_hetplan(common + "--hf-config " + (dir / "llama.json").string() +
+  // Profiles of this model (analytic ones record the shape they were made for: the GPT set is refused).
+  const test::CommandResult refused = test::run_hetplan(common + "--hf-config " + (dir / "llama.json").string());
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.output.find("disagrees with the profiles") != std::string::npos);
+  const std::string llama_profiles = (dir / "llama-profiles").string();
+  REQUIRE(test::run_hetplan("gen-profiles --analytic --hf-config " + (dir / "llama.json").string() +
+                            " --seq-len 1024 --types A100,V100 --max-tp " + std::to_string(test::kAnalyticMaxTp) +
+                            " 10 " + std::to_string(test::kAnalyticMaxBs) + " --out " + llama_profiles)
+              .exit_code == 0);
+  std::string llama_common = common;
+  llama_common.replace(llama_common.find(test::analytic_dir(10)), test::analytic_dir(10).size(), llama_profiles);
+  const test::CommandResult r = test::run_hetplan(llama_common + "--hf-config " + (dir / "llama.json").string() +
                                                   " --json " + (dir / "p.json").string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -266,13 +277,20 @@ TEST_CASE("a plan searched with --hf-config stays that model in simulate and exp
                     "use the plan's model\n");
   // export --to megatron, with no --hf-config, of the best plan with the same (dp, tp) in every stage (over
   // both GPU types): the Llama's flags, fp16 for the V100s.
+  const test::CommandResult u = test::run_hetplan(llama_common + "--uniform --hf-config " + (dir / "llama.json").string() +
+                                                  " --json " + (dir / "u.json").string());
+  INFO(u.output);
+  REQUIRE(u.exit_code == 0);
   std::string uniform;
-  for (const auto& p : plans["top"])
-    if (uniform.empty() && p["strategies"].size() > 1 && p["strategies"] == ordered_json::array({p["strategies"][0],
-                                                                                                 p["strategies"][0]})) {
+  const ordered_json uniform_plans = read_json_file((dir / "u.json").string());
+  for (const auto& p : uniform_plans["top"]) {
+    bool same = p["strategies"].size() > 1;
+    for (const auto& st : p["strategies"]) same = same && st == p["strategies"][0];
+    if (uniform.empty() && same) {
       uniform = (dir / "uniform.json").string();
       write_json_file(uniform, p);
     }
+  }
   REQUIRE(!uniform.empty());
   const test::CommandResult m = test::run_hetplan("export --plan " + uniform + " --to megatron");
   INFO(m.output);

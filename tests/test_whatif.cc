@@ -10,6 +10,7 @@
 
 #include "sim/gpu_specs.h"
 #include "sim/inference.h"
+#include "sim/layer_time_model.h"
 #include "base/input_error.h"
 #include "base/json_util.h"
 #include "sim/offload.h"
@@ -548,7 +549,7 @@ TEST_CASE("whatif --print-constants: the model's and the roofline's constants as
   CHECK(j["whatif"]["elementwise_bytes_per_token_hidden"].get<double>() == kElementwiseBytesPerTokenHidden);
   CHECK(j["whatif"]["optimizer_bytes_per_param"].get<double>() == kCpuAdamBytesPerParam);
   CHECK(j["roofline"]["whatif_gemm_efficiency"].get<double>() == 0.6);
-  CHECK(j["roofline"]["analytic_compute_efficiency"].get<double>() == 0.55);
+  CHECK(j["roofline"]["analytic_compute_efficiency"].get<double>() == RateDefaults{}.gemm_efficiency);
   CHECK(j["gpu"]["name"] == "H100");
   CHECK(j["gpu"]["memory_bw_gbs"].get<double>() == find_gpu_spec("H100")->memory_bw_gbs);
   CHECK(ordered_json::parse(r.output) == j);  // stdout holds the same JSON

@@ -1,0 +1,93 @@
+#include "sim/layer_work.h"
+
+namespace hetplan {
+
+namespace {
+
+// Megatron's vocabulary-parallel cross-entropy on fp32 logits, per logit of this rank's slice: forward the
+// cast from 16 bits (read 2, write 4), the row maximum (read 4), the shift and the exp (read and write 4 each),
+// the row sum (read 4), the normalisation (read and write 4): 38; backward the clone of the softmax (8), the
+// scaling by the loss gradient (8) and the cast back to 16 bits (read 4, write 2): 22.
+constexpr double kCrossEntropyBytesPerLogit = 38.0 + 22.0;
+
+int gemm_passes(Recompute r) { return r == Recompute::kFull ? 4 : 3; }
+
+}  // namespace
+
+LayerGemms layer_gemms(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute) {
+  LayerGemms g;
+  const int passes = gemm_passes(recompute);
+  const long long h = s.hidden_size;
+  if (kind == LayerKind::kEmbedding) return g;
+  if (kind == LayerKind::kHead) {
+    g.push_back({tokens, h, s.vocab_size / tp, 3});  // never recomputed
+    return g;
+  }
+  const long long q = static_cast<long long>(s.num_heads) * s.head_dim / tp;
+  const long long kv = static_cast<long long>(s.num_kv_heads) * s.head_dim / tp;
+  const long long f = s.ffn_hidden_size / tp;
+  g.push_back({tokens, h, q + 2 * kv, passes});  // fused QKV, column-parallel
+  g.push_back({tokens, q, h, passes});           // attention output, row-parallel
+  if (s.mlp == MlpKind::kSwiGlu) g.push_back({tokens, h, f, passes});  // gate
+  g.push_back({tokens, h, f, passes});                                  // up (GELU's fc)
+  g.push_back({tokens, f, h, passes});                                  // down (GELU's proj)
+  return g;
+}
+
+double layer_attention_flops(const ModelShape& s, LayerKind kind, long long bs, long long seq, int tp,
+                             Recompute recompute) {
+  if (kind != LayerKind::kBlock) return 0.0;
+  const double passes = recompute == Recompute::kNone ? 3.0 : 4.0;
+  return passes * static_cast<double>(bs) * static_cast<double>(seq) *
+         s.attention_forward_flops_per_token(static_cast<double>(seq)) / tp;
+}
+
+int layer_allreduces(LayerKind kind, int tp) {
+  if (tp <= 1) return 0;
+  return kind == LayerKind::kBlock ? 4 : 1;
+}
+
+double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute,
+                               double v) {
+  const double t = static_cast<double>(tokens), h = static_cast<double>(s.hidden_size);
+  // Forward traffic, in values per token; the backward moves about twice the forward's.
+  double fwd = 0;
+  double fixed = 0;  // bytes not of the forward's pattern (the embedding table's gradient, the cross-entropy)
+  if (kind == LayerKind::kEmbedding) {
+    fwd = 2 * h + (s.learned_positions ? 3 * h : 0);  // gather (+ position add)
+    fixed = 2.0 * static_cast<double>(s.vocab_size) / tp * h * v;  // its gradient: zeroed, then scatter-added into
+  } else if (kind == LayerKind::kHead) {
+    fwd = 2 * h;  // final norm
+    fixed = t * kCrossEntropyBytesPerLogit * static_cast<double>(s.vocab_size) / tp;
+  } else {
+    const double q = static_cast<double>(s.num_heads) * s.head_dim / tp;
+    const double kv = static_cast<double>(s.num_kv_heads) * s.head_dim / tp;
+    const double f = static_cast<double>(s.ffn_hidden_size) / tp;
+    fwd = 2 * 2 * h + 2 * 3 * h;  // two norms (read, write), two residual adds (read two, write one)
+    if (s.norm == NormKind::kRmsNorm) fwd += 2 * 2 * h;  // computed in fp32 as Hugging Face does: a cast each way
+    if (!s.learned_positions) fwd += 2 * (q + kv);  // RoPE on q and k
+    fwd += s.mlp == MlpKind::kSwiGlu ? 5 * f : 2 * f;  // silu(gate) * up; GELU
+    if (s.dropout) fwd += 2 * 2.5 * h;  // two dropouts on h (read, write, a byte mask)
+  }
+  const double passes = (kind == LayerKind::kBlock && recompute == Recompute::kFull) ? 4.0 : 3.0;
+  return passes * t * fwd * v + fixed;
+}
+
+int layer_kernel_count(const ModelShape& s, LayerKind kind, Recompute recompute) {
+  int fwd = 0;
+  if (kind == LayerKind::kEmbedding) {
+    fwd = s.learned_positions ? 3 : 1;
+  } else if (kind == LayerKind::kHead) {
+    fwd = 12;  // norm, projection, vocab-parallel cross-entropy
+  } else {
+    fwd = 14;  // norms, QKV, attention, output, adds, MLP
+    if (s.norm == NormKind::kRmsNorm) fwd += 2 * 5;  // fp32 RMSNorm: cast, pow, mean, rsqrt, mul
+    if (!s.learned_positions) fwd += 10;             // RoPE on q and k
+    if (s.mlp == MlpKind::kSwiGlu) fwd += 3;
+    if (s.dropout) fwd += 2;
+  }
+  const int passes = (kind == LayerKind::kBlock && recompute == Recompute::kFull) ? 4 : 3;
+  return fwd * passes;
+}
+
+}  // namespace hetplan

@@ -1,0 +1,84 @@
+// LayerWork: the work one Metis layer (embedding, transformer block, head)
+// does in a forward+backward pass, split into the kernel classes that convert
+// differently between GPUs: its GEMMs (shapes, FLOP-bound), its fused causal
+// attention (FLOPs), its tensor-parallel all-reduces (bytes over the link)
+// and its memory-bound elementwise traffic (HBM bytes).
+//
+// It promises one count, from ModelShape (the one FLOP count): the profiler
+// times exactly these GEMMs alone (profiler/kernel_classes.h); the analytic
+// profiles and the profile transfer (sim/layer_time_model.h) price them. The
+// GEMMs' FLOPs over a block sum to ModelShape's linear FLOPs times the passes;
+// attention to ModelShape::attention_forward_flops_per_token times the passes.
+//
+// REQUIRES: tp divides the sharded dimensions (heads, kv heads, ffn, vocab
+// for the head: the caller checks the model as the profiler does).
+// Thread-safety: pure functions. Allocates nothing.
+#pragma once
+
+#include "sim/memory_model.h"
+#include "sim/model_shape.h"
+
+namespace hetplan {
+
+enum class LayerKind { kEmbedding, kBlock, kHead };
+// Metis layer index -> kind (0 embedding, last head, blocks between).
+inline LayerKind layer_kind(int metis_layer, int metis_layers) {
+  return metis_layer == 0 ? LayerKind::kEmbedding
+                          : (metis_layer + 1 == metis_layers ? LayerKind::kHead : LayerKind::kBlock);
+}
+
+// One GEMM per rank: (m x k) times (k x n), run `passes` times (forward, input
+// gradient, weight gradient, and the forward again under full recomputation).
+struct GemmDims {
+  long long m = 0, k = 0, n = 0;
+  int passes = 3;
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n) * passes; }
+};
+
+struct LayerGemms {
+  GemmDims items[6];
+  int count = 0;
+  void push_back(const GemmDims& g) { items[count++] = g; }
+  const GemmDims* begin() const { return items; }
+  const GemmDims* end() const { return items + count; }
+  double flops() const {
+    double f = 0;
+    for (const auto& g : *this) f += g.flops();
+    return f;
+  }
+};
+
+// The layer's GEMMs for `tokens` tokens (micro-batch x sequence) on one of tp
+// ranks, as the LibTorch model runs them: one column-parallel QKV, the
+// row-parallel attention output, the MLP's column-parallel gate and up (one
+// for GELU) and row-parallel down; the head's vocabulary-parallel projection;
+// none for the embedding.
+LayerGemms layer_gemms(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute);
+
+// Forward+backward FLOPs of the layer's causal attention per rank: the
+// forward ModelShape counts (no causal discount), 2 more for the backward,
+// 1 more under full or selective recomputation. 0 outside blocks.
+double layer_attention_flops(const ModelShape& s, LayerKind kind, long long bs, long long seq, int tp,
+                             Recompute recompute);
+
+// Tensor-parallel all-reduces of the layer's activations per pass (Megatron,
+// no sequence parallelism): a block 2 forward + 2 backward, the embedding 1,
+// the head 1; each of tokens x hidden values. 0 when tp == 1.
+int layer_allreduces(LayerKind kind, int tp);
+
+// HBM bytes the layer's memory-bound (non-GEMM, non-attention) kernels move
+// in a forward+backward pass, per rank, at `bytes_per_value` (2 for bf16):
+// norms, activation functions, residual adds, RoPE, dropout, the embedding
+// gather and its scatter-add, the head's cross-entropy. A counted estimate
+// (each kernel reads its inputs and writes its outputs once; backward twice
+// the forward's traffic, except the cross-entropy, whose passes over the
+// logits are itemised); measured profiles time this class instead.
+double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute,
+                               double bytes_per_value);
+
+// Kernels the layer launches per forward+backward pass (the launch floor's
+// count), an estimate from its structure: a block's norms, projections,
+// attention, activation and adds with their backward kernels.
+int layer_kernel_count(const ModelShape& s, LayerKind kind, Recompute recompute);
+
+}  // namespace hetplan
