@@ -308,6 +308,8 @@ int run_simulate(const SimulateArgs& a) {
     throw InputError(a.plan + ": " + e + " (--schedule, --vp)");
   o.setup = as_profiled(make_setup(setup_args), profiles, a.setup.accounting != "auto", a.setup.flash);
   o.setup.grads_in_backward = pf.grads_in_backward;  // as the plan was costed (whatif --export)
+  o.setup.fp32_residual = pf.fp32_residual;
+  o.setup.eager_fp32_loss = pf.eager_fp32_loss;
   o.network.unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
   o.measured_collectives = parse_collectives(a.collectives);
   o.sustained_clocks = !a.burst_clocks;

@@ -119,7 +119,7 @@ ModelStateBytes model_state_bytes(double trainable, double frozen_weight_bytes, 
 }
 
 double layer_activation_bytes(const ModelShape& m, long long s_len, long long b_len, int tp, bool sp,
-                              Recompute recompute, bool flash, Precision precision) {
+                              Recompute recompute, bool flash, Precision precision, bool fp32_residual) {
   const double s = static_cast<double>(s_len), b = static_cast<double>(b_len), h = static_cast<double>(m.hidden_size);
   const double t = tp;
   const double q = static_cast<double>(m.num_heads) * m.head_dim;
@@ -130,14 +130,16 @@ double layer_activation_bytes(const ModelShape& m, long long s_len, long long b_
   const double e = precision == Precision::kFp32 ? 4 : 2;
   const double eg = precision == Precision::kFp8 ? 1 : e;
   const double sb = s * b;
+  // The residual stream's element: fp32 under torch.autocast over fp32 parameters.
+  const double er = fp32_residual ? 4 : e;
 
   if (recompute == Recompute::kFull) {
     // Only the layer's input survives (Korthikanti et al. Sec. 4.3: 2sbh, split by t with sequence parallelism).
-    return sb * h * e / (sp ? t : 1);
+    return sb * h * er / (sp ? t : 1);
   }
   // Terms no tensor parallelism splits (sequence parallelism does): the two
   // norm inputs, the inputs of the QKV and first MLP GEMMs, the dropout masks.
-  double replicated = sb * h * (2 * e) + sb * h * (2 * eg);
+  double replicated = sb * h * (2 * er) + sb * h * (2 * eg);
   if (m.dropout) replicated += 2 * sb * h;  // 1-byte masks after attention and MLP
   // Terms split by tp: Q and K for the scores, V, the output projection's input.
   double split = sb * (q * e + kv * e) + sb * kv * e + sb * q * eg;
@@ -159,10 +161,16 @@ double embedding_activation_bytes(const ModelShape& m, long long s, long long b,
   return 8 * sb + (m.dropout ? sb * m.hidden_size / (sp ? tp : 1) : 0);
 }
 
-double head_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sp) {
-  // Final norm input and LM head input (2 bytes each), fp32 logits for the loss, split by the vocab-parallel head.
+double head_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sp, bool fp32_residual,
+                             bool eager_fp32_loss) {
+  // Final norm input and LM head input (2 bytes each; the norm's 4 with an fp32 residual stream), fp32 logits
+  // for the loss, split by the vocab-parallel head: one copy for a fused loss; three for logits.float() +
+  // F.cross_entropy at the backward's start (log_softmax's saved output, nll_loss's gradient, and
+  // log_softmax's gradient being written).
   const double sb = static_cast<double>(s) * static_cast<double>(b);
-  return 4 * sb * m.hidden_size / (sp ? tp : 1) + 4 * sb * static_cast<double>(m.vocab_size) / tp;
+  const double inputs = (fp32_residual ? 4 : 2) + 2;
+  const double logit_copies = eager_fp32_loss ? 3 : 1;
+  return inputs * sb * m.hidden_size / (sp ? tp : 1) + logit_copies * 4 * sb * static_cast<double>(m.vocab_size) / tp;
 }
 
 ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const TrainingSetup& s) {
@@ -247,13 +255,13 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   // Every block's terms are alike: computed once, added per block (the same sums).
   const bool any_block = std::max(r.first_layer, 1) < std::min(r.end_layer, last);
   const double block_bytes = any_block ? layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
-                                                                s.recompute, s.flash_attention, s.precision)
+                                                                s.recompute, s.flash_attention, s.precision, s.fp32_residual)
                                        : 0.0;
   double block_avg = block_bytes;
   if (s.recompute == Recompute::kFull && s.recompute_every > 1 && any_block) {
     // Every k-th block checkpointed, the rest keep everything: the average block.
     const double keep = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
-                                               s.flash_attention, s.precision);
+                                               s.flash_attention, s.precision, s.fp32_residual);
     block_avg = (block_bytes + (s.recompute_every - 1) * keep) / s.recompute_every;
   }
   int adapters = 0;
@@ -263,7 +271,8 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
     if (layer == 0) {
       per_mb += embedding_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
     } else if (layer == last) {
-      per_mb += head_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
+      per_mb += head_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, s.fp32_residual,
+                                      s.eager_fp32_loss);
     } else {
       per_mb += block_avg;
       if (s.finetune != Finetune::kFull) per_mb += adapter_bytes;
@@ -271,7 +280,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   }
   if (s.recompute == Recompute::kFull && any_block)
     one_layer_full = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
-                                            s.flash_attention, s.precision);
+                                            s.flash_attention, s.precision, s.fp32_residual);
   out.activations = per_mb * r.in_flight / r.virtual_stages;
   out.recompute_workspace = one_layer_full;
   if (measured) {
@@ -285,7 +294,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
     if (measured->recompute != s.recompute && any_block) {
       // Only the blocks recompute: the embedding and the head store the same either way.
       const double then = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
-                                                 measured->recompute, s.flash_attention, s.precision);
+                                                 measured->recompute, s.flash_attention, s.precision, s.fp32_residual);
       if (then > 0) ratio = block_avg / then;
       rematerialise = s.recompute == Recompute::kFull;
     }

@@ -66,6 +66,13 @@ struct TrainingSetup {
   // during the backward while the activations (and autocast's weight copies) are released, so the peak
   // holds the larger of the two, not both; rank_memory counts only the gradients beyond them.
   bool grads_in_backward = false;
+  // torch.autocast over fp32 parameters: the embedding's output, and so the residual stream (each block's input
+  // and both norm inputs), stays fp32; only the GEMM inputs are cast. Stored at 4 bytes, not 2.
+  bool fp32_residual = false;
+  // The loss as a PyTorch model computes it (Hugging Face's, nanoGPT's): logits.float() then F.cross_entropy
+  // (log_softmax, nll_loss), not a fused vocab-parallel loss. At the backward's start three fp32 tensors of the
+  // logits' size are live at once: log_softmax's saved output, nll_loss's gradient and log_softmax's gradient.
+  bool eager_fp32_loss = false;
   int recompute_every = 1;         // with kFull: only every k-th block is checkpointed (torchtitan's selective
                                    // "every k-th layer" AC); the others keep all activations
   int shard_group = 0;             // ZeRO/FSDP partitions over groups of this many ranks (FSDP HYBRID_SHARD: a
@@ -156,12 +163,17 @@ ModelStateBytes model_state_bytes(double trainable, double frozen_weight_bytes, 
 
 // Bytes of activations one transformer layer keeps for one micro-batch of b
 // sequences of s tokens (the terms of Korthikanti et al. 2022, Sec. 4.1).
+// `fp32_residual`: TrainingSetup::fp32_residual (the norm inputs, and a fully recomputed block's stored input,
+// at 4 bytes).
 double layer_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel,
-                              Recompute recompute, bool flash_attention, Precision precision);
+                              Recompute recompute, bool flash_attention, Precision precision,
+                              bool fp32_residual = false);
 // The embedding stage's extra bytes per micro-batch (token ids, embedding dropout mask).
 double embedding_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel);
-// The head stage's extra bytes per micro-batch (final norm and LM head inputs, fp32 logits).
-double head_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel);
+// The head stage's extra bytes per micro-batch (final norm and LM head inputs, fp32 logits: one copy for a fused
+// loss, three for TrainingSetup::eager_fp32_loss). `fp32_residual`: the final norm's input at 4 bytes.
+double head_activation_bytes(const ModelShape& m, long long s, long long b, int tp, bool sequence_parallel,
+                             bool fp32_residual = false, bool eager_fp32_loss = false);
 
 // Parameters of Metis layers [first, end): split by tp where Megatron splits
 // them, and the LoRA adapters of those layers.

@@ -191,6 +191,8 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (f.deepspeed_buffers) j["deepspeed_buffers"] = true;
   if (f.ddp_buckets) j["ddp_buckets"] = true;
   if (f.grads_in_backward) j["grads_in_backward"] = true;
+  if (f.fp32_residual) j["fp32_residual"] = true;
+  if (f.eager_fp32_loss) j["eager_fp32_loss"] = true;
   if (f.sequence_parallel) j["sequence_parallel"] = true;
   if (f.context_parallel > 1) j["context_parallel"] = f.context_parallel;
   if (f.overlap.any() || f.overlap_recorded) {
@@ -265,6 +267,8 @@ void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
   flag("deepspeed_buffers", f.deepspeed_buffers);
   flag("ddp_buckets", f.ddp_buckets);
   flag("grads_in_backward", f.grads_in_backward);
+  flag("fp32_residual", f.fp32_residual);
+  flag("eager_fp32_loss", f.eager_fp32_loss);
   if (j.contains("accounting")) {
     const std::string where = file + ": key 'accounting'";
     if (!j["accounting"].is_string()) throw InputError(where + ": expected zero, deepspeed or megatron");

@@ -53,6 +53,8 @@ struct PlanFile {
   bool deepspeed_buffers = false, ddp_buckets = false;
   // Gradients allocated during the backward (TrainingSetup::grads_in_backward).
   bool grads_in_backward = false;
+  // TrainingSetup::fp32_residual and eager_fp32_loss (whatif's PyTorch rows).
+  bool fp32_residual = false, eager_fp32_loss = false;
   // Sequence parallelism with tp, the context-parallel size (carved from each stage's dp: Megatron's
   // dp is the plan's dp / cp) and overlapped data-parallel communication, as costed (keys
   // sequence_parallel, context_parallel, overlap.{grad_reduce, param_gather, grad_bucket_params,

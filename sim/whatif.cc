@@ -325,6 +325,9 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
     r.name = name;
     r.framework = framework;
     r.setup = plain;
+    // Every row runs the user's PyTorch model code (Hugging Face's, nanoGPT's): its loss is logits.float() and
+    // F.cross_entropy, not a fused vocab-parallel loss (TrainingSetup::eager_fp32_loss).
+    r.setup.eager_fp32_loss = true;
     const bool pytorch = framework == "PyTorch" || framework == "PyTorch DDP";
     edit(r);
     const bool sixteen = r.setup.precision == Precision::kBf16 || r.setup.precision == Precision::kFp16;
@@ -332,6 +335,7 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
       // torch.autocast over fp32 parameters: fp32 weights and gradients, Adam states, and the 16-bit copies
       // autocast makes in the forward (Megatron's 18 bytes per parameter).
       r.autocast = true;
+      r.setup.fp32_residual = true;      // the embedding's fp32 output: the residual stream stays fp32
       r.setup.grads_in_backward = true;  // zero_grad(set_to_none=True)
       if (!accounting_given) r.setup.accounting = ZeroAccounting::kMegatron;
       r.assumptions.push_back("torch.autocast: fp32 parameters and gradients, each weight cast to " +
@@ -611,6 +615,8 @@ void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::s
   pf.deepspeed_buffers = row.setup.deepspeed.model;
   pf.ddp_buckets = w.options.setup.ddp.model;
   pf.grads_in_backward = row.setup.grads_in_backward;
+  pf.fp32_residual = row.setup.fp32_residual;
+  pf.eager_fp32_loss = row.setup.eager_fp32_loss;
   write_json_file_in(dir, "plan.json", plan_file_to_json(pf));
 }
 

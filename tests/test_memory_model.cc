@@ -254,3 +254,46 @@ TEST_CASE("offload moves optimizer state to CPU and full recomputation keeps 2sb
   CHECK(rank_memory(m, s, r).gpu_total() == Approx(full.gpu_total() + 1e9));
   CHECK_THROWS_AS(parse_recompute("some", "--recompute"), InputError);
 }
+
+// torch.autocast over fp32 parameters (TrainingSetup::fp32_residual): the embedding's output is fp32, so the
+// residual stream is; each block keeps its two norm inputs at 4 bytes instead of 2 (+4 sbh over the bf16
+// block), and a fully recomputed block keeps its fp32 input (4 sbh instead of 2 sbh). GPT-2 1.3B shape of
+// scripts/gpu_whatif_validate.py, fused attention, no dropout: 36 sbh against 32 sbh.
+TEST_CASE("autocast's fp32 residual stream: norm inputs and checkpointed inputs at 4 bytes", "[memory][whatif]") {
+  ModelShape m = gpt2_shape(50304, 2048, 24, 16, 2048);
+  m.dropout = false;
+  const double sbh = 2048.0 * 4 * 2048;
+  auto act = [&](Recompute r, bool fp32) {
+    return layer_activation_bytes(m, 2048, 4, 1, false, r, true, Precision::kBf16, fp32);
+  };
+  // bf16 block (fused attention): norm inputs 4, GEMM inputs 4, q k v 6, proj input 2, GELU in/out 16.
+  CHECK(act(Recompute::kNone, false) == Approx(32 * sbh).epsilon(1e-12));
+  CHECK(act(Recompute::kNone, true) == Approx(36 * sbh).epsilon(1e-12));
+  CHECK(act(Recompute::kFull, false) == Approx(2 * sbh).epsilon(1e-12));
+  CHECK(act(Recompute::kFull, true) == Approx(4 * sbh).epsilon(1e-12));
+  // The head's final-norm input too.
+  const double sb = 2048.0 * 4, V = 50304;
+  CHECK(head_activation_bytes(m, 2048, 4, 1, false) == Approx(4 * sb * 2048 + 4 * sb * V).epsilon(1e-12));
+  CHECK(head_activation_bytes(m, 2048, 4, 1, false, true) == Approx(6 * sb * 2048 + 4 * sb * V).epsilon(1e-12));
+}
+
+// logits.float() + F.cross_entropy (TrainingSetup::eager_fp32_loss): at the backward's start log_softmax's saved
+// fp32 output, nll_loss's fp32 gradient and log_softmax's gradient are live together: 12 sbV bytes, split by
+// a vocab-parallel head, against a fused loss's single fp32 copy (4 sbV).
+TEST_CASE("eager fp32 cross-entropy keeps three fp32 copies of the logits", "[memory][whatif]") {
+  ModelShape m = gpt2_shape(50304, 2048, 24, 16, 2048);
+  const double sb = 2048.0 * 2, V = 50304, h = 2048;
+  CHECK(head_activation_bytes(m, 2048, 2, 1, false, false, true) == Approx(4 * sb * h + 12 * sb * V).epsilon(1e-12));
+  CHECK(head_activation_bytes(m, 2048, 2, 2, false, false, true) == Approx(4 * sb * h + 6 * sb * V).epsilon(1e-12));
+  // Through rank_memory: one rank holding the whole model, the head's share of the activations.
+  TrainingSetup s;
+  s.flash_attention = true;
+  RankShard r;
+  r.first_layer = 0;
+  r.end_layer = m.metis_num_layers();
+  r.micro_batch = 2;
+  r.seq = 2048;
+  const double fused = rank_memory(m, s, r).activations;
+  s.eager_fp32_loss = true;
+  CHECK(rank_memory(m, s, r).activations - fused == Approx(8 * sb * V).epsilon(1e-9));
+}

@@ -955,3 +955,16 @@ TEST_CASE("torch.autocast rows: weight casts every forward, gradients allocated 
                          kAutocastCastBytesPerParam / (in.gpu->memory_bw_gbs * 1e9 * 0.75) * 1e3;
   CHECK(with_casts - without == Approx(cast_ms).epsilon(1e-6));
 }
+
+// The rows say how the user's code runs: every row's loss is logits.float() + F.cross_entropy; the PyTorch
+// autocast rows (fp32 parameters) keep an fp32 residual stream; FSDP's mixed precision and DeepSpeed cast the
+// parameters, so their residual stream is 16-bit.
+TEST_CASE("whatif rows: eager fp32 loss everywhere, fp32 residual stream under autocast", "[whatif][memory]") {
+  for (const WhatifRow& r : standard_whatif_rows(TrainingSetup(), 16, kTargetQ | kTargetV, 8)) {
+    INFO(r.name);
+    CHECK(r.setup.eager_fp32_loss);
+    CHECK(r.setup.fp32_residual == r.autocast);
+    if (r.name == "single GPU" || r.name == "DDP") CHECK(r.autocast);
+    if (r.name == "FSDP" || r.name == "ZeRO-2+offload") CHECK_FALSE(r.setup.fp32_residual);
+  }
+}
