@@ -84,8 +84,8 @@ long() {
 m70=(--num_layers 82 --hidden-size 8192 --sequence-length 4096 --vocab-size 128256 --heads 64
      --hf-config tests/data/hf/llama-3.1-70b.json --gbs 1024)
 prep_70b() {
-  [[ -d $work/p70b ]] || "$bin" gen-profiles --analytic 82 16 --types H100 --max-tp 8 --hidden-size 8192 \
-    --seq-len 4096 --vocab-size 128256 --heads 64 --out "$work/p70b" >/dev/null
+  [[ -d $work/p70b ]] || "$bin" gen-profiles --analytic --hf-config tests/data/hf/llama-3.1-70b.json 82 16 \
+    --types H100 --max-tp 8 --seq-len 4096 --out "$work/p70b" >/dev/null
   hostfile 64 H100 8 "$work/h64"
 }
 common42=(--num_layers 42 --hidden-size 4096 --sequence-length 2048 --clusterfile hostfiles/clusterfile.json)
