@@ -14,6 +14,7 @@ cmake --build $b --parallel "$(nproc)"
 
 out=logs/demo
 mkdir -p "$out"
+rm -rf "$out/profiles"  # a set from an earlier run (other layers or tp) would mix with this one
 hf=tests/data/hf/llama-3.2-3b.json  # 28 blocks: 30 Metis layers (embedding + blocks + head)
 ./$b/hetplan gen-profiles --analytic --hf-config $hf --seq-len 2048 --types A100,V100 --max-tp 8 30 16 \
   --out "$out/profiles"
