@@ -130,14 +130,19 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   c.lr = a.lr;
   c.timeout = std::chrono::seconds(a.timeout_s);
   c.dump_dir = a.dump_dir;
+  // Sequence parallelism (with tp) and context parallelism: the plan's settings (the layout holds cp).
+  c.model.sequence_parallel = p.plan.sequence_parallel;
   for (std::size_t s = 0; s < p.plan.plan.strategies.size(); ++s) {
     const int tp = p.plan.plan.strategies[s].tp;
-    c.model.validate(tp, a.plan + ": stage " + std::to_string(s));
+    c.model.validate(tp, a.plan + ": stage " + std::to_string(s), p.layout->context_parallel());
     // Gloo's all-reduce knows no 16-bit floats; tp all-reduces activations.
     if (!c.device.is_cuda() && tp > 1 && c.dtype != torch::kFloat32)
       throw InputError(a.plan + ": stage " + std::to_string(s) + " has tp " + std::to_string(tp) +
                        ": on the CPU the Gloo backend cannot all-reduce " + a.dtype + " activations; pass --dtype fp32");
   }
+  if (!c.device.is_cuda() && p.layout->context_parallel() > 1 && c.dtype != torch::kFloat32)
+    throw InputError(a.plan + ": context_parallel " + std::to_string(p.layout->context_parallel()) +
+                     ": on the CPU the Gloo backend cannot all-gather " + a.dtype + " keys and values; pass --dtype fp32");
   return p;
 }
 
@@ -392,6 +397,8 @@ ordered_json replay_json(const ReplayArgs& a, const Prepared& p, const ReplayMea
   out["mapping"] = mapping;
   out["schedule"] = to_string(p.config.schedule);
   out["virtual_stages"] = p.layout->virtual_stages();
+  out["sequence_parallel_executed"] = p.config.model.sequence_parallel;
+  out["context_parallel_executed"] = p.layout->context_parallel();
   out["dtype"] = a.dtype;
   out["recompute"] = to_string(p.config.model.recompute);
   // 1: fp32 masters and Adam state sharded over each stage's dp group; 2: and

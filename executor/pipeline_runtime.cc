@@ -31,7 +31,7 @@ namespace {
 
 // The groups one rank belongs to, created in one global order on every rank.
 struct RankGroups {
-  std::shared_ptr<CommGroup> world, tp, dp;
+  std::shared_ptr<CommGroup> world, tp, dp, cp;
   // Tied embeddings split over the first and last stages: the group that
   // sums their gradients. Megatron's pairs (same replica and tp index) when
   // both stages have the same (dp, tp); otherwise all their ranks, summing
@@ -50,6 +50,7 @@ RankGroups make_groups(const PipelineLayout& layout, int me, const ReplayConfig&
   g.world = profiler::make_group(rv, "world", me, layout.world(), c.device, c.timeout);
   if (const GroupSeat tp = layout.tp_seat(me); tp.member()) g.tp = join(tp);
   if (const GroupSeat dp = layout.dp_seat(me); dp.member()) g.dp = join(dp);
+  if (const GroupSeat cp = layout.cp_seat(me); cp.member()) g.cp = join(cp);
   // One two-rank group per pair and direction, so that activations and
   // gradients never queue behind each other (NCCL orders a pair's p2p ops).
   auto join_pairs = [&](const std::vector<Transfer>& fwd, const std::vector<Transfer>& bwd) {
@@ -80,9 +81,9 @@ struct MicroBatchState {
 // The stage's model chunks: one GPT of the stage's layers, or (interleaved) one per chunk, each of its
 // model layers (the same weights as one process's layers of those numbers).
 std::vector<profiler::GPT> build_chunks(const ReplayConfig& c, const profiler::TensorParallelGroup& tp,
-                                        const StageLayout& st) {
+                                        const profiler::TensorParallelGroup& cp, const StageLayout& st) {
   std::vector<profiler::GPT> chunks;
-  for (const auto& [first, last] : st.chunk_layers) chunks.emplace_back(c.model, tp, first, last);
+  for (const auto& [first, last] : st.chunk_layers) chunks.emplace_back(c.model, tp, first, last, cp);
   return chunks;
 }
 
@@ -127,6 +128,8 @@ class RankRun {
   const int m_, mb_, v_;
   RankGroups groups_;
   profiler::TensorParallelGroup tp_group_;
+  profiler::TensorParallelGroup cp_group_;  // context parallelism (size 1: none)
+  const int64_t seq_;                       // this rank's tokens of each sequence (seq_len / cp)
   std::vector<profiler::GPT> chunks_;  // v model chunks (one without interleaving)
   profiler::GPT& stage_model_;         // chunks_[0] (ZeRO-2/3 run one chunk only)
   std::vector<torch::Tensor> params_;
@@ -179,7 +182,10 @@ RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const prof
       v_(layout.virtual_stages()),
       groups_(make_groups(layout, env.rank, c, env)),
       tp_group_(st_.tp > 1 ? profiler::TensorParallelGroup(t_, st_.tp, groups_.tp) : profiler::TensorParallelGroup()),
-      chunks_(build_chunks(c, tp_group_, st_)),
+      cp_group_(groups_.cp ? profiler::TensorParallelGroup(groups_.cp->rank(), groups_.cp->size(), groups_.cp)
+                           : profiler::TensorParallelGroup()),
+      seq_(c.model.seq_len / layout.context_parallel()),
+      chunks_(build_chunks(c, tp_group_, cp_group_, st_)),
       stage_model_(chunks_.front()) {
   for (profiler::GPT& chunk : chunks_) {
     chunk.to(c.device, c.dtype);
@@ -331,11 +337,11 @@ void RankRun::run_schedule() {
 // Micro-batch j's input to chunk c: this replica's token ids on virtual stage 0, else the pieces received.
 torch::Tensor RankRun::receive_input(int c, int j) {
   const int row = j * mb_ + mine_.begin;
-  if (first_ && c == 0) return ids_full_.narrow(0, row, mine_.size());
+  if (first_ && c == 0) return profiler::context_parallel_slice(ids_full_.narrow(0, row, mine_.size()), 1, cp_group_);
   std::vector<torch::Tensor> pieces;
   for (const Transfer& in : recv_fwd_[c]) {
-    torch::Tensor buf = tokens_in_[c] ? torch::empty({in.samples.size(), c_.model.seq_len}, id_opts_)
-                                      : torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
+    torch::Tensor buf = tokens_in_[c] ? torch::empty({in.samples.size(), seq_}, id_opts_)
+                                      : torch::empty({in.samples.size(), seq_, hidden_}, act_opts_);
     timed("recv", j, [&] { groups_.fwd.at({in.src, in.dst})->recv(buf, 0, tag(vstage(c) - 1, j)); });
     pieces.push_back(buf);
   }
@@ -352,7 +358,8 @@ void RankRun::forward(int c, int j) {
   auto& layers = model.layers();
   torch::Tensor y = x;
   timed("forward", j, [&] {
-    if (loss) model.head().set_targets(targets_full_.narrow(0, row, mine_.size()));
+    if (loss)
+      model.head().set_targets(profiler::context_parallel_slice(targets_full_.narrow(0, row, mine_.size()), 1, cp_group_));
     for (std::size_t li = 0; li < layers.size(); ++li) {
       if (zopt_)
         for (int u : layer_units_[li]) zopt_->gather(u);  // ZeRO-3: just in time
@@ -362,8 +369,9 @@ void RankRun::forward(int c, int j) {
         zopt_->register_backward_gather(y, layer_units_[li]);
       }
     }
-    // The loss of this replica's samples, weighted by its share of the global batch.
-    if (loss) y = y * (static_cast<double>(mine_.size()) / c_.gbs);
+    // The loss of this replica's samples, weighted by its share of the global batch (and, under context
+    // parallelism, by 1 / cp: each cp rank's loss is the mean over its part of the tokens).
+    if (loss) y = y * (static_cast<double>(mine_.size()) / c_.gbs / cp_group_.size());
   });
   if (loss && t_ == 0) loss_share_ += y.detach().to(torch::kFloat64);
   for (const Transfer& out : send_fwd_[c]) {
@@ -382,7 +390,7 @@ void RankRun::backward(int c, int j) {
   if (!loss) {
     std::vector<torch::Tensor> pieces;
     for (const Transfer& in : recv_bwd_[c]) {
-      torch::Tensor buf = torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
+      torch::Tensor buf = torch::empty({in.samples.size(), seq_, hidden_}, act_opts_);
       timed("recv", j, [&] { groups_.bwd.at({in.src, in.dst})->recv(buf, 0, tag(vstage(c) + 1, j)); });
       pieces.push_back(buf);
     }
