@@ -857,8 +857,9 @@ TEST_CASE("replay with sequence parallelism (tp 2) trains like one process, and 
   WARN("without the reduce-scatter: loss error " << no_rs.loss << ", parameter error " << no_rs.params
                                                  << "; without the norm weights' all-reduce: loss error " << no_ln.loss
                                                  << ", parameter error " << no_ln.params);
-  CHECK(std::max(no_rs.loss, no_rs.params) > 1e-2);
-  CHECK(no_ln.params > 1e-3);
+  // Ten times the equivalence tolerance: the check above would fail by a wide margin.
+  CHECK(std::max(no_rs.loss, no_rs.params) > 1e-3);
+  CHECK(std::max(no_ln.loss, no_ln.params) > 1e-3);
 }
 
 // Sequence parallelism on a Llama (RMSNorm without bias, SwiGLU's two column-parallel linears on one
@@ -898,7 +899,7 @@ TEST_CASE("replay with context parallelism (cp 2) trains like one process, and n
 
   const Deviation no_kv = deviation_without("cp-kv-exchange", "cp2", one);
   WARN("without the K/V exchange: loss error " << no_kv.loss << ", parameter error " << no_kv.params);
-  CHECK(std::max(no_kv.loss, no_kv.params) > 1e-2);
+  CHECK(std::max(no_kv.loss, no_kv.params) > 1e-3);  // ten times the equivalence tolerance
 }
 
 TEST_CASE("pipeline layout: context parallelism's groups and samples, Megatron's order tp, cp, dp",
@@ -933,4 +934,17 @@ TEST_CASE("pipeline layout: context parallelism's groups and samples, Megatron's
   ordered_json bad = plan_json({2, 1}, {{2, 1}, {1, 1}}, {0, 2, 4}, 2);
   bad["context_parallel"] = 2;
   CHECK_THROWS_AS(PipelineLayout(plan_file_from_json(bad, "plan"), {}, nullptr), InputError);
+}
+
+// Both at once with the sharded optimizers: tp 2 with sequence parallelism inside cp 2 (4 ranks, Megatron's
+// dp 1), under ZeRO-3 (norm weights gathered per layer, their gradients all-reduced over tp, then
+// reduce-scattered over dp x cp) and ZeRO-2 with overlapped reduce-scatters.
+TEST_CASE("replay with sequence and context parallelism together, under ZeRO-2 and ZeRO-3, trains like one process",
+          "[executor][seqpar][cp][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
+  ordered_json plan = plan_json({4}, {{2, 2}}, {0, 4}, 2);
+  plan["sequence_parallel"] = true;
+  plan["context_parallel"] = 2;
+  check_plan_trains_like_one_process("sp-cp2-zero3", plan, "1f1b", "", "--zero 3");
+  check_plan_trains_like_one_process("sp-cp2-zero2-overlap", plan, "1f1b", "", "--zero 2 --overlap-grad-reduce");
 }
