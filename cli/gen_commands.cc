@@ -177,7 +177,9 @@ Runner add_gen_profiles_command(CLI::App& app) {
   s->add_option("--hf-config", a->hf_config,
                 "[--analytic] A Hugging Face config.json (gpt2, llama, mistral): its shape, with LAYERS - 2 blocks");
   s->add_flag("--no-flash-attention", a->no_flash_attention,
-              "[--analytic] Store the attention scores (frameworks without fused attention); default: fused");
+              "[--analytic] Attention without a fused kernel (Megatron-LM before flash attention, eager Hugging\n"
+              "Face): the b x a x s^2 scores are stored, and each layer pays their HBM traffic (batched GEMMs,\n"
+              "softmax, dropout); default: fused");
   s->add_option("--samples", a->samples, "Folder with Metis's DeviceType.A100_tp{1,2,4}_bs{1,2,4}.json samples");
   s->add_option("--out,-o", a->out, "Output folder (created; existing files of the same name are overwritten)")
       ->required();

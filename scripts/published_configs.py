@@ -41,6 +41,10 @@ SEQ, VOCAB = 2048, 51200
 # intra: NCCL all-reduce bus bandwidth of 8 x A100 SXM4 on NVLink 3 (230-250 GB/s published for nccl-tests;
 # the midpoint). inter: one HDR rail per GPU at line rate (the hierarchical all-reduce crosses nodes one
 # rail per GPU). See sim/network.md's table.
+# Megatron-LM of 2021 (the SC'21 script's commit) has no fused attention: it materialises the scores (a batched
+# GEMM, its fused scale-mask-softmax kernel, PyTorch dropout, a batched GEMM with V); flash attention was
+# published in 2022. gen-profiles --analytic --no-flash-attention prices that score traffic.
+ATTENTION_FLAGS = ["--no-flash-attention"]
 CLUSTER = {"0.0.0.4": {"instance_type": "A100", "inter_bandwidth": 25, "intra_bandwidth": 240, "memory": 80}}
 
 
@@ -85,7 +89,7 @@ def simulate_row(binary, work, row, overlap):
     if not os.path.isdir(prof):
         run([binary, "gen-profiles", "--analytic", str(L + 2), str(mbs), "--types", "A100", "--max-tp", str(tp),
              "--hidden-size", str(h), "--heads", str(a), "--seq-len", str(SEQ), "--vocab-size", str(VOCAB),
-             "--out", prof])
+             "--out", prof] + ATTENTION_FLAGS)
     plan = {"node_sequence": ["A100"], "device_groups": [dp * tp] * pp, "strategies": [[dp, tp]] * pp,
             "batches": gbs // (mbs * dp), "layer_partition": layer_partition(L, pp), "gbs": gbs, "schedule": "1f1b",
             "recompute": "full", "zero_stage": 0, "precision": "fp16",

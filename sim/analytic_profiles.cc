@@ -55,7 +55,8 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& s, long long seq, c
   for (int i = 0; i < L; ++i) {
     LayerEstimate& e = out[i];
     const LayerKind kind = layer_kind(i, L);
-    e.classes = analytic_layer_classes(s, i, bs, seq, tp, Recompute::kNone, r);
+    e.classes = analytic_layer_classes(s, i, bs, seq, tp, Recompute::kNone, r,
+                                       flash ? AttentionKernels::kFused : AttentionKernels::kMaterialized);
     e.ms = e.classes.layer_ms();
     e.forward_ms = e.ms / 3.0;  // the forward runs one of the three passes
     e.params = static_cast<double>(params[i]);

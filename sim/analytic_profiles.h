@@ -35,7 +35,8 @@ struct AnalyticOptions {
   int max_bs = 128;
   double compute_efficiency = RateDefaults{}.gemm_efficiency;  // achieved fraction of peak on large GEMMs
   double memory_efficiency = RateDefaults{}.memory_efficiency; // achieved fraction of HBM bandwidth
-  bool flash_attention = true;      // false: the a s^2 score tensors are stored (no fused attention)
+  bool flash_attention = true;      // false: no fused attention: the a s^2 score tensors are stored, and the
+                                    // time pays their HBM traffic (AttentionKernels::kMaterialized)
   // hetplan's per-layer extensions (forward split, gradient accumulation, host floor, kernel classes,
   // activation/working split); false: Metis's keys only (and the model record), the form of files that lack
   // them, which the simulator prices by its fallback rules.

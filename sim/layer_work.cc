@@ -42,6 +42,23 @@ double layer_attention_flops(const ModelShape& s, LayerKind kind, long long bs, 
          s.attention_forward_flops_per_token(static_cast<double>(seq)) / tp;
 }
 
+ScoreTraffic layer_score_traffic(const ModelShape& s, LayerKind kind, long long bs, long long seq, int tp,
+                                 Recompute recompute, double v) {
+  ScoreTraffic t;
+  if (kind != LayerKind::kBlock) return t;
+  const bool again = recompute != Recompute::kNone;  // the forward once more (full, or selective's core)
+  const double seqd = static_cast<double>(seq);
+  t.scores = static_cast<double>(bs) * (static_cast<double>(s.num_heads) / tp) * seqd * seqd;
+  t.gemm_passes = 2 + 4 + (again ? 2 : 0);
+  t.gemm_flops_per_score = 2.0 * static_cast<double>(s.head_dim);
+  t.gemm_bytes_per_score = v;
+  const double mask = s.dropout ? 1.0 : 0.0;  // a byte per score
+  const double forward = 2 * v + (s.dropout ? 2 * v + mask : 0.0);
+  const double backward = 3 * v + (s.dropout ? 2 * v + mask : 0.0);
+  t.stream_bytes_per_score = forward * (again ? 2 : 1) + backward;
+  return t;
+}
+
 int layer_allreduces(LayerKind kind, int tp) {
   if (tp <= 1) return 0;
   return kind == LayerKind::kBlock ? 4 : 1;
