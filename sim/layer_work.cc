@@ -65,7 +65,7 @@ int layer_allreduces(LayerKind kind, int tp) {
 }
 
 double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute,
-                               double v) {
+                               double v, bool sequence_parallel) {
   const double t = static_cast<double>(tokens), h = static_cast<double>(s.hidden_size);
   // Forward traffic, in values per token; the backward moves about twice the forward's.
   double fwd = 0;
@@ -80,11 +80,12 @@ double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long to
     const double q = static_cast<double>(s.num_heads) * s.head_dim / tp;
     const double kv = static_cast<double>(s.num_kv_heads) * s.head_dim / tp;
     const double f = static_cast<double>(s.ffn_hidden_size) / tp;
-    fwd = 2 * 2 * h + 2 * 3 * h;  // two norms (read, write), two residual adds (read two, write one)
-    if (s.norm == NormKind::kRmsNorm) fwd += 2 * 2 * h;  // computed in fp32 as Hugging Face does: a cast each way
+    double between = 2 * 2 * h + 2 * 3 * h;  // two norms (read, write), two residual adds (read two, write one)
+    if (s.norm == NormKind::kRmsNorm) between += 2 * 2 * h;  // computed in fp32 as Hugging Face does: a cast each way
+    if (s.dropout) between += 2 * 2.5 * h;  // two dropouts on h (read, write, a byte mask)
+    fwd = sequence_parallel ? between / tp : between;  // the tp regions' outside: split by sequence parallelism
     if (!s.learned_positions) fwd += 2 * (q + kv);  // RoPE on q and k
     fwd += s.mlp == MlpKind::kSwiGlu ? 5 * f : 2 * f;  // silu(gate) * up; GELU
-    if (s.dropout) fwd += 2 * 2.5 * h;  // two dropouts on h (read, write, a byte mask)
   }
   const double passes = (kind == LayerKind::kBlock && recompute == Recompute::kFull) ? 4.0 : 3.0;
   return passes * t * fwd * v + fixed;

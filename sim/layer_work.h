@@ -68,6 +68,14 @@ double layer_attention_flops(const ModelShape& s, LayerKind kind, long long bs, 
 // Hugging Face attention does; priced by ScoreTraffic.
 enum class AttentionKernels { kFused, kMaterialized };
 
+// How a layer's kernels run beyond its shape: its attention, and Megatron's sequence parallelism (with
+// tp: the norms, dropouts and residual adds between the tensor-parallel regions run on s/tp tokens per
+// rank instead of on every token on every rank; Korthikanti et al. 2022, Sec. 4.2.2).
+struct LayerKernels {
+  AttentionKernels attention = AttentionKernels::kFused;
+  bool sequence_parallel = false;
+};
+
 // The materialised attention's work per rank in a forward+backward pass (with the forward again under full
 // or selective recomputation: Megatron's selective recomputation is exactly this core attention), over the
 // `scores` = b x (heads/tp) x s x s elements of 16-bit values (the whole square: the causal mask is applied
@@ -97,14 +105,16 @@ ScoreTraffic layer_score_traffic(const ModelShape& s, LayerKind kind, long long 
 int layer_allreduces(LayerKind kind, int tp);
 
 // HBM bytes the layer's memory-bound (non-GEMM, non-attention) kernels move
-// in a forward+backward pass, per rank, at `bytes_per_value` (2 for bf16):
+// in a forward+backward pass, per rank, at `bytes_per_value` (2 for bf16)
+// (a block's norms, residual adds and dropouts on 1/tp of the tokens under
+// `sequence_parallel`; without it every tp rank runs them on all tokens):
 // norms, activation functions, residual adds, RoPE, dropout, the embedding
 // gather and its scatter-add, the head's cross-entropy. A counted estimate
 // (each kernel reads its inputs and writes its outputs once; backward twice
 // the forward's traffic, except the cross-entropy, whose passes over the
 // logits are itemised); measured profiles time this class instead.
 double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute,
-                               double bytes_per_value);
+                               double bytes_per_value, bool sequence_parallel = false);
 
 // Kernels the layer launches per forward+backward pass (the launch floor's
 // count), an estimate from its structure: a block's norms, projections,
