@@ -196,8 +196,8 @@ READING = """## Sources
 
 ## What the model prices, and why
 
-Both papers ran Megatron-LM before flash attention (Dao et al., arXiv 2205.14135, came after both; SC'21 ran
-in the NGC PyTorch 20.12 container, examples/sc21/SRUN.sh). Its attention materialises the b x a/tp x s x s
+All three sources ran Megatron-LM (BLOOM: its Megatron-DeepSpeed fork, PyTorch 1.11) before flash attention
+(Dao et al., arXiv 2205.14135, May 2022; SC'21 ran in the NGC PyTorch 20.12 container, examples/sc21/SRUN.sh). Its attention materialises the b x a/tp x s x s
 scores in HBM: a batched Q K^T GEMM writes them, the fused scale-mask-softmax reads and writes them, dropout
 reads them and writes them and a byte mask, the batched GEMM with V reads them, and the backward goes through
 them again. `gen-profiles --analytic --no-flash-attention` prices exactly that traffic (ScoreTraffic,
