@@ -178,6 +178,7 @@ def micro(args):
     w = torch.randn(64, 64, device=dev)
     b = torch.randn(64, device=dev)
     q = torch.randn(1, 2, 16, 32, device=dev, dtype=torch.bfloat16)
+    xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
     N = 2000
 
     # Forward aten ops from Python (no autograd).
@@ -192,6 +193,9 @@ def micro(args):
         ops["linear_fp32"] = timed(torch, lambda: F.linear(x, w, b), N)
         ops["sdpa_bf16"] = timed(torch, lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), N)
         ops["cat"] = timed(torch, lambda: torch.cat([x, y], -1), N)
+        ops["linear_bf16"] = timed(torch, lambda: F.linear(xb, wb), N)
+        ops["float_cast"] = timed(torch, lambda: xb.float(), N)
+        ops["slice_only"] = timed(torch, lambda: x[..., :32], N)  # no kernel
         with torch.autocast(DEV, dtype=torch.bfloat16):
             ops["linear_autocast"] = timed(torch, lambda: F.linear(x, w, b), N)  # + autocast's casts
             ops["add_autocast"] = timed(torch, lambda: torch.add(x, y), N)
@@ -201,7 +205,8 @@ def micro(args):
            "gelu_tanh": lambda: F.gelu(x, approximate="tanh"), "layer_norm": lambda: F.layer_norm(x, (64,), w[0], b),
            "linear_fp32": lambda: F.linear(x, w, b),
            "sdpa_bf16": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
-           "cat": lambda: torch.cat([x, y], -1)}
+           "cat": lambda: torch.cat([x, y], -1), "linear_bf16": lambda: F.linear(xb, wb),
+           "float_cast": lambda: xb.float(), "slice_only": lambda: x[..., :32]}
     with torch.no_grad():
         cnt = count_phases(torch, list(fns.items()))
         with torch.autocast(DEV, dtype=torch.bfloat16):
