@@ -73,7 +73,8 @@ def count_phases(torch, phases):
     for e in evs:
         if e.name.startswith("PHASE_") and not str(getattr(e, "device_type", "")).endswith("CUDA"):
             iv[e.name[6:]] = (e.time_range.start, e.time_range.end)
-    out = {name: {"aten_top": 0, "aten_all": 0, "kernels": 0, "kernel_names": {}} for name, _ in phases}
+    out = {name: {"aten_top": 0, "aten_all": 0, "kernels": 0, "kernel_names": {}, "top_names": {}, "other_names": {}}
+           for name, _ in phases}
 
     def phase_of(t):
         for name, (a, b) in iv.items():
@@ -92,6 +93,7 @@ def count_phases(torch, phases):
             o["kernel_names"][e.name[:60]] = o["kernel_names"].get(e.name[:60], 0) + 1
             continue
         if not e.name.startswith("aten::"):
+            o["other_names"][e.name[:60]] = o["other_names"].get(e.name[:60], 0) + 1
             continue
         o["aten_all"] += 1
         p, nested = e.cpu_parent, False
@@ -102,8 +104,10 @@ def count_phases(torch, phases):
             p = p.cpu_parent
         if not nested:
             o["aten_top"] += 1
+            o["top_names"][e.name] = o["top_names"].get(e.name, 0) + 1
     for o in out.values():
-        o["kernel_names"] = dict(sorted(o["kernel_names"].items(), key=lambda kv: -kv[1])[:15])
+        for k in ("kernel_names", "top_names", "other_names"):
+            o[k] = dict(sorted(o[k].items(), key=lambda kv: -kv[1])[:40])
     return out
 
 
