@@ -233,6 +233,14 @@ def micro(args):
             "gelu": timed(torch, lambda: gelu(xr), N), "sdpa": timed(torch, lambda: sd(q), N)}
     with torch.autocast(DEV, dtype=torch.bfloat16):
         mods["linear_autocast"] = timed(torch, lambda: lin(xr), N)
+    ident = nn.Identity()
+    qr = q.detach().clone().requires_grad_(True)
+    mods["identity"] = timed(torch, lambda: ident(xr), N)  # a module call's own cost
+    # Raw ops in grad mode (autograd records a node): the grad-mode cost of an op.
+    mods["op_add_grad"] = timed(torch, lambda: xr + y, N)
+    mods["op_gelu_grad"] = timed(torch, lambda: F.gelu(xr, approximate="tanh"), N)
+    mods["op_view_transpose_grad"] = timed(torch, lambda: xr.view(4, 2, 32).transpose(0, 1), N)  # 2 views
+    mods["op_sdpa_grad"] = timed(torch, lambda: F.scaled_dot_product_attention(qr, qr, qr, is_causal=True), N)
     R["module_call"] = mods
 
     # Autograd: a chain of K tiny nodes; backward's wall time per node (the engine thread issues the kernels).

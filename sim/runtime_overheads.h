@@ -36,6 +36,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "sim/model_shape.h"
@@ -81,6 +82,100 @@ double hf_decode_kernels_per_layer(const ModelShape& m);
 // Kernels of one decode step outside the layers: the embedding, the rotary table and the mask (ten), the
 // final norm, the LM head and its fp32 cast, generate's greedy selection and bookkeeping (six).
 double hf_decode_kernels_per_step(const ModelShape& m);
+
+// ---- The host's side of an eager step (issue 32) ----
+// Eager PyTorch issues every op from the CPU: Python, the dispatcher, autograd's bookkeeping and the launch.
+// Launches are asynchronous, so the CPU runs ahead of the GPU, queueing work, until something makes it wait
+// for the GPU; in a training step that is the step's end (torch.cuda.synchronize, .item(), a logged loss).
+// So a step takes
+//     max(GPU time, host time)
+// (host-bound: the GPU idles between kernels and the last kernels finish right after their issue; GPU-bound:
+// the queue never drains). The host time is what the CPU spends issuing the step, itemised from the code
+// (EagerOps: counts from the model's structure, which do not depend on its width) times the per-op costs of
+// HostCosts (micro-benchmarks: scripts/gpu_host_probe.py, logs/host_probe/).
+
+// Host microseconds per thing. Defaults: the H200 host's probe (sim/runtime_overheads.md); read_host_probe
+// replaces them with another probe's figures.
+struct HostCosts {
+  // Issued from Python in a training forward (grad mode):
+  double kernel_op_us = 0;      // an op that launches a kernel (add, GELU, a norm, a copy)
+  double view_op_us = 0;        // an op that launches none (view, transpose, unbind, slice)
+  double linear_us = 0;         // an nn.Linear call under torch.autocast (the module, its casts, the GEMM)
+  double plain_linear_us = 0;   // an nn.Linear call without autocast
+  double sdpa_us = 0;           // F.scaled_dot_product_attention
+  double module_call_us = 0;    // an nn.Module call's own cost (around the ops above)
+  // Issued from Python with autograd off (decode):
+  double nograd_kernel_op_us = 0, nograd_view_op_us = 0, nograd_linear_us = 0, nograd_sdpa_us = 0;
+  // The autograd engine's thread, per node it runs and per kernel it launches:
+  double backward_node_us = 0, backward_kernel_us = 0;
+  // torch.utils.checkpoint (use_reentrant=False), per region, besides the recomputed forward's ops:
+  double checkpoint_region_us = 0;
+  // DistributedDataParallel, per parameter tensor and step (its autograd hook, the copy into the bucket and
+  // back, the bookkeeping):
+  double ddp_param_us = 0;
+  // FSDP2 (fully_shard), per sharded module and step (pre/post-forward and pre/post-backward hooks: the
+  // all-gathers' copy-in/out, resharding, the reduce-scatter's issue):
+  double fsdp2_module_us = 0;
+  // torch.optim.AdamW(fused=True): per step and per parameter tensor (zero_grad's share included);
+  // on FSDP2's DTensor parameters the per-tensor cost is dtensor_adam_tensor_us.
+  double adam_step_us = 0, adam_tensor_us = 0, dtensor_adam_tensor_us = 0;
+  std::string source;
+};
+// The defaults (the H200 probe's figures).
+HostCosts default_host_costs();
+// The costs a probe measured: `path` is scripts/gpu_host_probe.py's host_probe_micro.json; a
+// host_probe_dist.json beside it adds the DDP and FSDP2 figures (else those stay the defaults').
+// Throws InputError naming the file and key when a figure is missing or not a positive number.
+HostCosts read_host_probe(const std::string& path);
+
+// The ops of a stretch of eager code, by host cost class.
+struct EagerOps {
+  double kernel_ops = 0, view_ops = 0, linears = 0, sdpa = 0, modules = 0;  // issued from Python
+  double backward_nodes = 0, backward_kernels = 0;                          // run by the autograd engine
+  EagerOps& operator+=(const EagerOps& o);
+};
+// One transformer block of a training step, as a PyTorch user writes it (nanoGPT / Hugging Face style):
+// GPT-2 (learned positions): LayerNorm modules, a fused qkv nn.Linear, view/unbind/transposes, SDPA, the
+// output's transpose and reshape copy, proj, GELU MLP, two residual adds; Llama: eager RMSNorm (8 ops),
+// separate q/k/v (views and transposes), rotary (per q and k: two slices, neg, cat, two muls, add), GQA
+// repeat, SDPA, SwiGLU. Backward: one autograd node per op with autograd history (views included), and
+// per nn.Linear under autocast its weight's and bias's cast nodes (ToCopyBackward) and the transposed
+// weight; the kernels: per linear the input- and weight-gradient GEMMs, the bias gradient's reduction and
+// the gradients' casts back to fp32; per other op its backward kernel.
+EagerOps eager_block_ops(const ModelShape& m, bool autocast);
+// The embedding (+ positions), the final norm, the LM head and the fp32 cross-entropy.
+EagerOps eager_ends_ops(const ModelShape& m, bool autocast);
+// Parameter tensors (what DDP hooks and the optimizer loop over): per block each linear's weight (and
+// bias), each norm's weight (and bias); the embedding, the positions, the final norm, an untied head.
+double parameter_tensors(const ModelShape& m);
+double block_parameter_tensors(const ModelShape& m);
+double ends_parameter_tensors(const ModelShape& m);
+// Host microseconds of `ops`' forward (issued from Python, grad mode) and backward (the engine).
+double forward_host_us(const EagerOps& ops, const HostCosts& c);
+double backward_host_us(const EagerOps& ops, const HostCosts& c);
+
+enum class DataParallelWrapper { kNone, kDdp, kFsdp2 };
+struct TrainingHostSetup {
+  bool autocast = true;
+  int checkpoint_every = 0;  // 0: no activation checkpointing; k: every k-th block checkpointed
+  DataParallelWrapper wrapper = DataParallelWrapper::kNone;
+  int micro_batches = 1;     // gradient accumulation: forward and backward per micro-batch, one optimizer step
+};
+struct HostStep {
+  double forward_ms = 0, backward_ms = 0, recompute_ms = 0, wrapper_ms = 0, optimizer_ms = 0;
+  double total_ms() const { return forward_ms + backward_ms + recompute_ms + wrapper_ms + optimizer_ms; }
+};
+// The host's time to issue one eager training step: per micro-batch the forward (blocks and ends), the
+// backward, the checkpointed blocks' recomputed forwards (+ the region cost each), the wrapper's hooks
+// (DDP per parameter tensor; FSDP2 per block and the root); then AdamW(fused) over the parameter tensors.
+HostStep eager_training_host(const ModelShape& m, const TrainingHostSetup& s, const HostCosts& c);
+
+// Hugging Face's eager decode step, by host cost class (layers and the rest): per layer the ops of
+// hf_decode_kernels_per_layer plus its views (q/k/v view and transpose, rotate_half's slices, repeat_kv's
+// expand, the mask's and the output's views); host microseconds with autograd off.
+EagerOps hf_decode_ops_per_layer(const ModelShape& m);
+EagerOps hf_decode_ops_per_step(const ModelShape& m);
+double nograd_host_us(const EagerOps& ops, const HostCosts& c);
 
 // PyTorch DDP's gradient buckets (defaults: DistributedDataParallel's).
 struct DdpBuckets {
