@@ -54,9 +54,7 @@ ordered_json search_result_to_json(const SearchResult& r, double average_ms, int
 }
 
 ordered_json rank_placement_json(const Cluster& cluster, const PlanResult& plan) {
-  std::vector<int> sequence;
-  for (const auto& name : plan.node_sequence) sequence.push_back(cluster.type_index(name));
-  const RankLayout layout(cluster, sequence);
+  const RankLayout layout(cluster, cluster.type_indices(plan.node_sequence));
   const ParallelLayout placement(cluster, layout);
   const PipelineGrid stages(plan.strategies);
   ordered_json ranks = ordered_json::array();
@@ -90,9 +88,7 @@ ordered_json searched_plan_json(const SearchedPlan& p, const Cluster& cluster, c
   ordered_json j = plan_file_to_json(f);
   j["ranks"] = rank_placement_json(cluster, f.plan);
   // Which exporters take it as is: each exporter's own checks (planner/export_plan.h).
-  std::vector<int> sequence;
-  for (const auto& name : f.plan.node_sequence) sequence.push_back(cluster.type_index(name));
-  const RankLayout layout(cluster, sequence);
+  const RankLayout layout(cluster, cluster.type_indices(f.plan.node_sequence));
   const ParallelLayout placement(cluster, layout);
   std::vector<std::pair<std::string, std::string>> refusals;
   j["exporters"] = accepting_exporters(f, f.shape ? *f.shape : shape_from_model_config(f.model), placement, &refusals);

@@ -249,9 +249,7 @@ TEST_CASE("search --uniform: plans are Megatron-LM's and DeepSpeed's, and export
       const PlanFile f = plan_file(p.plan, gbs, o.setups[p.setup].zero_stage);
       for (const Strategy& s : p.plan.strategies) CHECK(s == p.plan.strategies[0]);
       CHECK((gbs / p.plan.batches) % p.plan.strategies[0].dp == 0);
-      std::vector<int> seq;
-      for (const auto& t : p.plan.node_sequence) seq.push_back(c.type_index(t));
-      const RankLayout rl(c, seq);
+      const RankLayout rl(c, c.type_indices(p.plan.node_sequence));
       const ParallelLayout placement(c, rl);
       CHECK_NOTHROW(export_megatron(f, *f.shape, &placement, "plan"));
       CHECK_NOTHROW(export_deepspeed(f, *f.shape, &placement, "plan"));

@@ -164,11 +164,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
       check_same_plan(x, y);
       CHECK(pruned.top[i].setup == full.top[i].setup);
       if (boundaries == StageBoundaries::kNode) {  // every stage starts on a node boundary
-        std::vector<int> perm;
-        for (const std::string& t : x.node_sequence)
-          perm.push_back(static_cast<int>(std::find(cluster.device_types().begin(), cluster.device_types().end(), t) -
-                                          cluster.device_types().begin()));
-        const RankLayout layout(cluster, perm);
+        const RankLayout layout(cluster, cluster.type_indices(x.node_sequence));
         int r = 0;
         for (int size : x.device_groups) {
           CHECK((r == 0 || layout.node_of(r) != layout.node_of(r - 1)));
@@ -386,9 +382,7 @@ TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp i
       CHECK(p.layer_partition.back() == 6);
       for (std::size_t i = 0; i + 1 < p.layer_partition.size(); ++i) CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
       CHECK(c.gbs % p.batches == 0);
-      std::vector<int> seq;
-      for (const auto& n : p.node_sequence) seq.push_back(cluster.type_index(n));
-      const RankLayout layout(cluster, seq);
+      const RankLayout layout(cluster, cluster.type_indices(p.node_sequence));
       int begin = 0;
       for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
         CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
@@ -676,9 +670,7 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
     for (const SearchedPlan& sp : seeds.top) {
       const PlanResult& p = sp.plan;
       CHECK(p.cost >= best.top[0].plan.cost);
-      std::vector<int> seq;
-      for (const auto& n : p.node_sequence) seq.push_back(cluster.type_index(n));
-      const RankLayout layout(cluster, seq);
+      const RankLayout layout(cluster, cluster.type_indices(p.node_sequence));
       int begin = 0;
       for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
         CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
