@@ -122,6 +122,32 @@ void check_same_plan(const PlanResult& x, const PlanResult& y) {
   CHECK(x.batches == y.batches);
 }
 
+// `p` is a plan of the default search's space for `cluster` (the six-layer model) and global batch `gbs`: its
+// stages use every GPU once and the layers in order, each stage at least one; its micro-batches divide `gbs`,
+// each stage has dp x tp GPUs with dp at most a micro-batch's samples and every tp group inside a node; every
+// rank fits its own GPU, and its cost is simulate's iteration time.
+void check_plan_of_the_space(const Cluster& cluster, const PlanSimulator& sim, const PlanResult& p, int gbs) {
+  int gpus = 0;
+  for (int g : p.device_groups) gpus += g;
+  CHECK(gpus == cluster.num_devices());
+  REQUIRE(p.layer_partition.size() == p.device_groups.size() + 1);
+  CHECK(p.layer_partition.front() == 0);
+  CHECK(p.layer_partition.back() == 6);
+  for (std::size_t i = 0; i + 1 < p.layer_partition.size(); ++i) CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
+  CHECK(gbs % p.batches == 0);
+  const RankLayout layout(cluster, cluster.type_indices(p.node_sequence));
+  int begin = 0;
+  for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
+    CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
+    CHECK(p.strategies[i].dp <= gbs / p.batches);
+    CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
+    begin += p.device_groups[i];
+  }
+  const PlanSimulation s = sim.simulate(p, gbs);
+  CHECK(s.fits);
+  CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
+}
+
 }  // namespace
 
 // The pruned search against exhaustive enumeration on the 24 clusters: same best plans, same costs,
@@ -372,29 +398,7 @@ TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp i
     o.gbs = c.gbs;
     o.top_k = 5;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
-    for (const SearchedPlan& sp : r.top) {
-      const PlanResult& p = sp.plan;
-      int gpus = 0;
-      for (int g : p.device_groups) gpus += g;
-      CHECK(gpus == cluster.num_devices());
-      REQUIRE(p.layer_partition.size() == p.device_groups.size() + 1);
-      CHECK(p.layer_partition.front() == 0);
-      CHECK(p.layer_partition.back() == 6);
-      for (std::size_t i = 0; i + 1 < p.layer_partition.size(); ++i) CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
-      CHECK(c.gbs % p.batches == 0);
-      const RankLayout layout(cluster, cluster.type_indices(p.node_sequence));
-      int begin = 0;
-      for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
-        CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
-        CHECK(p.strategies[i].dp <= c.gbs / p.batches);
-        CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
-        begin += p.device_groups[i];
-      }
-      // The cost is simulate's iteration time, and every rank fits its own GPU.
-      const PlanSimulation s = sim.simulate(p, c.gbs);
-      CHECK(s.fits);
-      CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
-    }
+    for (const SearchedPlan& sp : r.top) check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
   }
 }
 
@@ -668,22 +672,8 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
     REQUIRE_FALSE(best.top.empty());
     optimal_seeds += seeds.top[0].plan.cost == best.top[0].plan.cost;
     for (const SearchedPlan& sp : seeds.top) {
-      const PlanResult& p = sp.plan;
-      CHECK(p.cost >= best.top[0].plan.cost);
-      const RankLayout layout(cluster, cluster.type_indices(p.node_sequence));
-      int begin = 0;
-      for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
-        CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
-        CHECK(p.strategies[i].dp <= c.gbs / p.batches);
-        CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
-        CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
-        begin += p.device_groups[i];
-      }
-      CHECK(begin == cluster.num_devices());
-      CHECK(p.layer_partition.back() == 6);
-      const PlanSimulation s = sim.simulate(p, c.gbs);
-      CHECK(s.fits);
-      CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
+      CHECK(sp.plan.cost >= best.top[0].plan.cost);
+      check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
     }
   }
   CHECK(with_seeds >= 20);
