@@ -653,16 +653,27 @@ def dist_probe(args):
     R["tiny_gpt_step"] = gpt
 
     # Memory census: a model of 8 Linear(2048, 2048) (33.6M fp32 parameters), allocated bytes after each
-    # phase, in units of the parameters' fp32 bytes: what DDP and FSDP2 keep besides the parameters.
+    # phase, in units of the parameters' fp32 bytes: what DDP and FSDP2 keep besides the parameters; and a
+    # model whose embedding is also its head (*_tied: the gradients' ready order differs from the parameters').
     census = {}
-    for mode in ("single", "ddp", "ddp_view", "fsdp2"):
+    class Tied(nn.Module):  # an embedding used again as the head (the validation GPT's tie), 4 linears between
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(8192, 2048)
+            self.body = nn.Sequential(*[nn.Linear(2048, 2048, bias=False) for _ in range(4)])
+
+        def forward(self, ids):
+            return nn.functional.linear(self.body(self.emb(ids)), self.emb.weight)
+
+    for mode in ("single", "ddp", "ddp_view", "fsdp2", "single_tied", "ddp_tied"):
         sync()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
         torch.manual_seed(0)
-        m = nn.Sequential(*[nn.Linear(2048, 2048, bias=False) for _ in range(8)]).to(dev)
+        tied = mode.endswith("_tied")
+        m = (Tied() if tied else nn.Sequential(*[nn.Linear(2048, 2048, bias=False) for _ in range(8)])).to(dev)
         pbytes = sum(p.numel() * 4 for p in m.parameters())
-        if mode == "ddp":
+        if mode in ("ddp", "ddp_tied"):
             m = DDP(m, device_ids=[torch.cuda.current_device()])
         elif mode == "ddp_view":
             m = DDP(m, device_ids=[torch.cuda.current_device()], gradient_as_bucket_view=True)
@@ -672,7 +683,7 @@ def dist_probe(args):
             fully_shard(m, mp_policy=mp)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.0,
                                 **({"foreach": True} if mode == "fsdp2" else {"fused": True}))
-        xin = torch.randn(8, 2048, device=dev)
+        xin = torch.randint(8192, (8, 64), device=dev) if tied else torch.randn(8, 2048, device=dev)
         rows = []
 
         def mark(label):
