@@ -1,12 +1,16 @@
 #include "executor/pipeline_runtime.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <map>
+#include <set>
 
 #include "profiler/device_meter.h"
 #include "executor/zero_optimizer.h"
@@ -508,6 +512,37 @@ void RankRun::dump_parameters() {
   write_json_file(base + ".json", meta);
 }
 
+// HETPLAN_KINETO_DIR=DIR: a Kineto trace (torch.profiler's Chrome format: host ops, CUDA kernels, memcpys) of
+// the last iteration, written to DIR/rank<r>.kineto.json, for breakdowns of compute against exposed
+// collectives (scripts/gpu_zero3_race.py analyze). The traced iteration runs slower (the host records every
+// op); time the others. A LibTorch built without Kineto (Debian's) writes none and says so once per rank.
+bool start_kineto(torch::Device device) {
+  namespace kp = torch::profiler::impl;
+  std::set<kp::ActivityType> activities{kp::ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(kp::ActivityType::CUDA);
+  const kp::ProfilerConfig config(kp::ProfilerState::KINETO);
+  try {
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+    return true;
+  } catch (const c10::Error& e) {
+    std::cerr << "hetplan: warning: HETPLAN_KINETO_DIR: no trace (" << std::string(e.what_without_backtrace()).substr(0, 160)
+              << ")\n";
+    return false;
+  }
+}
+
+void save_kineto(const std::string& dir, int rank) {
+  auto result = torch::autograd::profiler::disableProfiler();
+  try {
+    fs::create_directories(dir);
+    result->save((fs::path(dir) / ("rank" + std::to_string(rank) + ".kineto.json")).string());
+  } catch (const c10::Error& e) {
+    std::cerr << "hetplan: warning: HETPLAN_KINETO_DIR: no trace (" << std::string(e.what_without_backtrace()).substr(0, 160)
+              << ")\n";
+  }
+}
+
 }  // namespace
 
 RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env) {
@@ -527,7 +562,13 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   // sees only what is allocated after it is installed (CUDA counts from the start).
   profiler::DeviceMeter meter(c.device);
   RankRun run(layout, c, env, &meter);
-  for (int step = 0; step < c.warmup + c.iters; ++step) run.iteration(step);
+  const char* kineto_dir = std::getenv("HETPLAN_KINETO_DIR");
+  const int last = c.warmup + c.iters - 1;
+  for (int step = 0; step <= last; ++step) {
+    const bool traced = kineto_dir && *kineto_dir && step == last && start_kineto(c.device);
+    run.iteration(step);
+    if (traced) save_kineto(kineto_dir, env.rank);
+  }
   RankReport report = run.finish();
   if (!c.dump_dir.empty()) run.dump_parameters();
   return report;
