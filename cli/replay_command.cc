@@ -38,7 +38,7 @@ struct ReplayArgs {
   std::string plan, out = "replay.json", trace, schedule, dtype = "bf16", device = "auto";
   std::string profile_dir, hostfile, clusterfile, dump_dir, work_dir, hf_config, recompute;
   int iters = 10, warmup = 3, timeout_s = 300, heads = 0, zero = -1, vp = 0;
-  bool overlap_grad_reduce = false;
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
   int64_t cpu_memory_limit_mb = 0;
   double lr = 1e-4;
   std::vector<std::string> argv;
@@ -115,6 +115,8 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   c.zero_stage = a.zero >= 0 ? a.zero : std::min(3, std::max(0, p.plan.zero_stage));
   // Overlapped reduction (ZeRO-2/3): the flag, or the plan's overlap.grad_reduce.
   c.overlap_grad_reduce = a.overlap_grad_reduce || p.plan.overlap.grad_reduce;
+  // ZeRO-3's prefetched gathers: the flag, or the plan's overlap.param_gather.
+  c.overlap_param_gather = a.overlap_param_gather || p.plan.overlap.param_gather;
   // Activation recomputation: the flag, else the setting the plan was costed with.
   if (!a.recompute.empty()) c.model.recompute = parse_recompute(a.recompute, "--recompute");
   else if (!p.plan.recompute.empty()) c.model.recompute = parse_recompute(p.plan.recompute, a.plan + ": recompute");
@@ -397,10 +399,18 @@ ordered_json replay_json(const ReplayArgs& a, const Prepared& p, const ReplayMea
   // 1: fp32 masters and Adam state sharded over each stage's dp group; 2: and
   // the fp32 gradients (reduce-scattered); 3: and the 16-bit weights (gathered per layer).
   out["zero_stage_executed"] = p.config.zero_stage;
-  out["overlap_grad_reduce_executed"] = p.config.overlap_grad_reduce && p.config.zero_stage >= 2;
-  long long overlapped = 0;
-  for (const auto& rep : m.reports) overlapped += rep.overlapped_collectives;
+  // ZeRO-1 overlaps on one model chunk per rank (else it reduce-scatters in the step).
+  out["overlap_grad_reduce_executed"] =
+      p.config.overlap_grad_reduce &&
+      (p.config.zero_stage >= 2 || (p.config.zero_stage == 1 && p.layout->virtual_stages() == 1));
+  out["overlap_param_gather_executed"] = p.config.overlap_param_gather && p.config.zero_stage == 3;
+  long long overlapped = 0, prefetched = 0;
+  for (const auto& rep : m.reports) {
+    overlapped += rep.overlapped_collectives;
+    prefetched += rep.prefetched_gathers;
+  }
   out["overlapped_collectives"] = overlapped;
+  out["prefetched_gathers"] = prefetched;
   out["model"] = {{"name", model.shape.name},
                   {"family", model.shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2"},
                   {"parameters", model.shape.parameter_count()},
@@ -526,8 +536,13 @@ Runner add_replay_command(CLI::App& app, int argc, char** argv) {
                 "layer just in time, as FSDP) (default: the plan's)");
   s->add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
               "With --zero 2 or 3: leave each layer's gradient reduce-scatter running while the backward goes on "
-              "(DeepSpeed's overlap_comm); waited for at each micro-batch's end (default: the plan's "
-              "overlap.grad_reduce)");
+              "(DeepSpeed's overlap_comm); waited for at each micro-batch's end. With --zero 1 (no interleaving): "
+              "reduce-scatter the summed gradients layer by layer during the step's last backward (Megatron's "
+              "--overlap-grad-reduce) (default: the plan's overlap.grad_reduce)");
+  s->add_flag("--overlap-param-gather", a->overlap_param_gather,
+              "With --zero 3: start the next layer's weight all-gather before the current layer computes, in the "
+              "forward and the backward, so that it runs beside that compute (Megatron's --overlap-param-gather, "
+              "FSDP's prefetch) (default: the plan's overlap.param_gather)");
   s->add_option("--recompute", a->recompute,
                 "Activation recomputation: none, selective (core attention) or full (each block) (default: the "
                 "plan's setting, else none)");

@@ -137,7 +137,8 @@ class RankRun {
   torch::Tensor tied_;
   bool zero_ = false;  // ZeRO-1 over more than one replica
   // bf16 weights: fp32 main gradients, master weights and Adam state (Megatron's mixed precision).
-  // ZeRO-1: MixedPrecisionAdam with sharded masters; ZeRO-2/3: ZeroOptimizer over layer units.
+  // ZeRO-1: MixedPrecisionAdam with sharded masters (with overlapped reduction: ZeroOptimizer stage 1);
+  // ZeRO-2/3: ZeroOptimizer over layer units.
   std::unique_ptr<profiler::MixedPrecisionAdam> mp_adam_;
   std::unique_ptr<ZeroOptimizer> zopt_;
   std::vector<std::vector<int>> layer_units_;  // per layer: its ZeRO units
@@ -163,6 +164,7 @@ class RankRun {
   // The iteration under way.
   torch::Tensor ids_full_, targets_full_, loss_share_;
   std::vector<std::vector<MicroBatchState>> mbs_;  // [chunk][micro-batch]
+  int backwards_done_ = 0;                         // backward ops of this iteration so far
 };
 
 RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env,
@@ -208,7 +210,9 @@ RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const prof
 void RankRun::build_optimizer() {
   auto& layers = stage_model_.layers();
   layer_units_.assign(layers.size(), {});
-  if (c_.zero_stage < 2) {
+  // ZeRO-1 with overlapped reduction runs on ZeroOptimizer's units (one model chunk: its units are layers).
+  const bool zero1_units = zero_ && c_.overlap_grad_reduce && v_ == 1;
+  if (c_.zero_stage < 2 && !zero1_units) {
     mp_adam_ = std::make_unique<profiler::MixedPrecisionAdam>(params_, c_.lr, zero_ ? replica_ : 0,
                                                               zero_ ? st_.dp : 1, /*in_backward=*/true);
     return;
@@ -241,6 +245,7 @@ void RankRun::build_optimizer() {
   if (shared && solo_unit >= 0) layer_units_.back().push_back(solo_unit);  // the head's use of the embedding
   zopt_ = std::make_unique<ZeroOptimizer>(c_.zero_stage, std::move(units), c_.lr, st_.dp > 1 ? groups_.dp : nullptr);
   zopt_->set_overlap(c_.overlap_grad_reduce);
+  zopt_->set_prefetch(c_.overlap_param_gather);
 }
 
 // Per chunk: from the stage before (the last stage's chunk c - 1 for the first stage's chunk c), to the
@@ -291,6 +296,7 @@ void RankRun::iteration(int step) {
   ids_full_ = first_ ? ids_cpu.to(c_.device) : ids_cpu;
   targets_full_ = last_ ? targets_cpu.to(c_.device) : targets_cpu;
   mbs_.assign(v_, std::vector<MicroBatchState>(m_));
+  backwards_done_ = 0;
   loss_share_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(c_.device));
   marks_.clear();
   meter_.clear_marks();
@@ -357,13 +363,20 @@ void RankRun::forward(int c, int j) {
   torch::Tensor y = x;
   timed("forward", j, [&] {
     if (loss) model.head().set_targets(targets_full_.narrow(0, row, mine_.size()));
+    static const std::vector<int> kNone;
     for (std::size_t li = 0; li < layers.size(); ++li) {
-      if (zopt_)
+      if (zopt_) {
         for (int u : layer_units_[li]) zopt_->gather(u);  // ZeRO-3: just in time
+        // The next layer's gathers, started before this layer's compute is issued: they run beside it.
+        if (li + 1 < layers.size())
+          for (int u : layer_units_[li + 1]) zopt_->prefetch(u);
+      }
       y = layers[li]->forward(y);
       if (zopt_) {
-        for (int u : layer_units_[li]) zopt_->release(u);
-        zopt_->register_backward_gather(y, layer_units_[li]);
+        // The model's last layer keeps its weights: its backward comes next (FSDP2 keeps its root's too).
+        if (!(loss && li + 1 == layers.size()))
+          for (int u : layer_units_[li]) zopt_->release(u);
+        zopt_->register_backward_gather(y, layer_units_[li], li > 0 ? layer_units_[li - 1] : kNone);
       }
     }
     // The loss of this replica's samples, weighted by its share of the global batch.
@@ -392,9 +405,12 @@ void RankRun::backward(int c, int j) {
     }
     if (!pieces.empty()) grad = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
   }
+  const bool last_backward = ++backwards_done_ == m_ * v_;
   timed("backward", j, [&] {
-    if (zopt_)
+    if (zopt_) {
+      zopt_->begin_backward(last_backward);  // ZeRO-1 reduces in the step's last backward only
       for (int u : layer_units_.back()) zopt_->gather(u);  // the root's layer (its output hook may not fire)
+    }
     if (loss) {
       mbst.output.backward();
     } else if (mbst.output.requires_grad() && grad.defined()) {
@@ -476,7 +492,10 @@ RankReport RankRun::finish() {
   constexpr double kMiB = 1024.0 * 1024.0;
   RankReport& report = report_;
   report.peak_memory_mb = std::max(report.peak_forward_backward_mb, report.peak_optimizer_mb);
-  if (zopt_) report.overlapped_collectives = zopt_->overlapped_collectives();
+  if (zopt_) {
+    report.overlapped_collectives = zopt_->overlapped_collectives();
+    report.prefetched_gathers = zopt_->prefetched_gathers();
+  }
   if (meter_.has_memory_stats()) report.peak_allocated_mb = report.peak_memory_mb;
   if (c_.device.is_cuda()) {
     if (meter_.peak_reserved() >= 0) report.peak_reserved_mb = meter_.peak_reserved() / kMiB;
@@ -592,6 +611,7 @@ ordered_json rank_report_to_json(const RankReport& r) {
           {"peak_reserved_mb", opt(r.peak_reserved_mb)}, {"device_used_mb", opt(r.device_used_mb)},
           {"memory_note", r.memory_note.empty() ? ordered_json(nullptr) : ordered_json(r.memory_note)},
           {"overlapped_collectives", r.overlapped_collectives},
+          {"prefetched_gathers", r.prefetched_gathers},
           {"trace", spans}};
 }
 
@@ -611,6 +631,7 @@ RankReport rank_report_from_json(const ordered_json& j) {
   r.device_used_mb = opt_from(j, "device_used_mb");
   if (j.contains("memory_note") && j["memory_note"].is_string()) r.memory_note = j["memory_note"];
   r.overlapped_collectives = j.value("overlapped_collectives", 0LL);
+  r.prefetched_gathers = j.value("prefetched_gathers", 0LL);
   for (const auto& s : j["trace"])
     r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>(),
                        s.size() > 4 ? s[4].get<int>() : 0});
