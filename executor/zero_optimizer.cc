@@ -165,12 +165,15 @@ ZeroOptimizer::~ZeroOptimizer() {
   for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
 }
 
-// ZeRO-3: unit u's storage back, and the all-gather into it started (one outstanding per unit).
-void ZeroOptimizer::start_gather(Unit& u) {
+// ZeRO-3: unit u's storage back, and the all-gather into it done (`wait`) or started (one outstanding per
+// unit; Gloo's asynchronous form stages the chunks, so the synchronous one is used where nothing overlaps).
+void ZeroOptimizer::start_gather(Unit& u, bool wait) {
   torch::NoGradGuard no_grad;
   allocate_storage(u.flat, static_cast<size_t>(u.flat.numel()) * u.flat.element_size());
   const torch::Tensor mine = shard_weights_.narrow(0, u.shard_offset, u.chunk);
-  if (group_) {
+  if (group_ && wait) {
+    group_->all_gather_flat(u.flat, mine);
+  } else if (group_) {
     u.gathering = group_->all_gather_flat_async(u.flat, mine);
   } else {
     u.flat.copy_(mine);
@@ -190,14 +193,14 @@ void ZeroOptimizer::finish_gather(Unit& u) {
 
 void ZeroOptimizer::gather(int ui) {
   Unit& u = *units_[ui];
-  if (!u.present) start_gather(u);
+  if (!u.present) start_gather(u, /*wait=*/true);
   finish_gather(u);
 }
 
 void ZeroOptimizer::prefetch(int ui) {
   Unit& u = *units_[ui];
   if (stage_ != 3 || !prefetch_ || u.present) return;
-  start_gather(u);
+  start_gather(u, /*wait=*/false);
   u.prefetched = true;
 }
 

@@ -130,7 +130,7 @@ class ZeroOptimizer {
   void reduce_unit(int u);
   torch::Tensor grad_chunk(int u) const;  // this rank's fp32 gradient chunk of unit u
   void settle(int u);
-  void start_gather(Unit& u);
+  void start_gather(Unit& u, bool wait);
   void finish_gather(Unit& u);
   void wait_pending();
   struct Pending;
