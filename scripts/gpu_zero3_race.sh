@@ -12,7 +12,8 @@
 # (replay first in odd rounds), each WARMUP (3) + ITERS (8) steps; then one Kineto-traced step of each
 # (replay: HETPLAN_KINETO_DIR, where the binary has it; FSDP2: torch.profiler) and their breakdowns:
 # compute, exposed all-gather / reduce-scatter, GPU idle (host gaps), host syncs, cudaMalloc/Free.
-# Extras when time is left: replay ZeRO-3 without overlap, and ZeRO-1.
+# Extras while the budget lasts: replay ZeRO-3 with overlapped reduce-scatters only (no prefetched gathers)
+# and with neither, ZeRO-1 with and without overlapped reduce-scatters.
 # Results: $OUT/summary.md (+ summary.json) and $OUT/zero3_race.tgz (all JSONs, logs, traces).
 # Each step has its own time limit; the whole run stays under 5 minutes once built.
 set -uo pipefail
@@ -76,6 +77,7 @@ step 70 fsdp2_kineto python3 -m torch.distributed.run --standalone --nproc-per-n
   fsdp2 --micro-batch 4 --warmup 2 --iters 1 --out "$res/fsdp2_kineto.json" --kineto-dir "$res/kineto-fsdp2"
 [ -f "$res/replay_r1.trace.json" ] && "${py[@]}" spans --trace "$res/replay_r1.trace.json" > "$res/replay_spans.txt"
 # Extras, while the budget lasts (not part of the race).
+replay extra_zero3_reduce_overlap_only plan_no_overlap 3 --overlap-grad-reduce  # no prefetched gathers
 replay extra_zero3_no_overlap plan_no_overlap 3
 replay extra_zero1_overlap plan 1 --overlap-grad-reduce
 replay extra_zero1_no_overlap plan_no_overlap 1
