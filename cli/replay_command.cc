@@ -306,14 +306,23 @@ std::string device_mapping(const Prepared& p, const std::string& local) {
   return mapping;
 }
 
-// Runs one process per rank with its results in `dir` (made empty first); throws InputError "replay failed"
-// with each rank's reason where any rank fails.
+// Runs one process per rank with its results in `dir`; throws InputError "replay failed" with each rank's
+// reason where any rank fails. The default folder (next to --out) is made empty first; a --work-dir of the
+// user's loses only earlier ranks' files (rank<N>.json, .error, .partition.json), and reaches the ranks
+// through the user's own arguments (given twice, CLI11 would refuse it).
 void run_local_ranks(const ReplayArgs& a, const PipelineLayout& layout, const std::string& dir) {
-  fs::remove_all(dir);
-  fs::create_directories(dir);
   std::vector<std::string> args = a.argv;
-  args.push_back("--work-dir");
-  args.push_back(dir);
+  if (a.work_dir.empty()) {
+    fs::remove_all(dir);
+    args.push_back("--work-dir");
+    args.push_back(dir);
+  } else {
+    std::error_code ec;
+    for (int rank = 0; rank < layout.world(); ++rank)
+      for (const char* ext : {".json", ".error", ".partition.json"})
+        fs::remove(fs::path(dir) / ("rank" + std::to_string(rank) + ext), ec);
+  }
+  fs::create_directories(dir);
   const auto r = profiler::launch_local_ranks(args, layout.world(), profiler::free_local_port(),
                                               std::chrono::seconds(std::min(15, a.timeout_s)),
                                               std::chrono::seconds(a.timeout_s * 2));

@@ -244,16 +244,17 @@ def cmd_summary(args):
     d = args.dir
     rows = []
     rep_all, fsdp_all = [], []
-    for path in sorted(glob.glob(os.path.join(d, "replay_r*.json"))):
+    results = lambda pattern: sorted(p for p in glob.glob(os.path.join(d, pattern)) if not p.endswith(".trace.json"))
+    for path in results("replay_r*.json"):
         r = json.load(open(path))
         rows.append(("replay ZeRO-3 overlap", os.path.basename(path), r["iteration_ms"]["median"], len(r["iteration_ms"]["all"])))
         rep_all += r["iteration_ms"]["all"]
-    for path in sorted(glob.glob(os.path.join(d, "fsdp2_r*.json"))):
+    for path in results("fsdp2_r*.json"):
         f = json.load(open(path))
         rows.append(("FSDP2", os.path.basename(path), f["step_ms"], len(f["step_ms_all"])))
         fsdp_all += f["step_ms_all"]
     extras = []
-    for path in sorted(glob.glob(os.path.join(d, "extra_*.json"))):
+    for path in results("extra_*.json"):
         r = json.load(open(path))
         extras.append((os.path.basename(path)[6:-5], r["iteration_ms"]["median"], len(r["iteration_ms"]["all"])))
     machine = open(os.path.join(d, "machine.txt")).readline().strip() if os.path.exists(os.path.join(d, "machine.txt")) else "?"

@@ -54,7 +54,7 @@ step() {  # step LIMIT_S NAME CMD...: one launch, its log kept, never longer tha
 replay() {  # replay NAME PLAN ZERO [more flags]
   local name=$1 plan=$2 zero=$3; shift 3
   step 70 "$name" "$bin" replay --plan "$res/$plan.json" --device cuda --dtype bf16 --zero "$zero" \
-    --iters "$iters" --warmup "$warmup" --out "$res/$name.json" --work-dir "$res/$name.ranks" "$@"
+    --iters "$iters" --warmup "$warmup" --out "$res/$name.json" "$@"
 }
 fsdp2() {  # fsdp2 NAME [more flags]
   local name=$1; shift
@@ -70,8 +70,7 @@ for r in $(seq 1 "$rounds"); do
 done
 # One traced step of each (a short run: 2 warm-up steps, then the traced one).
 HETPLAN_KINETO_DIR="$res/kineto-replay" step 60 replay_kineto "$bin" replay --plan "$res/plan.json" --device cuda \
-  --dtype bf16 --zero 3 --overlap-grad-reduce --iters 1 --warmup 2 --out "$res/replay_kineto.json" \
-  --work-dir "$res/replay_kineto.ranks"
+  --dtype bf16 --zero 3 --overlap-grad-reduce --iters 1 --warmup 2 --out "$res/replay_kineto.json"
 [ -d "$res/kineto-replay" ] || echo "!! this hetplan writes no Kineto trace (HETPLAN_KINETO_DIR): replay's own spans only"
 step 70 fsdp2_kineto python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_zero3_race.py \
   fsdp2 --micro-batch 4 --warmup 2 --iters 1 --out "$res/fsdp2_kineto.json" --kineto-dir "$res/kineto-fsdp2"

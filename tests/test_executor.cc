@@ -715,6 +715,28 @@ TEST_CASE("replay without waiting for prefetched gathers or overlapped reduce-sc
   CHECK(replay_deviation("fault-reduce-zero1", plan_dp2(), zero1, "HETPLAN_ZERO_FAULT=skip_reduce_wait") > 1e-3);
 }
 
+// --work-dir of the user's: it reached the ranks twice (the user's and replay's own), which CLI11 refused.
+TEST_CASE("replay --work-dir: the ranks write their results there, and the folder's other files stay",
+          "[executor][cli]") {
+  REQUIRE_CPU_COLLECTIVES();
+  const auto dir = test::scratch_dir("replay-work-dir");
+  fs::remove_all(dir);
+  fs::create_directories(dir / "ranks");
+  write_json_file((dir / "plan.json").string(), plan_dp2());
+  std::ofstream(dir / "ranks" / "keep.txt") << "mine\n";
+  std::ofstream(dir / "ranks" / "rank1.error") << "from an earlier run\n";
+  const test::CommandResult r = test::run_hetplan(
+      "replay --device cpu --dtype fp32 --iters 1 --warmup 0 --plan " + (dir / "plan.json").string() + " --out " +
+      (dir / "result.json").string() + " --work-dir " + (dir / "ranks").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(fs::exists(dir / "ranks" / "rank0.json"));
+  CHECK(fs::exists(dir / "ranks" / "rank1.json"));
+  CHECK(fs::exists(dir / "ranks" / "keep.txt"));
+  CHECK_FALSE(fs::exists(dir / "ranks" / "rank1.error"));
+  CHECK_FALSE(fs::exists(dir / "result.ranks"));
+}
+
 TEST_CASE("replay (dp 2, tp 2, pp 2) with full recomputation trains like one process", "[executor][recompute]") {
   REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-full", plan_dp2tp2pp2(), "1f1b", "", "--recompute full --zero 1");
