@@ -1,12 +1,16 @@
 #include "executor/pipeline_runtime.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <map>
+#include <set>
 
 #include "profiler/device_meter.h"
 #include "executor/zero_optimizer.h"
@@ -136,7 +140,8 @@ class RankRun {
   torch::Tensor tied_;
   bool zero_ = false;  // ZeRO-1 over more than one replica
   // bf16 weights: fp32 main gradients, master weights and Adam state (Megatron's mixed precision).
-  // ZeRO-1: MixedPrecisionAdam with sharded masters; ZeRO-2/3: ZeroOptimizer over layer units.
+  // ZeRO-1: MixedPrecisionAdam with sharded masters (with overlapped reduction: ZeroOptimizer stage 1);
+  // ZeRO-2/3: ZeroOptimizer over layer units.
   std::unique_ptr<profiler::MixedPrecisionAdam> mp_adam_;
   std::unique_ptr<ZeroOptimizer> zopt_;
   std::vector<std::vector<int>> layer_units_;  // per layer: its ZeRO units
@@ -162,6 +167,7 @@ class RankRun {
   // The iteration under way.
   torch::Tensor ids_full_, targets_full_, loss_share_;
   std::vector<std::vector<MicroBatchState>> mbs_;  // [chunk][micro-batch]
+  int backwards_done_ = 0;                         // backward ops of this iteration so far
 };
 
 RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env,
@@ -210,7 +216,9 @@ RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const prof
 void RankRun::build_optimizer() {
   auto& layers = stage_model_.layers();
   layer_units_.assign(layers.size(), {});
-  if (c_.zero_stage < 2) {
+  // ZeRO-1 with overlapped reduction runs on ZeroOptimizer's units (one model chunk: its units are layers).
+  const bool zero1_units = zero_ && c_.overlap_grad_reduce && v_ == 1;
+  if (c_.zero_stage < 2 && !zero1_units) {
     mp_adam_ = std::make_unique<profiler::MixedPrecisionAdam>(params_, c_.lr, zero_ ? replica_ : 0,
                                                               zero_ ? st_.dp : 1, /*in_backward=*/true);
     return;
@@ -243,6 +251,7 @@ void RankRun::build_optimizer() {
   if (shared && solo_unit >= 0) layer_units_.back().push_back(solo_unit);  // the head's use of the embedding
   zopt_ = std::make_unique<ZeroOptimizer>(c_.zero_stage, std::move(units), c_.lr, st_.dp > 1 ? groups_.dp : nullptr);
   zopt_->set_overlap(c_.overlap_grad_reduce);
+  zopt_->set_prefetch(c_.overlap_param_gather);
 }
 
 // Per chunk: from the stage before (the last stage's chunk c - 1 for the first stage's chunk c), to the
@@ -293,6 +302,7 @@ void RankRun::iteration(int step) {
   ids_full_ = first_ ? ids_cpu.to(c_.device) : ids_cpu;
   targets_full_ = last_ ? targets_cpu.to(c_.device) : targets_cpu;
   mbs_.assign(v_, std::vector<MicroBatchState>(m_));
+  backwards_done_ = 0;
   loss_share_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(c_.device));
   marks_.clear();
   meter_.clear_marks();
@@ -360,13 +370,20 @@ void RankRun::forward(int c, int j) {
   timed("forward", j, [&] {
     if (loss)
       model.head().set_targets(profiler::context_parallel_slice(targets_full_.narrow(0, row, mine_.size()), 1, cp_group_));
+    static const std::vector<int> kNone;
     for (std::size_t li = 0; li < layers.size(); ++li) {
-      if (zopt_)
+      if (zopt_) {
         for (int u : layer_units_[li]) zopt_->gather(u);  // ZeRO-3: just in time
+        // The next layer's gathers, started before this layer's compute is issued: they run beside it.
+        if (li + 1 < layers.size())
+          for (int u : layer_units_[li + 1]) zopt_->prefetch(u);
+      }
       y = layers[li]->forward(y);
       if (zopt_) {
-        for (int u : layer_units_[li]) zopt_->release(u);
-        zopt_->register_backward_gather(y, layer_units_[li]);
+        // The model's last layer keeps its weights: its backward comes next (FSDP2 keeps its root's too).
+        if (!(loss && li + 1 == layers.size()))
+          for (int u : layer_units_[li]) zopt_->release(u);
+        zopt_->register_backward_gather(y, layer_units_[li], li > 0 ? layer_units_[li - 1] : kNone);
       }
     }
     // The loss of this replica's samples, weighted by its share of the global batch (and, under context
@@ -396,9 +413,12 @@ void RankRun::backward(int c, int j) {
     }
     if (!pieces.empty()) grad = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
   }
+  const bool last_backward = ++backwards_done_ == m_ * v_;
   timed("backward", j, [&] {
-    if (zopt_)
+    if (zopt_) {
+      zopt_->begin_backward(last_backward);  // ZeRO-1 reduces in the step's last backward only
       for (int u : layer_units_.back()) zopt_->gather(u);  // the root's layer (its output hook may not fire)
+    }
     if (loss) {
       mbst.output.backward();
     } else if (mbst.output.requires_grad() && grad.defined()) {
@@ -480,7 +500,10 @@ RankReport RankRun::finish() {
   constexpr double kMiB = 1024.0 * 1024.0;
   RankReport& report = report_;
   report.peak_memory_mb = std::max(report.peak_forward_backward_mb, report.peak_optimizer_mb);
-  if (zopt_) report.overlapped_collectives = zopt_->overlapped_collectives();
+  if (zopt_) {
+    report.overlapped_collectives = zopt_->overlapped_collectives();
+    report.prefetched_gathers = zopt_->prefetched_gathers();
+  }
   if (meter_.has_memory_stats()) report.peak_allocated_mb = report.peak_memory_mb;
   if (c_.device.is_cuda()) {
     if (meter_.peak_reserved() >= 0) report.peak_reserved_mb = meter_.peak_reserved() / kMiB;
@@ -516,6 +539,37 @@ void RankRun::dump_parameters() {
   write_json_file(base + ".json", meta);
 }
 
+// HETPLAN_KINETO_DIR=DIR: a Kineto trace (torch.profiler's Chrome format: host ops, CUDA kernels, memcpys) of
+// the last iteration, written to DIR/rank<r>.kineto.json, for breakdowns of compute against exposed
+// collectives (scripts/gpu_zero3_race.py analyze). The traced iteration runs slower (the host records every
+// op); time the others. A LibTorch built without Kineto (Debian's) writes none and says so once per rank.
+bool start_kineto(torch::Device device) {
+  namespace kp = torch::profiler::impl;
+  std::set<kp::ActivityType> activities{kp::ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(kp::ActivityType::CUDA);
+  const kp::ProfilerConfig config(kp::ProfilerState::KINETO);
+  try {
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+    return true;
+  } catch (const c10::Error& e) {
+    std::cerr << "hetplan: warning: HETPLAN_KINETO_DIR: no trace (" << std::string(e.what_without_backtrace()).substr(0, 160)
+              << ")\n";
+    return false;
+  }
+}
+
+void save_kineto(const std::string& dir, int rank) {
+  auto result = torch::autograd::profiler::disableProfiler();
+  try {
+    fs::create_directories(dir);
+    result->save((fs::path(dir) / ("rank" + std::to_string(rank) + ".kineto.json")).string());
+  } catch (const c10::Error& e) {
+    std::cerr << "hetplan: warning: HETPLAN_KINETO_DIR: no trace (" << std::string(e.what_without_backtrace()).substr(0, 160)
+              << ")\n";
+  }
+}
+
 }  // namespace
 
 RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env) {
@@ -535,7 +589,13 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   // sees only what is allocated after it is installed (CUDA counts from the start).
   profiler::DeviceMeter meter(c.device);
   RankRun run(layout, c, env, &meter);
-  for (int step = 0; step < c.warmup + c.iters; ++step) run.iteration(step);
+  const char* kineto_dir = std::getenv("HETPLAN_KINETO_DIR");
+  const int last = c.warmup + c.iters - 1;
+  for (int step = 0; step <= last; ++step) {
+    const bool traced = kineto_dir && *kineto_dir && step == last && start_kineto(c.device);
+    run.iteration(step);
+    if (traced) save_kineto(kineto_dir, env.rank);
+  }
   RankReport report = run.finish();
   if (!c.dump_dir.empty()) run.dump_parameters();
   return report;
@@ -559,6 +619,7 @@ ordered_json rank_report_to_json(const RankReport& r) {
           {"peak_reserved_mb", opt(r.peak_reserved_mb)}, {"device_used_mb", opt(r.device_used_mb)},
           {"memory_note", r.memory_note.empty() ? ordered_json(nullptr) : ordered_json(r.memory_note)},
           {"overlapped_collectives", r.overlapped_collectives},
+          {"prefetched_gathers", r.prefetched_gathers},
           {"trace", spans}};
 }
 
@@ -578,6 +639,7 @@ RankReport rank_report_from_json(const ordered_json& j) {
   r.device_used_mb = opt_from(j, "device_used_mb");
   if (j.contains("memory_note") && j["memory_note"].is_string()) r.memory_note = j["memory_note"];
   r.overlapped_collectives = j.value("overlapped_collectives", 0LL);
+  r.prefetched_gathers = j.value("prefetched_gathers", 0LL);
   for (const auto& s : j["trace"])
     r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>(),
                        s.size() > 4 ? s[4].get<int>() : 0});
