@@ -16,6 +16,9 @@
       a Kineto trace of one step (replay's HETPLAN_KINETO_DIR, or fsdp2 --kineto-dir): GPU busy time split into
       compute kernels and NCCL kernels by collective, the part of each collective not under any compute
       kernel (exposed), and the time the GPU did nothing (host gaps), over the step's GPU window
+  gpu_zero3_race.py kernels --replay R.kineto.json --fsdp2 F.kineto.json [--top 25]
+      the kernels (by name and the op that launched them) replay runs more of, or longer, than FSDP2 in the
+      traced step, as a markdown table (the summary has it for each rank)
   gpu_zero3_race.py summary --dir DIR --out summary.md
       the medians side by side (replay_r*.json from `hetplan replay --out`, fsdp2_r*.json from fsdp2) and the
       ratio replay / FSDP2, plus the breakdowns of DIR/kineto-*/
@@ -231,6 +234,72 @@ def format_breakdown(label, b):
             f"host syncs {b['host_syncs']} ({b['host_sync_ms']:.1f} ms); cudaMalloc/Free {b['cuda_malloc_free']}")
 
 
+def _short_kernel(name):
+    for noise in ("void ", "at::native::", "(anonymous namespace)::", "at_cuda_detail::cub::detail::"):
+        name = name.replace(noise, "")
+    return name[:80]
+
+
+def kernel_table(path):
+    """Per kernel of one Kineto trace, keyed by (short kernel name, the op that launched it): [count, total ms,
+    {the launching op's parent: count}]. The launching op is the one carrying the kernel's External id; its
+    parent the innermost op enclosing it on the same thread, autograd's evaluate_function wrappers skipped."""
+    events = json.load(open(path)).get("traceEvents", [])
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+    parent, by_ext = {}, {}
+    per_thread = {}
+    for o in ops:
+        per_thread.setdefault(o["tid"], []).append(o)
+        by_ext.setdefault(o.get("args", {}).get("External id"), o)
+    for thread in per_thread.values():
+        thread.sort(key=lambda o: (o["ts"], -o.get("dur", 0)))
+        stack = []
+        for o in thread:
+            while stack and stack[-1]["ts"] + stack[-1].get("dur", 0) < o["ts"] + o.get("dur", 0):
+                stack.pop()
+            up = [x for x in stack if not x["name"].startswith("autograd::engine")]
+            parent[id(o)] = up[-1]["name"] if up else ""
+            stack.append(o)
+    table = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") != "kernel":
+            continue
+        op = by_ext.get(e.get("args", {}).get("External id"))
+        row = table.setdefault((_short_kernel(e.get("name", "")), op["name"] if op else "?"), [0, 0.0, {}])
+        row[0] += 1
+        row[1] += e.get("dur", 0) / 1e3
+        up = parent.get(id(op), "") if op else ""
+        row[2][up] = row[2].get(up, 0) + 1
+    return table
+
+
+def kernel_diff_lines(replay_trace, fsdp2_trace, top=25):
+    """Markdown rows: kernels (by name and launching op) replay runs more of, or longer, than FSDP2, largest
+    excess first; then FSDP2's own largest excesses."""
+    r, f = kernel_table(replay_trace), kernel_table(fsdp2_trace)
+    rows = []
+    for key in set(r) | set(f):
+        rc, rms, rup = r.get(key, [0, 0.0, {}])
+        fc, fms, fup = f.get(key, [0, 0.0, {}])
+        up = max((rup or fup).items(), key=lambda x: x[1])[0]
+        rows.append((rms - fms, (key[0], f"{up} > {key[1]}".lstrip(" >")), rc, rms, fc, fms))
+    rows.sort(key=lambda x: -x[0])
+    out = ["| kernel | launched by (mostly) | replay n | replay ms | FSDP2 n | FSDP2 ms | replay - FSDP2 ms |",
+           "|---|---|---|---|---|---|---|"]
+    fmt = lambda d, k, rc, rms, fc, fms: f"| `{k[0]}` | {k[1]} | {rc} | {rms:.2f} | {fc} | {fms:.2f} | {d:+.2f} |"
+    out += [fmt(*x) for x in rows[:top] if x[0] > 0.05]
+    out += ["| ... FSDP2's own: | | | | | | |"] + [fmt(*x) for x in reversed(rows[-top // 2:]) if x[0] < -0.05]
+    total_r = sum(v[1] for v in r.values())
+    total_f = sum(v[1] for v in f.values())
+    out += ["", f"All kernels (collectives included, overlapping ones counted in full): replay {total_r:.1f} ms in "
+            f"{sum(v[0] for v in r.values())} kernels, FSDP2 {total_f:.1f} ms in {sum(v[0] for v in f.values())}."]
+    return out
+
+
+def cmd_kernels(args):
+    print("\n".join(kernel_diff_lines(args.replay, args.fsdp2, args.top)))
+
+
 def cmd_analyze(args):
     b = analyze_trace(args.trace)
     print(format_breakdown(args.label or args.trace, b))
@@ -286,6 +355,11 @@ def cmd_summary(args):
         lines += ["", "One step, from Kineto traces (the traced step runs slower: the host records every op):", ""]
         lines += [format_breakdown(k, v) for k, v in bds.items()]
         res["breakdowns"] = bds
+    for rank in ("rank0", "rank1"):
+        rt, ft = (os.path.join(d, f"kineto-{w}", f"{rank}.kineto.json") for w in ("replay", "fsdp2"))
+        if os.path.exists(rt) and os.path.exists(ft):
+            lines += ["", f"Kernels of the traced step, {rank}: replay against FSDP2 (by kernel and launching op):", ""]
+            lines += kernel_diff_lines(rt, ft)
     span = os.path.join(d, "replay_spans.txt")
     if os.path.exists(span):
         lines += ["", "Replay's own spans of its last measured step (replay_r1.trace.json):", "", open(span).read().strip()]
@@ -330,10 +404,15 @@ def main():
     s = sub.add_parser("summary")
     s.add_argument("--dir", required=True)
     s.add_argument("--out", required=True)
+    k = sub.add_parser("kernels")
+    k.add_argument("--replay", required=True, help="replay's Kineto trace of one rank")
+    k.add_argument("--fsdp2", required=True, help="FSDP2's Kineto trace of the same rank")
+    k.add_argument("--top", type=int, default=25)
     sp = sub.add_parser("spans")
     sp.add_argument("--trace", required=True)
     args = ap.parse_args()
-    {"plan": cmd_plan, "fsdp2": cmd_fsdp2, "analyze": cmd_analyze, "summary": cmd_summary, "spans": cmd_spans}[args.cmd](args)
+    {"plan": cmd_plan, "fsdp2": cmd_fsdp2, "analyze": cmd_analyze, "summary": cmd_summary, "spans": cmd_spans,
+     "kernels": cmd_kernels}[args.cmd](args)
 
 
 if __name__ == "__main__":
