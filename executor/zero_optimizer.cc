@@ -3,10 +3,15 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
 
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+
+// at::_chunk_cat (LibTorch 2.3 on): FSDP2's copy of a unit's gradients into its flat reduce-scatter input.
+#define HETPLAN_HAS_CHUNK_CAT \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
 
 namespace hetplan::executor {
 
@@ -22,6 +27,9 @@ struct ZeroOptimizer::Unit {
   // fp32 gradients: ZeRO-2/3 of this micro-batch, while some are pending (transient); ZeRO-1 the step's
   // sum over micro-batches (a view of full_grads_).
   torch::Tensor bucket;
+  // ZeRO-2/3: this micro-batch's 16-bit gradients, held until the unit's last one arrives; then pack()
+  // copies them all into the bucket at once (converted to fp32).
+  std::vector<torch::Tensor> held;
   std::vector<char> arrived;
   int arrived_count = 0;
   bool reduced = false;  // a reduce-scatter of this step has landed in (or is bound for) its chunk directly
@@ -98,6 +106,7 @@ ZeroOptimizer::ZeroOptimizer(int stage, std::vector<std::vector<torch::Tensor>> 
     u->shard_offset = total_chunk;
     total_chunk += u->chunk;
     u->arrived.assign(u->params.size(), 0);
+    u->held.resize(u->params.size());
     units_.push_back(std::move(u));
   }
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
@@ -238,10 +247,13 @@ void ZeroOptimizer::on_grad(int ui, int index) {
   torch::Tensor slot;
   if (stage_ == 1) {
     u.bucket.narrow(0, u.offsets[index], g.numel()).add_(g.reshape({-1}));  // in fp32, summed over micro-batches
+  } else if (!u.arrived[index] && !u.bucket.defined()) {
+    // The first gradient of a parameter: held (16-bit) until the unit is complete (reduce_unit packs them).
+    u.held[index] = g;
   } else {
-    // A fresh bucket each micro-batch (its last one may still be read by an overlapped reduce-scatter): the
-    // first gradient of each parameter is copied in (converted to fp32), a second one added.
-    if (!u.bucket.defined()) u.bucket = torch::empty({u.chunk * size_}, grad_.options());
+    // A second gradient of a parameter in one micro-batch (a second backward through it), or any gradient
+    // after one: what is held goes into the bucket, and sums are taken there, in fp32.
+    pack(u);
     slot = u.bucket.narrow(0, u.offsets[index], g.numel());
     if (u.arrived[index]) slot.add_(g.reshape({-1}));
     else slot.copy_(g.reshape({-1}));
@@ -254,10 +266,36 @@ void ZeroOptimizer::on_grad(int ui, int index) {
   if (u.arrived_count == static_cast<int>(u.params.size()) && (stage_ != 1 || last_micro_batch_)) reduce_unit(ui);
 }
 
+// ZeRO-2/3: the unit's held gradients copied into its fp32 bucket (a fresh one each micro-batch: the last may
+// still be read by an overlapped reduce-scatter). On CUDA, when every parameter's gradient is held, in one
+// kernel (at::_chunk_cat, as FSDP2 packs its reduce-scatter input) instead of one cast-copy per parameter.
+void ZeroOptimizer::pack(Unit& u) {
+  if (!u.bucket.defined()) u.bucket = torch::empty({u.chunk * size_}, grad_.options());
+#if HETPLAN_HAS_CHUNK_CAT
+  bool all_held = u.bucket.is_cuda() && !u.held.empty();
+  for (const torch::Tensor& g : u.held) all_held = all_held && g.defined() && g.numel() > 0;
+  if (all_held) {
+    pack_inputs_.clear();
+    for (torch::Tensor& g : u.held) pack_inputs_.push_back(g.reshape({-1}));
+    torch::Tensor out = u.bucket.narrow(0, 0, u.numel).view({1, u.numel});  // the parameters lie in order
+    at::_chunk_cat_out(out, pack_inputs_, /*dim=*/0, /*num_chunks=*/1);
+    pack_inputs_.clear();
+    for (torch::Tensor& g : u.held) g = torch::Tensor();
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < u.held.size(); ++i) {
+    if (!u.held[i].defined()) continue;
+    u.bucket.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.held[i].reshape({-1}));
+    u.held[i] = torch::Tensor();
+  }
+}
+
 void ZeroOptimizer::reduce_unit(int ui) {
   Unit& u = *units_[ui];
   torch::NoGradGuard no_grad;
   if (stage_ != 1) {
+    pack(u);
     // What no gradient was copied into (padding, parameters without one) is zero.
     if (u.numel < u.chunk * size_) u.bucket.narrow(0, u.numel, u.chunk * size_ - u.numel).zero_();
     for (std::size_t i = 0; i < u.params.size(); ++i)
@@ -299,7 +337,7 @@ void ZeroOptimizer::finish_backward() {
       unit.arrived_count = 0;
       continue;
     }
-    if (unit.bucket.defined()) reduce_unit(u);
+    if (unit.arrived_count > 0) reduce_unit(u);  // some of its parameters got gradients, not all
     release(u);
   }
   wait_pending();

@@ -128,6 +128,7 @@ class ZeroOptimizer {
   struct Unit;
   void on_grad(int u, int index);
   void reduce_unit(int u);
+  void pack(Unit& u);
   torch::Tensor grad_chunk(int u) const;  // this rank's fp32 gradient chunk of unit u
   void settle(int u);
   void start_gather(Unit& u, bool wait);
@@ -135,6 +136,7 @@ class ZeroOptimizer {
   void wait_pending();
   struct Pending;
   std::vector<Pending> pending_;
+  std::vector<torch::Tensor> pack_inputs_;  // pack()'s scratch list (kept: no allocation per unit)
   bool overlap_ = false, prefetch_ = false, last_micro_batch_ = true;
   bool fault_skip_gather_wait_ = false, fault_skip_reduce_wait_ = false;
   long long overlapped_ = 0, prefetched_ = 0;

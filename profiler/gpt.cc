@@ -248,9 +248,12 @@ torch::Tensor TransformerBlock::block(const torch::Tensor& x) {
   const torch::Tensor qkv_out = qkv_->forward(linear_input(ln1_->forward(x)));
   const int64_t s = qkv_out.size(1);  // this cp rank's tokens
   const torch::Tensor qkv = qkv_out.view({b, s, local_kv_heads_, group + 2, d});
-  torch::Tensor q = qkv.narrow(3, 0, group).reshape({b, s, local_heads_, d}).transpose(1, 2);  // [b, heads, s, d]
-  torch::Tensor k = qkv.select(3, group).transpose(1, 2);                                       // [b, kv, s, d]
-  torch::Tensor v = qkv.select(3, group + 1).transpose(1, 2);
+  // One split, whose backward is one concatenation (three slices would cost a zero fill, a strided copy and
+  // an add of the whole qkv gradient each).
+  const std::vector<torch::Tensor> parts = qkv.split_with_sizes({group, 1, 1}, 3);
+  torch::Tensor q = parts[0].reshape({b, s, local_heads_, d}).transpose(1, 2);  // [b, heads, s, d]
+  torch::Tensor k = parts[1].squeeze(3).transpose(1, 2);                       // [b, kv, s, d]
+  torch::Tensor v = parts[2].squeeze(3).transpose(1, 2);
   if (cp_.size() > 1 && !cp_positions_.defined()) {
     // Keys: every cp rank's tokens in rank order (or, under the test hook, this rank's alone).
     cp_positions_ = context_parallel_positions(seq_len_, cp_);

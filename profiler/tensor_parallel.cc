@@ -232,9 +232,11 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, bool
   if (has_bias) bias = register_parameter("bias", init_shard({out}, 0, group, {0.0, 0, init.meta}));
 }
 
+// at::linear, not the C++ frontend's torch::nn::functional::linear: for a 3-D input the latter runs a matmul
+// and then adds the bias in a separate broadcast kernel; at::linear folds a contiguous [b, s, in] input into
+// one addmm, whose bias cuBLASLt adds in the GEMM's epilogue on CUDA (as PyTorch's nn.Linear does).
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y =
-      torch::nn::functional::linear(input_gathered_ ? x : copy_to_tensor_parallel(x, group_), weight, bias);
+  torch::Tensor y = torch::linear(input_gathered_ ? x : copy_to_tensor_parallel(x, group_), weight, bias);
   return gather_output_ ? gather_from_tensor_parallel(y, group_) : y;
 }
 
@@ -246,6 +248,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, bool has_b
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
+  // One rank: nothing to reduce, so the bias goes into the GEMM's epilogue (see ColumnParallelLinear).
+  if (group_.size() == 1) return torch::linear(x, weight, bias);
   if (sequence_parallel_) {
     torch::Tensor y = reduce_scatter_to_sequence_parallel(torch::matmul(x, weight.t()), group_);
     return bias.defined() ? y + sequence_parallel_param(bias, group_) : y;
@@ -303,6 +307,11 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                           const TensorParallelGroup& g) {
+  // One rank holds the whole vocabulary: ATen's cross-entropy (fused log-softmax and NLL, forward and backward;
+  // what PyTorch users run) in place of the split one's eight elementwise and reduction kernels.
+  if (g.size() == 1)
+    return at::cross_entropy_loss(logits, targets, /*weight=*/{}, at::Reduction::None, /*ignore_index=*/-100,
+                                  /*label_smoothing=*/0.0);
   return VocabParallelCrossEntropy::apply(logits, targets, &g);
 }
 

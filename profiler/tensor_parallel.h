@@ -131,7 +131,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
 TORCH_MODULE(ColumnParallelLinear);
 
 // y = x W^T (+ b) with W's input features split over the group; x arrives
-// split, partial products are all-reduced, then the (replicated) bias added.
+// split, partial products are all-reduced, then the (replicated) bias added
+// (a group of one: the bias fused into the GEMM, as at::linear does).
 class RowParallelLinearImpl : public torch::nn::Module {
  public:
   RowParallelLinearImpl(int64_t in, int64_t out, bool bias, const ParamInit& init, const TensorParallelGroup& group);
@@ -169,7 +170,8 @@ TORCH_MODULE(VocabParallelEmbedding);
 // [N] global ids. The group all-gathers the per-row maxima (N values per
 // rank) and all-reduces the sum of exponentials and the target logit, so no
 // rank ever holds the full logits. Returns the per-row loss [N] (fp32 when
-// the logits are), the same on every rank; the backward is local.
+// the logits are), the same on every rank; the backward is local. A group
+// of one runs ATen's fused cross-entropy instead (the same values).
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                           const TensorParallelGroup& g);
 

@@ -906,6 +906,35 @@ TEST_CASE("ZeRO-3 keeps a unit's weights only while it computes: freed after con
   CHECK(moved > 0);
 }
 
+TEST_CASE("ZeRO-2/3 hold a unit's gradients until it is complete; a second gradient of a parameter is summed in fp32",
+          "[executor][zero]") {
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    torch::Tensor a = torch::ones({4}).requires_grad_(), b = torch::ones({3}).requires_grad_(),
+                  c = torch::ones({2}).requires_grad_();
+    ZeroOptimizer opt(stage, {{a, b, c}}, kLr, nullptr);
+    auto full = [&](const torch::Tensor& p) { return opt.full_gradient(0, p); };
+    // One backward reaching a, b and c: each gradient lands in its place in the unit's flat gradient.
+    opt.zero_grad();
+    opt.gather(0);
+    (2 * a + 7 * b.sum() + 11 * c.sum()).sum().backward();
+    opt.finish_backward();
+    CHECK(torch::equal(full(a), torch::full({4}, 2.0f)));
+    CHECK(torch::equal(full(b), torch::full({3}, 28.0f)));
+    CHECK(torch::equal(full(c), torch::full({2}, 44.0f)));
+    // Two backwards in one micro-batch: a's first gradient is held, its second added to it; c gets none
+    // (zero), and the unit, never complete in a hook, is reduced by finish_backward.
+    opt.zero_grad();
+    opt.gather(0);
+    (2 * a).sum().backward();
+    ((3 * a).sum() + (7 * b).sum()).backward();
+    opt.finish_backward();
+    CHECK(torch::equal(full(a), torch::full({4}, 5.0f)));
+    CHECK(torch::equal(full(b), torch::full({3}, 7.0f)));
+    CHECK(torch::equal(full(c), torch::zeros({2})));
+  }
+}
+
 TEST_CASE("replay's measured peak falls with each ZeRO stage: ZeRO-3 saves half the fp32 weights at dp 2",
           "[executor][zero][memory]") {
   REQUIRE_CPU_COLLECTIVES();
