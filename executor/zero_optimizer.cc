@@ -273,7 +273,8 @@ void ZeroOptimizer::pack(Unit& u) {
   if (!u.bucket.defined()) u.bucket = torch::empty({u.chunk * size_}, grad_.options());
 #if HETPLAN_HAS_CHUNK_CAT
   bool all_held = u.bucket.is_cuda() && !u.held.empty();
-  for (const torch::Tensor& g : u.held) all_held = all_held && g.defined() && g.numel() > 0;
+  for (const torch::Tensor& g : u.held)  // (_chunk_cat takes non-empty inputs of one dtype)
+    all_held = all_held && g.defined() && g.numel() > 0 && g.scalar_type() == u.held[0].scalar_type();
   if (all_held) {
     pack_inputs_.clear();
     for (torch::Tensor& g : u.held) pack_inputs_.push_back(g.reshape({-1}));
