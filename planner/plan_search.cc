@@ -190,13 +190,17 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
 }
 
 PlanSearchResult PlanSearch::run() const {
-  if (opt_.arena) return opt_.arena->execute([&] { return search(); });
-  if (opt_.threads <= 0) return search();
+  if (opt_.arena) return opt_.arena->execute([&] { return search_all(); });
+  if (opt_.threads <= 0) return search_all();
   // An arena of that many slots, not a global_control: lifting a global limit of one thread at the end
   // made TBB start a worker just as the process exited (a thread created and torn down for nothing).
   const auto more_threads_than_cores = allow_threads_beyond_cores(opt_.threads, tbb::info::default_concurrency());
   tbb::task_arena arena(opt_.threads);
-  return arena.execute([&] { return search(); });
+  return arena.execute([&] { return search_all(); });
+}
+
+PlanSearchResult PlanSearch::search_all() const {
+  return opt_.setting_parts && !opt_.exhaustive && opt_.setups.size() > 1 ? search_in_parts() : search();
 }
 
 PlanSearchResult PlanSearch::search() const {
@@ -204,6 +208,7 @@ PlanSearchResult PlanSearch::search() const {
   // search stopped.
   SearchControl control(SearchControl::Clock::now(), opt_.time_budget_s, opt_.cancel);
   SharedBound shared(opt_.top_k, opt_.gap);
+  for (const auto& [cost, id] : opt_.incumbents) shared.offer(cost, id);
   double floor = 0;  // the throughput bound on every plan, once known
   Periodic setup_progress(setup_reporter(opt_, control, shared, floor));
   std::vector<TrainingSetup> setups = opt_.setups;

@@ -21,6 +21,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/cluster.h"
@@ -89,6 +90,14 @@ struct PlanSearchOptions {
   const std::atomic<bool>* cancel = nullptr;
   // Called about once a second with the progress so far, if set.
   std::function<void(const struct PlanSearchProgress&)> progress;
+  // With several settings, search them one part at a time (planner/search_settings.h): each part one
+  // setting, with that setting's own bounds (its model states, its recomputation), the best plans of the
+  // parts before it setting the threshold from the start. Off: every setting at once, each partial plan
+  // bounded by the least over the settings (exhaustive searches always run so).
+  bool setting_parts = true;
+  // Plans found before this search in other parts of the space, as (cost, plan id): they set the
+  // threshold from the start (a plan found again at a lower cost counts once). Set by the setting parts.
+  std::vector<std::pair<double, unsigned long long>> incumbents;
 };
 
 struct PlanSearchProgress {
@@ -164,6 +173,9 @@ class PlanSearch {
 
  private:
   PlanSearchResult search() const;  // run()'s work, in opt_.arena or a task arena of opt_.threads threads
+  // The settings one part at a time (PlanSearchOptions::setting_parts; planner/search_settings.cc).
+  PlanSearchResult search_in_parts() const;
+  PlanSearchResult search_all() const;  // search_in_parts() or search(), as the options ask
   void finish_proof(const class SharedBound& shared, const class OpenBounds& open, const class SearchControl& control,
                     PlanSearchResult* result) const;
 

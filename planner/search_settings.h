@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "sim/cluster.h"
 #include "sim/memory_model.h"
+#include "sim/plan.h"
 
 namespace hetplan {
 
@@ -27,5 +29,15 @@ std::vector<TrainingSetup> with_overlap_dimension(const std::vector<TrainingSetu
 
 // ", sequence parallel", ", cp N", ", overlapped communication" for what the setting turns on ("" for none).
 std::string parallel_setup_suffix(const TrainingSetup& s);
+
+// The order in which PlanSearch searches the settings one part at a time (PlanSearchOptions::
+// setting_parts): indices into `setups`, without recomputation first, then selective, then full (the
+// faster settings first, so that their plans set the threshold the slower ones are pruned against),
+// otherwise as given.
+std::vector<int> setting_part_order(const std::vector<TrainingSetup>& setups);
+
+// A plan's place in the search's fixed order of plans (planner/stage_search.h, PlanKey::order): its node
+// order's index, micro-batches, stages, then (GPUs, dp, layers) per stage.
+std::vector<int> plan_key_order(const PlanResult& plan, const Cluster& cluster);
 
 }  // namespace hetplan

@@ -91,6 +91,13 @@ class PlanCostModel {
   PlanCostModel(const PlanSimulator& sim, const RankLayout& layout, std::vector<TrainingSetup> setups);
 
   int num_setups() const { return static_cast<int>(setups_.size()); }
+  // The least over the setups of the share of the blocks' forward that recomputation runs again in the
+  // backward (0 where some setup does not recompute): what every setup's backward adds at least.
+  double least_recompute_fraction() const {
+    double f = recompute_fraction_.empty() ? 0.0 : recompute_fraction_[0];
+    for (double x : recompute_fraction_) f = std::min(f, x);
+    return f;
+  }
   const TrainingSetup& setup(int k) const { return setups_[k]; }
   Schedule schedule() const;
   const ParallelLayout& grid() const { return grid_; }
