@@ -200,7 +200,8 @@ PlanSearchResult PlanSearch::run() const {
 }
 
 PlanSearchResult PlanSearch::search_all() const {
-  return opt_.setting_parts && !opt_.exhaustive && opt_.setups.size() > 1 ? search_in_parts() : search();
+  return opt_.setting_parts && !opt_.exhaustive && !opt_.seeds_only && opt_.setups.size() > 1 ? search_in_parts()
+                                                                                           : search();
 }
 
 PlanSearchResult PlanSearch::search() const {

@@ -9,6 +9,7 @@
 #include "base/input_error.h"
 #include "planner/plan_search.h"
 #include "planner/stage_search.h"
+#include "sim/schedule.h"
 
 namespace hetplan {
 
@@ -72,8 +73,13 @@ std::vector<int> plan_key_order(const PlanResult& p, const Cluster& cluster) {
 std::vector<int> setting_part_order(const std::vector<TrainingSetup>& setups) {
   std::vector<int> order(setups.size());
   for (std::size_t k = 0; k < setups.size(); ++k) order[k] = static_cast<int>(k);
+  // ZeRO-1 before ZeRO-0: it shards the optimizer's step and states over dp for the traffic of the
+  // all-reduce it replaces (a reduce-scatter and an all-gather), so its plans are as fast or faster
+  // wherever dp > 1, and ZeRO-0's part is then pruned against them. Then ZeRO-2 and 3.
+  auto zero_rank = [](int z) { return z == 1 ? 0 : z == 0 ? 1 : z; };
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return static_cast<int>(setups[a].recompute) < static_cast<int>(setups[b].recompute);
+    return std::make_pair(static_cast<int>(setups[a].recompute), zero_rank(setups[a].zero_stage)) <
+           std::make_pair(static_cast<int>(setups[b].recompute), zero_rank(setups[b].zero_stage));
   });
   return order;
 }
@@ -95,10 +101,33 @@ PlanSearchResult PlanSearch::search_in_parts() const {
   all.gap_asked = opt_.gap;
   all.lower_bound_ms = std::numeric_limits<double>::infinity();
   all.space_empty = true;
+  // The seed plans of every setting at once (each at its fastest setting that fits, planner/seed_plans.h):
+  // a first plan, and a threshold before the first part, which may not be the best part. The parts then
+  // run without seeds of their own.
+  if (sim_->options().schedule != Schedule::kInterleaved1F1B) {
+    PlanSearchOptions o = opt_;
+    o.setting_parts = false;
+    o.seeds_only = true;
+    PlanSearchResult r = PlanSearch(*cluster_, *profiles_, *sim_, o).search();
+    for (SearchedPlan& p : r.top) {
+      std::vector<int> order = plan_key_order(p.plan, *cluster_);
+      found.push_back(Found{p.plan.cost, std::move(order), p.setup, std::move(p)});
+    }
+    all.seeds_costed = r.seeds_costed;
+    all.seed_seconds = r.seed_seconds;
+    all.first_plan_s = r.first_plan_s;
+  }
   for (const int k : setting_part_order(opt_.setups)) {
+    if (opt_.cancel && opt_.cancel->load()) {
+      all.cut_short = true;
+      all.cut_reason = "interrupted";
+      all.space_empty = false;
+      break;
+    }
     PlanSearchOptions o = opt_;
     o.setups = {opt_.setups[k]};
     o.setting_parts = false;
+    o.seed_time_s = 0;
     o.incumbents.clear();
     for (const Found& f : found) o.incumbents.emplace_back(f.cost, plan_id(f.order));
     const double part_start = elapsed();

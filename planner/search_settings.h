@@ -31,9 +31,9 @@ std::vector<TrainingSetup> with_overlap_dimension(const std::vector<TrainingSetu
 std::string parallel_setup_suffix(const TrainingSetup& s);
 
 // The order in which PlanSearch searches the settings one part at a time (PlanSearchOptions::
-// setting_parts): indices into `setups`, without recomputation first, then selective, then full (the
-// faster settings first, so that their plans set the threshold the slower ones are pruned against),
-// otherwise as given.
+// setting_parts): indices into `setups`, without recomputation first, then selective, then full, and
+// within each ZeRO-1, 0, 2, 3 (the faster settings first, so that their plans set the threshold the
+// slower ones are pruned against), otherwise as given.
 std::vector<int> setting_part_order(const std::vector<TrainingSetup>& setups);
 
 // A plan's place in the search's fixed order of plans (planner/stage_search.h, PlanKey::order): its node
