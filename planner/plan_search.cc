@@ -221,16 +221,19 @@ PlanSearchResult PlanSearch::search() const {
   ThroughputRates throughput = throughput_rates(space, *profiles_, *cluster_);
   floor = space_floor(space, throughput);
   if (opt_.exhaustive || opt_.allow_cross_node_tp || table_fits) throughput = ThroughputRates();
+  // Every plan above the threshold the plans of earlier setting parts set (PlanSearchOptions::incumbents):
+  // nothing to search (the bound is the threshold).
+  const bool closed = !opt_.exhaustive && floor > shared.threshold();
   // The suffix tables and the depth-first search leave out stages that cannot fit memory under any setup.
   FeasibilityTables tables(space);
-  if (!opt_.exhaustive) tables.fill(space, *profiles_, *cluster_, control);
+  if (!opt_.exhaustive && !closed) tables.fill(space, *profiles_, *cluster_, control);
 
   // The seed plans: a runnable plan and a threshold before the search proper.
   TopPlans seeds(opt_.top_k);
   SeedStats seeded;
   // (Not under interleaving: the seeds are plain pipelines costed stage by stage, and an interleaved plan needs
   // pp >= 2 and micro-batches a multiple of pp; the interleaved search runs without them.)
-  if (!opt_.exhaustive && sim_->options().schedule != Schedule::kInterleaved1F1B) {
+  if (!opt_.exhaustive && !closed && sim_->options().schedule != Schedule::kInterleaved1F1B) {
     const double seed_time = opt_.time_budget_s > 0 ? std::min(opt_.seed_time_s, 0.25 * opt_.time_budget_s)
                                                     : opt_.seed_time_s;
     seeded = seed_plans(space, least_gpu_ms_per_sample(space, *profiles_, *cluster_), *cluster_, opt_,
@@ -250,7 +253,7 @@ PlanSearchResult PlanSearch::search() const {
   Periodic reporter(progress_reporter(opt_, control, shared, open, space.units_total()));
   SearchWork work{space, control, builder, bounds, stage_search, workers, open, shared, opt_.bounds_pass_above_gpus};
   if (opt_.seeds_only) control.stop_now();
-  if (!control.stopped()) {
+  if (!control.stopped() && !closed) {
     if (kept.kept()) run_in_phases(work);
     else run_in_search_order(work);
   }

@@ -9,7 +9,6 @@
 #include "base/input_error.h"
 #include "planner/plan_search.h"
 #include "planner/stage_search.h"
-#include "sim/schedule.h"
 
 namespace hetplan {
 
@@ -70,23 +69,18 @@ std::vector<int> plan_key_order(const PlanResult& p, const Cluster& cluster) {
   return order;
 }
 
-std::vector<int> setting_part_order(const std::vector<TrainingSetup>& setups) {
-  std::vector<int> order(setups.size());
-  for (std::size_t k = 0; k < setups.size(); ++k) order[k] = static_cast<int>(k);
-  // ZeRO-1 before ZeRO-0: it shards the optimizer's step and states over dp for the traffic of the
-  // all-reduce it replaces (a reduce-scatter and an all-gather), so its plans are as fast or faster
-  // wherever dp > 1, and ZeRO-0's part is then pruned against them. Then ZeRO-2 and 3.
-  auto zero_rank = [](int z) { return z == 1 ? 0 : z == 0 ? 1 : z; };
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return std::make_pair(static_cast<int>(setups[a].recompute), zero_rank(setups[a].zero_stage)) <
-           std::make_pair(static_cast<int>(setups[b].recompute), zero_rank(setups[b].zero_stage));
-  });
-  return order;
+std::vector<std::vector<int>> setting_parts(const std::vector<TrainingSetup>& setups) {
+  std::vector<std::vector<int>> parts(2);
+  for (std::size_t k = 0; k < setups.size(); ++k)
+    parts[setups[k].recompute == Recompute::kFull ? 1 : 0].push_back(static_cast<int>(k));
+  if (parts[1].empty()) parts.pop_back();
+  if (parts[0].empty()) parts.erase(parts.begin());
+  return parts;
 }
 
 // The parts in turn (planner/plan_search.md, "Settings in parts"): each an exact search over the plans
-// of one setting, its threshold set from the start by the plans the parts before it found; their best
-// plans merged, each plan once at its fastest setting (the first on ties, as the joint search's leaf).
+// of its settings, its threshold set from the start by the plans found before it; their best plans
+// merged, each plan once at its fastest setting (the first on ties, as the joint search's leaf).
 PlanSearchResult PlanSearch::search_in_parts() const {
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -101,23 +95,7 @@ PlanSearchResult PlanSearch::search_in_parts() const {
   all.gap_asked = opt_.gap;
   all.lower_bound_ms = std::numeric_limits<double>::infinity();
   all.space_empty = true;
-  // The seed plans of every setting at once (each at its fastest setting that fits, planner/seed_plans.h):
-  // a first plan, and a threshold before the first part, which may not be the best part. The parts then
-  // run without seeds of their own.
-  if (sim_->options().schedule != Schedule::kInterleaved1F1B) {
-    PlanSearchOptions o = opt_;
-    o.setting_parts = false;
-    o.seeds_only = true;
-    PlanSearchResult r = PlanSearch(*cluster_, *profiles_, *sim_, o).search();
-    for (SearchedPlan& p : r.top) {
-      std::vector<int> order = plan_key_order(p.plan, *cluster_);
-      found.push_back(Found{p.plan.cost, std::move(order), p.setup, std::move(p)});
-    }
-    all.seeds_costed = r.seeds_costed;
-    all.seed_seconds = r.seed_seconds;
-    all.first_plan_s = r.first_plan_s;
-  }
-  for (const int k : setting_part_order(opt_.setups)) {
+  for (const std::vector<int>& part : setting_parts(opt_.setups)) {
     if (opt_.cancel && opt_.cancel->load()) {
       all.cut_short = true;
       all.cut_reason = "interrupted";
@@ -125,18 +103,21 @@ PlanSearchResult PlanSearch::search_in_parts() const {
       break;
     }
     PlanSearchOptions o = opt_;
-    o.setups = {opt_.setups[k]};
+    o.setups.clear();
+    for (int j : part) o.setups.push_back(opt_.setups[j]);
     o.setting_parts = false;
-    o.seed_time_s = 0;
+    // Seed plans (planner/seed_plans.h) in the first part, and in a later one only while no plan is known
+    // (where only full recomputation fits memory).
+    if (!found.empty()) o.seed_time_s = 0;
     o.incumbents.clear();
     for (const Found& f : found) o.incumbents.emplace_back(f.cost, plan_id(f.order));
     const double part_start = elapsed();
     if (opt_.time_budget_s > 0) o.time_budget_s = std::max(1e-3, opt_.time_budget_s - part_start);
     PlanSearchResult r = PlanSearch(*cluster_, *profiles_, *sim_, o).search();
     for (SearchedPlan& p : r.top) {
-      p.setup = k;
+      p.setup = part[p.setup];
       std::vector<int> order = plan_key_order(p.plan, *cluster_);
-      found.push_back(Found{p.plan.cost, std::move(order), k, std::move(p)});
+      found.push_back(Found{p.plan.cost, std::move(order), p.setup, std::move(p)});
     }
     // Each part's bound holds for its plans; the union's is the least.
     all.lower_bound_ms = std::min(all.lower_bound_ms, r.lower_bound_ms);
@@ -167,6 +148,7 @@ PlanSearchResult PlanSearch::search_in_parts() const {
     kept.push_back(&f.order);
     all.top.push_back(std::move(f.plan));
   }
+  all.space_empty = all.space_empty && all.top.empty();  // (a part all above the threshold has no plan)
   all.best_ms = all.top.empty() ? -1 : all.top[0].plan.cost;
   if (!all.top.empty()) all.lower_bound_ms = std::min(all.lower_bound_ms, all.best_ms);
   const double best = all.top.empty() ? std::numeric_limits<double>::infinity() : all.best_ms;

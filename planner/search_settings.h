@@ -30,11 +30,11 @@ std::vector<TrainingSetup> with_overlap_dimension(const std::vector<TrainingSetu
 // ", sequence parallel", ", cp N", ", overlapped communication" for what the setting turns on ("" for none).
 std::string parallel_setup_suffix(const TrainingSetup& s);
 
-// The order in which PlanSearch searches the settings one part at a time (PlanSearchOptions::
-// setting_parts): indices into `setups`, without recomputation first, then selective, then full, and
-// within each ZeRO-1, 0, 2, 3 (the faster settings first, so that their plans set the threshold the
-// slower ones are pruned against), otherwise as given.
-std::vector<int> setting_part_order(const std::vector<TrainingSetup>& setups);
+// The parts PlanSearch searches the settings in, one after the other (PlanSearchOptions::setting_parts):
+// indices into `setups`, the settings without full recomputation first (searched jointly: ZeRO and
+// selective recomputation barely move the joint search's bounds), then those with it (whose plans the
+// joint bounds, priced without the recomputed forward, cannot prune). Parts are never empty.
+std::vector<std::vector<int>> setting_parts(const std::vector<TrainingSetup>& setups);
 
 // A plan's place in the search's fixed order of plans (planner/stage_search.h, PlanKey::order): its node
 // order's index, micro-batches, stages, then (GPUs, dp, layers) per stage.

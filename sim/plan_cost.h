@@ -98,6 +98,15 @@ class PlanCostModel {
     for (double x : recompute_fraction_) f = std::min(f, x);
     return f;
   }
+  // What recomputation adds at least, under every setup, to one pass of Metis layer l as profile file
+  // `p` measured it (ms): that fraction of the layer's measured forward where it is a transformer block
+  // (layers 1 .. L - 2; the embedding and the head are not recomputed); 0 where the file does not split
+  // out the forward (stage() then spreads the forward over a stage's layers, not additive per layer).
+  double least_recompute_ms(const LayerProfile& p, int l) const {
+    const int layers = static_cast<int>(p.layer_ms.size());
+    if (l < 1 || l >= layers - 1 || !p.has_forward()) return 0.0;
+    return least_recompute_fraction() * p.forward_time(l, l + 1);
+  }
   const TrainingSetup& setup(int k) const { return setups_[k]; }
   Schedule schedule() const;
   const ParallelLayout& grid() const { return grid_; }
