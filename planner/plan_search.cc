@@ -21,6 +21,7 @@
 #include "sim/profile.h"  // unknown_device_type
 #include "planner/search_control.h"
 #include "planner/search_phases.h"
+#include "planner/search_settings.h"
 #include "planner/search_space.h"
 #include "planner/seed_plans.h"
 #include "planner/shared_bound.h"
@@ -200,8 +201,11 @@ PlanSearchResult PlanSearch::run() const {
 }
 
 PlanSearchResult PlanSearch::search_all() const {
-  return opt_.setting_parts && !opt_.exhaustive && !opt_.seeds_only && opt_.setups.size() > 1 ? search_in_parts()
-                                                                                           : search();
+  using Parts = PlanSearchOptions::SettingParts;
+  const bool parts = !opt_.exhaustive && !opt_.seeds_only && opt_.setups.size() > 1 &&
+                     (opt_.setting_parts == Parts::kAlways ||
+                      (opt_.setting_parts == Parts::kAuto && settings_bind_memory(*cluster_, *profiles_, *sim_, opt_.setups)));
+  return parts ? search_in_parts() : search();
 }
 
 PlanSearchResult PlanSearch::search() const {

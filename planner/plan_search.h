@@ -90,11 +90,13 @@ struct PlanSearchOptions {
   const std::atomic<bool>* cancel = nullptr;
   // Called about once a second with the progress so far, if set.
   std::function<void(const struct PlanSearchProgress&)> progress;
-  // With several settings, search them one part at a time (planner/search_settings.h): each part one
-  // setting, with that setting's own bounds (its model states, its recomputation), the best plans of the
-  // parts before it setting the threshold from the start. Off: every setting at once, each partial plan
-  // bounded by the least over the settings (exhaustive searches always run so).
-  bool setting_parts = true;
+  // With several settings, search them in parts (planner/search_settings.h, setting_parts): the settings
+  // without full recomputation jointly, then those with it, under bounds that add its recomputed forward,
+  // the first part's plans setting the threshold of the second from the start. kAuto: in parts where
+  // memory binds (settings_bind_memory), else every setting at once, each partial plan bounded by the
+  // least over the settings. Exhaustive searches always take every setting at once.
+  enum class SettingParts { kAuto, kAlways, kNever };
+  SettingParts setting_parts = SettingParts::kAuto;
   // Plans found before this search in other parts of the space, as (cost, plan id): they set the
   // threshold from the start (a plan found again at a lower cost counts once). Set by the setting parts.
   std::vector<std::pair<double, unsigned long long>> incumbents;

@@ -9,6 +9,8 @@
 #include "base/input_error.h"
 #include "planner/plan_search.h"
 #include "planner/stage_search.h"
+#include "sim/plan_cost.h"
+#include "sim/rank_layout.h"
 
 namespace hetplan {
 
@@ -69,6 +71,25 @@ std::vector<int> plan_key_order(const PlanResult& p, const Cluster& cluster) {
   return order;
 }
 
+bool settings_bind_memory(const Cluster& cluster, const ProfileSet& profiles, const PlanSimulator& sim,
+                          const std::vector<TrainingSetup>& setups) {
+  std::vector<int> identity(cluster.device_types().size());
+  for (std::size_t t = 0; t < identity.size(); ++t) identity[t] = static_cast<int>(t);
+  const RankLayout layout(cluster, identity);
+  const PlanCostModel cost(sim, layout, setups);
+  const int layers = profiles.num_layers();
+  for (int node = 0, first = 0; first < layout.num_ranks(); first = layout.node_end(node++)) {
+    const int pt = profiles.type_index(cluster.device_types()[layout.type_of(first)]);
+    int tp = 0;  // the node's largest tp: profiled, within the node, splitting the heads
+    for (const LayerProfile& e : profiles.entries())
+      if (e.tp > tp && e.tp <= layout.node_size(node) && profiles.find(pt, e.tp, e.bs) == &e &&
+          tp_splits_heads(sim.shape(), e.tp))
+        tp = e.tp;
+    if (tp > 0 && cost.state_bytes_lower_bound(tp, 1, 0, layers) <= cost.rank_capacity_bytes(first)) return false;
+  }
+  return true;
+}
+
 std::vector<std::vector<int>> setting_parts(const std::vector<TrainingSetup>& setups) {
   std::vector<std::vector<int>> parts(2);
   for (std::size_t k = 0; k < setups.size(); ++k)
@@ -105,7 +126,7 @@ PlanSearchResult PlanSearch::search_in_parts() const {
     PlanSearchOptions o = opt_;
     o.setups.clear();
     for (int j : part) o.setups.push_back(opt_.setups[j]);
-    o.setting_parts = false;
+    o.setting_parts = PlanSearchOptions::SettingParts::kNever;
     // Seed plans (planner/seed_plans.h) in the first part, and in a later one only while no plan is known
     // (where only full recomputation fits memory).
     if (!found.empty()) o.seed_time_s = 0;
