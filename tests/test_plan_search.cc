@@ -31,7 +31,6 @@
 #include "planner/shared_bound.h"
 #include "planner/stage_estimator.h"
 #include "base/thread_limit.h"
-#include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "base/input_error.h"
 #include "sim/parallel_layout.h"
@@ -45,31 +44,10 @@ namespace {
 // A small GPT (6 Metis layers: embedding, 4 blocks, head) estimated for three GPU types.
 const ProfileSet& small_profiles() {
   static std::unique_ptr<ProfileSet> set;
-  if (!set) {
-    AnalyticOptions o;
-    o.model.num_layers = 6;
-    o.model.hidden_size = 2048;
-    o.model.sequence_length = 1024;
-    o.model.vocab_size = 32000;
-    o.model.attention_heads = 16;
-    o.device_types = {"A100", "H100", "V100"};
-    o.max_tp = 4;
-    o.max_bs = 8;
-    const auto dir = test::scratch_dir("plan-search-profiles");
-    generate_analytic_profiles(o, dir.string());
-    set = std::make_unique<ProfileSet>(ProfileSet::load(dir.string(), 6));
-  }
+  if (!set)
+    set = std::make_unique<ProfileSet>(
+        ProfileSet::load(test::six_layer_profile_dir({"A100", "H100", "V100"}, "plan-search-profiles"), 6));
   return *set;
-}
-
-ModelConfig small_model() {
-  ModelConfig m;
-  m.num_layers = 6;
-  m.hidden_size = 2048;
-  m.sequence_length = 1024;
-  m.vocab_size = 32000;
-  m.attention_heads = 16;
-  return m;
 }
 
 std::vector<ClusterfileEntry> clusterfile() {
@@ -134,6 +112,43 @@ SimulationOptions sim_options() {
   return o;
 }
 
+// `x` is the same plan as `y`, at the same cost to the bit: node order, device groups, (dp, tp) per stage,
+// layers per stage and micro-batches.
+void check_same_plan(const PlanResult& x, const PlanResult& y) {
+  CHECK(x.cost == y.cost);
+  CHECK(x.node_sequence == y.node_sequence);
+  CHECK(x.device_groups == y.device_groups);
+  CHECK(x.strategies == y.strategies);
+  CHECK(x.layer_partition == y.layer_partition);
+  CHECK(x.batches == y.batches);
+}
+
+// `p` is a plan of the default search's space for `cluster` (the six-layer model) and global batch `gbs`: its
+// stages use every GPU once and the layers in order, each stage at least one; its micro-batches divide `gbs`,
+// each stage has dp x tp GPUs with dp at most a micro-batch's samples and every tp group inside a node; every
+// rank fits its own GPU, and its cost is simulate's iteration time.
+void check_plan_of_the_space(const Cluster& cluster, const PlanSimulator& sim, const PlanResult& p, int gbs) {
+  int gpus = 0;
+  for (int g : p.device_groups) gpus += g;
+  CHECK(gpus == cluster.num_devices());
+  REQUIRE(p.layer_partition.size() == p.device_groups.size() + 1);
+  CHECK(p.layer_partition.front() == 0);
+  CHECK(p.layer_partition.back() == 6);
+  for (std::size_t i = 0; i + 1 < p.layer_partition.size(); ++i) CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
+  CHECK(gbs % p.batches == 0);
+  const RankLayout layout(cluster, cluster.type_indices(p.node_sequence));
+  int begin = 0;
+  for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
+    CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
+    CHECK(p.strategies[i].dp <= gbs / p.batches);
+    CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
+    begin += p.device_groups[i];
+  }
+  const PlanSimulation s = sim.simulate(p, gbs);
+  CHECK(s.fits);
+  CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
+}
+
 }  // namespace
 
 // The pruned search against exhaustive enumeration on the 24 clusters: same best plans, same costs,
@@ -152,7 +167,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
   for (const Case& c : all) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, gpus, "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, so);
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, so);
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 3;
@@ -173,19 +188,10 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     for (std::size_t i = 0; i < full.top.size(); ++i) {
       const PlanResult& x = pruned.top[i].plan;
       const PlanResult& y = full.top[i].plan;
-      CHECK(x.cost == y.cost);
-      CHECK(x.node_sequence == y.node_sequence);
-      CHECK(x.device_groups == y.device_groups);
-      CHECK(x.strategies == y.strategies);
-      CHECK(x.layer_partition == y.layer_partition);
-      CHECK(x.batches == y.batches);
+      check_same_plan(x, y);
       CHECK(pruned.top[i].setup == full.top[i].setup);
       if (boundaries == StageBoundaries::kNode) {  // every stage starts on a node boundary
-        std::vector<int> perm;
-        for (const std::string& t : x.node_sequence)
-          perm.push_back(static_cast<int>(std::find(cluster.device_types().begin(), cluster.device_types().end(), t) -
-                                          cluster.device_types().begin()));
-        const RankLayout layout(cluster, perm);
+        const RankLayout layout(cluster, cluster.type_indices(x.node_sequence));
         int r = 0;
         for (int size : x.device_groups) {
           CHECK((r == 0 || layout.node_of(r) != layout.node_of(r - 1)));
@@ -302,19 +308,14 @@ TEST_CASE("the pruned search returns what exhaustive search returns with v as a 
     o.setups = {a, b};
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
-    const ModelShape shape = shape_from_model_config(small_model());
+    const ModelShape shape = test::six_layer_shape();
     const PlanSearchResult pruned = search_virtual_stages(cluster, measured_profiles(), shape, 1024, sim_options(), o, {1, 2});
     const PlanSearchResult full = search_virtual_stages(cluster, measured_profiles(), shape, 1024, sim_options(), ex, {1, 2});
     REQUIRE(pruned.top.size() == full.top.size());
     for (std::size_t i = 0; i < full.top.size(); ++i) {
       const PlanResult& x = pruned.top[i].plan;
       const PlanResult& y = full.top[i].plan;
-      CHECK(x.cost == y.cost);
-      CHECK(x.node_sequence == y.node_sequence);
-      CHECK(x.device_groups == y.device_groups);
-      CHECK(x.strategies == y.strategies);
-      CHECK(x.layer_partition == y.layer_partition);
-      CHECK(x.batches == y.batches);
+      check_same_plan(x, y);
       CHECK(pruned.top[i].setup == full.top[i].setup);
       CHECK(pruned.top[i].virtual_stages == full.top[i].virtual_stages);
       if (full.top[i].virtual_stages > 1) {
@@ -393,36 +394,12 @@ TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp i
   for (const Case& c : cases()) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 5;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
-    for (const SearchedPlan& sp : r.top) {
-      const PlanResult& p = sp.plan;
-      int gpus = 0;
-      for (int g : p.device_groups) gpus += g;
-      CHECK(gpus == cluster.num_devices());
-      REQUIRE(p.layer_partition.size() == p.device_groups.size() + 1);
-      CHECK(p.layer_partition.front() == 0);
-      CHECK(p.layer_partition.back() == 6);
-      for (std::size_t i = 0; i + 1 < p.layer_partition.size(); ++i) CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
-      CHECK(c.gbs % p.batches == 0);
-      std::vector<int> seq;
-      for (const auto& n : p.node_sequence) seq.push_back(cluster.type_index(n));
-      const RankLayout layout(cluster, seq);
-      int begin = 0;
-      for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
-        CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
-        CHECK(p.strategies[i].dp <= c.gbs / p.batches);
-        CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
-        begin += p.device_groups[i];
-      }
-      // The cost is simulate's iteration time, and every rank fits its own GPU.
-      const PlanSimulation s = sim.simulate(p, c.gbs);
-      CHECK(s.fits);
-      CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
-    }
+    for (const SearchedPlan& sp : r.top) check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
   }
 }
 
@@ -430,7 +407,7 @@ TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp i
 struct SevenGpus {
   const ProfileSet& profiles = small_profiles();
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 2}, {"10.0.0.1", 3}, {"10.0.0.3", 2}}, clusterfile());
-  const PlanSimulator sim{cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options()};
+  const PlanSimulator sim{cluster, profiles, test::six_layer_shape(), 1024, sim_options()};
 };
 
 TEST_CASE("the default search does not depend on the thread count", "[plan_search]") {
@@ -464,7 +441,7 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
 TEST_CASE("a cancelled search returns what it found and says it was cut short", "[plan_search]") {
   const ProfileSet& profiles = small_profiles();
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 4}, {"10.0.0.3", 3}}, clusterfile());
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
   std::atomic<bool> cancel{true};
   PlanSearchOptions o;
   o.gbs = 8;
@@ -488,7 +465,7 @@ TEST_CASE("a cancelled search returns what it found and says it was cut short", 
 TEST_CASE("a --gbs whose micro-batches need too many profile slicings is refused, naming --gbs", "[plan_search]") {
   const ProfileSet& profiles = small_profiles();
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 4}, {"10.0.0.3", 3}}, clusterfile());
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
   PlanSearchOptions o;
   o.gbs = 1 << 20;  // micro-batches of up to 2^20 sequences: 3 types x 5 tp x (2^20 + 1) slicings
   try {
@@ -565,7 +542,7 @@ TEST_CASE("stage estimates: a mixed stage's capacity bound counts its replicas a
   const int L = profiles.num_layers(), max_tp = 4;
   const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 2}, {"10.0.0.3", 4}, {"10.0.0.3", 2}},
                                               clusterfile(), "hosts", "clusterfile");
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
   const int types = static_cast<int>(cluster.device_types().size());
   int mixed = 0;
   for (const std::vector<int>& perm : {std::vector<int>{0, 1, 2}, std::vector<int>{2, 0, 1}}) {
@@ -630,7 +607,7 @@ TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, a
   for (const Case& c : all) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
@@ -663,12 +640,7 @@ TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, a
     seeded += r.seeds_costed > 0;
     const PlanResult& x = r.top[0].plan;
     const PlanResult& y = full.top[0].plan;
-    CHECK(x.cost == y.cost);
-    CHECK(x.node_sequence == y.node_sequence);
-    CHECK(x.device_groups == y.device_groups);
-    CHECK(x.strategies == y.strategies);
-    CHECK(x.layer_partition == y.layer_partition);
-    CHECK(x.batches == y.batches);
+    check_same_plan(x, y);
     CHECK_FALSE(r.space_empty);
     CHECK(r.best_ms == y.cost);
     CHECK(r.lower_bound_ms == y.cost);  // proven optimal: the bound meets the best
@@ -686,7 +658,7 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
   for (const Case& c : cases(true)) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 4;
@@ -701,24 +673,8 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
     REQUIRE_FALSE(best.top.empty());
     optimal_seeds += seeds.top[0].plan.cost == best.top[0].plan.cost;
     for (const SearchedPlan& sp : seeds.top) {
-      const PlanResult& p = sp.plan;
-      CHECK(p.cost >= best.top[0].plan.cost);
-      std::vector<int> seq;
-      for (const auto& n : p.node_sequence) seq.push_back(cluster.type_index(n));
-      const RankLayout layout(cluster, seq);
-      int begin = 0;
-      for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
-        CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
-        CHECK(p.strategies[i].dp <= c.gbs / p.batches);
-        CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
-        CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
-        begin += p.device_groups[i];
-      }
-      CHECK(begin == cluster.num_devices());
-      CHECK(p.layer_partition.back() == 6);
-      const PlanSimulation s = sim.simulate(p, c.gbs);
-      CHECK(s.fits);
-      CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
+      CHECK(sp.plan.cost >= best.top[0].plan.cost);
+      check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
     }
   }
   CHECK(with_seeds >= 20);
@@ -731,7 +687,7 @@ TEST_CASE("a gap G: the best plan is within 1 + G of the optimum, and the lower 
   for (const Case& c : cases(true)) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0.25;
@@ -761,7 +717,7 @@ TEST_CASE("a search stopped before it starts reports no plan, not an empty space
   for (const Case& c : cases(true)) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     std::atomic<bool> cancel{true};
     PlanSearchOptions o;
     o.gbs = c.gbs;
@@ -789,7 +745,7 @@ TEST_CASE("the search never proposes a tp that does not split the attention head
   static std::unique_ptr<ProfileSet> profiles;
   if (!profiles) {
     AnalyticOptions a;
-    a.model = small_model();
+    a.model = test::six_layer_model();
     a.device_types = {"H100"};
     a.max_tp = 8;
     a.max_bs = 8;
@@ -799,7 +755,7 @@ TEST_CASE("the search never proposes a tp that does not split the attention head
   }
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 8}}, clusterfile(), "hosts", "clusterfile");
   auto largest_tp = [&](int heads, int kv_heads) {
-    ModelShape shape = shape_from_model_config(small_model());
+    ModelShape shape = test::six_layer_shape();
     shape.num_heads = heads;
     shape.num_kv_heads = kv_heads;
     shape.head_dim = shape.hidden_size / heads;
@@ -822,8 +778,8 @@ TEST_CASE("the search never proposes a tp that does not split the attention head
   CHECK(largest_tp(12, 12) == 4);  // and none where they do not
   CHECK(largest_tp(16, 2) == 8);   // GQA: 2 key/value heads divide tp 8 (Megatron replicates them)
   CHECK(largest_tp(16, 4) == 8);
-  CHECK_FALSE(tp_splits_heads(shape_from_model_config(small_model()), 3));
-  ModelShape gqa = shape_from_model_config(small_model());
+  CHECK_FALSE(tp_splits_heads(test::six_layer_shape(), 3));
+  ModelShape gqa = test::six_layer_shape();
   gqa.num_heads = 24;
   gqa.num_kv_heads = 6;
   CHECK(tp_splits_heads(gqa, 2));
@@ -840,7 +796,7 @@ TEST_CASE("stage estimates add the recomputed forward of a search's settings, an
   const int L = profiles.num_layers(), max_tp = 4;
   const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 2}, {"10.0.0.3", 3}}, clusterfile(),
                                               "hosts", "clusterfile");
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
   const int types = static_cast<int>(cluster.device_types().size());
   TrainingSetup none = sim.options().setup, full = none, selective = none;
   full.recompute = Recompute::kFull;
@@ -928,7 +884,7 @@ TEST_CASE("with --zero auto --recompute auto the search in setting parts returns
   for (const Case& c : cases(true)) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
@@ -983,7 +939,7 @@ TEST_CASE("the search takes the settings in parts where memory binds: no node ho
         std::make_tuple(std::vector<std::pair<std::string, int>>{{"10.0.0.1", 4}}, tiny, true),
         std::make_tuple(std::vector<std::pair<std::string, int>>{{"10.0.0.1", 1}, {"10.0.0.2", 1}}, clusterfile(), false)}) {
     const Cluster cluster = Cluster::from_parts(hosts, gpus, "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     CHECK(settings_bind_memory(cluster, profiles, sim, setups) == binds);
   }
   // The parts: without full recomputation, then with it.
