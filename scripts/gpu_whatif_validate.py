@@ -271,7 +271,10 @@ def ddp_census(args):
     micro-batch 1 without checkpointing, three steps as `train` runs them, torch.cuda.memory_allocated (and the
     peak since the previous mark) at each phase, in units of P (the parameters' fp32 bytes). "pre_forward" is
     taken inside the forward, after DDP's own pre-forward (where it rebuilds its buckets after the first
-    step) and before the first block. Wrappers: none, DDP (defaults), DDP gradient_as_bucket_view=True."""
+    step) and before the first block. Wrappers: none, DDP (defaults), ddp_idle (DDP, the host idle 0.5 s before
+    each forward: time for ProcessGroupNCCL's watchdog to see the last step's collectives complete and drop the
+    tensors it stashed for them, among them the buckets DDP's rebuild has just let go), DDP
+    gradient_as_bucket_view=True."""
     import gc
     import torch
     import torch.distributed as dist
@@ -300,7 +303,7 @@ def ddp_census(args):
             torch.cuda.reset_peak_memory_stats()
         it = [0]
         model.blocks[0].register_forward_pre_hook(lambda m, a: mark(f"it{it[0]}_pre_forward"))
-        if wrap == "ddp":
+        if wrap in ("ddp", "ddp_idle"):
             model = DDP(model, device_ids=[torch.cuda.current_device()])
         elif wrap == "ddp_view":
             model = DDP(model, device_ids=[torch.cuda.current_device()], gradient_as_bucket_view=True)
@@ -312,6 +315,9 @@ def ddp_census(args):
         for i in range(3):
             it[0] = i
             dist.barrier()
+            if wrap == "ddp_idle":
+                time.sleep(0.5)
+                mark(f"it{i}_after_idle")
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(ids, tgt)
             mark(f"it{i}_after_forward")
@@ -524,7 +530,7 @@ def main():
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--out", required=True)
     c = sub.add_parser("ddp-census")
-    c.add_argument("--wrappers", default="none,ddp,ddp_view")
+    c.add_argument("--wrappers", default="none,ddp,ddp_idle,ddp_view")
     c.add_argument("--out", required=True)
     s = sub.add_parser("summary")
     s.add_argument("--pred", required=True)
