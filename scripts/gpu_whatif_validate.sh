@@ -2,7 +2,8 @@
 # issue 32, item 6: `hetplan whatif` against plain PyTorch, all measured side by side on one machine of two GPUs
 # (kind nvidia-h200-x2 or nvidia-h100-x2; carry [".deps"] for the build).
 #
-#   OUT=/some/dir scripts/gpu_whatif_validate.sh            (FRESH_PROBE=0: measure and compare only, no build)
+#   OUT=/some/dir scripts/gpu_whatif_validate.sh            (FRESH_PROBE=0: measure and compare only, no build;
+#                                                            BUILD=0: use an existing build-gpu/hetplan)
 #
 # In order, one device call:
 #   1. scripts/gpu_build.sh (LibTorch build into build-gpu/; needs .deps/);
@@ -58,7 +59,7 @@ run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LI
 # 1-3: build, probe this host, predict with its figures: all before the first measurement.
 probe_pred=""
 if [ "${FRESH_PROBE:-1}" = 1 ]; then
-  if run 150 build bash scripts/gpu_build.sh; then
+  if { [ "${BUILD:-1}" = 0 ] && [ -x build-gpu/hetplan ]; } || run 150 build bash scripts/gpu_build.sh; then
     mkdir -p "$res/host_probe"
     run 75 probe_micro python3 scripts/gpu_host_probe.py micro --model-only --out "$res/host_probe"
     if [ "$ngpu" -ge 2 ]; then
