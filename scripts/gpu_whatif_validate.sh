@@ -14,7 +14,7 @@
 #   4. the measurements (scripts/gpu_whatif_validate.py): a ~1.3B GPT (hidden 2048, 24 blocks, seq 2048),
 #      micro-batch 1 and 4, with and without activation checkpointing: single-GPU AMP, DDP (2 GPUs), FSDP2 (2 GPUs);
 #      CPU-offloaded Adam (ZeRO-Offload's path, one GPU, micro-batch 4); decode of a Llama-3.2-3B shape at batch 1
-#      in eager mode and with CUDA graphs; and a DDP memory census of the same GPT (allocated bytes per phase);
+#      in eager mode and with CUDA graphs; and a DDP and FSDP2 memory census of the same GPT (bytes per phase);
 #   5. summaries: summary<_tag>.md per committed scripts/validation/whatif/predictions_<GPU>[_tag].json, and
 #      summary_probe.md for the fresh-probe predictions.
 # Nothing in steps 1-3 reads a measurement of step 4; no constant is set from them.
@@ -90,8 +90,8 @@ fi
 run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --iters 4 --out "$res"
 run 70 decode "${py[@]}" decode --runtimes eager,graphs --out "$res"
 if [ "$ngpu" -ge 2 ]; then  # after the timed cases: a diagnosis, compared with nothing
-  run 90 ddp_census python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py \
-    ddp-census --out "$res"
+  run 90 memory_census python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py \
+    memory-census --out "$res"
 fi
 
 # Every committed prediction set for this GPU: predictions_<GPU>.json -> summary.md, predictions_<GPU>_<tag>.json

@@ -46,7 +46,7 @@ case "\${args[0]} \${args[1]:-}" in
   "scripts/gpu_host_probe.py dist") cp \$rec/host-probe-h200/host_probe_dist.json "\$outdir/"; exit 0 ;;
   "scripts/gpu_whatif_validate.py train") cp \$rec/whatif-h200x2-run2/whatif_validate/train_\$mode.json "\$outdir/"; exit 0 ;;
   "scripts/gpu_whatif_validate.py decode") cp \$rec/whatif-h200x2-run2/whatif_validate/decode.json "\$outdir/"; exit 0 ;;
-  "scripts/gpu_whatif_validate.py ddp-census") echo "census stand-in"; exit 0 ;;
+  "scripts/gpu_whatif_validate.py memory-census") echo "census stand-in"; exit 0 ;;
 esac
 exec $real_py "\$@"
 EOF
