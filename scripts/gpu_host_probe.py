@@ -673,7 +673,11 @@ def dist_probe(args):
         def forward(self, ids):
             return nn.functional.linear(self.body(self.emb(ids)), self.emb.weight)
 
+    import gc
     for mode in ("single", "ddp", "ddp_view", "fsdp2", "single_tied", "ddp_tied"):
+        # The previous mode's DDP sits in reference cycles: collected now, not in the middle of this mode's rows
+        # (in logs/validate/host-probe-h200 ddp_view's rows start at 1.0 P where its buckets make 2.0).
+        gc.collect()
         sync()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
