@@ -141,6 +141,7 @@ class PlanSimulator {
   const std::vector<int>& profile_type() const { return profile_type_; }
   const SimulationOptions& options() const { return opt_; }
   const Cluster& cluster() const { return *cluster_; }
+  const ModelShape& shape() const { return shape_; }
   // Where each cluster device type's intra-node collective bandwidth comes
   // from, e.g. "H200: all-reduce 301.2 GB/s measured (profiles)".
   std::vector<std::string> collective_sources() const;
