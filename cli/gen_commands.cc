@@ -80,7 +80,7 @@ int run_gen_hostfile(const HostfileArgs& a) {
 struct ProfilesArgs {
   int layers = 0, max_bs = 0;
   std::string samples, out, from, from_type, hf_config, probes;
-  bool analytic = false, no_flash_attention = false;
+  bool analytic = false, no_flash_attention = false, sequence_parallel = false;
   AnalyticOptions analytic_options;
   std::string types = "A100,V100";
   std::vector<std::string> gpu_spec;
@@ -119,6 +119,7 @@ int run_gen_profiles(ProfilesArgs a) {
     a.analytic_options.model.num_layers = a.layers;
     a.analytic_options.max_bs = a.max_bs;
     a.analytic_options.flash_attention = !a.no_flash_attention;
+    a.analytic_options.sequence_parallel = a.sequence_parallel;
     if (!a.hf_config.empty()) {
       ModelFlags f;
       f.hf_config = a.hf_config;
@@ -177,7 +178,12 @@ Runner add_gen_profiles_command(CLI::App& app) {
   s->add_option("--hf-config", a->hf_config,
                 "[--analytic] A Hugging Face config.json (gpt2, llama, mistral): its shape, with LAYERS - 2 blocks");
   s->add_flag("--no-flash-attention", a->no_flash_attention,
-              "[--analytic] Store the attention scores (frameworks without fused attention); default: fused");
+              "[--analytic] Attention without a fused kernel (Megatron-LM before flash attention, eager Hugging\n"
+              "Face): the b x a x s^2 scores are stored, and each layer pays their HBM traffic (batched GEMMs,\n"
+              "softmax, dropout); default: fused");
+  s->add_flag("--sequence-parallel", a->sequence_parallel,
+              "[--analytic] Time the layers as Megatron's --sequence-parallel runs them at tp > 1: the norms,\n"
+              "dropouts and residual adds on s/tp tokens per rank (without it each tp rank runs them on all s)");
   s->add_option("--samples", a->samples, "Folder with Metis's DeviceType.A100_tp{1,2,4}_bs{1,2,4}.json samples");
   s->add_option("--out,-o", a->out, "Output folder (created; existing files of the same name are overwritten)")
       ->required();

@@ -184,8 +184,7 @@ std::vector<std::string> place_worker(const ReplayArgs& a, const PlanFile& plan,
     throw InputError(a.plan + ": replay across hosts needs the plan's hostfile and clusterfile (pass --hostfile and "
                      "--clusterfile) to find each rank's host");
   const Cluster cluster = Cluster::load(hostfile, clusterfile);
-  std::vector<int> ns;
-  for (const auto& name : plan.plan.node_sequence) ns.push_back(cluster.type_index(name));
+  const std::vector<int> ns = cluster.type_indices(plan.plan.node_sequence);
   if (std::find(ns.begin(), ns.end(), -1) != ns.end())
     throw InputError(a.plan + ": its node_sequence names a type that " + hostfile + " lacks");
   const RankLayout ranks(cluster, ns);

@@ -30,6 +30,28 @@ void add_search_context(const PlanFile& context, ordered_json* j) {
   (*j)["profile_dir"] = context.profile_dir;
 }
 
+// The counts of a default or cost-objective search (PlanSearchResult, ObjectiveSearchResult): what it enumerated,
+// pruned, costed and found infeasible, its seconds, and whether (and why) it was cut short.
+template <typename Result>
+void add_search_counts(const Result& r, ordered_json* j) {
+  (*j)["enumerated"] = r.enumerated;
+  (*j)["pruned"] = r.pruned;
+  (*j)["costed"] = r.costed;
+  (*j)["infeasible"] = r.infeasible;
+  (*j)["seconds"] = r.seconds;
+  (*j)["cut_short"] = r.cut_short;
+  if (r.cut_short) (*j)["cut_reason"] = r.cut_reason;
+}
+
+// The GPUs' hourly prices: per type, usd_per_gpu_hour and its source.
+ordered_json prices_json(const Cluster& cluster) {
+  ordered_json prices = ordered_json::object();
+  for (int t = 0; t < static_cast<int>(cluster.device_types().size()); ++t)
+    prices[cluster.device_types()[t]] = {{"usd_per_gpu_hour", cluster.price_per_gpu_hour(t)},
+                                         {"source", cluster.price_source(t)}};
+  return prices;
+}
+
 }  // namespace
 
 ordered_json search_result_to_json(const SearchResult& r, double average_ms, int trials, const PlanFile& context,
@@ -54,9 +76,7 @@ ordered_json search_result_to_json(const SearchResult& r, double average_ms, int
 }
 
 ordered_json rank_placement_json(const Cluster& cluster, const PlanResult& plan) {
-  std::vector<int> sequence;
-  for (const auto& name : plan.node_sequence) sequence.push_back(cluster.type_index(name));
-  const RankLayout layout(cluster, sequence);
+  const RankLayout layout(cluster, cluster.type_indices(plan.node_sequence));
   const ParallelLayout placement(cluster, layout);
   const PipelineGrid stages(plan.strategies);
   ordered_json ranks = ordered_json::array();
@@ -90,9 +110,7 @@ ordered_json searched_plan_json(const SearchedPlan& p, const Cluster& cluster, c
   ordered_json j = plan_file_to_json(f);
   j["ranks"] = rank_placement_json(cluster, f.plan);
   // Which exporters take it as is: each exporter's own checks (planner/export_plan.h).
-  std::vector<int> sequence;
-  for (const auto& name : f.plan.node_sequence) sequence.push_back(cluster.type_index(name));
-  const RankLayout layout(cluster, sequence);
+  const RankLayout layout(cluster, cluster.type_indices(f.plan.node_sequence));
   const ParallelLayout placement(cluster, layout);
   std::vector<std::pair<std::string, std::string>> refusals;
   j["exporters"] = accepting_exporters(f, f.shape ? *f.shape : shape_from_model_config(f.model), placement, &refusals);
@@ -111,13 +129,7 @@ ordered_json plan_search_result_to_json(const PlanSearchResult& r, const Cluster
   ordered_json j;
   j["cost_model"] = "sim";
   add_best_and_top(r.top.size(), entry, &j);
-  j["enumerated"] = r.enumerated;
-  j["pruned"] = r.pruned;
-  j["costed"] = r.costed;
-  j["infeasible"] = r.infeasible;
-  j["seconds"] = r.seconds;
-  j["cut_short"] = r.cut_short;
-  if (r.cut_short) j["cut_reason"] = r.cut_reason;
+  add_search_counts(r, &j);
   // The proof: null where unknown (no plan; no bound), lower_bound_ms null also where no plan is left.
   auto number_or_null = [](double x, bool known) { return known ? ordered_json(x) : ordered_json(nullptr); };
   j["best_ms"] = number_or_null(r.best_ms, r.best_ms >= 0);
@@ -128,6 +140,33 @@ ordered_json plan_search_result_to_json(const PlanSearchResult& r, const Cluster
   j["space_empty"] = r.space_empty;
   j["first_plan_seconds"] = number_or_null(r.first_plan_s, r.first_plan_s >= 0);
   j["seed_plans_costed"] = r.seeds_costed;
+  add_search_context(context, &j);
+  return j;
+}
+
+ordered_json objective_search_result_to_json(const ObjectiveSearchResult& r, const Cluster& cluster,
+                                             const std::vector<TrainingSetup>& setups, const PlanFile& context,
+                                             const std::string& schedule, double deadline_ms,
+                                             const std::vector<std::string>& subset_hostfiles) {
+  auto entry = [&](std::size_t i) {
+    const PricedPlan& p = r.top[i];
+    PlanFile c = context;
+    if (!subset_hostfiles[p.subset].empty()) c.hostfile = subset_hostfiles[p.subset];
+    ordered_json j = searched_plan_json(p.searched, r.clusters[p.subset], setups, c, schedule);
+    j["usd_per_iteration"] = p.usd_per_iteration;
+    j["usd_per_hour"] = p.usd_per_hour;
+    j["gpus_used"] = r.clusters[p.subset].num_devices();
+    j["sub_cluster"] = r.subsets[p.subset].label;
+    return j;
+  };
+  ordered_json j;
+  j["cost_model"] = "sim";
+  j["objective"] = "cost";
+  if (deadline_ms > 0) j["deadline_ms"] = deadline_ms;
+  add_best_and_top(r.top.size(), entry, &j);
+  j["prices"] = prices_json(cluster);
+  j["sub_clusters_searched"] = r.subsets.size();
+  add_search_counts(r, &j);
   add_search_context(context, &j);
   return j;
 }

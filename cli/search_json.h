@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "planner/objective.h"
 #include "planner/plan_search.h"
 #include "metis/metis_search.h"
 #include "base/json_util.h"
@@ -27,6 +28,17 @@ ordered_json search_result_to_json(const SearchResult& result, double average_ms
 ordered_json plan_search_result_to_json(const PlanSearchResult& result, const Cluster& cluster,
                                         const std::vector<TrainingSetup>& setups, const PlanFile& context,
                                         const std::string& schedule);
+
+// The cost objective's `--json` document (search --objective cost, --deadline-ms): best and top, cheapest
+// per iteration first, each a plan file of its sub-cluster (searched_plan_json) with its price
+// (usd_per_iteration, usd_per_hour, gpus_used, sub_cluster); the GPUs' prices; the counts as
+// plan_search_result_to_json's; `deadline_ms` where > 0. `subset_hostfiles[s]`: the hostfile written for
+// sub-cluster s, which its plans name; "" where they name the context's (the whole cluster).
+// REQUIRES: subset_hostfiles.size() == r.subsets.size().
+ordered_json objective_search_result_to_json(const ObjectiveSearchResult& r, const Cluster& cluster,
+                                             const std::vector<TrainingSetup>& setups, const PlanFile& context,
+                                             const std::string& schedule, double deadline_ms,
+                                             const std::vector<std::string>& subset_hostfiles);
 
 // Where each rank of `plan` runs, as plan_search_result_to_json lists it.
 ordered_json rank_placement_json(const Cluster& cluster, const PlanResult& plan);

@@ -22,20 +22,7 @@ HET=${HETPLAN_BIN:-build-gpu/hetplan}
 [ -x "$HET" ] || { echo "no $HET: run scripts/gpu_build.sh first" >&2; exit 1; }
 
 # The catalogue entry of GPU 0 (the same longest-name match hetplan's profiler uses).
-read -r GPU HBM PEAK < <(python3 - <<'EOF'
-import json, re, torch
-desc = torch.cuda.get_device_name(0)
-norm = lambda s: re.sub(r"[-_ ]", "", s).upper()
-best, blen = None, 0
-for g in json.load(open("sim/data/gpus.json"))["gpus"]:
-    for n in [g["name"]] + g.get("aliases", []):
-        if norm(n) in norm(desc) and len(norm(n)) > blen:
-            best, blen = g, len(norm(n))
-if best is None:
-    raise SystemExit("GPU '%s' is not in sim/data/gpus.json" % desc)
-print(best["name"], best["memory_bw_gbs"], best["peak_tflops"].get("bf16", best["peak_tflops"]["fp16"]))
-EOF
-)
+read -r GPU HBM PEAK < <(python3 scripts/gpu_catalogue_entry.py --require name memory_bw_gbs peak_bf16)
 echo "GPU: $GPU (HBM $HBM GB/s, bf16 peak $PEAK TFLOP/s)"
 
 HETPLAN_BIN="$HET" HETPLAN_GPU="$GPU" HETPLAN_HBM_GBS=$HBM HETPLAN_PEAK_TFLOPS=$PEAK python3 scripts/gpu_whatif_calibrate.py --out "$OUT" | tee "$OUT/calibrate.log"

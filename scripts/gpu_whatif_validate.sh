@@ -29,18 +29,7 @@ echo "machine: $machine" | tee "$res/machine.txt"
 { nvidia-smi; nvidia-smi topo -m; lscpu | head -20; } >> "$res/machine.txt" 2>&1
 
 # The catalogue entry of GPU 0 (the same longest-name match hetplan's profiler uses).
-gpu=$(python3 - <<'EOF'
-import json, re, torch
-desc = torch.cuda.get_device_name(0)
-norm = lambda s: re.sub(r"[-_ ]", "", s).upper()
-best, blen = None, 0
-for g in json.load(open("sim/data/gpus.json"))["gpus"]:
-    for n in [g["name"]] + g.get("aliases", []):
-        if norm(n) in norm(desc) and len(norm(n)) > blen:
-            best, blen = g, len(norm(n))
-print(best["name"] if best else "unknown")
-EOF
-)
+gpu=$(python3 scripts/gpu_catalogue_entry.py name)
 echo "catalogue GPU: $gpu"
 ngpu=$(nvidia-smi -L | wc -l)
 

@@ -46,7 +46,7 @@ double working_bytes(const ModelShape& s, LayerKind kind, double tokens, int tp)
 }
 
 std::vector<LayerEstimate> estimate_layers(const ModelShape& s, long long seq, const DeviceRates& r, int tp, int bs,
-                                           bool flash) {
+                                           bool flash, bool sequence_parallel) {
   const int L = s.metis_num_layers();
   const double tokens = static_cast<double>(bs) * seq;
   const TrainingSetup setup;
@@ -55,7 +55,9 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& s, long long seq, c
   for (int i = 0; i < L; ++i) {
     LayerEstimate& e = out[i];
     const LayerKind kind = layer_kind(i, L);
-    e.classes = analytic_layer_classes(s, i, bs, seq, tp, Recompute::kNone, r);
+    e.classes = analytic_layer_classes(
+        s, i, bs, seq, tp, Recompute::kNone, r,
+        {flash ? AttentionKernels::kFused : AttentionKernels::kMaterialized, sequence_parallel});
     e.ms = e.classes.layer_ms();
     e.forward_ms = e.ms / 3.0;  // the forward runs one of the three passes
     e.params = static_cast<double>(params[i]);
@@ -126,7 +128,7 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
     for (int tp = 1; tp <= o.max_tp; tp *= 2) {
       if (o.shape && !tp_fits(shape, tp)) continue;  // a config whose heads tp does not divide
       for (int bs = 1; bs <= o.max_bs; bs *= 2) {
-        const auto layers = estimate_layers(shape, seq, rates, tp, bs, o.flash_attention);
+        const auto layers = estimate_layers(shape, seq, rates, tp, bs, o.flash_attention, o.sequence_parallel);
         ordered_json j;
         ordered_json est;
         est["method"] = "layer time model on datasheet rates (sim/layer_time_model.h)";
@@ -140,6 +142,8 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
         est["rates"] = rates.record();
         est["compute_efficiency"] = o.compute_efficiency;
         est["memory_efficiency"] = o.memory_efficiency;
+        est["attention"] = o.flash_attention ? "fused" : "materialized";
+        est["sequence_parallel"] = o.sequence_parallel;  // the time's elementwise work only; memory: the plan's
         j["estimate"] = est;
         j["model"] = profile_model_record(shape, seq, static_cast<int>(kBytes));
         ordered_json et;

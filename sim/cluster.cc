@@ -318,6 +318,13 @@ int Cluster::type_index(const std::string& name) const {
   return static_cast<int>(it - device_types_.begin());
 }
 
+std::vector<int> Cluster::type_indices(const std::vector<std::string>& names) const {
+  std::vector<int> out;
+  out.reserve(names.size());
+  for (const auto& name : names) out.push_back(type_index(name));
+  return out;
+}
+
 std::string make_hostfile(int n, const std::vector<std::string>& ips, int slots) {
   std::string out;
   const int reps = n / slots;  // floor, as gen_hostfile.py's n // 4

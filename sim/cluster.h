@@ -95,6 +95,8 @@ class Cluster {
   int num_devices() const { return num_devices_; }
   int num_devices_of(int type) const { return devices_of_type_[type]; }
   int type_index(const std::string& name) const;  // -1 if absent
+  // type_index of each name, in order (a plan's node_sequence as RankLayout takes it): -1 for one absent.
+  std::vector<int> type_indices(const std::vector<std::string>& names) const;
   // The emulation declared for device type `name` in the clusterfile, or
   // nullptr for a plain type (or a name no clusterfile entry uses).
   const EmulatedDevice* emulation(const std::string& name) const;

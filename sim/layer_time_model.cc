@@ -133,14 +133,23 @@ DeviceRates probe_rates(const ordered_json& probe, const std::string& path, cons
   return r;
 }
 
+double materialized_attention_ms(const ScoreTraffic& t, const DeviceRates& r) {
+  const double per_gemm = std::max(ms_of(t.scores * t.gemm_flops_per_score, r.attention_flops_per_s),
+                                   ms_of(t.scores * t.gemm_bytes_per_score, r.bytes_per_s));
+  return t.gemm_passes * per_gemm + ms_of(t.stream_bytes(), r.bytes_per_s);
+}
+
 KernelClassTimes analytic_layer_classes(const ModelShape& s, int metis_layer, long long bs, long long seq, int tp,
-                                        Recompute recompute, const DeviceRates& r) {
+                                        Recompute recompute, const DeviceRates& r, LayerKernels k) {
   const LayerKind kind = layer_kind(metis_layer, s.metis_num_layers());
   const long long tokens = bs * seq;
   KernelClassTimes c;
   for (const GemmDims& g : layer_gemms(s, kind, tokens, tp, recompute)) c.gemm_ms += ms_of(g.flops(), r.gemm_flops_per_s(g));
-  c.attention_ms = ms_of(layer_attention_flops(s, kind, bs, seq, tp, recompute), r.attention_flops_per_s);
-  c.elementwise_ms = ms_of(layer_elementwise_bytes(s, kind, tokens, tp, recompute, 2.0), r.bytes_per_s);
+  c.attention_ms = k.attention == AttentionKernels::kFused
+                       ? ms_of(layer_attention_flops(s, kind, bs, seq, tp, recompute), r.attention_flops_per_s)
+                       : materialized_attention_ms(layer_score_traffic(s, kind, bs, seq, tp, recompute, 2.0), r);
+  c.elementwise_ms =
+      ms_of(layer_elementwise_bytes(s, kind, tokens, tp, recompute, 2.0, k.sequence_parallel), r.bytes_per_s);
   const double ring = tp > 1 ? 2.0 * (tp - 1) / tp : 0.0;
   c.communication_ms =
       layer_allreduces(kind, tp) * ms_of(ring * static_cast<double>(tokens) * s.hidden_size * 2.0, r.link_bytes_per_s);

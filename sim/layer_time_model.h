@@ -87,9 +87,16 @@ struct KernelClassTimes {
   double layer_ms() const { return device_ms() > host_ms ? device_ms() : host_ms; }
 };
 
-// The analytic classes of Metis layer `metis_layer` of `s` (bf16/fp16 values) on `r`.
+// The analytic classes of Metis layer `metis_layer` of `s` (bf16/fp16 values) on `r`, its kernels run as `k`
+// says. Attention: fused, its FLOPs at the attention rate; materialised, the score tensor's batched GEMMs
+// each at its roofline (max of its FLOPs at the attention rate and its score traffic at the HBM rate) plus
+// the softmax and dropout kernels' traffic at the HBM rate (ScoreTraffic, sim/layer_work.h). Elementwise:
+// layer_elementwise_bytes, with k's sequence parallelism.
 KernelClassTimes analytic_layer_classes(const ModelShape& s, int metis_layer, long long bs, long long seq, int tp,
-                                        Recompute recompute, const DeviceRates& r);
+                                        Recompute recompute, const DeviceRates& r, LayerKernels k = {});
+
+// Materialised attention's time in ms on `r` (see analytic_layer_classes).
+double materialized_attention_ms(const ScoreTraffic& t, const DeviceRates& r);
 
 // One measured layer's classes as a profile records them, with its GEMMs (dims and ms each).
 struct MeasuredLayer {

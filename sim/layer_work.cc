@@ -42,13 +42,30 @@ double layer_attention_flops(const ModelShape& s, LayerKind kind, long long bs, 
          s.attention_forward_flops_per_token(static_cast<double>(seq)) / tp;
 }
 
+ScoreTraffic layer_score_traffic(const ModelShape& s, LayerKind kind, long long bs, long long seq, int tp,
+                                 Recompute recompute, double v) {
+  ScoreTraffic t;
+  if (kind != LayerKind::kBlock) return t;
+  const bool again = recompute != Recompute::kNone;  // the forward once more (full, or selective's core)
+  const double seqd = static_cast<double>(seq);
+  t.scores = static_cast<double>(bs) * (static_cast<double>(s.num_heads) / tp) * seqd * seqd;
+  t.gemm_passes = 2 + 4 + (again ? 2 : 0);
+  t.gemm_flops_per_score = 2.0 * static_cast<double>(s.head_dim);
+  t.gemm_bytes_per_score = v;
+  const double mask = s.dropout ? 1.0 : 0.0;  // a byte per score
+  const double forward = 2 * v + (s.dropout ? 2 * v + mask : 0.0);
+  const double backward = 3 * v + (s.dropout ? 2 * v + mask : 0.0);
+  t.stream_bytes_per_score = forward * (again ? 2 : 1) + backward;
+  return t;
+}
+
 int layer_allreduces(LayerKind kind, int tp) {
   if (tp <= 1) return 0;
   return kind == LayerKind::kBlock ? 4 : 1;
 }
 
 double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute,
-                               double v) {
+                               double v, bool sequence_parallel) {
   const double t = static_cast<double>(tokens), h = static_cast<double>(s.hidden_size);
   // Forward traffic, in values per token; the backward moves about twice the forward's.
   double fwd = 0;
@@ -63,11 +80,12 @@ double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long to
     const double q = static_cast<double>(s.num_heads) * s.head_dim / tp;
     const double kv = static_cast<double>(s.num_kv_heads) * s.head_dim / tp;
     const double f = static_cast<double>(s.ffn_hidden_size) / tp;
-    fwd = 2 * 2 * h + 2 * 3 * h;  // two norms (read, write), two residual adds (read two, write one)
-    if (s.norm == NormKind::kRmsNorm) fwd += 2 * 2 * h;  // computed in fp32 as Hugging Face does: a cast each way
+    double between = 2 * 2 * h + 2 * 3 * h;  // two norms (read, write), two residual adds (read two, write one)
+    if (s.norm == NormKind::kRmsNorm) between += 2 * 2 * h;  // computed in fp32 as Hugging Face does: a cast each way
+    if (s.dropout) between += 2 * 2.5 * h;  // two dropouts on h (read, write, a byte mask)
+    fwd = sequence_parallel ? between / tp : between;  // the tp regions' outside: split by sequence parallelism
     if (!s.learned_positions) fwd += 2 * (q + kv);  // RoPE on q and k
     fwd += s.mlp == MlpKind::kSwiGlu ? 5 * f : 2 * f;  // silu(gate) * up; GELU
-    if (s.dropout) fwd += 2 * 2.5 * h;  // two dropouts on h (read, write, a byte mask)
   }
   const double passes = (kind == LayerKind::kBlock && recompute == Recompute::kFull) ? 4.0 : 3.0;
   return passes * t * fwd * v + fixed;

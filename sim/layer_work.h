@@ -61,20 +61,60 @@ LayerGemms layer_gemms(const ModelShape& s, LayerKind kind, long long tokens, in
 double layer_attention_flops(const ModelShape& s, LayerKind kind, long long bs, long long seq, int tp,
                              Recompute recompute);
 
+// How a block's attention runs. kFused: one kernel (flash attention, PyTorch SDPA) keeps the scores on chip,
+// priced by its FLOPs (layer_attention_flops). kMaterialized: the b x (a/tp) x s x s score tensor goes
+// through HBM between separate kernels, as Megatron-LM did before flash attention (2021-22: a batched
+// Q K^T GEMM, its fused scale-mask-softmax, PyTorch's dropout, a batched GEMM with V) and as eager
+// Hugging Face attention does; priced by ScoreTraffic.
+enum class AttentionKernels { kFused, kMaterialized };
+
+// How a layer's kernels run beyond its shape: its attention, and Megatron's sequence parallelism (with
+// tp: the norms, dropouts and residual adds between the tensor-parallel regions run on s/tp tokens per
+// rank instead of on every token on every rank; Korthikanti et al. 2022, Sec. 4.2.2).
+struct LayerKernels {
+  AttentionKernels attention = AttentionKernels::kFused;
+  bool sequence_parallel = false;
+};
+
+// The materialised attention's work per rank in a forward+backward pass (with the forward again under full
+// or selective recomputation: Megatron's selective recomputation is exactly this core attention), over the
+// `scores` = b x (heads/tp) x s x s elements of 16-bit values (the whole square: the causal mask is applied
+// by the softmax, not skipped by the GEMMs).
+//  - Batched GEMMs that write or read the score tensor, each 2 x head_dim FLOPs and one 16-bit value of
+//    HBM traffic per score: forward Q K^T (writes) and P V (reads); backward dP = dO V^T (writes),
+//    dV = P^T dO, dQ = dS K and dK = dS^T Q (read).
+//  - Streaming kernels over it, bytes per score: forward softmax (read, write: 2 values), dropout (read,
+//    write, a 1-byte mask); backward dropout (read, mask, write), softmax (read the gradient and the saved
+//    probabilities, write).
+// Zero outside blocks.
+struct ScoreTraffic {
+  double scores = 0;                  // score elements per pass
+  int gemm_passes = 0;                // batched GEMMs over the scores: 6, 8 recomputed
+  double gemm_flops_per_score = 0;    // 2 x head_dim
+  double gemm_bytes_per_score = 0;    // one 16-bit value
+  double stream_bytes_per_score = 0;  // softmax and dropout, all passes together
+  double gemm_flops() const { return scores * gemm_passes * gemm_flops_per_score; }
+  double stream_bytes() const { return scores * stream_bytes_per_score; }
+};
+ScoreTraffic layer_score_traffic(const ModelShape& s, LayerKind kind, long long bs, long long seq, int tp,
+                                 Recompute recompute, double bytes_per_value);
+
 // Tensor-parallel all-reduces of the layer's activations per pass (Megatron,
 // no sequence parallelism): a block 2 forward + 2 backward, the embedding 1,
 // the head 1; each of tokens x hidden values. 0 when tp == 1.
 int layer_allreduces(LayerKind kind, int tp);
 
 // HBM bytes the layer's memory-bound (non-GEMM, non-attention) kernels move
-// in a forward+backward pass, per rank, at `bytes_per_value` (2 for bf16):
+// in a forward+backward pass, per rank, at `bytes_per_value` (2 for bf16)
+// (a block's norms, residual adds and dropouts on 1/tp of the tokens under
+// `sequence_parallel`; without it every tp rank runs them on all tokens):
 // norms, activation functions, residual adds, RoPE, dropout, the embedding
 // gather and its scatter-add, the head's cross-entropy. A counted estimate
 // (each kernel reads its inputs and writes its outputs once; backward twice
 // the forward's traffic, except the cross-entropy, whose passes over the
 // logits are itemised); measured profiles time this class instead.
 double layer_elementwise_bytes(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute,
-                               double bytes_per_value);
+                               double bytes_per_value, bool sequence_parallel = false);
 
 // Kernels the layer launches per forward+backward pass (the launch floor's
 // count), an estimate from its structure: a block's norms, projections,

@@ -29,6 +29,7 @@
 
 #include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
+#include "sim/model_shape.h"
 #include "metis/metis_search.h"
 #include "sim/plan.h"
 #include "sim/profile.h"
@@ -149,6 +150,34 @@ inline const ProfileSet& analytic_profiles(int layers) {
   auto& slot = cache[layers];
   if (!slot) slot = std::make_unique<ProfileSet>(ProfileSet::load(analytic_dir(layers), layers));
   return *slot;
+}
+
+// The small GPT of the planner's tests: 6 Metis layers (embedding, 4 blocks, head), hidden 2048, sequence
+// 1024, vocabulary 32000, 16 heads.
+inline ModelConfig six_layer_model() {
+  ModelConfig m;
+  m.num_layers = 6;
+  m.hidden_size = 2048;
+  m.sequence_length = 1024;
+  m.vocab_size = 32000;
+  m.attention_heads = 16;
+  return m;
+}
+
+// Its exact shape, as the simulator and the search take it.
+inline ModelShape six_layer_shape() { return shape_from_model_config(six_layer_model()); }
+
+// Roofline profiles of six_layer_model() for `device_types`, tp 1-4 and micro-batches 1-8, written into the
+// scratch folder `folder` (each call writes them again: callers cache). Returns the folder's path.
+inline std::string six_layer_profile_dir(const std::vector<std::string>& device_types, const std::string& folder) {
+  AnalyticOptions o;
+  o.model = six_layer_model();
+  o.device_types = device_types;
+  o.max_tp = 4;
+  o.max_bs = 8;
+  const std::string dir = scratch_dir(folder).string();
+  generate_analytic_profiles(o, dir);
+  return dir;
 }
 
 // n/4 V100 nodes (0.0.0.1) then n/4 A100 nodes (0.0.0.4), 4 GPUs each, on the project's clusterfile.

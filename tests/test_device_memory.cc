@@ -11,7 +11,6 @@
 #include "base/input_error.h"
 #include "base/json_util.h"
 #include "planner/plan_search.h"
-#include "sim/analytic_profiles.h"
 #include "sim/device_memory.h"
 #include "sim/plan_simulator.h"
 
@@ -20,28 +19,11 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024;
 
-ModelConfig model6() {
-  ModelConfig m;
-  m.num_layers = 6;
-  m.hidden_size = 2048;
-  m.sequence_length = 1024;
-  m.vocab_size = 32000;
-  m.attention_heads = 16;
-  return m;
-}
-
 const ProfileSet& profiles6() {
   static std::unique_ptr<ProfileSet> set;
-  if (!set) {
-    AnalyticOptions o;
-    o.model = model6();
-    o.device_types = {"A100", "V100"};
-    o.max_tp = 4;
-    o.max_bs = 8;
-    const auto dir = test::scratch_dir("device-memory-profiles");
-    generate_analytic_profiles(o, dir.string());
-    set = std::make_unique<ProfileSet>(ProfileSet::load(dir.string(), 6));
-  }
+  if (!set)
+    set = std::make_unique<ProfileSet>(
+        ProfileSet::load(test::six_layer_profile_dir({"A100", "V100"}, "device-memory-profiles"), 6));
   return *set;
 }
 
@@ -120,7 +102,7 @@ TEST_CASE("memory headroom (--memory-headroom) takes a share or an amount", "[de
 
 TEST_CASE("simulate prices each rank's device memory in use, term by term", "[device-memory]") {
   const Cluster cluster = a100s(4, 80);
-  const ModelShape shape = shape_from_model_config(model6());
+  const ModelShape shape = test::six_layer_shape();
   const PlanSimulator with(cluster, profiles6(), shape, 1024, options(true, 0.03));
   const PlanSimulator without(cluster, profiles6(), shape, 1024, options(false, 0));
   // pp 2 of (dp 1, tp 2): stage 0's ranks join world, tp, embedding (tied GPT) and two p2p groups.
@@ -163,7 +145,7 @@ TEST_CASE("the framework constant is the one measured at tp 1 (the tp group's NC
   }
   const ProfileSet measured = ProfileSet::load(dir.string(), 6);
   const Cluster cluster = a100s(4, 80);
-  const ModelShape shape = shape_from_model_config(model6());
+  const ModelShape shape = test::six_layer_shape();
   const PlanResult p = plan({4}, {{2, 2}}, {0, 6}, 4);
   const PlanSimulation on = PlanSimulator(cluster, measured, shape, 1024, options(true, 0.03)).simulate(p, 16);
   const PlanSimulation off = PlanSimulator(cluster, measured, shape, 1024, options(false, 0)).simulate(p, 16);
@@ -172,7 +154,7 @@ TEST_CASE("the framework constant is the one measured at tp 1 (the tp group's NC
 }
 
 TEST_CASE("the search's best plan fits its device memory in use plus the headroom", "[device-memory][search]") {
-  const ModelShape shape = shape_from_model_config(model6());
+  const ModelShape shape = test::six_layer_shape();
   PlanSearchOptions o;
   o.gbs = 16;
   o.top_k = 1;

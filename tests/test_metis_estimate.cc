@@ -32,9 +32,7 @@ PlanFile as_plan_file(const PlanResult& r, int layers, int gbs) {
 // as the search lays out the plan's node sequence.
 std::vector<double> reference_demand(const Cluster& cluster, const ProfileSet& profiles, const PlanResult& r,
                                      int gbs, std::vector<double>* capacity) {
-  std::vector<int> ns;
-  for (const auto& name : r.node_sequence) ns.push_back(cluster.type_index(name));
-  const RankLayout layout(cluster, ns);
+  const RankLayout layout(cluster, cluster.type_indices(r.node_sequence));
   std::vector<int> ptypes;
   for (int t : layout.rank_types()) ptypes.push_back(profiles.type_index(cluster.device_types()[t]));
   InterStagePlan isp;
@@ -86,8 +84,7 @@ TEST_CASE("metis_estimate gives the Metis search's cost and memory demand for it
           REQUIRE(e.label == 1);
           REQUIRE(e.label_costed);
           CHECK(e.label_terms.total == r.cost);
-          std::vector<int> ns;
-          for (const auto& name : r.node_sequence) ns.push_back(cluster.type_index(name));
+          const std::vector<int> ns = cluster.type_indices(r.node_sequence);
           InterStagePlan isp;
           isp.device_groups = &r.device_groups;
           isp.num_stage = 1;
@@ -120,9 +117,7 @@ TEST_CASE("metis_estimate gives the Metis search's cost and memory demand for it
         CHECK(rank == cluster.num_devices());
         multi_stage += r.device_groups.size() > 1;
         bool mixed = false;
-        std::vector<int> ns;
-        for (const auto& name : r.node_sequence) ns.push_back(cluster.type_index(name));
-        const RankLayout layout(cluster, ns);
+        const RankLayout layout(cluster, cluster.type_indices(r.node_sequence));
         int begin = 0;
         for (int g : r.device_groups) {
           mixed |= !layout.homogeneous(begin, begin + g);

@@ -14,7 +14,6 @@
 #include "planner/export_plan.h"
 #include "planner/objective.h"
 #include "planner/plan_search.h"
-#include "sim/analytic_profiles.h"
 #include "sim/gpu_specs.h"
 #include "sim/plan_file.h"
 #include "sim/plan_simulator.h"
@@ -24,27 +23,9 @@ namespace fs = std::filesystem;
 namespace hetplan {
 namespace {
 
-ModelConfig model6() {
-  ModelConfig m;
-  m.num_layers = 6;
-  m.hidden_size = 2048;
-  m.sequence_length = 1024;
-  m.vocab_size = 32000;
-  m.attention_heads = 16;
-  return m;
-}
-
 std::string profile_dir() {
   static std::string dir;
-  if (dir.empty()) {
-    AnalyticOptions o;
-    o.model = model6();
-    o.device_types = {"A100", "H100", "V100"};
-    o.max_tp = 4;
-    o.max_bs = 8;
-    dir = test::scratch_dir("objective-profiles").string();
-    generate_analytic_profiles(o, dir);
-  }
+  if (dir.empty()) dir = test::six_layer_profile_dir({"A100", "H100", "V100"}, "objective-profiles");
   return dir;
 }
 
@@ -91,7 +72,7 @@ double cheapest_by_brute_force(const Cluster& cluster, int gbs, double deadline_
   double best = -1;
   for (const NodeSubset& s : node_subsets(cluster, 1000, &reduced)) {
     const Cluster sub = subset_cluster(cluster, s);
-    const PlanSimulator sim(sub, profiles(), shape_from_model_config(model6()), 1024, sim_options());
+    const PlanSimulator sim(sub, profiles(), test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o = search_options(gbs);
     o.top_k = 1000;  // every plan under the deadline counts, not only the fastest
     const PlanSearchResult r = PlanSearch(sub, profiles(), sim, o).run();
@@ -110,7 +91,7 @@ double cheapest_by_brute_force(const Cluster& cluster, int gbs, double deadline_
 PlanFile plan_file(const PlanResult& p, int gbs, int zero_stage) {
   PlanFile f;
   f.plan = p;
-  f.model = model6();
+  f.model = test::six_layer_model();
   f.shape = shape_from_model_config(f.model);
   f.gbs = gbs;
   f.zero_stage = zero_stage;
@@ -180,7 +161,7 @@ TEST_CASE("search --objective cost picks the cheapest plan per iteration, and th
   std::vector<std::string> chosen;
   for (const Prices& p : {Prices{4.0, 3.0, 1.0}, Prices{4.0, 0.2, 40.0}, Prices{0.5, 3.0, 40.0}}) {
     const Cluster c = mixed(p.a100, p.v100, p.h100);
-    const ObjectiveSearchResult r = search_objective(c, profiles(), shape_from_model_config(model6()), 1024,
+    const ObjectiveSearchResult r = search_objective(c, profiles(), test::six_layer_shape(), 1024,
                                                      sim_options(), search_options(gbs), cost);
     REQUIRE(!r.top.empty());
     const PricedPlan& best = r.top[0];
@@ -208,12 +189,12 @@ TEST_CASE("search --deadline-ms: the cheapest plan whose iteration meets the bou
   const int gbs = 8;
   const Cluster c = mixed(4.0, 0.2, 12.0);
   // The fastest plan of the whole cluster, and the cheapest plan without a bound.
-  const PlanSimulator sim(c, profiles(), shape_from_model_config(model6()), 1024, sim_options());
+  const PlanSimulator sim(c, profiles(), test::six_layer_shape(), 1024, sim_options());
   const PlanSearchResult fastest = PlanSearch(c, profiles(), sim, search_options(gbs)).run();
   REQUIRE(!fastest.top.empty());
   ObjectiveOptions free_cost;
   free_cost.objective = Objective::kCost;
-  const ObjectiveSearchResult cheapest = search_objective(c, profiles(), shape_from_model_config(model6()), 1024,
+  const ObjectiveSearchResult cheapest = search_objective(c, profiles(), test::six_layer_shape(), 1024,
                                                           sim_options(), search_options(gbs), free_cost);
   REQUIRE(!cheapest.top.empty());
   const double slow = cheapest.top[0].searched.plan.cost, fast = fastest.top[0].plan.cost;
@@ -222,7 +203,7 @@ TEST_CASE("search --deadline-ms: the cheapest plan whose iteration meets the bou
   ObjectiveOptions o;
   o.deadline_ms = deadline;
   const ObjectiveSearchResult r =
-      search_objective(c, profiles(), shape_from_model_config(model6()), 1024, sim_options(), search_options(gbs), o);
+      search_objective(c, profiles(), test::six_layer_shape(), 1024, sim_options(), search_options(gbs), o);
   REQUIRE(!r.top.empty());
   for (const PricedPlan& p : r.top) CHECK(p.searched.plan.cost <= deadline);
   std::string label;
@@ -231,7 +212,7 @@ TEST_CASE("search --deadline-ms: the cheapest plan whose iteration meets the bou
   // Tighter than the fastest plan: nothing, and the fastest time is reported.
   o.deadline_ms = 0.5 * fast;
   const ObjectiveSearchResult none =
-      search_objective(c, profiles(), shape_from_model_config(model6()), 1024, sim_options(), search_options(gbs), o);
+      search_objective(c, profiles(), test::six_layer_shape(), 1024, sim_options(), search_options(gbs), o);
   CHECK(none.top.empty());
   CHECK(none.fastest_ms > o.deadline_ms);  // reported: the fastest plan of any sub-cluster
   CHECK(none.fastest_ms <= fast);           // (a sub-cluster without the V100s is faster than the whole cluster)
@@ -242,7 +223,7 @@ TEST_CASE("search --uniform: plans are Megatron-LM's and DeepSpeed's, and export
   for (int gbs : {8, 12, 16}) {
     const Cluster c = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 2}, {"10.0.0.3", 2}}, entries(-1, -1, -1),
                                           "hosts", "clusterfile");
-    const PlanSimulator sim(c, profiles(), shape_from_model_config(model6()), 1024, sim_options());
+    const PlanSimulator sim(c, profiles(), test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o = search_options(gbs);
     TrainingSetup plain = sim_options().setup, z2 = plain;
     z2.zero_stage = 2;
@@ -263,22 +244,17 @@ TEST_CASE("search --uniform: plans are Megatron-LM's and DeepSpeed's, and export
     const PlanResult& b = any.top[0].plan;
     if (std::any_of(b.strategies.begin(), b.strategies.end(), [&](const Strategy& s) { return !(s == b.strategies[0]); }))
       ++differ;
-    const RankLayout layout(c, {c.type_index(uni.top[0].plan.node_sequence[0]), c.type_index(uni.top[0].plan.node_sequence[1]),
-                                c.type_index(uni.top[0].plan.node_sequence[2])});
     for (const SearchedPlan& p : uni.top) {
       INFO("gbs " << gbs << ": " << p.plan.strategies.size() << " stages");
       const PlanFile f = plan_file(p.plan, gbs, o.setups[p.setup].zero_stage);
       for (const Strategy& s : p.plan.strategies) CHECK(s == p.plan.strategies[0]);
       CHECK((gbs / p.plan.batches) % p.plan.strategies[0].dp == 0);
-      std::vector<int> seq;
-      for (const auto& t : p.plan.node_sequence) seq.push_back(c.type_index(t));
-      const RankLayout rl(c, seq);
+      const RankLayout rl(c, c.type_indices(p.plan.node_sequence));
       const ParallelLayout placement(c, rl);
       CHECK_NOTHROW(export_megatron(f, *f.shape, &placement, "plan"));
       CHECK_NOTHROW(export_deepspeed(f, *f.shape, &placement, "plan"));
       CHECK(accepting_exporters(f, *f.shape, placement) == std::vector<std::string>{"megatron", "deepspeed", "torchrun"});
     }
-    (void)layout;
   }
   CHECK(differ > 0);  // without --uniform, some best plan runs stages at different (dp, tp)
 }

@@ -66,6 +66,26 @@ std::vector<TrainingSetup> searched_setups() {
   return out;
 }
 
+// Random per-micro-batch costs of a stage (or chunk), 0-10 ms: forward, backward, and, each zero one time in
+// three, accumulation and the sends. The draws' order is part of each test's sequence.
+void draw_micro_batch_costs(std::mt19937& rng, FastStageCost* c) {
+  std::uniform_real_distribution<double> ms(0.0, 10.0);
+  c->forward_ms = ms(rng);
+  c->backward_ms = ms(rng);
+  c->accumulation_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 10;
+  c->send_forward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
+  c->send_backward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
+}
+
+// Random per-iteration costs of a stage: the all-reduce (zero one time in four), the optimizer, and half the
+// time a sustained-clock slowdown of up to 20%.
+void draw_update_costs(std::mt19937& rng, FastStageCost* c) {
+  std::uniform_real_distribution<double> ms(0.0, 10.0);
+  c->allreduce_ms = rng() % 4 == 0 ? 0.0 : ms(rng) * 3;
+  c->optimizer_ms = ms(rng);
+  c->sustained_factor = rng() % 2 ? 1.0 : 1.0 + ms(rng) / 50;
+}
+
 }  // namespace
 
 TEST_CASE("iteration_ms equals simulate_timeline's longest path", "[plan_cost]") {
@@ -74,7 +94,6 @@ TEST_CASE("iteration_ms equals simulate_timeline's longest path", "[plan_cost]")
   const RankLayout layout(s.cluster, {0, 1});
   const PlanCostModel model(sim, layout, {TrainingSetup{}});
   std::mt19937 rng(12345);
-  std::uniform_real_distribution<double> ms(0.0, 10.0);
   PipelineScratch scratch;
   int stretched = 0, checked = 0;
   for (int trial = 0; trial < 400; ++trial) {
@@ -83,14 +102,8 @@ TEST_CASE("iteration_ms equals simulate_timeline's longest path", "[plan_cost]")
     const Schedule schedule = trial % 2 ? Schedule::kGpipe : Schedule::k1F1B;
     std::vector<FastStageCost> fast(p);
     for (auto& c : fast) {
-      c.forward_ms = ms(rng);
-      c.backward_ms = ms(rng);
-      c.accumulation_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 10;
-      c.send_forward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
-      c.send_backward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
-      c.allreduce_ms = rng() % 4 == 0 ? 0.0 : ms(rng) * 3;
-      c.optimizer_ms = ms(rng);
-      c.sustained_factor = rng() % 2 ? 1.0 : 1.0 + ms(rng) / 50;
+      draw_micro_batch_costs(rng, &c);
+      draw_update_costs(rng, &c);
     }
     for (int i = 0; i < p; ++i) {
       if (i == 0) fast[i].send_backward_ms = 0;
@@ -140,7 +153,6 @@ TEST_CASE("interleaved: iteration_ms with chunk costs equals simulate_timeline's
   const RankLayout layout(s.cluster, {0, 1});
   const PlanCostModel model(sim, layout, {TrainingSetup{}});
   std::mt19937 rng(4242);
-  std::uniform_real_distribution<double> ms(0.0, 10.0);
   PipelineScratch scratch;
   int checked = 0;
   for (int trial = 0; trial < 200; ++trial) {
@@ -148,18 +160,8 @@ TEST_CASE("interleaved: iteration_ms with chunk costs equals simulate_timeline's
     const int v = std::uniform_int_distribution<int>(2, 4)(rng);
     const int m = p * std::uniform_int_distribution<int>(1, 5)(rng);
     std::vector<FastStageCost> stages(p), chunks(static_cast<std::size_t>(p) * v);
-    for (auto& c : stages) {
-      c.allreduce_ms = rng() % 4 == 0 ? 0.0 : ms(rng) * 3;
-      c.optimizer_ms = ms(rng);
-      c.sustained_factor = rng() % 2 ? 1.0 : 1.0 + ms(rng) / 50;
-    }
-    for (auto& c : chunks) {
-      c.forward_ms = ms(rng);
-      c.backward_ms = ms(rng);
-      c.accumulation_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 10;
-      c.send_forward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
-      c.send_backward_ms = rng() % 3 == 0 ? 0.0 : ms(rng) / 5;
-    }
+    for (auto& c : stages) draw_update_costs(rng, &c);
+    for (auto& c : chunks) draw_micro_batch_costs(rng, &c);
     // The stage as a whole (for the pace): its chunks' sums.
     for (int k = 0; k < p * v; ++k) {
       stages[k % p].forward_ms += chunks[k].forward_ms;

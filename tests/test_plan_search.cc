@@ -30,7 +30,6 @@
 #include "planner/plan_search.h"
 #include "planner/stage_estimator.h"
 #include "base/thread_limit.h"
-#include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "base/input_error.h"
 #include "sim/parallel_layout.h"
@@ -44,31 +43,10 @@ namespace {
 // A small GPT (6 Metis layers: embedding, 4 blocks, head) estimated for three GPU types.
 const ProfileSet& small_profiles() {
   static std::unique_ptr<ProfileSet> set;
-  if (!set) {
-    AnalyticOptions o;
-    o.model.num_layers = 6;
-    o.model.hidden_size = 2048;
-    o.model.sequence_length = 1024;
-    o.model.vocab_size = 32000;
-    o.model.attention_heads = 16;
-    o.device_types = {"A100", "H100", "V100"};
-    o.max_tp = 4;
-    o.max_bs = 8;
-    const auto dir = test::scratch_dir("plan-search-profiles");
-    generate_analytic_profiles(o, dir.string());
-    set = std::make_unique<ProfileSet>(ProfileSet::load(dir.string(), 6));
-  }
+  if (!set)
+    set = std::make_unique<ProfileSet>(
+        ProfileSet::load(test::six_layer_profile_dir({"A100", "H100", "V100"}, "plan-search-profiles"), 6));
   return *set;
-}
-
-ModelConfig small_model() {
-  ModelConfig m;
-  m.num_layers = 6;
-  m.hidden_size = 2048;
-  m.sequence_length = 1024;
-  m.vocab_size = 32000;
-  m.attention_heads = 16;
-  return m;
 }
 
 std::vector<ClusterfileEntry> clusterfile() {
@@ -133,6 +111,43 @@ SimulationOptions sim_options() {
   return o;
 }
 
+// `x` is the same plan as `y`, at the same cost to the bit: node order, device groups, (dp, tp) per stage,
+// layers per stage and micro-batches.
+void check_same_plan(const PlanResult& x, const PlanResult& y) {
+  CHECK(x.cost == y.cost);
+  CHECK(x.node_sequence == y.node_sequence);
+  CHECK(x.device_groups == y.device_groups);
+  CHECK(x.strategies == y.strategies);
+  CHECK(x.layer_partition == y.layer_partition);
+  CHECK(x.batches == y.batches);
+}
+
+// `p` is a plan of the default search's space for `cluster` (the six-layer model) and global batch `gbs`: its
+// stages use every GPU once and the layers in order, each stage at least one; its micro-batches divide `gbs`,
+// each stage has dp x tp GPUs with dp at most a micro-batch's samples and every tp group inside a node; every
+// rank fits its own GPU, and its cost is simulate's iteration time.
+void check_plan_of_the_space(const Cluster& cluster, const PlanSimulator& sim, const PlanResult& p, int gbs) {
+  int gpus = 0;
+  for (int g : p.device_groups) gpus += g;
+  CHECK(gpus == cluster.num_devices());
+  REQUIRE(p.layer_partition.size() == p.device_groups.size() + 1);
+  CHECK(p.layer_partition.front() == 0);
+  CHECK(p.layer_partition.back() == 6);
+  for (std::size_t i = 0; i + 1 < p.layer_partition.size(); ++i) CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
+  CHECK(gbs % p.batches == 0);
+  const RankLayout layout(cluster, cluster.type_indices(p.node_sequence));
+  int begin = 0;
+  for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
+    CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
+    CHECK(p.strategies[i].dp <= gbs / p.batches);
+    CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
+    begin += p.device_groups[i];
+  }
+  const PlanSimulation s = sim.simulate(p, gbs);
+  CHECK(s.fits);
+  CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
+}
+
 }  // namespace
 
 // The pruned search against exhaustive enumeration on the 24 clusters: same best plans, same costs,
@@ -151,7 +166,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
   for (const Case& c : all) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, gpus, "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, so);
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, so);
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 3;
@@ -172,19 +187,10 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     for (std::size_t i = 0; i < full.top.size(); ++i) {
       const PlanResult& x = pruned.top[i].plan;
       const PlanResult& y = full.top[i].plan;
-      CHECK(x.cost == y.cost);
-      CHECK(x.node_sequence == y.node_sequence);
-      CHECK(x.device_groups == y.device_groups);
-      CHECK(x.strategies == y.strategies);
-      CHECK(x.layer_partition == y.layer_partition);
-      CHECK(x.batches == y.batches);
+      check_same_plan(x, y);
       CHECK(pruned.top[i].setup == full.top[i].setup);
       if (boundaries == StageBoundaries::kNode) {  // every stage starts on a node boundary
-        std::vector<int> perm;
-        for (const std::string& t : x.node_sequence)
-          perm.push_back(static_cast<int>(std::find(cluster.device_types().begin(), cluster.device_types().end(), t) -
-                                          cluster.device_types().begin()));
-        const RankLayout layout(cluster, perm);
+        const RankLayout layout(cluster, cluster.type_indices(x.node_sequence));
         int r = 0;
         for (int size : x.device_groups) {
           CHECK((r == 0 || layout.node_of(r) != layout.node_of(r - 1)));
@@ -301,19 +307,14 @@ TEST_CASE("the pruned search returns what exhaustive search returns with v as a 
     o.setups = {a, b};
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
-    const ModelShape shape = shape_from_model_config(small_model());
+    const ModelShape shape = test::six_layer_shape();
     const PlanSearchResult pruned = search_virtual_stages(cluster, measured_profiles(), shape, 1024, sim_options(), o, {1, 2});
     const PlanSearchResult full = search_virtual_stages(cluster, measured_profiles(), shape, 1024, sim_options(), ex, {1, 2});
     REQUIRE(pruned.top.size() == full.top.size());
     for (std::size_t i = 0; i < full.top.size(); ++i) {
       const PlanResult& x = pruned.top[i].plan;
       const PlanResult& y = full.top[i].plan;
-      CHECK(x.cost == y.cost);
-      CHECK(x.node_sequence == y.node_sequence);
-      CHECK(x.device_groups == y.device_groups);
-      CHECK(x.strategies == y.strategies);
-      CHECK(x.layer_partition == y.layer_partition);
-      CHECK(x.batches == y.batches);
+      check_same_plan(x, y);
       CHECK(pruned.top[i].setup == full.top[i].setup);
       CHECK(pruned.top[i].virtual_stages == full.top[i].virtual_stages);
       if (full.top[i].virtual_stages > 1) {
@@ -392,36 +393,12 @@ TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp i
   for (const Case& c : cases()) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 5;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
-    for (const SearchedPlan& sp : r.top) {
-      const PlanResult& p = sp.plan;
-      int gpus = 0;
-      for (int g : p.device_groups) gpus += g;
-      CHECK(gpus == cluster.num_devices());
-      REQUIRE(p.layer_partition.size() == p.device_groups.size() + 1);
-      CHECK(p.layer_partition.front() == 0);
-      CHECK(p.layer_partition.back() == 6);
-      for (std::size_t i = 0; i + 1 < p.layer_partition.size(); ++i) CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
-      CHECK(c.gbs % p.batches == 0);
-      std::vector<int> seq;
-      for (const auto& n : p.node_sequence) seq.push_back(cluster.type_index(n));
-      const RankLayout layout(cluster, seq);
-      int begin = 0;
-      for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
-        CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
-        CHECK(p.strategies[i].dp <= c.gbs / p.batches);
-        CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
-        begin += p.device_groups[i];
-      }
-      // The cost is simulate's iteration time, and every rank fits its own GPU.
-      const PlanSimulation s = sim.simulate(p, c.gbs);
-      CHECK(s.fits);
-      CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
-    }
+    for (const SearchedPlan& sp : r.top) check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
   }
 }
 
@@ -429,7 +406,7 @@ TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp i
 struct SevenGpus {
   const ProfileSet& profiles = small_profiles();
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 2}, {"10.0.0.1", 3}, {"10.0.0.3", 2}}, clusterfile());
-  const PlanSimulator sim{cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options()};
+  const PlanSimulator sim{cluster, profiles, test::six_layer_shape(), 1024, sim_options()};
 };
 
 TEST_CASE("the default search does not depend on the thread count", "[plan_search]") {
@@ -463,7 +440,7 @@ TEST_CASE("the default search does not depend on the thread count", "[plan_searc
 TEST_CASE("a cancelled search returns what it found and says it was cut short", "[plan_search]") {
   const ProfileSet& profiles = small_profiles();
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 4}, {"10.0.0.3", 3}}, clusterfile());
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
   std::atomic<bool> cancel{true};
   PlanSearchOptions o;
   o.gbs = 8;
@@ -487,7 +464,7 @@ TEST_CASE("a cancelled search returns what it found and says it was cut short", 
 TEST_CASE("a --gbs whose micro-batches need too many profile slicings is refused, naming --gbs", "[plan_search]") {
   const ProfileSet& profiles = small_profiles();
   const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 4}, {"10.0.0.3", 3}}, clusterfile());
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
   PlanSearchOptions o;
   o.gbs = 1 << 20;  // micro-batches of up to 2^20 sequences: 3 types x 5 tp x (2^20 + 1) slicings
   try {
@@ -564,7 +541,7 @@ TEST_CASE("stage estimates: a mixed stage's capacity bound counts its replicas a
   const int L = profiles.num_layers(), max_tp = 4;
   const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 2}, {"10.0.0.3", 4}, {"10.0.0.3", 2}},
                                               clusterfile(), "hosts", "clusterfile");
-  const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
   const int types = static_cast<int>(cluster.device_types().size());
   int mixed = 0;
   for (const std::vector<int>& perm : {std::vector<int>{0, 1, 2}, std::vector<int>{2, 0, 1}}) {
@@ -629,7 +606,7 @@ TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, a
   for (const Case& c : all) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
@@ -662,12 +639,7 @@ TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, a
     seeded += r.seeds_costed > 0;
     const PlanResult& x = r.top[0].plan;
     const PlanResult& y = full.top[0].plan;
-    CHECK(x.cost == y.cost);
-    CHECK(x.node_sequence == y.node_sequence);
-    CHECK(x.device_groups == y.device_groups);
-    CHECK(x.strategies == y.strategies);
-    CHECK(x.layer_partition == y.layer_partition);
-    CHECK(x.batches == y.batches);
+    check_same_plan(x, y);
     CHECK_FALSE(r.space_empty);
     CHECK(r.best_ms == y.cost);
     CHECK(r.lower_bound_ms == y.cost);  // proven optimal: the bound meets the best
@@ -685,7 +657,7 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
   for (const Case& c : cases(true)) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 4;
@@ -700,24 +672,8 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
     REQUIRE_FALSE(best.top.empty());
     optimal_seeds += seeds.top[0].plan.cost == best.top[0].plan.cost;
     for (const SearchedPlan& sp : seeds.top) {
-      const PlanResult& p = sp.plan;
-      CHECK(p.cost >= best.top[0].plan.cost);
-      std::vector<int> seq;
-      for (const auto& n : p.node_sequence) seq.push_back(cluster.type_index(n));
-      const RankLayout layout(cluster, seq);
-      int begin = 0;
-      for (std::size_t i = 0; i < p.device_groups.size(); ++i) {
-        CHECK(p.strategies[i].dp * p.strategies[i].tp == p.device_groups[i]);
-        CHECK(p.strategies[i].dp <= c.gbs / p.batches);
-        CHECK(tp_groups_inside_nodes(layout, begin, p.strategies[i]));
-        CHECK(p.layer_partition[i] < p.layer_partition[i + 1]);
-        begin += p.device_groups[i];
-      }
-      CHECK(begin == cluster.num_devices());
-      CHECK(p.layer_partition.back() == 6);
-      const PlanSimulation s = sim.simulate(p, c.gbs);
-      CHECK(s.fits);
-      CHECK(std::abs(s.timeline.iteration_ms - p.cost) <= 1e-9 * p.cost);
+      CHECK(sp.plan.cost >= best.top[0].plan.cost);
+      check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
     }
   }
   CHECK(with_seeds >= 20);
@@ -730,7 +686,7 @@ TEST_CASE("a gap G: the best plan is within 1 + G of the optimum, and the lower 
   for (const Case& c : cases(true)) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0.25;
@@ -760,7 +716,7 @@ TEST_CASE("a search stopped before it starts reports no plan, not an empty space
   for (const Case& c : cases(true)) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     std::atomic<bool> cancel{true};
     PlanSearchOptions o;
     o.gbs = c.gbs;

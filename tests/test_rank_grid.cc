@@ -4,8 +4,10 @@
 
 #include <vector>
 
+#include "sim/cluster.h"
 #include "sim/data_load_balancer.h"
 #include "sim/parallel_layout.h"
+#include "sim/rank_layout.h"
 
 namespace hetplan {
 namespace {
@@ -121,6 +123,17 @@ TEST_CASE("rank grid: the data load balancer's replica types are each replica's 
   CHECK(std::vector<int>(got, got + 4) == std::vector<int>{0, 1, 1, 1});
   const StageGrid g(2, Strategy{4, 2});
   for (int d = 0; d < 4; ++d) CHECK(got[d] == rank_types[g.rank(d, 0)]);
+}
+
+TEST_CASE("a plan's node sequence as the cluster's type indices, which RankLayout lays its nodes out by", "[grid]") {
+  const Cluster c = Cluster::from_parts({{"10.0.0.1", 2}, {"10.0.0.2", 1}},
+                                        {{"10.0.0.1", "V100", 10, 50, 32}, {"10.0.0.2", "A100", 25, 300, 80}}, "hosts",
+                                        "clusterfile");
+  REQUIRE(c.device_types() == std::vector<std::string>{"A100", "V100"});
+  CHECK(c.type_indices({"V100", "A100"}) == std::vector<int>{1, 0});
+  CHECK(c.type_indices({"A100", "H100", "V100"}) == std::vector<int>{0, -1, 1});  // -1: not in the cluster
+  CHECK(c.type_indices({}).empty());
+  CHECK(RankLayout(c, c.type_indices({"V100", "A100"})).rank_types() == std::vector<int>{1, 1, 0});
 }
 
 }  // namespace hetplan

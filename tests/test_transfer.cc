@@ -268,6 +268,100 @@ TEST_CASE("gen-profiles --analytic --hf-config: a Llama on A100 and V100, fused 
   generate_analytic_profiles(o, dir2.string());
   const ordered_json e = read_json_file((dir2 / "DeviceType.A100_tp2_bs2.json").string());
   CHECK(e["execution_memory"]["layer_activation_mb"][1].get<double>() > act * 2);
+  // ... and the time pays the score tensor's traffic: the materialised attention's classes.
+  const KernelClassTimes m = analytic_layer_classes(s, 1, 2, 4096, 2, Recompute::kNone, r, {AttentionKernels::kMaterialized});
+  CHECK(e["execution_time"]["layer_compute_total_ms"][1].get<double>() == Approx(m.layer_ms()));
+  CHECK(e["execution_time"]["kernel_classes"]["attention_ms"][1].get<double>() == Approx(m.attention_ms));
+  CHECK(m.attention_ms > c.attention_ms);
+}
+
+TEST_CASE("Materialised attention: the score tensor's GEMMs at their roofline, softmax and dropout at HBM rate",
+          "[transfer][attention]") {
+  // Narayanan et al. SC'21's 1.7B GPT (h 2304, 24 heads of 96, dropout) at micro-batch 16, seq 2048, tp 1.
+  ModelConfig mc;
+  mc.num_layers = 26;
+  mc.hidden_size = 2304;
+  mc.attention_heads = 24;
+  mc.sequence_length = 2048;
+  mc.vocab_size = 51200;
+  const ModelShape s = shape_from_model_config(mc);
+  REQUIRE(s.head_dim == 96);
+  REQUIRE(s.dropout);
+  const double n = 16.0 * 24 * 2048 * 2048;  // scores per pass
+  // Bytes per score: forward softmax 2 + 2, dropout 2 + 2 + a 1-byte mask = 9; backward dropout 2 + 1 + 2,
+  // softmax 2 + 2 + 2 = 11. Recomputation runs the forward's 9 again, and its 2 GEMMs.
+  const ScoreTraffic none = layer_score_traffic(s, LayerKind::kBlock, 16, 2048, 1, Recompute::kNone, 2.0);
+  CHECK(none.scores == n);
+  CHECK(none.gemm_passes == 6);
+  CHECK(none.gemm_flops_per_score == 192);
+  CHECK(none.gemm_bytes_per_score == 2);
+  CHECK(none.stream_bytes_per_score == 20);
+  const ScoreTraffic full = layer_score_traffic(s, LayerKind::kBlock, 16, 2048, 1, Recompute::kFull, 2.0);
+  CHECK(full.gemm_passes == 8);
+  CHECK(full.stream_bytes_per_score == 29);
+  // The GEMMs' FLOPs are the fused count's (Q K^T and P V, forward and backward).
+  CHECK(full.gemm_flops() == Approx(layer_attention_flops(s, LayerKind::kBlock, 16, 2048, 1, Recompute::kFull)));
+  // tp splits the heads; no scores outside blocks.
+  CHECK(layer_score_traffic(s, LayerKind::kBlock, 16, 2048, 2, Recompute::kNone, 2.0).scores == n / 2);
+  CHECK(layer_score_traffic(s, LayerKind::kHead, 16, 2048, 1, Recompute::kNone, 2.0).scores == 0);
+  // Without dropout (Llama): softmax only, 4 forward and 6 backward bytes per score.
+  ModelShape nodrop = s;
+  nodrop.dropout = false;
+  CHECK(layer_score_traffic(nodrop, LayerKind::kBlock, 16, 2048, 1, Recompute::kSelective, 2.0).stream_bytes_per_score ==
+        4 + 4 + 6);
+
+  // On the A100 (catalogue: 312 TFLOP/s, 2039 GB/s; attention 0.55, HBM 0.80): a GEMM over the scores with
+  // head_dim 96 moves 2 bytes per 192 FLOPs, memory-bound: n x 2 / 1631.2 GB/s = 1.97475 ms (its FLOPs
+  // would take n x 192 / 171.6 TFLOP/s = 1.80209 ms). Six of them, and 20 bytes per score of softmax and
+  // dropout at 1631.2 GB/s (19.7475 ms): 31.596 ms, three times the fused kernel's 10.81 ms.
+  const DeviceRates r = catalogue_rates("A100", ComputePrecision::kFp16, RateDefaults{}, "test");
+  CHECK(materialized_attention_ms(none, r) == Approx(6 * 1.974749 + 19.747486).epsilon(1e-5));
+  const KernelClassTimes fused = analytic_layer_classes(s, 1, 16, 2048, 1, Recompute::kNone, r);
+  const KernelClassTimes mat = analytic_layer_classes(s, 1, 16, 2048, 1, Recompute::kNone, r, {AttentionKernels::kMaterialized});
+  CHECK(fused.attention_ms == Approx(10.8122).epsilon(1e-4));
+  CHECK(mat.attention_ms == Approx(31.5960).epsilon(1e-4));
+  CHECK(mat.gemm_ms == fused.gemm_ms);
+  CHECK(mat.elementwise_ms == fused.elementwise_ms);
+  // Head dim 160 (the 1T model's): 320 FLOPs per 2 bytes, compute-bound at the attention rate.
+  ModelShape wide = s;
+  wide.head_dim = 160;
+  const ScoreTraffic w = layer_score_traffic(wide, LayerKind::kBlock, 1, 2048, 1, Recompute::kNone, 2.0);
+  const double gemm_ms = w.scores * 320 / (312e12 * 0.55) * 1e3;
+  CHECK(materialized_attention_ms(w, r) == Approx(6 * gemm_ms + w.scores * 20 / (2039e9 * 0.8) * 1e3));
+}
+
+TEST_CASE("Sequence parallelism splits a block's norms, dropouts and residual adds over tp", "[transfer][seqpar]") {
+  ModelConfig mc;
+  mc.num_layers = 26;
+  mc.hidden_size = 2304;
+  mc.attention_heads = 24;
+  mc.sequence_length = 2048;
+  const ModelShape s = shape_from_model_config(mc);
+  REQUIRE(s.ffn_hidden_size == 9216);
+  // Values per token of the forward at tp 8: two LayerNorms (2 x 2h), two residual adds (2 x 3h), two
+  // dropouts (2 x 2.5h) = 15h = 34560 on every rank without SP, 4320 with it; GELU on f / tp: 2 x 1152.
+  // Three passes of 2048 tokens at 2 bytes.
+  const double t = 2048;
+  CHECK(layer_elementwise_bytes(s, LayerKind::kBlock, 2048, 8, Recompute::kNone, 2.0) == 3 * t * (34560 + 2304) * 2);
+  CHECK(layer_elementwise_bytes(s, LayerKind::kBlock, 2048, 8, Recompute::kNone, 2.0, true) == 3 * t * (4320 + 2304) * 2);
+  // At tp 1 it changes nothing.
+  CHECK(layer_elementwise_bytes(s, LayerKind::kBlock, 2048, 1, Recompute::kNone, 2.0, true) ==
+        layer_elementwise_bytes(s, LayerKind::kBlock, 2048, 1, Recompute::kNone, 2.0));
+  // The analytic profiles made with it time the blocks so.
+  AnalyticOptions o;
+  o.model = mc;
+  o.model.num_layers = 4;
+  o.device_types = {"A100"};
+  o.max_tp = 8;
+  o.max_bs = 1;
+  o.sequence_parallel = true;
+  const auto dir = test::scratch_dir("analytic-seqpar");
+  generate_analytic_profiles(o, dir.string());
+  const ordered_json j = read_json_file((dir / "DeviceType.A100_tp8_bs1.json").string());
+  const DeviceRates r = catalogue_rates("A100", ComputePrecision::kBf16, RateDefaults{}, "test");
+  CHECK(j["execution_time"]["kernel_classes"]["elementwise_ms"][1].get<double>() ==
+        Approx(3 * t * (4320 + 2304) * 2 / r.bytes_per_s * 1e3));
+  CHECK(j["estimate"]["sequence_parallel"] == true);
 }
 
 TEST_CASE("gen-profiles CLI: --from and --analytic --hf-config, a search with disagreeing shape flags is refused",
