@@ -32,8 +32,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // q - 1 of the stages after it (infinity where none exists, which leaves hc/gc/g0c alone). `coef` holds
 // 8 rows of `stride` per-q coefficients: the end path's t, f, b, a, then the start path's. Written for
 // the compiler to vectorise: distinct arrays, no branch (no value is NaN).
-// With kTails, tn/tc are the tail_paths entries: tc[q] takes the least of max(own, fwd + tn[q]) (own: the
-// stage's compute and its tail; fwd: its forward and send).
+// With kTails (the whole-node tables), tn/tc are the tail_paths entries: tc[q] takes the least of max(own,
+// fwd + tn[q]) (own: the stage's compute and its tail; fwd: its forward and send), and the paths take the
+// multi-trip chain too.
 template <bool kTails>
 [[gnu::always_inline]] inline void relax_suffix(int q_max, const double* __restrict coef, int stride, StageEstimate x,
                                                 double busy, double csum, double c0, double sf, double sb,
@@ -63,11 +64,13 @@ template <bool kTails>
     // The multi-trip chain (multi_trip_counts): h_n[q] trips, each after a forward send, the first
     // micro-batch 0's (h_0 = 1), h_1 = h_n - 1 more. (NaN where the suffix is infinite and a coefficient is
     // 0: v is then infinite and stays; all zero under GPipe: at most sb, below busy.)
-    const double trips = h_t[q] * t + h_b[q] * b + h_a[q] * a + h_n[q] * sf + sb + h_0[q] * g0n[q] + h_1[q] * gn[q];
     const double m1 = busy < via ? via : busy;
     const double m2 = end < start ? start : end;
-    const double v0 = m1 < m2 ? m2 : m1;
-    const double v = trips > v0 ? trips : v0;
+    double v = m1 < m2 ? m2 : m1;
+    if constexpr (kTails) {  // (the whole-node tables only: a few percent of the inner loop elsewhere)
+      const double trips = h_t[q] * t + h_b[q] * b + h_a[q] * a + h_n[q] * sf + sb + h_0[q] * g0n[q] + h_1[q] * gn[q];
+      v = trips > v ? trips : v;
+    }
     hc[q] = v < hc[q] ? v : hc[q];
     const double gv = csum + gn[q];
     gc[q] = gv < gc[q] ? gv : gc[q];

@@ -747,7 +747,7 @@ TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below 
   for (const Case& c : cases(true)) {
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, shape_from_model_config(small_model()), 1024, sim_options());
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
@@ -778,9 +778,7 @@ TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below 
     // simulate's cost.
     g.top_k = 8;
     for (const SearchedPlan& sp : PlanSearch(cluster, profiles, sim, g).run().top) {
-      const PlanSimulation s = sim.simulate(sp.plan, c.gbs);
-      CHECK(s.fits);
-      CHECK(std::abs(s.timeline.iteration_ms - sp.plan.cost) <= 1e-9 * sp.plan.cost);
+      check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
       CHECK(sp.plan.cost >= y.cost);
     }
   }
