@@ -68,8 +68,10 @@ class Phases {
   }
 
   static constexpr long long kChunk = 32;
-  static constexpr std::size_t kArgminDepths = 3;  // depths whose argmin plans are polished, per group
-  static constexpr double kArgminPolishS = 0.25;   // time limit of one polish
+  static constexpr std::size_t kArgminDepths = 2;  // depths whose argmin plans are polished, per group
+  static constexpr double kArgminPolishS = 0.1;    // time limit of one polish
+  static constexpr double kArgminShare = 0.1;      // of the time budget, for every polish together
+  std::atomic<double> polish_s_{0};
   SearchWork& work_;
   std::vector<int> order_;  // (re-sorted by the bounds pass, before any thread reads it past that pass)
   const std::size_t n_groups_;
@@ -189,6 +191,11 @@ void Phases::run_bounds_pass() {
 void Phases::seed_from_table(int group) {
   ArgminSeeds* a = work_.argmin;
   if (!a) return;
+  // At most a tenth of the time budget (10 s without one) in all: past a few hundred GPUs a group's polish
+  // takes its whole limit, and 72 groups' would take most of the bounds pass.
+  const double budget = work_.control.time_budget_s(), cap = budget > 0 ? kArgminShare * budget : 10.0;
+  if (polish_s_.load(std::memory_order_relaxed) > cap) return;
+  const double started = work_.control.elapsed_s();
   const SuffixBound& bound = work_.bounds[group];
   const SearchSpace& sp = work_.space;
   std::vector<std::pair<double, int>> depths;
@@ -205,6 +212,9 @@ void Phases::seed_from_table(int group) {
     polish_plan(sp, a->cluster, a->options, a->schedule, sp.order_of_group(group).index,
                                  sp.micro_batches_of_group(group), stages, kArgminPolishS, work_.control, work_.shared,
                                  &a->found.local());
+  }
+  double spent = polish_s_.load(std::memory_order_relaxed);
+  while (!polish_s_.compare_exchange_weak(spent, spent + work_.control.elapsed_s() - started)) {
   }
 }
 
