@@ -38,7 +38,7 @@ struct ReplayArgs {
   std::string plan, out = "replay.json", trace, schedule, dtype = "bf16", device = "auto";
   std::string profile_dir, hostfile, clusterfile, dump_dir, work_dir, hf_config, recompute;
   int iters = 10, warmup = 3, timeout_s = 300, heads = 0, zero = -1, vp = 0;
-  bool overlap_grad_reduce = false;
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
   int64_t cpu_memory_limit_mb = 0;
   double lr = 1e-4;
   std::vector<std::string> argv;
@@ -115,6 +115,8 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   c.zero_stage = a.zero >= 0 ? a.zero : std::min(3, std::max(0, p.plan.zero_stage));
   // Overlapped reduction (ZeRO-2/3): the flag, or the plan's overlap.grad_reduce.
   c.overlap_grad_reduce = a.overlap_grad_reduce || p.plan.overlap.grad_reduce;
+  // ZeRO-3's prefetched gathers: the flag, or the plan's overlap.param_gather.
+  c.overlap_param_gather = a.overlap_param_gather || p.plan.overlap.param_gather;
   // Activation recomputation: the flag, else the setting the plan was costed with.
   if (!a.recompute.empty()) c.model.recompute = parse_recompute(a.recompute, "--recompute");
   else if (!p.plan.recompute.empty()) c.model.recompute = parse_recompute(p.plan.recompute, a.plan + ": recompute");
@@ -130,14 +132,19 @@ Prepared prepare(const ReplayArgs& a, int local_rank) {
   c.lr = a.lr;
   c.timeout = std::chrono::seconds(a.timeout_s);
   c.dump_dir = a.dump_dir;
+  // Sequence parallelism (with tp) and context parallelism: the plan's settings (the layout holds cp).
+  c.model.sequence_parallel = p.plan.sequence_parallel;
   for (std::size_t s = 0; s < p.plan.plan.strategies.size(); ++s) {
     const int tp = p.plan.plan.strategies[s].tp;
-    c.model.validate(tp, a.plan + ": stage " + std::to_string(s));
+    c.model.validate(tp, a.plan + ": stage " + std::to_string(s), p.layout->context_parallel());
     // Gloo's all-reduce knows no 16-bit floats; tp all-reduces activations.
     if (!c.device.is_cuda() && tp > 1 && c.dtype != torch::kFloat32)
       throw InputError(a.plan + ": stage " + std::to_string(s) + " has tp " + std::to_string(tp) +
                        ": on the CPU the Gloo backend cannot all-reduce " + a.dtype + " activations; pass --dtype fp32");
   }
+  if (!c.device.is_cuda() && p.layout->context_parallel() > 1 && c.dtype != torch::kFloat32)
+    throw InputError(a.plan + ": context_parallel " + std::to_string(p.layout->context_parallel()) +
+                     ": on the CPU the Gloo backend cannot all-gather " + a.dtype + " keys and values; pass --dtype fp32");
   return p;
 }
 
@@ -303,14 +310,23 @@ std::string device_mapping(const Prepared& p, const std::string& local) {
   return mapping;
 }
 
-// Runs one process per rank with its results in `dir` (made empty first); throws InputError "replay failed"
-// with each rank's reason where any rank fails.
+// Runs one process per rank with its results in `dir`; throws InputError "replay failed" with each rank's
+// reason where any rank fails. The default folder (next to --out) is made empty first; a --work-dir of the
+// user's loses only earlier ranks' files (rank<N>.json, .error, .partition.json), and reaches the ranks
+// through the user's own arguments (given twice, CLI11 would refuse it).
 void run_local_ranks(const ReplayArgs& a, const PipelineLayout& layout, const std::string& dir) {
-  fs::remove_all(dir);
-  fs::create_directories(dir);
   std::vector<std::string> args = a.argv;
-  args.push_back("--work-dir");
-  args.push_back(dir);
+  if (a.work_dir.empty()) {
+    fs::remove_all(dir);
+    args.push_back("--work-dir");
+    args.push_back(dir);
+  } else {
+    std::error_code ec;
+    for (int rank = 0; rank < layout.world(); ++rank)
+      for (const char* ext : {".json", ".error", ".partition.json"})
+        fs::remove(fs::path(dir) / ("rank" + std::to_string(rank) + ext), ec);
+  }
+  fs::create_directories(dir);
   const auto r = profiler::launch_local_ranks(args, layout.world(), profiler::free_local_port(),
                                               std::chrono::seconds(std::min(15, a.timeout_s)),
                                               std::chrono::seconds(a.timeout_s * 2));
@@ -391,15 +407,25 @@ ordered_json replay_json(const ReplayArgs& a, const Prepared& p, const ReplayMea
   out["mapping"] = mapping;
   out["schedule"] = to_string(p.config.schedule);
   out["virtual_stages"] = p.layout->virtual_stages();
+  out["sequence_parallel_executed"] = p.config.model.sequence_parallel;
+  out["context_parallel_executed"] = p.layout->context_parallel();
   out["dtype"] = a.dtype;
   out["recompute"] = to_string(p.config.model.recompute);
   // 1: fp32 masters and Adam state sharded over each stage's dp group; 2: and
   // the fp32 gradients (reduce-scattered); 3: and the 16-bit weights (gathered per layer).
   out["zero_stage_executed"] = p.config.zero_stage;
-  out["overlap_grad_reduce_executed"] = p.config.overlap_grad_reduce && p.config.zero_stage >= 2;
-  long long overlapped = 0;
-  for (const auto& rep : m.reports) overlapped += rep.overlapped_collectives;
+  // ZeRO-1 overlaps on one model chunk per rank (else it reduce-scatters in the step).
+  out["overlap_grad_reduce_executed"] =
+      p.config.overlap_grad_reduce &&
+      (p.config.zero_stage >= 2 || (p.config.zero_stage == 1 && p.layout->virtual_stages() == 1));
+  out["overlap_param_gather_executed"] = p.config.overlap_param_gather && p.config.zero_stage == 3;
+  long long overlapped = 0, prefetched = 0;
+  for (const auto& rep : m.reports) {
+    overlapped += rep.overlapped_collectives;
+    prefetched += rep.prefetched_gathers;
+  }
   out["overlapped_collectives"] = overlapped;
+  out["prefetched_gathers"] = prefetched;
   out["model"] = {{"name", model.shape.name},
                   {"family", model.shape.mlp == MlpKind::kSwiGlu ? "llama" : "gpt2"},
                   {"parameters", model.shape.parameter_count()},
@@ -525,8 +551,13 @@ Runner add_replay_command(CLI::App& app, int argc, char** argv) {
                 "layer just in time, as FSDP) (default: the plan's)");
   s->add_flag("--overlap-grad-reduce", a->overlap_grad_reduce,
               "With --zero 2 or 3: leave each layer's gradient reduce-scatter running while the backward goes on "
-              "(DeepSpeed's overlap_comm); waited for at each micro-batch's end (default: the plan's "
-              "overlap.grad_reduce)");
+              "(DeepSpeed's overlap_comm); waited for at each micro-batch's end. With --zero 1 (no interleaving): "
+              "reduce-scatter the summed gradients layer by layer during the step's last backward (Megatron's "
+              "--overlap-grad-reduce) (default: the plan's overlap.grad_reduce)");
+  s->add_flag("--overlap-param-gather", a->overlap_param_gather,
+              "With --zero 3: start the next layer's weight all-gather before the current layer computes, in the "
+              "forward and the backward, so that it runs beside that compute (Megatron's --overlap-param-gather, "
+              "FSDP's prefetch) (default: the plan's overlap.param_gather)");
   s->add_option("--recompute", a->recompute,
                 "Activation recomputation: none, selective (core attention) or full (each block) (default: the "
                 "plan's setting, else none)");

@@ -401,6 +401,7 @@ struct WhatifArgs {
   // Runtime overheads (sim/runtime_overheads.h)
   std::string runtime = "eager";
   double eager_op_us = 0, graph_kernel_us = 0;
+  std::string host_probe;
   bool unfused_attention = false;
   std::string deepspeed_config;
   bool micro_batch_given = false, gbs_given = false;
@@ -637,9 +638,16 @@ WhatifInput whatif_input(const WhatifArgs& a) {
   in.launch.runtime = parse_launch_runtime(a.runtime, "--runtime");
   if (in.calibration.kernel_floor_us > 0 || in.calibration.eager_op_us > 0) in.launch.source = "measured (" + in.calibration.path + ")";
   if (in.calibration.kernel_floor_us > 0) in.launch.graph_kernel_us = in.calibration.kernel_floor_us;
-  if (in.calibration.eager_op_us > 0) in.launch.eager_op_us = in.calibration.eager_op_us;
+  if (!a.host_probe.empty()) in.launch.host = read_host_probe(a.host_probe);
+  if (in.calibration.eager_op_us > 0) {
+    in.launch.host.nograd_op_us = in.calibration.eager_op_us;
+    in.launch.host.source += "; eager op " + fixed(in.calibration.eager_op_us, 2) + " us (" + in.calibration.path + ")";
+  }
   if (a.graph_kernel_us > 0) in.launch.graph_kernel_us = a.graph_kernel_us, in.launch.source = "flags";
-  if (a.eager_op_us > 0) in.launch.eager_op_us = a.eager_op_us, in.launch.source = "flags";
+  if (a.eager_op_us > 0) {
+    in.launch.host.nograd_op_us = a.eager_op_us;
+    in.launch.host.source += "; eager op " + fixed(a.eager_op_us, 2) + " us (--eager-op-us)";
+  }
   if (a.kv_cache != "auto" && a.kv_cache != "static" && a.kv_cache != "dynamic")
     throw InputError("--kv-cache: '" + excerpt(a.kv_cache) + "': expected auto, static or dynamic");
   const BandwidthUnit unit = parse_bandwidth_unit(a.setup.bandwidth_unit, "--bandwidth-unit");
@@ -760,6 +768,8 @@ ordered_json print_whatif_row(const WhatifRow& row, const WhatifResult& r) {
           {"framework_bytes", r.memory.framework},
           {"cpu_per_node_bytes", r.memory.cpu_per_node()},
           {"step_ms", r.step_ms},
+          {"gpu_ms", r.gpu_ms},
+          {"host_ms", r.host_ms},
           {"tokens_per_s", r.tokens_per_s},
           {"mfu", r.mfu},
           {"fits", r.fits},
@@ -963,13 +973,19 @@ Runner add_whatif_command(CLI::App& app) {
               "Print the model's FLOP and byte counts, the roofline's efficiencies and the GPU's datasheet numbers "
               "as JSON (also to --json), and cost nothing (scripts/gpu_whatif_calibrate.py reads them)");
   s->add_option("--runtime", a->runtime,
-                "Launch model (sim/runtime_overheads.h): eager (PyTorch issuing each kernel from Python; a block is no "
-                "faster than its kernel count x the host's time per op) or graphs (CUDA graphs: the GPU's per-kernel "
-                "floor). Every row prints the runtime it assumed")
+                "Launch model (sim/runtime_overheads.h): eager (PyTorch issuing each op from Python: the CPU runs "
+                "ahead of the GPU until the step ends, so a step takes max(GPU, host), the host's time itemised "
+                "from the code's ops, autograd nodes, checkpoint regions, DDP/FSDP2 hooks and optimizer tensors) or "
+                "graphs (CUDA graphs: no host; the GPU's per-kernel floor). Every row prints the runtime it assumed "
+                "and, in eager mode, the host's time")
       ->capture_default_str();
+  s->add_option("--host-probe", a->host_probe,
+                "The host's per-op costs for --runtime eager: a host_probe_micro.json written by "
+                "scripts/gpu_host_probe.sh (a host_probe_dist.json beside it adds DDP's and FSDP2's hook costs); "
+                "default: the H200 host's probe (logs/validate/host-probe-h200/)");
   s->add_option("--eager-op-us", a->eager_op_us,
-                "Host time per eager op in microseconds (default: the profile's whatif_calibration.json "
-                "inference.eager_op_us, else 7.47, an H200 host's micro-benchmark)");
+                "Host time of an op issued from Python with autograd off (decode), in microseconds (default: the "
+                "profile's whatif_calibration.json inference.eager_op_us, else the host probe's)");
   s->add_option("--graph-kernel-us", a->graph_kernel_us,
                 "GPU floor per kernel of a CUDA graph in microseconds (default: the profile's kernel_floor_us, else 2.16)");
   s->add_option("--kv-cache", a->kv_cache,

@@ -14,20 +14,20 @@ SampleRange overlap(const SampleRange& a, const SampleRange& b) {
   return {std::max(a.begin, b.begin), std::min(a.end, b.end)};
 }
 
-// Activations from a's ranks to b's (receiver tp index t from the sender's t mod tp_a), and, where
-// `gradients`, the gradients back.
-void link(const StageLayout& a, const StageLayout& b, bool gradients, std::vector<Transfer>* fwd,
+// Activations from a's ranks to b's (receiver tp index t from the sender's t mod tp_a; under context
+// parallelism, of the receiver's cp index only), and, where `gradients`, the gradients back.
+void link(const StageLayout& a, const StageLayout& b, int cp, bool gradients, std::vector<Transfer>* fwd,
           std::vector<Transfer>* bwd) {
   for (int db = 0; db < b.dp; ++db)
     for (int tb = 0; tb < b.tp; ++tb)
-      for (int da = 0; da < a.dp; ++da) {
+      for (int da = db % cp; da < a.dp; da += cp) {
         const SampleRange o = overlap(a.replica_samples[da], b.replica_samples[db]);
         if (o.size() > 0) fwd->push_back({a.rank(da, tb % a.tp), b.rank(db, tb), o});
       }
   if (!gradients) return;
   for (int da = 0; da < a.dp; ++da)
     for (int ta = 0; ta < a.tp; ++ta)
-      for (int db = 0; db < b.dp; ++db) {
+      for (int db = da % cp; db < b.dp; db += cp) {
         const SampleRange o = overlap(a.replica_samples[da], b.replica_samples[db]);
         if (o.size() > 0) bwd->push_back({b.rank(db, ta % b.tp), a.rank(da, ta), o});
       }
@@ -58,6 +58,8 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
         throw InputError("plan: stage " + std::to_string(s) + " holds fewer transformer blocks than its " +
                          std::to_string(virtual_stages_) + " virtual stages");
   }
+  context_parallel_ = std::max(1, f.context_parallel);
+  const int cp = context_parallel_;
   int begin = 0;
   for (std::size_t s = 0; s < p.device_groups.size(); ++s) {
     StageLayout st;
@@ -73,10 +75,14 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
         chunk_model_layers(p.layer_partition.data(), pp, virtual_stages_, static_cast<int>(s), c, &first, &last);
       st.chunk_layers.emplace_back(first, last);
     }
-    // Split each micro-batch over the replicas.
-    std::vector<int> counts(st.dp);
-    split_micro_batch(micro_batch_, st.dp, counts.data());
-    if (profiles && !rank_types.empty()) {
+    if (st.dp % cp != 0)
+      throw InputError("plan: context_parallel " + std::to_string(cp) + " does not divide stage " + std::to_string(s) +
+                       "'s dp " + std::to_string(st.dp));
+    // Split each micro-batch over the (Megatron) replicas.
+    const int replicas = st.dp / cp;
+    std::vector<int> counts(replicas);
+    split_micro_batch(micro_batch_, replicas, counts.data());
+    if (cp == 1 && profiles && !rank_types.empty()) {
       if (rank_types[st.begin] != rank_types[st.end() - 1]) {
         std::vector<int> replica_first(st.dp);
         for (int d = 0; d < st.dp; ++d) replica_first[d] = rank_types[st.rank(d, 0)];
@@ -86,12 +92,12 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
       }
     }
     int at = 0;
-    for (int d = 0; d < st.dp; ++d) {
+    for (int d = 0; d < replicas; ++d) {
       if (counts[d] < 1)
         throw InputError("plan: stage " + std::to_string(s) + " replica " + std::to_string(d) +
                          " gets no samples (micro-batch " + std::to_string(micro_batch_) + " over dp " +
-                         std::to_string(st.dp) + ")");
-      st.replica_samples.push_back({at, at + counts[d]});
+                         std::to_string(replicas) + ")");
+      for (int c = 0; c < cp; ++c) st.replica_samples.push_back({at, at + counts[d]});  // its cp ranks
       at += counts[d];
     }
     stages_.push_back(st);
@@ -103,10 +109,10 @@ PipelineLayout::PipelineLayout(const PlanFile& f, const std::vector<int>& rank_t
   backward_.resize(stages_.size());
   for (std::size_t s = 0; s + 1 < stages_.size(); ++s) {
     // A stage that receives token ids sends no gradient back.
-    link(stages_[s], stages_[s + 1], stages_[s + 1].first_layer != 0, &forward_[s], &backward_[s]);
+    link(stages_[s], stages_[s + 1], cp, stages_[s + 1].first_layer != 0, &forward_[s], &backward_[s]);
   }
   // Chunk c + 1 of the first stage never starts at layer 0: its gradients flow back.
-  if (virtual_stages_ > 1) link(stages_.back(), stages_.front(), true, &wrap_forward_, &wrap_backward_);
+  if (virtual_stages_ > 1) link(stages_.back(), stages_.front(), cp, true, &wrap_forward_, &wrap_backward_);
 }
 
 const StageLayout& PipelineLayout::stage_of(int rank) const {
@@ -131,6 +137,14 @@ GroupSeat PipelineLayout::dp_seat(int rank) const {
   if (s.dp == 1) return {};
   return {"dp." + std::to_string(s.index) + "." + std::to_string(s.tp_index(rank)),
           s.dp_group(s.tp_index(rank)).position_of(rank), s.dp};
+}
+
+GroupSeat PipelineLayout::cp_seat(int rank) const {
+  if (context_parallel_ == 1) return {};
+  const StageLayout& s = stage_of(rank);
+  const int d = s.replica(rank), t = s.tp_index(rank);
+  return {"cp." + std::to_string(s.index) + "." + std::to_string(d / context_parallel_) + "." + std::to_string(t),
+          s.cp_group(d, t, context_parallel_).position_of(rank), context_parallel_};
 }
 
 bool PipelineLayout::embedding_group_full() const {

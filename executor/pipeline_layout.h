@@ -15,6 +15,14 @@
 // sender replica's tp rank t mod tp_sender; gradients go back the same way
 // with the roles swapped.
 //
+// Context parallelism (the plan's context_parallel cp > 1, carved from every
+// stage's dp, Megatron's order: StageGrid::cp_group): the cp ranks of one
+// Megatron replica (replicas d with equal d / cp) take the same samples, each
+// its part of every sequence, so a stage's micro-batch splits over dp / cp
+// replicas (evenly: the data load balancer is not used under cp). Between
+// stages, activations stay split by cp: a receiver of cp index c gets them
+// from senders of cp index c only.
+//
 // Interleaved 1F1B (the plan's virtual_stages v > 1): stage s's layers split
 // into v chunks (chunk_layers, sim/schedule.h), and the model runs them in
 // virtual-stage order, so chunk c of the last stage feeds chunk c + 1 of the
@@ -75,6 +83,7 @@ class PipelineLayout {
   int micro_batch() const { return micro_batch_; }
   int batches() const { return batches_; }
   int virtual_stages() const { return virtual_stages_; }
+  int context_parallel() const { return context_parallel_; }
   const StageLayout& stage(int s) const { return stages_[s]; }
   const StageLayout& stage_of(int rank) const;
   int replica_of(int rank) const;
@@ -85,6 +94,9 @@ class PipelineLayout {
   // index's dp group "dp.<stage>.<tp index>", seated by replica.
   GroupSeat tp_seat(int rank) const;
   GroupSeat dp_seat(int rank) const;
+  // Context parallelism: `rank`'s cp group "cp.<stage>.<Megatron replica>.<tp index>", seated by cp index
+  // (none when cp = 1). Its dp group above spans dp x cp, over which gradients are summed.
+  GroupSeat cp_seat(int rank) const;
   // Tied embeddings split over the first and the last stage (two or more
   // stages): the group that sums their gradients. Megatron's pairs
   // "emb.<replica>.<tp index>" (the first stage's rank at 0) when both stages
@@ -102,7 +114,7 @@ class PipelineLayout {
   const std::vector<Transfer>& wrap_backward_transfers() const { return wrap_backward_; }
 
  private:
-  int world_ = 0, micro_batch_ = 0, batches_ = 0, virtual_stages_ = 1;
+  int world_ = 0, micro_batch_ = 0, batches_ = 0, virtual_stages_ = 1, context_parallel_ = 1;
   std::vector<StageLayout> stages_;
   std::vector<std::vector<Transfer>> forward_, backward_;
   std::vector<Transfer> wrap_forward_, wrap_backward_;

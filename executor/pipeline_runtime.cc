@@ -1,12 +1,16 @@
 #include "executor/pipeline_runtime.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <map>
+#include <set>
 
 #include "profiler/device_meter.h"
 #include "executor/zero_optimizer.h"
@@ -31,7 +35,7 @@ namespace {
 
 // The groups one rank belongs to, created in one global order on every rank.
 struct RankGroups {
-  std::shared_ptr<CommGroup> world, tp, dp;
+  std::shared_ptr<CommGroup> world, tp, dp, cp;
   // Tied embeddings split over the first and last stages: the group that
   // sums their gradients. Megatron's pairs (same replica and tp index) when
   // both stages have the same (dp, tp); otherwise all their ranks, summing
@@ -50,6 +54,7 @@ RankGroups make_groups(const PipelineLayout& layout, int me, const ReplayConfig&
   g.world = profiler::make_group(rv, "world", me, layout.world(), c.device, c.timeout);
   if (const GroupSeat tp = layout.tp_seat(me); tp.member()) g.tp = join(tp);
   if (const GroupSeat dp = layout.dp_seat(me); dp.member()) g.dp = join(dp);
+  if (const GroupSeat cp = layout.cp_seat(me); cp.member()) g.cp = join(cp);
   // One two-rank group per pair and direction, so that activations and
   // gradients never queue behind each other (NCCL orders a pair's p2p ops).
   auto join_pairs = [&](const std::vector<Transfer>& fwd, const std::vector<Transfer>& bwd) {
@@ -80,9 +85,9 @@ struct MicroBatchState {
 // The stage's model chunks: one GPT of the stage's layers, or (interleaved) one per chunk, each of its
 // model layers (the same weights as one process's layers of those numbers).
 std::vector<profiler::GPT> build_chunks(const ReplayConfig& c, const profiler::TensorParallelGroup& tp,
-                                        const StageLayout& st) {
+                                        const profiler::TensorParallelGroup& cp, const StageLayout& st) {
   std::vector<profiler::GPT> chunks;
-  for (const auto& [first, last] : st.chunk_layers) chunks.emplace_back(c.model, tp, first, last);
+  for (const auto& [first, last] : st.chunk_layers) chunks.emplace_back(c.model, tp, first, last, cp);
   return chunks;
 }
 
@@ -127,13 +132,16 @@ class RankRun {
   const int m_, mb_, v_;
   RankGroups groups_;
   profiler::TensorParallelGroup tp_group_;
+  profiler::TensorParallelGroup cp_group_;  // context parallelism (size 1: none)
+  const int64_t seq_;                       // this rank's tokens of each sequence (seq_len / cp)
   std::vector<profiler::GPT> chunks_;  // v model chunks (one without interleaving)
   profiler::GPT& stage_model_;         // chunks_[0] (ZeRO-2/3 run one chunk only)
   std::vector<torch::Tensor> params_;
   torch::Tensor tied_;
   bool zero_ = false;  // ZeRO-1 over more than one replica
   // bf16 weights: fp32 main gradients, master weights and Adam state (Megatron's mixed precision).
-  // ZeRO-1: MixedPrecisionAdam with sharded masters; ZeRO-2/3: ZeroOptimizer over layer units.
+  // ZeRO-1: MixedPrecisionAdam with sharded masters (with overlapped reduction: ZeroOptimizer stage 1);
+  // ZeRO-2/3: ZeroOptimizer over layer units.
   std::unique_ptr<profiler::MixedPrecisionAdam> mp_adam_;
   std::unique_ptr<ZeroOptimizer> zopt_;
   std::vector<std::vector<int>> layer_units_;  // per layer: its ZeRO units
@@ -159,6 +167,7 @@ class RankRun {
   // The iteration under way.
   torch::Tensor ids_full_, targets_full_, loss_share_;
   std::vector<std::vector<MicroBatchState>> mbs_;  // [chunk][micro-batch]
+  int backwards_done_ = 0;                         // backward ops of this iteration so far
 };
 
 RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env,
@@ -179,7 +188,10 @@ RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const prof
       v_(layout.virtual_stages()),
       groups_(make_groups(layout, env.rank, c, env)),
       tp_group_(st_.tp > 1 ? profiler::TensorParallelGroup(t_, st_.tp, groups_.tp) : profiler::TensorParallelGroup()),
-      chunks_(build_chunks(c, tp_group_, st_)),
+      cp_group_(groups_.cp ? profiler::TensorParallelGroup(groups_.cp->rank(), groups_.cp->size(), groups_.cp)
+                           : profiler::TensorParallelGroup()),
+      seq_(c.model.seq_len / layout.context_parallel()),
+      chunks_(build_chunks(c, tp_group_, cp_group_, st_)),
       stage_model_(chunks_.front()) {
   for (profiler::GPT& chunk : chunks_) {
     chunk.to(c.device, c.dtype);
@@ -204,7 +216,9 @@ RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const prof
 void RankRun::build_optimizer() {
   auto& layers = stage_model_.layers();
   layer_units_.assign(layers.size(), {});
-  if (c_.zero_stage < 2) {
+  // ZeRO-1 with overlapped reduction runs on ZeroOptimizer's units (one model chunk: its units are layers).
+  const bool zero1_units = zero_ && c_.overlap_grad_reduce && v_ == 1;
+  if (c_.zero_stage < 2 && !zero1_units) {
     mp_adam_ = std::make_unique<profiler::MixedPrecisionAdam>(params_, c_.lr, zero_ ? replica_ : 0,
                                                               zero_ ? st_.dp : 1, /*in_backward=*/true);
     return;
@@ -237,6 +251,7 @@ void RankRun::build_optimizer() {
   if (shared && solo_unit >= 0) layer_units_.back().push_back(solo_unit);  // the head's use of the embedding
   zopt_ = std::make_unique<ZeroOptimizer>(c_.zero_stage, std::move(units), c_.lr, st_.dp > 1 ? groups_.dp : nullptr);
   zopt_->set_overlap(c_.overlap_grad_reduce);
+  zopt_->set_prefetch(c_.overlap_param_gather);
 }
 
 // Per chunk: from the stage before (the last stage's chunk c - 1 for the first stage's chunk c), to the
@@ -287,6 +302,7 @@ void RankRun::iteration(int step) {
   ids_full_ = first_ ? ids_cpu.to(c_.device) : ids_cpu;
   targets_full_ = last_ ? targets_cpu.to(c_.device) : targets_cpu;
   mbs_.assign(v_, std::vector<MicroBatchState>(m_));
+  backwards_done_ = 0;
   loss_share_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(c_.device));
   marks_.clear();
   meter_.clear_marks();
@@ -331,11 +347,11 @@ void RankRun::run_schedule() {
 // Micro-batch j's input to chunk c: this replica's token ids on virtual stage 0, else the pieces received.
 torch::Tensor RankRun::receive_input(int c, int j) {
   const int row = j * mb_ + mine_.begin;
-  if (first_ && c == 0) return ids_full_.narrow(0, row, mine_.size());
+  if (first_ && c == 0) return profiler::context_parallel_slice(ids_full_.narrow(0, row, mine_.size()), 1, cp_group_);
   std::vector<torch::Tensor> pieces;
   for (const Transfer& in : recv_fwd_[c]) {
-    torch::Tensor buf = tokens_in_[c] ? torch::empty({in.samples.size(), c_.model.seq_len}, id_opts_)
-                                      : torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
+    torch::Tensor buf = tokens_in_[c] ? torch::empty({in.samples.size(), seq_}, id_opts_)
+                                      : torch::empty({in.samples.size(), seq_, hidden_}, act_opts_);
     timed("recv", j, [&] { groups_.fwd.at({in.src, in.dst})->recv(buf, 0, tag(vstage(c) - 1, j)); });
     pieces.push_back(buf);
   }
@@ -352,18 +368,27 @@ void RankRun::forward(int c, int j) {
   auto& layers = model.layers();
   torch::Tensor y = x;
   timed("forward", j, [&] {
-    if (loss) model.head().set_targets(targets_full_.narrow(0, row, mine_.size()));
+    if (loss)
+      model.head().set_targets(profiler::context_parallel_slice(targets_full_.narrow(0, row, mine_.size()), 1, cp_group_));
+    static const std::vector<int> kNone;
     for (std::size_t li = 0; li < layers.size(); ++li) {
-      if (zopt_)
+      if (zopt_) {
         for (int u : layer_units_[li]) zopt_->gather(u);  // ZeRO-3: just in time
+        // The next layer's gathers, started before this layer's compute is issued: they run beside it.
+        if (li + 1 < layers.size())
+          for (int u : layer_units_[li + 1]) zopt_->prefetch(u);
+      }
       y = layers[li]->forward(y);
       if (zopt_) {
-        for (int u : layer_units_[li]) zopt_->release(u);
-        zopt_->register_backward_gather(y, layer_units_[li]);
+        // The model's last layer keeps its weights: its backward comes next (FSDP2 keeps its root's too).
+        if (!(loss && li + 1 == layers.size()))
+          for (int u : layer_units_[li]) zopt_->release(u);
+        zopt_->register_backward_gather(y, layer_units_[li], li > 0 ? layer_units_[li - 1] : kNone);
       }
     }
-    // The loss of this replica's samples, weighted by its share of the global batch.
-    if (loss) y = y * (static_cast<double>(mine_.size()) / c_.gbs);
+    // The loss of this replica's samples, weighted by its share of the global batch (and, under context
+    // parallelism, by 1 / cp: each cp rank's loss is the mean over its part of the tokens).
+    if (loss) y = y * (static_cast<double>(mine_.size()) / c_.gbs / cp_group_.size());
   });
   if (loss && t_ == 0) loss_share_ += y.detach().to(torch::kFloat64);
   for (const Transfer& out : send_fwd_[c]) {
@@ -382,15 +407,18 @@ void RankRun::backward(int c, int j) {
   if (!loss) {
     std::vector<torch::Tensor> pieces;
     for (const Transfer& in : recv_bwd_[c]) {
-      torch::Tensor buf = torch::empty({in.samples.size(), c_.model.seq_len, hidden_}, act_opts_);
+      torch::Tensor buf = torch::empty({in.samples.size(), seq_, hidden_}, act_opts_);
       timed("recv", j, [&] { groups_.bwd.at({in.src, in.dst})->recv(buf, 0, tag(vstage(c) + 1, j)); });
       pieces.push_back(buf);
     }
     if (!pieces.empty()) grad = pieces.size() == 1 ? pieces[0] : torch::cat(pieces, 0);
   }
+  const bool last_backward = ++backwards_done_ == m_ * v_;
   timed("backward", j, [&] {
-    if (zopt_)
+    if (zopt_) {
+      zopt_->begin_backward(last_backward);  // ZeRO-1 reduces in the step's last backward only
       for (int u : layer_units_.back()) zopt_->gather(u);  // the root's layer (its output hook may not fire)
+    }
     if (loss) {
       mbst.output.backward();
     } else if (mbst.output.requires_grad() && grad.defined()) {
@@ -472,7 +500,10 @@ RankReport RankRun::finish() {
   constexpr double kMiB = 1024.0 * 1024.0;
   RankReport& report = report_;
   report.peak_memory_mb = std::max(report.peak_forward_backward_mb, report.peak_optimizer_mb);
-  if (zopt_) report.overlapped_collectives = zopt_->overlapped_collectives();
+  if (zopt_) {
+    report.overlapped_collectives = zopt_->overlapped_collectives();
+    report.prefetched_gathers = zopt_->prefetched_gathers();
+  }
   if (meter_.has_memory_stats()) report.peak_allocated_mb = report.peak_memory_mb;
   if (c_.device.is_cuda()) {
     if (meter_.peak_reserved() >= 0) report.peak_reserved_mb = meter_.peak_reserved() / kMiB;
@@ -508,6 +539,37 @@ void RankRun::dump_parameters() {
   write_json_file(base + ".json", meta);
 }
 
+// HETPLAN_KINETO_DIR=DIR: a Kineto trace (torch.profiler's Chrome format: host ops, CUDA kernels, memcpys) of
+// the last iteration, written to DIR/rank<r>.kineto.json, for breakdowns of compute against exposed
+// collectives (scripts/gpu_zero3_race.py analyze). The traced iteration runs slower (the host records every
+// op); time the others. A LibTorch built without Kineto (Debian's) writes none and says so once per rank.
+bool start_kineto(torch::Device device) {
+  namespace kp = torch::profiler::impl;
+  std::set<kp::ActivityType> activities{kp::ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(kp::ActivityType::CUDA);
+  const kp::ProfilerConfig config(kp::ProfilerState::KINETO);
+  try {
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+    return true;
+  } catch (const c10::Error& e) {
+    std::cerr << "hetplan: warning: HETPLAN_KINETO_DIR: no trace (" << std::string(e.what_without_backtrace()).substr(0, 160)
+              << ")\n";
+    return false;
+  }
+}
+
+void save_kineto(const std::string& dir, int rank) {
+  auto result = torch::autograd::profiler::disableProfiler();
+  try {
+    fs::create_directories(dir);
+    result->save((fs::path(dir) / ("rank" + std::to_string(rank) + ".kineto.json")).string());
+  } catch (const c10::Error& e) {
+    std::cerr << "hetplan: warning: HETPLAN_KINETO_DIR: no trace (" << std::string(e.what_without_backtrace()).substr(0, 160)
+              << ")\n";
+  }
+}
+
 }  // namespace
 
 RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c, const profiler::DistEnv& env) {
@@ -527,7 +589,13 @@ RankReport run_pipeline_rank(const PipelineLayout& layout, const ReplayConfig& c
   // sees only what is allocated after it is installed (CUDA counts from the start).
   profiler::DeviceMeter meter(c.device);
   RankRun run(layout, c, env, &meter);
-  for (int step = 0; step < c.warmup + c.iters; ++step) run.iteration(step);
+  const char* kineto_dir = std::getenv("HETPLAN_KINETO_DIR");
+  const int last = c.warmup + c.iters - 1;
+  for (int step = 0; step <= last; ++step) {
+    const bool traced = kineto_dir && *kineto_dir && step == last && start_kineto(c.device);
+    run.iteration(step);
+    if (traced) save_kineto(kineto_dir, env.rank);
+  }
   RankReport report = run.finish();
   if (!c.dump_dir.empty()) run.dump_parameters();
   return report;
@@ -551,6 +619,7 @@ ordered_json rank_report_to_json(const RankReport& r) {
           {"peak_reserved_mb", opt(r.peak_reserved_mb)}, {"device_used_mb", opt(r.device_used_mb)},
           {"memory_note", r.memory_note.empty() ? ordered_json(nullptr) : ordered_json(r.memory_note)},
           {"overlapped_collectives", r.overlapped_collectives},
+          {"prefetched_gathers", r.prefetched_gathers},
           {"trace", spans}};
 }
 
@@ -570,6 +639,7 @@ RankReport rank_report_from_json(const ordered_json& j) {
   r.device_used_mb = opt_from(j, "device_used_mb");
   if (j.contains("memory_note") && j["memory_note"].is_string()) r.memory_note = j["memory_note"];
   r.overlapped_collectives = j.value("overlapped_collectives", 0LL);
+  r.prefetched_gathers = j.value("prefetched_gathers", 0LL);
   for (const auto& s : j["trace"])
     r.trace.push_back({s[0].get<std::string>(), s[1].get<double>(), s[2].get<double>(), s[3].get<int>(),
                        s.size() > 4 ? s[4].get<int>() : 0});

@@ -43,8 +43,14 @@ struct ReplayConfig {
   // layer just in time (executor/zero_optimizer.h).
   int zero_stage = 0;
   // ZeRO-2/3: each layer unit's reduce-scatter left running while the backward goes on, waited for at
-  // the micro-batch's end (ZeroOptimizer::set_overlap; DeepSpeed's overlap_comm).
+  // the micro-batch's end (ZeroOptimizer::set_overlap; DeepSpeed's overlap_comm). ZeRO-1 (one model
+  // chunk per rank, dp > 1): the summed main gradients reduce-scattered layer by layer during the
+  // step's last backward (Megatron's distributed optimizer with --overlap-grad-reduce), on
+  // ZeroOptimizer's stage 1; otherwise ZeRO-1 reduce-scatters in the optimizer step.
   bool overlap_grad_reduce = false;
+  // ZeRO-3: the next layer's weights all-gathered while the current layer computes, in the forward and
+  // the backward (ZeroOptimizer::prefetch; Megatron's --overlap-param-gather, FSDP's prefetch).
+  bool overlap_param_gather = false;
   uint64_t data_seed = 42;
   std::chrono::milliseconds timeout{300000};
   std::string dump_dir;  // if set: parameters after the last step, for checks
@@ -73,7 +79,8 @@ struct RankReport {
   std::optional<double> peak_reserved_mb;   // CUDA caching allocator's peak reserved (cached) bytes
   std::optional<double> device_used_mb;     // max over the run of cudaMemGetInfo total - free (context, NCCL included)
   std::string memory_note;
-  long long overlapped_collectives = 0;  // ZeRO-2/3 reduce-scatters started while another was running
+  long long overlapped_collectives = 0;  // ZeRO-1/2/3 reduce-scatters started while another was running
+  long long prefetched_gathers = 0;      // ZeRO-3 all-gathers started ahead of their layer (overlap_param_gather)
   std::vector<Span> trace;           // the last measured iteration
 };
 

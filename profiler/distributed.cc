@@ -113,6 +113,28 @@ class C10dCollectives : public CommGroup {
     pg_->allgather(o, iv)->wait();
     if (!direct) out.view({-1}).copy_(torch::cat(o[0]));
   }
+  Waiter all_gather_flat_async(torch::Tensor& out, const torch::Tensor& in) override {
+    const int64_t n = in.numel();
+    TORCH_CHECK(out.numel() == n * size() && out.is_contiguous(), "all_gather_flat_async: bad shapes");
+#if defined(HETPLAN_TORCH_CUDA)
+    if constexpr (std::is_same_v<PG, c10d::ProcessGroupNCCL>) {
+      torch::Tensor i = in.contiguous();
+      auto work = pg_->_allgather_base(out, i);
+      return [work] { work->wait(); };
+    }
+#endif
+    const bool narrow_float = in.scalar_type() == torch::kBFloat16 || in.scalar_type() == torch::kHalf;
+    torch::Tensor i = (narrow_float ? in.to(torch::kFloat32) : in).contiguous().view({-1});
+    std::vector<torch::Tensor> chunks;
+    for (int r = 0; r < size(); ++r) chunks.push_back(torch::empty_like(i));
+    std::vector<std::vector<torch::Tensor>> o{chunks};
+    std::vector<torch::Tensor> iv{i};
+    auto work = pg_->allgather(o, iv);
+    return [work, o, iv, out]() mutable {
+      work->wait();
+      out.view({-1}).copy_(torch::cat(o[0]));
+    };
+  }
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }
 

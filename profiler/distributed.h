@@ -90,6 +90,12 @@ class CommGroup : public TensorParallelGroup::Collectives {
   // every rank's `in`, in rank order. NCCL: one flat all-gather; Gloo: per
   // chunk, through fp32 for 16-bit floats (Gloo gathers no bf16).
   virtual void all_gather_flat(torch::Tensor& out, const torch::Tensor& in) = 0;
+  // The same, started and left running (ZeRO-3's prefetch, executor/zero_optimizer.h): `out` holds the
+  // result once the returned Waiter has run, and neither `out` nor `in` may be freed or changed before.
+  // NCCL: the collective waits for the work issued so far on the calling thread's current stream, runs on
+  // NCCL's stream, and the Waiter makes the then-current stream wait for it (no host sync). Gloo: the
+  // chunks land in temporaries and the Waiter copies them into `out` (so `out` is untouched until then).
+  virtual Waiter all_gather_flat_async(torch::Tensor& out, const torch::Tensor& in) = 0;
   virtual int rank() const = 0;
   virtual int size() const = 0;
 };

@@ -46,6 +46,27 @@ torch::Tensor causal_attention(const torch::Tensor& q, torch::Tensor k, torch::T
 #endif
 }
 
+// Attention of q [b, heads, s_q, d] over k, v [b, heads / group, s_k, d] where mask [s_q, s_k] is true.
+torch::Tensor masked_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v, int64_t group,
+                               const torch::Tensor& mask) {
+#if HETPLAN_TORCH_AT_LEAST(2, 5)
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, /*scale=*/{},
+                                          /*enable_gqa=*/group > 1);
+#else
+  if (group > 1) {
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false);
+#else
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  att = att.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity()).softmax(-1);
+  return torch::matmul(att, v);
+#endif
+#endif
+}
+
 // x [b, heads, s, d] rotated by position (Hugging Face's layout, rotate_half:
 // the two halves of each head form the pairs), with `table` = {cos, sin}.
 torch::Tensor rotary(const torch::Tensor& x, const RotaryTable& table) {
@@ -105,7 +126,7 @@ const RotaryTable& RotaryTable::get(int64_t s, int64_t d, double theta, const to
   return *this;
 }
 
-void GPTConfig::validate(int tp, const std::string& where) const {
+void GPTConfig::validate(int tp, const std::string& where, int cp) const {
   shape.validate(where);
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw InputError(where + ": " + what);
@@ -122,6 +143,10 @@ void GPTConfig::validate(int tp, const std::string& where) const {
        "the sequence length " + std::to_string(seq_len) + " exceeds the learned positions (" +
            std::to_string(shape.max_positions) + ")");
   need(shape.learned_positions || shape.head_dim % 2 == 0, "rotary embeddings need an even head dimension");
+  need(cp == 1 || (cp > 1 && seq_len % (2 * cp) == 0), "context parallelism " + std::to_string(cp) + " needs the sequence length (" +
+                                               std::to_string(seq_len) + ") divisible by 2 x cp");
+  need(!sequence_parallel || tp == 1 || (seq_len / cp) % tp == 0,
+       "sequence parallelism needs each cp rank's tokens (" + std::to_string(seq_len / cp) + ") divisible by tp " + t);
 }
 
 NormImpl::NormImpl(NormKind kind, int64_t h, double eps, bool meta) : kind_(kind), eps_(eps) {
@@ -132,35 +157,52 @@ NormImpl::NormImpl(NormKind kind, int64_t h, double eps, bool meta) : kind_(kind
 }
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
-  if (kind_ == NormKind::kLayerNorm) return torch::layer_norm(x, {x.size(-1)}, weight, bias, eps_);
+  const torch::Tensor w = sequence_parallel_param(weight, sp_group_);
+  if (kind_ == NormKind::kLayerNorm)
+    return torch::layer_norm(x, {x.size(-1)}, w, sequence_parallel_param(bias, sp_group_), eps_);
 #if HETPLAN_TORCH_AT_LEAST(2, 4)
-  return at::rms_norm(x, {x.size(-1)}, weight, eps_);  // in fp32, the result in x's dtype
+  return at::rms_norm(x, {x.size(-1)}, w, eps_);  // in fp32, the result in x's dtype
 #else
   const torch::Tensor xf = x.to(torch::kFloat32);
-  return weight * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps_)).to(x.scalar_type());
+  return w * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps_)).to(x.scalar_type());
 #endif
 }
 
-EmbeddingLayer::EmbeddingLayer(const GPTConfig& c, const TensorParallelGroup& g) {
+EmbeddingLayer::EmbeddingLayer(const GPTConfig& c, const TensorParallelGroup& g, const TensorParallelGroup& cp,
+                               SequenceSplit split)
+    : group_(g), cp_(cp), seq_len_(c.seq_len), sp_output_(c.sequence_parallel && g.size() > 1 && split.output) {
   const ModelShape& m = c.shape;
   wte_ = register_module("wte", VocabParallelEmbedding(m.vocab_size, m.hidden_size,
                                                        ParamInit{kInitStd, seed_for(c, 0, 0), c.meta}, g));
   if (m.learned_positions)
     wpe_ = register_parameter("wpe", init_shard({m.max_positions, m.hidden_size}, -1, g,
                                                 ParamInit{kInitStd, seed_for(c, 0, 1), c.meta}));
+  if (sp_output_) wte_->set_sequence_parallel();
 }
 
 torch::Tensor EmbeddingLayer::forward(const torch::Tensor& ids) {
-  torch::Tensor x = wte_->forward(ids);
-  return wpe_.defined() ? x + wpe_.narrow(0, 0, ids.size(1)) : x;
+  torch::Tensor x = wte_->forward(ids);  // [b, s / tp, h] under sequence parallelism
+  if (!wpe_.defined()) return x;
+  // The tokens' global positions: this cp rank's, then (sequence parallelism) this tp rank's shard of them.
+  torch::Tensor pos = cp_.size() > 1 ? wpe_.index_select(0, context_parallel_positions(seq_len_, cp_).to(wpe_.device()))
+                                     : wpe_.narrow(0, 0, ids.size(1));
+  if (!sp_output_) return x + pos;
+  return x + group_.slice_dim(sequence_parallel_param(pos, group_), 0);
 }
 
-TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup& g, int64_t index)
-    : shape_(c.shape), recompute_(c.recompute) {
+TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup& g, int64_t index,
+                                   const TensorParallelGroup& cp, SequenceSplit split)
+    : shape_(c.shape),
+      group_(g),
+      cp_(cp),
+      seq_len_(c.seq_len),
+      sp_(c.sequence_parallel && g.size() > 1),
+      split_(split),
+      recompute_(c.recompute) {
   block_body_ = [this](const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&) { return block(x); };
   const int64_t group = c.shape.num_heads / c.shape.num_kv_heads;
-  attention_body_ = [group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    return causal_attention(q, k, v, group);
+  attention_body_ = [this, group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    return cp_mask_.defined() ? masked_attention(q, k, v, group, cp_mask_) : causal_attention(q, k, v, group);
   };
   const ModelShape& m = c.shape;
   const int64_t h = m.hidden_size, q = m.num_heads * m.head_dim, kv = m.num_kv_heads * m.head_dim;
@@ -176,38 +218,80 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup
     gate_ = register_module("gate", ColumnParallelLinear(h, m.ffn_hidden_size, m.mlp_bias, init(4, kInitStd), g, false));
   fc1_ = register_module("fc1", ColumnParallelLinear(h, m.ffn_hidden_size, m.mlp_bias, init(2, kInitStd), g, false));
   fc2_ = register_module("fc2", RowParallelLinear(m.ffn_hidden_size, h, m.mlp_bias, init(3, out_std), g));
+  if (sp_) {
+    ln1_->set_sequence_parallel(g);
+    ln2_->set_sequence_parallel(g);
+    for (auto* col : {&qkv_, &fc1_, &gate_})
+      if (!col->is_empty()) (*col)->set_sequence_parallel();
+    proj_->set_sequence_parallel();
+    fc2_->set_sequence_parallel();
+  }
 }
 
-torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
-  if (recompute_ == Recompute::kFull && torch::GradMode::is_enabled())
-    return checkpoint(block_body_, x, torch::Tensor(), torch::Tensor());
-  return block(x);
+torch::Tensor TransformerBlock::forward(const torch::Tensor& x_in) {
+  // Sequence parallelism: a whole input (the GPT's own) is split here, a whole output gathered (its
+  // consumer, the next stage, holds the whole gradient: the backward slices it).
+  const torch::Tensor x = sp_ && !split_.input ? scatter_to_sequence_parallel(x_in, group_) : x_in;
+  torch::Tensor y = recompute_ == Recompute::kFull && torch::GradMode::is_enabled()
+                        ? checkpoint(block_body_, x, torch::Tensor(), torch::Tensor())
+                        : block(x);
+  return sp_ && !split_.output ? gather_from_sequence_parallel(y, group_, /*reduce_scatter_grad=*/false) : y;
 }
 
 torch::Tensor TransformerBlock::block(const torch::Tensor& x) {
-  const int64_t b = x.size(0), s = x.size(1), d = shape_.head_dim;
+  const int64_t b = x.size(0), d = shape_.head_dim;
   const int64_t group = shape_.num_heads / shape_.num_kv_heads;
-  const torch::Tensor qkv = qkv_->forward(ln1_->forward(x)).view({b, s, local_kv_heads_, group + 2, d});
+  // Sequence parallelism: the norm on this rank's shard, then the whole sequence for the linears.
+  auto linear_input = [&](const torch::Tensor& normed) {
+    return sp_ ? gather_from_sequence_parallel(normed, group_) : normed;
+  };
+  const torch::Tensor qkv_out = qkv_->forward(linear_input(ln1_->forward(x)));
+  const int64_t s = qkv_out.size(1);  // this cp rank's tokens
+  const torch::Tensor qkv = qkv_out.view({b, s, local_kv_heads_, group + 2, d});
   torch::Tensor q = qkv.narrow(3, 0, group).reshape({b, s, local_heads_, d}).transpose(1, 2);  // [b, heads, s, d]
   torch::Tensor k = qkv.select(3, group).transpose(1, 2);                                       // [b, kv, s, d]
   torch::Tensor v = qkv.select(3, group + 1).transpose(1, 2);
+  if (cp_.size() > 1 && !cp_positions_.defined()) {
+    // Keys: every cp rank's tokens in rank order (or, under the test hook, this rank's alone).
+    cp_positions_ = context_parallel_positions(seq_len_, cp_);
+    const bool exchange = !test_disabled("cp-kv-exchange");
+    std::vector<torch::Tensor> keys;
+    for (int r = 0; r < (exchange ? cp_.size() : 1); ++r)
+      keys.push_back(exchange ? context_parallel_positions(seq_len_, TensorParallelGroup(r, cp_.size(), nullptr))
+                              : cp_positions_);
+    cp_mask_ = (cp_positions_.unsqueeze(1) >= torch::cat(keys).unsqueeze(0)).to(q.device());
+    cp_positions_ = cp_positions_.to(q.device());
+  }
   if (!shape_.learned_positions) {
-    const RotaryTable& table = rotary_.get(s, d, shape_.rope_theta, q);
-    q = rotary(q, table);
-    k = rotary(k, table);
+    if (cp_.size() > 1) {
+      const RotaryTable& table = rotary_.get(seq_len_, d, shape_.rope_theta, q);
+      const RotaryTable mine{table.cos.index_select(0, cp_positions_), table.sin.index_select(0, cp_positions_)};
+      q = rotary(q, mine);
+      k = rotary(k, mine);
+    } else {
+      const RotaryTable& table = rotary_.get(s, d, shape_.rope_theta, q);
+      q = rotary(q, table);
+      k = rotary(k, table);
+    }
+  }
+  if (cp_.size() > 1 && !test_disabled("cp-kv-exchange")) {
+    k = gather_from_context_parallel(k, 2, cp_);  // [b, kv, cp s, d]: every cp rank's keys, in rank order
+    v = gather_from_context_parallel(v, 2, cp_);
   }
   const bool selective = recompute_ == Recompute::kSelective && torch::GradMode::is_enabled();
-  const torch::Tensor y = (selective ? checkpoint(attention_body_, q, k, v) : causal_attention(q, k, v, group))
-                              .transpose(1, 2).reshape({b, s, local_heads_ * d});
+  const torch::Tensor att = selective ? checkpoint(attention_body_, q, k, v) : attention_body_(q, k, v);
+  const torch::Tensor y = att.transpose(1, 2).reshape({b, s, local_heads_ * d});
   const torch::Tensor h1 = x + proj_->forward(y);
-  const torch::Tensor z = ln2_->forward(h1);
+  const torch::Tensor z = linear_input(ln2_->forward(h1));
   if (shape_.mlp == MlpKind::kSwiGlu) return h1 + fc2_->forward(torch::silu(gate_->forward(z)) * fc1_->forward(z));
   return h1 + fc2_->forward(torch::gelu(fc1_->forward(z), "tanh"));  // GPT-2's gelu_new
 }
 
-HeadLayer::HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Tensor tied) : group_(g) {
+HeadLayer::HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Tensor tied, SequenceSplit split)
+    : group_(g), sp_(c.sequence_parallel && g.size() > 1), split_(split) {
   const ModelShape& m = c.shape;
   ln_f_ = register_module("ln_f", Norm(m.norm, m.hidden_size, m.norm_eps, c.meta));
+  if (sp_) ln_f_->set_sequence_parallel(g);
   if (tied.defined()) {
     lm_head_ = std::move(tied);  // the embedding's parameter, registered there
   } else {
@@ -220,8 +304,11 @@ HeadLayer::HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Te
 }
 
 torch::Tensor HeadLayer::forward(const torch::Tensor& x) {
-  const torch::Tensor logits =
-      torch::nn::functional::linear(copy_to_tensor_parallel(ln_f_->forward(x), group_), lm_head_);  // [b, s, V / tp]
+  // Sequence parallelism: the final norm on the shard, then the whole sequence for the LM head.
+  const torch::Tensor normed = sp_ ? gather_from_sequence_parallel(
+                                         ln_f_->forward(split_.input ? x : scatter_to_sequence_parallel(x, group_)), group_)
+                                   : copy_to_tensor_parallel(ln_f_->forward(x), group_);
+  const torch::Tensor logits = torch::nn::functional::linear(normed, lm_head_);  // [b, s, V / tp]
   return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
                                       targets_.reshape({-1}), group_)
       .mean();
@@ -229,20 +316,22 @@ torch::Tensor HeadLayer::forward(const torch::Tensor& x) {
 
 GPT::GPT(const GPTConfig& c, const TensorParallelGroup& g) : GPT(c, g, 0, c.num_layers()) {}
 
-GPT::GPT(const GPTConfig& c, const TensorParallelGroup& g, int64_t first, int64_t last)
+GPT::GPT(const GPTConfig& c, const TensorParallelGroup& g, int64_t first, int64_t last, const TensorParallelGroup& cp)
     : config_(c), group_(g), first_(first) {
-  c.validate(g.size(), "model");
+  c.validate(g.size(), "model", cp.size());
   if (first < 0 || last > c.num_layers() || first > last) throw std::invalid_argument("GPT: bad layer range");
   for (int64_t i = first; i < last; ++i) {
+    // Sequence parallelism: shards between this GPT's layers, whole at its ends.
+    const SequenceSplit split{i > first, i + 1 < last};
     if (i == 0) {
-      embedding_ = std::make_shared<EmbeddingLayer>(c, group_);
+      embedding_ = std::make_shared<EmbeddingLayer>(c, group_, cp, split);
       layers_.push_back(embedding_);
     } else if (i == c.num_layers() - 1) {
       const bool share = c.shape.tied_embeddings && embedding_ != nullptr;
-      head_ = std::make_shared<HeadLayer>(c, group_, share ? embedding_->word_embeddings() : torch::Tensor());
+      head_ = std::make_shared<HeadLayer>(c, group_, share ? embedding_->word_embeddings() : torch::Tensor(), split);
       layers_.push_back(head_);
     } else {
-      layers_.push_back(std::make_shared<TransformerBlock>(c, group_, i));
+      layers_.push_back(std::make_shared<TransformerBlock>(c, group_, i, cp, split));
     }
   }
 }
@@ -277,6 +366,11 @@ torch::Tensor GPT::loss(const torch::Tensor& ids, const torch::Tensor& targets) 
 torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                     int64_t group) {
   return causal_attention(q, k, v, group);
+}
+
+torch::Tensor masked_self_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    int64_t group, const torch::Tensor& mask) {
+  return masked_attention(q, k, v, group, mask);
 }
 
 }  // namespace hetplan::profiler

@@ -13,6 +13,26 @@
 // Weights come from a seed, so every tp degree builds slices of one model,
 // and every pipeline stage the same weights as the whole model's layers.
 //
+// Sequence parallelism (GPTConfig::sequence_parallel, with tp > 1, Megatron's
+// --sequence-parallel): between the layers of a GPT the activations are split
+// along the sequence over the tp group ([b, s / tp, h] on tp index t: tokens
+// [t s / tp, (t + 1) s / tp)); each norm runs on its shard, each block
+// all-gathers the norm's output before its column-parallel linears and
+// reduce-scatters after its row-parallel ones; the embedding reduce-scatters
+// its lookups; the head all-gathers after the final norm. The norms'
+// weights, the row-parallel biases and the learned positions are used on a
+// shard, so their gradients are summed over tp in the backward
+// (sequence_parallel_param). A GPT's own input and output (a pipeline
+// stage's, exchanged with its neighbours) stay whole: its first layer
+// scatters, its last all-gathers.
+//
+// Context parallelism (a cp group given to the GPT, cp >= 2): every input is
+// this cp rank's part of each sequence (context_parallel_positions: chunks r
+// and 2 cp - 1 - r of 2 cp), positions (learned or rotary) are the tokens'
+// global ones, and each attention all-gathers K and V over the cp group
+// (backward: reduce-scatter of their gradients) and masks causally on the
+// global positions. The head's loss is the mean over this rank's tokens.
+//
 // It promises: summing numel() over the tp ranks for sharded tensors and
 // once for replicated ones gives ModelShape::parameter_count() (tests check
 // it). With tied embeddings, a GPT holding both the embedding and the head
@@ -42,12 +62,14 @@ struct GPTConfig {
   // input and runs the block's forward again in its backward; kSelective
   // does that for the core attention (scores, softmax, weighted values) only.
   Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;  // with tp > 1 (see above)
   int64_t num_layers() const { return shape.metis_num_layers(); }  // embedding + blocks + head
   int64_t blocks() const { return shape.num_layers; }
   // Checks what a model of this config on `tp` ranks needs (heads, key/value
-  // heads, ffn and vocabulary divisible by tp; positions cover seq_len).
-  // Throws InputError naming `where`.
-  void validate(int tp, const std::string& where) const;
+  // heads, ffn and vocabulary divisible by tp; positions cover seq_len;
+  // with cp > 1 seq_len divisible by 2 cp; with sequence parallelism each cp
+  // rank's tokens divisible by tp). Throws InputError naming `where`.
+  void validate(int tp, const std::string& where, int cp = 1) const;
 };
 
 // Causal attention of q [b, heads, s, d] over k, v [b, heads / group, s, d]
@@ -56,6 +78,16 @@ struct GPTConfig {
 // times it alone for the attention kernel class.
 torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                     int64_t group);
+// The same with an explicit mask [s_q, s_k] (true: attend), for context parallelism's global positions.
+// REQUIRES: every row of `mask` attends to at least one key.
+torch::Tensor masked_self_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    int64_t group, const torch::Tensor& mask);
+
+// Where a layer's input and output are split along the sequence over tp (sequence parallelism): the
+// layers inside a GPT pass shards to each other; the GPT's own input and output are whole.
+struct SequenceSplit {
+  bool input = false, output = false;
+};
 
 // One Metis layer: a module mapping its input to its output. The head maps
 // hidden states to the scalar loss against the targets set on it.
@@ -69,23 +101,31 @@ class NormImpl : public torch::nn::Module {
  public:
   NormImpl(NormKind kind, int64_t h, double eps, bool meta);
   torch::Tensor forward(const torch::Tensor& x);
+  // Sequence parallelism: x is a sequence shard, so weight and bias gradients are summed over `g`.
+  void set_sequence_parallel(const TensorParallelGroup& g) { sp_group_ = g; }
   torch::Tensor weight, bias;
 
  private:
   NormKind kind_;
   double eps_;
+  TensorParallelGroup sp_group_;  // size 1 without sequence parallelism
 };
 TORCH_MODULE(Norm);
 
 class EmbeddingLayer : public GPTLayer {
  public:
-  EmbeddingLayer(const GPTConfig& c, const TensorParallelGroup& g);
+  // `ids` of forward: this cp rank's tokens of each sequence (all of them without cp).
+  EmbeddingLayer(const GPTConfig& c, const TensorParallelGroup& g, const TensorParallelGroup& cp = {},
+                 SequenceSplit split = {});
   torch::Tensor forward(const torch::Tensor& ids) override;
   torch::Tensor word_embeddings() const { return wte_->weight; }
 
  private:
   VocabParallelEmbedding wte_{nullptr};
   torch::Tensor wpe_;  // undefined without learned positions
+  TensorParallelGroup group_, cp_;
+  int64_t seq_len_;
+  bool sp_output_ = false;
 };
 
 // The cos and sin tables of rotary position embeddings for one sequence
@@ -98,11 +138,17 @@ struct RotaryTable {
 
 class TransformerBlock : public GPTLayer {
  public:
-  TransformerBlock(const GPTConfig& c, const TensorParallelGroup& g, int64_t index);
+  TransformerBlock(const GPTConfig& c, const TensorParallelGroup& g, int64_t index,
+                   const TensorParallelGroup& cp = {}, SequenceSplit split = {});
   torch::Tensor forward(const torch::Tensor& x) override;
 
  private:
   ModelShape shape_;
+  TensorParallelGroup group_, cp_;
+  int64_t seq_len_;
+  bool sp_ = false;  // sequence parallelism
+  SequenceSplit split_;
+  torch::Tensor cp_positions_, cp_mask_;  // cp > 1: this rank's query positions, the attention mask (lazily)
   int64_t local_heads_, local_kv_heads_;
   Norm ln1_{nullptr}, ln2_{nullptr};
   // QKV rows are laid out by key/value group ([kv][q x heads/kv, k, v][head_dim])
@@ -129,7 +175,8 @@ class HeadLayer : public GPTLayer {
   // `tied`: the embedding's weight to use as the LM head (tied embeddings,
   // embedding in the same GPT); undefined: the head holds its own weight
   // (untied, or a copy of the tied embedding).
-  HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Tensor tied);
+  // The targets: this cp rank's tokens of each sequence, like the embedding's ids.
+  HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Tensor tied, SequenceSplit split = {});
   torch::Tensor forward(const torch::Tensor& x) override;  // mean cross-entropy (fp32)
   void set_targets(torch::Tensor t) { targets_ = std::move(t); }
   // The head's own copy of the tied embedding (undefined otherwise).
@@ -137,6 +184,8 @@ class HeadLayer : public GPTLayer {
 
  private:
   TensorParallelGroup group_;
+  bool sp_ = false;
+  SequenceSplit split_;
   Norm ln_f_{nullptr};
   torch::Tensor lm_head_;  // [vocab / tp, hidden]
   bool tied_copy_ = false;
@@ -148,8 +197,10 @@ class GPT {
   // Throws InputError when the config does not fit the tp degree.
   GPT(const GPTConfig& c, const TensorParallelGroup& g);
   // Only layers [first, last) of the model (a pipeline stage); the same
-  // weights as the whole model's layers of those numbers.
-  GPT(const GPTConfig& c, const TensorParallelGroup& g, int64_t first, int64_t last);
+  // weights as the whole model's layers of those numbers. `cp`: the context-
+  // parallel group (size 1: none); it must outlive nothing (layers copy it).
+  GPT(const GPTConfig& c, const TensorParallelGroup& g, int64_t first, int64_t last,
+      const TensorParallelGroup& cp = {});
   int64_t first_layer() const { return first_; }
   bool has_head() const { return head_ != nullptr; }
   const GPTConfig& config() const { return config_; }

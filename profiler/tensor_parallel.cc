@@ -1,7 +1,11 @@
 #include "profiler/tensor_parallel.h"
 
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 
 namespace hetplan::profiler {
 
@@ -16,6 +20,71 @@ torch::Tensor TensorParallelGroup::all_gather_last_dim(const torch::Tensor& t) c
   for (int r = 0; r < size_; ++r) parts.push_back(torch::empty_like(in));
   collectives_->all_gather(parts, in);
   return torch::cat(parts, -1);
+}
+
+void TensorParallelGroup::Collectives::reduce_scatter(torch::Tensor& out, torch::Tensor& in) {
+  all_reduce(in);
+  out.copy_(in.view({-1}).narrow(0, rank() * out.numel(), out.numel()).view_as(out));
+}
+
+torch::Tensor TensorParallelGroup::all_gather_dim(const torch::Tensor& t, int64_t dim) const {
+  if (size_ == 1) return t;
+  torch::Tensor in = t.contiguous();
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < size_; ++r) parts.push_back(torch::empty_like(in));
+  collectives_->all_gather(parts, in);
+  return torch::cat(parts, dim);
+}
+
+torch::Tensor TensorParallelGroup::slice_dim(const torch::Tensor& t, int64_t dim) const {
+  if (size_ == 1) return t;
+  if (t.size(dim) % size_ != 0)
+    throw std::invalid_argument("parallel group: dimension " + std::to_string(t.size(dim)) +
+                                " does not divide by the group size " + std::to_string(size_));
+  const int64_t w = t.size(dim) / size_;
+  return t.narrow(dim, rank_ * w, w).clone(at::MemoryFormat::Contiguous);  // never a view of t
+}
+
+torch::Tensor TensorParallelGroup::reduce_scatter_dim(const torch::Tensor& t, int64_t dim) const {
+  if (size_ == 1) return t;
+  if (t.size(dim) % size_ != 0)
+    throw std::invalid_argument("parallel group: dimension " + std::to_string(t.size(dim)) +
+                                " does not divide by the group size " + std::to_string(size_));
+  // `dim` first, so that each rank's slice is one contiguous chunk of the flat buffer.
+  torch::Tensor in = t.movedim(dim, 0).contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] /= size_;
+  torch::Tensor out = torch::empty(shape, in.options());
+  collectives_->reduce_scatter(out, in);
+  return out.movedim(0, dim).contiguous();
+}
+
+bool test_disabled(const std::string& mechanism) {
+  static const std::unordered_set<std::string> disabled = [] {
+    std::unordered_set<std::string> out;
+    if (const char* env = std::getenv("HETPLAN_TEST_DISABLE")) {
+      std::stringstream list(env);
+      for (std::string item; std::getline(list, item, ',');) out.insert(item);
+    }
+    return out;
+  }();
+  return disabled.count(mechanism) > 0;
+}
+
+torch::Tensor context_parallel_positions(int64_t seq, const TensorParallelGroup& cp) {
+  const int64_t n = cp.size();
+  if (seq % (2 * n) != 0)
+    throw std::invalid_argument("context parallelism: the sequence length " + std::to_string(seq) +
+                                " does not divide by 2 x cp (" + std::to_string(2 * n) + ")");
+  if (n == 1) return torch::arange(seq, torch::kLong);
+  const int64_t c = seq / (2 * n), r = cp.rank();
+  return torch::cat({torch::arange(r * c, (r + 1) * c, torch::kLong),
+                     torch::arange((2 * n - 1 - r) * c, (2 * n - r) * c, torch::kLong)});
+}
+
+torch::Tensor context_parallel_slice(const torch::Tensor& x, int64_t dim, const TensorParallelGroup& cp) {
+  if (cp.size() == 1) return x;
+  return x.index_select(dim, context_parallel_positions(x.size(dim), cp).to(x.device()));
 }
 
 namespace {
@@ -58,7 +127,70 @@ struct GatherFromTensorParallel : torch::autograd::Function<GatherFromTensorPara
   }
 };
 
+// Forward: this rank's slice along `dim`; backward: the all-gather of the slices' gradients.
+struct ScatterDim : torch::autograd::Function<ScatterDim> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t dim, const TensorParallelGroup* g) {
+    ctx->saved_data["g"] = reinterpret_cast<int64_t>(g);
+    ctx->saved_data["dim"] = dim;
+    return g->slice_dim(x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto* g = reinterpret_cast<const TensorParallelGroup*>(ctx->saved_data["g"].toInt());
+    return {g->all_gather_dim(grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Forward: every rank's x along `dim`; backward: reduce-scatter (partial gradients) or slice (whole ones).
+struct AllGatherDim : torch::autograd::Function<AllGatherDim> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t dim, bool reduce_scatter_grad,
+                               const TensorParallelGroup* g) {
+    ctx->saved_data["g"] = reinterpret_cast<int64_t>(g);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["rs"] = reduce_scatter_grad;
+    return g->all_gather_dim(x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto* g = reinterpret_cast<const TensorParallelGroup*>(ctx->saved_data["g"].toInt());
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    torch::Tensor d = ctx->saved_data["rs"].toBool() ? g->reduce_scatter_dim(grad[0], dim) : g->slice_dim(grad[0], dim);
+    return {d, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Forward: this rank's slice along `dim` of the sum over the group; backward: all-gather.
+// Under the test hook sp-reduce-scatter, the forward keeps this rank's slice of its own partial sum.
+struct ReduceScatterDim : torch::autograd::Function<ReduceScatterDim> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t dim, const TensorParallelGroup* g) {
+    ctx->saved_data["g"] = reinterpret_cast<int64_t>(g);
+    ctx->saved_data["dim"] = dim;
+    static const bool broken = test_disabled("sp-reduce-scatter");
+    return broken ? g->slice_dim(x, dim) : g->reduce_scatter_dim(x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto* g = reinterpret_cast<const TensorParallelGroup*>(ctx->saved_data["g"].toInt());
+    return {g->all_gather_dim(grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor scatter_to_sequence_parallel(const torch::Tensor& x, const TensorParallelGroup& g) {
+  return g.size() == 1 ? x : ScatterDim::apply(x, 1, &g);
+}
+torch::Tensor gather_from_sequence_parallel(const torch::Tensor& x, const TensorParallelGroup& g,
+                                            bool reduce_scatter_grad) {
+  return g.size() == 1 ? x : AllGatherDim::apply(x, 1, reduce_scatter_grad, &g);
+}
+torch::Tensor reduce_scatter_to_sequence_parallel(const torch::Tensor& x, const TensorParallelGroup& g) {
+  return g.size() == 1 ? x : ReduceScatterDim::apply(x, 1, &g);
+}
+torch::Tensor sequence_parallel_param(const torch::Tensor& p, const TensorParallelGroup& g) {
+  static const bool broken = test_disabled("sp-param-allreduce");
+  return broken ? p : copy_to_tensor_parallel(p, g);
+}
+torch::Tensor gather_from_context_parallel(const torch::Tensor& x, int64_t dim, const TensorParallelGroup& g) {
+  return g.size() == 1 ? x : AllGatherDim::apply(x, dim, true, &g);
+}
 
 // The group objects live in the modules, which outlive every graph built
 // from them, so the autograd nodes may hold a raw pointer.
@@ -101,7 +233,8 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, bool
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = torch::nn::functional::linear(copy_to_tensor_parallel(x, group_), weight, bias);
+  torch::Tensor y =
+      torch::nn::functional::linear(input_gathered_ ? x : copy_to_tensor_parallel(x, group_), weight, bias);
   return gather_output_ ? gather_from_tensor_parallel(y, group_) : y;
 }
 
@@ -113,6 +246,10 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, bool has_b
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
+  if (sequence_parallel_) {
+    torch::Tensor y = reduce_scatter_to_sequence_parallel(torch::matmul(x, weight.t()), group_);
+    return bias.defined() ? y + sequence_parallel_param(bias, group_) : y;
+  }
   torch::Tensor y = reduce_from_tensor_parallel(torch::matmul(x, weight.t()), group_);
   return bias.defined() ? y + bias : y;
 }
@@ -130,7 +267,7 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
   const torch::Tensor outside = (ids < vocab_start_) | (ids >= vocab_end_);
   const torch::Tensor local = (ids - vocab_start_).masked_fill(outside, 0);
   torch::Tensor y = torch::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
-  return reduce_from_tensor_parallel(y, group_);
+  return sequence_parallel_ ? reduce_scatter_to_sequence_parallel(y, group_) : reduce_from_tensor_parallel(y, group_);
 }
 
 namespace {

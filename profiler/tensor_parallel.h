@@ -7,6 +7,17 @@
 //   copy_to_tensor_parallel     forward identity,  backward all-reduce
 //   reduce_from_tensor_parallel forward all-reduce, backward identity
 //   gather_from_tensor_parallel forward all-gather (last dim), backward slice
+// and, for Megatron's sequence parallelism (--sequence-parallel: activations
+// between the blocks split along the sequence, dim 1 of [batch, seq, hidden]):
+//   scatter_to_sequence_parallel        forward slice,          backward all-gather
+//   gather_from_sequence_parallel       forward all-gather,     backward reduce-scatter (or slice)
+//   reduce_scatter_to_sequence_parallel forward reduce-scatter, backward all-gather
+//   sequence_parallel_param             forward identity,       backward all-reduce
+// (the last wraps a replicated parameter used on a sequence shard, a norm's
+// weight or a row-parallel bias: its gradient is summed over the group), and,
+// for context parallelism, gather_from_context_parallel (forward all-gather
+// along any dim, backward reduce-scatter) over a cp group, which is a
+// TensorParallelGroup too (a group of ranks with these collectives).
 // Every module builds the full weight from a seeded generator and keeps its
 // shard, so a tp = N model holds exactly the slices of the tp = 1 model.
 #pragma once
@@ -30,6 +41,10 @@ class TensorParallelGroup {
     virtual ~Collectives() = default;
     virtual void all_reduce(torch::Tensor& t) = 0;
     virtual void all_gather(std::vector<torch::Tensor>& out, torch::Tensor& in) = 0;
+    // `in` holds size() equal chunks of out.numel() elements; `out` gets this rank's chunk of their sum.
+    // `in` may be clobbered. Default: all-reduce `in`, copy the chunk (CommGroup runs a reduce-scatter).
+    virtual void reduce_scatter(torch::Tensor& out, torch::Tensor& in);
+    virtual int rank() const = 0;
   };
   TensorParallelGroup(int rank, int size, std::shared_ptr<Collectives> c)
       : rank_(rank), size_(size), collectives_(std::move(c)) {}
@@ -38,6 +53,13 @@ class TensorParallelGroup {
   int size() const { return size_; }
   void all_reduce(torch::Tensor& t) const;
   torch::Tensor all_gather_last_dim(const torch::Tensor& t) const;
+  // Every rank's `t` concatenated along `dim`, in rank order.
+  torch::Tensor all_gather_dim(const torch::Tensor& t, int64_t dim) const;
+  // This rank's slice along `dim` (size() equal slices) of the sum of every rank's `t`.
+  // REQUIRES: t.size(dim) divisible by size().
+  torch::Tensor reduce_scatter_dim(const torch::Tensor& t, int64_t dim) const;
+  // This rank's slice along `dim`, no communication.
+  torch::Tensor slice_dim(const torch::Tensor& t, int64_t dim) const;
 
  private:
   int rank_ = 0, size_ = 1;
@@ -47,6 +69,30 @@ class TensorParallelGroup {
 torch::Tensor copy_to_tensor_parallel(const torch::Tensor& x, const TensorParallelGroup& g);
 torch::Tensor reduce_from_tensor_parallel(const torch::Tensor& x, const TensorParallelGroup& g);
 torch::Tensor gather_from_tensor_parallel(const torch::Tensor& x, const TensorParallelGroup& g);
+// Sequence parallelism (see the top); the sequence is dim 1. `reduce_scatter_grad`: the consumer is
+// tensor-parallel (each rank holds a partial gradient, which the backward sums and splits); false: the
+// consumer is replicated (every rank holds the whole gradient, which the backward slices).
+torch::Tensor scatter_to_sequence_parallel(const torch::Tensor& x, const TensorParallelGroup& g);
+torch::Tensor gather_from_sequence_parallel(const torch::Tensor& x, const TensorParallelGroup& g,
+                                            bool reduce_scatter_grad = true);
+torch::Tensor reduce_scatter_to_sequence_parallel(const torch::Tensor& x, const TensorParallelGroup& g);
+torch::Tensor sequence_parallel_param(const torch::Tensor& p, const TensorParallelGroup& g);
+// Context parallelism: every cp rank's x along `dim`, in rank order; the backward sums the gradient
+// over the group and keeps this rank's slice.
+torch::Tensor gather_from_context_parallel(const torch::Tensor& x, int64_t dim, const TensorParallelGroup& g);
+
+// Megatron's load-balanced causal split of a sequence of `seq` tokens over a cp group of size cp: 2 cp
+// equal chunks, rank r holding chunks r and 2 cp - 1 - r (so every rank has as much of the causal
+// triangle). The global positions of this rank's tokens, in its order [2 seq / (2 cp)] (int64, CPU);
+// all of 0..seq-1 when cp = 1. REQUIRES: seq divisible by 2 cp.
+torch::Tensor context_parallel_positions(int64_t seq, const TensorParallelGroup& cp);
+// x's tokens of this rank along `dim` (its two chunks, in the order above); x when cp = 1.
+torch::Tensor context_parallel_slice(const torch::Tensor& x, int64_t dim, const TensorParallelGroup& cp);
+
+// Test hook: true when the comma-separated list in HETPLAN_TEST_DISABLE names `mechanism`
+// ("sp-reduce-scatter", "sp-param-allreduce", "cp-kv-exchange"); the equivalence tests show that
+// training then differs from one process. Read once per process.
+bool test_disabled(const std::string& mechanism);
 
 // Deterministic full-size initial weights: the same on every rank.
 torch::Tensor seeded_normal(std::vector<int64_t> shape, double std, uint64_t seed);
@@ -72,11 +118,15 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   ColumnParallelLinearImpl(int64_t in, int64_t out, bool bias, const ParamInit& init,
                            const TensorParallelGroup& group, bool gather_output);
   torch::Tensor forward(const torch::Tensor& x);
+  // Sequence parallelism: x arrives already all-gathered along the sequence (gather_from_sequence_parallel,
+  // whose backward reduce-scatters the input gradient), so no copy_to_tensor_parallel (all-reduce) here.
+  void set_sequence_parallel() { input_gathered_ = true; }
   torch::Tensor weight, bias;  // bias undefined when there is none
 
  private:
   TensorParallelGroup group_;
   bool gather_output_;
+  bool input_gathered_ = false;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -86,10 +136,14 @@ class RowParallelLinearImpl : public torch::nn::Module {
  public:
   RowParallelLinearImpl(int64_t in, int64_t out, bool bias, const ParamInit& init, const TensorParallelGroup& group);
   torch::Tensor forward(const torch::Tensor& x);
+  // Sequence parallelism: the partial products are reduce-scattered along the sequence (dim 1) instead of
+  // all-reduced, and the bias, added on the shard, has its gradient summed over the group.
+  void set_sequence_parallel() { sequence_parallel_ = true; }
   torch::Tensor weight, bias;
 
  private:
   TensorParallelGroup group_;
+  bool sequence_parallel_ = false;
 };
 TORCH_MODULE(RowParallelLinear);
 
@@ -99,11 +153,14 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
   VocabParallelEmbeddingImpl(int64_t vocab, int64_t hidden, const ParamInit& init, const TensorParallelGroup& group);
   torch::Tensor forward(const torch::Tensor& ids);
+  // Sequence parallelism: the partial lookups are reduce-scattered along the sequence instead of all-reduced.
+  void set_sequence_parallel() { sequence_parallel_ = true; }
   torch::Tensor weight;
 
  private:
   TensorParallelGroup group_;
   int64_t vocab_start_, vocab_end_;
+  bool sequence_parallel_ = false;
 };
 TORCH_MODULE(VocabParallelEmbedding);
 

@@ -9,8 +9,8 @@
 # Cases: a ~1.3B GPT (hidden 2048, 24 blocks, seq 2048), micro-batch 1 and 4, with and without activation
 # checkpointing: single-GPU AMP, DDP (2 GPUs), FSDP2 (2 GPUs); CPU-offloaded Adam (ZeRO-Offload's path, one
 # GPU, micro-batch 4); decode of a Llama-3.2-3B shape at batch 1 in eager mode and with CUDA graphs.
-# Results: $OUT/whatif_validate.tgz (measurements, logs, machine) and $OUT/summary.md (+ summary_calibrated.md,
-# the predictions made with profiles/H200's calibration).
+# Results: $OUT/whatif_validate.tgz (measurements, logs, machine) and $OUT/summary.md (+ summary_<tag>.md for each
+# predictions_<GPU>_<tag>.json: _calibrated with profiles/H200's calibration, _run3 with the host-time model).
 # Each step has its own time limit; the whole run stays under 8 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,15 +53,18 @@ fi
 run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --iters 4 --out "$res"
 run 70 decode "${py[@]}" decode --runtimes eager,graphs --out "$res"
 
-for kind in "" _calibrated; do
-  pred="scripts/validation/whatif/predictions_${gpu}${kind}.json"
-  if [ -f "$pred" ]; then
-    "${py[@]}" summary --pred "$pred" --meas "$res" --machine "$machine" --out "$res/summary${kind}.md" || true
-    cp "$res/summary${kind}.md" "$out/" 2>/dev/null
-  else
-    echo "!! no $pred: nothing to compare with"
-  fi
+# Every committed prediction set for this GPU: predictions_<GPU>.json -> summary.md, predictions_<GPU>_<tag>.json
+# -> summary_<tag>.md (_calibrated: with profiles/<GPU>'s calibration; _run3: the host-time model's defaults).
+found=0
+for pred in scripts/validation/whatif/predictions_"${gpu}".json scripts/validation/whatif/predictions_"${gpu}"_*.json; do
+  [ -f "$pred" ] || continue
+  found=1
+  kind=${pred#scripts/validation/whatif/predictions_"${gpu}"}
+  kind=${kind%.json}
+  "${py[@]}" summary --pred "$pred" --meas "$res" --machine "$machine" --out "$res/summary${kind}.md" || true
+  cp "$res/summary${kind}.md" "$out/" 2>/dev/null
 done
+[ $found -eq 1 ] || echo "!! no scripts/validation/whatif/predictions_${gpu}*.json: nothing to compare with"
 echo "total $((SECONDS - t0)) s"
 tar czf "$out/whatif_validate.tgz" -C "$work" whatif_validate
 ls -l "$out"

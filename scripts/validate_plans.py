@@ -129,7 +129,28 @@ def plan_file(suite, p):
         "recompute": p.get("recompute", "none"),
         # Interleaved 1F1B: model chunks per pipeline rank (absent: 1).
         **({"virtual_stages": p["virtual_stages"]} if p.get("virtual_stages", 1) > 1 else {}),
+        # Sequence parallelism (with tp), context parallelism (carved from dp) and overlapped data-parallel
+        # communication, where the suite's plan sets them (the plan-file keys, sim/plan_file.h).
+        **{k: p[k] for k in PLAN_SETTINGS if k in p},
     }
+
+
+PLAN_SETTINGS = ("sequence_parallel", "context_parallel", "overlap")
+
+
+def settings_suffix(p):
+    """The plan's SP / cp / overlap settings, for the table's schedule column."""
+    out = ""
+    if p.get("sequence_parallel"):
+        out += " +SP"
+    if p.get("context_parallel", 1) > 1:
+        out += f" cp{p['context_parallel']}"
+    o = p.get("overlap") or {}
+    if o.get("grad_reduce"):
+        out += " +overlap-grad"
+    if o.get("param_gather"):
+        out += " +overlap-param"
+    return out
 
 
 def searched_plan(suite, p, binary, work, log):
@@ -155,7 +176,7 @@ def searched_plan(suite, p, binary, work, log):
     for key in ("node_sequence", "device_groups", "strategies", "batches", "layer_partition"):
         plan[key] = best[key]
     plan["cost"] = best.get("cost")
-    for key in ("zero_stage", "recompute", "schedule", "virtual_stages"):
+    for key in ("zero_stage", "recompute", "schedule", "virtual_stages") + PLAN_SETTINGS:
         if key in best:
             plan[key] = best[key]
     plan["chosen_by"] = f"hetplan search --cost-model {cm}"
@@ -304,7 +325,7 @@ def table(work, suite_name, machine):
                 metis_merr_s = pct(max(errs, key=abs)) if errs else ""
         rows.append(shown)
         out.append(f"| {shown} | {meta.get('model', '')} | {stages} | {p['batches']} x {p['gbs']} | "
-                   f"{p.get('zero_stage', 0)} | {p.get('recompute', 'none')} | {p.get('schedule', '1f1b')}{(' v' + str(p['virtual_stages'])) if p.get('virtual_stages', 1) > 1 else ''} | "
+                   f"{p.get('zero_stage', 0)} | {p.get('recompute', 'none')} | {p.get('schedule', '1f1b')}{(' v' + str(p['virtual_stages'])) if p.get('virtual_stages', 1) > 1 else ''}{settings_suffix(p)} | "
                    f"{sim['iteration_ms']:.1f} | {meas_s} | {err_s} | {fmt_list(pred_alloc)} | {mm_s} | {merr_s} | "
                    f"{metis_ms_s} | {metis_err_s} | {metis_mem_s} | {metis_merr_s} |")
     out.append("")

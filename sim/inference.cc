@@ -105,7 +105,15 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
                                                  : hf_decode_kernels_per_layer(m) * L + hf_decode_kernels_per_step(m);
   const double streamed_kernels = m.block_linears().size() * L + 1;  // the projections' GEMVs, the LM head
   step_s += std::max(0.0, kernels - streamed_kernels) * s.launch.graph_kernel_us * 1e-6;
-  if (s.launch.runtime == LaunchRuntime::kEager) step_s = launch_bound_s(s.launch, step_s, kernels);
+  if (s.launch.runtime == LaunchRuntime::kEager) {
+    // The host issues every op of the step from Python (autograd off) and runs ahead of the GPU: the step is
+    // max(the GPU's, the host's). A calibration's kernel count replaces the itemised kernels per layer.
+    const double per_layer = s.kernels_per_layer > 0
+                                 ? hf_decode_ops_per_layer(m) - hf_decode_kernels_per_layer(m) + s.kernels_per_layer
+                                 : hf_decode_ops_per_layer(m);
+    const double host_s = (L * per_layer + hf_decode_ops_per_step(m)) * s.launch.host.nograd_op_us * 1e-6;
+    step_s = std::max(step_s, host_s);
+  }
   r.decode_ms_per_token = step_s * 1e3;
   r.tokens_per_s = b / (r.decode_ms_per_token / 1e3);
   return r;

@@ -29,6 +29,7 @@
 #include "base/json_util.h"
 #include "sim/gpu_specs.h"
 #include "sim/layer_work.h"
+#include "sim/runtime_overheads.h"
 
 namespace hetplan {
 
@@ -36,14 +37,14 @@ namespace hetplan {
 // the dense peak, half of that at m = 1024 (m^2 / (m^2 + 1024^2)); fused
 // attention (FLOPs counted without the causal discount, as ModelShape does)
 // ~55% of the peak; streaming kernels ~80% of the HBM bandwidth; NCCL ~70% of
-// the link; eager LibTorch ~12 us of host time per kernel.
+// the link; an eager op issued by the host at runtime_overheads.h's kDefaultEagerOpUs.
 struct RateDefaults {
   double gemm_efficiency = 0.72;
   double gemm_half_size = 1024;
   double attention_efficiency = 0.55;
   double memory_efficiency = 0.80;
   double link_efficiency = 0.70;
-  double launch_host_us = 12.0;
+  double launch_host_us = kDefaultEagerOpUs;  // sim/runtime_overheads.h (the one home of the launch cost)
 };
 
 struct DeviceRates {

@@ -5,7 +5,12 @@
 // and tensor-parallel index t global rank begin + d * tp + t (tp fastest,
 // then dp; stages are consecutive rank ranges, so pp is slowest). A replica's
 // tp group is tp consecutive ranks; the dp group of tp index t is the ranks
-// begin + t, begin + t + tp, ... Every part that needs a rank of a stage
+// begin + t, begin + t + tp, ... With context parallelism of size cp
+// (carved from the plan's dp, Megatron's order tp, cp, dp), replicas
+// d = e * cp + c (c < cp) form data-parallel replica e of Megatron's dp =
+// dp / cp, and replica d's tp index t is in the cp group of the ranks
+// rank(e * cp + c', t), c' < cp (stride tp); gradients are summed over
+// dp x cp, which is the plan's dp group. Every part that needs a rank of a stage
 // (balancers, network and memory costing, the search's estimates, export,
 // the executor's process groups) asks a StageGrid; Metis's own strided order
 // stays in its cost path (RankLayout::dp_bandwidth, metis/metis_cost.h).
@@ -71,6 +76,10 @@ struct StageGrid {
   // Replica d's tp group, in tp order; the dp group of tp index t, in replica order.
   RankStride tp_group(int d) const { return {rank(d, 0), 1, tp}; }
   RankStride dp_group(int t) const { return {begin + t, tp, dp}; }
+  // Context parallelism of size cp (see above): replica d's cp index, and the cp group of its tp index t,
+  // in cp order. REQUIRES: cp >= 1 divides dp.
+  int cp_index(int d, int cp) const { return d % cp; }
+  RankStride cp_group(int d, int t, int cp) const { return {rank(d - d % cp, t), tp, cp}; }
   // How many replicas have their first rank in [lo, hi). REQUIRES: begin <= lo <= hi.
   int replicas_starting_in(int lo, int hi) const {
     return std::min(dp, (hi - begin + tp - 1) / tp) - std::min(dp, (lo - begin + tp - 1) / tp);

@@ -1,8 +1,11 @@
 #include "sim/runtime_overheads.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "base/input_error.h"
+#include "base/file_access.h"
+#include "base/json_util.h"
 
 namespace hetplan {
 
@@ -15,16 +18,41 @@ LaunchRuntime parse_launch_runtime(const std::string& s, const std::string& wher
 }
 
 std::string LaunchModel::describe() const {
+  if (runtime == LaunchRuntime::kEager) return "eager (host model: " + host.source + ")";
   char buf[96];
-  if (runtime == LaunchRuntime::kEager)
-    std::snprintf(buf, sizeof buf, "eager (%.2f us/op host floor)", eager_op_us);
-  else
-    std::snprintf(buf, sizeof buf, "CUDA graphs (%.2f us/kernel floor)", graph_kernel_us);
+  std::snprintf(buf, sizeof buf, "CUDA graphs (%.2f us/kernel floor)", graph_kernel_us);
   return buf;
 }
 
-double launch_bound_s(const LaunchModel& launch, double gpu_s, double kernels) {
-  return std::max(gpu_s, kernels * launch.floor_s());
+namespace {
+
+// The H200 probe's figures (logs/validate/host-probe-h200/host_probe_{micro,dist}.json through host_costs_from_probe).
+struct ProbeFigures {
+  double forward_op_us, backward_kernel_us, checkpoint_forward_us, checkpoint_backward_us, ddp_param_us,
+      fsdp2_module_us, fsdp2_param_us, adam_step_us, adam_tensor_us, nograd_op_us;
+};
+constexpr ProbeFigures kH200Probe{29.61473621102388, 20.7220805902417,  343.4415416669149, 514.0016094125971,
+                                  48.24798972601398, 1510.532198347385, 162.1759008264461, 29.050029999950752,
+                                  2.4215324000010696, 11.365174711763053};
+
+}  // namespace
+
+HostCosts default_host_costs() {
+  // logs/validate/host-probe-h200/ (scripts/gpu_host_probe.sh on 2 x H200, torch 2.11; sim/runtime_overheads.md shows
+  // each figure's arithmetic). read_host_probe(that file) gives the same numbers (tests/test_whatif.cc).
+  HostCosts c;
+  c.forward_op_us = kH200Probe.forward_op_us;
+  c.backward_kernel_us = kH200Probe.backward_kernel_us;
+  c.checkpoint_forward_us = kH200Probe.checkpoint_forward_us;
+  c.checkpoint_backward_us = kH200Probe.checkpoint_backward_us;
+  c.ddp_param_us = kH200Probe.ddp_param_us;
+  c.fsdp2_module_us = kH200Probe.fsdp2_module_us;
+  c.fsdp2_param_us = kH200Probe.fsdp2_param_us;
+  c.adam_step_us = kH200Probe.adam_step_us;
+  c.adam_tensor_us = kH200Probe.adam_tensor_us;
+  c.nograd_op_us = kH200Probe.nograd_op_us;
+  c.source = "H200 host probe (logs/validate/host-probe-h200)";
+  return c;
 }
 
 namespace {
@@ -64,5 +92,236 @@ double hf_decode_kernels_per_step(const ModelShape& m) {
 double ddp_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
   return d.model && !d.gradient_as_bucket_view ? gradient_bytes : 0.0;
 }
+
+}  // namespace hetplan
+
+// ---------------------------------------------------------------- the host's side of an eager step
+
+namespace hetplan {
+
+// The figures of scripts/gpu_host_probe.py's JSON that HostCosts takes (see read_host_probe).
+namespace {
+
+double at(const ordered_json& j, const std::string& path, const std::string& file, const NumberRule& rule) {
+  const ordered_json* cur = &j;
+  std::string where;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (dot == std::string::npos) return require_number(*cur, key, file, where, rule);
+    cur = &require_key(*cur, key, file, where);
+    where += (where.empty() ? "" : ".") + key;
+    start = dot + 1;
+  }
+}
+
+}  // namespace
+
+HostCosts host_costs_from_probe(const ordered_json& micro, const std::string& micro_path, const ordered_json* dist,
+                                const std::string& dist_path) {
+  const NumberRule us = rules::positive_up_to(1e7), any = rules::kAny;
+  HostCosts c = default_host_costs();
+  auto m = [&](const std::string& path, const NumberRule& rule) { return at(micro, path, micro_path, rule); };
+  // The tiny GPT (the validation model's code), 24 blocks, no checkpointing: each phase's host time over the
+  // ops the profiler counted in it.
+  const std::string g0 = "tiny_gpt_step.blocks24_ckpt0.", g1 = "tiny_gpt_step.blocks24_ckpt1.";
+  const double fwd0 = m(g0 + "forward", us), bwd0 = m(g0 + "backward", us);
+  const double ops0 = m(g0 + "counts.forward.aten_top", us), kern0 = m(g0 + "counts.backward.kernels", us);
+  c.forward_op_us = fwd0 * 1e3 / ops0;
+  c.backward_kernel_us = bwd0 * 1e3 / kern0;
+  // Checkpointing every block: what the forward gains per region; what the backward gains per region beyond
+  // the recomputed forward's ops (at forward_op_us each).
+  const double blocks = 24;
+  const double fwd1 = m(g1 + "forward", us), bwd1 = m(g1 + "backward", us);
+  const double block_ops = (ops0 - m("tiny_gpt_step.blocks12_ckpt0.counts.forward.aten_top", us)) / 12;
+  c.checkpoint_forward_us = std::max(0.0, (fwd1 - fwd0) * 1e3 / blocks);
+  c.checkpoint_backward_us = std::max(0.0, (bwd1 - bwd0) * 1e3 / blocks - block_ops * c.forward_op_us);
+  c.adam_tensor_us = m("optimizer_step.adamw_fused.us_per_tensor", us);
+  c.adam_step_us = std::max(0.0, m("optimizer_step.adamw_fused.us_fixed", any));
+  // Decode: the tiny Llama-like loop's host time per token over its ops per token.
+  c.nograd_op_us = m("decode.layers28.token_wall_us", us) / m("decode.layers28.aten_top_per_token", us);
+  if (dist) {
+    auto d = [&](const std::string& path, const NumberRule& rule) { return at(*dist, path, dist_path, rule); };
+    // The tiny GPT's whole step under each wrapper against none (the same process group, no checkpointing).
+    const double single = d("tiny_gpt_step.single_ckpt0.step", us);
+    const double tensors = 24 * 12 + 4;  // its parameter tensors: 12 per GPT-2 block; wte, wpe, ln_f's two
+    c.ddp_param_us = std::max(0.0, (d("tiny_gpt_step.ddp_ckpt0.step", us) - single) * 1e3 / tensors);
+    // FSDP2: per module a + b x tensors. The chain's modules (nn.Linear: 2 tensors) give a + 2b; the tiny
+    // GPT's 25 modules (24 blocks of 12 tensors, the root of 4) give 25 a + 292 b.
+    const double chain = d("fsdp2_chain.added_us_per_module.step", us);
+    const double gpt = (d("tiny_gpt_step.fsdp2_ckpt0.step", us) - single) * 1e3;
+    c.fsdp2_param_us = std::max(0.0, (gpt - 25 * chain) / (tensors - 50));
+    c.fsdp2_module_us = std::max(0.0, chain - 2 * c.fsdp2_param_us);
+  }
+  c.source = "probe " + micro_path + (dist ? " + " + dist_path : std::string());
+  return c;
+}
+
+HostCosts read_host_probe(const std::string& path) {
+  const ordered_json micro = read_json_file(path);
+  const std::string dist_path = (std::filesystem::path(path).parent_path() / "host_probe_dist.json").string();
+  if (file_kind(dist_path) == "missing") return host_costs_from_probe(micro, path, nullptr, "");
+  const ordered_json dist = read_json_file(dist_path);
+  return host_costs_from_probe(micro, path, &dist, dist_path);
+}
+
+EagerOps& EagerOps::operator+=(const EagerOps& o) {
+  forward_ops += o.forward_ops, backward_kernels += o.backward_kernels, backward_nodes += o.backward_nodes;
+  return *this;
+}
+
+namespace {
+
+// An nn.Linear: one op forward. Backward nodes: the GEMM's (addmm/mm), the transposed weight's, the input's
+// view to 2-D and the output's view back, and per autocast cast (the weight, the bias, an fp32 input) its
+// ToCopyBackward; kernels: the input- and weight-gradient GEMMs, the bias gradient's reduction, each cast's
+// gradient cast back.
+void add_linear(EagerOps& o, bool autocast, bool bias, bool fp32_input) {
+  o.forward_ops += 1;
+  const double casts = autocast ? 1 + (bias ? 1 : 0) + (fp32_input ? 1 : 0) : 0;
+  o.backward_nodes += 4 + casts;
+  o.backward_kernels += 2 + (bias ? 1 : 0) + casts;
+}
+
+// `n` ops with a node each whose backward launches `kernels` kernels each (0 for views).
+void add_ops(EagerOps& o, double n, double kernels) {
+  o.forward_ops += n;
+  o.backward_nodes += n;
+  o.backward_kernels += n * kernels;
+}
+
+// A norm: LayerNorm one op (backward: the input's gradient, the weight's and bias's); an eager RMSNorm
+// eight (float, pow, mean, add, rsqrt, mul, cast back, scale), their backward kernels (pow, mean's expand,
+// rsqrt, the muls' two gradients each, the cast).
+void add_norm(EagerOps& o, const ModelShape& m) {
+  if (m.norm == NormKind::kRmsNorm) {
+    add_ops(o, 8, 0);
+    o.backward_kernels += 10;
+  } else {
+    add_ops(o, 1, 2);
+  }
+}
+
+}  // namespace
+
+double block_parameter_tensors(const ModelShape& m) {
+  const double norm = m.norm == NormKind::kLayerNorm ? 2 : 1;
+  const bool fused_qkv = m.learned_positions;
+  double t = 2 * norm + static_cast<double>(m.block_linears().size()) - (fused_qkv ? 2 : 0);
+  if (m.attention_bias) t += fused_qkv ? 2 : 4;
+  if (m.mlp_bias) t += m.mlp == MlpKind::kSwiGlu ? 3 : 2;
+  return t;
+}
+
+double ends_parameter_tensors(const ModelShape& m) {
+  const double norm = m.norm == NormKind::kLayerNorm ? 2 : 1;
+  return 1 + (m.learned_positions ? 1 : 0) + norm + (m.tied_embeddings ? 0 : 1);
+}
+
+double parameter_tensors(const ModelShape& m) {
+  return block_parameter_tensors(m) * m.num_layers + ends_parameter_tensors(m);
+}
+
+EagerOps eager_block_ops(const ModelShape& m, bool autocast) {
+  EagerOps o;
+  const bool gpt2 = m.learned_positions;  // GPT-2's code: fused c_attn, no rotary
+  add_norm(o, m);
+  // Norms run in fp32 under autocast: the projections after them cast their input too.
+  if (gpt2) {
+    add_linear(o, autocast, m.attention_bias, autocast);
+    add_ops(o, 5, 0);         // view to (b, n, 3, heads, d), unbind, three transposes
+    o.backward_kernels += 1;  // unbind's backward stacks the three gradients
+  } else {
+    for (int i = 0; i < 3; ++i) add_linear(o, autocast, m.attention_bias, autocast);
+    add_ops(o, 6, 0);   // q, k, v: view and transpose each
+    add_ops(o, 4, 0);   // rotate_half's two slices of q and of k
+    add_ops(o, 10, 1);  // per q and k: neg, cat, two muls, the add
+    o.backward_kernels += 4;  // the slices' gradients (zeros, copy) ...
+    if (m.num_kv_heads < m.num_heads) {
+      add_ops(o, 2, 0);  // the GQA repeat of k and v: expand
+      add_ops(o, 2, 1);  // and its copy (backward: the sum over the group)
+    }
+  }
+  add_ops(o, 1, 4);  // SDPA (fused backward: dq's memset, dot(do, o), the kernel, dq's conversion)
+  add_ops(o, 1, 0);  // the output's transpose
+  add_ops(o, 1, 0);  // its reshape copy (the backward's is a view)
+  add_linear(o, autocast, m.attention_bias, false);
+  add_ops(o, 1, autocast ? 1 : 0);  // residual add (under autocast the branch's gradient cast to 16 bits)
+  add_norm(o, m);
+  if (m.mlp == MlpKind::kSwiGlu) {
+    add_linear(o, autocast, m.mlp_bias, autocast);  // gate
+    add_linear(o, autocast, m.mlp_bias, autocast);  // up
+    add_ops(o, 1, 1);                               // silu
+    add_ops(o, 1, 2);                               // mul: both gradients
+  } else {
+    add_linear(o, autocast, m.mlp_bias, autocast);
+    add_ops(o, 1, 1);  // GELU
+  }
+  add_linear(o, autocast, m.mlp_bias, false);
+  add_ops(o, 1, autocast ? 1 : 0);  // residual add
+  o.backward_kernels += 2;          // the residual stream's gradient sums at the two branch points
+  o.backward_nodes += block_parameter_tensors(m);  // AccumulateGrad (set_to_none: taken over, no kernel)
+  return o;
+}
+
+EagerOps eager_ends_ops(const ModelShape& m, bool autocast) {
+  EagerOps o;
+  add_ops(o, 1, 5);  // embedding (backward: embedding_dense_backward's sort, counts and scatter)
+  if (m.learned_positions) {
+    add_ops(o, 1, 2);  // wpe[:n] (backward: zeros and the slice's copy)
+    add_ops(o, 1, 0);  // + positions
+  } else {
+    o.forward_ops += 8;  // the rotary table (arange, outer, cat, cos, sin, casts): no gradient
+  }
+  add_norm(o, m);
+  add_linear(o, autocast, false, autocast);  // LM head (the tied table or its own)
+  add_ops(o, 1, 1);                          // logits.float()
+  add_ops(o, 2, 0);                          // the (tokens, vocab) and target views
+  add_ops(o, 1, 2);                          // F.cross_entropy (log_softmax, nll_loss)
+  if (m.tied_embeddings) o.backward_kernels += 1;  // the table's two gradients summed
+  o.backward_nodes += ends_parameter_tensors(m);   // AccumulateGrad
+  return o;
+}
+
+HostStep eager_training_host(const ModelShape& m, const TrainingHostSetup& s, const HostCosts& c) {
+  const EagerOps block = eager_block_ops(m, s.autocast), ends = eager_ends_ops(m, s.autocast);
+  const double L = m.num_layers;
+  const double regions = s.checkpoint_every > 0 ? std::floor(L / s.checkpoint_every) : 0;
+  HostStep h;
+  h.forward_ms = (L * block.forward_ops + ends.forward_ops) * c.forward_op_us * 1e-3;
+  h.backward_ms = (L * block.backward_kernels + ends.backward_kernels) * c.backward_kernel_us * 1e-3;
+  h.recompute_ms = regions * (block.forward_ops * c.forward_op_us + c.checkpoint_backward_us) * 1e-3;
+  h.forward_ms += regions * c.checkpoint_forward_us * 1e-3;
+  h.backward_ms += h.recompute_ms;
+  const double tensors = parameter_tensors(m);
+  if (s.wrapper == DataParallelWrapper::kDdp) h.wrapper_ms = tensors * c.ddp_param_us * 1e-3;
+  if (s.wrapper == DataParallelWrapper::kFsdp2)
+    h.wrapper_ms = ((L + 1) * c.fsdp2_module_us + tensors * c.fsdp2_param_us) * 1e-3;
+  if (s.wrapper == DataParallelWrapper::kFsdp2) {
+    h.forward_ms += h.wrapper_ms / 2;
+    h.backward_ms += h.wrapper_ms / 2;
+  } else {
+    h.backward_ms += h.wrapper_ms;
+  }
+  h.optimizer_ms = (c.adam_step_us + tensors * c.adam_tensor_us) * 1e-3;
+  return h;
+}
+
+double host_ahead_step_ms(const double* host_ms, const double* gpu_ms, int phases) {
+  double h = 0, g = 0;
+  for (int i = 0; i < phases; ++i) {
+    h += host_ms[i];
+    g = std::max(g + gpu_ms[i], h);
+  }
+  return g;
+}
+
+double hf_decode_ops_per_layer(const ModelShape& m) {
+  const double views = 6 + (m.learned_positions ? 0 : 4) + (m.num_kv_heads < m.num_heads ? 4 : 0) + 1 + 1;
+  return hf_decode_kernels_per_layer(m) + views;
+}
+
+double hf_decode_ops_per_step(const ModelShape& m) { return hf_decode_kernels_per_step(m) + 4; }
 
 }  // namespace hetplan

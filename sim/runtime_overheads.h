@@ -4,18 +4,18 @@
 // inference what-if use them, and a profile's measurements
 // (whatif_calibration.json, `hetplan gpu-probe`) replace the defaults.
 //
-//  - The launch floor (LaunchModel). A kernel cannot start before the host has
-//    issued it. In eager PyTorch each op costs the host its Python and
-//    dispatcher time plus the launch (kDefaultEagerOpUs); when the GPU work of
-//    a stretch of kernels is shorter than the host's time to issue them, the
-//    GPU waits on the CPU and the stretch takes kernels x that time. A
-//    captured CUDA graph replays its kernels without the host; what is left
-//    is the GPU's own per-kernel floor (launch from the graph, ramp-up and
-//    drain: kDefaultGraphKernelUs). So a stretch takes
-//        max(GPU work, kernels x floor),  floor = eager op time | graph floor.
-//    The defaults are micro-benchmark measurements (logs/whatif_calibration_h200.md,
-//    "kernel floor": 500 tiny kernels issued from Python vs replayed from a
-//    graph, one H200 host): 7.47 us and 2.16 us per kernel.
+//  - The runtime (LaunchModel). Eager PyTorch issues every op from the CPU;
+//    launches are asynchronous, so the host runs ahead of the GPU until the
+//    step's end synchronises: a step takes the GPU's time where the GPU is the
+//    bottleneck, the host's where the host is (host_ahead_step_ms over the
+//    forward, backward and optimizer phases). The host's time is itemised from
+//    the code (EagerOps: ops per block forward, backward kernels, checkpoint
+//    regions, DDP's parameters, FSDP2's modules and parameters, the
+//    optimizer's tensors) at per-op costs a probe measured in situ
+//    (HostCosts: scripts/gpu_host_probe.py; defaults from an H200 host,
+//    logs/validate/host-probe-h200/). A captured CUDA graph replays its kernels without
+//    the host; what is left is the GPU's own per-kernel floor
+//    (kDefaultGraphKernelUs), which eager kernels have too.
 //  - Kernel counts. The number of kernels an eager implementation runs per
 //    block, itemised from what the code does (eager_block_kernels for a
 //    training step under torch.autocast; hf_decode_kernels_per_layer for
@@ -36,8 +36,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
+#include "base/json_util.h"
 #include "sim/model_shape.h"
 
 namespace hetplan {
@@ -47,22 +49,47 @@ const char* to_string(LaunchRuntime r);
 // "eager" or "graphs"; throws InputError naming `where`.
 LaunchRuntime parse_launch_runtime(const std::string& s, const std::string& where);
 
-inline constexpr double kDefaultEagerOpUs = 7.47;     // host time per eager op issued from Python
-inline constexpr double kDefaultGraphKernelUs = 2.16; // GPU floor per kernel of a replayed graph
+// An op issued by the host with autograd off (torch.add on a tiny tensor in a loop: the H200 host's probe,
+// logs/validate/host-probe-h200/host_probe_micro.json aten_op.add): the launch cost of the analytic layer model
+// (sim/layer_time_model.h) and of DeepSpeed's coordinator (sim/offload.h). The GPU's floor per kernel of a
+// replayed CUDA graph (logs/whatif_calibration_h200.md).
+inline constexpr double kDefaultEagerOpUs = 6.04;
+inline constexpr double kDefaultGraphKernelUs = 2.16;
+
+// Host microseconds per thing, measured in situ: the validation model's code at a tiny width (the GPU keeps
+// up, so a phase's wall time is the host's), divided by the ops the profiler counted in that phase; and the
+// wrappers' and the optimizer's additions. Defaults: the H200 host's probe (sim/runtime_overheads.md);
+// read_host_probe takes another probe's figures.
+struct HostCosts {
+  double forward_op_us = 0;           // a top-level op of an eager training forward (Python, autograd, autocast)
+  double backward_kernel_us = 0;      // a kernel of the backward (the engine's nodes and launches, per kernel)
+  double checkpoint_forward_us = 0;   // torch.utils.checkpoint, per region in the forward (RNG state, hooks)
+  double checkpoint_backward_us = 0;  // ... per region in the backward, besides its recomputed forward's ops
+  double ddp_param_us = 0;            // DistributedDataParallel, per parameter tensor (hook, bucket copies)
+  double fsdp2_module_us = 0;         // FSDP2 (fully_shard), per sharded module and step (its four hooks)
+  double fsdp2_param_us = 0;          // ... and per parameter tensor of it (copy-in/out, DTensor, its optimizer)
+  double adam_step_us = 0, adam_tensor_us = 0;  // AdamW(fused=True): per step and per parameter tensor
+  double nograd_op_us = 0;            // an op of an eager decode step (autograd off)
+  std::string source;
+};
+// The defaults (the H200 probe's figures, logs/validate/host-probe-h200/).
+HostCosts default_host_costs();
+// The costs a probe measured: `path` is scripts/gpu_host_probe.py's host_probe_micro.json; a
+// host_probe_dist.json beside it adds the DDP and FSDP2 figures (else those stay the defaults').
+// Throws InputError naming the file and key when a figure is missing or not a positive number.
+HostCosts read_host_probe(const std::string& path);
+// The same from parsed JSON (`dist` may be null).
+HostCosts host_costs_from_probe(const ordered_json& micro, const std::string& micro_path, const ordered_json* dist,
+                                const std::string& dist_path);
 
 struct LaunchModel {
   LaunchRuntime runtime = LaunchRuntime::kEager;
-  double eager_op_us = kDefaultEagerOpUs;
-  double graph_kernel_us = kDefaultGraphKernelUs;
-  std::string source = "defaults: 7.47 us per eager op, 2.16 us per graph kernel (H200 host micro-benchmark)";
-  // The per-kernel floor of this runtime, in seconds.
-  double floor_s() const { return (runtime == LaunchRuntime::kEager ? eager_op_us : graph_kernel_us) * 1e-6; }
-  // "eager (7.47 us/op host floor)" or "CUDA graphs (2.16 us/kernel floor)".
+  double graph_kernel_us = kDefaultGraphKernelUs;  // the GPU's floor per kernel (both runtimes: eager too)
+  HostCosts host = default_host_costs();           // the host's side of an eager step
+  std::string source = "defaults (H200 host probe)";
+  // "eager (host model: <source>)" or "CUDA graphs (2.16 us/kernel floor)".
   std::string describe() const;
 };
-
-// Seconds of a stretch of `kernels` kernels whose GPU work is `gpu_s`: max(gpu_s, kernels x floor).
-double launch_bound_s(const LaunchModel& launch, double gpu_s, double kernels);
 
 // Kernels of one transformer block's forward in an eager training step under torch.autocast (bf16/fp16):
 // per linear its GEMM and autocast's cast of the fp32 weight (and bias); the norms (LayerNorm one kernel;
@@ -81,6 +108,71 @@ double hf_decode_kernels_per_layer(const ModelShape& m);
 // Kernels of one decode step outside the layers: the embedding, the rotary table and the mask (ten), the
 // final norm, the LM head and its fp32 cast, generate's greedy selection and bookkeeping (six).
 double hf_decode_kernels_per_step(const ModelShape& m);
+
+// ---- The host's side of an eager step (issue 32) ----
+// Eager PyTorch issues every op from the CPU: Python, the dispatcher, autograd's bookkeeping and the launch.
+// Launches are asynchronous, so the CPU runs ahead of the GPU, queueing work, until something makes it wait
+// for the GPU; in a training step that is the step's end (torch.cuda.synchronize, .item(), a logged loss).
+// So a step takes
+//     max(GPU time, host time)
+// (host-bound: the GPU idles between kernels and the last kernels finish right after their issue; GPU-bound:
+// the queue never drains). The host time is what the CPU spends issuing the step, itemised from the code
+// (EagerOps: counts from the model's structure, which do not depend on its width) times the per-op costs of
+// HostCosts (micro-benchmarks: scripts/gpu_host_probe.py, logs/validate/host-probe-h200/).
+
+// The ops of a stretch of eager code, as the host's model counts them.
+struct EagerOps {
+  double forward_ops = 0;       // top-level aten ops issued from Python (views included)
+  double backward_kernels = 0;  // kernels the autograd engine launches for them
+  double backward_nodes = 0;    // its nodes (views' and AccumulateGrad's included; informational)
+  EagerOps& operator+=(const EagerOps& o);
+};
+// One transformer block of a training step, as a PyTorch user writes it (nanoGPT / Hugging Face style),
+// itemised from the code: GPT-2 (learned positions): two LayerNorms, a fused qkv nn.Linear, view, unbind and
+// three transposes, SDPA, the output's transpose and reshape copy, proj, the GELU MLP, two residual adds
+// (17 ops); Llama: eager RMSNorm (8 ops each), q/k/v with their views, rotary on q and k (two slices, neg, cat,
+// two muls, add), the GQA repeat, SDPA, SwiGLU. Backward kernels: per linear the input- and weight-gradient
+// GEMMs, the bias gradient's reduction, and under autocast each cast's gradient cast back (the weight, the
+// bias, an fp32 input); a LayerNorm's two (input; weight and bias); fused attention's four; the residual
+// stream's sums and casts; each elementwise op's one.
+EagerOps eager_block_ops(const ModelShape& m, bool autocast);
+// The embedding (+ positions), the final norm, the LM head and the fp32 cross-entropy.
+EagerOps eager_ends_ops(const ModelShape& m, bool autocast);
+// Parameter tensors (what DDP hooks and the optimizer loop over): per block each linear's weight (and
+// bias), each norm's weight (and bias); the embedding, the positions, the final norm, an untied head.
+double parameter_tensors(const ModelShape& m);
+double block_parameter_tensors(const ModelShape& m);
+double ends_parameter_tensors(const ModelShape& m);
+
+enum class DataParallelWrapper { kNone, kDdp, kFsdp2 };
+struct TrainingHostSetup {
+  bool autocast = true;
+  int checkpoint_every = 0;  // 0: no activation checkpointing; k: every k-th block checkpointed
+  DataParallelWrapper wrapper = DataParallelWrapper::kNone;
+};
+// The host's time to issue one micro-batch's forward and backward and the optimizer step, in ms.
+struct HostStep {
+  double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+  double recompute_ms = 0, wrapper_ms = 0;  // (parts of the two above: the checkpoint regions', the wrapper's)
+};
+// Forward: the blocks' and ends' ops (+ the checkpoint regions' forward cost, FSDP2's pre/post-forward share);
+// backward: their kernels, the checkpointed blocks' recomputed forwards and regions, DDP per parameter tensor,
+// FSDP2's backward share; optimizer: AdamW(fused) over the parameter tensors. FSDP2 wraps each block and the
+// root (fsdp2_module_us per module, fsdp2_param_us per tensor, split evenly between forward and backward).
+HostStep eager_training_host(const ModelShape& m, const TrainingHostSetup& s, const HostCosts& c);
+
+// The step's time when the host runs ahead of the GPU (launches are asynchronous) and the step ends with a
+// synchronisation: phases in order, each of host time H and GPU time G; a phase's GPU work ends no earlier
+// than the host has issued all of it, nor before the GPU has finished what came before it and done G:
+//     h += H;  g = max(g + G, h);   step = g after the last phase.
+// One phase: max(G, H); a host-bound forward delays the GPU's backward, which the host cannot make up.
+double host_ahead_step_ms(const double* host_ms, const double* gpu_ms, int phases);
+
+// Hugging Face's eager decode step: per layer the ops of hf_decode_kernels_per_layer plus its views (q/k/v
+// view and transpose, rotate_half's slices, repeat_kv's index and expand, the mask's view, the output's
+// transpose); per step the embedding, rotary table, mask, final norm, head, greedy selection and their views.
+double hf_decode_ops_per_layer(const ModelShape& m);
+double hf_decode_ops_per_step(const ModelShape& m);
 
 // PyTorch DDP's gradient buckets (defaults: DistributedDataParallel's).
 struct DdpBuckets {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "sim/analytic_profiles.h"
 #include "base/checked.h"
@@ -106,10 +107,12 @@ BlockSeconds block_seconds(const WhatifInput& in, const WhatifRow& row, const Ro
                kBackwardPerForward * lora_fwd + kBackwardPerForward * elem + dequant;
   if (measured_dequant)
     b.forward *= in.calibration.qlora_dequant_factor, b.backward *= in.calibration.qlora_dequant_factor;
-  // The launch floor (sim/runtime_overheads.h): no faster than the runtime issues the block's kernels.
+  // The GPU's own floor per kernel (sim/runtime_overheads.h; the host's side of an eager step is costed for
+  // the whole step in cost_whatif_row).
   const double kernels = eager_block_forward_kernels(m, row.autocast, m.learned_positions);
-  b.forward = launch_bound_s(in.launch, b.forward, kernels);
-  b.backward = launch_bound_s(in.launch, b.backward, kernels * kBackwardKernelsPerForward);
+  const double floor_s = in.launch.graph_kernel_us * 1e-6;
+  b.forward = std::max(b.forward, kernels * floor_s);
+  b.backward = std::max(b.backward, kernels * kBackwardKernelsPerForward * floor_s);
   return b;
 }
 
@@ -209,6 +212,50 @@ int accumulation_of(const WhatifInput& in) {
   if (gbs % *per_step != 0)
     throw InputError("--gbs: expected a multiple of --micro-batch x GPUs (" + std::to_string(*per_step) + ")");
   return gbs / *per_step;
+}
+
+
+// The host's side of the eager step (sim/runtime_overheads.h): per micro-batch a forward and a backward phase,
+// then the optimizer; on the GPU the forward is the roofline profile's forward, the optimizer its optimizer
+// step, the backward the rest of the simulator's step (backward, recomputation, exposed communication).
+void apply_host_model(const WhatifInput& in, const WhatifRow& row, WhatifResult& r) {
+  TrainingHostSetup h;
+  h.autocast = row.autocast;
+  h.checkpoint_every = row.setup.recompute == Recompute::kFull ? std::max(1, row.setup.recompute_every) : 0;
+  h.wrapper = row.framework == "FSDP"                 ? DataParallelWrapper::kFsdp2
+              : (row.setup.ddp.model && r.gpus > 1)    ? DataParallelWrapper::kDdp
+                                                       : DataParallelWrapper::kNone;
+  const HostStep host = eager_training_host(in.shape, h, in.launch.host);
+  const LayerTimes t = roofline_layers(in, row, in.micro_batch);
+  double gpu_forward = 0;
+  for (double x : t.forward) gpu_forward += x;
+  const int acc = r.accumulation;
+  const double gpu_optimizer = std::min(t.optimizer_ms, r.gpu_ms);
+  const double gpu_backward = std::max(0.0, (r.gpu_ms - gpu_optimizer) / acc - gpu_forward);
+  std::vector<double> hp, gp;
+  for (int i = 0; i < acc; ++i) {
+    hp.push_back(host.forward_ms), gp.push_back(std::min(gpu_forward, (r.gpu_ms - gpu_optimizer) / acc));
+    hp.push_back(host.backward_ms), gp.push_back(gpu_backward);
+  }
+  hp.push_back(host.optimizer_ms), gp.push_back(gpu_optimizer);
+  r.host_ms = acc * (host.forward_ms + host.backward_ms) + host.optimizer_ms;
+  const double step = std::max(r.gpu_ms, host_ahead_step_ms(hp.data(), gp.data(), static_cast<int>(hp.size())));
+  if (step > r.step_ms) {
+    r.tokens_per_s *= r.step_ms / step;
+    if (r.mfu >= 0) r.mfu *= r.step_ms / step;
+    r.step_ms = step;
+  }
+  r.assumptions.push_back(
+      "host: " + fixed(r.host_ms, 1) + " ms issuing the eager step (forward " + fixed(host.forward_ms, 1) +
+      ", backward " + fixed(host.backward_ms, 1) +
+      (host.recompute_ms > 0 ? " incl. recompute " + fixed(host.recompute_ms, 1) : std::string()) +
+      (host.wrapper_ms > 0 ? std::string(h.wrapper == DataParallelWrapper::kDdp ? ", DDP hooks " : ", FSDP2 hooks ") +
+                                 fixed(host.wrapper_ms, 1)
+                           : std::string()) +
+      (acc > 1 ? " per micro-batch" : "") + ", optimizer " + fixed(host.optimizer_ms, 1) +
+      "; the host runs ahead of the GPU, the step ends synchronised): " +
+      (r.step_ms > r.gpu_ms ? "host-bound, " + fixed(r.step_ms, 1) + " ms against the GPU's " + fixed(r.gpu_ms, 1)
+                            : "GPU-bound"));
 }
 
 }  // namespace
@@ -542,9 +589,11 @@ WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
   const WhatifSimulation w = whatif_simulation(in, row);
   const PlanSimulator simulator(w.cluster, w.profiles, in.shape, in.seq, w.options);
   const PlanSimulation sim = simulator.simulate(w.plan, w.gbs);
-  r.step_ms = sim.timeline.iteration_ms;
+  r.gpu_ms = sim.timeline.iteration_ms;
+  r.step_ms = r.gpu_ms;
   r.tokens_per_s = sim.timeline.tokens_per_s;
   r.mfu = sim.timeline.mfu;
+  if (in.launch.runtime == LaunchRuntime::kEager) apply_host_model(in, row, r);
   double peak = -1;
   for (const RankMemory& m : sim.ranks)
     if (m.breakdown.gpu_total() > peak) {

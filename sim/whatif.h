@@ -27,9 +27,10 @@
 //    recomputed forward, casts every fp32 weight to the 16-bit type (read 4 bytes, write 2) at the HBM
 //    roofline; their model states are counted as Megatron's accounting does (fp32 parameters and
 //    gradients, Adam states, the 16-bit weight copies) unless --accounting names another;
-//  - the runtime's launch floor (sim/runtime_overheads.h, WhatifInput::launch): a block's forward and
-//    backward each take at least their eager kernel count x the per-kernel floor (eager: the host's time
-//    per op; CUDA graphs: the GPU's per-kernel floor);
+//  - the runtime (sim/runtime_overheads.h, WhatifInput::launch): a block's forward and backward each take at
+//    least their kernel count x the GPU's per-kernel floor; in eager mode the step takes max(GPU, host), the
+//    host's time to issue it itemised from the code (ops, autograd nodes, checkpoint regions, DDP's and
+//    FSDP2's hooks, the optimizer's tensors) at the probe's per-op costs;
 //  - PyTorch DDP (the DDP-framework rows on more than one GPU): its gradient buckets, in memory (a second
 //    copy of the gradients) and in time (bucketed all-reduces overlapped with the backward, the copies).
 // The multi-GPU rows (DDP, ZeRO without offload, FSDP) are not offered on one GPU; ZeRO-Offload is (its
@@ -146,6 +147,8 @@ struct WhatifResult {
   std::string not_offered;  // why, when !offered
   int gpus = 0, accumulation = 1, gbs = 0;
   double step_ms = 0, tokens_per_s = 0, mfu = -1;
+  double gpu_ms = 0;   // the GPU's step (the simulator's)
+  double host_ms = 0;  // the host's time to issue the eager step (0: CUDA graphs); step_ms = max(gpu_ms, host_ms)
   MemoryBreakdown memory;  // the rank with the largest total
   double capacity_bytes = 0;
   bool fits = false;

@@ -4,8 +4,10 @@
 // clear error instead of a hang.
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <tuple>
 
@@ -93,10 +95,22 @@ double rel(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-12);
 }
 
-// Losses of the 2 steps and the dumped parameters (--dump-params) equal single-process training's.
-void check_trains_like_reference(const Reference& ref, const std::vector<double>& losses, const fs::path& params_dir) {
+// How far a replay ended from single-process training: the largest relative loss error over the steps,
+// and the relative error of all parameters as one vector.
+struct Deviation {
+  double loss = 0, params = 0;
+};
+
+// Losses of the 2 steps and the dumped parameters (--dump-params) equal single-process training's
+// (`expect_same`; else only measured, for runs with a mechanism taken out). Returns the deviation.
+Deviation check_trains_like_reference(const Reference& ref, const std::vector<double>& losses,
+                                      const fs::path& params_dir, bool expect_same = true) {
+  Deviation dev;
   REQUIRE(losses.size() == 2);
-  for (int k = 0; k < 2; ++k) CHECK(std::abs(losses[k] - ref.losses[k]) <= 1e-4 * ref.losses[k]);
+  for (int k = 0; k < 2; ++k) {
+    dev.loss = std::max(dev.loss, std::abs(losses[k] - ref.losses[k]) / ref.losses[k]);
+    if (expect_same) CHECK(std::abs(losses[k] - ref.losses[k]) <= 1e-4 * ref.losses[k]);
+  }
 
   // Reassemble every parameter from the ranks of replica 0 (all replicas must agree).
   std::map<std::pair<int64_t, std::string>, std::vector<std::pair<int, torch::Tensor>>> shards;
@@ -137,17 +151,23 @@ void check_trains_like_reference(const Reference& ref, const std::vector<double>
     REQUIRE(got.sizes().equals(want.sizes()));
     all_got.push_back(got.flatten());
     all_want.push_back(want.flatten());
-    for (const auto& other : replicas.at(key)) CHECK(rel(other, replicas.at(key)[0]) <= 1e-6);
+    if (expect_same)
+      for (const auto& other : replicas.at(key)) CHECK(rel(other, replicas.at(key)[0]) <= 1e-6);
   }
   CHECK(matched == ref.params.size());
-  const double err = rel(torch::cat(all_got), torch::cat(all_want));
-  INFO("relative parameter error " << err);
-  CHECK(err <= 1e-4);
+  dev.params = rel(torch::cat(all_got), torch::cat(all_want));
+  INFO("relative parameter error " << dev.params);
+  if (expect_same) CHECK(dev.params <= 1e-4);
+  return dev;
 }
 
-ordered_json check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
-                                        const std::string& schedule = "1f1b", const std::string& hf_config = "",
-                                        const std::string& extra = "", const ModelShape& shape = plan_shape()) {
+// Replays `plan` (2 steps, fp32, parameters dumped) with `env` set (e.g. the test hook
+// HETPLAN_TEST_DISABLE=...); returns the result and, through `dev`, its deviation from one process
+// (checked to be within tolerance where `expect_same`).
+ordered_json replay_against_one_process(const std::string& name, const ordered_json& plan, const std::string& schedule,
+                                        const std::string& hf_config, const std::string& extra,
+                                        const ModelShape& shape, const std::string& env, bool expect_same,
+                                        Deviation* dev) {
   const auto dir = test::scratch_dir("replay-" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -155,7 +175,7 @@ ordered_json check_plan_trains_like_one_process(const std::string& name, const o
   const test::CommandResult r = test::run_hetplan("replay --device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --schedule " + schedule +
                             " --plan " + (dir / "plan.json").string() + " --out " + (dir / "result.json").string() +
                             " --dump-params " + (dir / "params").string() +
-                            (hf_config.empty() ? "" : " --hf-config " + hf_config) + " " + extra);
+                            (hf_config.empty() ? "" : " --hf-config " + hf_config) + " " + extra, env);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const Reference& ref = reference(2, hf_config.empty() ? shape : read_hf_config(hf_config));
@@ -165,8 +185,24 @@ ordered_json check_plan_trains_like_one_process(const std::string& name, const o
   for (const auto& l : result["losses"]) losses.push_back(l.get<double>());
   if (const auto z = extra.find("--zero "); z != std::string::npos)
     CHECK(result["zero_stage_executed"] == std::stoi(extra.substr(z + 7)));
-  check_trains_like_reference(ref, losses, dir / "params");
+  *dev = check_trains_like_reference(ref, losses, dir / "params", expect_same);
   return result;
+}
+
+ordered_json check_plan_trains_like_one_process(const std::string& name, const ordered_json& plan,
+                                        const std::string& schedule = "1f1b", const std::string& hf_config = "",
+                                        const std::string& extra = "", const ModelShape& shape = plan_shape()) {
+  Deviation dev;
+  return replay_against_one_process(name, plan, schedule, hf_config, extra, shape, "", true, &dev);
+}
+
+// The deviation of `plan`'s replay with `mechanism` taken out (the test hook HETPLAN_TEST_DISABLE).
+Deviation deviation_without(const std::string& mechanism, const std::string& name, const ordered_json& plan,
+                            const std::string& hf_config = "") {
+  Deviation dev;
+  replay_against_one_process(name + "-without-" + mechanism, plan, "1f1b", hf_config, "", plan_shape(),
+                             "HETPLAN_TEST_DISABLE=" + mechanism, false, &dev);
+  return dev;
 }
 
 }  // namespace
@@ -621,6 +657,120 @@ TEST_CASE("replay (dp 2, tp 2, pp 2) with ZeRO-3 and overlapped reduce-scatters 
   CHECK(r["overlapped_collectives"].get<long long>() > 0);
 }
 
+// Prefetched all-gathers (issue 34, Megatron's --overlap-param-gather, FSDP's forward and backward prefetch):
+// ZeRO-3 starts the next layer's gathers before the current layer computes and waits for them only when
+// that layer comes; ZeRO-1 with --overlap-grad-reduce reduce-scatters the summed gradients layer by layer
+// during the step's last backward (ZeroOptimizer stage 1, in place in the gradient buffer). Each must train
+// like one process, and must really have prefetched (gathers found started ahead) or overlapped
+// (reduce-scatters started while others ran): with the mechanism taken out the counts are 0.
+ordered_json plan_dp2() { return plan_json({2}, {{2, 1}}, {0, 4}, 2); }  // one stage: both tied ends, 4 layers
+
+TEST_CASE("replay with ZeRO-3, prefetched all-gathers and overlapped reduce-scatters trains like one process",
+          "[executor][zero][overlap]") {
+  REQUIRE_CPU_COLLECTIVES();
+  for (const auto& [name, plan] : {std::pair{std::string("dp2-zero3-prefetch"), plan_dp2()},
+                                   std::pair{std::string("dp2tp2pp2-zero3-prefetch"), plan_dp2tp2pp2()}}) {
+    INFO(name);
+    const ordered_json r = check_plan_trains_like_one_process(name, plan, "1f1b", "",
+                                                              "--zero 3 --overlap-grad-reduce --overlap-param-gather");
+    CHECK(r["overlap_param_gather_executed"] == true);
+    CHECK(r["overlap_grad_reduce_executed"] == true);
+    CHECK(r["prefetched_gathers"].get<long long>() > 0);
+    CHECK(r["overlapped_collectives"].get<long long>() > 0);
+  }
+  // With full recomputation the recomputed blocks find their weights gathered (or prefetched) again.
+  const ordered_json r = check_plan_trains_like_one_process("dp2-zero3-prefetch-full", plan_dp2(), "1f1b", "",
+                                                            "--zero 3 --overlap-param-gather --recompute full");
+  CHECK(r["prefetched_gathers"].get<long long>() > 0);
+}
+
+TEST_CASE("replay with ZeRO-1 and overlapped reduce-scatters (in the last backward) trains like one process",
+          "[executor][zero][overlap]") {
+  REQUIRE_CPU_COLLECTIVES();
+  for (const auto& [name, plan] : {std::pair{std::string("dp2-zero1-overlap"), plan_dp2()},
+                                   std::pair{std::string("dp2tp2pp2-zero1-overlap"), plan_dp2tp2pp2()}}) {
+    INFO(name);
+    const ordered_json r =
+        check_plan_trains_like_one_process(name, plan, "1f1b", "", "--zero 1 --overlap-grad-reduce");
+    CHECK(r["overlap_grad_reduce_executed"] == true);
+    CHECK(r["overlapped_collectives"].get<long long>() > 0);
+  }
+}
+
+namespace {
+// How far a replay of a one-stage, tp 1 plan lands from single-process training: the largest relative
+// error of its two losses and of all parameters (rank 0's dump) as one vector; infinite when the replay
+// fails (a loss that is not a number cannot be written as JSON). For runs that must NOT train like one
+// process.
+double replay_deviation(const std::string& name, const ordered_json& plan, const std::string& extra,
+                        const std::string& env) {
+  const auto dir = test::scratch_dir("replay-" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_json_file((dir / "plan.json").string(), plan);
+  const test::CommandResult r = test::run_hetplan(
+      "replay --device cpu --dtype fp32 --iters 2 --warmup 0 --lr 0.001 --schedule 1f1b --plan " +
+          (dir / "plan.json").string() + " --out " + (dir / "result.json").string() + " --dump-params " +
+          (dir / "params").string() + " " + extra,
+      env);
+  UNSCOPED_INFO(name << ": exit " << r.exit_code << "; " << r.output.substr(r.output.size() > 400 ? r.output.size() - 400 : 0));
+  if (r.exit_code != 0) return std::numeric_limits<double>::infinity();
+  const Reference& ref = reference(2, plan_shape());
+  const ordered_json result = read_json_file((dir / "result.json").string());
+  double worst = 0;
+  for (int k = 0; k < 2; ++k)
+    worst = std::max(worst, std::abs(result["losses"][k].get<double>() - ref.losses[k]) / ref.losses[k]);
+  const ordered_json meta = read_json_file((dir / "params" / "rank0.json").string());
+  std::vector<torch::Tensor> tensors, got, want;
+  torch::load(tensors, (dir / "params" / "rank0.pt").string());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::pair<int64_t, std::string> key{meta["params"][i]["layer"], meta["params"][i]["name"]};
+    if (key.second == "tied_wte") continue;
+    got.push_back(tensors[i].flatten());
+    want.push_back(ref.params.at(key).flatten());
+  }
+  const double params = rel(torch::cat(got), torch::cat(want));
+  return std::max(worst, std::isfinite(params) ? params : 1e30);
+}
+}  // namespace
+
+// The waits are the mechanism: with the test hook HETPLAN_ZERO_FAULT, ZeRO-3 computes with weights whose
+// prefetched all-gather it did not wait for, or ZeRO-1 steps without the overlapped reduce-scatters'
+// results, and replay no longer trains like one process (the same runs without the hook do, within 1e-4).
+TEST_CASE("replay without waiting for prefetched gathers or overlapped reduce-scatters does not train like one "
+          "process",
+          "[executor][zero][overlap]") {
+  REQUIRE_CPU_COLLECTIVES();
+  const std::string zero3 = "--zero 3 --overlap-grad-reduce --overlap-param-gather";
+  const std::string zero1 = "--zero 1 --overlap-grad-reduce";
+  CHECK(replay_deviation("fault-none-zero3", plan_dp2(), zero3, "") <= 1e-4);
+  CHECK(replay_deviation("fault-gather-zero3", plan_dp2(), zero3, "HETPLAN_ZERO_FAULT=skip_gather_wait") > 1e-3);
+  CHECK(replay_deviation("fault-none-zero1", plan_dp2(), zero1, "") <= 1e-4);
+  CHECK(replay_deviation("fault-reduce-zero1", plan_dp2(), zero1, "HETPLAN_ZERO_FAULT=skip_reduce_wait") > 1e-3);
+}
+
+// --work-dir of the user's: it reached the ranks twice (the user's and replay's own), which CLI11 refused.
+TEST_CASE("replay --work-dir: the ranks write their results there, and the folder's other files stay",
+          "[executor][cli]") {
+  REQUIRE_CPU_COLLECTIVES();
+  const auto dir = test::scratch_dir("replay-work-dir");
+  fs::remove_all(dir);
+  fs::create_directories(dir / "ranks");
+  write_json_file((dir / "plan.json").string(), plan_dp2());
+  std::ofstream(dir / "ranks" / "keep.txt") << "mine\n";
+  std::ofstream(dir / "ranks" / "rank1.error") << "from an earlier run\n";
+  const test::CommandResult r = test::run_hetplan(
+      "replay --device cpu --dtype fp32 --iters 1 --warmup 0 --plan " + (dir / "plan.json").string() + " --out " +
+      (dir / "result.json").string() + " --work-dir " + (dir / "ranks").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(fs::exists(dir / "ranks" / "rank0.json"));
+  CHECK(fs::exists(dir / "ranks" / "rank1.json"));
+  CHECK(fs::exists(dir / "ranks" / "keep.txt"));
+  CHECK_FALSE(fs::exists(dir / "ranks" / "rank1.error"));
+  CHECK_FALSE(fs::exists(dir / "result.ranks"));
+}
+
 TEST_CASE("replay (dp 2, tp 2, pp 2) with full recomputation trains like one process", "[executor][recompute]") {
   REQUIRE_CPU_COLLECTIVES();
   check_plan_trains_like_one_process("dp2tp2pp2-full", plan_dp2tp2pp2(), "1f1b", "", "--recompute full --zero 1");
@@ -795,4 +945,122 @@ TEST_CASE("replay's measured peak falls with each ZeRO stage: ZeRO-3 saves half 
   // gathered unit (at most the 131k-parameter embedding) is transient.
   // (+ 64 KiB: Gloo's and autograd's small allocations vary by a few KB from run to run.)
   CHECK(std::abs((peak[2] - peak[3]) - 2 * params) <= 4 * 131072 * 2 + 65536);
+}
+
+// Sequence parallelism at tp 2 (Megatron's --sequence-parallel: activations split along the sequence
+// between the layers, all-gather before the column-parallel linears, reduce-scatter after the
+// row-parallel ones, norm weights' gradients summed over tp). pp 2 x tp 2 splits the model as
+// [embedding, block 1 | block 2, head]: the embedding reduce-scatters into the shard, stage 0's block
+// gathers its output for the pipeline send, stage 1's block scatters its input and the head gathers
+// after the final norm. The 1-stage tp 2 x dp 2 plan keeps shards from the embedding to the head.
+// Tolerance: the file's 1e-4 (relative, fp32): the sums over tp are the same sums in another order.
+// Taken out, the reduce-scatter (each rank keeping its own partial products) or the norm weights'
+// all-reduce (each rank's weights following its own tokens' gradient), training differs from one
+// process by far more than that: the test fails.
+TEST_CASE("replay with sequence parallelism (tp 2) trains like one process, and not without its collectives",
+          "[executor][seqpar]") {
+  REQUIRE_CPU_COLLECTIVES();
+  ordered_json pp2 = plan_json({2, 2}, {{1, 2}, {1, 2}}, {0, 2, 4}, 2);
+  pp2["sequence_parallel"] = true;
+  ordered_json one = plan_json({4}, {{2, 2}}, {0, 4}, 2);
+  one["sequence_parallel"] = true;
+  const ordered_json result = check_plan_trains_like_one_process("sp-pp2tp2", pp2);
+  CHECK(result["sequence_parallel_executed"] == true);
+  check_plan_trains_like_one_process("sp-tp2dp2", one);
+
+  const Deviation no_rs = deviation_without("sp-reduce-scatter", "sp-pp2tp2", pp2);
+  const Deviation no_ln = deviation_without("sp-param-allreduce", "sp-tp2dp2", one);
+  WARN("without the reduce-scatter: loss error " << no_rs.loss << ", parameter error " << no_rs.params
+                                                 << "; without the norm weights' all-reduce: loss error " << no_ln.loss
+                                                 << ", parameter error " << no_ln.params);
+  // Ten times the equivalence tolerance: the check above would fail by a wide margin.
+  CHECK(std::max(no_rs.loss, no_rs.params) > 1e-3);
+  CHECK(std::max(no_ln.loss, no_ln.params) > 1e-3);
+}
+
+// Sequence parallelism on a Llama (RMSNorm without bias, SwiGLU's two column-parallel linears on one
+// gathered input, RoPE on the whole sequence).
+TEST_CASE("replay of a Llama with sequence parallelism (tp 2) trains like one process", "[executor][seqpar]") {
+  REQUIRE_CPU_COLLECTIVES();
+  const auto dir = test::scratch_dir("replay-llama-sp");
+  fs::create_directories(dir);
+  const std::string path = (dir / "config.json").string();
+  std::ofstream(path) << kLlamaConfig;
+  ordered_json plan = plan_json({2, 2}, {{1, 2}, {1, 2}}, {0, 2, 4}, 2);
+  plan["sequence_parallel"] = true;
+  check_plan_trains_like_one_process("llama-sp-pp2tp2", plan, "1f1b", path);
+}
+
+// Context parallelism at cp 2 (carved from dp 2: Megatron's dp 1): each cp rank holds chunks r and
+// 3 - r of 4 of every sequence, attention all-gathers K and V over the cp group and masks causally on
+// global positions, gradients are summed over dp x cp. Alone (1 stage) and over pp 2, where
+// activations go between stages' ranks of equal cp index; on the GPT (learned positions) and on a
+// Llama (RoPE at global positions, GQA). Tolerance 1e-4 as above. Without the K/V exchange (each rank
+// attending to its own tokens only), training differs: the test fails.
+TEST_CASE("replay with context parallelism (cp 2) trains like one process, and not without the K/V exchange",
+          "[executor][cp]") {
+  REQUIRE_CPU_COLLECTIVES();
+  ordered_json one = plan_json({2}, {{2, 1}}, {0, 4}, 2);
+  one["context_parallel"] = 2;
+  ordered_json pp2 = plan_json({2, 2}, {{2, 1}, {2, 1}}, {0, 2, 4}, 2);
+  pp2["context_parallel"] = 2;
+  const ordered_json result = check_plan_trains_like_one_process("cp2", one);
+  CHECK(result["context_parallel_executed"] == 2);
+  check_plan_trains_like_one_process("cp2-pp2", pp2);
+  const auto dir = test::scratch_dir("replay-llama-cp");
+  fs::create_directories(dir);
+  const std::string path = (dir / "config.json").string();
+  std::ofstream(path) << kLlamaConfig;
+  check_plan_trains_like_one_process("llama-cp2", one, "1f1b", path);
+
+  const Deviation no_kv = deviation_without("cp-kv-exchange", "cp2", one);
+  WARN("without the K/V exchange: loss error " << no_kv.loss << ", parameter error " << no_kv.params);
+  CHECK(std::max(no_kv.loss, no_kv.params) > 1e-3);  // ten times the equivalence tolerance
+}
+
+TEST_CASE("pipeline layout: context parallelism's groups and samples, Megatron's order tp, cp, dp",
+          "[executor][cp][grid]") {
+  // Two stages of dp 4 x tp 2 with cp 2: Megatron's dp 2; ranks 0-7 and 8-15.
+  ordered_json plan = plan_json({8, 8}, {{4, 2}, {4, 2}}, {0, 2, 4}, 2);
+  plan["context_parallel"] = 2;
+  const PipelineLayout layout(plan_file_from_json(plan, "plan"), {}, nullptr);
+  REQUIRE(layout.context_parallel() == 2);
+  // Rank 3: replica 1 (Megatron replica 0, cp index 1), tp index 1: cp group {1, 3}, dp x cp group {1, 3, 5, 7}.
+  const GroupSeat cp = layout.cp_seat(3);
+  CHECK(cp.name == "cp.0.0.1");
+  CHECK(cp.position == 1);
+  CHECK(cp.size == 2);
+  CHECK(layout.cp_seat(1).name == "cp.0.0.1");
+  CHECK(layout.cp_seat(1).position == 0);
+  CHECK(layout.cp_seat(5).name == "cp.0.1.1");
+  CHECK(layout.dp_seat(3).size == 4);
+  // Micro-batch 4 over Megatron's dp 2: both cp ranks of a replica take the same samples.
+  const StageLayout& s0 = layout.stage(0);
+  REQUIRE(s0.replica_samples.size() == 4);
+  CHECK(s0.replica_samples[0].begin == 0);
+  CHECK(s0.replica_samples[1].begin == 0);
+  CHECK(s0.replica_samples[1].end == 2);
+  CHECK(s0.replica_samples[2].begin == 2);
+  // Activations go between ranks of equal cp index only: 8 receivers, one piece each.
+  const auto& fwd = layout.forward_transfers(0);
+  REQUIRE(fwd.size() == 8);
+  for (const Transfer& x : fwd) CHECK(s0.replica(x.src) % 2 == layout.stage(1).replica(x.dst) % 2);
+  CHECK(layout.backward_transfers(0).size() == 8);
+  // cp must divide every stage's dp.
+  ordered_json bad = plan_json({2, 1}, {{2, 1}, {1, 1}}, {0, 2, 4}, 2);
+  bad["context_parallel"] = 2;
+  CHECK_THROWS_AS(PipelineLayout(plan_file_from_json(bad, "plan"), {}, nullptr), InputError);
+}
+
+// Both at once with the sharded optimizers: tp 2 with sequence parallelism inside cp 2 (4 ranks, Megatron's
+// dp 1), under ZeRO-3 (norm weights gathered per layer, their gradients all-reduced over tp, then
+// reduce-scattered over dp x cp) and ZeRO-2 with overlapped reduce-scatters.
+TEST_CASE("replay with sequence and context parallelism together, under ZeRO-2 and ZeRO-3, trains like one process",
+          "[executor][seqpar][cp][zero]") {
+  REQUIRE_CPU_COLLECTIVES();
+  ordered_json plan = plan_json({4}, {{2, 2}}, {0, 4}, 2);
+  plan["sequence_parallel"] = true;
+  plan["context_parallel"] = 2;
+  check_plan_trains_like_one_process("sp-cp2-zero3", plan, "1f1b", "", "--zero 3");
+  check_plan_trains_like_one_process("sp-cp2-zero2-overlap", plan, "1f1b", "", "--zero 2 --overlap-grad-reduce");
 }

@@ -177,7 +177,9 @@ TEST_CASE("whatif and simulate agree: every ZeRO stage x recomputation, offload"
       REQUIRE(s.exit_code == 0);
       const ordered_json wj = read_json_file((out / "whatif.json").string())["rows"][0];
       const ordered_json sj = read_json_file((out / "simulate.json").string());
-      CHECK(wj["step_ms"].get<double>() == sj["iteration_ms"].get<double>());
+      // The GPU's step is the simulator's (the eager host's time is whatif's alone: simulate costs the GPUs).
+      CHECK(wj["gpu_ms"].get<double>() == sj["iteration_ms"].get<double>());
+      CHECK(wj["step_ms"].get<double>() >= wj["gpu_ms"].get<double>());
       CHECK(wj["memory_per_gpu_bytes"].get<double>() == max_rank_total(sj));
       CHECK(wj["step_ms"].get<double>() > 0);
       ++compared;
@@ -413,7 +415,7 @@ TEST_CASE("seed setups: GPT-2 1.5B and Llama-3.1-70B on 8 x H200", "[whatif][see
         CHECK(w["FSDP"]["zero_stage"] == 3);
         CHECK(w["DDP"]["precision"] == precision);
         CHECK(w["DDP"]["recompute_every"] == (std::string(ckpt).empty() ? 1 : 2));
-        step[std::string(precision) + ckpt] = w["FSDP"]["step_ms"].get<double>();
+        step[std::string(precision) + ckpt] = w["FSDP"]["gpu_ms"].get<double>();  // (the GPU's: the host's is alike)
         // FSDP on 8 GPUs holds less than DDP.
         CHECK(w["FSDP"]["memory_per_gpu_bytes"].get<double>() < w["DDP"]["memory_per_gpu_bytes"].get<double>());
       }
@@ -492,7 +494,7 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
     CHECK(rows[i]["decode_ms_per_token"].get<double>() ==
           Approx(cost_inference(m, g, s).decode_ms_per_token).epsilon(1e-9));
   }
-  CHECK(r.output.find("30.0 kernels per layer (measured); runtime: eager (7.47 us/op host floor)") != std::string::npos);
+  CHECK(r.output.find("30.0 kernels per layer (measured); runtime: eager (host model: H200 host probe") != std::string::npos);
 }
 
 TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimizer efficiencies", "[whatif][calibration]") {
@@ -557,15 +559,7 @@ TEST_CASE("whatif --print-constants: the model's and the roofline's constants as
 
 // ------------------------------------------------------------------ runtime overheads (issue 32, item 4)
 
-TEST_CASE("launch floor: eager issues each kernel at the host's time, graphs at the GPU's floor", "[whatif][runtime]") {
-  LaunchModel eager;
-  LaunchModel graphs;
-  graphs.runtime = LaunchRuntime::kGraphs;
-  CHECK(eager.floor_s() == kDefaultEagerOpUs * 1e-6);
-  CHECK(graphs.floor_s() == kDefaultGraphKernelUs * 1e-6);
-  // 100 kernels with 0.3 ms of GPU work: eager is host-bound (0.747 ms), graphs is not.
-  CHECK(launch_bound_s(eager, 0.3e-3, 100) == Approx(100 * 7.47e-6).epsilon(1e-12));
-  CHECK(launch_bound_s(graphs, 0.3e-3, 100) == 0.3e-3);
+TEST_CASE("runtime: kernel counts itemised from the code", "[whatif][runtime]") {
   CHECK(parse_launch_runtime("graphs", "--runtime") == LaunchRuntime::kGraphs);
   CHECK_THROWS_AS(parse_launch_runtime("compiled", "--runtime"), InputError);
   // Kernel counts, itemised: a GPT-2 block under autocast (fused c_attn): 2 LayerNorms, 4 GEMMs each with its
@@ -579,34 +573,139 @@ TEST_CASE("launch floor: eager issues each kernel at the host's time, graphs at 
   CHECK(hf_decode_kernels_per_layer(llama) == 45);
 }
 
-TEST_CASE("whatif runtime flag: every row prints its runtime, a small model is host-bound in eager mode",
-          "[whatif][runtime]") {
-  // A tiny GPT: its blocks' GPU work is far below 19 kernels x 7.47 us forward, so eager is the floor.
+// The validation's GPT (scripts/validation/whatif/gpt-1.3b.json: GPT-2 blocks, hidden 2048, 24 blocks).
+ModelShape validation_gpt() {
+  return read_hf_config(std::string(HETPLAN_SOURCE_DIR) + "/scripts/validation/whatif/gpt-1.3b.json");
+}
+
+TEST_CASE("host model: op counts itemised from the code match the profiler's on the validation GPT",
+          "[whatif][runtime][host]") {
+  // logs/validate/host-probe-h200/host_probe_micro.json, tiny_gpt_step (the validation model's code at width 64) under
+  // torch.profiler: per block (24 blocks minus 12, over 12) 17 top-level forward ops, 36 backward kernels,
+  // 51 autograd nodes; the ends (24 blocks' totals 417, 881, 1242 minus 24 blocks) 9, 17 and 18.
+  const ModelShape m = validation_gpt();
+  const EagerOps block = eager_block_ops(m, true), ends = eager_ends_ops(m, true);
+  CHECK(block.forward_ops == 17);
+  CHECK(block.backward_kernels == 36);
+  CHECK(block.backward_nodes == 51);
+  CHECK(ends.forward_ops == 9);
+  CHECK(ends.backward_kernels == 17);
+  CHECK(ends.backward_nodes == 18);
+  CHECK(parameter_tensors(m) == 292);  // the probe's "parameters"
+  // Without autocast (FSDP2's mixed precision casts the parameters instead) no cast nodes: 4 linears x 2-3 fewer.
+  CHECK(eager_block_ops(m, false).backward_kernels == 36 - 10 - 2);
+  // HF's eager Llama decoder layer: its 45 kernels and 16 views (the probe's tiny loop: 60 per layer).
+  CHECK(hf_decode_ops_per_layer(read_hf_config(hf("llama-3.2-3b.json"))) == 61);
+}
+
+TEST_CASE("host model: the defaults are the H200 probe's figures", "[whatif][runtime][host]") {
+  const HostCosts d = default_host_costs();
+  const HostCosts p = read_host_probe(std::string(HETPLAN_SOURCE_DIR) + "/logs/validate/host-probe-h200/host_probe_micro.json");
+  CHECK(p.forward_op_us == Approx(d.forward_op_us).epsilon(1e-12));
+  CHECK(p.backward_kernel_us == Approx(d.backward_kernel_us).epsilon(1e-12));
+  CHECK(p.checkpoint_forward_us == Approx(d.checkpoint_forward_us).epsilon(1e-12));
+  CHECK(p.checkpoint_backward_us == Approx(d.checkpoint_backward_us).epsilon(1e-12));
+  CHECK(p.ddp_param_us == Approx(d.ddp_param_us).epsilon(1e-12));
+  CHECK(p.fsdp2_module_us == Approx(d.fsdp2_module_us).epsilon(1e-12));
+  CHECK(p.fsdp2_param_us == Approx(d.fsdp2_param_us).epsilon(1e-12));
+  CHECK(p.adam_step_us == Approx(d.adam_step_us).epsilon(1e-12));
+  CHECK(p.adam_tensor_us == Approx(d.adam_tensor_us).epsilon(1e-12));
+  CHECK(p.nograd_op_us == Approx(d.nograd_op_us).epsilon(1e-12));
+  // The forward's per-op cost is the tiny GPT's forward host time over its 417 ops.
+  CHECK(d.forward_op_us == Approx(12.349 / 417 * 1e3).epsilon(1e-3));
+  // A probe without a figure is refused, naming the file and the key.
+  const auto dir = test::scratch_dir("host-probe-bad");
+  const std::string bad = (dir / "host_probe_micro.json").string();
+  { std::ofstream(bad) << R"({"tiny_gpt_step": {}})"; }
+  try {
+    read_host_probe(bad);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("host_probe_micro.json") != std::string::npos);
+    CHECK(std::string(e.what()).find("blocks24_ckpt0") != std::string::npos);
+  }
+}
+
+TEST_CASE("host model: the host runs ahead of the GPU until the step's end", "[whatif][runtime][host]") {
+  // GPU-bound: forward host 10 (GPU 4): the GPU waits until 10; backward GPU 20 -> 30; optimizer 3 -> 33.
+  const double h1[] = {10, 5, 1}, g1[] = {4, 20, 3};
+  CHECK(host_ahead_step_ms(h1, g1, 3) == 33);
+  // Host-bound backward: the host issues until 40; the GPU's optimizer ends 3 ms after the backward's 40.
+  const double h2[] = {10, 30, 1}, g2[] = {4, 20, 3};
+  CHECK(host_ahead_step_ms(h2, g2, 3) == 43);
+  // One phase: max(G, H).
+  const double h3[] = {7}, g3[] = {5};
+  CHECK(host_ahead_step_ms(h3, g3, 1) == 7);
+  CHECK(host_ahead_step_ms(g3, h3, 1) == 7);
+}
+
+TEST_CASE("host model: checkpointing adds recomputed forwards, DDP per parameter, FSDP2 per module",
+          "[whatif][runtime][host]") {
+  const ModelShape m = validation_gpt();
+  const HostCosts c = default_host_costs();
+  TrainingHostSetup s;
+  const HostStep plain = eager_training_host(m, s, c);
+  CHECK(plain.forward_ms == Approx((24 * 17 + 9) * c.forward_op_us * 1e-3).epsilon(1e-12));
+  CHECK(plain.backward_ms == Approx((24 * 36 + 17) * c.backward_kernel_us * 1e-3).epsilon(1e-12));
+  CHECK(plain.optimizer_ms == Approx((c.adam_step_us + 292 * c.adam_tensor_us) * 1e-3).epsilon(1e-12));
+  s.checkpoint_every = 1;
+  const HostStep ckpt = eager_training_host(m, s, c);
+  CHECK(ckpt.recompute_ms == Approx(24 * (17 * c.forward_op_us + c.checkpoint_backward_us) * 1e-3).epsilon(1e-12));
+  CHECK(ckpt.backward_ms - plain.backward_ms == Approx(ckpt.recompute_ms).epsilon(1e-12));
+  CHECK(ckpt.forward_ms - plain.forward_ms == Approx(24 * c.checkpoint_forward_us * 1e-3).epsilon(1e-12));
+  s.checkpoint_every = 2;  // every 2nd block: 12 regions
+  CHECK(eager_training_host(m, s, c).recompute_ms == Approx(ckpt.recompute_ms / 2).epsilon(1e-12));
+  s.checkpoint_every = 0;
+  s.wrapper = DataParallelWrapper::kDdp;
+  const HostStep ddp = eager_training_host(m, s, c);
+  CHECK(ddp.wrapper_ms == Approx(292 * c.ddp_param_us * 1e-3).epsilon(1e-12));
+  CHECK(ddp.backward_ms - plain.backward_ms == Approx(ddp.wrapper_ms).epsilon(1e-12));
+  s.wrapper = DataParallelWrapper::kFsdp2;
+  const HostStep fsdp = eager_training_host(m, s, c);
+  CHECK(fsdp.wrapper_ms == Approx((25 * c.fsdp2_module_us + 292 * c.fsdp2_param_us) * 1e-3).epsilon(1e-12));
+  CHECK(fsdp.forward_ms - plain.forward_ms == Approx(fsdp.wrapper_ms / 2).epsilon(1e-12));
+}
+
+TEST_CASE("whatif: a batch-1 step of the validation GPT is host-bound with checkpointing, not with graphs",
+          "[whatif][runtime][host]") {
   WhatifInput in;
-  in.shape = gpt2_shape(1000, 128, 4, 4, 256);
-  in.shape.dropout = false;
-  in.seq = 128;
-  in.gpu = find_gpu_spec("H100");
-  in.gpus = 1;
-  const std::vector<WhatifRow> rows = standard_whatif_rows(TrainingSetup(), 16, kTargetQ | kTargetV, 8);
-  const WhatifRow& single = rows[0];
-  REQUIRE(single.name == "single GPU");
-  const WhatifResult eager = cost_whatif_row(in, single);
-  in.launch.runtime = LaunchRuntime::kGraphs;
-  const WhatifResult graphs = cost_whatif_row(in, single);
-  auto has = [](const WhatifResult& w, const std::string& a) {
-    return std::find(w.assumptions.begin(), w.assumptions.end(), a) != w.assumptions.end();
+  in.shape = validation_gpt();
+  in.seq = 2048;
+  in.gpu = find_gpu_spec("H200");
+  in.gpus = 2;
+  in.gpus_per_node = 2;
+  in.micro_batch = 1;
+  TrainingSetup base;
+  base.recompute = Recompute::kFull;
+  const std::vector<WhatifRow> rows = standard_whatif_rows(base, 16, kTargetQ | kTargetV, 2);
+  auto row = [&](const std::string& name) {
+    for (const auto& r : rows)
+      if (r.name == name) return r;
+    FAIL("no row " << name);
+    return rows[0];
   };
-  CHECK(has(eager, "runtime: eager (7.47 us/op host floor)"));
-  CHECK(has(graphs, "runtime: CUDA graphs (2.16 us/kernel floor)"));
-  // Four blocks, each at least 19 kernels forward and 38 backward at the host's time per op.
-  const double floor_ms = 4 * (19 + 38) * kDefaultEagerOpUs * 1e-3;
-  CHECK(eager.step_ms > floor_ms);
-  CHECK(graphs.step_ms < eager.step_ms - 0.5 * floor_ms);
-  // With no floor (a zero host time) the step is the GPU's alone: the floor is what made eager slower.
-  in.launch.runtime = LaunchRuntime::kEager;
-  in.launch.eager_op_us = 1e-9;
-  CHECK(cost_whatif_row(in, single).step_ms < graphs.step_ms);
+  auto has = [](const WhatifResult& w, const std::string& a) {
+    for (const auto& x : w.assumptions)
+      if (x.find(a) != std::string::npos) return true;
+    return false;
+  };
+  for (const char* name : {"single GPU", "FSDP"}) {
+    INFO(name);
+    in.launch.runtime = LaunchRuntime::kEager;
+    const WhatifResult eager = cost_whatif_row(in, row(name));
+    CHECK(eager.step_ms > eager.gpu_ms);
+    CHECK(eager.step_ms >= eager.host_ms);
+    CHECK(has(eager, "host-bound"));
+    // The host's per-op costs made it so: without them the step is the GPU's.
+    in.launch.host = HostCosts();
+    CHECK(cost_whatif_row(in, row(name)).step_ms == Approx(eager.gpu_ms).epsilon(1e-12));
+    in.launch.host = default_host_costs();
+    in.launch.runtime = LaunchRuntime::kGraphs;
+    const WhatifResult graphs = cost_whatif_row(in, row(name));
+    CHECK(graphs.host_ms == 0);
+    CHECK(graphs.step_ms == graphs.gpu_ms);
+    CHECK(has(graphs, "runtime: CUDA graphs (2.16 us/kernel floor)"));
+  }
 }
 
 TEST_CASE("inference: HF generate eager is host-bound, a graph-captured decoder is not", "[whatif][runtime][inference]") {
@@ -617,10 +716,12 @@ TEST_CASE("inference: HF generate eager is host-bound, a graph-captured decoder 
   const InferenceResult graphs = cost_inference(m, g, s);
   s.launch.runtime = LaunchRuntime::kEager;
   const InferenceResult eager = cost_inference(m, g, s);
-  const double kernels = hf_decode_kernels_per_layer(m) * m.num_layers + hf_decode_kernels_per_step(m);
-  CHECK(kernels == 45 * 28 + 27);
-  CHECK(eager.decode_ms_per_token == Approx(kernels * kDefaultEagerOpUs * 1e-3).epsilon(1e-12));
+  // The host issues 61 ops per layer and 31 per step (the kernels and their views) at the probe's per-op cost.
+  const double ops = hf_decode_ops_per_layer(m) * m.num_layers + hf_decode_ops_per_step(m);
+  CHECK(ops == 61 * 28 + 31);
+  CHECK(eager.decode_ms_per_token == Approx(ops * default_host_costs().nograd_op_us * 1e-3).epsilon(1e-12));
   // Graphs: the roofline step plus the small kernels' GPU floor (every kernel but the 7 x 28 GEMVs and the head).
+  const double kernels = hf_decode_kernels_per_layer(m) * m.num_layers + hf_decode_kernels_per_step(m);
   s.launch.graph_kernel_us = 0;
   s.launch.runtime = LaunchRuntime::kGraphs;
   const double roofline_ms = cost_inference(m, g, s).decode_ms_per_token;
@@ -947,9 +1048,9 @@ TEST_CASE("torch.autocast rows: weight casts every forward, gradients allocated 
   in.gpus = 1;
   WhatifRow row = standard_whatif_rows(TrainingSetup(), 16, kTargetQ | kTargetV, 8)[0];
   REQUIRE(row.autocast);
-  const double with_casts = cost_whatif_row(in, row).step_ms;
+  const double with_casts = cost_whatif_row(in, row).gpu_ms;
   row.autocast = false;
-  const double without = cost_whatif_row(in, row).step_ms;
+  const double without = cost_whatif_row(in, row).gpu_ms;
   const double cast_ms = (static_cast<double>(m.block_linear_weights()) * m.num_layers +
                           static_cast<double>(m.vocab_size) * m.hidden_size) *
                          kAutocastCastBytesPerParam / (in.gpu->memory_bw_gbs * 1e9 * 0.75) * 1e3;

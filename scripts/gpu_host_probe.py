@@ -1,0 +1,744 @@
+#!/usr/bin/env python3
+"""Host-side micro-benchmarks of eager PyTorch (issue 32: the host-bound steps of the whatif validation).
+
+The constants of hetplan's host-time model (sim/runtime_overheads.*): what the CPU spends per eager op, per
+module call, per autograd node, per checkpointed region, per DDP parameter, per FSDP2 module, per optimizer
+tensor, per decode layer, and the CUDA graph replay floor; and the op counts of the validation model's code
+(scripts/gpu_whatif_validate.py's GPT, at a tiny width with the same depth and structure: the counts do not
+depend on the width). Nothing here runs the validation's workload at its size.
+
+  gpu_host_probe.py micro --out DIR                                  one GPU: per-op costs, counts
+  torchrun --nproc-per-node 2 gpu_host_probe.py dist --out DIR       DDP and FSDP2 hooks, memory census
+
+Every timing is the host's: tiny tensors, so the GPU keeps up and a loop's wall time is the time the host
+takes to issue it. Each figure is the median of REPS repetitions. Results: DIR/host_probe_micro.json and
+DIR/host_probe_dist.json.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+REPS = 5
+DEV = "cuda"  # "cpu": a smoke test of the script's logic where no GPU is (counts aten ops only)
+
+
+def sync():
+    import torch
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def timed(torch, fn, n, warm=10, reps=REPS):
+    """fn() called n times in a loop: host microseconds per call (loop until the last issue) and wall
+    microseconds per call (until the GPU is done), medians over reps."""
+    for _ in range(warm):
+        fn()
+    sync()
+    host, wall = [], []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / n * 1e6)
+        wall.append((t2 - t0) / n * 1e6)
+    return {"host_us": med(host), "wall_us": med(wall), "n": n}
+
+
+def count_phases(torch, phases):
+    """Runs each (name, fn) of `phases` once, in order, under one torch.profiler session, with a device sync
+    after each: per phase, the top-level aten ops issued (aten ops with no aten op above them, on any thread:
+    the autograd engine's too), all aten ops, and device kernels (incl. memcpy/memset). Events are assigned
+    to the phase whose interval holds their start (the sync keeps a phase's kernels inside it)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for name, fn in phases:
+            with record_function("PHASE_" + name):
+                fn()
+                sync()
+    evs = prof.events()
+    iv = {}
+    for e in evs:
+        if e.name.startswith("PHASE_") and not str(getattr(e, "device_type", "")).endswith("CUDA"):
+            iv[e.name[6:]] = (e.time_range.start, e.time_range.end)
+    out = {name: {"aten_top": 0, "aten_all": 0, "kernels": 0, "kernel_names": {}, "top_names": {}, "other_names": {}}
+           for name, _ in phases}
+
+    def phase_of(t):
+        for name, (a, b) in iv.items():
+            if a <= t <= b:
+                return name
+        return None
+    for e in evs:
+        if e.name.startswith("PHASE_"):
+            continue
+        ph = phase_of(e.time_range.start)
+        if ph is None:
+            continue
+        o = out[ph]
+        if str(getattr(e, "device_type", "")).endswith("CUDA"):
+            o["kernels"] += 1
+            o["kernel_names"][e.name[:60]] = o["kernel_names"].get(e.name[:60], 0) + 1
+            continue
+        if not e.name.startswith("aten::"):
+            o["other_names"][e.name[:60]] = o["other_names"].get(e.name[:60], 0) + 1
+            continue
+        o["aten_all"] += 1
+        p, nested = e.cpu_parent, False
+        while p is not None:
+            if p.name.startswith("aten::"):
+                nested = True
+                break
+            p = p.cpu_parent
+        if not nested:
+            o["aten_top"] += 1
+            o["top_names"][e.name] = o["top_names"].get(e.name, 0) + 1
+    for o in out.values():
+        for k in ("kernel_names", "top_names", "other_names"):
+            o[k] = dict(sorted(o[k].items(), key=lambda kv: -kv[1])[:40])
+    return out
+
+
+def count_profile(torch, fn):
+    return count_phases(torch, [("all", fn)])["all"]
+
+
+def count_step(torch, fwd, opt):
+    """Op counts of one training step by phase: forward, backward, optimizer (then zero_grad)."""
+    hold = {}
+
+    def f():
+        hold["loss"] = fwd()
+
+    def b():
+        hold["loss"].backward()
+    r = count_phases(torch, [("forward", f), ("backward", b), ("optimizer", opt.step)])
+    opt.zero_grad(set_to_none=True)
+    return r
+
+
+def on_device(torch, dev):
+    """torch.device as a context (torch >= 2.0); on the CPU smoke test under an older torch, CPU anyway."""
+    import contextlib
+    return dev if hasattr(dev, "__enter__") else contextlib.nullcontext()
+
+
+def autograd_nodes(loss):
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        f = stack.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        stack += [g for g, _ in f.next_functions]
+    return len(seen)
+
+
+def tiny_gpt(blocks):
+    """The validation's GPT code (scripts/gpu_whatif_validate.py) at a tiny width, `blocks` deep."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu_whatif_validate as v
+    v.GPT.update(vocab=512, hidden=64, blocks=blocks, heads=2, ffn=256, seq=64)
+    return v
+
+
+# ------------------------------------------------------------------ one GPU
+
+def micro(args):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    dev = torch.device(DEV)
+    if not hasattr(F, "scaled_dot_product_attention"):  # torch < 2.0 (the CPU smoke test only)
+        def sdpa(q, k, v, attn_mask=None, is_causal=False):
+            a = q @ k.transpose(-1, -2) / q.size(-1) ** 0.5
+            if is_causal:
+                a = a.masked_fill(torch.ones(a.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+            if attn_mask is not None:
+                a = a.masked_fill(~attn_mask, float("-inf"))
+            return a.softmax(-1) @ v
+        F.scaled_dot_product_attention = sdpa
+    R = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__,
+         "cpu_count": os.cpu_count(),
+         "torch_threads": torch.get_num_threads()}
+    t_start = time.perf_counter()
+    x = torch.randn(4, 64, device=dev)
+    y = torch.randn(4, 64, device=dev)
+    w = torch.randn(64, 64, device=dev)
+    b = torch.randn(64, device=dev)
+    q = torch.randn(1, 2, 16, 32, device=dev, dtype=torch.bfloat16)
+    xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    N = 2000
+
+    # Forward aten ops from Python (no autograd).
+    ops = {}
+    with torch.no_grad():
+        ops["add"] = timed(torch, lambda: torch.add(x, y), N)
+        ops["mul"] = timed(torch, lambda: x * y, N)
+        ops["view_only"] = timed(torch, lambda: x.view(4, 2, 32).transpose(0, 1), N)  # no kernel
+        ops["transpose_reshape_copy"] = timed(torch, lambda: x.view(4, 2, 32).transpose(0, 1).reshape(2, 128), N)
+        ops["gelu_tanh"] = timed(torch, lambda: F.gelu(x, approximate="tanh"), N)
+        ops["layer_norm"] = timed(torch, lambda: F.layer_norm(x, (64,), w[0], b), N)
+        ops["linear_fp32"] = timed(torch, lambda: F.linear(x, w, b), N)
+        ops["sdpa_bf16"] = timed(torch, lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), N)
+        ops["cat"] = timed(torch, lambda: torch.cat([x, y], -1), N)
+        ops["linear_bf16"] = timed(torch, lambda: F.linear(xb, wb), N)
+        ops["float_cast"] = timed(torch, lambda: xb.float(), N)
+        ops["slice_only"] = timed(torch, lambda: x[..., :32], N)  # no kernel
+        with torch.autocast(DEV, dtype=torch.bfloat16):
+            ops["linear_autocast"] = timed(torch, lambda: F.linear(x, w, b), N)  # + autocast's casts
+            ops["add_autocast"] = timed(torch, lambda: torch.add(x, y), N)
+    fns = {"add": lambda: torch.add(x, y), "mul": lambda: x * y,
+           "view_only": lambda: x.view(4, 2, 32).transpose(0, 1),
+           "transpose_reshape_copy": lambda: x.view(4, 2, 32).transpose(0, 1).reshape(2, 128),
+           "gelu_tanh": lambda: F.gelu(x, approximate="tanh"), "layer_norm": lambda: F.layer_norm(x, (64,), w[0], b),
+           "linear_fp32": lambda: F.linear(x, w, b),
+           "sdpa_bf16": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+           "cat": lambda: torch.cat([x, y], -1), "linear_bf16": lambda: F.linear(xb, wb),
+           "float_cast": lambda: xb.float(), "slice_only": lambda: x[..., :32]}
+    with torch.no_grad():
+        cnt = count_phases(torch, list(fns.items()))
+        with torch.autocast(DEV, dtype=torch.bfloat16):
+            cnt.update(count_phases(torch, [("linear_autocast", lambda: F.linear(x, w, b)),
+                                            ("add_autocast", lambda: torch.add(x, y))]))
+    for k, v in ops.items():
+        v["kernels"] = cnt[k]["kernels"]
+        v["aten_all"] = cnt[k]["aten_all"]
+    R["aten_op"] = ops
+
+    # Module calls (nn.Module.__call__ + forward), with autograd on (training).
+    lin, ln, gelu = nn.Linear(64, 64).to(dev), nn.LayerNorm(64).to(dev), nn.GELU(approximate="tanh")
+
+    class Sdpa(nn.Module):
+        def forward(self, t):
+            return F.scaled_dot_product_attention(t, t, t, is_causal=True)
+    sd = Sdpa()
+    xr = torch.randn(4, 64, device=dev, requires_grad=True)
+    mods = {"linear": timed(torch, lambda: lin(xr), N), "layernorm": timed(torch, lambda: ln(xr), N),
+            "gelu": timed(torch, lambda: gelu(xr), N), "sdpa": timed(torch, lambda: sd(q), N)}
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        mods["linear_autocast"] = timed(torch, lambda: lin(xr), N)
+    ident = nn.Identity()
+    qr = q.detach().clone().requires_grad_(True)
+    mods["identity"] = timed(torch, lambda: ident(xr), N)  # a module call's own cost
+    # Raw ops in grad mode (autograd records a node): the grad-mode cost of an op.
+    mods["op_add_grad"] = timed(torch, lambda: xr + y, N)
+    mods["op_gelu_grad"] = timed(torch, lambda: F.gelu(xr, approximate="tanh"), N)
+    mods["op_view_transpose_grad"] = timed(torch, lambda: xr.view(4, 2, 32).transpose(0, 1), N)  # 2 views
+    mods["op_sdpa_grad"] = timed(torch, lambda: F.scaled_dot_product_attention(qr, qr, qr, is_causal=True), N)
+    R["module_call"] = mods
+
+    # Autograd: a chain of K tiny nodes; backward's wall time per node (the engine thread issues the kernels).
+    def chain_backward(K, kind):
+        h = torch.randn(4, 64, device=dev, requires_grad=True)
+        t = h
+        for _ in range(K):
+            t = t * 1.0001 if kind == "mul" else lin(t)
+        loss = t.sum()
+        return loss
+
+    bw = {}
+    for kind in ("mul", "linear"):
+        per = []
+        for K in (100, 400):
+            ws = []
+            for _ in range(REPS + 2):
+                loss = chain_backward(K, kind)
+                sync()
+                t0 = time.perf_counter()
+                loss.backward()
+                sync()
+                ws.append((time.perf_counter() - t0) * 1e6)
+            per.append(med(ws[2:]))
+        loss = chain_backward(100, kind)
+        cnt = count_profile(torch, lambda: loss.backward())
+        bw[kind] = {"us_per_node": (per[1] - per[0]) / 300, "wall_us_100": per[0], "wall_us_400": per[1],
+                    "kernels_per_node_100": cnt["kernels"] / 100, "aten_all_per_node_100": cnt["aten_all"] / 100}
+    R["autograd_backward"] = bw
+    lin.zero_grad(set_to_none=True)
+
+    # Optimizer step per parameter tensor: P tiny tensors, foreach / fused Adam(W).
+    opt_res = {}
+    for name, kw in (("adamw_fused", dict(fused=True)), ("adamw_foreach", dict(foreach=True)),
+                     ("adamw_forloop", dict(foreach=False))):
+        per = {}
+        for P in (50, 300):
+            ps = [torch.nn.Parameter(torch.randn(64, device=dev)) for _ in range(P)]
+            for p in ps:
+                p.grad = torch.randn_like(p)
+            try:
+                o = torch.optim.AdamW(ps, lr=1e-4, weight_decay=0.0, **kw)
+                per[P] = timed(torch, o.step, 20, warm=3)
+                per[P]["kernels"] = count_profile(torch, o.step)["kernels"]
+            except Exception as e:  # noqa: BLE001
+                per[P] = {"error": repr(e)[:200]}
+        if all("host_us" in per[P] for P in per):
+            opt_res[name] = {"us_per_tensor": (per[300]["wall_us"] - per[50]["wall_us"]) / 250,
+                             "us_fixed": per[50]["wall_us"] - 50 * (per[300]["wall_us"] - per[50]["wall_us"]) / 250,
+                             "P50": per[50], "P300": per[300]}
+        else:
+            opt_res[name] = per
+    R["optimizer_step"] = opt_res
+
+    # The validation's GPT at a tiny width: host time per phase and the op counts, 24 and 12 blocks deep,
+    # with and without torch.utils.checkpoint per block (use_reentrant=False), under autocast as it runs.
+    steps = {}
+    for blocks in (24, 12):
+        v = tiny_gpt(blocks)
+        for ckpt in (False, True):
+            torch.manual_seed(0)
+            with on_device(torch, dev):
+                model = v.gpt_model(ckpt)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0,
+                                    **({"fused": True} if DEV == "cuda" else {"foreach": True}))
+            ids = torch.randint(512, (1, 64), device=dev)
+            tgt = torch.randint(512, (1, 64), device=dev)
+
+            def fwd():
+                with torch.autocast(DEV, dtype=torch.bfloat16):
+                    return model(ids, tgt)
+
+            ph = {"forward": [], "backward": [], "optimizer": [], "zero_grad": [], "step": []}
+            for it in range(3 + REPS):
+                sync()
+                t0 = time.perf_counter()
+                loss = fwd()
+                t1 = time.perf_counter()
+                sync()
+                t1s = time.perf_counter()
+                loss.backward()
+                sync()
+                t2 = time.perf_counter()
+                opt.step()
+                t3 = time.perf_counter()
+                sync()
+                t3s = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                t4 = time.perf_counter()
+                if it >= 3:
+                    ph["forward"].append((t1 - t0) * 1e3)
+                    ph["backward"].append((t2 - t1s) * 1e3)
+                    ph["optimizer"].append((t3 - t2) * 1e3)
+                    ph["zero_grad"].append((t4 - t3s) * 1e3)
+            # The whole step as the validation times it (no sync between phases).
+            def whole():
+                loss = fwd()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            st = timed(torch, whole, 5, warm=2)
+            res = {k: med(vv) for k, vv in ph.items() if vv}
+            res["step_host_ms"] = st["host_us"] / 1e3
+            res["step_wall_ms"] = st["wall_us"] / 1e3
+            loss = fwd()
+            res["autograd_nodes"] = autograd_nodes(loss)
+            saved = [0]
+
+            def pack(t):
+                saved[0] += 1
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss2 = fwd()
+            res["saved_tensors"] = saved[0]
+            del loss2
+            res["counts"] = count_step(torch, fwd, opt)
+            res["parameters"] = sum(1 for _ in model.parameters())
+            steps[f"blocks{blocks}_ckpt{int(ckpt)}"] = res
+            del model, opt
+    R["tiny_gpt_step"] = steps
+
+    # torch.utils.checkpoint per region: the same tiny block chain with and without it; the extra host time
+    # beyond the recomputed forward is the region's own cost.
+    R["checkpoint"] = {}
+    for ck in ("ckpt0", "ckpt1"):
+        r = steps[f"blocks24_{ck}"]
+        r12 = steps[f"blocks12_{ck}"]
+        R["checkpoint"][ck] = {k: (r[k] - r12[k]) / 12 for k in ("forward", "backward", "optimizer", "step_wall_ms")}
+    R["per_block_ms"] = R.pop("checkpoint")
+
+    # Eager decode: Hugging Face's LlamaDecoderLayer op for op (the validation's decode code) at a tiny width,
+    # 28 layers and 7 layers: host time per layer per token and per token outside the layers.
+    R["decode"] = decode_probe(torch, F, dev)
+
+    # CUDA graph replay floor: a graph of 500 tiny adds.
+    if DEV == "cuda":
+        R["graph_floor"] = graph_floor(torch, dev)
+    R["elapsed_s"] = time.perf_counter() - t_start
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(R, open(os.path.join(args.out, "host_probe_micro.json"), "w"), indent=1)
+    print(json.dumps({k: R.get(k) for k in ("aten_op", "module_call", "autograd_backward", "graph_floor")})[:4000])
+    print("optimizer", json.dumps({k: {kk: vv for kk, vv in v.items() if str(kk).startswith("us_")}
+                                   for k, v in R["optimizer_step"].items()}))
+    for k, r in steps.items():
+        print(k, {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in r.items() if kk != "counts"},
+              {ph: (c["aten_top"], c["aten_all"], c["kernels"]) for ph, c in r["counts"].items()})
+    print("decode", json.dumps(R["decode"])[:1000])
+    print(f"micro: {R['elapsed_s']:.1f} s")
+
+
+def graph_floor(torch, dev):
+    """A graph of 500 tiny adds replayed: the GPU's per-kernel floor; and the same add issued eagerly."""
+    s = torch.cuda.Stream()
+    z = torch.zeros(64, device=dev)
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            z.add_(1.0)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(500):
+            z.add_(1.0)
+    rep = timed(torch, g.replay, 20, warm=3)
+    eager = timed(torch, lambda: z.add_(1.0), 2000)
+    return {"graph_kernel_us": rep["wall_us"] / 500, "eager_add_us": eager["wall_us"],
+            "eager_add_host_us": eager["host_us"]}
+
+
+def decode_probe(torch, F, dev):
+    out = {}
+    dt = torch.bfloat16
+    h, nh, nkv, hd, ffn, V, T, P = 64, 4, 2, 16, 128, 512, 96, 32
+    inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device=dev, dtype=torch.float32) / hd))
+
+    def w(*shape):
+        return (torch.randn(*shape, device=dev) * 0.02).to(dt)
+    for L in (28, 7):
+        emb = w(V, h)
+        layers = [dict(ln1=torch.ones(h, device=dev, dtype=dt), ln2=torch.ones(h, device=dev, dtype=dt),
+                       q=w(nh * hd, h), k=w(nkv * hd, h), v=w(nkv * hd, h), o=w(h, nh * hd), gate=w(ffn, h),
+                       up=w(ffn, h), down=w(h, ffn)) for _ in range(L)]
+        ln_f = torch.ones(h, device=dev, dtype=dt)
+        kc = [torch.zeros(1, nkv, T, hd, device=dev, dtype=dt) for _ in range(L)]
+        vc = [torch.zeros(1, nkv, T, hd, device=dev, dtype=dt) for _ in range(L)]
+
+        def rms(x, weight):
+            xf = x.to(torch.float32)
+            var = xf.pow(2).mean(-1, keepdim=True)
+            xf = xf * torch.rsqrt(var + 1e-5)
+            return weight * xf.to(dt)
+
+        def rotate_half(x):
+            return torch.cat((-x[..., hd // 2:], x[..., : hd // 2]), dim=-1)
+
+        def repeat_kv(x, g):
+            b, k, n, d = x.shape
+            return x[:, :, None].expand(b, k, g, n, d).reshape(b, k * g, n, d)
+
+        def forward(ids, pos):
+            n = ids.shape[1]
+            x = F.embedding(ids, emb)
+            f = pos.to(torch.float32)[:, None] * inv[None, :]
+            e = torch.cat((f, f), dim=-1)
+            cos, sin = e.cos().to(dt)[None, None], e.sin().to(dt)[None, None]
+            mask = torch.arange(T, device=dev)[None, :] <= pos[:, None]
+            for i, lw in enumerate(layers):
+                r = x
+                y = rms(x, lw["ln1"])
+                q = F.linear(y, lw["q"]).view(1, n, nh, hd).transpose(1, 2)
+                k = F.linear(y, lw["k"]).view(1, n, nkv, hd).transpose(1, 2)
+                v = F.linear(y, lw["v"]).view(1, n, nkv, hd).transpose(1, 2)
+                q = q * cos + rotate_half(q) * sin
+                k = k * cos + rotate_half(k) * sin
+                kc[i].index_copy_(2, pos, k)
+                vc[i].index_copy_(2, pos, v)
+                kk, vv = repeat_kv(kc[i], nh // nkv), repeat_kv(vc[i], nh // nkv)
+                a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask[None, None])
+                x = r + F.linear(a.transpose(1, 2).reshape(1, n, nh * hd), lw["o"])
+                r = x
+                y = rms(x, lw["ln2"])
+                x = r + F.linear(F.silu(F.linear(y, lw["gate"])) * F.linear(y, lw["up"]), lw["down"])
+            x = rms(x[:, -1:], ln_f)
+            return F.linear(x, emb).float()
+
+        tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        pos = torch.full((1,), P, dtype=torch.long, device=dev)
+
+        def step():
+            logits = forward(tok, pos)
+            tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+            pos.add_(1)
+
+        with torch.no_grad():
+            def run32():
+                pos.fill_(P)
+                for _ in range(32):
+                    step()
+            r = timed(torch, run32, 1, warm=2)
+            c = count_profile(torch, step)
+        out[f"layers{L}"] = {"token_wall_us": r["wall_us"] / 32, "token_host_us": r["host_us"] / 32,
+                             "kernels_per_token": c["kernels"], "aten_top_per_token": c["aten_top"]}
+    a, b = out["layers28"], out["layers7"]
+    out["per_layer_us"] = (a["token_wall_us"] - b["token_wall_us"]) / 21
+    out["per_token_outside_layers_us"] = a["token_wall_us"] - 28 * out["per_layer_us"]
+    out["kernels_per_layer"] = (a["kernels_per_token"] - b["kernels_per_token"]) / 21
+    out["kernels_outside_layers"] = a["kernels_per_token"] - 28 * out["kernels_per_layer"]
+    out["us_per_kernel"] = out["per_layer_us"] / max(out["kernels_per_layer"], 1)
+    return out
+
+
+# ------------------------------------------------------------------ two GPUs
+
+def dist_probe(args):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device("cuda")
+    R = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "world": world}
+    t_start = time.perf_counter()
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+
+    def phases(model, opt, fwd, reps=REPS, warm=3):
+        ph = {"forward": [], "backward": [], "optimizer": [], "step": []}
+        for it in range(warm + reps):
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            loss = fwd()
+            sync()
+            t1 = time.perf_counter()
+            loss.backward()
+            sync()
+            t2 = time.perf_counter()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            sync()
+            t3 = time.perf_counter()
+            # the whole step again without syncs between the phases
+            dist.barrier()
+            sync()
+            s0 = time.perf_counter()
+            loss = fwd()
+            loss.backward()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            sync()
+            s1 = time.perf_counter()
+            if it >= warm:
+                ph["forward"].append((t1 - t0) * 1e3)
+                ph["backward"].append((t2 - t1) * 1e3)
+                ph["optimizer"].append((t3 - t2) * 1e3)
+                ph["step"].append((s1 - s0) * 1e3)
+        return {k: med(v) for k, v in ph.items()}
+
+    def chain(M, width=64):
+        return nn.Sequential(*[nn.Linear(width, width) for _ in range(M)]).to(dev)
+
+    x = torch.randn(4, 64, device=dev)
+
+    # DDP: a chain of M Linear modules (2M parameters), plain vs DDP; the slope per parameter.
+    ddp = {}
+    for M in (16, 64):
+        r = {}
+        for wrap in ("plain", "ddp", "ddp_view"):
+            torch.manual_seed(0)
+            m = chain(M)
+            if wrap == "ddp":
+                m = DDP(m, device_ids=[torch.cuda.current_device()])
+            elif wrap == "ddp_view":
+                m = DDP(m, device_ids=[torch.cuda.current_device()], gradient_as_bucket_view=True)
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+            r[wrap] = phases(m, opt, lambda: m(x).sum())
+        ddp[f"M{M}"] = r
+    for wrap in ("ddp", "ddp_view"):
+        for ph in ("forward", "backward", "optimizer", "step"):
+            d16 = ddp["M16"][wrap][ph] - ddp["M16"]["plain"][ph]
+            d64 = ddp["M64"][wrap][ph] - ddp["M64"]["plain"][ph]
+            ddp.setdefault(f"{wrap}_added_us_per_param", {})[ph] = (d64 - d16) / (2 * 48) * 1e3
+            ddp.setdefault(f"{wrap}_added_us_fixed", {})[ph] = (d16 - 32 * (d64 - d16) / 96) * 1e3
+    R["ddp_chain"] = ddp
+
+    # FSDP2: a chain of M Linear modules, each fully_shard'ed (and the root), bf16 compute, fp32 reduce.
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fs = {}
+    for M in (8, 32):
+        r = {}
+        for wrap in ("plain", "fsdp2"):
+            torch.manual_seed(0)
+            m = chain(M)
+            if wrap == "fsdp2":
+                for sub in m:
+                    fully_shard(sub, mp_policy=mp)
+                fully_shard(m, mp_policy=mp)
+            try:
+                opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+                opt.step()
+            except Exception:  # noqa: BLE001
+                opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+            if wrap == "plain":
+                def fwd(m=m):
+                    with torch.autocast(DEV, dtype=torch.bfloat16):
+                        return m(x).float().sum()
+            else:
+                def fwd(m=m):
+                    return m(x).float().sum()
+            r[wrap] = phases(m, opt, fwd)
+        fs[f"M{M}"] = r
+    for ph in ("forward", "backward", "optimizer", "step"):
+        d8 = fs["M8"]["fsdp2"][ph] - fs["M8"]["plain"][ph]
+        d32 = fs["M32"]["fsdp2"][ph] - fs["M32"]["plain"][ph]
+        fs.setdefault("added_us_per_module", {})[ph] = (d32 - d8) / 24 * 1e3
+        fs.setdefault("added_us_fixed", {})[ph] = (d8 - 8 * (d32 - d8) / 24) * 1e3
+    R["fsdp2_chain"] = fs
+
+    # The validation's GPT at a tiny width (24 blocks): single (no wrapper), DDP, FSDP2 per block + root,
+    # with and without checkpointing: host time per phase, and op counts under the profiler.
+    v = tiny_gpt(24)
+    gpt = {}
+    for mode in ("single", "ddp", "fsdp2"):
+        for ckpt in (False, True):
+            torch.manual_seed(0)
+            with on_device(torch, dev):
+                model = v.gpt_model(ckpt)
+            autocast = True
+            if mode == "ddp":
+                model = DDP(model, device_ids=[torch.cuda.current_device()])
+            elif mode == "fsdp2":
+                for blk in model.blocks:
+                    fully_shard(blk, mp_policy=mp)
+                fully_shard(model, mp_policy=mp)
+                autocast = False
+            try:
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+                opt.step()
+                opt_kind = "fused"
+            except Exception:  # noqa: BLE001
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
+                opt_kind = "foreach"
+            ids = torch.randint(512, (1, 64), device=dev)
+            tgt = torch.randint(512, (1, 64), device=dev)
+
+            def fwd(model=model, autocast=autocast):
+                if autocast:
+                    with torch.autocast(DEV, dtype=torch.bfloat16):
+                        return model(ids, tgt)
+                return model(ids, tgt)
+            res = phases(model, opt, fwd)
+            res["optimizer_kind"] = opt_kind
+            if rank == 0:
+                res["counts"] = count_step(torch, fwd, opt)
+            else:  # the collectives need both ranks in step: the same step, unprofiled
+                loss = fwd()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            gpt[f"{mode}_ckpt{int(ckpt)}"] = res
+            del model, opt
+            dist.barrier()
+    R["tiny_gpt_step"] = gpt
+
+    # Memory census: a model of 8 Linear(2048, 2048) (33.6M fp32 parameters), allocated bytes after each
+    # phase, in units of the parameters' fp32 bytes: what DDP and FSDP2 keep besides the parameters; and a
+    # model whose embedding is also its head (*_tied: the gradients' ready order differs from the parameters').
+    census = {}
+    class Tied(nn.Module):  # an embedding used again as the head (the validation GPT's tie), 4 linears between
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(8192, 2048)
+            self.body = nn.Sequential(*[nn.Linear(2048, 2048, bias=False) for _ in range(4)])
+
+        def forward(self, ids):
+            return nn.functional.linear(self.body(self.emb(ids)), self.emb.weight)
+
+    for mode in ("single", "ddp", "ddp_view", "fsdp2", "single_tied", "ddp_tied"):
+        sync()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.manual_seed(0)
+        tied = mode.endswith("_tied")
+        m = (Tied() if tied else nn.Sequential(*[nn.Linear(2048, 2048, bias=False) for _ in range(8)])).to(dev)
+        pbytes = sum(p.numel() * 4 for p in m.parameters())
+        if mode in ("ddp", "ddp_tied"):
+            m = DDP(m, device_ids=[torch.cuda.current_device()])
+        elif mode == "ddp_view":
+            m = DDP(m, device_ids=[torch.cuda.current_device()], gradient_as_bucket_view=True)
+        elif mode == "fsdp2":
+            for sub in m:
+                fully_shard(sub, mp_policy=mp)
+            fully_shard(m, mp_policy=mp)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.0,
+                                **({"foreach": True} if mode == "fsdp2" else {"fused": True}))
+        xin = torch.randint(8192, (8, 64), device=dev) if tied else torch.randn(8, 2048, device=dev)
+        rows = []
+
+        def mark(label):
+            sync()
+            rows.append((label, (torch.cuda.memory_allocated() - base) / pbytes,
+                         (torch.cuda.max_memory_allocated() - base) / pbytes))
+        torch.cuda.reset_peak_memory_stats()
+        mark("init")
+        for it in range(3):
+            torch.cuda.reset_peak_memory_stats()
+            if mode == "fsdp2":
+                loss = m(xin).float().sum()
+            else:
+                with torch.autocast(DEV, dtype=torch.bfloat16):
+                    loss = m(xin).float().sum()
+            mark(f"it{it}_after_forward")
+            loss.backward()
+            mark(f"it{it}_after_backward")
+            opt.step()
+            mark(f"it{it}_after_step")
+            opt.zero_grad(set_to_none=True)
+            mark(f"it{it}_after_zero_grad")
+            del loss
+        census[mode] = {"param_fp32_bytes": pbytes, "rows": [{"at": a, "allocated_x_params": b, "peak_x_params": c}
+                                                             for a, b, c in rows]}
+        del m, opt
+    R["memory_census"] = census
+    R["elapsed_s"] = time.perf_counter() - t_start
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        json.dump(R, open(os.path.join(args.out, "host_probe_dist.json"), "w"), indent=1)
+        for k in ("ddp_chain", "fsdp2_chain"):
+            print(k, json.dumps({kk: vv for kk, vv in R[k].items() if not kk.startswith("M")}))
+        for k, r in gpt.items():
+            print(k, {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in r.items() if kk != "counts"},
+                  {ph: (c["aten_top"], c["aten_all"], c["kernels"]) for ph, c in r.get("counts", {}).items()})
+        for k, c in census.items():
+            print("census", k, [(a, round(b, 2), round(p, 2)) for a, b, p in
+                                [(r["at"], r["allocated_x_params"], r["peak_x_params"]) for r in c["rows"]]])
+        print(f"dist: {R['elapsed_s']:.1f} s")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["micro", "dist"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu: a smoke test of micro's logic without a GPU (aten counts, no kernels, no graphs)")
+    args = ap.parse_args()
+    global DEV
+    DEV = args.device
+    (micro if args.what == "micro" else dist_probe)(args)
+
+
+if __name__ == "__main__":
+    main()

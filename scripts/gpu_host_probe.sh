@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Host-side micro-benchmarks of eager PyTorch for hetplan's host-time model (issue 32; sim/runtime_overheads.md):
+# per-op, per-module, per-autograd-node, per-checkpoint-region, per-DDP-parameter, per-FSDP2-module,
+# per-optimizer-tensor and per-decode-layer host costs, the CUDA graph replay floor, the op counts of the
+# validation model's code at a tiny width, and a DDP/FSDP2 memory census (scripts/gpu_host_probe.py).
+# No build needed. On a machine of two GPUs (kind nvidia-h200-x2 or nvidia-h100-x2); with one GPU the
+# distributed part is skipped.
+#
+#   OUT=/some/dir bash scripts/gpu_host_probe.sh
+#
+# Results: $OUT/host_probe.tgz (host_probe_micro.json, host_probe_dist.json, logs, machine.txt) and the two
+# JSON files themselves. About 2 minutes; each step has its own time limit.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/out}
+work=$(mktemp -d)
+res="$work/host_probe"
+mkdir -p "$res" "$out"
+[ -f scripts/gpu_env.sh ] && source scripts/gpu_env.sh
+t0=$SECONDS
+machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
+torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')
+echo "machine: ${DEVICE_KIND:-GPU machine}: ${machine}; torch ${torchv}; $(nproc) CPU cores" | tee "$res/machine.txt"
+{ lscpu | head -20; nvidia-smi; } >> "$res/machine.txt" 2>&1
+ngpu=$(nvidia-smi -L | wc -l)
+
+run() {  # run LIMIT_S NAME CMD...
+  local limit=$1 name=$2; shift 2
+  echo "== $name ($((SECONDS - t0)) s)"
+  timeout --kill-after=10 "$limit" "$@" > "$res/$name.log" 2>&1
+  local rc=$?
+  tail -40 "$res/$name.log"
+  [ $rc -eq 0 ] || echo "!! $name: exit $rc"
+}
+run 150 micro python3 scripts/gpu_host_probe.py micro --out "$res"
+if [ "$ngpu" -ge 2 ]; then
+  run 150 dist python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_host_probe.py dist --out "$res"
+else
+  echo "!! one GPU: the DDP/FSDP2 part not measured"
+fi
+echo "total $((SECONDS - t0)) s"
+tar czf "$out/host_probe.tgz" -C "$work" host_probe
+cp "$res"/host_probe_*.json "$out/" 2>/dev/null
+ls -l "$out"
