@@ -152,9 +152,10 @@ class SuffixBoundBuilder {
   // layers both): rate.first x its parameters on a rank + rate.second x its layers' parameter bytes.
   // The rates are the stage's costs with every layer (PlanCostModel::stage) over those two sizes: an
   // all-reduce's time is the slowest of its tp slices of the least of ring, tree and hierarchical, each
-  // affine in the bytes with non-negative terms, so concave in them and at least its value at the whole
-  // model's bytes scaled down; the step's time is proportional to the layers' bytes. Computed once per
-  // (node order, r, s, tp). Thread-safe. REQUIRES: tails_on().
+  // made of affine functions of the bytes with non-negative terms, so its time per byte only falls as
+  // the bytes grow, and it is at least its value at the whole model's bytes scaled down; the step's time
+  // is proportional to the layers' bytes (planner/plan_search.md). Computed once per (node order, r, s,
+  // tp). Thread-safe. REQUIRES: tails_on().
   std::pair<double, double> tail_rate(const NodeOrder& o, int r, int s, int tp) const;
   // Parameters on a rank of layers [l, e) at tp in a pipeline of two or more stages; their bytes.
   double tail_params(int tp, int l, int e) const { return tail_params_[tp][e] - tail_params_[tp][l]; }
