@@ -142,7 +142,6 @@ class PlanSimulator {
   const SimulationOptions& options() const { return opt_; }
   const ModelShape& shape() const { return shape_; }
   const Cluster& cluster() const { return *cluster_; }
-  const ModelShape& shape() const { return shape_; }
   // Where each cluster device type's intra-node collective bandwidth comes
   // from, e.g. "H200: all-reduce 301.2 GB/s measured (profiles)".
   std::vector<std::string> collective_sources() const;
