@@ -255,7 +255,10 @@ PlanSearchResult PlanSearch::search() const {
 
   setup_progress.stop();
   Periodic reporter(progress_reporter(opt_, control, shared, open, space.units_total()));
+  tbb::enumerable_thread_specific<TopPlans> from_tables([&] { return TopPlans(opt_.top_k); });
+  ArgminSeeds argmin{*cluster_, opt_, sim_->options().schedule, from_tables};
   SearchWork work{space, control, builder, bounds, stage_search, workers, open, shared, opt_.bounds_pass_above_gpus};
+  if (!opt_.exhaustive && sim_->options().schedule != Schedule::kInterleaved1F1B) work.argmin = &argmin;
   if (opt_.seeds_only) control.stop_now();
   if (!control.stopped() && !closed) {
     if (kept.kept()) run_in_phases(work);
@@ -264,6 +267,8 @@ PlanSearchResult PlanSearch::search() const {
   for (Worker& w : workers) control.publish(w.counters);
   reporter.stop();
 
+  for (TopPlans& t : from_tables)
+    for (auto& e : t.items()) insert_unique(&seeds, std::move(e.key), std::move(e.item));
   PlanSearchResult result = merge_workers(workers, seeds, control, opt_);
   result.seconds = control.elapsed_s();
   finish_proof(shared, open, control, &result);

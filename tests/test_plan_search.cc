@@ -951,4 +951,53 @@ TEST_CASE("the search takes the settings in parts where memory binds: no node ho
   CHECK(setting_parts({setups[0], setups[3]}).size() == 1);  // no full recomputation: one part
 }
 
+// Whole-node stages with the bounds pass (as above 256 GPUs): the tables' tail chains and multi-trip
+// chains, the root bounds with them, and the plans built from the tables' argmins (polished) all run.
+// At gap 0 the search still returns exhaustive search's best plan; at gap 0.25 its lower bound never
+// exceeds the optimum; the plans from the tables alone are plans of the space costed as simulate costs them.
+TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below the optimum, table plans valid",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  int with_plans = 0;
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.gap = 0;
+    o.stage_boundaries = StageBoundaries::kNode;
+    o.bounds_pass_above_gpus = 0;
+    PlanSearchOptions ex = o;
+    ex.exhaustive = true;
+    const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
+    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    REQUIRE(r.top.size() == full.top.size());
+    if (full.top.empty()) continue;
+    ++with_plans;
+    const PlanResult& x = r.top[0].plan;
+    const PlanResult& y = full.top[0].plan;
+    CHECK(x.cost == y.cost);
+    CHECK(x.node_sequence == y.node_sequence);
+    CHECK(x.device_groups == y.device_groups);
+    CHECK(x.strategies == y.strategies);
+    CHECK(x.layer_partition == y.layer_partition);
+    CHECK(x.batches == y.batches);
+    CHECK(r.lower_bound_ms == y.cost);
+    PlanSearchOptions g = o;
+    g.gap = 0.25;
+    const PlanSearchResult loose = PlanSearch(cluster, profiles, sim, g).run();
+    CHECK(loose.lower_bound_ms <= y.cost * (1 + 1e-12));
+    CHECK(loose.best_ms <= y.cost * 1.25 * (1 + 1e-12));
+    // Every plan the search keeps (seeds, plans from the tables, the search's own) is a plan of the space at
+    // simulate's cost.
+    g.top_k = 8;
+    for (const SearchedPlan& sp : PlanSearch(cluster, profiles, sim, g).run().top) {
+      check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
+      CHECK(sp.plan.cost >= y.cost);
+    }
+  }
+  CHECK(with_plans >= 25);
+}
+
 }  // namespace hetplan
