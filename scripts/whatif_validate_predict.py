@@ -51,11 +51,14 @@ def main():
     ap.add_argument("--host-probe", default="")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    try:  # the device machine's copy of the tree may have no git
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    commit = commit or os.environ.get("HETPLAN_COMMIT", "unknown")
+    # HETPLAN_COMMIT first: the device machine's copy of the tree may carry no git, or a stale one.
+    commit = os.environ.get("HETPLAN_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            commit = ""
+    commit = commit or "unknown"
     result = {"gpu": a.gpu, "commit": commit, "profiles": a.profiles, "host_probe": a.host_probe,
               "written_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if a.host_probe:  # what the predictions rest on, by content
