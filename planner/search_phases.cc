@@ -68,6 +68,10 @@ class Phases {
   }
 
   static constexpr long long kChunk = 32;
+  static constexpr std::size_t kArgminDepths = 2;  // depths whose argmin plans are polished, per group
+  static constexpr double kArgminPolishS = 0.1;    // time limit of one polish
+  static constexpr double kArgminShare = 0.1;      // of the time budget, for every polish together
+  std::atomic<double> polish_s_{0};
   SearchWork& work_;
   std::vector<int> order_;  // (re-sorted by the bounds pass, before any thread reads it past that pass)
   const std::size_t n_groups_;
@@ -89,6 +93,7 @@ class Phases {
   std::vector<double> group_bound_;  // [group]: the bounds pass's bound over every depth
   void run_bounds_pass();
   std::vector<double> root_bounds(int group) const;
+  void seed_from_table(int group);
   bool closed_by_bound(int group) const {
     return bounds_pass_ && group_bound_[group] > work_.shared.threshold();
   }
@@ -163,6 +168,7 @@ void Phases::run_bounds_pass() {
     work_.builder.finish(&b);
     work_.builder.build_deeper(group, &b);
     if (!work_.control.stopped()) {
+      seed_from_table(group);
       from_depth_[group] = root_bounds(group);
       group_bound_[group] = from_depth_[group][1];
       work_.open.set(group, group_bound_[group]);
@@ -179,6 +185,37 @@ void Phases::run_bounds_pass() {
     sorted_.store(true);
   }
   wait_for([&] { return sorted_.load(); });
+}
+
+// The table's argmin plans at the few depths of least path(q, 0, 0), polished and kept (ArgminSeeds).
+void Phases::seed_from_table(int group) {
+  ArgminSeeds* a = work_.argmin;
+  if (!a) return;
+  // At most a tenth of the time budget (10 s without one) in all: past a few hundred GPUs a group's polish
+  // takes its whole limit, and 72 groups' would take most of the bounds pass.
+  const double budget = work_.control.time_budget_s(), cap = budget > 0 ? kArgminShare * budget : 10.0;
+  if (polish_s_.load(std::memory_order_relaxed) > cap) return;
+  const double started = work_.control.elapsed_s();
+  const SuffixBound& bound = work_.bounds[group];
+  const SearchSpace& sp = work_.space;
+  std::vector<std::pair<double, int>> depths;
+  for (int q = 1; q <= std::min(bound.depth, sp.max_stages); ++q) {
+    const double v = std::max(bound.path(q, 0, 0), bound.tail_path(q, 0, 0));
+    if (std::isfinite(v)) depths.emplace_back(v, q);
+  }
+  std::sort(depths.begin(), depths.end());
+  if (depths.size() > kArgminDepths) depths.resize(kArgminDepths);
+  std::vector<StageChoice> stages;
+  for (const auto& depth : depths) {
+    stages.clear();
+    if (!work_.builder.argmin_stages(group, bound, depth.second, 0, 0, &stages)) continue;
+    polish_plan(sp, a->cluster, a->options, a->schedule, sp.order_of_group(group).index,
+                                 sp.micro_batches_of_group(group), stages, kArgminPolishS, work_.control, work_.shared,
+                                 &a->found.local());
+  }
+  double spent = polish_s_.load(std::memory_order_relaxed);
+  while (!polish_s_.compare_exchange_weak(spent, spent + work_.control.elapsed_s() - started)) {
+  }
 }
 
 // [p]: a bound on every plan of the group with p stages or more, from its whole table: stage 0's
@@ -232,8 +269,17 @@ std::vector<double> Phases::root_bounds(int group) const {
           best[1] = std::min(best[1], busy + tail);
           continue;
         }
-        for (int q = 2; q <= std::min(depth, layers - k + 1); ++q)
-          best[q] = std::min(best[q], std::max(busy, csum + bound.path(q - 1, s, k)) + tail);
+        // (With the tables' tails: also the forward to stage 1, then the rest's chain to some stage's end.)
+        for (int q = 2; q <= std::min(depth, layers - k + 1); ++q) {
+          // Stage 0's multi-trip chain (sim/schedule.h, multi_trip_counts), then its tail.
+          const MultiTripCounts h = multi_trip_counts(work_.builder.schedule(), q - 1, m);
+          const double trips = h.trips < 1 ? 0.0
+                                           : h.forwards * x.t + (h.backwards - h.forwards) * x.b + h.accumulations * x.a +
+                                                 h.trips * sf + sb + bound.first_trip(q - 1, s, k) +
+                                                 (h.trips - 1) * bound.last_trip(q - 1, s, k);
+          best[q] = std::min(best[q], std::max(std::max({busy, csum + bound.path(q - 1, s, k), trips}) + tail,
+                                               x.f + sf + bound.tail_path(q - 1, s, k)));
+        }
       }
     }
   }
@@ -295,7 +341,8 @@ bool Phases::build_deeper_and_run(Worker& w, int lane, int group) {
   const std::vector<double> from_pass = fd;  // the bounds pass's, where it ran: stage 0's tail included
   fd.assign(max_stages + 2, std::numeric_limits<double>::infinity());
   if (!work_.control.stopped())
-    for (int q = max_stages; q >= 1; --q) fd[q] = std::min(fd[q + 1], work_.bounds[group].path(q, 0, 0));
+    for (int q = max_stages; q >= 1; --q)
+      fd[q] = std::min(fd[q + 1], std::max(work_.bounds[group].path(q, 0, 0), work_.bounds[group].tail_path(q, 0, 0)));
   else fd.assign(max_stages + 2, 0.0);  // (the table may be part-built)
   if (from_pass.size() == fd.size())
     for (std::size_t q = 0; q < fd.size(); ++q) fd[q] = std::max(fd[q], from_pass[q]);

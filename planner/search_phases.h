@@ -19,6 +19,7 @@
 
 #include "planner/search_control.h"
 #include "planner/search_space.h"
+#include "planner/seed_plans.h"
 #include "planner/shared_bound.h"
 #include "planner/stage_search.h"
 #include "planner/suffix_bound.h"
@@ -52,6 +53,16 @@ class OpenBounds {
   const int groups_;
 };
 
+// The primal heuristic run on each group's whole table (planner/plan_search.md, "Plans from the
+// tables"): the dynamic program's argmin plans of a few depths, polished (polish_plan) and kept in the
+// calling thread's `found`, which the search merges with the seeds.
+struct ArgminSeeds {
+  const Cluster& cluster;
+  const PlanSearchOptions& options;
+  Schedule schedule;
+  tbb::enumerable_thread_specific<TopPlans>& found;
+};
+
 struct SearchWork {
   const SearchSpace& space;
   SearchControl& control;
@@ -60,8 +71,9 @@ struct SearchWork {
   const StageSearch& stage_search;
   tbb::enumerable_thread_specific<Worker>& workers;
   OpenBounds& open;
-  const SharedBound& shared;
+  SharedBound& shared;  // (offered the plans from the tables)
   int bounds_pass_above_gpus;  // PlanSearchOptions::bounds_pass_above_gpus
+  ArgminSeeds* argmin = nullptr;  // null: no plans from the tables
 };
 
 // No per-rank tables (exhaustive, or too large a cluster): every group's bound, then the units in the

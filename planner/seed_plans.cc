@@ -13,12 +13,12 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// One seed: node order, micro-batch count, tp, stage sizes and layer starts (p + 1 entries); its cost
+// One seed: node order, micro-batch count, stage sizes, each stage's tp and layer starts (p + 1 entries); its cost
 // (infinity where out of memory) and, out of memory, the least over the settings of the bytes by which
 // its ranks overflow.
 struct Seed {
-  int order = 0, micro_batches = 1, tp = 1;
-  std::vector<int> sizes, starts;
+  int order = 0, micro_batches = 1;
+  std::vector<int> sizes, tps, starts;
   double cost = kInf, overflow = kInf;
   int setup = -1;
   // Better: fits and costs less, or overflows less.
@@ -49,7 +49,7 @@ class Seeder {
         if (!stage_sizes(o, p, &sizes)) continue;
         for (int tp = 1; tp <= space_.max_tp && !out_of_time(); ++tp)
           for (int m : space_.micro_batch_counts) {
-            Seed s{o.index, m, tp, sizes, {}};
+            Seed s{o.index, m, sizes, std::vector<int>(sizes.size(), tp), {}};
             if (!valid_shape(o, s) || !balanced_layers(o, &s)) continue;
             if (!cost(&s)) continue;
             stats_.feasible += std::isfinite(s.cost);
@@ -100,14 +100,15 @@ class Seeder {
   bool valid_shape(const NodeOrder& o, const Seed& s) const {
     const int b = space_.gbs / s.micro_batches;
     int r = 0;
-    for (int size : s.sizes) {
-      if (size % s.tp != 0 || size / s.tp > b || s.tp > size) return false;
+    for (std::size_t i = 0; i < s.sizes.size(); ++i) {
+      const int size = s.sizes[i], tp = s.tps[i];
+      if (tp < 1 || tp > space_.max_tp || size % tp != 0 || size / tp > b || tp > size) return false;
       // --uniform: every stage at stage 0's (dp, tp), dp dividing the micro-batch (planner/export_plan.h).
-      if (options_.uniform && (!exporter_micro_batch_splits(b, size / s.tp) ||
-                               !exporter_grid_matches(Strategy{s.sizes[0] / s.tp, s.tp}, Strategy{size / s.tp, s.tp})))
+      if (options_.uniform && (!exporter_micro_batch_splits(b, size / tp) ||
+                               !exporter_grid_matches(Strategy{s.sizes[0] / s.tps[0], s.tps[0]}, Strategy{size / tp, tp})))
         return false;
-      if (!o.tp_profiled(r, size, s.tp)) return false;
-      if (!options_.allow_cross_node_tp && !o.tp_inside_nodes(r, size, s.tp)) return false;
+      if (!o.tp_profiled(r, size, tp)) return false;
+      if (!options_.allow_cross_node_tp && !o.tp_inside_nodes(r, size, tp)) return false;
       r += size;
     }
     return true;
@@ -177,7 +178,7 @@ class Seeder {
       StageChoice c;
       c.begin = r;
       c.size = s->sizes[i];
-      c.st = Strategy{s->sizes[i] / s->tp, s->tp};
+      c.st = Strategy{s->sizes[i] / s->tps[i], s->tps[i]};
       c.layer_begin = s->starts[i];
       c.layer_end = s->starts[i + 1];
       if (!o.cost->stage(c, i, p, s->micro_batches, b, &costs_[static_cast<std::size_t>(i) * setups])) return false;
@@ -224,9 +225,11 @@ class Seeder {
     return best;
   }
 
-  // Moves one layer boundary by one layer at a time, the best such move while it improves the seed.
-  void climb(Seed* s) {
+  // Moves one layer boundary by one layer at a time (and, with `change_tp`, one stage's tp to another of
+  // the space's), the best such move while it improves the seed.
+  void climb(Seed* s, bool change_tp = false) {
     const int p = static_cast<int>(s->sizes.size());
+    const NodeOrder& o = space_.orders[s->order];
     for (int round = 0; round < 4 * space_.layers && !out_of_time(); ++round) {
       Seed best = *s;
       for (int i = 1; i < p; ++i)
@@ -237,11 +240,30 @@ class Seeder {
           if (!cost(&n)) continue;
           if (n.better_than(best)) best = std::move(n);
         }
+      for (int i = 0; change_tp && i < p; ++i)
+        for (int tp = 1; tp <= space_.max_tp; ++tp) {
+          if (tp == s->tps[i]) continue;
+          Seed n = *s;
+          n.tps[i] = tp;
+          if (!valid_shape(o, n) || !cost(&n)) continue;
+          if (n.better_than(best)) best = std::move(n);
+        }
       if (!best.better_than(*s)) return;
       *s = std::move(best);
       keep(*s);
     }
   }
+
+ public:
+  // One plan given stage by stage: costed, kept, then improved by climbing (layer boundaries and tp).
+  double polish(Seed s) {
+    if (!valid_shape(space_.orders[s.order], s) || !cost(&s)) return kInf;
+    keep(s);
+    climb(&s, true);
+    return s.cost;
+  }
+
+ private:
 
   void keep(const Seed& s) {
     if (!std::isfinite(s.cost)) return;
@@ -255,10 +277,10 @@ class Seeder {
     for (int t : o.sequence) pr.node_sequence.push_back(cluster_.device_types()[t]);
     for (int i = 0; i < p; ++i) {
       key.order.push_back(s.sizes[i]);
-      key.order.push_back(s.sizes[i] / s.tp);
+      key.order.push_back(s.sizes[i] / s.tps[i]);
       key.order.push_back(s.starts[i + 1] - s.starts[i]);
       pr.device_groups.push_back(s.sizes[i]);
-      pr.strategies.push_back(Strategy{s.sizes[i] / s.tp, s.tp});
+      pr.strategies.push_back(Strategy{s.sizes[i] / s.tps[i], s.tps[i]});
       pr.layer_partition.push_back(s.starts[i]);
     }
     pr.layer_partition.push_back(space_.layers);
@@ -293,6 +315,23 @@ bool insert_unique(TopPlans* top, PlanKey key, SearchedPlan plan) {
     if (e.key.cost == key.cost && e.key.order == key.order) return false;
   top->insert(std::move(key), std::move(plan));
   return true;
+}
+
+double polish_plan(const SearchSpace& space, const Cluster& cluster, const PlanSearchOptions& options,
+                   Schedule schedule, int order, int micro_batches, const std::vector<StageChoice>& stages,
+                   double time_limit_s, SearchControl& control, SharedBound& shared, TopPlans* top) {
+  if (stages.empty()) return kInf;
+  Seed s;
+  s.order = order;
+  s.micro_batches = micro_batches;
+  for (const StageChoice& c : stages) {
+    s.sizes.push_back(c.size);
+    s.tps.push_back(c.st.tp);
+    s.starts.push_back(c.layer_begin);
+  }
+  s.starts.push_back(space.layers);
+  const std::vector<std::vector<double>> no_layer_cost;  // (only the grid's layer split reads it)
+  return Seeder(space, no_layer_cost, cluster, options, schedule, time_limit_s, control, shared, top).polish(std::move(s));
 }
 
 SeedStats seed_plans(const SearchSpace& space, const std::vector<std::vector<double>>& layer_cost,

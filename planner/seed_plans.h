@@ -44,6 +44,16 @@ SeedStats seed_plans(const SearchSpace& space, const std::vector<std::vector<dou
                      const Cluster& cluster, const PlanSearchOptions& options, Schedule schedule,
                      double time_limit_s, SearchControl& control, SharedBound& shared, TopPlans* top);
 
+// A plan given stage by stage (node order `order`, `micro_batches`, its stages in rank order, layers
+// covering [0, layers)): costed as the depth-first search's leaf costs it, then improved by moving one
+// layer boundary by one layer or changing one stage's tp (dp = size / tp) while that lowers the cost;
+// every plan of the space met that fits is kept in `top` (if among its K best) and offered to `shared`.
+// Returns the last plan's cost (infinity where it is not a plan of the space or none fits). Stops
+// after `time_limit_s`. Thread-safety: as seed_plans; `top` belongs to the calling thread.
+double polish_plan(const SearchSpace& space, const Cluster& cluster, const PlanSearchOptions& options,
+                   Schedule schedule, int order, int micro_batches, const std::vector<StageChoice>& stages,
+                   double time_limit_s, SearchControl& control, SharedBound& shared, TopPlans* top);
+
 // Inserts (key, plan) into `top` unless a plan of the same key is there. True if inserted.
 bool insert_unique(TopPlans* top, PlanKey key, SearchedPlan plan);
 

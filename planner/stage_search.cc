@@ -399,7 +399,9 @@ void UnitSearch::descend(int i, int r, int l) {
       const int rest = f.rest, r = f.r + sh.s, l = f.l + k;
       lb = std::max({lb, w_.passes[next] + (f.last ? 0.0 : sb_.path(rest, r, l)) + tail0,
                      w_.passes[next] + w_.end_extra[next] + sb_.last_trip(rest, r, l) + tail0,
-                     w_.start_extra[next] + w_.first_passes[next] + sb_.first_trip(rest, r, l) + tail0});
+                     w_.start_extra[next] + w_.first_passes[next] + sb_.first_trip(rest, r, l) + tail0,
+                     // micro-batch 0 reaches the next stage, then some stage of the rest ends with its tail
+                     w_.forward_chain[next] + sb_.tail_path(rest, r, l)});
     }
     w_.lower_bound[next] = lb;
     *bound_min = std::min(*bound_min, lb);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sim/memory_model.h"
 #include "sim/schedule.h"
 
 // x86-64 with glibc: also an AVX2 build of relax_row (4 doubles a vector instead of SSE2's 2; no FMA, so
@@ -31,11 +32,16 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // q - 1 of the stages after it (infinity where none exists, which leaves hc/gc/g0c alone). `coef` holds
 // 8 rows of `stride` per-q coefficients: the end path's t, f, b, a, then the start path's. Written for
 // the compiler to vectorise: distinct arrays, no branch (no value is NaN).
+// With kTails (the whole-node tables), tn/tc are the tail_paths entries: tc[q] takes the least of max(own,
+// fwd + tn[q]) (own: the stage's compute and its tail; fwd: its forward and send), and the paths take the
+// multi-trip chain too.
+template <bool kTails>
 [[gnu::always_inline]] inline void relax_suffix(int q_max, const double* __restrict coef, int stride, StageEstimate x,
-                                                double busy, double csum, double c0, double sends,
+                                                double busy, double csum, double c0, double sf, double sb,
                                                 const double* __restrict hn, const double* __restrict gn,
                                                 const double* __restrict g0n, double* __restrict hc,
-                                                double* __restrict gc, double* __restrict g0c) {
+                                                double* __restrict gc, double* __restrict g0c, double own, double fwd,
+                                                const double* __restrict tn, double* __restrict tc) {
   const double* __restrict e_t = coef;
   const double* __restrict e_f = coef + stride;
   const double* __restrict e_b = coef + 2 * stride;
@@ -44,19 +50,37 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
   const double* __restrict s_f = coef + 5 * stride;
   const double* __restrict s_b = coef + 6 * stride;
   const double* __restrict s_a = coef + 7 * stride;
-  const double t = x.t, f = x.f, b = x.b, a = x.a;
+  const double* __restrict h_t = coef + 8 * stride;
+  const double* __restrict h_b = coef + 9 * stride;
+  const double* __restrict h_a = coef + 10 * stride;
+  const double* __restrict h_n = coef + 11 * stride;
+  const double* __restrict h_0 = coef + 12 * stride;
+  const double* __restrict h_1 = coef + 13 * stride;
+  const double t = x.t, f = x.f, b = x.b, a = x.a, sends = sf + sb;
   for (int q = 2; q <= q_max; ++q) {
     const double end = e_t[q] * t + e_f[q] * f + e_b[q] * b + e_a[q] * a + sends + gn[q];
     const double start = s_t[q] * t + s_f[q] * f + s_b[q] * b + s_a[q] * a + sends + g0n[q];
     const double via = csum + hn[q];
+    // The multi-trip chain (multi_trip_counts): h_n[q] trips, each after a forward send, the first
+    // micro-batch 0's (h_0 = 1), h_1 = h_n - 1 more. (NaN where the suffix is infinite and a coefficient is
+    // 0: v is then infinite and stays; all zero under GPipe: at most sb, below busy.)
     const double m1 = busy < via ? via : busy;
     const double m2 = end < start ? start : end;
-    const double v = m1 < m2 ? m2 : m1;
+    double v = m1 < m2 ? m2 : m1;
+    if constexpr (kTails) {  // (the whole-node tables only: a few percent of the inner loop elsewhere)
+      const double trips = h_t[q] * t + h_b[q] * b + h_a[q] * a + h_n[q] * sf + sb + h_0[q] * g0n[q] + h_1[q] * gn[q];
+      v = trips > v ? trips : v;
+    }
     hc[q] = v < hc[q] ? v : hc[q];
     const double gv = csum + gn[q];
     gc[q] = gv < gc[q] ? gv : gc[q];
     const double g0v = c0 + g0n[q];
     g0c[q] = g0v < g0c[q] ? g0v : g0c[q];
+    if constexpr (kTails) {
+      const double tf = fwd + tn[q];
+      const double tv = own < tf ? tf : own;
+      tc[q] = tv < tc[q] ? tv : tc[q];
+    }
   }
 }
 
@@ -67,11 +91,15 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // next0 + e (depth + 1); hc/gc/g0c the stage's own entries. A stage whose busy time is above `threshold`
 // ends the walk (its time and accumulation only grow with its layers); one with no estimate (a missing
 // profile) is skipped. One call per row, so the dynamic program's inner loops are all in the AVX2 build.
+// With kTails, tail_row[e] is the stage's tail with layers up to e, tails the tail_paths table and tc the
+// stage's own entries of it.
+template <bool kTails>
 [[gnu::always_inline]] inline void relax_row_body(const StageEstimate* xs, int e_begin, int e_end, int q_cap,
                                                   int layers, int depth, int micro_batches, double sf, double sb,
                                                   double threshold, const double* coef, const double* paths,
                                                   const double* last_trips, const double* first_trips,
-                                                  std::size_t next0, double* hc, double* gc, double* g0c) {
+                                                  std::size_t next0, double* hc, double* gc, double* g0c,
+                                                  const double* tail_row, const double* tails, double* tc) {
   const double md = micro_batches, m1 = micro_batches - 1, acc = micro_batches > 1 ? 1.0 : 0.0;
   for (int e = e_begin; e < e_end; ++e) {
     const StageEstimate x = xs[e - e_begin];
@@ -82,40 +110,60 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
     // (The stages after it number at most min(ranks - r - s, layers - e).)
     const int q_max = std::min(q_cap, 1 + layers - e);
     const std::size_t next = next0 + static_cast<std::size_t>(e) * (depth + 1);
-    relax_suffix(q_max, coef, depth + 1, x, busy, csum, c0, sf + sb, paths + next, last_trips + next,
-                 first_trips + next, hc, gc, g0c);
+    if constexpr (kTails)
+      relax_suffix<true>(q_max, coef, depth + 1, x, busy, csum, c0, sf, sb, paths + next, last_trips + next,
+                         first_trips + next, hc, gc, g0c, busy - sb + tail_row[e], x.f + sf, tails + next, tc);
+    else
+      relax_suffix<false>(q_max, coef, depth + 1, x, busy, csum, c0, sf, sb, paths + next, last_trips + next,
+                          first_trips + next, hc, gc, g0c, 0, 0, nullptr, nullptr);
   }
 }
 
 #define HETPLAN_RELAX_ROW_ARGS                                                                                    \
   const StageEstimate *xs, int e_begin, int e_end, int q_cap, int layers, int depth, int micro_batches, double sf, \
       double sb, double threshold, const double *coef, const double *paths, const double *last_trips,            \
-      const double *first_trips, std::size_t next0, double *hc, double *gc, double *g0c
-#define HETPLAN_RELAX_ROW_CALL                                                                                    \
-  relax_row_body(xs, e_begin, e_end, q_cap, layers, depth, micro_batches, sf, sb, threshold, coef, paths,        \
-                 last_trips, first_trips, next0, hc, gc, g0c)
-void relax_row_plain(HETPLAN_RELAX_ROW_ARGS) { HETPLAN_RELAX_ROW_CALL; }
+      const double *first_trips, std::size_t next0, double *hc, double *gc, double *g0c, const double *tail_row, \
+      const double *tails, double *tc
+#define HETPLAN_RELAX_ROW_CALL(T)                                                                                 \
+  relax_row_body<T>(xs, e_begin, e_end, q_cap, layers, depth, micro_batches, sf, sb, threshold, coef, paths,     \
+                    last_trips, first_trips, next0, hc, gc, g0c, tail_row, tails, tc)
+void relax_row_plain(HETPLAN_RELAX_ROW_ARGS) { HETPLAN_RELAX_ROW_CALL(false); }
+void relax_row_plain_tails(HETPLAN_RELAX_ROW_ARGS) { HETPLAN_RELAX_ROW_CALL(true); }
 #ifdef HETPLAN_AVX2_BUILD
-__attribute__((target("avx2"))) void relax_row_avx2(HETPLAN_RELAX_ROW_ARGS) { HETPLAN_RELAX_ROW_CALL; }
+__attribute__((target("avx2"))) void relax_row_avx2(HETPLAN_RELAX_ROW_ARGS) { HETPLAN_RELAX_ROW_CALL(false); }
+__attribute__((target("avx2"))) void relax_row_avx2_tails(HETPLAN_RELAX_ROW_ARGS) { HETPLAN_RELAX_ROW_CALL(true); }
 #endif
 #undef HETPLAN_RELAX_ROW_CALL
 #undef HETPLAN_RELAX_ROW_ARGS
 
-// The build of relax_row for this CPU.
-SuffixBoundBuilder::RelaxRow pick_relax_row() {
+// The build of relax_row for this CPU, with or without the tails.
+SuffixBoundBuilder::RelaxRow pick_relax_row(bool tails) {
 #ifdef HETPLAN_AVX2_BUILD
-  if (CPU_FEATURE_ACTIVE(AVX2)) return relax_row_avx2;
+  if (CPU_FEATURE_ACTIVE(AVX2)) return tails ? relax_row_avx2_tails : relax_row_avx2;
 #endif
-  return relax_row_plain;
+  return tails ? relax_row_plain_tails : relax_row_plain;
+}
+
+// Whether tail_rate's argument holds for every setting: the all-reduce is the plain one (no overlap with
+// compute, no DDP buckets, no DeepSpeed buffers), the step runs on the GPU, every parameter trains.
+bool plain_tails(const SearchSpace& space, const PlanSearchOptions& options) {
+  if (options.exhaustive || !space.whole_nodes) return false;
+  for (const TrainingSetup& st : space.setups)
+    if (st.finetune != Finetune::kFull || st.offload_optimizer || st.offload_params || st.deepspeed.model ||
+        st.ddp.model || st.overlap.any())
+      return false;
+  return true;
 }
 
 // Per q (stages from this one to the last), each path's counts as coefficients of t, f, b and a
-// (StageEstimate::runs), so that the inner loop over q is straight-line arithmetic: 8 rows of depth + 1,
-// the end path's t, f, b, a, then the start path's (see relax_suffix).
+// (StageEstimate::runs), so that the inner loop over q is straight-line arithmetic: 14 rows of depth + 1,
+// the end path's t, f, b, a, then the start path's, then the multi-trip chain's t, b, a, trips, and the
+// coefficients of the first and the later trips (see relax_suffix).
+constexpr int kCoefRows = 14;
 std::vector<double> path_coefficients(Schedule schedule, int micro_batches, int depth) {
-  std::vector<double> coef(static_cast<std::size_t>(8) * (depth + 1), 0.0);
-  double* row[8];
-  for (int i = 0; i < 8; ++i) row[i] = coef.data() + static_cast<std::size_t>(i) * (depth + 1);
+  std::vector<double> coef(static_cast<std::size_t>(kCoefRows) * (depth + 1), 0.0);
+  double* row[kCoefRows];
+  for (int i = 0; i < kCoefRows; ++i) row[i] = coef.data() + static_cast<std::size_t>(i) * (depth + 1);
   auto set_coef = [](const PathOpCounts& c, double* t, double* f, double* b, double* a) {
     const int lo = std::min(c.forwards, c.backwards);
     *t = lo;
@@ -126,6 +174,15 @@ std::vector<double> path_coefficients(Schedule schedule, int micro_batches, int 
   for (int q = 1; q <= depth; ++q) {
     set_coef(end_path_counts(schedule, q - 1, micro_batches), &row[0][q], &row[1][q], &row[2][q], &row[3][q]);
     set_coef(start_path_counts(schedule, q - 1, micro_batches), &row[4][q], &row[5][q], &row[6][q], &row[7][q]);
+    const MultiTripCounts h = multi_trip_counts(schedule, q - 1, micro_batches);
+    if (h.trips < 1) continue;  // (all zero)
+    // forwards == trips <= backwards: the forwards at t, the other backwards at b.
+    row[8][q] = h.forwards;
+    row[9][q] = h.backwards - h.forwards;
+    row[10][q] = h.accumulations;
+    row[11][q] = h.trips;
+    row[12][q] = 1;
+    row[13][q] = h.trips - 1;
   }
   return coef;
 }
@@ -142,11 +199,13 @@ int first_layer_past_memory(const double* states, double capacity, int l, int la
 // The table grown from its entries q <= 1 (computed before) to every q <= depth.
 void widen_table(SuffixBound* bound, int depth) {
   const int q_small = bound->depth;
-  std::vector<double> hs = std::move(bound->paths), gs = std::move(bound->last_trips), g0s = std::move(bound->first_trips);
+  std::vector<double> hs = std::move(bound->paths), gs = std::move(bound->last_trips), g0s = std::move(bound->first_trips),
+                      ts = std::move(bound->tail_paths);
   bound->depth = depth;
   bound->paths.assign(static_cast<std::size_t>(depth + 1) * (bound->ranks + 1) * (bound->layers + 1), kInf);
   bound->last_trips.assign(bound->paths.size(), kInf);
   bound->first_trips.assign(bound->paths.size(), kInf);
+  if (!ts.empty()) bound->tail_paths.assign(bound->paths.size(), kInf);
   for (int r = 0; r <= bound->ranks; ++r)
     for (int l = 0; l <= bound->layers; ++l)
       for (int q = 0; q <= q_small; ++q) {
@@ -155,6 +214,7 @@ void widen_table(SuffixBound* bound, int depth) {
         bound->paths[to] = hs[from];
         bound->last_trips[to] = gs[from];
         bound->first_trips[to] = g0s[from];
+        if (!ts.empty()) bound->tail_paths[to] = ts[from];
       }
 }
 
@@ -163,14 +223,17 @@ void widen_table(SuffixBound* bound, int depth) {
 std::vector<std::vector<double>> least_gpu_ms_per_sample(const SearchSpace& space, const ProfileSet& profiles,
                                                           const Cluster& cluster) {
   // Per type and layer, the least GPU-ms per sample over its files (tp x time / bs: a replica of tp GPUs
-  // runs a share of its slices, each at least its bs x that).
+  // runs a share of its slices, each at least its bs x that), with what every setting's recomputation
+  // adds (PlanCostModel::least_recompute_ms: 0 where a setting does not recompute).
   const int n_types = space.device_types, layers = space.layers;
+  const PlanCostModel& cost = *space.orders[0].cost;
   std::vector<std::vector<double>> per_layer(n_types, std::vector<double>(layers, kInf));
   for (int t = 0; t < n_types; ++t) {
     const int pt = profiles.type_index(cluster.device_types()[t]);
     for (const LayerProfile& e : profiles.entries()) {
       if (e.tp < 1 || e.tp > space.max_tp || e.bs < 1 || profiles.find(pt, e.tp, e.bs) != &e) continue;
-      for (int l = 0; l < layers; ++l) per_layer[t][l] = std::min(per_layer[t][l], e.tp * e.time(l, l + 1) / e.bs);
+      for (int l = 0; l < layers; ++l)
+        per_layer[t][l] = std::min(per_layer[t][l], e.tp * (e.time(l, l + 1) + cost.least_recompute_ms(e, l)) / e.bs);
     }
   }
   return per_layer;
@@ -214,6 +277,7 @@ struct SuffixBoundBuilder::Pass {
   bool last_stages;
   std::vector<double> coef;          // path_coefficients
   std::vector<StageEstimate> row;    // one row of estimates where none are kept
+  std::vector<double> tail_row;      // [e]: the stage's tail with layers [l, e) (tails_on)
 };
 
 SuffixBoundBuilder::SuffixBoundBuilder(const SearchSpace& space, const FeasibilityTables& tables, KeptEstimates& kept,
@@ -234,7 +298,67 @@ SuffixBoundBuilder::SuffixBoundBuilder(const SearchSpace& space, const Feasibili
       table_fits_(table_fits),
       full_params_(std::all_of(space.setups.begin(), space.setups.end(),
                                [](const TrainingSetup& st) { return st.finetune == Finetune::kFull; })),
-      relax_row_(pick_relax_row()) {}
+      tails_on_(plain_tails(space, options)),
+      relax_row_(pick_relax_row(tails_on_)) {
+  if (!tails_on_) return;
+  const ModelShape& shape = simulator.shape();
+  const int layers = space.layers;
+  const TrainingSetup& setup = space.setups.front();
+  tail_params_.assign(space.max_tp + 1, std::vector<double>(layers + 1, 0.0));
+  full_params_on_rank_.assign(space.max_tp + 1, 0.0);
+  const ShardParams whole = shard_params(shape, 0, layers, 1, setup);
+  for (int tp = 1; tp <= space.max_tp; ++tp) full_params_on_rank_[tp] = whole.on_rank(tp);
+  tail_bytes_.assign(layers + 1, 0.0);
+  const std::vector<double>& bytes = profiles.model().parameters_per_layer_bytes;
+  for (int l = 0; l < layers; ++l) {
+    const ShardParams one = shard_params(shape, l, l + 1, 2, setup);
+    for (int tp = 1; tp <= space.max_tp; ++tp) tail_params_[tp][l + 1] = tail_params_[tp][l] + one.on_rank(tp);
+    tail_bytes_[l + 1] = tail_bytes_[l] + (l < static_cast<int>(bytes.size()) ? bytes[l] : 0.0);
+  }
+  full_bytes_ = tail_bytes_[layers];
+  for (const NodeOrder& o : space.orders) {
+    std::vector<int> pos(space.gpus + 1, -1);
+    int n = 0;
+    for (int r = 0; r <= space.gpus; ++r)
+      if (o.node_start(r)) pos[r] = n++;
+    position_.push_back(std::move(pos));
+    positions_.push_back(n);
+    const std::size_t cells = static_cast<std::size_t>(n) * n * (space.max_tp + 1) * 2;
+    rates_.emplace_back(new std::atomic<double>[cells]);
+    for (std::size_t i = 0; i < cells; ++i) rates_.back()[i].store(std::numeric_limits<double>::quiet_NaN());
+  }
+}
+
+std::pair<double, double> SuffixBoundBuilder::tail_rate(const NodeOrder& o, int r, int s, int tp) const {
+  const int n = positions_[o.index];
+  const std::size_t cell =
+      ((static_cast<std::size_t>(position_[o.index][r]) * n + position_[o.index][r + s]) * (space_.max_tp + 1) + tp) * 2;
+  std::atomic<double>* rate = rates_[o.index].get() + cell;
+  double ar = rate[0].load(std::memory_order_relaxed), step = rate[1].load(std::memory_order_relaxed);
+  if (!std::isnan(ar) && !std::isnan(step)) return {ar, step};
+  // (Racing threads compute the same values.)
+  StageChoice c;
+  c.begin = r;
+  c.size = s;
+  c.st = Strategy{s / tp, tp};
+  c.layer_begin = 0;
+  c.layer_end = space_.layers;
+  std::vector<FastStageCost> costs(space_.num_setups());
+  ar = 0;
+  step = 0;
+  if (full_params_on_rank_[tp] > 0 && full_bytes_ > 0 && o.cost->stage(c, 0, 1, 1, space_.gbs, costs.data())) {
+    ar = step = kInf;
+    for (const FastStageCost& fc : costs) {
+      ar = std::min(ar, fc.allreduce_ms);
+      step = std::min(step, fc.optimizer_ms);
+    }
+    ar = std::isfinite(ar) ? std::max(0.0, ar) / full_params_on_rank_[tp] : 0.0;
+    step = std::isfinite(step) ? std::max(0.0, step) / full_bytes_ : 0.0;
+  }
+  rate[0].store(ar, std::memory_order_relaxed);
+  rate[1].store(step, std::memory_order_relaxed);
+  return {ar, step};
+}
 
 void SuffixBoundBuilder::build_last_stages(int group, SuffixBound* bound) const {
   const NodeOrder& o = space_.order_of_group(group);
@@ -264,6 +388,7 @@ void SuffixBoundBuilder::build_last_stages(int group, SuffixBound* bound) const 
   bound->paths.assign(static_cast<std::size_t>(bound->depth + 1) * (space_.gpus + 1) * (space_.layers + 1), kInf);
   bound->last_trips.assign(bound->paths.size(), kInf);
   bound->first_trips.assign(bound->paths.size(), kInf);
+  if (tails_on_) bound->tail_paths.assign(bound->paths.size(), kInf);
   relax(group, bound, true);
 }
 
@@ -279,7 +404,7 @@ void SuffixBoundBuilder::relax(int group, SuffixBound* bound, bool last_stages) 
   const int micro_batches = space_.micro_batches_of_group(group), gpus = space_.gpus;
   Pass pass{bound,           o, *bound->estimator, micro_batches, space_.gbs / micro_batches, last_stages,
             path_coefficients(simulator_.options().schedule, micro_batches, space_.max_stages),
-            std::vector<StageEstimate>(space_.layers)};
+            std::vector<StageEstimate>(space_.layers), std::vector<double>(space_.layers + 1, 0.0)};
   for (int r = gpus - 1; r >= 0; --r) {
     if (space_.whole_nodes && !o.node_start(r)) continue;
     if (!last_stages && control_.check_stop()) return;
@@ -311,10 +436,16 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
   double* path_data = bound->paths.data();
   double* last_trip_data = bound->last_trips.data();
   double* first_trip_data = bound->first_trips.data();
+  double* tail_data = tails_on_ ? bound->tail_paths.data() : nullptr;
+  std::pair<double, double> rate{0.0, 0.0};
+  if (tails_on_) rate = tail_rate(o, r, s, tp);
   for (int l = 0; l < layers; ++l) {
     const std::size_t here = bound->index(0, r, l);
     const int e_fit = first_layer_past_memory(tables_.states_row(tp, s / tp, l), capacity, l, layers);
     if (e_fit == l + 1) continue;  // not even layer l alone fits
+    if (tails_on_)
+      for (int e = l + 1; e <= layers; ++e)
+        pass.tail_row[e] = rate.first * tail_params(tp, l, e) + rate.second * tail_bytes(l, e);
     if (ends_ranks) {  // the last stage: its entries q = 1
       if (e_fit <= layers) continue;
       const StageEstimate x = cached ? cached[span_index(layers, l, layers)] : est.estimate(r, s, tp, l, layers, homo, inside);
@@ -324,6 +455,9 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
       path_data[here + 1] = std::min(path_data[here + 1], busy);
       last_trip_data[here + 1] = std::min(last_trip_data[here + 1], csum);
       first_trip_data[here + 1] = std::min(first_trip_data[here + 1], c0);
+      // (A pipeline of this one stage: its parameters differ (tied embeddings); the root's exact tail covers it.)
+      if (tail_data)
+        tail_data[here + 1] = std::min(tail_data[here + 1], busy - sb + (r == 0 && l == 0 ? 0.0 : pass.tail_row[layers]));
       continue;
     }
     // Layers [l, e) for e < L (a stage follows), as one row of estimates.
@@ -332,8 +466,77 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
     if (!cached)
       for (int e = l + 1; e < e_end; ++e) pass.row[e - l - 1] = est.estimate(r, s, tp, l, e, homo, inside);
     relax_row_(xs, l + 1, e_end, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold, pass.coef.data(), path_data, last_trip_data, first_trip_data,
-               bound->index(0, r + s, 0) - 1, path_data + here, last_trip_data + here, first_trip_data + here);
+               bound->index(0, r + s, 0) - 1, path_data + here, last_trip_data + here, first_trip_data + here,
+               pass.tail_row.data(), tail_data, tail_data ? tail_data + here : nullptr);
   }
+}
+
+bool SuffixBoundBuilder::argmin_stages(int group, const SuffixBound& bound, int q, int r, int l,
+                                       std::vector<StageChoice>* out) const {
+  if (bound.paths.empty() || !bound.estimator || q < 1 || q > bound.depth) return false;
+  const NodeOrder& o = space_.order_of_group(group);
+  const StageEstimator& est = *bound.estimator;
+  const int micro_batches = space_.micro_batches_of_group(group), micro_batch = space_.gbs / micro_batches;
+  const int gpus = space_.gpus, layers = space_.layers;
+  const std::vector<double> coef = path_coefficients(simulator_.options().schedule, micro_batches, bound.depth);
+  const int stride = bound.depth + 1;
+  for (int k = q; k >= 1; --k) {
+    if (!std::isfinite(bound.paths[bound.index(k, r, l)])) return false;
+    double best = kInf;
+    StageChoice pick;
+    for (int s = k == 1 ? gpus - r : 1; s <= (k == 1 ? gpus - r : gpus - r - 1); ++s) {
+      if (space_.whole_nodes && !o.node_start(r + s)) continue;
+      const bool homo = o.homogeneous(r, s);
+      for (int tp = 1; tp <= std::min(s, space_.max_tp); ++tp) {
+        if (s % tp != 0 || s / tp > micro_batch || !o.tp_profiled(r, s, tp)) continue;
+        const bool inside = o.tp_inside_nodes(r, s, tp);
+        if (!options_.allow_cross_node_tp && !inside) continue;
+        double sf, sb;
+        est.sends(r, s, tp, homo, &sf, &sb);
+        const int e_fit = first_layer_past_memory(tables_.states_row(tp, s / tp, l), o.capacity(r, s), l, layers);
+        const int e_lo = k == 1 ? layers : l + 1, e_hi = k == 1 ? layers : std::min(layers - (k - 1), e_fit - 1);
+        if (k == 1 && e_fit <= layers) continue;
+        const std::pair<double, double> rate = tails_on_ ? tail_rate(o, r, s, tp) : std::pair<double, double>{0, 0};
+        for (int e = e_lo; e <= e_hi; ++e) {
+          const StageEstimate x = est.estimate(r, s, tp, l, e, homo, inside);
+          if (!std::isfinite(x.t)) continue;
+          const double busy = micro_batches * x.t + (micro_batches - 1) * x.a + sb;
+          double v = busy;
+          if (k > 1) {
+            const std::size_t next = bound.index(k - 1, r + s, e);
+            const double c0 = x.t + sf + sb, csum = c0 + (micro_batches > 1 ? x.a : 0.0);
+            const double end = coef[k] * x.t + coef[stride + k] * x.f + coef[2 * stride + k] * x.b +
+                               coef[3 * stride + k] * x.a + sf + sb + bound.last_trips[next];
+            const double start = coef[4 * stride + k] * x.t + coef[5 * stride + k] * x.f +
+                                 coef[6 * stride + k] * x.b + coef[7 * stride + k] * x.a + sf + sb +
+                                 bound.first_trips[next];
+            const double trips = coef[8 * stride + k] * x.t + coef[9 * stride + k] * x.b +
+                                 coef[10 * stride + k] * x.a + coef[11 * stride + k] * sf + sb +
+                                 coef[12 * stride + k] * bound.first_trips[next] +
+                                 coef[13 * stride + k] * bound.last_trips[next];
+            v = std::max({busy, csum + bound.paths[next], end, start});
+            if (trips > v) v = trips;
+            if (!bound.tail_paths.empty())
+              v = std::max({v, x.f + sf + bound.tail_paths[next],
+                            busy - sb + rate.first * tail_params(tp, l, e) + rate.second * tail_bytes(l, e)});
+          }
+          if (v < best) {
+            best = v;
+            pick.begin = r;
+            pick.size = s;
+            pick.st = Strategy{s / tp, tp};
+            pick.layer_begin = l;
+            pick.layer_end = e;
+          }
+        }
+      }
+    }
+    if (!std::isfinite(best)) return false;
+    out->push_back(pick);
+    r += pick.size;
+    l = pick.layer_end;
+  }
+  return r == gpus && l == layers;
 }
 
 void SuffixBoundBuilder::finish(SuffixBound* bound) const {

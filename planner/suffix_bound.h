@@ -11,6 +11,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <utility>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -41,6 +43,11 @@ struct SuffixBound {
   // backwards with accumulation, sends); first_trips the same for micro-batch 0 (no accumulation).
   // Infinity where none exists.
   std::vector<double> last_trips, first_trips;
+  // tail_paths[q][r][l] (whole-node tables with tails_on, else empty): a lower bound, over every way to
+  // form the q stages, on the time from micro-batch 0's arrival at the first of them to the end of the
+  // iteration: for some stage j of them, the forward chain to j (its forwards and sends), then all j's
+  // compute, then its gradient all-reduce and optimizer step (SuffixBoundBuilder::tail_rate).
+  std::vector<double> tail_paths;
   // paths_env: see path_floor (built where only the last stages' entries are: a small table).
   std::vector<double> paths_env;
   // Without the table (too large): the throughput bound. Stage j's m forwards and backwards take at
@@ -68,6 +75,9 @@ struct SuffixBound {
     if (paths_min.empty() || q > depth) return throughput_bound(r, std::max(l, layers - q));  // each takes a layer
     return paths_min[index(q, r, l)];
   }
+  double tail_path(int q, int r, int l) const {
+    return tail_paths.empty() || q == 0 || q > depth ? 0 : tail_paths[index(q, r, l)];
+  }
   double path(int q, int r, int l) const {
     return paths.empty() || q > depth ? throughput_bound(r, l) : paths[index(q, r, l)];
   }
@@ -86,7 +96,7 @@ struct SuffixBound {
   // Frees the tables and the estimator: once the group's units are done, the next group's tables reuse
   // the memory instead of faulting in fresh pages.
   void release() {
-    for (std::vector<double>* v : {&paths, &paths_min, &paths_env, &last_trips, &first_trips})
+    for (std::vector<double>* v : {&paths, &paths_min, &paths_env, &last_trips, &first_trips, &tail_paths})
       std::vector<double>().swap(*v);
     estimator.reset();
   }
@@ -116,6 +126,7 @@ class SuffixBoundBuilder {
                      const PlanSearchOptions& options, bool table_fits);
 
   bool cross_node_tp() const { return options_.allow_cross_node_tp; }
+  Schedule schedule() const { return simulator_.options().schedule; }
   // Creates the group's estimator and its table, and fills the entries of one stage (exact).
   void build_last_stages(int group, SuffixBound* bound) const;
   // Fills the group's entries of two stages and more. These leave out every stage whose own compute
@@ -125,10 +136,35 @@ class SuffixBoundBuilder {
   // The minima over the layers (paths_min, paths_env) from the entries.
   void finish(SuffixBound* bound) const;
 
+  // The stages of a way to form the q stages from rank r and layer l that attains the table's path(q, r,
+  // l) (the dynamic program's argmin, followed stage by stage: at each step the stage, (dp, tp) and last
+  // layer whose step gives the least value, read from the finished entries after it), appended to
+  // `out` in rank order. Each stage is one the table admits (its layers' model states fit its ranks, its
+  // estimate is known). False where path(q, r, l) is infinite or the table is not built that deep.
+  // REQUIRES: build_deeper (or build_last_stages for q = 1) and the estimator still held.
+  bool argmin_stages(int group, const SuffixBound& bound, int q, int r, int l, std::vector<StageChoice>* out) const;
+
+  // Whether the tables carry tail_paths: whole-node stages, every setting's all-reduce and optimizer step
+  // of the plain kind tail_rate bounds (no overlap, DDP, DeepSpeed buffers, offload or LoRA).
+  bool tails_on() const { return tails_on_; }
+  // A lower bound on the all-reduce plus optimizer step (ms, the least over the settings) of stage [r, r +
+  // s) at (s / tp, tp) with layers [l, e) of a pipeline of two stages or more (`l`, `e` not 0 and the
+  // layers both): rate.first x its parameters on a rank + rate.second x its layers' parameter bytes.
+  // The rates are the stage's costs with every layer (PlanCostModel::stage) over those two sizes: an
+  // all-reduce's time is the slowest of its tp slices of the least of ring, tree and hierarchical, each
+  // made of affine functions of the bytes with non-negative terms, so its time per byte only falls as
+  // the bytes grow, and it is at least its value at the whole model's bytes scaled down; the step's time
+  // is proportional to the layers' bytes (planner/plan_search.md). Computed once per (node order, r, s,
+  // tp). Thread-safe. REQUIRES: tails_on().
+  std::pair<double, double> tail_rate(const NodeOrder& o, int r, int s, int tp) const;
+  // Parameters on a rank of layers [l, e) at tp in a pipeline of two or more stages; their bytes.
+  double tail_params(int tp, int l, int e) const { return tail_params_[tp][e] - tail_params_[tp][l]; }
+  double tail_bytes(int l, int e) const { return tail_bytes_[e] - tail_bytes_[l]; }
+
   // The builds of the dynamic program's rows (relax_row in suffix_bound.cc): one for this CPU.
   using RelaxRow = void (*)(const stage_estimates::StageEstimate*, int, int, int, int, int, int, double, double,
                             double, const double*, const double*, const double*, const double*, std::size_t, double*,
-                            double*, double*);
+                            double*, double*, const double*, const double*, double*);
 
  private:
   struct Pass;
@@ -147,7 +183,17 @@ class SuffixBoundBuilder {
   const PlanSearchOptions& options_;
   const bool table_fits_;
   const bool full_params_;  // every setup trains every parameter (accumulation is not scaled down)
+  const bool tails_on_;
   const RelaxRow relax_row_;
+  // tail_rate's data: [tp][layer] prefix sums of a rank's parameters (pipeline of two stages or more),
+  // the prefix sums of the layers' bytes, their whole-model values (one stage), and per node order the
+  // rates by (position of r, position of r + s, tp), NaN until computed.
+  std::vector<std::vector<double>> tail_params_;
+  std::vector<double> tail_bytes_, full_params_on_rank_;
+  double full_bytes_ = 0;
+  std::vector<std::vector<int>> position_;  // [order][rank]: its index among the order's stage starts, or -1
+  std::vector<int> positions_;              // [order]: stage starts (the end included)
+  std::vector<std::unique_ptr<std::atomic<double>[]>> rates_;
 };
 
 }  // namespace hetplan

@@ -33,7 +33,7 @@ bin=${HETPLAN_BIN:-build-gpu/hetplan}
 rounds=${ROUNDS:-3} warmup=${WARMUP:-3} iters=${ITERS:-8} budget=${BUDGET_S:-285}
 machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
 torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')
-echo "machine: ${DEVICE_KIND:-GPU machine}: ${machine}; torch ${torchv}; $(nproc) CPU cores; hetplan $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee "$res/machine.txt"
+echo "machine: ${DEVICE_KIND:-GPU machine}: ${machine}; torch ${torchv}; $(nproc) CPU cores; hetplan ${HETPLAN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}" | tee "$res/machine.txt"
 { nvidia-smi; nvidia-smi topo -m; } >> "$res/machine.txt" 2>&1
 
 py=(python3 scripts/gpu_zero3_race.py)

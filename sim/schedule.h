@@ -198,4 +198,24 @@ inline PathOpCounts start_path_counts(Schedule schedule, int after, int m) {
   return {last_forwards + forwards_after, m, m - 1};
 }
 
+// A third chain, 1F1B only: micro-batch 0 arrives at j, and j's forward of micro-batch i, its round trip
+// through the stages after j and j's backward of i follow one another h times: i = 0, w + 1, 2 (w + 1),
+// ... (w = j's warm-up forwards), since under 1F1B the op right after j's backward of i is its forward of
+// i + w + 1 while that exists; then j runs the backwards left after the last such i. Counts of j's ops
+// (forwards, backwards, accumulations), and `trips`: the round trips on the chain, the first micro-batch
+// 0's (no accumulation), the other trips - 1 with accumulation, each after one forward send of j. Under
+// GPipe and interleaving: all zero (no such chain is claimed).
+struct MultiTripCounts {
+  int forwards = 0, backwards = 0, accumulations = 0, trips = 0;
+};
+
+inline MultiTripCounts multi_trip_counts(Schedule schedule, int after, int m) {
+  if (schedule != Schedule::k1F1B || after < 1 || m < 1) return {};
+  const int w = warmup_forwards(schedule, after + 1, 0, m);
+  const int trips = 1 + (m - 1) / (w + 1);
+  const int last = (trips - 1) * (w + 1);  // the last micro-batch on the chain
+  const int backwards = trips + (m - 1 - last);
+  return {trips, backwards, backwards - 1, trips};
+}
+
 }  // namespace hetplan

@@ -9,6 +9,7 @@
 
 #include "base/input_error.h"
 #include "sim/schedule.h"
+#include "sim/timeline.h"
 
 using namespace hetplan;
 
@@ -143,6 +144,95 @@ TEST_CASE("the bounds' path counts equal the chains of the op order and the sear
         check_equal(end_path_counts(s, after, m), planner_end_path(s, after, m));
         check_equal(start_path_counts(s, after, m), planner_start_path(s, after, m));
       }
+}
+
+namespace {
+
+// The multi-trip chain read off the op order: stage 0 of after + 1 stages runs micro-batch i's forward,
+// its round trip, its backward, and again from the forward that comes right after that backward, while
+// one does; then the backwards left. Counts of its ops on the chain and the round trips.
+MultiTripCounts multi_trip_chain(Schedule schedule, int after, int m) {
+  const StageOps ops(schedule, after + 1, 0, m);
+  MultiTripCounts c;
+  int q = 0;  // the chain's next forward's position in the order
+  for (;;) {
+    const int i = ops[q].micro_batch;
+    ++c.forwards;
+    ++c.trips;
+    int b = 0;  // i's backward's position
+    while (ops[b].forward || ops[b].micro_batch != i) ++b;
+    c.backwards += 1;
+    c.accumulations += i > 0;
+    if (b + 1 < ops.size() && ops[b + 1].forward) {
+      q = b + 1;
+      continue;
+    }
+    for (int r = b + 1; r < ops.size(); ++r) {  // the backwards left
+      REQUIRE_FALSE(ops[r].forward);
+      c.backwards += 1;
+      c.accumulations += ops[r].micro_batch > 0;
+    }
+    return c;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the multi-trip chain's counts are the 1F1B op order's, and the timeline is never shorter", "[schedule]") {
+  for (int after = 1; after <= 7; ++after)
+    for (int m = 1; m <= 12; ++m) {
+      INFO("after " << after << " m " << m);
+      const MultiTripCounts a = multi_trip_counts(Schedule::k1F1B, after, m), b = multi_trip_chain(Schedule::k1F1B, after, m);
+      CHECK(a.forwards == b.forwards);
+      CHECK(a.backwards == b.backwards);
+      CHECK(a.accumulations == b.accumulations);
+      CHECK(a.trips == b.trips);
+      CHECK(multi_trip_counts(Schedule::kGpipe, after, m).trips == 0);
+    }
+  CHECK(multi_trip_counts(Schedule::k1F1B, 6, 8).trips == 2);  // 7 stages, 8 micro-batches: 0 and 7
+  CHECK(multi_trip_counts(Schedule::k1F1B, 0, 8).trips == 0);  // no stage after: no round trip
+  // The chain through stage 0 is a path of the timeline's task graph: on uneven stages the iteration is at
+  // least its length (the round trips at their fewest ops: every later stage's forward and backward, the
+  // sends both ways, accumulation after micro-batch 0).
+  unsigned seed = 12345;
+  auto next = [&] {
+    seed = seed * 1103515245u + 12345u;
+    return 0.1 + (seed >> 8) % 1000 / 100.0;
+  };
+  int tighter = 0;
+  for (int p = 2; p <= 7; ++p)
+    for (int m = 1; m <= 12; ++m)
+      for (int trial = 0; trial < 3; ++trial) {
+        TimelineInput in;
+        in.microbatches = m;
+        in.schedule = Schedule::k1F1B;
+        for (int j = 0; j < p; ++j) {
+          StageCosts c;
+          c.forward_ms = next();
+          c.backward_ms = 2 * next();
+          c.accumulation_ms = next() / 4;
+          c.send_forward_ms = j + 1 < p ? next() / 8 : 0;
+          c.send_backward_ms = j > 0 ? next() / 8 : 0;
+          in.stages.push_back(c);
+        }
+        const double iteration = simulate_timeline(in).iteration_ms;
+        const MultiTripCounts h = multi_trip_counts(Schedule::k1F1B, p - 1, m);
+        double trip0 = 0;  // micro-batch 0's round trip from stage 0's send to its arrival back
+        for (int j = 1; j < p; ++j)
+          trip0 += in.stages[j].forward_ms + in.stages[j].backward_ms + in.stages[j].send_backward_ms +
+                   (j + 1 < p ? in.stages[j].send_forward_ms : 0.0);
+        double trip = trip0;  // a later micro-batch's: with accumulation
+        for (int j = 1; j < p; ++j) trip += in.stages[j].accumulation_ms;
+        const StageCosts& s0 = in.stages[0];
+        const double chain = h.forwards * s0.forward_ms + h.backwards * s0.backward_ms + h.accumulations * s0.accumulation_ms +
+                             h.trips * s0.send_forward_ms + trip0 + (h.trips - 1) * trip;
+        INFO("p " << p << " m " << m << " trial " << trial);
+        CHECK(chain <= iteration * (1 + 1e-12));
+        // Where it counts more than one trip, it is more than the start path's chain (one trip).
+        const double one_trip = s0.forward_ms + s0.send_forward_ms + trip0 + m * s0.backward_ms + (m - 1) * s0.accumulation_ms;
+        tighter += h.trips > 1 && chain > one_trip;
+      }
+  CHECK(tighter > 20);
 }
 
 TEST_CASE("schedules parse and print", "[schedule]") {
