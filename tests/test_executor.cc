@@ -906,7 +906,7 @@ TEST_CASE("ZeRO-3 keeps a unit's weights only while it computes: freed after con
   CHECK(moved > 0);
 }
 
-TEST_CASE("ZeRO-2/3 hold a unit's gradients until it is complete; a second gradient of a parameter is summed in fp32",
+TEST_CASE("ZeRO-2/3 hold a unit's gradients until it is complete, and a second gradient of a parameter is summed in fp32",
           "[executor][zero]") {
   for (int stage : {2, 3}) {
     CAPTURE(stage);
