@@ -24,33 +24,21 @@ std::string LaunchModel::describe() const {
   return buf;
 }
 
-namespace {
-
-// The H200 probe's figures (logs/validate/host-probe-h200/host_probe_{micro,dist}.json through host_costs_from_probe).
-struct ProbeFigures {
-  double forward_op_us, backward_kernel_us, checkpoint_forward_us, checkpoint_backward_us, ddp_param_us,
-      fsdp2_module_us, fsdp2_param_us, adam_step_us, adam_tensor_us, nograd_op_us;
-};
-constexpr ProbeFigures kH200Probe{29.61473621102388, 20.7220805902417,  343.4415416669149, 514.0016094125971,
-                                  48.24798972601398, 1510.532198347385, 162.1759008264461, 29.050029999950752,
-                                  2.4215324000010696, 11.365174711763053};
-
-}  // namespace
-
 HostCosts default_host_costs() {
-  // logs/validate/host-probe-h200/ (scripts/gpu_host_probe.sh on 2 x H200, torch 2.11; sim/runtime_overheads.md shows
-  // each figure's arithmetic). read_host_probe(that file) gives the same numbers (tests/test_whatif.cc).
+  // The H200 probe's figures: logs/validate/host-probe-h200/ (scripts/gpu_host_probe.sh on 2 x H200, torch 2.11)
+  // through host_costs_from_probe; sim/runtime_overheads.md shows each figure's arithmetic, and
+  // read_host_probe(that file) gives the same numbers (tests/test_whatif.cc).
   HostCosts c;
-  c.forward_op_us = kH200Probe.forward_op_us;
-  c.backward_kernel_us = kH200Probe.backward_kernel_us;
-  c.checkpoint_forward_us = kH200Probe.checkpoint_forward_us;
-  c.checkpoint_backward_us = kH200Probe.checkpoint_backward_us;
-  c.ddp_param_us = kH200Probe.ddp_param_us;
-  c.fsdp2_module_us = kH200Probe.fsdp2_module_us;
-  c.fsdp2_param_us = kH200Probe.fsdp2_param_us;
-  c.adam_step_us = kH200Probe.adam_step_us;
-  c.adam_tensor_us = kH200Probe.adam_tensor_us;
-  c.nograd_op_us = kH200Probe.nograd_op_us;
+  c.forward_op_us = 29.61473621102388;
+  c.backward_kernel_us = 20.7220805902417;
+  c.checkpoint_forward_us = 343.4415416669149;
+  c.checkpoint_backward_us = 514.0016094125971;
+  c.ddp_param_us = 48.24798972601398;
+  c.fsdp2_module_us = 1510.532198347385;
+  c.fsdp2_param_us = 162.1759008264461;
+  c.adam_step_us = 29.050029999950752;
+  c.adam_tensor_us = 2.4215324000010696;
+  c.nograd_op_us = 11.365174711763053;
   c.source = "H200 host probe (logs/validate/host-probe-h200)";
   return c;
 }
