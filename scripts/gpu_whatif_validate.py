@@ -355,18 +355,16 @@ def memory_census(args):
 
 # ------------------------------------------------------------------ decode
 
-def decode(args):
-    import torch
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    dev = torch.device("cuda")
-    s = LLAMA3B
+def hf_llama_decoder(torch, F, dev, s, T):
+    """A Llama decoder written op for op as Hugging Face transformers' eager LlamaDecoderLayer (fp32 RMSNorm,
+    rotate_half RoPE, repeat_kv, SDPA with a mask over a static KV cache of T positions), bf16 weights (random)
+    of shape `s` (LLAMA3B's keys). The one copy of the decode loop: `decode` runs it at LLAMA3B's size and
+    scripts/gpu_host_probe.py at a tiny width (the host's cost per op does not depend on the width).
+    Returns step(tok, pos) -- one greedy decode step: the last token's logits, the argmax into `tok` [1, 1],
+    pos [1] advanced -- and forward(ids [1, n], pos [n]) (writes the cache at pos; returns the last token's
+    fp32 logits)."""
     h, nh, nkv, hd, L = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["blocks"]
-    P, O = args.prompt, args.output
-    T = P + O
     dt = torch.bfloat16
-    results = []
 
     def w(*shape):
         return (torch.randn(*shape, device=dev, dtype=torch.float32) * 0.02).to(dt)
@@ -401,7 +399,6 @@ def decode(args):
         return x[:, :, None].expand(b, k, g, n, d).reshape(b, k * g, n, d)
 
     def forward(ids, pos):
-        """ids [1, n], pos [n] (device tensors); writes the cache at pos; returns the last token's logits."""
         n = ids.shape[1]
         x = F.embedding(ids, emb)
         cos, sin = rope(pos)
@@ -426,14 +423,31 @@ def decode(args):
         x = rms(x[:, -1:], ln_f)
         return F.linear(x, emb).float()
 
-    prompt = torch.randint(s["vocab"], (1, P), device=dev)
+    def step(tok, pos):
+        logits = forward(tok, pos)
+        tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        pos.add_(1)
+
+    return step, forward
+
+
+def decode(args):
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    P, O = args.prompt, args.output
+    T = P + O
+    results = []
+    dec_step, forward = hf_llama_decoder(torch, F, dev, LLAMA3B, T)
+
+    prompt = torch.randint(LLAMA3B["vocab"], (1, P), device=dev)
     tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
     pos = torch.zeros(1, dtype=torch.long, device=dev)
 
     def step():
-        logits = forward(tok, pos)
-        tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
-        pos.add_(1)
+        dec_step(tok, pos)
 
     graph = None
     for runtime in args.runtimes.split(","):
