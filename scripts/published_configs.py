@@ -334,7 +334,8 @@ changed: every row uses the catalogue's A100 and the default rates.
   (NVIDIA/Megatron-LM) has two mechanisms hetplan does not model, sized by the sensitivity table: the
   asynchronous tensor-parallel all-reduce of a column-parallel layer's input gradient beside its
   weight-gradient GEMM (opt-in from cf7efd4, 2021-08-30, on by default from 83b1e42, 2022-02-13; after the
-  SC'21 runs and their examples/sc21 scripts of 2021-08-10): 1T full -12.8% -> -11.1%; and gradient accumulation fusion (83b1e42
+  SC'21 runs and their examples/sc21 scripts of 2021-08-10): 1T full -12.8% -> -11.1% (an upper bound: the
+  GEMM's slowdown beside the all-reduce is not charged); and gradient accumulation fusion (83b1e42
   too), which in that code ran only with fp32 gradient accumulation (bf16, or fp16 with
   --accumulate-allreduce-grads-in-fp32; fp16 got it in 07916bf, 2022-09-27) and Calculon transcribes these
   runs as fp16, so it is not applied: with it, -7.5%. The container and library versions of the 2022 runs
