@@ -551,6 +551,14 @@ def summary(args):
                      f"worst memory {max(m_err):.1f}%")
     if missing:
         lines.append("Not measured (predicted only): " + ", ".join(missing))
+    # Diagnosis (compared with nothing): when the host had issued each step, against the step; each step's
+    # allocator peak (DDP rebuilds its buckets in the second step).
+    diag = [m for m in meas if "host_issue_ms" in m]
+    if diag:
+        lines += ["", "| case | host issued ms (median) | step ms | allocator peak per step, GiB |", "|---|---|---|---|"]
+        for m in diag:
+            peaks = " ".join(f"{b / 2**30:.2f}" for b in m.get("peak_allocated_bytes_per_step", []))
+            lines.append(f"| {m['mode']}-{m['case']} | {m['host_issue_ms']:.1f} | {m['step_ms']:.1f} | {peaks} |")
     open(args.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
