@@ -1,5 +1,6 @@
 #include "sim/runtime_overheads.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -80,9 +81,21 @@ double hf_decode_kernels_per_step(const ModelShape& m) {
 
 double ddp_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
   if (!d.model) return 0.0;
-  const double own_storage = d.gradient_as_bucket_view ? 0.0 : gradient_bytes;
-  const double held_at_rebuild = d.old_buckets_held_at_rebuild ? gradient_bytes : 0.0;
-  return own_storage + held_at_rebuild;
+  return d.gradient_as_bucket_view ? 0.0 : gradient_bytes;
+}
+
+double ddp_old_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
+  return d.model && d.old_buckets_held_at_rebuild ? gradient_bytes : 0.0;
+}
+
+double old_buckets_alive_share(const DdpBuckets& d, double before_rebuild_ms, double after_rebuild_ms) {
+  if (d.watchdog_period_ms <= 0) return 0.0;
+  return std::clamp(1.0 - (before_rebuild_ms + after_rebuild_ms) / d.watchdog_period_ms, 0.0, 1.0);
+}
+
+void old_buckets_phases(DdpBuckets& d, double before_rebuild_ms, double activation_peak_ms, double gradient_peak_ms) {
+  d.old_at_activation_peak = old_buckets_alive_share(d, before_rebuild_ms, activation_peak_ms) >= 0.5;
+  d.old_at_gradient_peak = old_buckets_alive_share(d, before_rebuild_ms, gradient_peak_ms) >= 0.5;
 }
 
 }  // namespace hetplan
