@@ -407,6 +407,7 @@ struct WhatifArgs {
   std::string runtime = "eager";
   double eager_op_us = 0, graph_kernel_us = 0;
   std::string host_probe;
+  double host_speed = 1;
   bool unfused_attention = false;
   std::string deepspeed_config;
   bool micro_batch_given = false, gbs_given = false;
@@ -644,6 +645,7 @@ WhatifInput whatif_input(const WhatifArgs& a) {
   if (in.calibration.kernel_floor_us > 0 || in.calibration.eager_op_us > 0) in.launch.source = "measured (" + in.calibration.path + ")";
   if (in.calibration.kernel_floor_us > 0) in.launch.graph_kernel_us = in.calibration.kernel_floor_us;
   if (!a.host_probe.empty()) in.launch.host = read_host_probe(a.host_probe);
+  if (a.host_speed != 1) in.launch.host = scaled_host_costs(in.launch.host, a.host_speed);
   if (in.calibration.eager_op_us > 0) {
     in.launch.host.nograd_op_us = in.calibration.eager_op_us;
     in.launch.host.source += "; eager op " + fixed(in.calibration.eager_op_us, 2) + " us (" + in.calibration.path + ")";
@@ -988,6 +990,12 @@ Runner add_whatif_command(CLI::App& app) {
                 "The host's per-op costs for --runtime eager: a host_probe_micro.json written by "
                 "scripts/gpu_host_probe.sh (a host_probe_dist.json beside it adds DDP's and FSDP2's hook costs); "
                 "default: the H200 host's probe (logs/validate/host-probe-h200/)");
+  s->add_option("--host-speed", a->host_speed,
+                "The host's time per op against --host-probe's (or the default probe's) when it was measured: every "
+                "host cost times this (1.2: the host 20% slower now). scripts/gpu_whatif_validate.sh takes it from a "
+                "short re-probe right before each case")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 20.0));
   s->add_option("--eager-op-us", a->eager_op_us,
                 "Host time of an op issued from Python with autograd off (decode), in microseconds (default: the "
                 "profile's whatif_calibration.json inference.eager_op_us, else the host probe's)");

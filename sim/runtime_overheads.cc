@@ -173,6 +173,16 @@ HostCosts read_host_probe(const std::string& path) {
   return host_costs_from_probe(micro, path, &dist, dist_path);
 }
 
+HostCosts scaled_host_costs(const HostCosts& c, double factor) {
+  HostCosts s = c;
+  for (double* x : {&s.forward_op_us, &s.backward_kernel_us, &s.checkpoint_forward_us, &s.checkpoint_backward_us,
+                    &s.ddp_param_us, &s.fsdp2_module_us, &s.fsdp2_param_us, &s.adam_step_us, &s.adam_tensor_us,
+                    &s.zero_grad_tensor_us, &s.nograd_op_us})
+    *x *= factor;
+  if (factor != 1) s.source += " x " + std::to_string(factor).substr(0, 6) + " (the host's speed re-probed)";
+  return s;
+}
+
 EagerOps& EagerOps::operator+=(const EagerOps& o) {
   forward_ops += o.forward_ops, backward_kernels += o.backward_kernels, backward_nodes += o.backward_nodes;
   return *this;

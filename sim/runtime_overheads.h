@@ -79,6 +79,10 @@ HostCosts default_host_costs();
 // host_probe_dist.json beside it adds the DDP and FSDP2 figures (else those stay the defaults').
 // Throws InputError naming the file and key when a figure is missing or not a positive number.
 HostCosts read_host_probe(const std::string& path);
+// Every cost times `factor`, the host's time per op now against when the costs were measured (a short re-probe's
+// ratio: 1.2, the host 20% slower). The counts the host model multiplies them by do not depend on the host.
+// REQUIRES: factor > 0.
+HostCosts scaled_host_costs(const HostCosts& c, double factor);
 // The same from parsed JSON (`dist` may be null).
 HostCosts host_costs_from_probe(const ordered_json& micro, const std::string& micro_path, const ordered_json* dist,
                                 const std::string& dist_path);

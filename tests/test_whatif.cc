@@ -627,6 +627,35 @@ TEST_CASE("host model: the defaults are the H200 probe's figures", "[whatif][run
   }
 }
 
+TEST_CASE("host model: a re-probed host's speed scales every host cost, and so the host's step", "[whatif][runtime][host]") {
+  const HostCosts d = default_host_costs();
+  const HostCosts s = scaled_host_costs(d, 1.25);
+  CHECK(s.forward_op_us == Approx(1.25 * d.forward_op_us).epsilon(1e-12));
+  CHECK(s.backward_kernel_us == Approx(1.25 * d.backward_kernel_us).epsilon(1e-12));
+  CHECK(s.checkpoint_forward_us == Approx(1.25 * d.checkpoint_forward_us).epsilon(1e-12));
+  CHECK(s.checkpoint_backward_us == Approx(1.25 * d.checkpoint_backward_us).epsilon(1e-12));
+  CHECK(s.ddp_param_us == Approx(1.25 * d.ddp_param_us).epsilon(1e-12));
+  CHECK(s.fsdp2_module_us == Approx(1.25 * d.fsdp2_module_us).epsilon(1e-12));
+  CHECK(s.fsdp2_param_us == Approx(1.25 * d.fsdp2_param_us).epsilon(1e-12));
+  CHECK(s.adam_step_us == Approx(1.25 * d.adam_step_us).epsilon(1e-12));
+  CHECK(s.adam_tensor_us == Approx(1.25 * d.adam_tensor_us).epsilon(1e-12));
+  CHECK(s.zero_grad_tensor_us == Approx(1.25 * d.zero_grad_tensor_us).epsilon(1e-12));
+  CHECK(s.nograd_op_us == Approx(1.25 * d.nograd_op_us).epsilon(1e-12));
+  // whatif --host-speed: the host's time to issue the step is linear in the costs, so it doubles.
+  const auto dir = test::scratch_dir("whatif-host-speed");
+  auto host_ms = [&](const std::string& extra) {
+    const std::string json = (dir / "w.json").string();
+    const test::CommandResult r = test::run_hetplan("whatif --hf-config " + hf("llama-3.2-3b.json") +
+                                                    " --gpu H100 --gpus 1 --seq 1024 --rows \"single GPU\" --json " +
+                                                    json + extra);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return rows_by_name(read_json_file(json))["single GPU"]["host_ms"].get<double>();
+  };
+  CHECK(host_ms(" --host-speed 2") == Approx(2 * host_ms("")).epsilon(1e-9));
+  CHECK(test::run_hetplan("whatif --hf-config " + hf("llama-3.2-3b.json") + " --gpu H100 --host-speed 0").exit_code == 2);
+}
+
 TEST_CASE("host model: the host runs ahead of the GPU until the step's end", "[whatif][runtime][host]") {
   // GPU-bound: forward host 10 (GPU 4): the GPU waits until 10; backward GPU 20 -> 30; optimizer 3 -> 33.
   const double h1[] = {10, 5, 1}, g1[] = {4, 20, 3};
