@@ -248,7 +248,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, bool has_b
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
   if (sequence_parallel_) {
     torch::Tensor y = reduce_scatter_to_sequence_parallel(torch::matmul(x, weight.t()), group_);
-    return bias.defined() ? y + sequence_parallel_param(bias, group_) : y;
+    if (!bias.defined()) return y;
+    return y + (sum_bias_grad_ ? sequence_parallel_param(bias, group_) : bias);
   }
   torch::Tensor y = reduce_from_tensor_parallel(torch::matmul(x, weight.t()), group_);
   return bias.defined() ? y + bias : y;
