@@ -45,10 +45,10 @@ struct SearchArgs {
   bool progress = false, quiet = false;
   bool reject_dropped_layers = false;
   // --cost-model sim: the simulator's iteration time and per-rank memory.
-  std::string cost_model = "sim", schedule = "1f1b", recompute = "none", bandwidth_unit = "GB/s", vp = "1";
+  std::string cost_model = "sim", schedule = "1f1b", recompute = "auto", bandwidth_unit = "GB/s", vp = "1";
   std::string collectives = "measured";
   bool burst_clocks = false;
-  std::string zero = "0";
+  std::string zero = "auto";  // with recompute "auto": the ZeRO stage and recomputation searched (issue 33)
   bool sequence_parallel = false;
   std::string overlap = "off";
   double ddp_bucket_params = 0, comm_slowdown = kCommComputeSlowdown;
@@ -471,8 +471,9 @@ PlanSearchOptions plan_search_options(const SearchArgs& a, const SimulationOptio
   if (result.cut_short) {
     std::string why = "the search was cut short (" + result.cut_reason + ") before it found a plan that fits; "
                       "this does not show that none exists (lower bound so far " + bound_text(result.lower_bound_ms) +
-                      "). Try a longer --time-budget, --zero auto --recompute auto (ZeRO and recomputation "
-                      "save memory), --stage-boundaries node (a smaller space), or --max-stages";
+                      "). Try a longer --time-budget" + std::string(a.zero != "auto" || a.recompute != "auto" ?
+                      ", --zero auto --recompute auto (ZeRO and recomputation save memory)" : "") +
+                      ", --stage-boundaries node (a smaller space), or --max-stages";
     if (!result.first_infeasible_reason.empty()) why += "; first plan out of memory: " + result.first_infeasible_reason;
     throw InputError(a.hostfile + ": no plan found for this cluster (" + std::to_string(cluster.num_devices()) +
                      " GPUs, gbs " + std::to_string(a.gbs) + "): " + why);
@@ -696,11 +697,15 @@ void add_space_flags(CLI::App* s, SearchArgs& a) {
                     std::to_string(kWholeNodeStagesAbove) + " GPUs, else rank)")
       ->capture_default_str();
   s->add_option("--zero", a.zero,
-                "With --cost-model sim: ZeRO stage 0-3, or auto to search every stage as a dimension (each plan "
-                "takes its fastest stage that fits memory)")
+                "With --cost-model sim: ZeRO stage 0-3, or auto (the default) to search every stage as a dimension "
+                "(each plan takes its fastest stage that fits memory); --zero 0 --recompute none searches plain "
+                "data parallelism without recomputation only, as before")
       ->capture_default_str();
   s->add_option("--recompute", a.recompute,
-                "With --cost-model sim: none, selective, full, or auto to search them as a dimension")
+                "With --cost-model sim: none, selective, full, or auto (the default) to search them as a dimension. "
+                "Where no node holds every layer's model states, the settings without full recomputation are "
+                "searched first and full recomputation after, under bounds that price its recomputed forward "
+                "(planner/plan_search.md, \"Settings in parts\")")
       ->capture_default_str();
   s->add_flag("--sequence-parallel", a.sequence_parallel,
               "With --cost-model sim: Megatron sequence parallelism at every tp > 1 (activations between the "

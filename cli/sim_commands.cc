@@ -104,7 +104,8 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
   s->add_flag("--deepspeed-buffers", a.deepspeed_buffers,
               "Count DeepSpeed's default bucket, prefetch and offload staging buffers (sim/offload.h)");
   s->add_flag("--ddp-buckets", a.ddp_buckets,
-              "Without ZeRO: PyTorch DDP's gradient buckets (sim/runtime_overheads.h): a second copy of the gradients, "
+              "Without ZeRO: PyTorch DDP's gradient buckets (sim/runtime_overheads.h): a second copy of the gradients "
+              "(a third at the run's peak: the old buckets, held across DDP's rebuild at the second step), "
               "bucketed all-reduces overlapped with the backward");
   s->add_option("--recompute-every", a.recompute_every,
                 "With --recompute full: checkpoint only every k-th block (selective activation checkpointing)")

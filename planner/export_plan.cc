@@ -85,15 +85,8 @@ std::string training_format(const PlanFile& f, const ParallelLayout* placement, 
 // Megatron-LM splits the attention heads over tp: TransformerConfig needs the heads to be a multiple of tp and the
 // key/value heads (num_query_groups) a multiple or a divisor of it.
 void require_heads_split(const ModelShape& m, int tp, const std::string& where) {
-  const std::string why = "; take a plan whose tp divides them";
-  if (m.num_heads % tp != 0)
-    throw InputError(where + ": the model's " + std::to_string(m.num_heads) + " attention heads do not split over tp " +
-                     std::to_string(tp) + ": Megatron-LM's TransformerConfig needs num_attention_heads to be a " +
-                     "multiple of tp" + why);
-  if (m.num_kv_heads % tp != 0 && tp % m.num_kv_heads != 0)
-    throw InputError(where + ": the model's " + std::to_string(m.num_kv_heads) +
-                     " key/value heads are neither a multiple nor a divisor of tp " + std::to_string(tp) +
-                     ": Megatron-LM's TransformerConfig needs one or the other of num_query_groups" + why);
+  const std::string problem = heads_split_problem(m, tp);
+  if (!problem.empty()) throw InputError(where + ": " + problem + "; take a plan whose tp divides them");
 }
 
 // Samples per replica per micro-batch: Megatron and DeepSpeed split each micro-batch evenly over dp (with

@@ -21,6 +21,7 @@
 #include "sim/profile.h"  // unknown_device_type
 #include "planner/search_control.h"
 #include "planner/search_phases.h"
+#include "planner/search_settings.h"
 #include "planner/search_space.h"
 #include "planner/seed_plans.h"
 #include "planner/shared_bound.h"
@@ -190,13 +191,21 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
 }
 
 PlanSearchResult PlanSearch::run() const {
-  if (opt_.arena) return opt_.arena->execute([&] { return search(); });
-  if (opt_.threads <= 0) return search();
+  if (opt_.arena) return opt_.arena->execute([&] { return search_all(); });
+  if (opt_.threads <= 0) return search_all();
   // An arena of that many slots, not a global_control: lifting a global limit of one thread at the end
   // made TBB start a worker just as the process exited (a thread created and torn down for nothing).
   const auto more_threads_than_cores = allow_threads_beyond_cores(opt_.threads, tbb::info::default_concurrency());
   tbb::task_arena arena(opt_.threads);
-  return arena.execute([&] { return search(); });
+  return arena.execute([&] { return search_all(); });
+}
+
+PlanSearchResult PlanSearch::search_all() const {
+  using Parts = PlanSearchOptions::SettingParts;
+  const bool parts = !opt_.exhaustive && !opt_.seeds_only && opt_.setups.size() > 1 &&
+                     (opt_.setting_parts == Parts::kAlways ||
+                      (opt_.setting_parts == Parts::kAuto && settings_bind_memory(*cluster_, *profiles_, *sim_, opt_.setups)));
+  return parts ? search_in_parts() : search();
 }
 
 PlanSearchResult PlanSearch::search() const {
@@ -204,6 +213,7 @@ PlanSearchResult PlanSearch::search() const {
   // search stopped.
   SearchControl control(SearchControl::Clock::now(), opt_.time_budget_s, opt_.cancel);
   SharedBound shared(opt_.top_k, opt_.gap);
+  for (const auto& [cost, id] : opt_.incumbents) shared.offer(cost, id);
   double floor = 0;  // the throughput bound on every plan, once known
   Periodic setup_progress(setup_reporter(opt_, control, shared, floor));
   std::vector<TrainingSetup> setups = opt_.setups;
@@ -215,16 +225,19 @@ PlanSearchResult PlanSearch::search() const {
   ThroughputRates throughput = throughput_rates(space, *profiles_, *cluster_);
   floor = space_floor(space, throughput);
   if (opt_.exhaustive || opt_.allow_cross_node_tp || table_fits) throughput = ThroughputRates();
+  // Every plan above the threshold the plans of earlier setting parts set (PlanSearchOptions::incumbents):
+  // nothing to search (the bound is the threshold).
+  const bool closed = !opt_.exhaustive && floor > shared.threshold();
   // The suffix tables and the depth-first search leave out stages that cannot fit memory under any setup.
   FeasibilityTables tables(space);
-  if (!opt_.exhaustive) tables.fill(space, *profiles_, *cluster_, control);
+  if (!opt_.exhaustive && !closed) tables.fill(space, *profiles_, *cluster_, control);
 
   // The seed plans: a runnable plan and a threshold before the search proper.
   TopPlans seeds(opt_.top_k);
   SeedStats seeded;
   // (Not under interleaving: the seeds are plain pipelines costed stage by stage, and an interleaved plan needs
   // pp >= 2 and micro-batches a multiple of pp; the interleaved search runs without them.)
-  if (!opt_.exhaustive && sim_->options().schedule != Schedule::kInterleaved1F1B) {
+  if (!opt_.exhaustive && !closed && sim_->options().schedule != Schedule::kInterleaved1F1B) {
     const double seed_time = opt_.time_budget_s > 0 ? std::min(opt_.seed_time_s, 0.25 * opt_.time_budget_s)
                                                     : opt_.seed_time_s;
     seeded = seed_plans(space, least_gpu_ms_per_sample(space, *profiles_, *cluster_), *cluster_, opt_,
@@ -244,7 +257,7 @@ PlanSearchResult PlanSearch::search() const {
   Periodic reporter(progress_reporter(opt_, control, shared, open, space.units_total()));
   SearchWork work{space, control, builder, bounds, stage_search, workers, open, shared, opt_.bounds_pass_above_gpus};
   if (opt_.seeds_only) control.stop_now();
-  if (!control.stopped()) {
+  if (!control.stopped() && !closed) {
     if (kept.kept()) run_in_phases(work);
     else run_in_search_order(work);
   }

@@ -21,6 +21,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/cluster.h"
@@ -89,6 +90,16 @@ struct PlanSearchOptions {
   const std::atomic<bool>* cancel = nullptr;
   // Called about once a second with the progress so far, if set.
   std::function<void(const struct PlanSearchProgress&)> progress;
+  // With several settings, search them in parts (planner/search_settings.h, setting_parts): the settings
+  // without full recomputation jointly, then those with it, under bounds that add its recomputed forward,
+  // the first part's plans setting the threshold of the second from the start. kAuto: in parts where
+  // memory binds (settings_bind_memory), else every setting at once, each partial plan bounded by the
+  // least over the settings. Exhaustive searches always take every setting at once.
+  enum class SettingParts { kAuto, kAlways, kNever };
+  SettingParts setting_parts = SettingParts::kAuto;
+  // Plans found before this search in other parts of the space, as (cost, plan id): they set the
+  // threshold from the start (a plan found again at a lower cost counts once). Set by the setting parts.
+  std::vector<std::pair<double, unsigned long long>> incumbents;
 };
 
 struct PlanSearchProgress {
@@ -164,6 +175,9 @@ class PlanSearch {
 
  private:
   PlanSearchResult search() const;  // run()'s work, in opt_.arena or a task arena of opt_.threads threads
+  // The settings one part at a time (PlanSearchOptions::setting_parts; planner/search_settings.cc).
+  PlanSearchResult search_in_parts() const;
+  PlanSearchResult search_all() const;  // search_in_parts() or search(), as the options ask
   void finish_proof(const class SharedBound& shared, const class OpenBounds& open, const class SearchControl& control,
                     PlanSearchResult* result) const;
 

@@ -18,14 +18,17 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kMaxShareSlicings = 4194304.0;
 constexpr double kMaxStateLbEntries = 33554432.0;  // 2^25 doubles, 256 MB
 
-// Per device type of the cluster: which tp degrees up to max_tp have profiles.
-std::vector<std::vector<char>> profiled_tps(const Cluster& cluster, const ProfileSet& profiles, int max_tp) {
+// Per device type of the cluster: which tp degrees up to max_tp the search may take: those with profiles
+// that split the model's attention heads (tp_splits_heads: Megatron-LM's rule, sim/model_shape.h).
+std::vector<std::vector<char>> profiled_tps(const Cluster& cluster, const ProfileSet& profiles, const ModelShape& shape,
+                                            int max_tp) {
   const int n_types = static_cast<int>(cluster.device_types().size());
   std::vector<std::vector<char>> type_tp(n_types, std::vector<char>(max_tp + 1, 0));
   for (int t = 0; t < n_types; ++t) {
     const int pt = profiles.type_index(cluster.device_types()[t]);
     for (const LayerProfile& e : profiles.entries()) {
       if (e.tp < 1 || e.tp > max_tp || e.bs < 1 || profiles.find(pt, e.tp, e.bs) != &e) continue;
+      if (!tp_splits_heads(shape, e.tp)) continue;
       type_tp[t][e.tp] = 1;
     }
   }
@@ -75,7 +78,7 @@ SearchSpace::SearchSpace(const Cluster& cluster, const ProfileSet& profiles, con
       gbs(options.gbs) {
   for (const auto& e : profiles.entries()) max_tp = std::max(max_tp, e.tp);
   max_tp = std::min(max_tp, options.max_tp);
-  type_tp = profiled_tps(cluster, profiles, max_tp);
+  type_tp = profiled_tps(cluster, profiles, simulator.shape(), max_tp);
   add_node_orders(cluster, simulator);
   // Without cross-node tp, no tp above the largest node can be used: the tables stop there.
   if (!options.allow_cross_node_tp) {

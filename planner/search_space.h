@@ -40,7 +40,7 @@ struct NodeOrder {
   std::vector<int> node_run;    // ranks from r to the end of r's node
   std::vector<int> block;       // position in `sequence` of rank r's type
   std::vector<double> block_capacity;  // [position in `sequence`]: the GPU memory of that type's ranks (bytes)
-  std::vector<std::vector<char>> tp_ok;  // [block][tp]: the type at that sequence position has tp profiles
+  std::vector<std::vector<char>> tp_ok;  // [block][tp]: SearchSpace::type_tp of the type at that sequence position
   // tp_fail[tp][g]: the first rank g' >= g, g' = g mod tp, whose tp group [g', g' + tp) leaves its node
   // (ranks if none): a stage [r, r + s) keeps its tp groups inside nodes iff tp_fail[tp][r] >= r + s.
   std::vector<std::vector<int>> tp_fail;
@@ -90,7 +90,7 @@ class SearchSpace {
   int max_tp = 0;        // the largest tp searched (at most the largest node's GPUs without cross-node tp)
   bool whole_nodes = false;  // stages are runs of whole nodes
   int max_stages = 0;    // the deepest pipeline
-  std::vector<std::vector<char>> type_tp;  // [type][tp]: the type has tp profiles
+  std::vector<std::vector<char>> type_tp;  // [type][tp]: the type has tp profiles and tp splits the heads
   std::vector<NodeOrder> orders;
   std::vector<int> micro_batch_counts;  // the m searched, most micro-batches first
   bool split_layers = false;  // units also split by stage 0's layers

@@ -31,13 +31,18 @@ class SharedBound {
     return first_;
   }
   // A plan of cost `cost`; `id` names the plan (a hash of its PlanKey order): the same plan offered twice
-  // (a seed the search meets again) counts once.
+  // (a seed the search meets again, or a plan of an earlier setting part met again under another
+  // setting) counts once, at its least cost.
   void offer(double cost, unsigned long long id) {
     if (cost > threshold() / shrink_) return;  // not below the K-th
     std::lock_guard<SpinLock> lock(mu_);
     const Entry e{cost, id};
-    for (const Entry& x : costs_)
-      if (x.cost == cost && x.id == id) return;
+    for (auto x = costs_.begin(); x != costs_.end(); ++x)
+      if (x->id == id) {
+        if (x->cost <= cost) return;
+        costs_.erase(x);
+        break;
+      }
     costs_.insert(std::upper_bound(costs_.begin(), costs_.end(), e,
                                    [](const Entry& a, const Entry& b) { return a.cost < b.cost; }),
                   e);

@@ -201,7 +201,8 @@ class StageEstimator {
                  double backward_share, const std::vector<double>& unmeasured_acc, int layers,
                  double mixed_table_limit = kMixedTableLimit)
       : layout_(&layout), cost_(&cost), slices_(&slices), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
-        forward_share_(1 - backward_share), unmeasured_acc_(&unmeasured_acc), L_(layers) {
+        forward_share_(1 - backward_share), recompute_(cost.least_recompute_fraction()), unmeasured_acc_(&unmeasured_acc),
+        L_(layers) {
     const int types = static_cast<int>(cluster.device_types().size());
     // Mixed-type stages: the data load balancer's shares depend only on the replicas' types, tp and the
     // micro-batch, not on the layers, so each (first rank, size, tp) keeps its distinct (type, share)
@@ -283,21 +284,28 @@ class StageEstimator {
         return x;
       }
       x.t = time(sl, l, e);
+      double recomputed = recompute_ > 0 ? recompute_ * block_forward(sl, l, e, x.t) : 0.0;
+      // Uneven shares: the slowest replica may be one with a sample less (a share costed from
+      // slices can take longer than a larger share with its own file): f, b and the recomputed forward
+      // bound both.
+      const int low = b_ / dp;
+      const Slices* lo = b_ % dp != 0 && low > 0 ? &slices_->at(layout_->type_of(r), tp, low) : nullptr;
+      if (lo && lo->missing) lo = nullptr;
+      if (lo && recompute_ > 0) {
+        const double t = time(*lo, l, e);
+        recomputed = std::min(recomputed, recompute_ * block_forward(*lo, l, e, t));
+      }
       if (split) {
         x.f = forward(sl, l, e, x.t);
         x.b = std::max(0.0, x.t - x.f);
-        // Uneven shares: the slowest replica may be one with a sample less (a share costed from
-        // slices can take longer than a larger share with its own file): f and b bound both.
-        const int low = b_ / dp;
-        if (b_ % dp != 0 && low > 0) {
-          const Slices& lo = slices_->at(layout_->type_of(r), tp, low);
-          if (!lo.missing) {
-            const double t = time(lo, l, e), f = forward(lo, l, e, t);
-            x.f = std::min(x.f, f);
-            x.b = std::min(x.b, std::max(0.0, t - f));
-          }
+        if (lo) {
+          const double t = time(*lo, l, e), f = forward(*lo, l, e, t);
+          x.f = std::min(x.f, f);
+          x.b = std::min(x.b, std::max(0.0, t - f));
         }
+        x.b += recomputed;
       }
+      x.t += recomputed;
       x.a = accumulation(sl, l, e);
       return x;
     }
@@ -307,8 +315,9 @@ class StageEstimator {
         x.t = kInf;
         return x;
       }
-      // The slowest replica is one of these: each of f and b is at least the smallest over them.
-      double f_min = kInf, b_min = kInf;
+      // The slowest replica is one of these: each of f, b and its recomputed forward is at least the
+      // smallest over them.
+      double f_min = kInf, b_min = kInf, recomputed = kInf;
       for (const Slices* slp : ref.entry->list) {
         const Slices& sl = *slp;
         if (sl.missing) {
@@ -320,11 +329,13 @@ class StageEstimator {
         const double f = forward(sl, l, e, t);
         f_min = std::min(f_min, f);
         b_min = std::min(b_min, std::max(0.0, t - f));
+        recomputed = std::min(recomputed, recompute_ > 0 ? recompute_ * block_forward(sl, l, e, t) : 0.0);
         x.a = std::max(x.a, accumulation(sl, l, e));
       }
+      if (ref.count > 0 && std::isfinite(recomputed)) x.t += recomputed;
       if (split && ref.count > 0) {
         x.f = f_min;
-        x.b = b_min;
+        x.b = b_min + recomputed;
       }
       return x;
     }
@@ -416,6 +427,16 @@ class StageEstimator {
     if (lp->has_grad_accumulation()) return full_params_ ? lp->accumulation_time(l, e) : 0.0;
     return (*unmeasured_acc_)[((static_cast<std::size_t>(sl.type) * (max_tp_ + 1) + sl.tp) * (L_ + 1) + l) * (L_ + 1) + e];
   }
+  // The blocks' forward of these slices (what recomputation runs again), as stage() takes it: measured
+  // (Metis layers 1 .. L - 2: not the embedding nor the head), else the forward's share of the blocks.
+  double block_forward(const Slices& sl, int l, int e, double t) const {
+    const int first = std::max(l, 1), end = std::min(e, L_ - 1);
+    if (end <= first) return 0.0;
+    if (!sl.forward_known) return forward(sl, l, e, t) * (end - first) / (e - l);
+    double f = 0;
+    for (const LayerProfile* lp : sl.files) f += lp->forward_time(first, end);
+    return f;
+  }
   // The forward of these slices, as stage() splits it: measured, else the total's forward share.
   double forward(const Slices& sl, int l, int e, double t) const {
     if (!sl.forward_known) return t * forward_share_;
@@ -429,6 +450,7 @@ class StageEstimator {
   int b_, max_tp_, R_ = 0;
   bool full_params_ = false;
   double forward_share_ = 1.0 / 3.0;
+  double recompute_ = 0;  // PlanCostModel::least_recompute_fraction: the backward recomputes this much of the blocks' forward
   const std::vector<double>* unmeasured_acc_;
   int L_;
   std::vector<MixedRef> mixed_;  // [r][s][tp], mixed-type stages only

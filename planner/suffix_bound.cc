@@ -163,14 +163,17 @@ void widen_table(SuffixBound* bound, int depth) {
 std::vector<std::vector<double>> least_gpu_ms_per_sample(const SearchSpace& space, const ProfileSet& profiles,
                                                           const Cluster& cluster) {
   // Per type and layer, the least GPU-ms per sample over its files (tp x time / bs: a replica of tp GPUs
-  // runs a share of its slices, each at least its bs x that).
+  // runs a share of its slices, each at least its bs x that), with what every setting's recomputation
+  // adds (PlanCostModel::least_recompute_ms: 0 where a setting does not recompute).
   const int n_types = space.device_types, layers = space.layers;
+  const PlanCostModel& cost = *space.orders[0].cost;
   std::vector<std::vector<double>> per_layer(n_types, std::vector<double>(layers, kInf));
   for (int t = 0; t < n_types; ++t) {
     const int pt = profiles.type_index(cluster.device_types()[t]);
     for (const LayerProfile& e : profiles.entries()) {
       if (e.tp < 1 || e.tp > space.max_tp || e.bs < 1 || profiles.find(pt, e.tp, e.bs) != &e) continue;
-      for (int l = 0; l < layers; ++l) per_layer[t][l] = std::min(per_layer[t][l], e.tp * e.time(l, l + 1) / e.bs);
+      for (int l = 0; l < layers; ++l)
+        per_layer[t][l] = std::min(per_layer[t][l], e.tp * (e.time(l, l + 1) + cost.least_recompute_ms(e, l)) / e.bs);
     }
   }
   return per_layer;

@@ -23,6 +23,7 @@ import time
 
 REPS = 5
 DEV = "cuda"  # "cpu": a smoke test of the script's logic where no GPU is (counts aten ops only)
+MODEL_ONLY = False  # --model-only: only the figures hetplan's host model reads (sim/runtime_overheads.cc host_costs_from_probe)
 
 
 def sync():
@@ -177,105 +178,109 @@ def micro(args):
          "cpu_count": os.cpu_count(),
          "torch_threads": torch.get_num_threads()}
     t_start = time.perf_counter()
-    x = torch.randn(4, 64, device=dev)
-    y = torch.randn(4, 64, device=dev)
-    w = torch.randn(64, 64, device=dev)
-    b = torch.randn(64, device=dev)
-    q = torch.randn(1, 2, 16, 32, device=dev, dtype=torch.bfloat16)
-    xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
-    N = 2000
+    # The loop micro-benchmarks (single ops, module calls, autograd chains): reference figures the model does not
+    # read (sim/runtime_overheads.md); --model-only skips them.
+    if not MODEL_ONLY:
+        x = torch.randn(4, 64, device=dev)
+        y = torch.randn(4, 64, device=dev)
+        w = torch.randn(64, 64, device=dev)
+        b = torch.randn(64, device=dev)
+        q = torch.randn(1, 2, 16, 32, device=dev, dtype=torch.bfloat16)
+        xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+        N = 2000
 
-    # Forward aten ops from Python (no autograd).
-    ops = {}
-    with torch.no_grad():
-        ops["add"] = timed(torch, lambda: torch.add(x, y), N)
-        ops["mul"] = timed(torch, lambda: x * y, N)
-        ops["view_only"] = timed(torch, lambda: x.view(4, 2, 32).transpose(0, 1), N)  # no kernel
-        ops["transpose_reshape_copy"] = timed(torch, lambda: x.view(4, 2, 32).transpose(0, 1).reshape(2, 128), N)
-        ops["gelu_tanh"] = timed(torch, lambda: F.gelu(x, approximate="tanh"), N)
-        ops["layer_norm"] = timed(torch, lambda: F.layer_norm(x, (64,), w[0], b), N)
-        ops["linear_fp32"] = timed(torch, lambda: F.linear(x, w, b), N)
-        ops["sdpa_bf16"] = timed(torch, lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), N)
-        ops["cat"] = timed(torch, lambda: torch.cat([x, y], -1), N)
-        ops["linear_bf16"] = timed(torch, lambda: F.linear(xb, wb), N)
-        ops["float_cast"] = timed(torch, lambda: xb.float(), N)
-        ops["slice_only"] = timed(torch, lambda: x[..., :32], N)  # no kernel
+        # Forward aten ops from Python (no autograd).
+        ops = {}
+        with torch.no_grad():
+            ops["add"] = timed(torch, lambda: torch.add(x, y), N)
+            ops["mul"] = timed(torch, lambda: x * y, N)
+            ops["view_only"] = timed(torch, lambda: x.view(4, 2, 32).transpose(0, 1), N)  # no kernel
+            ops["transpose_reshape_copy"] = timed(torch, lambda: x.view(4, 2, 32).transpose(0, 1).reshape(2, 128), N)
+            ops["gelu_tanh"] = timed(torch, lambda: F.gelu(x, approximate="tanh"), N)
+            ops["layer_norm"] = timed(torch, lambda: F.layer_norm(x, (64,), w[0], b), N)
+            ops["linear_fp32"] = timed(torch, lambda: F.linear(x, w, b), N)
+            ops["sdpa_bf16"] = timed(torch, lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), N)
+            ops["cat"] = timed(torch, lambda: torch.cat([x, y], -1), N)
+            ops["linear_bf16"] = timed(torch, lambda: F.linear(xb, wb), N)
+            ops["float_cast"] = timed(torch, lambda: xb.float(), N)
+            ops["slice_only"] = timed(torch, lambda: x[..., :32], N)  # no kernel
+            with torch.autocast(DEV, dtype=torch.bfloat16):
+                ops["linear_autocast"] = timed(torch, lambda: F.linear(x, w, b), N)  # + autocast's casts
+                ops["add_autocast"] = timed(torch, lambda: torch.add(x, y), N)
+        fns = {"add": lambda: torch.add(x, y), "mul": lambda: x * y,
+               "view_only": lambda: x.view(4, 2, 32).transpose(0, 1),
+               "transpose_reshape_copy": lambda: x.view(4, 2, 32).transpose(0, 1).reshape(2, 128),
+               "gelu_tanh": lambda: F.gelu(x, approximate="tanh"), "layer_norm": lambda: F.layer_norm(x, (64,), w[0], b),
+               "linear_fp32": lambda: F.linear(x, w, b),
+               "sdpa_bf16": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+               "cat": lambda: torch.cat([x, y], -1), "linear_bf16": lambda: F.linear(xb, wb),
+               "float_cast": lambda: xb.float(), "slice_only": lambda: x[..., :32]}
+        with torch.no_grad():
+            cnt = count_phases(torch, list(fns.items()))
+            with torch.autocast(DEV, dtype=torch.bfloat16):
+                cnt.update(count_phases(torch, [("linear_autocast", lambda: F.linear(x, w, b)),
+                                                ("add_autocast", lambda: torch.add(x, y))]))
+        for k, v in ops.items():
+            v["kernels"] = cnt[k]["kernels"]
+            v["aten_all"] = cnt[k]["aten_all"]
+        R["aten_op"] = ops
+
+        # Module calls (nn.Module.__call__ + forward), with autograd on (training).
+        lin, ln, gelu = nn.Linear(64, 64).to(dev), nn.LayerNorm(64).to(dev), nn.GELU(approximate="tanh")
+
+        class Sdpa(nn.Module):
+            def forward(self, t):
+                return F.scaled_dot_product_attention(t, t, t, is_causal=True)
+        sd = Sdpa()
+        xr = torch.randn(4, 64, device=dev, requires_grad=True)
+        mods = {"linear": timed(torch, lambda: lin(xr), N), "layernorm": timed(torch, lambda: ln(xr), N),
+                "gelu": timed(torch, lambda: gelu(xr), N), "sdpa": timed(torch, lambda: sd(q), N)}
         with torch.autocast(DEV, dtype=torch.bfloat16):
-            ops["linear_autocast"] = timed(torch, lambda: F.linear(x, w, b), N)  # + autocast's casts
-            ops["add_autocast"] = timed(torch, lambda: torch.add(x, y), N)
-    fns = {"add": lambda: torch.add(x, y), "mul": lambda: x * y,
-           "view_only": lambda: x.view(4, 2, 32).transpose(0, 1),
-           "transpose_reshape_copy": lambda: x.view(4, 2, 32).transpose(0, 1).reshape(2, 128),
-           "gelu_tanh": lambda: F.gelu(x, approximate="tanh"), "layer_norm": lambda: F.layer_norm(x, (64,), w[0], b),
-           "linear_fp32": lambda: F.linear(x, w, b),
-           "sdpa_bf16": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
-           "cat": lambda: torch.cat([x, y], -1), "linear_bf16": lambda: F.linear(xb, wb),
-           "float_cast": lambda: xb.float(), "slice_only": lambda: x[..., :32]}
-    with torch.no_grad():
-        cnt = count_phases(torch, list(fns.items()))
-        with torch.autocast(DEV, dtype=torch.bfloat16):
-            cnt.update(count_phases(torch, [("linear_autocast", lambda: F.linear(x, w, b)),
-                                            ("add_autocast", lambda: torch.add(x, y))]))
-    for k, v in ops.items():
-        v["kernels"] = cnt[k]["kernels"]
-        v["aten_all"] = cnt[k]["aten_all"]
-    R["aten_op"] = ops
+            mods["linear_autocast"] = timed(torch, lambda: lin(xr), N)
+        ident = nn.Identity()
+        qr = q.detach().clone().requires_grad_(True)
+        mods["identity"] = timed(torch, lambda: ident(xr), N)  # a module call's own cost
+        # Raw ops in grad mode (autograd records a node): the grad-mode cost of an op.
+        mods["op_add_grad"] = timed(torch, lambda: xr + y, N)
+        mods["op_gelu_grad"] = timed(torch, lambda: F.gelu(xr, approximate="tanh"), N)
+        mods["op_view_transpose_grad"] = timed(torch, lambda: xr.view(4, 2, 32).transpose(0, 1), N)  # 2 views
+        mods["op_sdpa_grad"] = timed(torch, lambda: F.scaled_dot_product_attention(qr, qr, qr, is_causal=True), N)
+        R["module_call"] = mods
 
-    # Module calls (nn.Module.__call__ + forward), with autograd on (training).
-    lin, ln, gelu = nn.Linear(64, 64).to(dev), nn.LayerNorm(64).to(dev), nn.GELU(approximate="tanh")
+        # Autograd: a chain of K tiny nodes; backward's wall time per node (the engine thread issues the kernels).
+        def chain_backward(K, kind):
+            h = torch.randn(4, 64, device=dev, requires_grad=True)
+            t = h
+            for _ in range(K):
+                t = t * 1.0001 if kind == "mul" else lin(t)
+            loss = t.sum()
+            return loss
 
-    class Sdpa(nn.Module):
-        def forward(self, t):
-            return F.scaled_dot_product_attention(t, t, t, is_causal=True)
-    sd = Sdpa()
-    xr = torch.randn(4, 64, device=dev, requires_grad=True)
-    mods = {"linear": timed(torch, lambda: lin(xr), N), "layernorm": timed(torch, lambda: ln(xr), N),
-            "gelu": timed(torch, lambda: gelu(xr), N), "sdpa": timed(torch, lambda: sd(q), N)}
-    with torch.autocast(DEV, dtype=torch.bfloat16):
-        mods["linear_autocast"] = timed(torch, lambda: lin(xr), N)
-    ident = nn.Identity()
-    qr = q.detach().clone().requires_grad_(True)
-    mods["identity"] = timed(torch, lambda: ident(xr), N)  # a module call's own cost
-    # Raw ops in grad mode (autograd records a node): the grad-mode cost of an op.
-    mods["op_add_grad"] = timed(torch, lambda: xr + y, N)
-    mods["op_gelu_grad"] = timed(torch, lambda: F.gelu(xr, approximate="tanh"), N)
-    mods["op_view_transpose_grad"] = timed(torch, lambda: xr.view(4, 2, 32).transpose(0, 1), N)  # 2 views
-    mods["op_sdpa_grad"] = timed(torch, lambda: F.scaled_dot_product_attention(qr, qr, qr, is_causal=True), N)
-    R["module_call"] = mods
-
-    # Autograd: a chain of K tiny nodes; backward's wall time per node (the engine thread issues the kernels).
-    def chain_backward(K, kind):
-        h = torch.randn(4, 64, device=dev, requires_grad=True)
-        t = h
-        for _ in range(K):
-            t = t * 1.0001 if kind == "mul" else lin(t)
-        loss = t.sum()
-        return loss
-
-    bw = {}
-    for kind in ("mul", "linear"):
-        per = []
-        for K in (100, 400):
-            ws = []
-            for _ in range(REPS + 2):
-                loss = chain_backward(K, kind)
-                sync()
-                t0 = time.perf_counter()
-                loss.backward()
-                sync()
-                ws.append((time.perf_counter() - t0) * 1e6)
-            per.append(med(ws[2:]))
-        loss = chain_backward(100, kind)
-        cnt = count_profile(torch, lambda: loss.backward())
-        bw[kind] = {"us_per_node": (per[1] - per[0]) / 300, "wall_us_100": per[0], "wall_us_400": per[1],
-                    "kernels_per_node_100": cnt["kernels"] / 100, "aten_all_per_node_100": cnt["aten_all"] / 100}
-    R["autograd_backward"] = bw
-    lin.zero_grad(set_to_none=True)
+        bw = {}
+        for kind in ("mul", "linear"):
+            per = []
+            for K in (100, 400):
+                ws = []
+                for _ in range(REPS + 2):
+                    loss = chain_backward(K, kind)
+                    sync()
+                    t0 = time.perf_counter()
+                    loss.backward()
+                    sync()
+                    ws.append((time.perf_counter() - t0) * 1e6)
+                per.append(med(ws[2:]))
+            loss = chain_backward(100, kind)
+            cnt = count_profile(torch, lambda: loss.backward())
+            bw[kind] = {"us_per_node": (per[1] - per[0]) / 300, "wall_us_100": per[0], "wall_us_400": per[1],
+                        "kernels_per_node_100": cnt["kernels"] / 100, "aten_all_per_node_100": cnt["aten_all"] / 100}
+        R["autograd_backward"] = bw
+        lin.zero_grad(set_to_none=True)
 
     # Optimizer step per parameter tensor: P tiny tensors, foreach / fused Adam(W).
     opt_res = {}
-    for name, kw in (("adamw_fused", dict(fused=True)), ("adamw_foreach", dict(foreach=True)),
-                     ("adamw_forloop", dict(foreach=False))):
+    optimizers = (("adamw_fused", dict(fused=True)), ("adamw_foreach", dict(foreach=True)),
+                  ("adamw_forloop", dict(foreach=False)))
+    for name, kw in optimizers[:1] if MODEL_ONLY else optimizers:
         per = {}
         for P in (50, 300):
             ps = [torch.nn.Parameter(torch.randn(64, device=dev)) for _ in range(P)]
@@ -301,6 +306,8 @@ def micro(args):
     for blocks in (24, 12):
         v = tiny_gpt(blocks)
         for ckpt in (False, True):
+            if MODEL_ONLY and blocks == 12 and ckpt:  # the model reads 12 blocks' op counts without checkpointing only
+                continue
             torch.manual_seed(0)
             with on_device(torch, dev):
                 model = v.gpt_model(ckpt)
@@ -365,7 +372,7 @@ def micro(args):
     # torch.utils.checkpoint per region: the same tiny block chain with and without it; the extra host time
     # beyond the recomputed forward is the region's own cost.
     R["checkpoint"] = {}
-    for ck in ("ckpt0", "ckpt1"):
+    for ck in ("ckpt0",) if MODEL_ONLY else ("ckpt0", "ckpt1"):
         r = steps[f"blocks24_{ck}"]
         r12 = steps[f"blocks12_{ck}"]
         R["checkpoint"][ck] = {k: (r[k] - r12[k]) / 12 for k in ("forward", "backward", "optimizer", "step_wall_ms")}
@@ -376,11 +383,12 @@ def micro(args):
     R["decode"] = decode_probe(torch, F, dev)
 
     # CUDA graph replay floor: a graph of 500 tiny adds.
-    if DEV == "cuda":
+    if DEV == "cuda" and not MODEL_ONLY:
         R["graph_floor"] = graph_floor(torch, dev)
     R["elapsed_s"] = time.perf_counter() - t_start
     os.makedirs(args.out, exist_ok=True)
     json.dump(R, open(os.path.join(args.out, "host_probe_micro.json"), "w"), indent=1)
+    R["model_only"] = MODEL_ONLY
     print(json.dumps({k: R.get(k) for k in ("aten_op", "module_call", "autograd_backward", "graph_floor")})[:4000])
     print("optimizer", json.dumps({k: {kk: vv for kk, vv in v.items() if str(kk).startswith("us_")}
                                    for k, v in R["optimizer_step"].items()}))
@@ -553,7 +561,7 @@ def dist_probe(args):
 
     # DDP: a chain of M Linear modules (2M parameters), plain vs DDP; the slope per parameter.
     ddp = {}
-    for M in (16, 64):
+    for M in () if MODEL_ONLY else (16, 64):
         r = {}
         for wrap in ("plain", "ddp", "ddp_view"):
             torch.manual_seed(0)
@@ -565,7 +573,7 @@ def dist_probe(args):
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
             r[wrap] = phases(m, opt, lambda: m(x).sum())
         ddp[f"M{M}"] = r
-    for wrap in ("ddp", "ddp_view"):
+    for wrap in () if MODEL_ONLY else ("ddp", "ddp_view"):
         for ph in ("forward", "backward", "optimizer", "step"):
             d16 = ddp["M16"][wrap][ph] - ddp["M16"]["plain"][ph]
             d64 = ddp["M64"][wrap][ph] - ddp["M64"]["plain"][ph]
@@ -611,7 +619,7 @@ def dist_probe(args):
     v = tiny_gpt(24)
     gpt = {}
     for mode in ("single", "ddp", "fsdp2"):
-        for ckpt in (False, True):
+        for ckpt in (False,) if MODEL_ONLY else (False, True):
             torch.manual_seed(0)
             with on_device(torch, dev):
                 model = v.gpt_model(ckpt)
@@ -665,7 +673,11 @@ def dist_probe(args):
         def forward(self, ids):
             return nn.functional.linear(self.body(self.emb(ids)), self.emb.weight)
 
+    import gc
     for mode in ("single", "ddp", "ddp_view", "fsdp2", "single_tied", "ddp_tied"):
+        # The previous mode's DDP sits in reference cycles: collected now, not in the middle of this mode's rows
+        # (in logs/validate/host-probe-h200 ddp_view's rows start at 1.0 P where its buckets make 2.0).
+        gc.collect()
         sync()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
@@ -732,11 +744,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["micro", "dist"])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--model-only", action="store_true",
+                    help="only what hetplan's host model reads (whatif --host-probe): the tiny GPT's phases and op "
+                         "counts, fused AdamW, decode; the FSDP2 chain and the tiny GPT under DDP/FSDP2 without "
+                         "checkpointing; and the memory census. About half the time")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a smoke test of micro's logic without a GPU (aten counts, no kernels, no graphs)")
     args = ap.parse_args()
-    global DEV
+    global DEV, MODEL_ONLY
     DEV = args.device
+    MODEL_ONLY = args.model_only
     (micro if args.what == "micro" else dist_probe)(args)
 
 

@@ -8,6 +8,7 @@ this script only measures, and `summary` compares.
   gpu_whatif_validate.py train --mode single|offload --cases mb1-ckpt0,mb4-ckpt1 --out DIR
   torchrun --nproc-per-node 2 gpu_whatif_validate.py train --mode ddp|fsdp2 --cases ... --out DIR
   gpu_whatif_validate.py decode --runtimes eager,graphs --out DIR
+  torchrun --nproc-per-node 2 gpu_whatif_validate.py memory-census --out DIR   (DDP's, FSDP2's memory by phase)
   gpu_whatif_validate.py summary --pred scripts/validation/whatif/predictions_H100.json --meas DIR --out summary.md
 
 Training: the held-out GPT of scripts/plain_pytorch_train.py (GPT-2 blocks, hidden 2048, 24 blocks,
@@ -263,6 +264,95 @@ def train(args):
         dist.destroy_process_group()
 
 
+# ------------------------------------------------------------------ DDP memory census
+
+def memory_census(args):
+    """Where DDP's and FSDP2's memory goes (sim/runtime_overheads.md, DDP): the validation GPT at
+    micro-batch 1 without checkpointing, three steps as `train` runs them, torch.cuda.memory_allocated (and the
+    peak since the previous mark) at each phase, in units of P (the parameters' fp32 bytes). "pre_forward" is
+    taken inside the forward, after DDP's own pre-forward (where it rebuilds its buckets after the first
+    step) and before the first block. Wrappers: none, DDP (defaults), ddp_idle (DDP, the host idle 0.5 s before
+    each forward: time for ProcessGroupNCCL's watchdog to see the last step's collectives complete and drop the
+    tensors it stashed for them, among them the buckets DDP's rebuild has just let go), DDP
+    gradient_as_bucket_view=True, FSDP2 (as `train --mode fsdp2`)."""
+    import gc
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device("cuda")
+    out = {}
+    for wrap in args.wrappers.split(","):
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.manual_seed(0)
+        with torch.device(dev):
+            model = gpt_model(False)
+        P = sum(p.numel() for p in model.parameters()) * 4
+        rows = []
+
+        def mark(label):
+            torch.cuda.synchronize()
+            rows.append({"at": label, "allocated_x_P": (torch.cuda.memory_allocated() - base) / P,
+                         "peak_since_last_x_P": (torch.cuda.max_memory_allocated() - base) / P})
+            torch.cuda.reset_peak_memory_stats()
+        it = [0]
+        model.blocks[0].register_forward_pre_hook(lambda m, a: mark(f"it{it[0]}_pre_forward"))
+        if wrap in ("ddp", "ddp_idle"):
+            model = DDP(model, device_ids=[torch.cuda.current_device()])
+        elif wrap == "ddp_view":
+            model = DDP(model, device_ids=[torch.cuda.current_device()], gradient_as_bucket_view=True)
+        elif wrap == "fsdp2":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for blk in model.blocks:
+                fully_shard(blk, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+        try:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+        except (RuntimeError, NotImplementedError):
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
+        ids = torch.randint(GPT["vocab"], (1, GPT["seq"]), device=dev)
+        tgt = torch.randint(GPT["vocab"], (1, GPT["seq"]), device=dev)
+        torch.cuda.reset_peak_memory_stats()
+        mark("init")
+        for i in range(3):
+            it[0] = i
+            dist.barrier()
+            if wrap == "ddp_idle":
+                time.sleep(0.5)
+                mark(f"it{i}_after_idle")
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=wrap != "fsdp2"):
+                loss = model(ids, tgt)
+            mark(f"it{i}_after_forward")
+            loss.backward()
+            mark(f"it{i}_after_backward")
+            try:
+                opt.step()
+            except (RuntimeError, NotImplementedError):  # fused AdamW unsupported on DTensor here: as `train` does
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
+                opt.step()
+            mark(f"it{i}_after_step")
+            opt.zero_grad(set_to_none=True)
+            del loss
+            mark(f"it{i}_after_zero_grad")
+        out[wrap] = {"P_bytes": P, "rows": rows}
+        if rank == 0:
+            print("census", wrap, [(r["at"], round(r["allocated_x_P"], 3), round(r["peak_since_last_x_P"], 3))
+                                   for r in rows], flush=True)
+        del model, opt
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        json.dump(out, open(os.path.join(args.out, "memory_census.json"), "w"), indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------ decode
 
 def decode(args):
@@ -400,7 +490,11 @@ def summary(args):
             meas += json.load(open(os.path.join(args.meas, f)))
     by_key = {c["key"]: c for c in pred["cases"]}
     lines = [f"# whatif against plain PyTorch, {args.machine or '(machine not recorded)'}", "",
-             f"Predictions: {args.pred} (written and committed before measuring; hetplan {pred.get('commit', '?')}).",
+             f"Predictions: {args.pred} (" + (f"written {pred['written_utc']} in this run" if pred.get("host_probe")
+                                              and "written_utc" in pred else "written and committed")
+             + f" before measuring; hetplan {pred.get('commit', '?')})."
+             + (f" Host-time costs: whatif --host-probe {pred['host_probe']} (this machine's probe)."
+                if pred.get("host_probe") else ""),
              "Memory: whatif's per-GPU bytes without its framework constant (CUDA context, kept outside the "
              "allocator) against torch.cuda.max_memory_allocated of rank 0.", "",
              "| case | whatif row | runtime | predicted ms | measured ms | time error | predicted GiB | measured GiB | memory error |",
@@ -448,13 +542,16 @@ def main():
     d.add_argument("--output", type=int, default=128)
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--out", required=True)
+    c = sub.add_parser("memory-census")
+    c.add_argument("--wrappers", default="none,ddp,ddp_idle,ddp_view,fsdp2")
+    c.add_argument("--out", required=True)
     s = sub.add_parser("summary")
     s.add_argument("--pred", required=True)
     s.add_argument("--meas", required=True)
     s.add_argument("--machine", default="")
     s.add_argument("--out", required=True)
     args = ap.parse_args()
-    {"train": train, "decode": decode, "summary": summary}[args.cmd](args)
+    {"train": train, "decode": decode, "memory-census": memory_census, "summary": summary}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # issue 32, item 6: `hetplan whatif` against plain PyTorch, all measured side by side on one machine of two GPUs
-# (kind nvidia-h100-x2; an H200 pair works too). No build needed: the predictions were written and committed
-# before measuring (scripts/whatif_validate_predict.py -> scripts/validation/whatif/predictions_<GPU>[_calibrated].json);
-# this script only measures (scripts/gpu_whatif_validate.py) and compares (its `summary`).
+# (kind nvidia-h200-x2 or nvidia-h100-x2; carry [".deps"] for the build).
 #
-#   OUT=/some/dir scripts/gpu_whatif_validate.sh
+#   OUT=/some/dir scripts/gpu_whatif_validate.sh            (FRESH_PROBE=0: measure and compare only, no build;
+#                                                            BUILD=0: use an existing build-gpu/hetplan)
 #
-# Cases: a ~1.3B GPT (hidden 2048, 24 blocks, seq 2048), micro-batch 1 and 4, with and without activation
-# checkpointing: single-GPU AMP, DDP (2 GPUs), FSDP2 (2 GPUs); CPU-offloaded Adam (ZeRO-Offload's path, one
-# GPU, micro-batch 4); decode of a Llama-3.2-3B shape at batch 1 in eager mode and with CUDA graphs.
-# Results: $OUT/whatif_validate.tgz (measurements, logs, machine) and $OUT/summary.md (+ summary_<tag>.md for each
-# predictions_<GPU>_<tag>.json: _calibrated with profiles/H200's calibration, _run3 with the host-time model).
-# Each step has its own time limit; the whole run stays under 8 minutes.
+# In order, one device call:
+#   1. scripts/gpu_build.sh (LibTorch build into build-gpu/; needs .deps/);
+#   2. the host probe of THIS machine, trimmed to what hetplan's host model reads
+#      (scripts/gpu_host_probe.py micro|dist --model-only; issue 32 item 1: the probe measures the machine);
+#   3. scripts/whatif_validate_predict.py --host-probe <that probe> -> predictions_<GPU>_probe.json, written BEFORE
+#      anything is measured (its UTC time and sha256 go to predictions_probe.log and into $OUT at once);
+#   4. the measurements (scripts/gpu_whatif_validate.py): a ~1.3B GPT (hidden 2048, 24 blocks, seq 2048),
+#      micro-batch 1 and 4, with and without activation checkpointing: single-GPU AMP, DDP (2 GPUs), FSDP2 (2 GPUs);
+#      CPU-offloaded Adam (ZeRO-Offload's path, one GPU, micro-batch 4); decode of a Llama-3.2-3B shape at batch 1
+#      in eager mode and with CUDA graphs; and a DDP and FSDP2 memory census of the same GPT (bytes per phase);
+#   5. summaries: summary<_tag>.md per committed scripts/validation/whatif/predictions_<GPU>[_tag].json, and
+#      summary_probe.md for the fresh-probe predictions.
+# Nothing in steps 1-3 reads a measurement of step 4; no constant is set from them.
+# Results: $OUT/whatif_validate.tgz (everything), $OUT/predictions_<GPU>_probe.json, $OUT/summary*.md.
+# Each step has its own time limit, and all stay inside BUDGET_S (default 520 s) from the start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -34,14 +42,43 @@ echo "catalogue GPU: $gpu"
 ngpu=$(nvidia-smi -L | wc -l)
 
 py=(python3 scripts/gpu_whatif_validate.py)
-run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LIMIT_S
+budget=${BUDGET_S:-520}
+run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LIMIT_S nor past the budget
   local limit=$1 name=$2; shift 2
-  echo "== $name ($((SECONDS - t0)) s)"
+  local left=$((budget - (SECONDS - t0)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then echo "!! $name: skipped (the ${budget} s budget is spent)"; return 1; fi
+  echo "== $name ($((SECONDS - t0)) s, limit $limit s)"
   timeout --kill-after=10 "$limit" "$@" > "$res/$name.log" 2>&1
   local rc=$?
   tail -8 "$res/$name.log"
   [ $rc -eq 0 ] || echo "!! $name: exit $rc"
+  return $rc
 }
+
+# 1-3: build, probe this host, predict with its figures: all before the first measurement.
+probe_pred=""
+if [ "${FRESH_PROBE:-1}" = 1 ]; then
+  if { [ "${BUILD:-1}" = 0 ] && [ -x build-gpu/hetplan ]; } || run 150 build bash scripts/gpu_build.sh; then
+    mkdir -p "$res/host_probe"
+    run 75 probe_micro python3 scripts/gpu_host_probe.py micro --model-only --out "$res/host_probe"
+    if [ "$ngpu" -ge 2 ]; then
+      run 75 probe_dist python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_host_probe.py dist \
+        --model-only --out "$res/host_probe"
+    fi
+    if [ -f "$res/host_probe/host_probe_micro.json" ]; then
+      pp="$res/predictions_${gpu}_probe.json"
+      if run 60 predict_probe python3 scripts/whatif_validate_predict.py --bin build-gpu/hetplan --gpu "$gpu" \
+           --host-probe "$res/host_probe/host_probe_micro.json" --out "$pp"; then
+        probe_pred=$pp
+        { echo "written $(date -u +%Y-%m-%dT%H:%M:%SZ), before any measurement"
+          sha256sum "$pp" "$res"/host_probe/host_probe_*.json; } | tee "$res/predictions_probe.log"
+        cp "$pp" "$res/predictions_probe.log" "$out/"
+      fi
+    fi
+  fi
+  [ -n "$probe_pred" ] || echo "!! no fresh-probe predictions (see the build/probe/predict logs)"
+fi
 cases=mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1
 run 80 single "${py[@]}" train --mode single --cases $cases --out "$res"
 if [ "$ngpu" -ge 2 ]; then
@@ -52,6 +89,10 @@ else
 fi
 run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --iters 4 --out "$res"
 run 70 decode "${py[@]}" decode --runtimes eager,graphs --out "$res"
+if [ "$ngpu" -ge 2 ]; then  # after the timed cases: a diagnosis, compared with nothing
+  run 90 memory_census python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py \
+    memory-census --out "$res"
+fi
 
 # Every committed prediction set for this GPU: predictions_<GPU>.json -> summary.md, predictions_<GPU>_<tag>.json
 # -> summary_<tag>.md (_calibrated: with profiles/<GPU>'s calibration; _run3: the host-time model's defaults).
@@ -65,6 +106,10 @@ for pred in scripts/validation/whatif/predictions_"${gpu}".json scripts/validati
   cp "$res/summary${kind}.md" "$out/" 2>/dev/null
 done
 [ $found -eq 1 ] || echo "!! no scripts/validation/whatif/predictions_${gpu}*.json: nothing to compare with"
+if [ -n "$probe_pred" ]; then
+  "${py[@]}" summary --pred "$probe_pred" --meas "$res" --machine "$machine" --out "$res/summary_probe.md" || true
+  cp "$res/summary_probe.md" "$out/" 2>/dev/null
+fi
 echo "total $((SECONDS - t0)) s"
 tar czf "$out/whatif_validate.tgz" -C "$work" whatif_validate
 ls -l "$out"

@@ -3,12 +3,16 @@
 
   scripts/whatif_validate_predict.py --bin build-nt/hetplan --gpu H100 --out scripts/validation/whatif/predictions_H100.json
       [--profiles DIR]   (a profile folder whose whatif_calibration.json the predictions use)
+      [--host-probe FILE] (scripts/gpu_host_probe.py's host_probe_micro.json, a host_probe_dist.json beside it:
+                           the host-time model's costs measured on this machine; whatif --host-probe)
 
 Each case is one whatif command (recorded with its output row): the row that describes what
 scripts/gpu_whatif_validate.py runs, nothing tuned to it. The predicted memory is whatif's per-GPU bytes
 without its framework constant (the CUDA context, which torch.cuda.max_memory_allocated does not see).
 """
 import argparse
+import datetime
+import hashlib
 import json
 import os
 import subprocess
@@ -44,15 +48,28 @@ def main():
     ap.add_argument("--bin", default="build-nt/hetplan")
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--profiles", default="")
+    ap.add_argument("--host-probe", default="")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"gpu": a.gpu, "commit": commit, "profiles": a.profiles, "cases": []}
+    try:  # the device machine's copy of the tree may have no git
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    commit = commit or os.environ.get("HETPLAN_COMMIT", "unknown")
+    result = {"gpu": a.gpu, "commit": commit, "profiles": a.profiles, "host_probe": a.host_probe,
+              "written_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if a.host_probe:  # what the predictions rest on, by content
+        dist = os.path.join(os.path.dirname(a.host_probe), "host_probe_dist.json")
+        result["host_probe_sha256"] = {f: hashlib.sha256(open(f, "rb").read()).hexdigest()
+                                       for f in (a.host_probe, dist) if os.path.exists(f)}
+    result["cases"] = []
     with tempfile.TemporaryDirectory() as tmp:
         for c in cases():
             args = [a.bin, "whatif", "--gpu", a.gpu] + c["args"]
             if a.profiles:
                 args += ["--profiles", a.profiles]
+            if a.host_probe:
+                args += ["--host-probe", a.host_probe]
             j = os.path.join(tmp, "w.json")
             p = subprocess.run(args + ["--json", j], capture_output=True, text=True)
             if p.returncode != 0:

@@ -82,6 +82,18 @@ double ModelShape::training_flops(double tokens, long long seq) const {
   return kTrainingFlopsPerForwardFlop * fwd * tokens;
 }
 
+std::string heads_split_problem(const ModelShape& m, int tp) {
+  if (m.num_heads % tp != 0)
+    return "the model's " + std::to_string(m.num_heads) + " attention heads do not split over tp " +
+           std::to_string(tp) + ": Megatron-LM's TransformerConfig needs num_attention_heads to be a multiple of tp";
+  if (m.num_kv_heads % tp != 0 && tp % m.num_kv_heads != 0)
+    return "the model's " + std::to_string(m.num_kv_heads) + " key/value heads are neither a multiple nor a divisor of tp " +
+           std::to_string(tp) + ": Megatron-LM's TransformerConfig needs one or the other of num_query_groups";
+  return "";
+}
+
+bool tp_splits_heads(const ModelShape& m, int tp) { return heads_split_problem(m, tp).empty(); }
+
 void ModelShape::validate(const std::string& where) const {
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw InputError(where + ": " + what);

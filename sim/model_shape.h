@@ -125,6 +125,14 @@ struct ModelShape {
   ModelConfig to_model_config(int sequence_length) const;
 };
 
+// Whether tensor parallelism of degree `tp` splits the model's attention heads as Megatron-LM does: the
+// heads a multiple of tp, and the key/value heads (num_query_groups) a multiple or a divisor of it. The
+// one home of the rule: the search's allowed tp (planner/search_space.cc) and the exporters
+// (planner/export_plan.cc) both ask it. REQUIRES: tp >= 1.
+bool tp_splits_heads(const ModelShape& m, int tp);
+// Why tp does not split the heads, one clause naming the counts and Megatron's requirement; "" when it does.
+std::string heads_split_problem(const ModelShape& m, int tp);
+
 // GPT-2 shape with its usual defaults (ffn = 4 h, learned positions, tied).
 ModelShape gpt2_shape(long long vocab, long long hidden, int layers, int heads, long long max_positions);
 // Llama shape: SwiGLU, RMSNorm, RoPE, no biases.

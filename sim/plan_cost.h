@@ -91,6 +91,22 @@ class PlanCostModel {
   PlanCostModel(const PlanSimulator& sim, const RankLayout& layout, std::vector<TrainingSetup> setups);
 
   int num_setups() const { return static_cast<int>(setups_.size()); }
+  // The least over the setups of the share of the blocks' forward that recomputation runs again in the
+  // backward (0 where some setup does not recompute): what every setup's backward adds at least.
+  double least_recompute_fraction() const {
+    double f = recompute_fraction_.empty() ? 0.0 : recompute_fraction_[0];
+    for (double x : recompute_fraction_) f = std::min(f, x);
+    return f;
+  }
+  // What recomputation adds at least, under every setup, to one pass of Metis layer l as profile file
+  // `p` measured it (ms): that fraction of the layer's measured forward where it is a transformer block
+  // (layers 1 .. L - 2; the embedding and the head are not recomputed); 0 where the file does not split
+  // out the forward (stage() then spreads the forward over a stage's layers, not additive per layer).
+  double least_recompute_ms(const LayerProfile& p, int l) const {
+    const int layers = static_cast<int>(p.layer_ms.size());
+    if (l < 1 || l >= layers - 1 || !p.has_forward()) return 0.0;
+    return least_recompute_fraction() * p.forward_time(l, l + 1);
+  }
   const TrainingSetup& setup(int k) const { return setups_[k]; }
   Schedule schedule() const;
   const ParallelLayout& grid() const { return grid_; }

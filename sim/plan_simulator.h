@@ -140,6 +140,7 @@ class PlanSimulator {
   // profile_type()[t]: the ProfileSet index of cluster device type t (-1: no profiles for it).
   const std::vector<int>& profile_type() const { return profile_type_; }
   const SimulationOptions& options() const { return opt_; }
+  const ModelShape& shape() const { return shape_; }
   const Cluster& cluster() const { return *cluster_; }
   // Where each cluster device type's intra-node collective bandwidth comes
   // from, e.g. "H200: all-reduce 301.2 GB/s measured (profiles)".

@@ -90,7 +90,10 @@ double hf_decode_kernels_per_step(const ModelShape& m) {
 }
 
 double ddp_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
-  return d.model && !d.gradient_as_bucket_view ? gradient_bytes : 0.0;
+  if (!d.model) return 0.0;
+  const double own_storage = d.gradient_as_bucket_view ? 0.0 : gradient_bytes;
+  const double held_at_rebuild = d.old_buckets_held_at_rebuild ? gradient_bytes : 0.0;
+  return own_storage + held_at_rebuild;
 }
 
 }  // namespace hetplan

@@ -180,9 +180,14 @@ struct DdpBuckets {
   double bucket_cap_mb = 25;             // MiB
   double first_bucket_mb = 1;            // MiB (the Reducer's first bucket)
   bool gradient_as_bucket_view = false;  // true: the .grad tensors are views of the buckets (no copy, no copies)
+  // The run's peak holds the buckets twice: DDP rebuilds them once, at the second forward, and the old ones stay
+  // allocated into that step, kept by the tensor stash of the collectives that last used them until
+  // ProcessGroupNCCL's watchdog sees those complete (sim/runtime_overheads.md, DDP). Off: a steady-state step.
+  bool old_buckets_held_at_rebuild = true;
 };
 
-// GPU bytes of the buckets: the gradients' bytes again, unless gradient_as_bucket_view.
+// GPU bytes of the buckets at the run's peak: the gradients' bytes again unless gradient_as_bucket_view, and
+// once more for the old buckets held across the rebuild (old_buckets_held_at_rebuild).
 double ddp_bucket_bytes(const DdpBuckets& d, double gradient_bytes);
 
 struct DdpSyncTime {

@@ -393,7 +393,8 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
       r.setup.ddp.model = true;  // (dropped where the row runs on one GPU: nothing wraps it in DDP there)
       r.multi_gpu = name == "DDP";
       r.assumptions.push_back("DDP: bucket_cap_mb 25, gradient_as_bucket_view False (buckets are a second copy "
-                              "of the gradients), bucketed all-reduce overlapped with the backward");
+                              "of the gradients, and at the second step, when DDP rebuilds them, the old ones "
+                              "are still held: a third), bucketed all-reduce overlapped with the backward");
     }
     if (r.setup.zero_stage >= 1 && !r.setup.offload_optimizer) r.multi_gpu = true;
     rows.push_back(std::move(r));

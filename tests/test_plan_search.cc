@@ -28,6 +28,7 @@
 
 #include "fixtures.h"
 #include "planner/plan_search.h"
+#include "planner/shared_bound.h"
 #include "planner/stage_estimator.h"
 #include "base/thread_limit.h"
 #include "sim/cluster.h"
@@ -734,6 +735,220 @@ TEST_CASE("a search stopped before it starts reports no plan, not an empty space
     bounded += stopped.lower_bound_ms > 0;
   }
   CHECK(bounded >= 20);
+}
+
+
+TEST_CASE("the search never proposes a tp that does not split the attention heads (12 heads: no tp 8)",
+          "[plan_search][heads]") {
+  // tp 1, 2, 4 and 8 profiles of one model on one 8-GPU H100 node; the search's model has 16 heads (every tp
+  // splits them) or 12 (tp 8 does not: Megatron-LM needs the heads a multiple of tp).
+  static std::unique_ptr<ProfileSet> profiles;
+  if (!profiles) {
+    AnalyticOptions a;
+    a.model = test::six_layer_model();
+    a.device_types = {"H100"};
+    a.max_tp = 8;
+    a.max_bs = 8;
+    const auto dir = test::scratch_dir("plan-search-heads");
+    generate_analytic_profiles(a, dir.string());
+    profiles = std::make_unique<ProfileSet>(ProfileSet::load(dir.string(), 6));
+  }
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.2", 8}}, clusterfile(), "hosts", "clusterfile");
+  auto largest_tp = [&](int heads, int kv_heads) {
+    ModelShape shape = test::six_layer_shape();
+    shape.num_heads = heads;
+    shape.num_kv_heads = kv_heads;
+    shape.head_dim = shape.hidden_size / heads;
+    const PlanSimulator sim(cluster, *profiles, shape, 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = 8;
+    o.gap = 0;
+    o.top_k = 400;  // every plan of the space, or nearly
+    const PlanSearchResult r = PlanSearch(cluster, *profiles, sim, o).run();
+    REQUIRE_FALSE(r.top.empty());
+    int tp = 0;
+    for (const SearchedPlan& sp : r.top)
+      for (const Strategy& st : sp.plan.strategies) {
+        CHECK(tp_splits_heads(shape, st.tp));
+        tp = std::max(tp, st.tp);
+      }
+    return tp;
+  };
+  CHECK(largest_tp(16, 16) == 8);  // the space has tp 8 plans where the heads split
+  CHECK(largest_tp(12, 12) == 4);  // and none where they do not
+  CHECK(largest_tp(16, 2) == 8);   // GQA: 2 key/value heads divide tp 8 (Megatron replicates them)
+  CHECK(largest_tp(16, 4) == 8);
+  CHECK_FALSE(tp_splits_heads(test::six_layer_shape(), 3));
+  ModelShape gqa = test::six_layer_shape();
+  gqa.num_heads = 24;
+  gqa.num_kv_heads = 6;
+  CHECK(tp_splits_heads(gqa, 2));
+  CHECK(tp_splits_heads(gqa, 6));
+  CHECK_FALSE(tp_splits_heads(gqa, 4));  // 6 key/value heads: neither a multiple nor a divisor of 4
+  CHECK(heads_split_problem(gqa, 4).find("key/value heads") != std::string::npos);
+  CHECK(heads_split_problem(gqa, 6).empty());
+}
+
+TEST_CASE("stage estimates add the recomputed forward of a search's settings, and stay below the stage's cost",
+          "[plan_search][estimates][settings]") {
+  using namespace stage_estimates;
+  const ProfileSet& profiles = small_profiles();
+  const int L = profiles.num_layers(), max_tp = 4;
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 2}, {"10.0.0.3", 3}}, clusterfile(),
+                                              "hosts", "clusterfile");
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  const int types = static_cast<int>(cluster.device_types().size());
+  TrainingSetup none = sim.options().setup, full = none, selective = none;
+  full.recompute = Recompute::kFull;
+  selective.recompute = Recompute::kSelective;
+  const RankLayout layout(cluster, {0, 1, 2});
+  const PlanCostModel plain(sim, layout, {none});
+  const PlanCostModel recomputing(sim, layout, {full, selective});  // the least: selective
+  const PlanCostModel both(sim, layout, {none, full});               // the least: none
+  CHECK(plain.least_recompute_fraction() == 0);
+  CHECK(both.least_recompute_fraction() == 0);
+  CHECK(recomputing.least_recompute_fraction() > 0);
+  const std::vector<double> unmeasured(static_cast<std::size_t>(types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
+  int compared = 0, raised = 0;
+  for (int b : {1, 3, 4}) {
+    const ShareSlices slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs);
+    EstimateBudget budget(std::size_t{64} << 20);
+    MixedLists lists(budget);
+    const StageEstimator est_plain(profiles, cluster, layout, plain, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured, L);
+    const StageEstimator est_both(profiles, cluster, layout, both, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured, L);
+    const StageEstimator est_rec(profiles, cluster, layout, recomputing, slices, lists, b, max_tp, true, 2.0 / 3,
+                                 unmeasured, L);
+    const int R = layout.num_ranks();
+    for (int r = 0; r < R; ++r)
+      for (int s = 1; r + s <= R; ++s)
+        for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+          const int dp = s / tp;
+          if (s % tp != 0 || dp > b || !tp_groups_inside_nodes(layout, r, Strategy{dp, tp})) continue;
+          const bool homo = layout.homogeneous(r, r + s);
+          for (int l = 0; l < L; ++l)
+            for (int e = l + 1; e <= L; ++e) {
+              INFO("ranks " << r << "+" << s << " tp " << tp << " b " << b << " layers " << l << "-" << e);
+              const StageEstimate x0 = est_plain.estimate(r, s, tp, l, e, homo, true);
+              const StageEstimate xb = est_both.estimate(r, s, tp, l, e, homo, true);
+              const StageEstimate xr = est_rec.estimate(r, s, tp, l, e, homo, true);
+              if (!std::isfinite(x0.t)) continue;
+              CHECK(xb.t == x0.t);  // a setting without recomputation in the search: nothing added
+              CHECK(xb.b == x0.b);
+              CHECK(xr.t >= x0.t);
+              CHECK(xr.b >= x0.b);
+              CHECK(xr.f == x0.f);
+              CHECK(xr.f + xr.b <= xr.t * (1 + 1e-12));
+              const bool blocks = std::min(e, L - 1) > std::max(l, 1);
+              CHECK((xr.t > x0.t) == blocks);  // only the blocks are recomputed
+              raised += xr.t > x0.t;
+              // Below what the cost model charges the stage under each recomputing setting (a middle stage).
+              StageChoice c;
+              c.begin = r;
+              c.size = s;
+              c.st = Strategy{dp, tp};
+              c.layer_begin = l;
+              c.layer_end = e;
+              FastStageCost fc[2];
+              REQUIRE(recomputing.stage(c, 1, 3, 4, b, fc));
+              for (const FastStageCost& q : fc) {
+                CHECK(xr.t <= (q.forward_ms + q.backward_ms) * (1 + 1e-12));
+                CHECK(xr.b <= q.backward_ms * (1 + 1e-12));
+              }
+              ++compared;
+            }
+        }
+  }
+  CHECK(compared > 500);
+  CHECK(raised > 200);
+}
+
+TEST_CASE("a plan offered again at a lower cost counts once in the pruning threshold", "[plan_search][settings]") {
+  SharedBound shared(2);
+  shared.offer(10, 1);
+  shared.offer(11, 2);
+  CHECK(shared.threshold() == Approx(11).epsilon(1e-8));
+  shared.offer(9, 1);  // plan 1 again, under another setting: still two plans, 9 and 11
+  CHECK(shared.best() == 9);
+  CHECK(shared.threshold() == Approx(11).epsilon(1e-8));
+  shared.offer(12, 1);  // and at a higher cost: ignored
+  CHECK(shared.threshold() == Approx(11).epsilon(1e-8));
+  shared.offer(10.5, 3);
+  CHECK(shared.threshold() == Approx(10.5).epsilon(1e-8));
+}
+
+TEST_CASE("with --zero auto --recompute auto the search in setting parts returns exhaustive search's plans",
+          "[plan_search][settings]") {
+  const ProfileSet& profiles = small_profiles();
+  int with_plans = 0, differ_from_plain = 0;
+  // V100s of 16 GiB too, where memory makes the settings matter.
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.gap = 0;
+    o.top_k = 3;
+    o.setups = search_setups(sim.options().setup, "auto", "auto");
+    REQUIRE(o.setups.size() == 12);
+    PlanSearchOptions ex = o, joint = o;
+    ex.exhaustive = true;
+    o.setting_parts = PlanSearchOptions::SettingParts::kAlways;
+    joint.setting_parts = PlanSearchOptions::SettingParts::kNever;
+    const PlanSearchResult parts = PlanSearch(cluster, profiles, sim, o).run();
+    const PlanSearchResult jointly = PlanSearch(cluster, profiles, sim, joint).run();
+    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    REQUIRE(parts.top.size() == full.top.size());
+    REQUIRE(jointly.top.size() == full.top.size());
+    for (std::size_t i = 0; i < full.top.size(); ++i)
+      for (const PlanSearchResult* r : {&parts, &jointly}) {
+        const PlanResult& x = r->top[i].plan;
+        const PlanResult& y = full.top[i].plan;
+        CHECK(x.cost == y.cost);
+        CHECK(x.node_sequence == y.node_sequence);
+        CHECK(x.device_groups == y.device_groups);
+        CHECK(x.strategies == y.strategies);
+        CHECK(x.layer_partition == y.layer_partition);
+        CHECK(x.batches == y.batches);
+        CHECK(r->top[i].setup == full.top[i].setup);
+      }
+    CHECK_FALSE(parts.cut_short);
+    CHECK(parts.proven);
+    if (full.top.empty()) {
+      CHECK(parts.space_empty);
+      continue;
+    }
+    CHECK(parts.lower_bound_ms == full.top[0].plan.cost);
+    ++with_plans;
+    differ_from_plain += full.top[0].setup != 0;
+  }
+  CHECK(with_plans >= 25);
+  CHECK(differ_from_plain >= 1);  // some best plans need a setting other than ZeRO-0 without recomputation
+}
+
+TEST_CASE("the search takes the settings in parts where memory binds: no node holds every layer's model states",
+          "[plan_search][settings]") {
+  const ProfileSet& profiles = small_profiles();
+  const std::vector<TrainingSetup> setups = search_setups(sim_options().setup, "auto", "auto");
+  // The small model's states: about 0.27 billion parameters at 16 bytes each, over 1 GB a rank at tp 4, far
+  // below 80 GB at tp 1.
+  std::vector<ClusterfileEntry> tiny = clusterfile();
+  for (ClusterfileEntry& e : tiny) e.memory_gb = 1;
+  for (const auto& [hosts, gpus, binds] :
+       {std::make_tuple(std::vector<std::pair<std::string, int>>{{"10.0.0.1", 4}}, clusterfile(), false),
+        std::make_tuple(std::vector<std::pair<std::string, int>>{{"10.0.0.1", 4}}, tiny, true),
+        std::make_tuple(std::vector<std::pair<std::string, int>>{{"10.0.0.1", 1}, {"10.0.0.2", 1}}, clusterfile(), false)}) {
+    const Cluster cluster = Cluster::from_parts(hosts, gpus, "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+    CHECK(settings_bind_memory(cluster, profiles, sim, setups) == binds);
+  }
+  // The parts: without full recomputation, then with it.
+  const std::vector<std::vector<int>> parts = setting_parts(setups);
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[0].size() == 8);
+  CHECK(parts[1].size() == 4);
+  for (int k : parts[1]) CHECK(setups[k].recompute == Recompute::kFull);
+  CHECK(setting_parts({setups[0], setups[3]}).size() == 1);  // no full recomputation: one part
 }
 
 }  // namespace hetplan

@@ -198,16 +198,25 @@ TEST_CASE("search --cost-model sim ranks by simulated time and agrees with simul
   CHECK(test::run_hetplan(common + "--cost-model magic").exit_code == 2);
 }
 
-TEST_CASE("search --zero/--recompute auto searches the settings as dimensions", "[cli][search-sim]") {
+TEST_CASE("search --zero/--recompute auto (the default) searches the settings as dimensions", "[cli][search-sim]") {
   const auto dir = test::scratch_dir("search-sim-auto");
   const std::string common = search_16_gpus(dir) + "--cost-model sim ";
-  const test::CommandResult fixed = test::run_hetplan(common + "--json " + (dir / "fixed.json").string());
+  const test::CommandResult fixed =
+      test::run_hetplan(common + "--zero 0 --recompute none --json " + (dir / "fixed.json").string());
   const test::CommandResult any = test::run_hetplan(common + "--zero auto --recompute auto --json " + (dir / "auto.json").string());
+  const test::CommandResult dflt = test::run_hetplan(common + "--json " + (dir / "default.json").string());
   INFO(any.output);
   REQUIRE(fixed.exit_code == 0);
   REQUIRE(any.exit_code == 0);
+  REQUIRE(dflt.exit_code == 0);
   const ordered_json f = read_json_file((dir / "fixed.json").string());
   const ordered_json a = read_json_file((dir / "auto.json").string());
+  // The default is auto: the same best plan and setting.
+  const ordered_json d = read_json_file((dir / "default.json").string());
+  CHECK(d["best"]["cost"] == a["best"]["cost"]);
+  CHECK(d["best"]["zero_stage"] == a["best"]["zero_stage"]);
+  CHECK(d["best"]["recompute"] == a["best"]["recompute"]);
+  CHECK(a["best"]["zero_stage"] == 1);  // here ZeRO-1 (its optimizer step sharded over dp 8) beats ZeRO-0
   // The settings include ZeRO-0 without recomputation, so the best can only get cheaper.
   CHECK(a["best"]["cost"].get<double>() <= f["best"]["cost"].get<double>());
   CHECK(f["best"]["zero_stage"] == 0);

@@ -731,8 +731,10 @@ TEST_CASE("inference: HF generate eager is host-bound, a graph-captured decoder 
 }
 
 TEST_CASE("DDP buckets: a second copy of the gradients, all-reduces overlapped with the backward", "[whatif][runtime]") {
-  // Memory: the buckets hold every gradient again (fp32 under Megatron's accounting), unless they are views.
+  // Memory: the buckets hold every gradient again (fp32 under Megatron's accounting), unless they are views;
+  // and at the run's peak the old buckets, held across the rebuild at the second step, once more.
   const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  const double fp32_gradients = static_cast<double>(m.parameter_count()) * 4;
   TrainingSetup s;
   s.accounting = ZeroAccounting::kMegatron;
   RankShard r;
@@ -741,9 +743,13 @@ TEST_CASE("DDP buckets: a second copy of the gradients, all-reduces overlapped w
   r.dp = 2;
   const MemoryBreakdown plain = rank_memory(m, s, r);
   s.ddp.model = true;
-  const MemoryBreakdown ddp = rank_memory(m, s, r);
-  CHECK(ddp.states.gradients - plain.states.gradients == static_cast<double>(m.parameter_count()) * 4);
-  s.ddp.gradient_as_bucket_view = true;
+  s.ddp.old_buckets_held_at_rebuild = false;  // a steady-state step: one copy
+  CHECK(rank_memory(m, s, r).states.gradients - plain.states.gradients == fp32_gradients);
+  s.ddp.old_buckets_held_at_rebuild = true;  // the default: the run's peak, at the second step
+  CHECK(rank_memory(m, s, r).states.gradients - plain.states.gradients == 2 * fp32_gradients);
+  s.ddp.gradient_as_bucket_view = true;  // the gradients are the new buckets; the old ones are held all the same
+  CHECK(rank_memory(m, s, r).states.gradients - plain.states.gradients == fp32_gradients);
+  s.ddp.old_buckets_held_at_rebuild = false;
   CHECK(rank_memory(m, s, r).states.gradients == plain.states.gradients);
   // Time: 100 MiB of gradients over a 10 ms backward, 1 ms per MiB all-reduced, 20 MiB of them the embedding's
   // (ready at the end). Buckets: 1 MiB, then 25, 25, 25, 4 (80 MiB produced uniformly), then the 20 MiB one.
@@ -774,9 +780,10 @@ TEST_CASE("whatif DDP row: its buckets cost memory and time that the single GPU 
   REQUIRE(r.exit_code == 0);
   auto rows = rows_by_name(read_json_file(json));
   const double params = static_cast<double>(read_hf_config(hf("llama-3.2-3b.json")).parameter_count());
-  // Megatron's accounting for torch.autocast (fp32 gradients) and the buckets' copy of them.
+  // Megatron's accounting for torch.autocast (fp32 gradients) and the buckets' copy of them, twice at the run's
+  // peak (the old buckets held across the rebuild).
   CHECK(rows["DDP"]["gradients_bytes"].get<double>() - rows["single GPU"]["gradients_bytes"].get<double>() ==
-        Approx(params * 4).epsilon(1e-9));
+        Approx(2 * params * 4).epsilon(1e-9));
   CHECK(rows["DDP"]["step_ms"].get<double>() > rows["single GPU"]["step_ms"].get<double>());
   CHECK(r.output.find("DDP: bucket_cap_mb 25, gradient_as_bucket_view False") != std::string::npos);
   CHECK(r.output.find("torch.autocast: fp32 parameters and gradients") != std::string::npos);
