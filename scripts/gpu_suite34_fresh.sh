@@ -7,24 +7,28 @@
 #      FRESH profiles: `hetplan profile` of this build measures both models into profiles/fresh/<model
 #      folder> (not the committed profiles/), then every plan is simulated from them before any replay,
 #      then replayed (scripts/validate_plans.py; --iters 8 --warmup 2 as scripts/gpu_suite34_validate.sh).
-# Everything runs under one deadline, DEADLINE_S (default 560) seconds from the start: what finished is
+# Everything runs under one deadline, DEADLINE_S (default 530) seconds from the start: what finished is
 # packed, and $OUT/summary.txt names the plans not run.
 #
 #   OUT=/some/dir bash scripts/gpu_suite34_fresh.sh [--only NAME,NAME] [--no-cp-check]
 #
-# A follow-up call for plans the deadline cut: unpack the first call's suite.tgz into the working tree
-# (its profiles/fresh/ then travels as untracked files), and run
+# Expected on a fresh 2 x H200: build ~210 s, cp check ~40 s, profiles ~100 s (run 1's logs: 46-51 s a
+# model), 13 plans ~180 s (run 1: 11-15 s a replay): ~530 s. Give the device call timeout_s 600.
+# A follow-up call for plans the deadline cut: unpack the first call's suite.tgz in the repo root (its
+# profiles/fresh/ is git-ignored: name it in the call's carry), and run
 #   RUN_NAME=suite34-h200x2-run2b bash scripts/gpu_suite34_fresh.sh --no-cp-check --only NAME,NAME
-# which reuses profiles/fresh/ (it profiles only a model whose folder there is empty).
+# which reuses profiles/fresh/ (it profiles only when a model's folder there is empty).
+# Set HETPLAN_COMMIT to the commit run (the device's copy of .git may be stale).
 # Results: $OUT/suite.tgz (logs/validate/$RUN_NAME/ with the table, profiles/fresh/, the logs) and
 # $OUT/summary.txt (machine, timings, the table).
-# DRY_RUN=1: no GPU needed; skips the build (uses HETPLAN_BIN, default build/hetplan), the cp check and
-# the replays' GPU work is whatever that binary does; for checking the CPU-side parts.
+# DRY_RUN=1 (checking the CPU-side parts here): no build, no nvidia-smi, no cp check; HETPLAN_BIN names
+# the binary (e.g. build/hetplan), GPU_TYPE=H100 takes the H100 path; put profiles in profiles/fresh/
+# first and a small DEADLINE_S, or the CPU replays run until the deadline.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-deadline=${DEADLINE_S:-560}
+deadline=${DEADLINE_S:-530}
 run_name=${RUN_NAME:-suite34-h200x2-run2}
 suite_src=${SUITE:-scripts/validation/h200x2-suite34.json}
 fresh=profiles/fresh
