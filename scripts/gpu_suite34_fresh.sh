@@ -50,11 +50,11 @@ if [[ -z "${DRY_RUN:-}" && ! -x build-gpu/hetplan ]]; then
   say "built in $((SECONDS - t0)) s"
 fi
 [[ -z "${DRY_RUN:-}" ]] && source scripts/gpu_env.sh
+source scripts/gpu_lib.sh
 if [[ -z "${DRY_RUN:-}" ]]; then
-  machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
-  torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')
+  machine=$(DEVICE_KIND=${DEVICE_KIND:-nvidia-h200-x2} gpu_machine)
 else
-  machine="dry run, $(hostname)" torchv="none"
+  machine="dry run: $(hostname); $(nproc) CPU cores"
 fi
 # The GPUs' type as hostfiles/clusterfile.json names it: the suite is written for H200 (node 0.0.0.6); where
 # the device lends H100s for the kind, the same plans run on the clusterfile's H100 node (0.0.0.5) with
@@ -64,7 +64,7 @@ if [[ -z "${DRY_RUN:-}" ]] && nvidia-smi --query-gpu=name --format=csv,noheader 
   gpu_type=H100
 fi
 [[ $gpu_type == H100 ]] && run_name=${run_name/h200x2/h100x2}
-export HETPLAN_MACHINE="${DEVICE_KIND:-nvidia-h200-x2}: ${machine}; torch ${torchv}; $(nproc) CPU cores; hetplan ${HETPLAN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+export HETPLAN_MACHINE="${machine}; hetplan ${HETPLAN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 say "machine: $HETPLAN_MACHINE"
 
 if [[ $cp_check == 1 && -z "${DRY_RUN:-}" ]]; then
