@@ -39,6 +39,7 @@ struct SetupArgs {
   int zero = 0;
   std::string recompute = "none", precision = "bf16", accounting = "auto", bandwidth_unit = "GB/s";
   bool sequence_parallel = false, flash = false, deepspeed_buffers = false, ddp_buckets = false;
+  std::string ddp_old_buckets;  // "": the activations' peak (or the plan file's)
   std::string offload = "none";
   int recompute_every = 1;
   double framework_mb = 0;
@@ -109,6 +110,10 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
               "(a third at the activations' peak of the second step: the old buckets, held across DDP's rebuild; "
               "`whatif` times when they are released), "
               "bucketed all-reduces overlapped with the backward");
+  s->add_option("--ddp-old-buckets", a.ddp_old_buckets,
+                "With --ddp-buckets: at which of the second step's peaks DDP's old buckets, held across its rebuild "
+                "until ProcessGroupNCCL's watchdog polls, are counted: none, activations (the backward's start; "
+                "default), gradients (its end) or both. `whatif` times it; its --export records it");
   s->add_option("--recompute-every", a.recompute_every,
                 "With --recompute full: checkpoint only every k-th block (selective activation checkpointing)")
       ->capture_default_str()
@@ -132,6 +137,7 @@ TrainingSetup make_setup(const SetupArgs& a) {
   s.flash_attention = a.flash;
   s.deepspeed.model = a.deepspeed_buffers;
   s.ddp.model = a.ddp_buckets;
+  if (!a.ddp_old_buckets.empty()) parse_old_buckets_phases(a.ddp_old_buckets, "--ddp-old-buckets", s.ddp);
   s.recompute_every = a.recompute_every;
   if (a.offload == "optimizer") s.offload_optimizer = true;
   else if (a.offload == "all") s.offload_optimizer = s.offload_params = true;
@@ -286,6 +292,7 @@ int run_simulate(const SimulateArgs& a) {
   if (a.setup.accounting == "auto" && !pf.accounting.empty()) setup_args.accounting = pf.accounting;
   if (pf.deepspeed_buffers) setup_args.deepspeed_buffers = true;
   if (pf.ddp_buckets) setup_args.ddp_buckets = true;
+  if (setup_args.ddp_old_buckets.empty()) setup_args.ddp_old_buckets = pf.ddp_old_buckets;
   // Sequence/context parallelism and overlap: the plan's, unless a flag says otherwise.
   setup_args.sequence_parallel = setup_args.sequence_parallel || pf.sequence_parallel;
   if (setup_args.context_parallel == 0) setup_args.context_parallel = pf.context_parallel;

@@ -84,6 +84,18 @@ double ddp_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
   return d.gradient_as_bucket_view ? 0.0 : gradient_bytes;
 }
 
+std::string old_buckets_phases_name(const DdpBuckets& d) {
+  return d.old_at_activation_peak ? (d.old_at_gradient_peak ? "both" : "activations")
+                                  : (d.old_at_gradient_peak ? "gradients" : "none");
+}
+
+void parse_old_buckets_phases(const std::string& s, const std::string& where, DdpBuckets& d) {
+  if (s != "none" && s != "activations" && s != "gradients" && s != "both")
+    throw InputError(where + ": '" + excerpt(s) + "': expected none, activations, gradients or both");
+  d.old_at_activation_peak = s == "activations" || s == "both";
+  d.old_at_gradient_peak = s == "gradients" || s == "both";
+}
+
 double ddp_old_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
   return d.model && d.old_buckets_held_at_rebuild ? gradient_bytes : 0.0;
 }

@@ -197,6 +197,11 @@ struct DdpBuckets {
   bool old_at_activation_peak = true, old_at_gradient_peak = false;
 };
 
+// DdpBuckets' phases in words: "none", "activations", "gradients" or "both" (plan files, simulate --ddp-old-buckets);
+// the parser throws InputError naming `where`.
+std::string old_buckets_phases_name(const DdpBuckets& d);
+void parse_old_buckets_phases(const std::string& s, const std::string& where, DdpBuckets& d);
+
 // GPU bytes of the buckets' own storage: the gradients' bytes again, unless gradient_as_bucket_view.
 double ddp_bucket_bytes(const DdpBuckets& d, double gradient_bytes);
 // GPU bytes of the old buckets while they are held across the rebuild (the gradients' bytes, with or without

@@ -707,6 +707,10 @@ void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::s
                                                                       : "zero";
   pf.deepspeed_buffers = row.setup.deepspeed.model;
   pf.ddp_buckets = w.options.setup.ddp.model;
+  if (pf.ddp_buckets) {
+    std::string note;
+    pf.ddp_old_buckets = old_buckets_phases_name(with_old_bucket_phases(in, row, note).setup.ddp);
+  }
   pf.grads_in_backward = row.setup.grads_in_backward;
   pf.fp32_residual = row.setup.fp32_residual;
   pf.eager_fp32_loss = row.setup.eager_fp32_loss;

@@ -818,6 +818,10 @@ TEST_CASE("DDP's old buckets: held from the rebuild until the watchdog's poll, c
   CHECK(!d.old_at_gradient_peak);
   old_buckets_phases(d, 15, 40, 90);  // a longer forward on the host: released before its end in most runs
   CHECK(!d.old_at_activation_peak);
+  CHECK(old_buckets_phases_name(d) == "none");
+  parse_old_buckets_phases("gradients", "--ddp-old-buckets", d);  // plan files and simulate name them
+  CHECK((!d.old_at_activation_peak && d.old_at_gradient_peak && old_buckets_phases_name(d) == "gradients"));
+  CHECK_THROWS_AS(parse_old_buckets_phases("forward", "--ddp-old-buckets", d), InputError);
   d.watchdog_period_ms = 1000;  // a slow watchdog: alive through the whole step
   old_buckets_phases(d, 15, 40, 90);
   CHECK(d.old_at_activation_peak);
