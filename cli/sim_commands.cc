@@ -45,7 +45,7 @@ struct SetupArgs {
   // simulate only (add_parallel_options): 0 / off / 0 take the plan file's setting.
   int context_parallel = 0;
   bool overlap_grad_reduce = false, overlap_param_gather = false;
-  double ddp_bucket_params = 0, comm_slowdown = kCommComputeSlowdown;
+  double ddp_bucket_params = 0, comm_slowdown = 0;  // 0: the profiles' comm_overlap.json, else the default
 };
 
 // simulate's context parallelism and overlapped data-parallel communication (sim/sequence_parallel.h,
@@ -66,9 +66,9 @@ void add_parallel_options(CLI::App* s, SetupArgs& a) {
                 "Parameters per overlapped communication bucket (default: Megatron's max(40M, 1M x dp))")
       ->check(CLI::Range(0.0, 1e13));
   s->add_option("--comm-slowdown", a.comm_slowdown,
-                "Compute time while an overlapped collective shares the SMs, over its time alone (measured by "
-                "scripts/gpu_nccl_bench.sh)")
-      ->capture_default_str()
+                "Compute time while an overlapped collective shares the GPU, over its time alone, for every "
+                "collective (default: the profile folder's comm_overlap.json, measured by "
+                "scripts/gpu_overlap_probe.sh for reductions and gathers apart, else 1.035; sim/dp_overlap.md)")
       ->check(CLI::Range(1.0, 10.0));
 }
 
