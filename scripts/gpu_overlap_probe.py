@@ -40,6 +40,11 @@ def gemm_loop(layers, x, wides, dys):
             torch.mm(dy.t(), x[w.shape[1]])  # dW: [out, T] x [T, in]
 
 
+def nccl_version():
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -164,7 +169,7 @@ def main():
             "compute_slowdown": {"reduce": mean[0], "gather": mean[1]},
             "per_rank_compute_slowdown": [{"reduce": e[0], "gather": e[1]} for e in every],
             "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "torch": torch.__version__,
-                        "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                        "cuda": torch.version.cuda, "nccl": nccl_version(),
                         "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}},
             "shape": {"hidden": h, "ffn": ffn, "tokens": T, "layers": a.layers, "comm_share": a.comm_share,
                       "reps": a.reps},
