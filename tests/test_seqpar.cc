@@ -418,6 +418,22 @@ TEST_CASE("simulate --context-parallel and --overlap-grad-reduce: costed, record
   const auto bad = test::run_hetplan(common + " --context-parallel 3");
   CHECK(bad.exit_code == 2);
   CHECK(bad.output.find("dp 8 is not a multiple of the context-parallel size 3") != std::string::npos);
+  // The compute stretch beside the collectives: the default, then the profile folder's probe, then the flag.
+  CHECK(j["overlap_compute_slowdown"]["source"] == "default (kCommComputeSlowdown)");
+  CHECK(j["overlap_compute_slowdown"]["reduce"].get<double>() == kCommComputeSlowdown);
+  std::ofstream(dir / "prof" / kOverlapProbeFile) << R"({"compute_slowdown": {"reduce": 1.5, "gather": 1.25}})";
+  const auto probed = test::run_hetplan(common + " --overlap-grad-reduce --json " + (dir / "probed.json").string());
+  REQUIRE(probed.exit_code == 0);
+  CHECK(probed.output.find("overlap: compute beside reductions x1.500, beside gathers x1.250") != std::string::npos);
+  const ordered_json pj = read_json_file((dir / "probed.json").string());
+  CHECK(pj["overlap_compute_slowdown"]["source"].get<std::string>().find(kOverlapProbeFile) != std::string::npos);
+  const auto forced = test::run_hetplan(common + " --overlap-grad-reduce --comm-slowdown 1.035");
+  CHECK(forced.output.find("x1.035 (--comm-slowdown)") != std::string::npos);
+  std::ofstream(dir / "prof" / kOverlapProbeFile) << R"({"compute_slowdown": {"reduce": 0.5, "gather": 1.25}})";
+  const auto broken = test::run_hetplan(common + " --overlap-grad-reduce");
+  CHECK(broken.exit_code == 2);
+  CHECK(broken.output.find("compute_slowdown.reduce' must be a number in [1, 10]") != std::string::npos);
+  std::filesystem::remove(dir / "prof" / kOverlapProbeFile);
 }
 
 }  // namespace hetplan
