@@ -1089,4 +1089,52 @@ TEST_CASE("whole-node stages with --zero auto --recompute auto: exact at gap 0 w
   CHECK(zero_plans >= 1);  // some best plans use ZeRO, whose collectives the coupled tails count
 }
 
+TEST_CASE("stage estimates count the pass's time outside the layers: a stage of even shares is estimated at its cost",
+          "[plan_search][estimates]") {
+  using namespace stage_estimates;
+  const ProfileSet& profiles = small_profiles();
+  const int L = profiles.num_layers(), max_tp = 4;
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 4}}, clusterfile(), "hosts", "clusterfile");
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  const int types = static_cast<int>(cluster.device_types().size());
+  const RankLayout layout(cluster, {0, 1});
+  const PlanCostModel plain(sim, layout, {sim.options().setup});
+  const std::vector<double> unmeasured(static_cast<std::size_t>(types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
+  int exact = 0, with_outside = 0;
+  for (int b : {1, 2, 4}) {
+    const ShareSlices slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs);
+    EstimateBudget budget(std::size_t{64} << 20);
+    MixedLists lists(budget);
+    const StageEstimator est(profiles, cluster, layout, plain, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured, L);
+    for (int r : {0, 4})
+      for (int s = 1; r + s <= r + 4; ++s)
+        for (int tp = 1; tp <= s; ++tp) {
+          const int dp = s / tp;
+          if (s % tp != 0 || b % dp != 0) continue;  // even shares: every replica the one estimated
+          const Slices& sl = slices.at(layout.type_of(r), tp, b / dp);
+          if (sl.files.size() != 1) continue;  // the share's own file: its time is the stage's profile time
+          for (int l = 0; l < L; ++l)
+            for (int e = l + 1; e <= L; ++e) {
+              INFO("ranks " << r << "+" << s << " tp " << tp << " b " << b << " layers " << l << "-" << e);
+              const StageEstimate x = est.estimate(r, s, tp, l, e, true, true);
+              StageChoice c;
+              c.begin = r;
+              c.size = s;
+              c.st = Strategy{dp, tp};
+              c.layer_begin = l;
+              c.layer_end = e;
+              FastStageCost fc;
+              REQUIRE(plain.stage(c, 1, 3, 4, b, &fc));  // a middle stage: no batch generator
+              CHECK(x.t <= (fc.forward_ms + fc.backward_ms) * (1 + 1e-12));
+              CHECK(x.t == Approx(fc.forward_ms + fc.backward_ms).epsilon(1e-9));
+              CHECK(x.f + x.b <= x.t * (1 + 1e-12));
+              with_outside += sl.fb_sync > 0;
+              ++exact;
+            }
+        }
+  }
+  CHECK(exact > 50);
+  CHECK(with_outside > 50);  // the profiles measure time outside the layers: the check above needs it
+}
+
 }  // namespace hetplan
