@@ -83,7 +83,8 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
   s->add_option("--recompute", a.recompute, "Activation recomputation: none, selective or full")->capture_default_str();
   s->add_option("--precision", a.precision, "Training precision: fp32, fp16, bf16 or fp8")->capture_default_str();
   s->add_option("--accounting", a.accounting,
-                "Model-state accounting: zero (ZeRO paper), deepspeed (memory.rst estimator), megatron, or auto "
+                "Model-state accounting: zero (ZeRO paper), deepspeed (memory.rst estimator), megatron, fsdp2 (PyTorch "
+                "fully_shard over fp32 parameters, 16-bit compute: no 16-bit copy kept, fp32 sharded gradients), or auto "
                 "(simulate: megatron when the profiles record 18 bytes per parameter, as hetplan profile's do; "
                 "else zero)")
       ->capture_default_str();
@@ -123,7 +124,9 @@ TrainingSetup make_setup(const SetupArgs& a) {
   if (a.accounting == "zero" || a.accounting == "auto") s.accounting = ZeroAccounting::kZeroPaper;
   else if (a.accounting == "deepspeed") s.accounting = ZeroAccounting::kDeepSpeed;
   else if (a.accounting == "megatron") s.accounting = ZeroAccounting::kMegatron;
-  else throw InputError("--accounting: '" + excerpt(a.accounting) + "': expected zero, deepspeed, megatron or auto");
+  else if (a.accounting == "fsdp2") s.accounting = ZeroAccounting::kFsdp2;
+  else
+    throw InputError("--accounting: '" + excerpt(a.accounting) + "': expected zero, deepspeed, megatron, fsdp2 or auto");
   s.sequence_parallel = a.sequence_parallel;
   s.flash_attention = a.flash;
   s.deepspeed.model = a.deepspeed_buffers;

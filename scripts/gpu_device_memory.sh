@@ -26,9 +26,8 @@ if [[ ! -x build-gpu/hetplan ]]; then
   echo "built in $((SECONDS - t0)) s"
 fi
 source scripts/gpu_env.sh
-machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
-torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)
-export HETPLAN_MACHINE="${DEVICE_KIND:-GPU machine}: ${machine}; torch ${torchv}; $(nproc) CPU cores"
+source scripts/gpu_lib.sh
+export HETPLAN_MACHINE="$(gpu_machine 2>/dev/null)"
 echo "machine: $HETPLAN_MACHINE"
 run=logs/validate/device-memory/run-$(date -u +%Y%m%d-%H%M%S)
 left=$(( ${HETPLAN_DEADLINE_S:-450} - SECONDS ))

@@ -419,68 +419,20 @@ def graph_floor(torch, dev):
 
 
 def decode_probe(torch, F, dev):
+    """The validation's decode loop (gpu_whatif_validate.hf_llama_decoder, the same code) at a tiny width, 28 and 7
+    layers deep: host time per layer per token and per token outside the layers."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu_whatif_validate as v
     out = {}
-    dt = torch.bfloat16
-    h, nh, nkv, hd, ffn, V, T, P = 64, 4, 2, 16, 128, 512, 96, 32
-    inv = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, device=dev, dtype=torch.float32) / hd))
-
-    def w(*shape):
-        return (torch.randn(*shape, device=dev) * 0.02).to(dt)
+    T, P = 96, 32
     for L in (28, 7):
-        emb = w(V, h)
-        layers = [dict(ln1=torch.ones(h, device=dev, dtype=dt), ln2=torch.ones(h, device=dev, dtype=dt),
-                       q=w(nh * hd, h), k=w(nkv * hd, h), v=w(nkv * hd, h), o=w(h, nh * hd), gate=w(ffn, h),
-                       up=w(ffn, h), down=w(h, ffn)) for _ in range(L)]
-        ln_f = torch.ones(h, device=dev, dtype=dt)
-        kc = [torch.zeros(1, nkv, T, hd, device=dev, dtype=dt) for _ in range(L)]
-        vc = [torch.zeros(1, nkv, T, hd, device=dev, dtype=dt) for _ in range(L)]
-
-        def rms(x, weight):
-            xf = x.to(torch.float32)
-            var = xf.pow(2).mean(-1, keepdim=True)
-            xf = xf * torch.rsqrt(var + 1e-5)
-            return weight * xf.to(dt)
-
-        def rotate_half(x):
-            return torch.cat((-x[..., hd // 2:], x[..., : hd // 2]), dim=-1)
-
-        def repeat_kv(x, g):
-            b, k, n, d = x.shape
-            return x[:, :, None].expand(b, k, g, n, d).reshape(b, k * g, n, d)
-
-        def forward(ids, pos):
-            n = ids.shape[1]
-            x = F.embedding(ids, emb)
-            f = pos.to(torch.float32)[:, None] * inv[None, :]
-            e = torch.cat((f, f), dim=-1)
-            cos, sin = e.cos().to(dt)[None, None], e.sin().to(dt)[None, None]
-            mask = torch.arange(T, device=dev)[None, :] <= pos[:, None]
-            for i, lw in enumerate(layers):
-                r = x
-                y = rms(x, lw["ln1"])
-                q = F.linear(y, lw["q"]).view(1, n, nh, hd).transpose(1, 2)
-                k = F.linear(y, lw["k"]).view(1, n, nkv, hd).transpose(1, 2)
-                v = F.linear(y, lw["v"]).view(1, n, nkv, hd).transpose(1, 2)
-                q = q * cos + rotate_half(q) * sin
-                k = k * cos + rotate_half(k) * sin
-                kc[i].index_copy_(2, pos, k)
-                vc[i].index_copy_(2, pos, v)
-                kk, vv = repeat_kv(kc[i], nh // nkv), repeat_kv(vc[i], nh // nkv)
-                a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask[None, None])
-                x = r + F.linear(a.transpose(1, 2).reshape(1, n, nh * hd), lw["o"])
-                r = x
-                y = rms(x, lw["ln2"])
-                x = r + F.linear(F.silu(F.linear(y, lw["gate"])) * F.linear(y, lw["up"]), lw["down"])
-            x = rms(x[:, -1:], ln_f)
-            return F.linear(x, emb).float()
-
+        shape = dict(v.LLAMA3B, vocab=512, hidden=64, blocks=L, heads=4, kv_heads=2, head_dim=16, ffn=128)
+        dec_step, _ = v.hf_llama_decoder(torch, F, dev, shape, T)
         tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
         pos = torch.full((1,), P, dtype=torch.long, device=dev)
 
         def step():
-            logits = forward(tok, pos)
-            tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
-            pos.add_(1)
+            dec_step(tok, pos)
 
         with torch.no_grad():
             def run32():

@@ -17,17 +17,16 @@ work=$(mktemp -d)
 res="$work/host_probe"
 mkdir -p "$res" "$out"
 [ -f scripts/gpu_env.sh ] && source scripts/gpu_env.sh
+source scripts/gpu_lib.sh
 t0=$SECONDS
-machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
-torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')
-echo "machine: ${DEVICE_KIND:-GPU machine}: ${machine}; torch ${torchv}; $(nproc) CPU cores" | tee "$res/machine.txt"
+echo "machine: $(gpu_machine)" | tee "$res/machine.txt"
 { lscpu | head -20; nvidia-smi; } >> "$res/machine.txt" 2>&1
 ngpu=$(nvidia-smi -L | wc -l)
 
 run() {  # run LIMIT_S NAME CMD...
   local limit=$1 name=$2; shift 2
   echo "== $name ($((SECONDS - t0)) s)"
-  timeout --kill-after=10 "$limit" "$@" > "$res/$name.log" 2>&1
+  gpu_timed "$limit" "$res/$name.log" "$@"
   local rc=$?
   tail -40 "$res/$name.log"
   [ $rc -eq 0 ] || echo "!! $name: exit $rc"

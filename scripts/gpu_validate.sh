@@ -14,9 +14,8 @@ if [[ ! -x build-gpu/hetplan ]]; then
   echo "built in $((SECONDS - t0)) s"
 fi
 source scripts/gpu_env.sh
-machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
-torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')
-export HETPLAN_MACHINE="${DEVICE_KIND:-GPU machine}: ${machine}; torch ${torchv}; $(nproc) CPU cores"
+source scripts/gpu_lib.sh
+export HETPLAN_MACHINE="$(gpu_machine)"
 echo "machine: $HETPLAN_MACHINE"
 before=$(ls -d logs/validate/*/ 2>/dev/null | sort)
 # Within the device call's limit: what finished is packed either way.

@@ -28,7 +28,10 @@ AdamW(fused=True), no dropout. Modes:
           host and copied to the GPU.
 Checkpointing (ckpt1): torch.utils.checkpoint around every block (use_reentrant=False).
 Recorded per case: median time per iteration (after warm-up) and torch.cuda.max_memory_allocated of
-rank 0 (the caching allocator's peak, without the CUDA context), and max_memory_reserved.
+rank 0 (the caching allocator's peak over the run, without the CUDA context), and max_memory_reserved.
+Diagnoses besides (they change neither figure): the time at which the host had issued each step
+(host_issue_ms), and the allocator's peak of each step (peak_allocated_bytes_per_step: DDP's bucket rebuild
+happens in the second step; its max is the run's peak).
 
 Decode: a Llama-3.2-3B-shaped decoder (tests/data/hf/llama-3.2-3b.json: hidden 3072, 28 blocks, 24 heads,
 8 KV heads, ffn 8192, vocab 128256, tied), bf16 weights (random), batch 1, prompt 512, 128 new tokens,
@@ -211,7 +214,7 @@ def train(args):
         n = GPT["seq"]
         ids = torch.randint(GPT["vocab"], (mb, n), device=dev)
         tgt = torch.randint(GPT["vocab"], (mb, n), device=dev)
-        times = []
+        times, issue, step_peaks, step_reserved = [], [], [], []
         opt_kind = "AdamW(fused=True)"
         steps = args.warmup + args.iters
         torch.cuda.synchronize()
@@ -239,13 +242,24 @@ def train(args):
                 opt.step()
             if args.mode != "offload":
                 opt.zero_grad(set_to_none=True)
+            t_issued = time.perf_counter()  # the host has issued the step (the GPU may still be working)
             torch.cuda.synchronize()
             if step >= args.warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
+                issue.append((t_issued - t0) * 1e3)
+            # Diagnosis only (outside the timed span): this step's allocator peak, then a fresh window; the run's
+            # peak, which the summary compares, is the largest of them (the same figure as one window over the run).
+            step_peaks.append(torch.cuda.max_memory_allocated())
+            step_reserved.append(torch.cuda.max_memory_reserved())
+            torch.cuda.reset_peak_memory_stats()
         res = {"mode": args.mode, "case": name, "micro_batch": mb, "ckpt": ckpt, "ranks": world,
                "parameters": params, "step_ms": statistics.median(times), "step_ms_all": times,
-               "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-               "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+               # When the host finished issuing each timed step: near step_ms where the host is the bottleneck
+               # (or the launch queue is full), well below it where the GPU is.
+               "host_issue_ms": statistics.median(issue), "host_issue_ms_all": issue,
+               "peak_allocated_bytes": max(step_peaks),
+               "peak_allocated_bytes_per_step": step_peaks,
+               "peak_reserved_bytes": max(step_reserved),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__}
         res["optimizer"] = opt.opt_kind if args.mode == "offload" else opt_kind
         if args.mode == "offload":
@@ -355,18 +369,16 @@ def memory_census(args):
 
 # ------------------------------------------------------------------ decode
 
-def decode(args):
-    import torch
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    dev = torch.device("cuda")
-    s = LLAMA3B
+def hf_llama_decoder(torch, F, dev, s, T):
+    """A Llama decoder written op for op as Hugging Face transformers' eager LlamaDecoderLayer (fp32 RMSNorm,
+    rotate_half RoPE, repeat_kv, SDPA with a mask over a static KV cache of T positions), bf16 weights (random)
+    of shape `s` (LLAMA3B's keys). The one copy of the decode loop: `decode` runs it at LLAMA3B's size and
+    scripts/gpu_host_probe.py at a tiny width (the host's cost per op does not depend on the width).
+    Returns step(tok, pos) -- one greedy decode step: the last token's logits, the argmax into `tok` [1, 1],
+    pos [1] advanced -- and forward(ids [1, n], pos [n]) (writes the cache at pos; returns the last token's
+    fp32 logits)."""
     h, nh, nkv, hd, L = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["blocks"]
-    P, O = args.prompt, args.output
-    T = P + O
     dt = torch.bfloat16
-    results = []
 
     def w(*shape):
         return (torch.randn(*shape, device=dev, dtype=torch.float32) * 0.02).to(dt)
@@ -401,7 +413,6 @@ def decode(args):
         return x[:, :, None].expand(b, k, g, n, d).reshape(b, k * g, n, d)
 
     def forward(ids, pos):
-        """ids [1, n], pos [n] (device tensors); writes the cache at pos; returns the last token's logits."""
         n = ids.shape[1]
         x = F.embedding(ids, emb)
         cos, sin = rope(pos)
@@ -426,14 +437,31 @@ def decode(args):
         x = rms(x[:, -1:], ln_f)
         return F.linear(x, emb).float()
 
-    prompt = torch.randint(s["vocab"], (1, P), device=dev)
+    def step(tok, pos):
+        logits = forward(tok, pos)
+        tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        pos.add_(1)
+
+    return step, forward
+
+
+def decode(args):
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    P, O = args.prompt, args.output
+    T = P + O
+    results = []
+    dec_step, forward = hf_llama_decoder(torch, F, dev, LLAMA3B, T)
+
+    prompt = torch.randint(LLAMA3B["vocab"], (1, P), device=dev)
     tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
     pos = torch.zeros(1, dtype=torch.long, device=dev)
 
     def step():
-        logits = forward(tok, pos)
-        tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
-        pos.add_(1)
+        dec_step(tok, pos)
 
     graph = None
     for runtime in args.runtimes.split(","):
@@ -523,6 +551,14 @@ def summary(args):
                      f"worst memory {max(m_err):.1f}%")
     if missing:
         lines.append("Not measured (predicted only): " + ", ".join(missing))
+    # Diagnosis (compared with nothing): when the host had issued each step, against the step; each step's
+    # allocator peak (DDP rebuilds its buckets in the second step).
+    diag = [m for m in meas if "host_issue_ms" in m]
+    if diag:
+        lines += ["", "| case | host issued ms (median) | step ms | allocator peak per step, GiB |", "|---|---|---|---|"]
+        for m in diag:
+            peaks = " ".join(f"{b / 2**30:.2f}" for b in m.get("peak_allocated_bytes_per_step", []))
+            lines.append(f"| {m['mode']}-{m['case']} | {m['host_issue_ms']:.1f} | {m['step_ms']:.1f} | {peaks} |")
     open(args.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -29,10 +29,9 @@ work=$(mktemp -d)
 res="$work/whatif_validate"
 mkdir -p "$res" "$out"
 [ -f scripts/gpu_env.sh ] && source scripts/gpu_env.sh
+source scripts/gpu_lib.sh
 t0=$SECONDS
-machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
-torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')
-machine="${DEVICE_KIND:-GPU machine}: ${machine}; torch ${torchv}; $(nproc) CPU cores"
+machine=$(gpu_machine)
 echo "machine: $machine" | tee "$res/machine.txt"
 { nvidia-smi; nvidia-smi topo -m; lscpu | head -20; } >> "$res/machine.txt" 2>&1
 
@@ -45,11 +44,10 @@ py=(python3 scripts/gpu_whatif_validate.py)
 budget=${BUDGET_S:-520}
 run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LIMIT_S nor past the budget
   local limit=$1 name=$2; shift 2
-  local left=$((budget - (SECONDS - t0)))
-  [ "$left" -lt "$limit" ] && limit=$left
+  limit=$(gpu_step_limit "$limit" "$budget" "$t0")
   if [ "$limit" -lt 10 ]; then echo "!! $name: skipped (the ${budget} s budget is spent)"; return 1; fi
   echo "== $name ($((SECONDS - t0)) s, limit $limit s)"
-  timeout --kill-after=10 "$limit" "$@" > "$res/$name.log" 2>&1
+  gpu_timed "$limit" "$res/$name.log" "$@"
   local rc=$?
   tail -8 "$res/$name.log"
   [ $rc -eq 0 ] || echo "!! $name: exit $rc"

@@ -29,11 +29,10 @@ if [[ ! -x build-gpu/hetplan ]]; then
 fi
 t0=$SECONDS  # the budget counts from here
 [ -f scripts/gpu_env.sh ] && source scripts/gpu_env.sh
+source scripts/gpu_lib.sh
 bin=${HETPLAN_BIN:-build-gpu/hetplan}
 rounds=${ROUNDS:-3} warmup=${WARMUP:-3} iters=${ITERS:-8} budget=${BUDGET_S:-285}
-machine=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd';')
-torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')
-echo "machine: ${DEVICE_KIND:-GPU machine}: ${machine}; torch ${torchv}; $(nproc) CPU cores; hetplan ${HETPLAN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}" | tee "$res/machine.txt"
+echo "machine: $(gpu_machine); hetplan ${HETPLAN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}" | tee "$res/machine.txt"
 { nvidia-smi; nvidia-smi topo -m; } >> "$res/machine.txt" 2>&1
 
 py=(python3 scripts/gpu_zero3_race.py)
@@ -41,11 +40,10 @@ py=(python3 scripts/gpu_zero3_race.py)
 "${py[@]}" plan --out "$res/plan_no_overlap.json" --dp 2 --micro-batch 4 --no-overlap
 step() {  # step LIMIT_S NAME CMD...: one launch, its log kept, never longer than LIMIT_S nor past the budget
   local limit=$1 name=$2; shift 2
-  local left=$((budget - (SECONDS - t0)))
-  if [ "$left" -lt 20 ]; then echo "!! $name skipped: budget spent"; return 1; fi
-  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$(gpu_step_limit 20 "$budget" "$t0")" -lt 20 ]; then echo "!! $name skipped: budget spent"; return 1; fi
+  limit=$(gpu_step_limit "$limit" "$budget" "$t0")
   echo "== $name ($((SECONDS - t0)) s)"
-  timeout --kill-after=10 "$limit" "$@" > "$res/$name.log" 2>&1
+  gpu_timed "$limit" "$res/$name.log" "$@"
   local rc=$?
   grep -E "iteration_ms|fsdp2:|error|Error" "$res/$name.log" | tail -3
   [ $rc -eq 0 ] || { echo "!! $name: exit $rc"; tail -5 "$res/$name.log"; }

@@ -35,6 +35,7 @@ PerParam per_param(const TrainingSetup& s) {
     case ZeroAccounting::kZeroPaper: return {w, 2, 0, 4, 8};
     case ZeroAccounting::kDeepSpeed: return {w, 2, 4, 4, 8};
     case ZeroAccounting::kMegatron: return {w, 0, 4, 4, 8};
+    case ZeroAccounting::kFsdp2: return {4, 0, 4, 0, 8};  // the fp32 shard is the weight and the master
   }
   return {w, 2, 0, 4, 8};
 }
@@ -79,7 +80,16 @@ ModelStateBytes model_state_bytes(double trainable, double frozen_weight_bytes, 
     grads16 /= n;
     grads32 /= n;
   }
-  if (z >= 3) {
+  const bool fsdp2 = s.accounting == ZeroAccounting::kFsdp2 && s.precision != Precision::kFp32 &&
+                     s.finetune == Finetune::kFull;
+  if (z >= 3 && fsdp2) {
+    weights /= n;
+    // The unit being computed is all-gathered in 16 bits and its unsharded gradient computed in 16 bits; that
+    // gradient is cast to reduce_dtype (fp32) as the reduce-scatter's input, allocated in the backward like the
+    // sharded gradients it becomes, so it sits with them (rank_memory weighs them against the activations).
+    out.transient = largest_module * (2 + 2);
+    grads32 += largest_module * 4;
+  } else if (z >= 3) {
     weights /= n;
     // The module being computed is gathered whole, with its gradients (DeepSpeed memory.rst:
     // largest_layer_memory = 4 * largest_layer_params for 16-bit weights and gradients).
@@ -354,7 +364,7 @@ double recomputed_forward_fraction(const ModelShape& m, Recompute r, long long s
 
 double reduced_gradient_bytes(const TrainingSetup& s) {
   if (s.precision == Precision::kFp32 || s.finetune != Finetune::kFull) return 4;
-  return s.accounting == ZeroAccounting::kMegatron ? 4 : 2;
+  return s.accounting == ZeroAccounting::kMegatron || s.accounting == ZeroAccounting::kFsdp2 ? 4 : 2;
 }
 
 const char* to_string(Recompute r) {

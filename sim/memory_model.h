@@ -34,7 +34,15 @@ enum class Finetune { kFull, kLora, kQlora };
 //                16-bit grads exist only for the layer being computed.
 //   kMegatron:   Megatron-LM (theoretical_memory_usage.py, distributed optimizer): 2 (bf16 weights) + 4 (fp32
 //                main_grad) + 12 (fp32 master, Adam states); stage 1 = distributed optimizer.
-enum class ZeroAccounting { kZeroPaper, kDeepSpeed, kMegatron };
+//   kFsdp2:      PyTorch FSDP2 (fully_shard) over fp32 parameters with MixedPrecisionPolicy(param_dtype 16-bit,
+//                reduce_dtype fp32): 4 (the fp32 sharded parameter: it is the master) + 4 (its fp32 sharded
+//                gradient, the reduce-scatter's output) + 8 (Adam), all sharded at stage 3. No 16-bit copy
+//                persists: the 16-bit weights exist only while a unit is all-gathered (cast from the fp32 shard
+//                into the all-gather input). Per unit in the backward: the gathered 16-bit weights and their
+//                16-bit unsharded gradient (transient), and that gradient cast to reduce_dtype as the
+//                reduce-scatter's input (fp32, allocated in the backward with the gradients)
+//                (sim/runtime_overheads.md, FSDP2's memory).
+enum class ZeroAccounting { kZeroPaper, kDeepSpeed, kMegatron, kFsdp2 };
 
 // Weight quantisation of a frozen (or compute-only) copy: `bits` per weight
 // plus per-block constants, optionally quantised again (QLoRA's double quantisation).
@@ -204,7 +212,8 @@ double recomputed_forward_fraction(const ModelShape& m, Recompute r, long long s
 
 // Bytes per trainable parameter of the gradient the data-parallel group
 // reduces: the fp32 main gradient where the setup keeps one (Megatron's
-// accounting, fp32 training, fp32 LoRA adapters), else the 16-bit gradient.
+// accounting, fp32 training, fp32 LoRA adapters), FSDP2's reduce_dtype fp32
+// (kFsdp2), else the 16-bit gradient.
 double reduced_gradient_bytes(const TrainingSetup& s);
 
 const char* to_string(Recompute r);

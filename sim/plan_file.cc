@@ -271,10 +271,10 @@ void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
   flag("eager_fp32_loss", f.eager_fp32_loss);
   if (j.contains("accounting")) {
     const std::string where = file + ": key 'accounting'";
-    if (!j["accounting"].is_string()) throw InputError(where + ": expected zero, deepspeed or megatron");
+    if (!j["accounting"].is_string()) throw InputError(where + ": expected zero, deepspeed, megatron or fsdp2");
     f.accounting = j["accounting"].get<std::string>();
-    if (f.accounting != "zero" && f.accounting != "deepspeed" && f.accounting != "megatron")
-      throw InputError(where + ": '" + excerpt(f.accounting) + "': expected zero, deepspeed or megatron");
+    if (f.accounting != "zero" && f.accounting != "deepspeed" && f.accounting != "megatron" && f.accounting != "fsdp2")
+      throw InputError(where + ": '" + excerpt(f.accounting) + "': expected zero, deepspeed, megatron or fsdp2");
   }
   flag("sequence_parallel", f.sequence_parallel);
   if (j.contains("context_parallel"))

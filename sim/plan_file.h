@@ -47,7 +47,7 @@ struct PlanFile {
   std::string precision;
   // ZeRO-Offload of the optimizer state, and of the 16-bit weights too (ZeRO-3), as costed.
   bool offload_optimizer = false, offload_params = false;
-  // The model-state accounting ("zero", "deepspeed", "megatron"); "" when the file records none.
+  // The model-state accounting ("zero", "deepspeed", "megatron", "fsdp2"); "" when the file records none.
   std::string accounting;
   // DeepSpeed's buffers and PyTorch DDP's buckets were counted (sim/offload.h, sim/runtime_overheads.h).
   bool deepspeed_buffers = false, ddp_buckets = false;

@@ -38,6 +38,7 @@ HostCosts default_host_costs() {
   c.fsdp2_param_us = 162.1759008264461;
   c.adam_step_us = 29.050029999950752;
   c.adam_tensor_us = 2.4215324000010696;
+  c.zero_grad_tensor_us = 1.3079863013813695;
   c.nograd_op_us = 11.365174711763053;
   c.source = "H200 host probe (logs/validate/host-probe-h200)";
   return c;
@@ -130,6 +131,8 @@ HostCosts host_costs_from_probe(const ordered_json& micro, const std::string& mi
   c.checkpoint_backward_us = std::max(0.0, (bwd1 - bwd0) * 1e3 / blocks - block_ops * c.forward_op_us);
   c.adam_tensor_us = m("optimizer_step.adamw_fused.us_per_tensor", us);
   c.adam_step_us = std::max(0.0, m("optimizer_step.adamw_fused.us_fixed", any));
+  // zero_grad(set_to_none=True) after the step: the tiny GPT's zero_grad phase over its parameter tensors.
+  c.zero_grad_tensor_us = m(g0 + "zero_grad", us) * 1e3 / m(g0 + "parameters", us);
   // Decode: the tiny Llama-like loop's host time per token over its ops per token.
   c.nograd_op_us = m("decode.layers28.token_wall_us", us) / m("decode.layers28.aten_top_per_token", us);
   if (dist) {
@@ -295,7 +298,7 @@ HostStep eager_training_host(const ModelShape& m, const TrainingHostSetup& s, co
   } else {
     h.backward_ms += h.wrapper_ms;
   }
-  h.optimizer_ms = (c.adam_step_us + tensors * c.adam_tensor_us) * 1e-3;
+  h.optimizer_ms = (c.adam_step_us + tensors * (c.adam_tensor_us + c.zero_grad_tensor_us)) * 1e-3;
   return h;
 }
 

@@ -69,6 +69,7 @@ struct HostCosts {
   double fsdp2_module_us = 0;         // FSDP2 (fully_shard), per sharded module and step (its four hooks)
   double fsdp2_param_us = 0;          // ... and per parameter tensor of it (copy-in/out, DTensor, its optimizer)
   double adam_step_us = 0, adam_tensor_us = 0;  // AdamW(fused=True): per step and per parameter tensor
+  double zero_grad_tensor_us = 0;     // optimizer.zero_grad(set_to_none=True): its Python loop, per parameter tensor
   double nograd_op_us = 0;            // an op of an eager decode step (autograd off)
   std::string source;
 };
@@ -157,7 +158,8 @@ struct HostStep {
 };
 // Forward: the blocks' and ends' ops (+ the checkpoint regions' forward cost, FSDP2's pre/post-forward share);
 // backward: their kernels, the checkpointed blocks' recomputed forwards and regions, DDP per parameter tensor,
-// FSDP2's backward share; optimizer: AdamW(fused) over the parameter tensors. FSDP2 wraps each block and the
+// FSDP2's backward share; optimizer: AdamW(fused) over the parameter tensors, then zero_grad(set_to_none=True)
+// over them (a host loop the GPU waits on only where the step is host-bound). FSDP2 wraps each block and the
 // root (fsdp2_module_us per module, fsdp2_param_us per tensor, split evenly between forward and backward).
 HostStep eager_training_host(const ModelShape& m, const TrainingHostSetup& s, const HostCosts& c);
 

@@ -428,14 +428,16 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
   row("FSDP", "FSDP", [&](WhatifRow& r) {
     r.setup.zero_stage = 3;
     r.setup.grads_in_backward = true;
-    if (!accounting_given) r.setup.accounting = ZeroAccounting::kZeroPaper;
+    if (!accounting_given) r.setup.accounting = ZeroAccounting::kFsdp2;
     base_offload(r);
-    r.assumptions.push_back("FULL_SHARD, mixed precision: fp32 shards (master), Adam states and gradients sharded");
+    r.assumptions.push_back("fully_shard per block, MixedPrecisionPolicy(16-bit params, fp32 reduce): fp32 shards "
+                            "(the master), Adam states and fp32 gradients sharded; 16-bit weights only while a unit "
+                            "is gathered");
   });
   row("FSDP-hybrid", "FSDP", [&](WhatifRow& r) {
     r.setup.zero_stage = 3;
     r.setup.grads_in_backward = true;
-    if (!accounting_given) r.setup.accounting = ZeroAccounting::kZeroPaper;
+    if (!accounting_given) r.setup.accounting = ZeroAccounting::kFsdp2;
     base_offload(r);
     r.setup.shard_group = gpus_per_node;
     r.assumptions.push_back("HYBRID_SHARD: sharded within a node of " + std::to_string(gpus_per_node) +
@@ -661,6 +663,7 @@ void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::s
   pf.offload_params = row.setup.offload_params;
   pf.accounting = row.setup.accounting == ZeroAccounting::kDeepSpeed ? "deepspeed"
                   : row.setup.accounting == ZeroAccounting::kMegatron ? "megatron"
+                  : row.setup.accounting == ZeroAccounting::kFsdp2    ? "fsdp2"
                                                                       : "zero";
   pf.deepspeed_buffers = row.setup.deepspeed.model;
   pf.ddp_buckets = w.options.setup.ddp.model;

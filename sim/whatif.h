@@ -159,7 +159,7 @@ struct WhatifResult {
 // base's unless the row is about them). `lora_rank`/`lora_targets` for the PEFT rows. The base's offload
 // goes to FSDP and the PEFT+ZeRO rows only (parameter offload to their ZeRO-3 ones). Accounting: the
 // base's when `accounting_given`, else each framework's (PyTorch AMP: Megatron's; DeepSpeed: its
-// estimator's; FSDP: the ZeRO paper's).
+// estimator's; FSDP: FSDP2's, kFsdp2).
 std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_rank, unsigned lora_targets,
                                             int gpus_per_node, bool accounting_given = false);
 

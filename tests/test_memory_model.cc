@@ -297,3 +297,30 @@ TEST_CASE("eager fp32 cross-entropy keeps three fp32 copies of the logits", "[me
   s.eager_fp32_loss = true;
   CHECK(rank_memory(m, s, r).activations - fused == Approx(8 * sb * V).epsilon(1e-9));
 }
+
+// PyTorch FSDP2 (fully_shard) over fp32 parameters with MixedPrecisionPolicy(param_dtype bf16, reduce_dtype fp32),
+// as torch/distributed/fsdp/_fully_shard documents it: the sharded parameter stays fp32 (it is what the optimizer
+// updates: no separate master), the 16-bit weights exist only in the all-gather of a unit, the gradient is
+// reduce-scattered in reduce_dtype into an fp32 sharded gradient. Per parameter over dp 2: fp32 shard 4/2, Adam
+// 8/2, fp32 gradient 4/2; no 16-bit copy. A unit in its backward: gathered 16-bit weights and 16-bit gradient
+// (2 + 2 per unit parameter, transient), and that gradient cast to fp32 as the reduce-scatter's input (4 per
+// unit parameter, allocated in the backward with the gradients).
+TEST_CASE("FSDP2 accounting: fp32 shards and gradients, no 16-bit copy, an fp32 reduce-scatter input",
+          "[memory][whatif]") {
+  TrainingSetup s;
+  s.zero_stage = 3;
+  s.accounting = ZeroAccounting::kFsdp2;
+  const double psi = 1e9, unit = 1e8;
+  const ModelStateBytes f = model_state_bytes(psi, 0, unit, s, 2, 8);
+  CHECK(f.weights == Approx(4 * psi / 2));
+  CHECK(f.optimizer == Approx(8 * psi / 2));
+  CHECK(f.gradients == Approx(4 * psi / 2 + 4 * unit));
+  CHECK(f.transient == Approx((2 + 2) * unit));
+  CHECK(reduced_gradient_bytes(s) == 4);  // the reduce-scatter runs in fp32
+  // The ZeRO paper's accounting of the same stage keeps a 16-bit weight shard and 16-bit gradients besides the
+  // fp32 master: the same 16 bytes per parameter, but 2 more of them persist through the backward.
+  s.accounting = ZeroAccounting::kZeroPaper;
+  const ModelStateBytes z = model_state_bytes(psi, 0, unit, s, 2, 8);
+  CHECK(z.weights + z.optimizer - (f.weights + f.optimizer) == Approx(2 * psi / 2));
+  CHECK(reduced_gradient_bytes(s) == 2);
+}

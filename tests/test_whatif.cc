@@ -158,7 +158,7 @@ TEST_CASE("whatif and simulate agree: every ZeRO stage x recomputation, offload"
                       {"ZeRO-1+offload", "--zero 1 --accounting deepspeed --deepspeed-buffers --offload optimizer"},
                       {"ZeRO-2+offload", "--zero 2 --accounting deepspeed --deepspeed-buffers --offload optimizer"},
                       {"ZeRO-3+offload", "--zero 3 --accounting deepspeed --deepspeed-buffers --offload all"},
-                      {"FSDP", "--zero 3 --accounting zero"}};
+                      {"FSDP", "--zero 3 --accounting fsdp2"}};
   int compared = 0;
   for (const Row& row : rows) {
     for (const char* recompute : {"none", "selective", "full"}) {
@@ -610,6 +610,7 @@ TEST_CASE("host model: the defaults are the H200 probe's figures", "[whatif][run
   CHECK(p.fsdp2_param_us == Approx(d.fsdp2_param_us).epsilon(1e-12));
   CHECK(p.adam_step_us == Approx(d.adam_step_us).epsilon(1e-12));
   CHECK(p.adam_tensor_us == Approx(d.adam_tensor_us).epsilon(1e-12));
+  CHECK(p.zero_grad_tensor_us == Approx(d.zero_grad_tensor_us).epsilon(1e-12));
   CHECK(p.nograd_op_us == Approx(d.nograd_op_us).epsilon(1e-12));
   // The forward's per-op cost is the tiny GPT's forward host time over its 417 ops.
   CHECK(d.forward_op_us == Approx(12.349 / 417 * 1e3).epsilon(1e-3));
@@ -647,7 +648,11 @@ TEST_CASE("host model: checkpointing adds recomputed forwards, DDP per parameter
   const HostStep plain = eager_training_host(m, s, c);
   CHECK(plain.forward_ms == Approx((24 * 17 + 9) * c.forward_op_us * 1e-3).epsilon(1e-12));
   CHECK(plain.backward_ms == Approx((24 * 36 + 17) * c.backward_kernel_us * 1e-3).epsilon(1e-12));
-  CHECK(plain.optimizer_ms == Approx((c.adam_step_us + 292 * c.adam_tensor_us) * 1e-3).epsilon(1e-12));
+  // AdamW(fused) and then zero_grad(set_to_none=True), each over the 292 parameter tensors; the probe's zero_grad
+  // phase took 0.382 ms over them (logs/validate/host-probe-h200).
+  CHECK(plain.optimizer_ms ==
+        Approx((c.adam_step_us + 292 * (c.adam_tensor_us + c.zero_grad_tensor_us)) * 1e-3).epsilon(1e-12));
+  CHECK(292 * c.zero_grad_tensor_us * 1e-3 == Approx(0.382).epsilon(1e-3));
   s.checkpoint_every = 1;
   const HostStep ckpt = eager_training_host(m, s, c);
   CHECK(ckpt.recompute_ms == Approx(24 * (17 * c.forward_op_us + c.checkpoint_backward_us) * 1e-3).epsilon(1e-12));
@@ -1075,4 +1080,29 @@ TEST_CASE("whatif rows: eager fp32 loss everywhere, fp32 residual stream under a
     if (r.name == "single GPU" || r.name == "DDP") CHECK(r.autocast);
     if (r.name == "FSDP" || r.name == "ZeRO-2+offload") CHECK_FALSE(r.setup.fp32_residual);
   }
+}
+
+// The FSDP rows run fully_shard's mixed precision over fp32 parameters (tests/test_memory_model.cc, FSDP2
+// accounting): at the peak of a step whose activations outweigh the gradients, no 16-bit weight shard is held
+// beside the fp32 shard, so the row's memory is the ZeRO paper's less 2 bytes per parameter over dp.
+TEST_CASE("whatif FSDP row: FSDP2's accounting, no 16-bit shard kept", "[whatif][memory]") {
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  WhatifInput in;
+  in.shape = m;
+  in.seq = 2048;
+  in.micro_batch = 1;
+  in.gpu = find_gpu_spec("H200");
+  in.gpus = 2;
+  in.gpus_per_node = 2;
+  WhatifRow fsdp;
+  for (const WhatifRow& r : standard_whatif_rows(TrainingSetup(), 16, kTargetQ | kTargetV, 2))
+    if (r.name == "FSDP") fsdp = r;
+  REQUIRE(fsdp.setup.accounting == ZeroAccounting::kFsdp2);
+  const WhatifResult f = cost_whatif_row(in, fsdp);
+  fsdp.setup.accounting = ZeroAccounting::kZeroPaper;
+  const WhatifResult z = cost_whatif_row(in, fsdp);
+  REQUIRE(f.memory.states.gradients == 0);  // (the activations outweigh the gradients at this size)
+  REQUIRE(z.memory.states.gradients == 0);
+  CHECK(z.memory.allocated_peak() - f.memory.allocated_peak() ==
+        Approx(2.0 * static_cast<double>(m.parameter_count()) / 2).epsilon(1e-9));
 }

@@ -1,0 +1,35 @@
+# Shared by the device scripts (scripts/gpu_*.sh): source it from the repo root, after
+# `cd "$(dirname "$0")/.."`; it defines functions only and runs nothing.
+#
+#   gpu_machine                  one line naming the machine, as the run's records quote it:
+#                                "<DEVICE_KIND or 'GPU machine'>: <count> <GPU name>, <memory>, <driver>[;...];
+#                                 torch <version> cuda <version>; <n> CPU cores"
+#                                (GPUs of one kind grouped by nvidia-smi, torch as python3 imports it)
+#   gpu_step_limit LIMIT_S BUDGET_S T0
+#                                LIMIT_S, or what is left of BUDGET_S seconds counted from $SECONDS = T0 where
+#                                that is less (it may be 0 or negative: the caller decides to skip the step)
+#   gpu_timed LIMIT_S LOG CMD... runs CMD with its output (stdout and stderr) in LOG, killed LIMIT_S seconds
+#                                after it starts (and with SIGKILL 10 s later); returns CMD's exit status
+#                                (124 or 137 when killed)
+#
+# Each script keeps its own step wrapper (what it prints before and after a step, and when it skips one):
+# those messages are what its logs and the lead's notes quote.
+
+gpu_machine() {
+  local gpus torchv
+  gpus=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c |
+    sed 's/^ *//' | paste -sd';')
+  torchv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')
+  echo "${DEVICE_KIND:-GPU machine}: ${gpus}; torch ${torchv}; $(nproc) CPU cores"
+}
+
+gpu_step_limit() {
+  local limit=$1 left=$(($2 - (SECONDS - $3)))
+  if [ "$left" -lt "$limit" ]; then echo "$left"; else echo "$limit"; fi
+}
+
+gpu_timed() {
+  local limit=$1 log=$2
+  shift 2
+  timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
+}
