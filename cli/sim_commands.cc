@@ -867,7 +867,8 @@ Runner add_simulate_command(CLI::App& app) {
                 "Write an HTML report to this file: the plan, a timeline per rank, memory per rank (as `hetplan report`)");
   s->add_option("--collectives", a->collectives,
                 "Intra-node all-reduce bandwidth: measured (the profiles' communication.allreduce_busbw_gbs where "
-                "present) or clusterfile (its intra_bandwidth)")
+                "present, taken net of the measured calls' latency, which the network model charges per "
+                "collective itself) or clusterfile (its intra_bandwidth)")
       ->capture_default_str();
   s->add_flag("--burst-clocks", a->burst_clocks,
               "Cost every stage at the profiles' burst timings (by default the pace-setting stage runs at the "

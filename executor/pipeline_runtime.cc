@@ -84,10 +84,22 @@ struct MicroBatchState {
 
 // The stage's model chunks: one GPT of the stage's layers, or (interleaved) one per chunk, each of its
 // model layers (the same weights as one process's layers of those numbers).
+// Whether the rank's optimizer is MixedPrecisionAdam, whose main gradients are whole on every rank (no
+// ZeRO-2/3, no ZeRO-1 on ZeroOptimizer's units): RankRun::build_optimizer's choice.
+bool main_grads_whole(const ReplayConfig& c, const StageLayout& st, int virtual_stages) {
+  const bool zero1_units = c.zero_stage == 1 && st.dp > 1 && c.overlap_grad_reduce && virtual_stages == 1;
+  return c.zero_stage < 2 && !zero1_units;
+}
+
 std::vector<profiler::GPT> build_chunks(const ReplayConfig& c, const profiler::TensorParallelGroup& tp,
                                         const profiler::TensorParallelGroup& cp, const StageLayout& st) {
+  profiler::GPTConfig model = c.model;
+  // Sequence parallelism: where the main gradients are whole, the shard-used parameters' gradients are
+  // summed over tp once per step (sync_gradients), as Megatron does; under ZeRO-2/3 in every backward.
+  model.sequence_parallel_grads_in_step =
+      model.sequence_parallel && tp.size() > 1 && main_grads_whole(c, st, static_cast<int>(st.chunk_layers.size()));
   std::vector<profiler::GPT> chunks;
-  for (const auto& [first, last] : st.chunk_layers) chunks.emplace_back(c.model, tp, first, last, cp);
+  for (const auto& [first, last] : st.chunk_layers) chunks.emplace_back(model, tp, first, last, cp);
   return chunks;
 }
 
@@ -118,6 +130,7 @@ class RankRun {
   int vstage(int c) const { return virtual_stage(layout_.num_stages(), s_, c); }
   int tag(int k, int j) const { return (v_ > 1 ? k * m_ : 0) + j; }
   void sync_gradients();
+  void sum_sequence_parallel_grads();
   void optimizer_step();
   void record(int origin, double ms);
 
@@ -138,6 +151,7 @@ class RankRun {
   profiler::GPT& stage_model_;         // chunks_[0] (ZeRO-2/3 run one chunk only)
   std::vector<torch::Tensor> params_;
   torch::Tensor tied_;
+  std::vector<torch::Tensor> sp_params_;  // sequence parallelism: gradients summed over tp in sync_gradients
   bool zero_ = false;  // ZeRO-1 over more than one replica
   // bf16 weights: fp32 main gradients, master weights and Adam state (Megatron's mixed precision).
   // ZeRO-1: MixedPrecisionAdam with sharded masters (with overlapped reduction: ZeroOptimizer stage 1);
@@ -199,6 +213,8 @@ RankRun::RankRun(const PipelineLayout& layout, const ReplayConfig& c, const prof
     // The tied embedding's end on this stage: chunk 0 of the first, chunk v - 1 of the last.
     if (const torch::Tensor t = chunk.tied_embedding_to_sync(); t.defined()) tied_ = t;
     tokens_in_.push_back(chunk.first_layer() == 0);
+    if (chunk.config().sequence_parallel_grads_in_step)
+      for (const torch::Tensor& p : chunk.sequence_parallel_params()) sp_params_.push_back(p);
   }
   zero_ = c.zero_stage == 1 && st_.dp > 1;
   build_optimizer();
@@ -217,8 +233,7 @@ void RankRun::build_optimizer() {
   auto& layers = stage_model_.layers();
   layer_units_.assign(layers.size(), {});
   // ZeRO-1 with overlapped reduction runs on ZeroOptimizer's units (one model chunk: its units are layers).
-  const bool zero1_units = zero_ && c_.overlap_grad_reduce && v_ == 1;
-  if (c_.zero_stage < 2 && !zero1_units) {
+  if (main_grads_whole(c_, st_, v_)) {
     mp_adam_ = std::make_unique<profiler::MixedPrecisionAdam>(params_, c_.lr, zero_ ? replica_ : 0,
                                                               zero_ ? st_.dp : 1, /*in_backward=*/true);
     return;
@@ -446,6 +461,7 @@ void RankRun::backward(int c, int j) {
 // tied embedding's pairs have summed theirs (sums commute); a tied embedding summed over stages of
 // different (dp, tp) needs every replica's gradient reduced first, so there it all-reduces here.
 void RankRun::sync_gradients() {
+  sum_sequence_parallel_grads();
   const bool reduce_in_step = zero_ && !groups_.emb_full;
   if (groups_.dp && !zopt_ && !reduce_in_step) {
     timed("allreduce", -1, [&] {
@@ -468,6 +484,25 @@ void RankRun::sync_gradients() {
       g.copy_(full.narrow(0, t_ * rows, rows));
     }
     if (zopt_) zopt_->set_unit_gradient(tied_unit, tied_, g);
+  });
+}
+
+// Sequence parallelism: the main gradients of the parameters used on a sequence shard summed over tp, in
+// one all-reduce per step (Megatron's _allreduce_layernorm_grads); before or after the data-parallel sum,
+// which commutes with it. The test hook sp-param-allreduce leaves them partial.
+void RankRun::sum_sequence_parallel_grads() {
+  static const bool disabled = profiler::test_disabled("sp-param-allreduce");
+  if (sp_params_.empty() || !groups_.tp || disabled) return;
+  timed("allreduce", -1, [&] {
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : sp_params_) grads.push_back(mp_adam_->main_grad_of(p).view({-1}));
+    torch::Tensor flat = torch::cat(grads);
+    groups_.tp->all_reduce(flat);
+    int64_t at = 0;
+    for (torch::Tensor& g : grads) {
+      g.copy_(flat.narrow(0, at, g.numel()));
+      at += g.numel();
+    }
   });
 }
 

@@ -67,6 +67,51 @@ torch::Tensor masked_attention(const torch::Tensor& q, torch::Tensor k, torch::T
 #endif
 }
 
+// Causal attention of q [b, heads, s_q, d] over k, v [b, heads / group, s_k, d] with s_q <= s_k and the
+// queries the last s_q of the keys' positions (bottom-right aligned: query i attends keys j <= i + s_k - s_q).
+// On CUDA in half precision: ATen's flash kernel, whose causal mask is bottom-right aligned (FlashAttention-2's
+// convention; PyTorch's CausalBias "lower right" calls it so), which skips the masked blocks. Elsewhere: an
+// explicit mask (the CPU tests).
+torch::Tensor lower_right_causal_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v, int64_t group) {
+  const int64_t sq = q.size(-2), sk = k.size(-2);
+#if HETPLAN_TORCH_AT_LEAST(2, 3)
+  const bool half = q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf;
+  if (q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256) {
+    if (group > 1) {  // key/value heads expanded: no reliance on the kernel's own grouped-query support
+      k = k.repeat_interleave(group, 1);
+      v = v.repeat_interleave(group, 1);
+    }
+    return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, 0.0, /*is_causal=*/true,
+                                                                /*return_debug_mask=*/false));
+  }
+#endif
+  if (sq == sk) return causal_attention(q, std::move(k), std::move(v), group);
+  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+  const torch::Tensor mask = (torch::arange(sq, opts) + (sk - sq)).unsqueeze(1) >= torch::arange(sk, opts).unsqueeze(0);
+  return masked_attention(q, std::move(k), std::move(v), group, mask);
+}
+
+// Context parallelism's causal attention on this rank's queries q [b, heads, 2 c, d] (global chunks r and
+// 2 cp - 1 - r of 2 cp, c tokens each) over every rank's keys and values kv [2, b, kv heads, cp 2 c, d]
+// (rank order: rank i's chunks i and 2 cp - 1 - i). The keys are put in global order, then each query chunk j
+// attends chunks 0..j, causally on its own (diagonal) chunk: one bottom-right causal call per query chunk,
+// so neither masked nor past-the-diagonal blocks are computed.
+torch::Tensor context_parallel_attention(const torch::Tensor& q, const torch::Tensor& kv, int64_t group,
+                                         const TensorParallelGroup& cp) {
+  const int64_t n = cp.size(), r = cp.rank(), c = q.size(2) / 2;
+  std::vector<torch::Tensor> global;  // chunk j lives on rank j (first half) or 2 cp - 1 - j (second half)
+  for (int64_t j = 0; j < 2 * n; ++j) {
+    const int64_t owner = j < n ? j : 2 * n - 1 - j, offset = owner * 2 * c + (j < n ? 0 : c);
+    global.push_back(kv.narrow(3, offset, c));
+  }
+  const torch::Tensor ordered = torch::cat(global, 3);
+  auto chunk_attention = [&](int64_t q_offset, int64_t j) {
+    const torch::Tensor keys = ordered.narrow(3, 0, (j + 1) * c);
+    return lower_right_causal_attention(q.narrow(2, q_offset, c), keys[0], keys[1], group);
+  };
+  return torch::cat({chunk_attention(0, r), chunk_attention(c, 2 * n - 1 - r)}, 2);
+}
+
 // x [b, heads, s, d] rotated by position (Hugging Face's layout, rotate_half:
 // the two halves of each head form the pairs), with `table` = {cos, sin}.
 torch::Tensor rotary(const torch::Tensor& x, const RotaryTable& table) {
@@ -170,7 +215,11 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
 
 EmbeddingLayer::EmbeddingLayer(const GPTConfig& c, const TensorParallelGroup& g, const TensorParallelGroup& cp,
                                SequenceSplit split)
-    : group_(g), cp_(cp), seq_len_(c.seq_len), sp_output_(c.sequence_parallel && g.size() > 1 && split.output) {
+    : group_(g),
+      cp_(cp),
+      sp_grad_group_(c.sequence_parallel_grads_in_step ? TensorParallelGroup() : g),
+      seq_len_(c.seq_len),
+      sp_output_(c.sequence_parallel && g.size() > 1 && split.output) {
   const ModelShape& m = c.shape;
   wte_ = register_module("wte", VocabParallelEmbedding(m.vocab_size, m.hidden_size,
                                                        ParamInit{kInitStd, seed_for(c, 0, 0), c.meta}, g));
@@ -187,7 +236,12 @@ torch::Tensor EmbeddingLayer::forward(const torch::Tensor& ids) {
   torch::Tensor pos = cp_.size() > 1 ? wpe_.index_select(0, context_parallel_positions(seq_len_, cp_).to(wpe_.device()))
                                      : wpe_.narrow(0, 0, ids.size(1));
   if (!sp_output_) return x + pos;
-  return x + group_.slice_dim(sequence_parallel_param(pos, group_), 0);
+  return x + group_.slice_dim(sequence_parallel_param(pos, sp_grad_group_), 0);
+}
+
+std::vector<torch::Tensor> EmbeddingLayer::sequence_parallel_params() const {
+  if (sp_output_ && wpe_.defined()) return {wpe_};
+  return {};
 }
 
 TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup& g, int64_t index,
@@ -198,10 +252,13 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup
       seq_len_(c.seq_len),
       sp_(c.sequence_parallel && g.size() > 1),
       split_(split),
+      cp_exchange_(cp.size() > 1 && !test_disabled("cp-kv-exchange")),
       recompute_(c.recompute) {
   block_body_ = [this](const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&) { return block(x); };
   const int64_t group = c.shape.num_heads / c.shape.num_kv_heads;
+  // With the K/V exchange, `k` holds every cp rank's keys and values stacked ([2, b, kv, cp s, d]), `v` is unused.
   attention_body_ = [this, group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    if (cp_exchange_) return context_parallel_attention(q, k, group, cp_);
     return cp_mask_.defined() ? masked_attention(q, k, v, group, cp_mask_) : causal_attention(q, k, v, group);
   };
   const ModelShape& m = c.shape;
@@ -219,13 +276,25 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup
   fc1_ = register_module("fc1", ColumnParallelLinear(h, m.ffn_hidden_size, m.mlp_bias, init(2, kInitStd), g, false));
   fc2_ = register_module("fc2", RowParallelLinear(m.ffn_hidden_size, h, m.mlp_bias, init(3, out_std), g));
   if (sp_) {
-    ln1_->set_sequence_parallel(g);
-    ln2_->set_sequence_parallel(g);
+    const bool in_backward = !c.sequence_parallel_grads_in_step;
+    if (in_backward) {
+      ln1_->set_sequence_parallel(g);
+      ln2_->set_sequence_parallel(g);
+    }
     for (auto* col : {&qkv_, &fc1_, &gate_})
       if (!col->is_empty()) (*col)->set_sequence_parallel();
-    proj_->set_sequence_parallel();
-    fc2_->set_sequence_parallel();
+    proj_->set_sequence_parallel(in_backward);
+    fc2_->set_sequence_parallel(in_backward);
   }
+}
+
+std::vector<torch::Tensor> TransformerBlock::sequence_parallel_params() const {
+  if (!sp_) return {};
+  std::vector<torch::Tensor> out = ln1_->own_params();
+  for (const torch::Tensor& p : ln2_->own_params()) out.push_back(p);
+  for (const torch::Tensor& b : {proj_->bias, fc2_->bias})
+    if (b.defined()) out.push_back(b);
+  return out;
 }
 
 torch::Tensor TransformerBlock::forward(const torch::Tensor& x_in) {
@@ -255,14 +324,9 @@ torch::Tensor TransformerBlock::block(const torch::Tensor& x) {
   torch::Tensor k = parts[1].squeeze(3).transpose(1, 2);                       // [b, kv, s, d]
   torch::Tensor v = parts[2].squeeze(3).transpose(1, 2);
   if (cp_.size() > 1 && !cp_positions_.defined()) {
-    // Keys: every cp rank's tokens in rank order (or, under the test hook, this rank's alone).
     cp_positions_ = context_parallel_positions(seq_len_, cp_);
-    const bool exchange = !test_disabled("cp-kv-exchange");
-    std::vector<torch::Tensor> keys;
-    for (int r = 0; r < (exchange ? cp_.size() : 1); ++r)
-      keys.push_back(exchange ? context_parallel_positions(seq_len_, TensorParallelGroup(r, cp_.size(), nullptr))
-                              : cp_positions_);
-    cp_mask_ = (cp_positions_.unsqueeze(1) >= torch::cat(keys).unsqueeze(0)).to(q.device());
+    // Under the test hook (no K/V exchange) the queries attend this rank's own keys, masked on their positions.
+    if (!cp_exchange_) cp_mask_ = (cp_positions_.unsqueeze(1) >= cp_positions_.unsqueeze(0)).to(q.device());
     cp_positions_ = cp_positions_.to(q.device());
   }
   if (!shape_.learned_positions) {
@@ -277,9 +341,10 @@ torch::Tensor TransformerBlock::block(const torch::Tensor& x) {
       k = rotary(k, table);
     }
   }
-  if (cp_.size() > 1 && !test_disabled("cp-kv-exchange")) {
-    k = gather_from_context_parallel(k, 2, cp_);  // [b, kv, cp s, d]: every cp rank's keys, in rank order
-    v = gather_from_context_parallel(v, 2, cp_);
+  if (cp_exchange_) {
+    // One all-gather of K and V together: [2, b, kv, cp s, d], every cp rank's tokens in rank order.
+    k = gather_from_context_parallel(torch::stack({k, v}), 3, cp_);
+    v = k;
   }
   const bool selective = recompute_ == Recompute::kSelective && torch::GradMode::is_enabled();
   const torch::Tensor att = selective ? checkpoint(attention_body_, q, k, v) : attention_body_(q, k, v);
@@ -294,7 +359,7 @@ HeadLayer::HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Te
     : group_(g), sp_(c.sequence_parallel && g.size() > 1), split_(split) {
   const ModelShape& m = c.shape;
   ln_f_ = register_module("ln_f", Norm(m.norm, m.hidden_size, m.norm_eps, c.meta));
-  if (sp_) ln_f_->set_sequence_parallel(g);
+  if (sp_ && !c.sequence_parallel_grads_in_step) ln_f_->set_sequence_parallel(g);
   if (tied.defined()) {
     lm_head_ = std::move(tied);  // the embedding's parameter, registered there
   } else {
@@ -304,6 +369,10 @@ HeadLayer::HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Te
     lm_head_ = register_parameter(tied_copy_ ? "tied_wte" : "lm_head",
                                   init_shard({m.vocab_size, m.hidden_size}, 0, g, ParamInit{kInitStd, seed, c.meta}));
   }
+}
+
+std::vector<torch::Tensor> HeadLayer::sequence_parallel_params() const {
+  return sp_ ? ln_f_->own_params() : std::vector<torch::Tensor>{};
 }
 
 torch::Tensor HeadLayer::forward(const torch::Tensor& x) {
@@ -349,6 +418,13 @@ std::vector<torch::Tensor> GPT::parameters() const {
   for (const auto& l : layers_)
     for (const auto& p : l->parameters())
       if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+
+std::vector<torch::Tensor> GPT::sequence_parallel_params() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& l : layers_)
+    for (const torch::Tensor& p : l->sequence_parallel_params()) out.push_back(p);
   return out;
 }
 

@@ -22,7 +22,8 @@
 // its lookups; the head all-gathers after the final norm. The norms'
 // weights, the row-parallel biases and the learned positions are used on a
 // shard, so their gradients are summed over tp in the backward
-// (sequence_parallel_param). A GPT's own input and output (a pipeline
+// (sequence_parallel_param) or, with sequence_parallel_grads_in_step, by the
+// caller once per step (sequence_parallel_params()). A GPT's own input and output (a pipeline
 // stage's, exchanged with its neighbours) stay whole: its first layer
 // scatters, its last all-gathers.
 //
@@ -30,8 +31,8 @@
 // this cp rank's part of each sequence (context_parallel_positions: chunks r
 // and 2 cp - 1 - r of 2 cp), positions (learned or rotary) are the tokens'
 // global ones, and each attention all-gathers K and V over the cp group
-// (backward: reduce-scatter of their gradients) and masks causally on the
-// global positions. The head's loss is the mean over this rank's tokens.
+// (one collective; backward: reduce-scatter of their gradients) and runs, per
+// query chunk, causal attention over the key chunks up to it (flash on CUDA). The head's loss is the mean over this rank's tokens.
 //
 // It promises: summing numel() over the tp ranks for sharded tensors and
 // once for replicated ones gives ModelShape::parameter_count() (tests check
@@ -63,6 +64,11 @@ struct GPTConfig {
   // does that for the core attention (scores, softmax, weighted values) only.
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  // with tp > 1 (see above)
+  // Sequence parallelism: where the gradients of the parameters used on a sequence shard
+  // (GPT::sequence_parallel_params()) are summed over tp. false: in every backward (each use's
+  // backward all-reduces); true: not by the model -- the caller sums them once per step, after the
+  // last micro-batch (Megatron's finalize_model_grads), as replay's gradient sync does.
+  bool sequence_parallel_grads_in_step = false;
   int64_t num_layers() const { return shape.metis_num_layers(); }  // embedding + blocks + head
   int64_t blocks() const { return shape.num_layers; }
   // Checks what a model of this config on `tp` ranks needs (heads, key/value
@@ -94,6 +100,9 @@ struct SequenceSplit {
 class GPTLayer : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  // Sequence parallelism: the parameters this layer uses on a sequence shard (norm weights and biases,
+  // row-parallel biases, learned positions), whose gradients are partial per tp rank; empty without it.
+  virtual std::vector<torch::Tensor> sequence_parallel_params() const { return {}; }
 };
 
 // LayerNorm (weight, bias) or RMSNorm (weight; computed in fp32 as Hugging Face does).
@@ -101,8 +110,10 @@ class NormImpl : public torch::nn::Module {
  public:
   NormImpl(NormKind kind, int64_t h, double eps, bool meta);
   torch::Tensor forward(const torch::Tensor& x);
-  // Sequence parallelism: x is a sequence shard, so weight and bias gradients are summed over `g`.
+  // Sequence parallelism: x is a sequence shard, so weight and bias gradients are summed over `g` in the
+  // backward (a group of size 1: left partial, for the caller to sum).
   void set_sequence_parallel(const TensorParallelGroup& g) { sp_group_ = g; }
+  std::vector<torch::Tensor> own_params() const { return bias.defined() ? std::vector{weight, bias} : std::vector{weight}; }
   torch::Tensor weight, bias;
 
  private:
@@ -119,11 +130,13 @@ class EmbeddingLayer : public GPTLayer {
                  SequenceSplit split = {});
   torch::Tensor forward(const torch::Tensor& ids) override;
   torch::Tensor word_embeddings() const { return wte_->weight; }
+  std::vector<torch::Tensor> sequence_parallel_params() const override;
 
  private:
   VocabParallelEmbedding wte_{nullptr};
   torch::Tensor wpe_;  // undefined without learned positions
   TensorParallelGroup group_, cp_;
+  TensorParallelGroup sp_grad_group_;  // group_ where the backward sums the positions' gradients, else size 1
   int64_t seq_len_;
   bool sp_output_ = false;
 };
@@ -141,6 +154,7 @@ class TransformerBlock : public GPTLayer {
   TransformerBlock(const GPTConfig& c, const TensorParallelGroup& g, int64_t index,
                    const TensorParallelGroup& cp = {}, SequenceSplit split = {});
   torch::Tensor forward(const torch::Tensor& x) override;
+  std::vector<torch::Tensor> sequence_parallel_params() const override;
 
  private:
   ModelShape shape_;
@@ -148,7 +162,8 @@ class TransformerBlock : public GPTLayer {
   int64_t seq_len_;
   bool sp_ = false;  // sequence parallelism
   SequenceSplit split_;
-  torch::Tensor cp_positions_, cp_mask_;  // cp > 1: this rank's query positions, the attention mask (lazily)
+  bool cp_exchange_ = false;  // cp > 1 and the K/V exchange not disabled (test hook cp-kv-exchange)
+  torch::Tensor cp_positions_, cp_mask_;  // cp > 1: this rank's query positions; the test hook's mask (lazily)
   int64_t local_heads_, local_kv_heads_;
   Norm ln1_{nullptr}, ln2_{nullptr};
   // QKV rows are laid out by key/value group ([kv][q x heads/kv, k, v][head_dim])
@@ -178,6 +193,7 @@ class HeadLayer : public GPTLayer {
   // The targets: this cp rank's tokens of each sequence, like the embedding's ids.
   HeadLayer(const GPTConfig& c, const TensorParallelGroup& g, torch::Tensor tied, SequenceSplit split = {});
   torch::Tensor forward(const torch::Tensor& x) override;  // mean cross-entropy (fp32)
+  std::vector<torch::Tensor> sequence_parallel_params() const override;
   void set_targets(torch::Tensor t) { targets_ = std::move(t); }
   // The head's own copy of the tied embedding (undefined otherwise).
   torch::Tensor tied_copy() const { return tied_copy_ ? lm_head_ : torch::Tensor(); }
@@ -214,6 +230,9 @@ class GPT {
   // (stage with the head but not the embedding), when the embeddings are
   // tied; undefined otherwise.
   torch::Tensor tied_embedding_to_sync() const;
+  // Sequence parallelism: every layer's sequence_parallel_params(). With
+  // GPTConfig::sequence_parallel_grads_in_step, the caller must sum their gradients over tp.
+  std::vector<torch::Tensor> sequence_parallel_params() const;
   // Whole-model loss for token ids and targets [batch, seq].
   torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets);
 

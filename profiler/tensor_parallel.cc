@@ -252,7 +252,8 @@ torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
   if (group_.size() == 1) return torch::linear(x, weight, bias);
   if (sequence_parallel_) {
     torch::Tensor y = reduce_scatter_to_sequence_parallel(torch::matmul(x, weight.t()), group_);
-    return bias.defined() ? y + sequence_parallel_param(bias, group_) : y;
+    if (!bias.defined()) return y;
+    return y + (sum_bias_grad_ ? sequence_parallel_param(bias, group_) : bias);
   }
   torch::Tensor y = reduce_from_tensor_parallel(torch::matmul(x, weight.t()), group_);
   return bias.defined() ? y + bias : y;

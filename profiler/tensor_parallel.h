@@ -138,13 +138,17 @@ class RowParallelLinearImpl : public torch::nn::Module {
   RowParallelLinearImpl(int64_t in, int64_t out, bool bias, const ParamInit& init, const TensorParallelGroup& group);
   torch::Tensor forward(const torch::Tensor& x);
   // Sequence parallelism: the partial products are reduce-scattered along the sequence (dim 1) instead of
-  // all-reduced, and the bias, added on the shard, has its gradient summed over the group.
-  void set_sequence_parallel() { sequence_parallel_ = true; }
+  // all-reduced, and the bias, added on the shard, has its gradient summed over the group in the backward
+  // (`sum_bias_grad`) or left partial for the caller to sum once per step.
+  void set_sequence_parallel(bool sum_bias_grad = true) {
+    sequence_parallel_ = true;
+    sum_bias_grad_ = sum_bias_grad;
+  }
   torch::Tensor weight, bias;
 
  private:
   TensorParallelGroup group_;
-  bool sequence_parallel_ = false;
+  bool sequence_parallel_ = false, sum_bias_grad_ = true;
 };
 TORCH_MODULE(RowParallelLinear);
 

@@ -237,7 +237,7 @@ double Network::all_reduce_seconds_strided(RankStride group, double bytes) const
 double Network::intra_node_all_reduce_seconds(int node, int count, double bytes) const {
   const double n = static_cast<double>(count);
   if (n <= 1 || bytes <= 0) return 0.0;
-  return 2 * (n - 1) * opt_.intra_latency_s + 2 * (n - 1) / n * bytes / node_collective_[node];
+  return ring_all_reduce_latency_s(count, opt_.intra_latency_s) + 2 * (n - 1) / n * bytes / node_collective_[node];
 }
 
 }  // namespace hetplan

@@ -48,6 +48,13 @@ void check_bandwidth(double value, BandwidthUnit unit, const std::string& where)
 void check_clusterfile_bandwidths(const std::vector<ClusterfileEntry>& entries, const std::string& clusterfile,
                                   BandwidthUnit unit);
 
+// The latency term of one ring all-reduce over n ranks: 2 (n - 1) steps of
+// hop_latency_s each (0 for n <= 1). Network charges it per collective; the
+// profile's measured bandwidth is taken net of it (LayerProfile).
+inline double ring_all_reduce_latency_s(int n, double hop_latency_s) {
+  return n > 1 ? 2.0 * (n - 1) * hop_latency_s : 0.0;
+}
+
 struct NetworkOptions {
   BandwidthUnit unit = BandwidthUnit::kGBps;
   // Measured bus bandwidth (bytes/s) of all-reduces among one node's GPUs,

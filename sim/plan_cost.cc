@@ -154,6 +154,8 @@ struct PlanCostModel::SetupReuse {
   double grad_bytes = -1, grad_ar = 0, weight_bytes = -1, weight_ar = 0;
   // One bucket's all-reduce of the gradients and of the weights (overlapped communication), by bytes.
   double grad_bucket_bytes = -1, grad_bucket_ar = 0, weight_bucket_bytes = -1, weight_bucket_ar = 0;
+  // The all-reduce of the gradient reduced last (the first stage's embedding), by bytes.
+  double last_grad_bytes = -1, last_grad_ar = 0;
   int stage_begin = 0;
 };
 
@@ -464,12 +466,20 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
   // all-gathers the weights. ZeRO-3 (FSDP): each micro-batch gathers the weights before its forward and
   // again before its backward, which reduce-scatters the gradients; nothing is left for the step.
   const double rs = reuse->grad_ar * 1e3 / 2, ag = zero_sharded ? reuse->weight_ar * 1e3 / 2 : 0.0;
+  const Zero3Gathers z3 = zero3_gathers(s, reuse->sp.on_rank(tp), weight_bytes);
   c->allreduce_ms = 0;
   // DeepSpeed's ZeRO-3 gathers module by module even on one rank (with offload_param, from the host).
   const bool ds_zero3 = setup.deepspeed.model && setup.zero_stage >= 3;
   if (dp > 1 && setup.overlap.any() && !ds_zero3 && !setup.ddp.model) {
     // Megatron-style overlapped data-parallel communication (sim/dp_overlap.h).
-    add_overlapped_sync(s.st, setup.zero_stage, trainable, grad_bytes, weight_bytes, setup.overlap, rs, ag, reuse, c);
+    // The first stage's last gradient is the embedding's: buckets never split a parameter, so its reduction
+    // starts only when the backward ends, and is exposed whole.
+    const double last_grad_bytes =
+        s.layer_begin == 0 && setup.finetune == Finetune::kFull
+            ? static_cast<double>(sim_->shape_.embedding_params()) / tp * grad_bytes / std::max(trainable, 1.0)
+            : 0.0;
+    add_overlapped_sync(s.st, setup.zero_stage, trainable, grad_bytes, weight_bytes, last_grad_bytes, setup.overlap,
+                        rs, ag, z3, reuse, c);
   } else {
   switch (ds_zero3 ? 3 : dp > 1 ? setup.zero_stage : 0) {
     case 0:
@@ -499,8 +509,8 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
         c->backward_ms += rs;
         break;
       }
-      c->forward_ms += ag;
-      c->backward_ms += ag + rs;
+      c->forward_ms += ag * z3.forward_share;
+      c->backward_ms += ag * z3.backward_share + rs;
       break;
     }
   }
@@ -564,9 +574,26 @@ HostSpec PlanCostModel::host_for(int rank) const {
 // forward, charged at the iteration's end); each leaves exposed the tail exposed_after_window gives, and
 // stretches the compute it shares the GPU with by the measured slowdown. `rs` and `ag` are the whole
 // reduce-scatter and all-gather (ms); a ZeRO-0 reduction is the whole all-reduce.
+PlanCostModel::Zero3Gathers PlanCostModel::zero3_gathers(const StageChoice& s, double full_on_rank,
+                                                         double weight_bytes) const {
+  Zero3Gathers z;
+  if (full_on_rank <= 0 || weight_bytes <= 0) return z;
+  const ModelShape& shape = sim_->shape_;
+  const double vh = static_cast<double>(shape.vocab_size) * shape.hidden_size / s.st.tp;
+  double kept = 0, twice = 0;  // parameters on this rank
+  if (s.layer_end == shape.metis_num_layers()) {  // the loss's stage: the head's weights stay gathered
+    kept = static_cast<double>(shape.norm_params()) + vh;  // final norm and LM head (tied or its own)
+    if (shape.tied_embeddings && s.layer_begin == 0 && s.layer_end - s.layer_begin > 1) twice = vh;
+  }
+  z.forward_share = (full_on_rank + twice) / full_on_rank;
+  z.backward_share = std::max(0.0, full_on_rank - kept) / full_on_rank;
+  return z;
+}
+
 void PlanCostModel::add_overlapped_sync(Strategy st, int zero, double trainable, double grad_bytes,
-                                        double weight_bytes, const CommOverlap& ov, double rs, double ag,
-                                        SetupReuse* reuse, FastStageCost* c) const {
+                                        double weight_bytes, double last_grad_bytes, const CommOverlap& ov,
+                                        double rs, double ag, const Zero3Gathers& z3, SetupReuse* reuse,
+                                        FastStageCost* c) const {
   const int ng = bucket_count(trainable, ov.grad_bucket_params, st.dp);
   const int nw = bucket_count(trainable, ov.param_bucket_params > 0 ? ov.param_bucket_params : ov.grad_bucket_params,
                               st.dp);
@@ -578,6 +605,10 @@ void PlanCostModel::add_overlapped_sync(Strategy st, int zero, double trainable,
     reuse->weight_bucket_bytes = weight_bytes / nw;
     reuse->weight_bucket_ar = slowest_dp_all_reduce(reuse->stage_begin, st, weight_bytes / nw);
   }
+  if (last_grad_bytes != reuse->last_grad_bytes) {
+    reuse->last_grad_bytes = last_grad_bytes;
+    reuse->last_grad_ar = last_grad_bytes > 0 ? slowest_dp_all_reduce(reuse->stage_begin, st, last_grad_bytes) : 0.0;
+  }
   const double f = ov.compute_slowdown;
   const double window_b = c->backward_ms, window_f = c->forward_ms;
   // One bucket's reduction (ms): the all-reduce at ZeRO-0, half of it (a reduce-scatter) with ZeRO.
@@ -587,7 +618,12 @@ void PlanCostModel::add_overlapped_sync(Strategy st, int zero, double trainable,
   auto hidden = [&](double per_bucket, int n, double total, double window) {
     return exposed_after_window(per_bucket, n, window) + overlap_slowdown_s(total, window, f);
   };
-  const double reduce = ov.grad_reduce ? hidden(red_b, ng, red, window_b) : red;
+  // A reduction chain's tail is at least the last gradient's reduction (the embedding's, on the first stage).
+  const double red_last = reuse->last_grad_ar * 1e3 / (zero == 0 ? 1 : 2);
+  auto hidden_reduce = [&](double per_bucket, int n, double total, double window) {
+    return std::max(exposed_after_window(per_bucket, n, window), red_last) + overlap_slowdown_s(total, window, f);
+  };
+  const double reduce = ov.grad_reduce ? hidden_reduce(red_b, ng, red, window_b) : red;
   switch (zero) {
     case 0: c->allreduce_ms = reduce; break;
     case 1: c->allreduce_ms = reduce + (ov.param_gather ? hidden(gat_b, nw, ag, window_f) : ag); break;
@@ -595,11 +631,20 @@ void PlanCostModel::add_overlapped_sync(Strategy st, int zero, double trainable,
       c->backward_ms += reduce;
       c->allreduce_ms = ov.param_gather ? hidden(gat_b, nw, ag, window_f) : ag;
       break;
-    default:
-      c->forward_ms += ov.param_gather ? hidden(gat_b, nw, ag, window_f) : ag;
-      // The backward gathers the weights again and reduce-scatters the gradients, bucket by bucket.
-      c->backward_ms += ov.grad_reduce ? hidden(red_b + gat_b, std::max(ng, nw), red + ag, window_b) : ag + red;
+    default: {
+      // ZeRO-3: the forward gathers the weights (zero3_gathers: the tied embedding twice), the backward
+      // gathers them again (less the last layer's, kept since its forward) and reduce-scatters the
+      // gradients. A gather runs beside compute only when prefetched (param_gather); otherwise each
+      // layer's gather is waited for before its compute is issued, forward and backward alike.
+      const double ag_f = ag * z3.forward_share, ag_b = ag * z3.backward_share;
+      const double gat_f = gat_b * z3.forward_share, gat_bw = gat_b * z3.backward_share;
+      c->forward_ms += ov.param_gather ? hidden(gat_f, nw, ag_f, window_f) : ag_f;
+      if (ov.grad_reduce && ov.param_gather)
+        c->backward_ms += hidden_reduce(red_b + gat_bw, std::max(ng, nw), red + ag_b, window_b);
+      else
+        c->backward_ms += (ov.param_gather ? hidden(gat_bw, nw, ag_b, window_b) : ag_b) + reduce;
       break;
+    }
   }
 }
 

@@ -190,6 +190,13 @@ class PlanCostModel {
  private:
   struct StageBasis;  // what the setups of one stage share (plan_cost.cc)
   struct SetupReuse;  // what one setup's costing leaves for the next (plan_cost.cc)
+  // ZeRO-3 (FSDP2's and replay's): the 16-bit weight bytes a rank's forward and backward all-gather, as a
+  // fraction of the stage's weights. The forward gathers every layer's just before it, the tied embedding
+  // twice where both ends are on the stage (the embedding's and the head's use); the model's last layer
+  // keeps its weights after its forward (its backward comes next), so the backward re-gathers the others.
+  struct Zero3Gathers {
+    double forward_share = 1, backward_share = 1;
+  };
   bool stage_impl(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int first_setup,
                   int num_setups, FastStageCost* out, StageDetail* detail, std::string* why) const;
   bool stage_basis(const StageChoice& s, int index, int num_stages, int batches, int micro_batch, int cp, StageBasis* b,
@@ -207,7 +214,9 @@ class PlanCostModel {
                          FastStageCost* c) const;
   double slowest_dp_all_reduce(int begin, Strategy st, double bytes) const;
   void add_overlapped_sync(Strategy st, int zero, double trainable, double grad_bytes, double weight_bytes,
-                           const CommOverlap& ov, double rs, double ag, SetupReuse* reuse, FastStageCost* c) const;
+                           double last_grad_bytes, const CommOverlap& ov, double rs, double ag, const Zero3Gathers& z3,
+                           SetupReuse* reuse, FastStageCost* c) const;
+  Zero3Gathers zero3_gathers(const StageChoice& s, double full_on_rank, double weight_bytes) const;
   void add_offload(const StageChoice& s, const TrainingSetup& setup, int ptype, double trainable,
                    double full_on_rank, FastStageCost* c) const;
   void add_zero3_gathers(const StageChoice& s, const TrainingSetup& setup, double hbm_bytes_per_s,

@@ -15,8 +15,9 @@ PlanSimulator::PlanSimulator(const Cluster& cluster, const ProfileSet& profiles,
   for (const auto& name : cluster.device_types()) profile_type_.push_back(profiles.type_index(name));
   if (opt_.measured_collectives && opt_.network.intra_collective_bytes_per_s.empty())
     for (int pt : profile_type_)
-      opt_.network.intra_collective_bytes_per_s.push_back(pt >= 0 ? std::max(0.0, profiles.allreduce_busbw_gbs(pt)) * 1e9
-                                                                  : 0.0);
+      // Net of the profile's per-call latency: the network charges latency per collective itself.
+      opt_.network.intra_collective_bytes_per_s.push_back(
+          pt >= 0 ? std::max(0.0, profiles.allreduce_busbw_gbs(pt, opt_.network.intra_latency_s)) * 1e9 : 0.0);
   if (shape_.metis_num_layers() != profiles.num_layers())
     throw InputError(profiles.model().path + ": profiles have " + std::to_string(profiles.num_layers()) +
                      " layers, but the model has " + std::to_string(shape_.metis_num_layers()) +
@@ -155,7 +156,7 @@ std::vector<std::string> PlanSimulator::collective_sources() const {
   for (std::size_t t = 0; t < types.size(); ++t) {
     const bool m = t < measured.size() && measured[t] > 0;
     out.push_back(types[t] + ": intra-node all-reduce at " +
-                  (m ? std::to_string(static_cast<int>(std::lround(measured[t] / 1e9))) + " GB/s bus bandwidth measured by the profiler"
+                  (m ? std::to_string(static_cast<int>(std::lround(measured[t] / 1e9))) + " GB/s bus bandwidth measured by the profiler (net of its calls' latency)"
                      : std::string("the clusterfile's intra_bandwidth")));
   }
   return out;

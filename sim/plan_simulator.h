@@ -82,7 +82,9 @@ struct SimulationOptions {
   double backward_share = 2.0 / 3.0;
   int max_profiled_bs = 1 << 30;  // largest slice a replica's share is split into
   // All-reduces inside a node at the bus bandwidth the profiles measured for
-  // the device type (communication.allreduce_busbw_gbs), where they did;
+  // the device type (communication.allreduce_busbw_gbs), where they did,
+  // net of the measured calls' latency (the network charges latency per
+  // collective itself; LayerProfile::net_allreduce_busbw_gbs);
   // false: always the clusterfile's intra_bandwidth.
   bool measured_collectives = true;
   // The stage that sets the pipeline's pace computes without idling, so its

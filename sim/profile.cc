@@ -55,7 +55,16 @@ int ProfileSet::type_index(const std::string& name) const {
   return static_cast<int>(it - types_.begin());
 }
 
-double ProfileSet::allreduce_busbw_gbs(int type) const {
+double LayerProfile::net_allreduce_busbw_gbs(double hop_latency_s) const {
+  if (allreduce_busbw_gbs <= 0 || hop_latency_s <= 0 || !has_allreduce_calls()) return allreduce_busbw_gbs;
+  const double n = allreduce_ranks;
+  const double latency_s = all_reduce_calls * ring_all_reduce_latency_s(allreduce_ranks, hop_latency_s);
+  const double net_s = gradient_allreduce_ms * 1e-3 - latency_s;
+  if (net_s <= 0) return allreduce_busbw_gbs;
+  return 2 * (n - 1) / n * gradient_bytes / net_s / 1e9;
+}
+
+double ProfileSet::allreduce_busbw_gbs(int type, double hop_latency_s) const {
   int best_tp = 0;
   double bw = -1;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
@@ -63,7 +72,7 @@ double ProfileSet::allreduce_busbw_gbs(int type) const {
     if (type_index(entry_types_[i]) != type || e.allreduce_busbw_gbs <= 0 || e.tp < best_tp) continue;
     if (e.tp > best_tp) bw = -1;
     best_tp = e.tp;
-    bw = std::max(bw, e.allreduce_busbw_gbs);  // files of one tp share one measurement
+    bw = std::max(bw, e.net_allreduce_busbw_gbs(hop_latency_s));  // files of one tp share one measurement
   }
   return bw;
 }
@@ -180,6 +189,26 @@ int name_number(const std::string& digits, int max, const char* what, const std:
   return std::stoi(digits.substr(first));
 }
 
+// communication's gradient_allreduce_ms, gradient_bytes, all_reduce_calls and
+// ranks into p, where the file has all four (older files have none; a file
+// with some of them is refused, naming the first missing key).
+void read_allreduce_calls(const ordered_json& c, const std::string& path, LayerProfile* p) {
+  static const char* const kKeys[] = {"gradient_allreduce_ms", "gradient_bytes", "all_reduce_calls", "ranks"};
+  int present = 0;
+  for (const char* k : kKeys) present += c.contains(k) ? 1 : 0;
+  if (present == 0) return;
+  for (const char* k : kKeys)
+    if (!c.contains(k))
+      throw InputError(path + ": 'communication' has some of gradient_allreduce_ms, gradient_bytes, all_reduce_calls "
+                       "and ranks but not '" + std::string(k) + "' (expected all four or none)");
+  p->gradient_allreduce_ms =
+      require_number(c, "gradient_allreduce_ms", path, "communication", rules::positive_up_to(kMaxProfileMs));
+  p->gradient_bytes = require_number(c, "gradient_bytes", path, "communication", rules::positive_up_to(1e15));
+  p->all_reduce_calls =
+      static_cast<int>(require_integer(c, "all_reduce_calls", path, "communication", rules::int_in(1, 1e6)));
+  p->allreduce_ranks = static_cast<int>(require_integer(c, "ranks", path, "communication", rules::int_in(2, 1e6)));
+}
+
 // One profile file, read and checked: its LayerProfile (tp and bs from its
 // name) and its JSON document. Throws InputError naming the file and key.
 LayerProfile read_profile(const std::string& path, int tp, int bs, int num_layers, ordered_json* json) {
@@ -218,6 +247,7 @@ LayerProfile read_profile(const std::string& path, int tp, int bs, int num_layer
     // positivity and the upper end of the clusterfile rule apply.
     p.allreduce_busbw_gbs = require_number(j["communication"], "allreduce_busbw_gbs", path, "communication",
                                            rules::positive_up_to(1e4));
+    read_allreduce_calls(j["communication"], path, &p);
   }
   // section.key, if present: one number per layer (as many as layer_compute_total_ms has), each by `rule`.
   auto per_layer = [&](const ordered_json& section, const char* section_name, const char* key, const NumberRule& rule,

@@ -87,7 +87,23 @@ struct LayerProfile {
   std::vector<double> forward_ms, grad_accumulation_ms;
   // communication.allreduce_busbw_gbs: the bus bandwidth (GB/s) of the
   // gradient all-reduce over this file's tp group of GPUs; -1 if absent.
+  // It is gross: the measured time includes every call's latency.
   double allreduce_busbw_gbs = -1;
+  // The measurement behind it (`hetplan profile` writes them; older files
+  // lack them): communication.gradient_allreduce_ms for gradient_bytes in
+  // all_reduce_calls calls over `ranks` GPUs; -1, -1, 0, 0 when absent.
+  double gradient_allreduce_ms = -1, gradient_bytes = -1;
+  int all_reduce_calls = 0, allreduce_ranks = 0;
+  bool has_allreduce_calls() const {
+    return gradient_allreduce_ms > 0 && gradient_bytes > 0 && all_reduce_calls >= 1 && allreduce_ranks >= 2;
+  }
+  // The bus bandwidth (GB/s) net of the calls' latency: the one at which a
+  // network charging ring_latency_s per all-reduce call (2 (n - 1) hop
+  // latencies on a ring of n) takes the measured time for the measured calls,
+  // 2 (n - 1) / n x bytes / (time - calls x ring_latency_s). The gross figure
+  // where the file lacks the calls, or where their latency alone reaches the
+  // measured time (no bandwidth reproduces it); -1 if no figure at all.
+  double net_allreduce_busbw_gbs(double hop_latency_s) const;
   // execution_time.sustained_forward_backward_ms: the whole model's pace when
   // run back to back (power-limited clocks); -1 if absent.
   double sustained_fb_ms = -1;
@@ -219,7 +235,10 @@ class ProfileSet {
 
   // The gradient all-reduce bus bandwidth (GB/s) measured among GPUs of a
   // device type: from its files of the largest tp that record one; -1 if none.
-  double allreduce_busbw_gbs(int type) const;
+  // With hop_latency_s > 0, net of the measurement's per-call latency
+  // (LayerProfile::net_allreduce_busbw_gbs), for a network model that charges
+  // that latency per hop itself; 0: the gross figure as measured.
+  double allreduce_busbw_gbs(int type, double hop_latency_s = 0) const;
 
   // Every hole of the set (ProfileHole), by type, tp and bs. Explaining path:
   // allocates; O(types x tps x bss x (tps + bss)).

@@ -118,24 +118,26 @@ TEST_CASE("overlap in PlanCostModel: each ZeRO stage's collectives leave only th
                       1e3;
   const double k = kCommComputeSlowdown - 1;
   const double W = f[0].backward_ms, F = f[0].forward_ms;
+  // The stage holds the embedding, whose gradient is the backward's last: its reduction is the least tail.
+  const double emb = net.all_reduce_seconds_strided(dp, static_cast<double>(shape.embedding_params()) * 4) * 1e3;
+  auto tail = [&](double per_bucket, double last) { return std::max(exposed_after_window(per_bucket, 4, W), last); };
   // ZeRO-0: the bucketed all-reduce during the last backward.
-  CHECK(f[4].allreduce_ms ==
-        Approx(exposed_after_window(bucket_grad, 4, W) + k * std::min(W, ar_grad) + tied).epsilon(1e-12));
+  CHECK(f[4].allreduce_ms == Approx(tail(bucket_grad, emb) + k * std::min(W, ar_grad) + tied).epsilon(1e-12));
   CHECK(f[4].allreduce_ms < f[0].allreduce_ms);
   // ZeRO-1: the reduce-scatter in the backward, the weight gather in the next forward.
-  CHECK(f[5].allreduce_ms == Approx(exposed_after_window(bucket_grad / 2, 4, W) + k * std::min(W, ar_grad / 2) +
+  CHECK(f[5].allreduce_ms == Approx(tail(bucket_grad / 2, emb / 2) + k * std::min(W, ar_grad / 2) +
                                     exposed_after_window(bucket_weights / 2, 4, F) + k * std::min(F, ar_weights / 2) +
                                     tied)
                                  .epsilon(1e-12));
   CHECK(f[5].allreduce_ms < f[1].allreduce_ms);
   // ZeRO-2: each micro-batch's reduce-scatter hides in its backward.
   CHECK(f[6].backward_ms ==
-        Approx(W + exposed_after_window(bucket_grad / 2, 4, W) + k * std::min(W, ar_grad / 2)).epsilon(1e-12));
+        Approx(W + tail(bucket_grad / 2, emb / 2) + k * std::min(W, ar_grad / 2)).epsilon(1e-12));
   CHECK(f[6].backward_ms < f[2].backward_ms);
   // ZeRO-3: the gathers prefetched in the forward, gather + reduce-scatter in the backward.
   CHECK(f[7].forward_ms ==
         Approx(F + exposed_after_window(bucket_weights / 2, 4, F) + k * std::min(F, ar_weights / 2)).epsilon(1e-12));
-  CHECK(f[7].backward_ms == Approx(W + exposed_after_window(bucket_grad / 2 + bucket_weights / 2, 4, W) +
+  CHECK(f[7].backward_ms == Approx(W + tail(bucket_grad / 2 + bucket_weights / 2, emb / 2) +
                                    k * std::min(W, ar_grad / 2 + ar_weights / 2))
                                 .epsilon(1e-12));
   CHECK(f[7].forward_ms < f[3].forward_ms);
@@ -144,6 +146,52 @@ TEST_CASE("overlap in PlanCostModel: each ZeRO stage's collectives leave only th
   REQUIRE(model.stage(StageChoice{0, 1, Strategy{1, 1}, 0, 5}, 0, 2, 8, 8, one, &why));
   CHECK(one[4].forward_ms == one[0].forward_ms);
   CHECK(one[4].backward_ms == one[0].backward_ms);
+}
+
+TEST_CASE("ZeRO-3 gathers: waited for without prefetch, the head kept for its backward, the tied embedding twice",
+          "[seqpar][overlap][plan_cost]") {
+  // The whole model on one stage of 4 replicas: its last layer (the head) keeps its weights from its forward
+  // to its backward, and the tied embedding is gathered by the embedding and again by the head.
+  const Cluster16& s = cluster16();
+  std::vector<TrainingSetup> setups(3);
+  for (auto& st : setups) {
+    st.zero_stage = 3;
+    st.accounting = ZeroAccounting::kMegatron;
+  }
+  setups[1].overlap.grad_reduce = true;  // reduce-scatters overlapped, gathers not prefetched (suite34's plans)
+  setups[2].overlap.grad_reduce = setups[2].overlap.param_gather = true;
+  const PlanSimulator sim = s.simulator(setups[0]);
+  const RankLayout layout(s.cluster, {0, 1});
+  ModelShape shape = shape_from_model_config(s.model);
+  REQUIRE(shape.tied_embeddings);
+  const double n = shard_params(shape, 0, 10, 1, setups[0]).on_rank(1);
+  for (auto& st : setups) st.overlap.grad_bucket_params = n / 15.5;  // 16 buckets, each smaller than the embedding
+  FastStageCost base[1], f[3];
+  std::string why;
+  std::vector<TrainingSetup> zero0(1);
+  REQUIRE(PlanCostModel(sim, layout, zero0).stage(StageChoice{0, 4, Strategy{4, 1}, 0, 10}, 0, 1, 8, 8, base, &why));
+  REQUIRE(PlanCostModel(sim, layout, setups).stage(StageChoice{0, 4, Strategy{4, 1}, 0, 10}, 0, 1, 8, 8, f, &why));
+  const Network net(s.cluster, layout, sim.options().network);
+  const RankStride dp{0, 1, 4};
+  const double ag = net.all_reduce_seconds_strided(dp, n * 2) * 1e3 / 2;
+  const double rs = net.all_reduce_seconds_strided(dp, n * 4) * 1e3 / 2;
+  const double bucket_grad = net.all_reduce_seconds_strided(dp, n * 4 / 16) * 1e3 / 2;
+  const double vh = static_cast<double>(shape.vocab_size) * shape.hidden_size;
+  const double fwd_share = (n + vh) / n, bwd_share = (n - vh - static_cast<double>(shape.norm_params())) / n;
+  const double F = base[0].forward_ms, W = base[0].backward_ms, k = kCommComputeSlowdown - 1;
+  // No overlap: every gather and the reduce-scatter exposed.
+  CHECK(f[0].forward_ms == Approx(F + ag * fwd_share).epsilon(1e-12));
+  CHECK(f[0].backward_ms == Approx(W + ag * bwd_share + rs).epsilon(1e-12));
+  // Overlapped reduce-scatters only: each layer's gather is still waited for, in the backward too.
+  CHECK(f[1].forward_ms == Approx(F + ag * fwd_share).epsilon(1e-12));
+  // The reduce-scatters' tail: the embedding's gradient, the backward's last, reduced whole after it (more
+  // than the bucket chain's tail here).
+  const double emb = net.all_reduce_seconds_strided(dp, static_cast<double>(shape.embedding_params()) * 4) * 1e3 / 2;
+  REQUIRE(emb > exposed_after_window(bucket_grad, 16, W));
+  CHECK(f[1].backward_ms == Approx(W + ag * bwd_share + emb + k * std::min(W, rs)).epsilon(1e-12));
+  // Both: the gathers hide too (less than waiting for them).
+  CHECK(f[2].backward_ms < f[1].backward_ms);
+  CHECK(f[2].forward_ms < f[1].forward_ms);
 }
 
 TEST_CASE("context parallelism in PlanCostModel: shares per cp group, 1/cp of the compute, activations per chunk",

@@ -152,6 +152,84 @@ TEST_CASE("measured all-reduce bandwidth replaces the clusterfile's inside a nod
   CHECK(m.stages[0].send_forward_ms == c.stages[0].send_forward_ms);
 }
 
+namespace {
+
+// extended_profiles() with its tp > 1 files' all-reduce recorded as `hetplan
+// profile` writes it: 1e9 bytes in `calls` calls over 2 ranks in `ms`, so a
+// gross bus bandwidth of 2 (n - 1) / n x 1e9 / ms = 1e9 / ms bytes per ms.
+std::string profiles_with_calls(const std::string& name, double ms, int calls) {
+  const auto dir = test::scratch_dir(name) / "p";
+  fs::remove_all(dir);
+  fs::copy(extended_profiles(), dir, fs::copy_options::recursive);
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const std::string file = f.path().filename().string();
+    if (file.rfind("DeviceType.", 0) != 0 || file.find("_tp1_") != std::string::npos) continue;
+    ordered_json j = read_json_file(f.path().string());
+    j["communication"] = {{"gradient_allreduce_ms", ms},   {"gradient_bytes", 1e9}, {"all_reduce_calls", calls},
+                          {"ranks", 2},                    {"allreduce_busbw_gbs", 1e9 / (ms * 1e-3) / 1e9}};
+    write_json_file(f.path().string(), j);
+  }
+  return dir.string();
+}
+
+}  // namespace
+
+TEST_CASE("the measured all-reduce bandwidth is taken net of the measured calls' latency", "[sim][network][profiles]") {
+  // 100 calls over 2 ranks at the network's 11 us per hop: 100 x 2 x 11 us = 2.2 ms of the 10.2 ms
+  // measured are latency, which the network charges again per collective; net 1e9 bytes / 8 ms = 125 GB/s
+  // (gross: 1e9 / 10.2 ms = 98.04 GB/s).
+  const double hop = NetworkOptions{}.intra_latency_s;
+  REQUIRE(hop == 11e-6);
+  const ProfileSet profiles = ProfileSet::load(profiles_with_calls("stage-costs-calls", 10.2, 100), 10);
+  const int a100 = profiles.type_index("A100");
+  const LayerProfile* f = profiles.find(a100, 2, 4);
+  REQUIRE(f);
+  CHECK(f->has_allreduce_calls());
+  CHECK(f->all_reduce_calls == 100);
+  CHECK(f->allreduce_ranks == 2);
+  CHECK(profiles.allreduce_busbw_gbs(a100) == Approx(1e9 / 10.2e-3 / 1e9).epsilon(1e-12));
+  CHECK(profiles.allreduce_busbw_gbs(a100, hop) == Approx(125.0).epsilon(1e-12));
+
+  // The simulator's dp all-reduce of stage 0 (2 ranks, one collective): 2 hops of latency + bytes at 125 GB/s.
+  TwoStagePlan plan;
+  plan.tied = false;
+  SimulationOptions clusterfile;
+  clusterfile.measured_collectives = false;
+  const PlanSimulation m = plan.run(profiles), c = plan.run(profiles, clusterfile);
+  const double lat = 2 * hop * 1e3;
+  const double intra = plan.cluster.clusterfile()[3].intra_bandwidth * 1e9;
+  CHECK((m.stages[0].allreduce_ms - lat) == Approx((c.stages[0].allreduce_ms - lat) * intra / 125e9));
+
+  // Files without the calls (older profiles) keep the gross figure.
+  const ProfileSet old = ProfileSet::load(extended_profiles(), 10);
+  CHECK(!old.find(a100, 2, 4)->has_allreduce_calls());
+  CHECK(old.allreduce_busbw_gbs(a100, hop) == kBusbwGbs);
+}
+
+TEST_CASE("calls whose latency alone reaches the measured time keep the gross bandwidth", "[sim][network][profiles]") {
+  // 1000 calls x 22 us = 22 ms > 10.2 ms: no bandwidth makes the network's model give the measured time.
+  const ProfileSet profiles = ProfileSet::load(profiles_with_calls("stage-costs-calls-slow", 10.2, 1000), 10);
+  const int a100 = profiles.type_index("A100");
+  CHECK(profiles.allreduce_busbw_gbs(a100, NetworkOptions{}.intra_latency_s) ==
+        Approx(1e9 / 10.2e-3 / 1e9).epsilon(1e-12));
+}
+
+TEST_CASE("a profile with some of the all-reduce measurement's keys is refused, naming the missing one",
+          "[sim][profiles][errors]") {
+  const std::string dir = profiles_with_calls("stage-costs-calls-partial", 10.2, 100);
+  const std::string f = (fs::path(dir) / "DeviceType.A100_tp2_bs4.json").string();
+  ordered_json j = read_json_file(f);
+  j["communication"].erase("all_reduce_calls");
+  write_json_file(f, j);
+  try {
+    ProfileSet::load(dir, 10);
+    FAIL("expected InputError");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("DeviceType.A100_tp2_bs4.json") != std::string::npos);
+    CHECK(std::string(e.what()).find("but not 'all_reduce_calls'") != std::string::npos);
+  }
+}
+
 TEST_CASE("tied embeddings over a pipeline: both ends all-reduce the embedding gradient", "[sim][network]") {
   const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
   TwoStagePlan untied;
