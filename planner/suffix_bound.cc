@@ -266,6 +266,22 @@ double zero_pass_sync_ms(const PlanCostModel& cost, const FastStageCost* c, int 
   return 0.0;
 }
 
+// Setting k's sync (all-reduce and the collectives in its passes) on the whole model, in a form that scales
+// down to any stage by its parameters (tail_rate): ZeRO-3's passes gather the weights ag x (forward share
+// + backward share) (PlanCostModel's Zero3Gathers: at least 1 and at most 3 in all; the whole model's
+// shares need not be a stage's), so a ZeRO-3 setting counts only ag + rs, which a ZeRO-1 or 2 setting of
+// the same gradient bytes has exactly (it is then left to that setting), else its passes over 3.
+static double scalable_sync_ms(const PlanCostModel& cost, const FastStageCost* c, int setups, int k) {
+  const TrainingSetup& st = cost.setup(k);
+  if (st.zero_stage < 3) return c[k].allreduce_ms + zero_pass_sync_ms(cost, c, setups, k);
+  for (int j = 0; j < setups; ++j) {
+    const TrainingSetup& sj = cost.setup(j);
+    if ((sj.zero_stage == 1 || sj.zero_stage == 2) && reduced_gradient_bytes(sj) == reduced_gradient_bytes(st))
+      return kInf;  // at least setting j's on every stage
+  }
+  return c[k].allreduce_ms + zero_pass_sync_ms(cost, c, setups, k) / 3;
+}
+
 double least_sync_ms(const PlanCostModel& cost, const FastStageCost* c, int setups, bool fitting_only) {
   double least = kInf;
   for (int k = 0; k < setups; ++k)
@@ -370,7 +386,7 @@ TailRates SuffixBoundBuilder::tail_rate(const NodeOrder& o, int r, int s, int tp
     double sync[2] = {kInf, kInf}, step[2] = {kInf, kInf};
     for (int k = 0; k < setups; ++k) {
       const int z = o.cost->setup(k).zero_stage >= 1 ? 1 : 0;
-      sync[z] = std::min(sync[z], costs[k].allreduce_ms + zero_pass_sync_ms(*o.cost, costs.data(), setups, k));
+      sync[z] = std::min(sync[z], scalable_sync_ms(*o.cost, costs.data(), setups, k));
       step[z] = std::min(step[z], costs[k].optimizer_ms);
     }
     for (int z = 0; z < 2; ++z) {

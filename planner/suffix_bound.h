@@ -175,7 +175,8 @@ class SuffixBoundBuilder {
   // [r, r + s) at (s / tp, tp) with layers [l, e) of a pipeline of two stages or more (`l`, `e` not 0 and the
   // layers both): rates.at(its parameters on a rank, its layers' parameter bytes). Per class of settings
   // (without ZeRO; with it), the rates are the least over the class of the stage's costs with every layer
-  // (PlanCostModel::stage; the sync part least_sync_ms's, without the step) over those two sizes: each
+  // (PlanCostModel::stage; the sync part least_sync_ms's, without the step, and of a ZeRO-3 setting only
+  // the all-gather and reduce-scatter every stage's passes hold at least) over those two sizes: each
   // collective's time is the slowest of its tp slices of the least of ring, tree and hierarchical, each
   // made of affine functions of the bytes with non-negative terms, so its time per byte only falls as the
   // bytes grow, and it is at least its value at the whole model's bytes scaled down; the step's time is
