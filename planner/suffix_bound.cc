@@ -457,6 +457,20 @@ void SuffixBoundBuilder::relax(int group, SuffixBound* bound, bool last_stages) 
   }
 }
 
+// The estimates of stage [r, r + s) at (s / tp, tp) with layers [l, e) for e = l + 1 .. e_end - 1, into
+// pass.row, up to the first whose busy time is above `threshold` (relax_row's walk ends there: the busy
+// time only grows with the layers, so the estimates after it are never read); returns the end of the walk.
+int SuffixBoundBuilder::estimate_row(Pass& pass, int r, int s, int tp, int l, int e_end, bool homo, bool inside,
+                                     double sb, double threshold) const {
+  const double md = pass.micro_batches, m1 = pass.micro_batches - 1;
+  for (int e = l + 1; e < e_end; ++e) {
+    const StageEstimate x = pass.estimator.estimate(r, s, tp, l, e, homo, inside);
+    pass.row[e - l - 1] = x;
+    if (std::isfinite(x.t) && md * x.t + m1 * x.a + sb > threshold) return e + 1;
+  }
+  return e_end;
+}
+
 // The entries of the stages [r, r + s) at (s / tp, tp): every first layer, every last layer.
 void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
   const NodeOrder& o = pass.order;
@@ -502,9 +516,8 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
     // Layers [l, e) for e < L (a stage follows), as one row of estimates.
     const int e_end = std::min(layers, e_fit);
     const StageEstimate* xs = cached ? cached + span_index(layers, l, l + 1) : pass.row.data();
-    if (!cached)
-      for (int e = l + 1; e < e_end; ++e) pass.row[e - l - 1] = est.estimate(r, s, tp, l, e, homo, inside);
-    relax_row_(xs, l + 1, e_end, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold, pass.coef.data(), path_data, last_trip_data, first_trip_data,
+    const int e_stop = cached ? e_end : estimate_row(pass, r, s, tp, l, e_end, homo, inside, sb, threshold);
+    relax_row_(xs, l + 1, e_stop, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold, pass.coef.data(), path_data, last_trip_data, first_trip_data,
                bound->index(0, r + s, 0) - 1, path_data + here, last_trip_data + here, first_trip_data + here,
                pass.tail_row.data(), tail_data, tail_data ? tail_data + here : nullptr);
   }

@@ -199,6 +199,8 @@ class SuffixBoundBuilder {
   struct Pass;
   void relax(int group, SuffixBound* bound, bool last_stages) const;
   void relax_stage(Pass& pass, int r, int s, int tp) const;
+  int estimate_row(Pass& pass, int r, int s, int tp, int l, int e_end, bool homo, bool inside, double sb,
+                   double threshold) const;
 
   const SearchSpace& space_;
   const FeasibilityTables& tables_;
