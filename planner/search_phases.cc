@@ -263,8 +263,10 @@ std::vector<double> Phases::root_bounds(int group) const {
         c.layer_begin = 0;
         c.layer_end = k;
         if (!o.cost->stage(c, 0, all ? 1 : 2, m, mb, costs.data())) continue;
-        double tail = kInf;
-        for (const FastStageCost& fc : costs) tail = std::min(tail, fc.allreduce_ms + fc.optimizer_ms);
+        // Its all-reduce, ZeRO collectives and step, coupled over the settings (least_sync_ms; those that fit
+        // where it is the whole pipeline, its memory then exact).
+        const double tail = least_sync_ms(*o.cost, costs.data(), setups, all);
+        if (!std::isfinite(tail)) continue;
         if (all) {
           best[1] = std::min(best[1], busy + tail);
           continue;

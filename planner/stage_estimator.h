@@ -63,6 +63,10 @@ struct Slices {
   int type = 0, tp = 1;
   bool missing = false;
   bool forward_known = false;  // every file splits out the forward
+  // The fb_sync_ms of the share's own profile file (0 without one): what stage() adds to a replica of this
+  // share per micro-batch, times the stage's share of the model's parameter bytes (the pass's time outside
+  // its layers).
+  double fb_sync = 0;
   std::vector<const LayerProfile*> files;
 };
 
@@ -86,6 +90,8 @@ class ShareSlices {
           sl.type = t;
           sl.tp = tp;
           sl.forward_known = !sl.files.empty();
+          const LayerProfile* own = profiles.find(pt, tp, share);
+          sl.fb_sync = own ? std::max(0.0, own->fb_sync_ms) : 0.0;
           for (const LayerProfile* lp : sl.files) sl.forward_known = sl.forward_known && lp->has_forward();
         }
     }
@@ -204,6 +210,9 @@ class StageEstimator {
         forward_share_(1 - backward_share), recompute_(cost.least_recompute_fraction()), unmeasured_acc_(&unmeasured_acc),
         L_(layers) {
     const int types = static_cast<int>(cluster.device_types().size());
+    param_bytes_.assign(L_ + 1, 0.0);
+    const std::vector<double>& bytes = profiles.model().parameters_per_layer_bytes;
+    for (int l = 0; l < L_; ++l) param_bytes_[l + 1] = param_bytes_[l] + (l < static_cast<int>(bytes.size()) ? bytes[l] : 0.0);
     // Mixed-type stages: the data load balancer's shares depend only on the replicas' types, tp and the
     // micro-batch, not on the layers, so each (first rank, size, tp) keeps its distinct (type, share)
     // replicas, and an estimate is its slowest replica's exact profile time. (Off where the table
@@ -285,6 +294,8 @@ class StageEstimator {
       }
       x.t = time(sl, l, e);
       double recomputed = recompute_ > 0 ? recompute_ * block_forward(sl, l, e, x.t) : 0.0;
+      // The pass's time outside its layers (the ceil-share replica's, which the slowest is at least).
+      const double out = outside(sl, l, e);
       // Uneven shares: the slowest replica may be one with a sample less (a share costed from
       // slices can take longer than a larger share with its own file): f, b and the recomputed forward
       // bound both.
@@ -304,8 +315,10 @@ class StageEstimator {
           x.b = std::min(x.b, std::max(0.0, t - f));
         }
         x.b += recomputed;
+        x.f += out * forward_share_;
+        x.b += out * (1 - forward_share_);
       }
-      x.t += recomputed;
+      x.t += recomputed + out;
       x.a = accumulation(sl, l, e);
       return x;
     }
@@ -325,7 +338,7 @@ class StageEstimator {
           return x;
         }
         const double t = time(sl, l, e);
-        x.t = std::max(x.t, t);
+        x.t = std::max(x.t, t + outside(sl, l, e));  // (each replica's total is at least this)
         const double f = forward(sl, l, e, t);
         f_min = std::min(f_min, f);
         b_min = std::min(b_min, std::max(0.0, t - f));
@@ -422,6 +435,13 @@ class StageEstimator {
   // A lower bound on the accumulation of a replica with these slices: its file's measured one when every
   // setup trains every parameter (LoRA scales it down), else, when its file does not measure it, the
   // least over the setups of what stage() derives from bytes.
+  // What stage() adds to a replica of these slices per micro-batch outside layers [l, e): its own file's
+  // fb_sync_ms by the layers' share of the model's parameter bytes (PlanCostModel's param_share), a hair
+  // less so that a sum in another order never exceeds stage()'s.
+  double outside(const Slices& sl, int l, int e) const {
+    const double model = param_bytes_[L_];
+    return sl.fb_sync > 0 && model > 0 ? sl.fb_sync * ((param_bytes_[e] - param_bytes_[l]) / model) * (1 - 1e-12) : 0.0;
+  }
   double accumulation(const Slices& sl, int l, int e) const {
     const LayerProfile* lp = sl.files[0];
     if (lp->has_grad_accumulation()) return full_params_ ? lp->accumulation_time(l, e) : 0.0;
@@ -452,6 +472,7 @@ class StageEstimator {
   double forward_share_ = 1.0 / 3.0;
   double recompute_ = 0;  // PlanCostModel::least_recompute_fraction: the backward recomputes this much of the blocks' forward
   const std::vector<double>* unmeasured_acc_;
+  std::vector<double> param_bytes_;  // [l]: the parameter bytes of Metis layers [0, l) (prefix sums)
   int L_;
   std::vector<MixedRef> mixed_;  // [r][s][tp], mixed-type stages only
   // Where the whole-sample capacity bound stands in (no mixed_ table): [type][tp][span_index(L, l, e)], the

@@ -32,9 +32,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // q - 1 of the stages after it (infinity where none exists, which leaves hc/gc/g0c alone). `coef` holds
 // 8 rows of `stride` per-q coefficients: the end path's t, f, b, a, then the start path's. Written for
 // the compiler to vectorise: distinct arrays, no branch (no value is NaN).
-// With kTails (the whole-node tables), tn/tc are the tail_paths entries: tc[q] takes the least of max(own,
-// fwd + tn[q]) (own: the stage's compute and its tail; fwd: its forward and send), and the paths take the
-// multi-trip chain too.
+// With kTails (the whole-node tables), tn/tc are the tail_paths entries: tc[q] takes the least of max(v +
+// own, fwd + tn[q]) (v: the path value just computed, to the stage's last backward and its send; own: the
+// stage's tail less that send; fwd: its forward and send), and the paths take the multi-trip chain too.
 template <bool kTails>
 [[gnu::always_inline]] inline void relax_suffix(int q_max, const double* __restrict coef, int stride, StageEstimate x,
                                                 double busy, double csum, double c0, double sf, double sb,
@@ -77,8 +77,8 @@ template <bool kTails>
     const double g0v = c0 + g0n[q];
     g0c[q] = g0v < g0c[q] ? g0v : g0c[q];
     if constexpr (kTails) {
-      const double tf = fwd + tn[q];
-      const double tv = own < tf ? tf : own;
+      const double tf = fwd + tn[q], to = v + own;
+      const double tv = to < tf ? tf : to;
       tc[q] = tv < tc[q] ? tv : tc[q];
     }
   }
@@ -112,7 +112,7 @@ template <bool kTails>
     const std::size_t next = next0 + static_cast<std::size_t>(e) * (depth + 1);
     if constexpr (kTails)
       relax_suffix<true>(q_max, coef, depth + 1, x, busy, csum, c0, sf, sb, paths + next, last_trips + next,
-                         first_trips + next, hc, gc, g0c, busy - sb + tail_row[e], x.f + sf, tails + next, tc);
+                         first_trips + next, hc, gc, g0c, tail_row[e] - sb, x.f + sf, tails + next, tc);
     else
       relax_suffix<false>(q_max, coef, depth + 1, x, busy, csum, c0, sf, sb, paths + next, last_trips + next,
                           first_trips + next, hc, gc, g0c, 0, 0, nullptr, nullptr);
@@ -258,6 +258,38 @@ ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& pro
   return rates;
 }
 
+double zero_pass_sync_ms(const PlanCostModel& cost, const FastStageCost* c, int setups, int k) {
+  if (cost.setup(k).zero_stage < 2) return 0.0;
+  for (int j = 0; j < setups; ++j)
+    if (cost.setup(j).zero_stage < 2 && cost.recompute_fraction(j) == cost.recompute_fraction(k))
+      return std::max(0.0, (c[k].forward_ms + c[k].backward_ms) - (c[j].forward_ms + c[j].backward_ms));
+  return 0.0;
+}
+
+// Setting k's sync (all-reduce and the collectives in its passes) on the whole model, in a form that scales
+// down to any stage by its parameters (tail_rate): ZeRO-3's passes gather the weights ag x (forward share
+// + backward share) (PlanCostModel's Zero3Gathers: at least 1 and at most 3 in all; the whole model's
+// shares need not be a stage's), so a ZeRO-3 setting counts only ag + rs, which a ZeRO-1 or 2 setting of
+// the same gradient bytes has exactly (it is then left to that setting), else its passes over 3.
+static double scalable_sync_ms(const PlanCostModel& cost, const FastStageCost* c, int setups, int k) {
+  const TrainingSetup& st = cost.setup(k);
+  if (st.zero_stage < 3) return c[k].allreduce_ms + zero_pass_sync_ms(cost, c, setups, k);
+  for (int j = 0; j < setups; ++j) {
+    const TrainingSetup& sj = cost.setup(j);
+    if ((sj.zero_stage == 1 || sj.zero_stage == 2) && reduced_gradient_bytes(sj) == reduced_gradient_bytes(st))
+      return kInf;  // at least setting j's on every stage
+  }
+  return c[k].allreduce_ms + zero_pass_sync_ms(cost, c, setups, k) / 3;
+}
+
+double least_sync_ms(const PlanCostModel& cost, const FastStageCost* c, int setups, bool fitting_only) {
+  double least = kInf;
+  for (int k = 0; k < setups; ++k)
+    if (!fitting_only || c[k].fits)
+      least = std::min(least, c[k].allreduce_ms + c[k].optimizer_ms + zero_pass_sync_ms(cost, c, setups, k));
+  return least;
+}
+
 bool suffix_table_fits(const SearchSpace& space, const Cluster& cluster, double suffix_table_limit) {
   // Stage boundaries: ranks, or node starts only (the table's rows at other ranks are then never filled
   // nor read).
@@ -323,19 +355,23 @@ SuffixBoundBuilder::SuffixBoundBuilder(const SearchSpace& space, const Feasibili
       if (o.node_start(r)) pos[r] = n++;
     position_.push_back(std::move(pos));
     positions_.push_back(n);
-    const std::size_t cells = static_cast<std::size_t>(n) * n * (space.max_tp + 1) * 2;
+    const std::size_t cells = static_cast<std::size_t>(n) * n * (space.max_tp + 1) * kRateFields;
     rates_.emplace_back(new std::atomic<double>[cells]);
     for (std::size_t i = 0; i < cells; ++i) rates_.back()[i].store(std::numeric_limits<double>::quiet_NaN());
   }
 }
 
-std::pair<double, double> SuffixBoundBuilder::tail_rate(const NodeOrder& o, int r, int s, int tp) const {
+TailRates SuffixBoundBuilder::tail_rate(const NodeOrder& o, int r, int s, int tp) const {
   const int n = positions_[o.index];
   const std::size_t cell =
-      ((static_cast<std::size_t>(position_[o.index][r]) * n + position_[o.index][r + s]) * (space_.max_tp + 1) + tp) * 2;
-  std::atomic<double>* rate = rates_[o.index].get() + cell;
-  double ar = rate[0].load(std::memory_order_relaxed), step = rate[1].load(std::memory_order_relaxed);
-  if (!std::isnan(ar) && !std::isnan(step)) return {ar, step};
+      ((static_cast<std::size_t>(position_[o.index][r]) * n + position_[o.index][r + s]) * (space_.max_tp + 1) + tp) *
+      kRateFields;
+  std::atomic<double>* stored = rates_[o.index].get() + cell;
+  TailRates rates;
+  double* fields[kRateFields] = {&rates.sync[0], &rates.sync[1], &rates.step[0], &rates.step[1]};
+  bool known = true;
+  for (int i = 0; i < kRateFields; ++i) known = !std::isnan(*fields[i] = stored[i].load(std::memory_order_relaxed)) && known;
+  if (known) return rates;
   // (Racing threads compute the same values.)
   StageChoice c;
   c.begin = r;
@@ -343,21 +379,24 @@ std::pair<double, double> SuffixBoundBuilder::tail_rate(const NodeOrder& o, int 
   c.st = Strategy{s / tp, tp};
   c.layer_begin = 0;
   c.layer_end = space_.layers;
-  std::vector<FastStageCost> costs(space_.num_setups());
-  ar = 0;
-  step = 0;
+  const int setups = space_.num_setups();
+  std::vector<FastStageCost> costs(setups);
+  rates = TailRates();
   if (full_params_on_rank_[tp] > 0 && full_bytes_ > 0 && o.cost->stage(c, 0, 1, 1, space_.gbs, costs.data())) {
-    ar = step = kInf;
-    for (const FastStageCost& fc : costs) {
-      ar = std::min(ar, fc.allreduce_ms);
-      step = std::min(step, fc.optimizer_ms);
+    double sync[2] = {kInf, kInf}, step[2] = {kInf, kInf};
+    for (int k = 0; k < setups; ++k) {
+      const int z = o.cost->setup(k).zero_stage >= 1 ? 1 : 0;
+      sync[z] = std::min(sync[z], scalable_sync_ms(*o.cost, costs.data(), setups, k));
+      step[z] = std::min(step[z], costs[k].optimizer_ms);
     }
-    ar = std::isfinite(ar) ? std::max(0.0, ar) / full_params_on_rank_[tp] : 0.0;
-    step = std::isfinite(step) ? std::max(0.0, step) / full_bytes_ : 0.0;
+    for (int z = 0; z < 2; ++z) {
+      const int from = std::isfinite(sync[z]) && std::isfinite(step[z]) ? z : 1 - z;  // an empty class: the other
+      rates.sync[z] = std::isfinite(sync[from]) ? std::max(0.0, sync[from]) / full_params_on_rank_[tp] : 0.0;
+      rates.step[z] = std::isfinite(step[from]) ? std::max(0.0, step[from]) / full_bytes_ : 0.0;
+    }
   }
-  rate[0].store(ar, std::memory_order_relaxed);
-  rate[1].store(step, std::memory_order_relaxed);
-  return {ar, step};
+  for (int i = 0; i < kRateFields; ++i) stored[i].store(*fields[i], std::memory_order_relaxed);
+  return rates;
 }
 
 void SuffixBoundBuilder::build_last_stages(int group, SuffixBound* bound) const {
@@ -418,6 +457,20 @@ void SuffixBoundBuilder::relax(int group, SuffixBound* bound, bool last_stages) 
   }
 }
 
+// The estimates of stage [r, r + s) at (s / tp, tp) with layers [l, e) for e = l + 1 .. e_end - 1, into
+// pass.row, up to the first whose busy time is above `threshold` (relax_row's walk ends there: the busy
+// time only grows with the layers, so the estimates after it are never read); returns the end of the walk.
+int SuffixBoundBuilder::estimate_row(Pass& pass, int r, int s, int tp, int l, int e_end, bool homo, bool inside,
+                                     double sb, double threshold) const {
+  const double md = pass.micro_batches, m1 = pass.micro_batches - 1;
+  for (int e = l + 1; e < e_end; ++e) {
+    const StageEstimate x = pass.estimator.estimate(r, s, tp, l, e, homo, inside);
+    pass.row[e - l - 1] = x;
+    if (std::isfinite(x.t) && md * x.t + m1 * x.a + sb > threshold) return e + 1;
+  }
+  return e_end;
+}
+
 // The entries of the stages [r, r + s) at (s / tp, tp): every first layer, every last layer.
 void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
   const NodeOrder& o = pass.order;
@@ -437,7 +490,7 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
   double* last_trip_data = bound->last_trips.data();
   double* first_trip_data = bound->first_trips.data();
   double* tail_data = tails_on_ ? bound->tail_paths.data() : nullptr;
-  std::pair<double, double> rate{0.0, 0.0};
+  TailRates rate;
   if (tails_on_) rate = tail_rate(o, r, s, tp);
   for (int l = 0; l < layers; ++l) {
     const std::size_t here = bound->index(0, r, l);
@@ -445,7 +498,7 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
     if (e_fit == l + 1) continue;  // not even layer l alone fits
     if (tails_on_)
       for (int e = l + 1; e <= layers; ++e)
-        pass.tail_row[e] = rate.first * tail_params(tp, l, e) + rate.second * tail_bytes(l, e);
+        pass.tail_row[e] = tail_ms(rate, tp, l, e);
     if (ends_ranks) {  // the last stage: its entries q = 1
       if (e_fit <= layers) continue;
       const StageEstimate x = cached ? cached[span_index(layers, l, layers)] : est.estimate(r, s, tp, l, layers, homo, inside);
@@ -463,9 +516,8 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
     // Layers [l, e) for e < L (a stage follows), as one row of estimates.
     const int e_end = std::min(layers, e_fit);
     const StageEstimate* xs = cached ? cached + span_index(layers, l, l + 1) : pass.row.data();
-    if (!cached)
-      for (int e = l + 1; e < e_end; ++e) pass.row[e - l - 1] = est.estimate(r, s, tp, l, e, homo, inside);
-    relax_row_(xs, l + 1, e_end, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold, pass.coef.data(), path_data, last_trip_data, first_trip_data,
+    const int e_stop = cached ? e_end : estimate_row(pass, r, s, tp, l, e_end, homo, inside, sb, threshold);
+    relax_row_(xs, l + 1, e_stop, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold, pass.coef.data(), path_data, last_trip_data, first_trip_data,
                bound->index(0, r + s, 0) - 1, path_data + here, last_trip_data + here, first_trip_data + here,
                pass.tail_row.data(), tail_data, tail_data ? tail_data + here : nullptr);
   }
@@ -496,7 +548,7 @@ bool SuffixBoundBuilder::argmin_stages(int group, const SuffixBound& bound, int 
         const int e_fit = first_layer_past_memory(tables_.states_row(tp, s / tp, l), o.capacity(r, s), l, layers);
         const int e_lo = k == 1 ? layers : l + 1, e_hi = k == 1 ? layers : std::min(layers - (k - 1), e_fit - 1);
         if (k == 1 && e_fit <= layers) continue;
-        const std::pair<double, double> rate = tails_on_ ? tail_rate(o, r, s, tp) : std::pair<double, double>{0, 0};
+        const TailRates rate = tails_on_ ? tail_rate(o, r, s, tp) : TailRates();
         for (int e = e_lo; e <= e_hi; ++e) {
           const StageEstimate x = est.estimate(r, s, tp, l, e, homo, inside);
           if (!std::isfinite(x.t)) continue;
@@ -517,8 +569,7 @@ bool SuffixBoundBuilder::argmin_stages(int group, const SuffixBound& bound, int 
             v = std::max({busy, csum + bound.paths[next], end, start});
             if (trips > v) v = trips;
             if (!bound.tail_paths.empty())
-              v = std::max({v, x.f + sf + bound.tail_paths[next],
-                            busy - sb + rate.first * tail_params(tp, l, e) + rate.second * tail_bytes(l, e)});
+              v = std::max({v, x.f + sf + bound.tail_paths[next], v - sb + tail_ms(rate, tp, l, e)});
           }
           if (v < best) {
             best = v;

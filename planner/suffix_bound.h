@@ -114,6 +114,30 @@ std::vector<std::vector<double>> least_gpu_ms_per_sample(const SearchSpace& spac
                                                           const Cluster& cluster);
 ThroughputRates throughput_rates(const SearchSpace& space, const ProfileSet& profiles, const Cluster& cluster);
 
+// The data-parallel synchronisation a stage's setting costs, coupled over the settings (planner/plan_search.md,
+// "Settings coupled in the tails"). `c` holds PlanCostModel::stage's costs of one stage for every setting of
+// `cost` (`setups` of them).
+// zero_pass_sync_ms: the ZeRO collectives that setting k puts into one micro-batch's forward and backward
+// (ZeRO-2's reduce-scatter, ZeRO-3's gathers): its forward + backward less that of a setting with ZeRO 0 or
+// 1 and the same recomputation (whose passes hold no collective; the setups differ in nothing else), or 0
+// where the settings hold no such partner.
+double zero_pass_sync_ms(const PlanCostModel& cost, const FastStageCost* c, int setups, int k);
+// The least over the settings (those that fit, with `fitting_only`) of the all-reduce, the optimizer step
+// and zero_pass_sync_ms: under every setting, a stage runs at least that much data-parallel work beyond
+// its compute without collectives, the ZeRO-2/3 part once per micro-batch (counted once here), the rest
+// after its last backward. Infinity where no setting is left.
+double least_sync_ms(const PlanCostModel& cost, const FastStageCost* c, int setups, bool fitting_only);
+
+// A lower bound on a stage's all-reduce, collectives and optimizer step (SuffixBoundBuilder::tail_rate), as
+// rates per parameter on a rank and per parameter byte, for the settings without ZeRO (index 0) and with
+// ZeRO (index 1): at(params, bytes) is the least of the two (a class without settings copies the other).
+struct TailRates {
+  double sync[2] = {0, 0}, step[2] = {0, 0};
+  double at(double params, double bytes) const {
+    return std::min(sync[0] * params + step[0] * bytes, sync[1] * params + step[1] * bytes);
+  }
+};
+
 // Whether the per-rank table of every group fits suffix_table_limit.
 bool suffix_table_fits(const SearchSpace& space, const Cluster& cluster, double suffix_table_limit);
 
@@ -147,16 +171,21 @@ class SuffixBoundBuilder {
   // Whether the tables carry tail_paths: whole-node stages, every setting's all-reduce and optimizer step
   // of the plain kind tail_rate bounds (no overlap, DDP, DeepSpeed buffers, offload or LoRA).
   bool tails_on() const { return tails_on_; }
-  // A lower bound on the all-reduce plus optimizer step (ms, the least over the settings) of stage [r, r +
-  // s) at (s / tp, tp) with layers [l, e) of a pipeline of two stages or more (`l`, `e` not 0 and the
-  // layers both): rate.first x its parameters on a rank + rate.second x its layers' parameter bytes.
-  // The rates are the stage's costs with every layer (PlanCostModel::stage) over those two sizes: an
-  // all-reduce's time is the slowest of its tp slices of the least of ring, tree and hierarchical, each
-  // made of affine functions of the bytes with non-negative terms, so its time per byte only falls as
-  // the bytes grow, and it is at least its value at the whole model's bytes scaled down; the step's time
-  // is proportional to the layers' bytes (planner/plan_search.md). Computed once per (node order, r, s,
-  // tp). Thread-safe. REQUIRES: tails_on().
-  std::pair<double, double> tail_rate(const NodeOrder& o, int r, int s, int tp) const;
+  // A lower bound on the all-reduce, ZeRO collectives and optimizer step (ms) under every setting of stage
+  // [r, r + s) at (s / tp, tp) with layers [l, e) of a pipeline of two stages or more (`l`, `e` not 0 and the
+  // layers both): rates.at(its parameters on a rank, its layers' parameter bytes). Per class of settings
+  // (without ZeRO; with it), the rates are the least over the class of the stage's costs with every layer
+  // (PlanCostModel::stage; the sync part least_sync_ms's, without the step, and of a ZeRO-3 setting only
+  // the all-gather and reduce-scatter every stage's passes hold at least) over those two sizes: each
+  // collective's time is the slowest of its tp slices of the least of ring, tree and hierarchical, each
+  // made of affine functions of the bytes with non-negative terms, so its time per byte only falls as the
+  // bytes grow, and it is at least its value at the whole model's bytes scaled down; the step's time is
+  // proportional to the layers' bytes (planner/plan_search.md). Computed once per (node order, r, s, tp).
+  // Thread-safe. REQUIRES: tails_on().
+  TailRates tail_rate(const NodeOrder& o, int r, int s, int tp) const;
+  double tail_ms(const TailRates& rates, int tp, int l, int e) const {
+    return rates.at(tail_params(tp, l, e), tail_bytes(l, e));
+  }
   // Parameters on a rank of layers [l, e) at tp in a pipeline of two or more stages; their bytes.
   double tail_params(int tp, int l, int e) const { return tail_params_[tp][e] - tail_params_[tp][l]; }
   double tail_bytes(int l, int e) const { return tail_bytes_[e] - tail_bytes_[l]; }
@@ -170,6 +199,8 @@ class SuffixBoundBuilder {
   struct Pass;
   void relax(int group, SuffixBound* bound, bool last_stages) const;
   void relax_stage(Pass& pass, int r, int s, int tp) const;
+  int estimate_row(Pass& pass, int r, int s, int tp, int l, int e_end, bool homo, bool inside, double sb,
+                   double threshold) const;
 
   const SearchSpace& space_;
   const FeasibilityTables& tables_;
@@ -187,12 +218,13 @@ class SuffixBoundBuilder {
   const RelaxRow relax_row_;
   // tail_rate's data: [tp][layer] prefix sums of a rank's parameters (pipeline of two stages or more),
   // the prefix sums of the layers' bytes, their whole-model values (one stage), and per node order the
-  // rates by (position of r, position of r + s, tp), NaN until computed.
+  // rates by (position of r, position of r + s, tp), kRateFields each, NaN until computed.
   std::vector<std::vector<double>> tail_params_;
   std::vector<double> tail_bytes_, full_params_on_rank_;
   double full_bytes_ = 0;
   std::vector<std::vector<int>> position_;  // [order][rank]: its index among the order's stage starts, or -1
   std::vector<int> positions_;              // [order]: stage starts (the end included)
+  static constexpr int kRateFields = 4;  // TailRates: sync[0], sync[1], step[0], step[1]
   std::vector<std::unique_ptr<std::atomic<double>[]>> rates_;
 };
 

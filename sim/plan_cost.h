@@ -108,6 +108,8 @@ class PlanCostModel {
     return least_recompute_fraction() * p.forward_time(l, l + 1);
   }
   const TrainingSetup& setup(int k) const { return setups_[k]; }
+  // The share of the blocks' forward that setup k recomputes in the backward (0 without recomputation).
+  double recompute_fraction(int k) const { return recompute_fraction_[k]; }
   Schedule schedule() const;
   const ParallelLayout& grid() const { return grid_; }
   const Network& network() const { return net_; }

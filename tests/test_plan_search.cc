@@ -30,6 +30,7 @@
 #include "planner/plan_search.h"
 #include "planner/shared_bound.h"
 #include "planner/stage_estimator.h"
+#include "planner/suffix_bound.h"
 #include "base/thread_limit.h"
 #include "sim/cluster.h"
 #include "base/input_error.h"
@@ -998,6 +999,142 @@ TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below 
     }
   }
   CHECK(with_plans >= 25);
+}
+
+TEST_CASE("least_sync_ms couples the settings: ZeRO-2/3's collectives in the passes count with their all-reduce",
+          "[plan_search][anytime]") {
+  const ProfileSet& profiles = small_profiles();
+  // Two A100 nodes of 4: a data-parallel group of 8 crosses the nodes, so every collective costs time.
+  const Cluster cluster =
+      Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.1", 4}}, clusterfile(), "hosts", "clusterfile");
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  const std::vector<TrainingSetup> setups = search_setups(sim.options().setup, "auto", "auto");
+  const RankLayout layout(cluster, {0});
+  const PlanCostModel model(sim, layout, setups);
+  const int n = static_cast<int>(setups.size());
+  int checked = 0;
+  for (const int tp : {1, 2}) {
+    StageChoice c;
+    c.begin = 0;
+    c.size = 8;
+    c.st = Strategy{8 / tp, tp};
+    c.layer_begin = 1;
+    c.layer_end = 5;
+    std::vector<FastStageCost> costs(n);
+    REQUIRE(model.stage(c, 1, 3, 2, 16, costs.data()));
+    // By hand: a ZeRO-2/3 setting's forward + backward less the ZeRO-0 setting's of its recomputation.
+    double coupled = std::numeric_limits<double>::infinity(), apart = coupled;
+    for (int k = 0; k < n; ++k) {
+      double passes = 0;
+      for (int j = 0; j < n; ++j)
+        if (setups[j].zero_stage == 0 && setups[j].recompute == setups[k].recompute && setups[k].zero_stage >= 2)
+          passes = costs[k].forward_ms + costs[k].backward_ms - costs[j].forward_ms - costs[j].backward_ms;
+      if (setups[k].zero_stage >= 2) CHECK(passes > 0);  // the collectives ZeRO-2/3 put in the passes
+      CHECK(zero_pass_sync_ms(model, costs.data(), n, k) == Approx(passes).epsilon(1e-12).margin(1e-12));
+      coupled = std::min(coupled, costs[k].allreduce_ms + costs[k].optimizer_ms + passes);
+      apart = std::min(apart, costs[k].allreduce_ms + costs[k].optimizer_ms);
+    }
+    CHECK(least_sync_ms(model, costs.data(), n, false) == Approx(coupled).epsilon(1e-12));
+    // Without the coupling, ZeRO-3's empty all-reduce would stand for every setting: the coupled bound is
+    // above that (it fails if the passes' collectives are left out).
+    CHECK(least_sync_ms(model, costs.data(), n, false) > apart * (1 + 1e-6));
+    ++checked;
+  }
+  CHECK(checked == 2);
+}
+
+// The tails coupled over the settings (least_sync_ms in the tables, the root bounds and the depth-first
+// search) with every setting searched: at gap 0 the search with whole-node stages and the bounds pass still
+// returns exhaustive search's plans, jointly and in setting parts.
+TEST_CASE("whole-node stages with --zero auto --recompute auto: exact at gap 0 with the coupled tails",
+          "[plan_search][anytime][settings]") {
+  const ProfileSet& profiles = small_profiles();
+  int with_plans = 0, zero_plans = 0;
+  for (const Case& c : cases(true)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+    PlanSearchOptions o;
+    o.gbs = c.gbs;
+    o.gap = 0;
+    o.top_k = 2;
+    o.stage_boundaries = StageBoundaries::kNode;
+    o.bounds_pass_above_gpus = 0;
+    o.setups = search_setups(sim.options().setup, "auto", "auto");
+    PlanSearchOptions ex = o, parts = o;
+    ex.exhaustive = true;
+    o.setting_parts = PlanSearchOptions::SettingParts::kNever;
+    parts.setting_parts = PlanSearchOptions::SettingParts::kAlways;
+    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    for (const PlanSearchOptions* opt : {&o, &parts}) {
+      const PlanSearchResult r = PlanSearch(cluster, profiles, sim, *opt).run();
+      REQUIRE(r.top.size() == full.top.size());
+      for (std::size_t i = 0; i < full.top.size(); ++i) {
+        const PlanResult& x = r.top[i].plan;
+        const PlanResult& y = full.top[i].plan;
+        CHECK(x.cost == y.cost);
+        CHECK(x.device_groups == y.device_groups);
+        CHECK(x.strategies == y.strategies);
+        CHECK(x.layer_partition == y.layer_partition);
+        CHECK(x.batches == y.batches);
+        CHECK(r.top[i].setup == full.top[i].setup);
+      }
+      if (!full.top.empty()) CHECK(r.lower_bound_ms == full.top[0].plan.cost);
+    }
+    if (full.top.empty()) continue;
+    ++with_plans;
+    zero_plans += o.setups[full.top[0].setup].zero_stage >= 1;
+  }
+  CHECK(with_plans >= 25);
+  CHECK(zero_plans >= 1);  // some best plans use ZeRO, whose collectives the coupled tails count
+}
+
+TEST_CASE("stage estimates count the pass's time outside the layers: a stage of even shares is estimated at its cost",
+          "[plan_search][estimates]") {
+  using namespace stage_estimates;
+  const ProfileSet& profiles = small_profiles();
+  const int L = profiles.num_layers(), max_tp = 4;
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 4}}, clusterfile(), "hosts", "clusterfile");
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  const int types = static_cast<int>(cluster.device_types().size());
+  const RankLayout layout(cluster, {0, 1});
+  const PlanCostModel plain(sim, layout, {sim.options().setup});
+  const std::vector<double> unmeasured(static_cast<std::size_t>(types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
+  int exact = 0, with_outside = 0;
+  for (int b : {1, 2, 4}) {
+    const ShareSlices slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs);
+    EstimateBudget budget(std::size_t{64} << 20);
+    MixedLists lists(budget);
+    const StageEstimator est(profiles, cluster, layout, plain, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured, L);
+    for (int r : {0, 4})
+      for (int s = 1; r + s <= r + 4; ++s)
+        for (int tp = 1; tp <= s; ++tp) {
+          const int dp = s / tp;
+          if (s % tp != 0 || b % dp != 0) continue;  // even shares: every replica the one estimated
+          const Slices& sl = slices.at(layout.type_of(r), tp, b / dp);
+          if (sl.files.size() != 1) continue;  // the share's own file: its time is the stage's profile time
+          for (int l = 0; l < L; ++l)
+            for (int e = l + 1; e <= L; ++e) {
+              INFO("ranks " << r << "+" << s << " tp " << tp << " b " << b << " layers " << l << "-" << e);
+              const StageEstimate x = est.estimate(r, s, tp, l, e, true, true);
+              StageChoice c;
+              c.begin = r;
+              c.size = s;
+              c.st = Strategy{dp, tp};
+              c.layer_begin = l;
+              c.layer_end = e;
+              FastStageCost fc;
+              REQUIRE(plain.stage(c, 1, 3, 4, b, &fc));  // a middle stage: no batch generator
+              CHECK(x.t <= (fc.forward_ms + fc.backward_ms) * (1 + 1e-12));
+              CHECK(x.t == Approx(fc.forward_ms + fc.backward_ms).epsilon(1e-9));
+              CHECK(x.f + x.b <= x.t * (1 + 1e-12));
+              with_outside += sl.fb_sync > 0;
+              ++exact;
+            }
+        }
+  }
+  CHECK(exact > 50);
+  CHECK(with_outside > 50);  // the profiles measure time outside the layers: the check above needs it
 }
 
 }  // namespace hetplan
