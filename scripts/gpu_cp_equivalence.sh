@@ -23,7 +23,10 @@ source scripts/gpu_lib.sh
 out=${OUT:-/tmp/out}; dir=${1:-logs/validate/suite34-h100x2-run2}
 work=$(mktemp -d); res="$work/cp_equivalence"; mkdir -p "$res" "$out"
 summary="$out/cp_equivalence.md"
-bash scripts/gpu_build.sh > "$res/build.log" 2>&1 || { tail -30 "$res/build.log"; exit 1; }
+# A dry run of this script on a CPU machine: SKIP_BUILD=1 (build-gpu/hetplan as it is), REPLAY_FLAGS="--dtype fp32".
+if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+  bash scripts/gpu_build.sh > "$res/build.log" 2>&1 || { tail -30 "$res/build.log"; exit 1; }
+fi
 source scripts/gpu_env.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]00')
 printf '# One node of 2 %s GPUs.\n0.0.0.5 slots=2\n' "$gpu" > "$res/local.hostfile"
@@ -45,7 +48,7 @@ replay() {  # label, plan file, hf config, [HETPLAN_TEST_DISABLE value]
   local label=$1 plan=$2 hf=$3 disable=${4:-}
   local t0=$SECONDS
   HETPLAN_TEST_DISABLE=$disable timeout 60 build-gpu/hetplan replay --plan "$plan" --hf-config "$hf" \
-    --schedule 1f1b --warmup 0 --iters 5 --out "$res/$label.replay.json" > "$res/$label.log" 2>&1
+    --schedule 1f1b --warmup 0 --iters 5 ${REPLAY_FLAGS:-} --out "$res/$label.replay.json" > "$res/$label.log" 2>&1
   local rc=$?
   echo "- $label: replay exit $rc in $((SECONDS - t0)) s${disable:+ (HETPLAN_TEST_DISABLE=$disable)}" >> "$summary"
   return $rc
