@@ -51,7 +51,7 @@ struct SearchArgs {
   std::string zero = "auto";  // with recompute "auto": the ZeRO stage and recomputation searched (issue 33)
   bool sequence_parallel = false;
   std::string overlap = "off";
-  double ddp_bucket_params = 0, comm_slowdown = kCommComputeSlowdown;
+  double ddp_bucket_params = 0, comm_slowdown = 0;  // 0: the profiles' comm_overlap.json, else the default
   bool cross_node_tp = false;
   double gap = 0.01;         // --gap: prove the best within this relative gap (0: exact)
   std::string time_budget;  // seconds, or "none" / "" for no limit (parse_time_budget)
@@ -725,8 +725,8 @@ void add_costing_flags(CLI::App* s, SearchArgs& a) {
       ->check(CLI::Range(0.0, 1e13));
   s->add_option("--comm-slowdown", a.comm_slowdown,
                 "With --cost-model sim and --overlap: compute time while a collective shares the SMs over its "
-                "time alone (measured by scripts/gpu_nccl_bench.sh)")
-      ->capture_default_str()
+                "time alone, for every collective (default: the profile folder's comm_overlap.json, measured by "
+                "scripts/gpu_overlap_probe.sh, else 1.035; sim/dp_overlap.md)")
       ->check(CLI::Range(1.0, 10.0));
   s->add_option("--bandwidth-unit", a.bandwidth_unit,
                 "Clusterfile bandwidth unit, GB/s, GiB/s or bytes/s (checked for plausibility under either cost model)")

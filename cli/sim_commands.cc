@@ -45,7 +45,7 @@ struct SetupArgs {
   // simulate only (add_parallel_options): 0 / off / 0 take the plan file's setting.
   int context_parallel = 0;
   bool overlap_grad_reduce = false, overlap_param_gather = false;
-  double ddp_bucket_params = 0, comm_slowdown = kCommComputeSlowdown;
+  double ddp_bucket_params = 0, comm_slowdown = 0;  // 0: the profiles' comm_overlap.json, else the default
 };
 
 // simulate's context parallelism and overlapped data-parallel communication (sim/sequence_parallel.h,
@@ -66,9 +66,9 @@ void add_parallel_options(CLI::App* s, SetupArgs& a) {
                 "Parameters per overlapped communication bucket (default: Megatron's max(40M, 1M x dp))")
       ->check(CLI::Range(0.0, 1e13));
   s->add_option("--comm-slowdown", a.comm_slowdown,
-                "Compute time while an overlapped collective shares the SMs, over its time alone (measured by "
-                "scripts/gpu_nccl_bench.sh)")
-      ->capture_default_str()
+                "Compute time while an overlapped collective shares the GPU, over its time alone, for every "
+                "collective (default: the profile folder's comm_overlap.json, measured by "
+                "scripts/gpu_overlap_probe.sh for reductions and gathers apart, else 1.035; sim/dp_overlap.md)")
       ->check(CLI::Range(1.0, 10.0));
 }
 
@@ -337,6 +337,17 @@ int run_simulate(const SimulateArgs& a) {
   std::cout << "mfu: " << (t.mfu >= 0 ? fixed(t.mfu, 4) : std::string("unknown (a GPU type without a datasheet entry)"))
             << "\n";
   for (const auto& line : simulator.collective_sources()) std::cout << "network: " << line << "\n";
+  // The compute stretch beside overlapped collectives, and where it came from (sim/dp_overlap.md, "SM sharing").
+  const OverlapSlowdowns& probed = profiles.overlap_slowdowns();
+  const bool forced = o.setup.overlap.compute_slowdown > 0;
+  const double stretch_reduce = forced ? o.setup.overlap.compute_slowdown : probed.reduce;
+  const double stretch_gather = forced ? o.setup.overlap.compute_slowdown : probed.gather;
+  const std::string stretch_source = forced ? "--comm-slowdown"
+                                     : profiles.overlap_measured() ? profile_dir + "/" + kOverlapProbeFile
+                                                                   : "default (kCommComputeSlowdown)";
+  if (o.setup.overlap.any())
+    std::cout << "overlap: compute beside reductions x" << fixed(stretch_reduce, 3) << ", beside gathers x"
+              << fixed(stretch_gather, 3) << " (" << stretch_source << ")\n";
   for (const auto& st : sim.stages)
     if (st.power_limited)
       std::cout << "power: " << st.label << " sets the pace; at sustained clocks it computes "
@@ -374,6 +385,8 @@ int run_simulate(const SimulateArgs& a) {
     j["zero_stage"] = o.setup.zero_stage;
     j["recompute"] = to_string(o.setup.recompute);
     j["network"] = simulator.collective_sources();
+    if (o.setup.overlap.any())
+      j["overlap_compute_slowdown"] = {{"reduce", stretch_reduce}, {"gather", stretch_gather}, {"source", stretch_source}};
     // The plan as simulated: its file's keys with the flags' sequence/context parallelism and overlap.
     PlanFile simulated = pf;
     simulated.sequence_parallel = o.setup.sequence_parallel;

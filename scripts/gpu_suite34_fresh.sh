@@ -102,6 +102,18 @@ if [[ $need_profile == 1 ]]; then
 else
   say "reusing the profiles in $fresh/"
 fi
+# The compute slowdown beside overlapped collectives (scripts/gpu_overlap_probe.sh, < 60 s), measured on these
+# GPUs before any plan is simulated and copied into each model's profile folder as comm_overlap.json, which
+# `hetplan simulate` reads (sim/dp_overlap.md, "SM sharing"); NO_OVERLAP_PROBE=1 skips it (the simulator then
+# keeps its default factor).
+if [[ -z "${DRY_RUN:-}" && -z "${NO_OVERLAP_PROBE:-}" ]]; then
+  t0=$SECONDS
+  # shellcheck disable=SC2046
+  OUT="$out/overlap_probe" bash scripts/gpu_overlap_probe.sh \
+    $(python3 -c "import json; print(' '.join(m['profiles'] for m in json.load(open('$suite'))['models'].values()))") \
+    > "$out/overlap_probe.txt" 2>&1
+  say "overlap probe: exit $? in $((SECONDS - t0)) s: $(grep compute_slowdown "$out/overlap_probe.txt" | head -1)"
+fi
 work="logs/validate/$run_name"
 left=$(( deadline - SECONDS ))
 say "suite: $left s left for profiling, simulating and replaying"

@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
+#include "base/input_error.h"
+#include "base/file_access.h"
+
 namespace hetplan {
 
 double megatron_default_bucket_params(int dp) { return std::max(4e7, 1e6 * dp); }
@@ -20,6 +25,31 @@ double exposed_after_window(double per_bucket_s, int buckets, double window_s) {
 
 double overlap_slowdown_s(double comm_s, double window_s, double slowdown) {
   return std::max(0.0, slowdown - 1) * std::min(window_s, comm_s);
+}
+
+OverlapSlowdowns read_overlap_probe(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_regular_file(path, 1 << 20, "overlap probe JSON"));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": not JSON (" + e.what() + ")");
+  }
+  if (!j.is_object() || !j.contains("compute_slowdown") || !j["compute_slowdown"].is_object())
+    throw InputError(path + ": expected an object with key 'compute_slowdown' {\"reduce\": x, \"gather\": y} "
+                     "(scripts/gpu_overlap_probe.py's output)");
+  const nlohmann::json& c = j["compute_slowdown"];
+  auto factor = [&](const char* key) {
+    if (!c.contains(key) || !c[key].is_number())
+      throw InputError(path + ": key 'compute_slowdown." + key + "' must be a number in [1, 10]");
+    const double v = c[key].get<double>();
+    if (!(v >= 1 && v <= 10))
+      throw InputError(path + ": key 'compute_slowdown." + key + "' must be a number in [1, 10]");
+    return v;
+  };
+  OverlapSlowdowns s;
+  s.reduce = factor("reduce");
+  s.gather = factor("gather");
+  return s;
 }
 
 }  // namespace hetplan

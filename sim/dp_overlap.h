@@ -15,12 +15,35 @@
 // hot path calls them).
 #pragma once
 
+#include <string>
+
 namespace hetplan {
 
 // GEMM time while an NCCL all-reduce stream shares the GPU, over its time alone:
 // measured by scripts/gpu_nccl_bench.sh ("overlap.gemm_slowdown", NCCL's own
 // algorithm choice) on 2 x H200, logs/validate/nccl-h200x2 (sim/dp_overlap.md).
+// The default where no probe of the collectives overlap really runs was made
+// (OverlapSlowdowns below).
 inline constexpr double kCommComputeSlowdown = 1.035;
+
+// The compute stretch beside each kind of overlapped collective: the backward's
+// gradient reductions (fp32 reduce-scatters or all-reduces) and the weight gathers
+// (16-bit all-gathers). Each is 1 + (compute time added) / (the collectives' time
+// alone) for compute that runs while the collectives do (overlap_slowdown_s), as
+// scripts/gpu_overlap_probe.sh measures it on the GPUs the profiles were taken on,
+// at the bucket sizes replay uses (sim/dp_overlap.md, "SM sharing").
+struct OverlapSlowdowns {
+  double reduce = kCommComputeSlowdown;
+  double gather = kCommComputeSlowdown;
+};
+
+// The file of a profile folder that holds the probe's result; absent: the defaults.
+inline constexpr const char* kOverlapProbeFile = "comm_overlap.json";
+
+// Reads scripts/gpu_overlap_probe.py's JSON: its "compute_slowdown" object's "reduce"
+// and "gather", each a number in [1, 10]. Throws InputError naming the file and key
+// otherwise.
+OverlapSlowdowns read_overlap_probe(const std::string& path);
 
 // Megatron-LM's default bucket: max(40M, 1M x dp) parameters
 // (megatron/core/distributed/distributed_data_parallel.py).
@@ -32,7 +55,10 @@ struct CommOverlap {
   bool param_gather = false;       // ZeRO-1/3 weights gathered bucket by bucket during the forward
   double grad_bucket_params = 0;   // parameters per gradient bucket; 0: megatron_default_bucket_params(dp)
   double param_bucket_params = 0;  // parameters per all-gather bucket; 0: as the gradient bucket
-  double compute_slowdown = kCommComputeSlowdown;  // compute stretch while a collective runs beside it
+  // Compute stretch while a collective runs beside it: > 0, this factor for every collective (a run's
+  // --comm-slowdown); 0, the profiles' measurement (ProfileSet::overlap_slowdowns: the profile folder's
+  // comm_overlap.json, else kCommComputeSlowdown for both kinds).
+  double compute_slowdown = 0;
   bool any() const { return grad_reduce || param_gather; }
 };
 

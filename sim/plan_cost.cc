@@ -7,6 +7,8 @@
 
 #include "sim/data_load_balancer.h"
 #include "sim/gpu_specs.h"
+#include "sim/layer_time_model.h"
+#include "sim/roofline.h"
 #include "sim/schedule.h"
 #include "sim/sequence_parallel.h"
 
@@ -109,6 +111,10 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
     }
     const GpuSpec* g = find_gpu_spec(sim.profiles_->device_types()[pt]);
     ptype_hbm_bytes_per_s_.push_back(g ? g->memory_bw_gbs * 1e9 : 0);
+    // Streaming kernels (the gradient pack) at the layer time model's achieved fraction of the datasheet's HBM
+    // bandwidth (RateDefaults::memory_efficiency); 0 where the GPU is not in the catalogue.
+    ptype_stream_bytes_per_s_.push_back(g ? achieved_bytes_per_s(g->memory_bw_gbs, RateDefaults{}.memory_efficiency)
+                                          : 0);
   }
   for (const TrainingSetup& s : setups_)
     recompute_fraction_.push_back(recomputed_forward_fraction(sim.shape_, s.recompute, sim.seq_) /
@@ -401,10 +407,25 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
   c->sustained_factor = b.sustained;
   c->send_forward_ms = b.send_forward;
   c->send_backward_ms = b.send_backward;
+  // ZeRO-2/3 reduce-scatter every micro-batch's gradients, packed first into the flat fp32 buckets the
+  // collectives read: a memory-bound pass on the backward's path, before any overlap is costed (it is
+  // compute the collectives run beside). sim/dp_overlap.md, "The pack".
+  if (s.st.dp > 1 && setup.zero_stage >= 2) c->backward_ms += gradient_pack_ms(setup, trainable, b.rtype[0]);
   add_gradient_sync(s, index, p, setup, trainable, grad_bytes, ptype_hbm_bytes_per_s_[b.rtype[0]], reuse, c);
   c->optimizer_ms = optimizer / (setup.zero_stage >= 1 ? s.st.dp : 1);
   if (setup.offload_optimizer || (setup.offload_params && setup.zero_stage >= 3))
     add_offload(s, setup, b.rtype[0], trainable, full_on_rank, c);
+}
+
+// One micro-batch's copy of its gradients (the compute precision's, as the backward leaves them) into the
+// buckets the data-parallel reduction reads (reduced_gradient_bytes each): read once and written once, at the
+// streaming rate of profile type `ptype` through the roofline (0 where that rate is unknown).
+double PlanCostModel::gradient_pack_ms(const TrainingSetup& setup, double trainable, int ptype) const {
+  const double rate = ptype_stream_bytes_per_s_[ptype];
+  if (!(rate > 0)) return 0;
+  const double produced = setup.precision == Precision::kFp32 ? 4 : 2;
+  const Roofline stream{0, rate};
+  return stream.memory_s(trainable * (produced + reduced_gradient_bytes(setup))) * 1e3;
 }
 
 // The slowest replica's gradient accumulation per micro-batch and optimizer step for one setup.
@@ -609,19 +630,22 @@ void PlanCostModel::add_overlapped_sync(Strategy st, int zero, double trainable,
     reuse->last_grad_bytes = last_grad_bytes;
     reuse->last_grad_ar = last_grad_bytes > 0 ? slowest_dp_all_reduce(reuse->stage_begin, st, last_grad_bytes) : 0.0;
   }
-  const double f = ov.compute_slowdown;
+  // The compute stretch beside reductions and beside gathers: the run's factor, else the profiles' measurement.
+  const OverlapSlowdowns& measured = sim_->profiles_->overlap_slowdowns();
+  const double fr = ov.compute_slowdown > 0 ? ov.compute_slowdown : measured.reduce;
+  const double fg = ov.compute_slowdown > 0 ? ov.compute_slowdown : measured.gather;
   const double window_b = c->backward_ms, window_f = c->forward_ms;
   // One bucket's reduction (ms): the all-reduce at ZeRO-0, half of it (a reduce-scatter) with ZeRO.
   const double red_b = reuse->grad_bucket_ar * 1e3 / (zero == 0 ? 1 : 2);
   const double red = zero == 0 ? reuse->grad_ar * 1e3 : rs;
   const double gat_b = zero >= 1 ? reuse->weight_bucket_ar * 1e3 / 2 : 0.0;
-  auto hidden = [&](double per_bucket, int n, double total, double window) {
-    return exposed_after_window(per_bucket, n, window) + overlap_slowdown_s(total, window, f);
+  auto hidden = [&](double per_bucket, int n, double total, double window) {  // gathers
+    return exposed_after_window(per_bucket, n, window) + overlap_slowdown_s(total, window, fg);
   };
   // A reduction chain's tail is at least the last gradient's reduction (the embedding's, on the first stage).
   const double red_last = reuse->last_grad_ar * 1e3 / (zero == 0 ? 1 : 2);
   auto hidden_reduce = [&](double per_bucket, int n, double total, double window) {
-    return std::max(exposed_after_window(per_bucket, n, window), red_last) + overlap_slowdown_s(total, window, f);
+    return std::max(exposed_after_window(per_bucket, n, window), red_last) + overlap_slowdown_s(total, window, fr);
   };
   const double reduce = ov.grad_reduce ? hidden_reduce(red_b, ng, red, window_b) : red;
   switch (zero) {
@@ -635,14 +659,21 @@ void PlanCostModel::add_overlapped_sync(Strategy st, int zero, double trainable,
       // ZeRO-3: the forward gathers the weights (zero3_gathers: the tied embedding twice), the backward
       // gathers them again (less the last layer's, kept since its forward) and reduce-scatters the
       // gradients. A gather runs beside compute only when prefetched (param_gather); otherwise each
-      // layer's gather is waited for before its compute is issued, forward and backward alike.
+      // layer's gather is waited for before its compute is issued, forward and backward alike. The gathers
+      // and the reduce-scatters share one communicator, so their kernels run one after another: without
+      // prefetch, the gather a layer's backward waits for is queued behind the reduce-scatter of the layer
+      // after it, and every reduce-scatter is on the backward's path too (exposed whole, beside no compute).
       const double ag_f = ag * z3.forward_share, ag_b = ag * z3.backward_share;
       const double gat_f = gat_b * z3.forward_share, gat_bw = gat_b * z3.backward_share;
       c->forward_ms += ov.param_gather ? hidden(gat_f, nw, ag_f, window_f) : ag_f;
       if (ov.grad_reduce && ov.param_gather)
-        c->backward_ms += hidden_reduce(red_b + gat_bw, std::max(ng, nw), red + ag_b, window_b);
+        c->backward_ms += std::max(exposed_after_window(red_b + gat_bw, std::max(ng, nw), window_b), red_last) +
+                          overlap_slowdown_s(red, window_b, fr) +
+                          overlap_slowdown_s(ag_b, std::max(0.0, window_b - red), fg);
+      else if (ov.param_gather)
+        c->backward_ms += hidden(gat_bw, nw, ag_b, window_b) + reduce;
       else
-        c->backward_ms += (ov.param_gather ? hidden(gat_bw, nw, ag_b, window_b) : ag_b) + reduce;
+        c->backward_ms += ag_b + red;
       break;
     }
   }

@@ -207,6 +207,7 @@ class PlanCostModel {
                    FastStageCost* c) const;
   void replica_step_ms(Strategy st, const StageBasis& b, double trainable, double full_on_rank, double grad_bytes,
                        double* accumulation, double* optimizer) const;
+  double gradient_pack_ms(const TrainingSetup& setup, double trainable, int ptype) const;
   void add_gradient_sync(const StageChoice& s, int index, int num_stages, const TrainingSetup& setup,
                          double trainable, double grad_bytes, double hbm_bytes_per_s, SetupReuse* reuse,
                          FastStageCost* c) const;
@@ -238,6 +239,7 @@ class PlanCostModel {
                                           // bytes (0: none), when the setup asks (< 0) for the measured one
   int framework_tps_ = 1;                 // max tp + 1
   std::vector<double> ptype_hbm_bytes_per_s_;  // per profile type: datasheet HBM bandwidth (0: unknown)
+  std::vector<double> ptype_stream_bytes_per_s_;  // per profile type: achieved streaming HBM rate (0: unknown)
   std::vector<double> recompute_fraction_;     // per setup: recomputed_forward_fraction
 };
 

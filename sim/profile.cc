@@ -396,6 +396,9 @@ ProfileSet ProfileSet::load(const std::string& dir, int num_layers, int threads)
   const std::size_t max_layers = kMaxProfileLayers;
   ProfileSet set;
   set.dir_ = dir;
+  const std::string probe = (fs::path(dir) / kOverlapProbeFile).string();
+  if (std::find(names.begin(), names.end(), kOverlapProbeFile) != names.end())
+    set.set_overlap_slowdowns(read_overlap_probe(probe));
   for (File& f : files) {
     if (f.error) std::rethrow_exception(f.error);
     set.add(f.type, std::move(f.profile));

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/dp_overlap.h"
 #include "sim/memory_model.h"
 #include "base/input_error.h"
 #include "base/limits.h"
@@ -174,6 +175,15 @@ class ProfileSet {
   static ProfileSet load(const std::string& dir, int num_layers = 0, int threads = 1);
 
   const std::string& dir() const { return dir_; }
+  // The compute stretch beside overlapped collectives measured on these GPUs: the folder's
+  // comm_overlap.json (kOverlapProbeFile, scripts/gpu_overlap_probe.sh), read by load(); else the
+  // defaults (kCommComputeSlowdown). load() throws InputError for a file that is there but malformed.
+  const OverlapSlowdowns& overlap_slowdowns() const { return overlap_slowdowns_; }
+  bool overlap_measured() const { return overlap_measured_; }
+  void set_overlap_slowdowns(const OverlapSlowdowns& s) {
+    overlap_slowdowns_ = s;
+    overlap_measured_ = true;
+  }
   const std::vector<std::string>& device_types() const { return types_; }
   int type_index(const std::string& name) const;  // -1 if absent
   const ModelProfile& model() const { return model_; }
@@ -262,6 +272,8 @@ class ProfileSet {
   void rebuild_index();
 
   std::string dir_;
+  OverlapSlowdowns overlap_slowdowns_;
+  bool overlap_measured_ = false;
   std::vector<std::string> types_;
   std::vector<std::string> entry_types_;
   std::vector<LayerProfile> entries_;

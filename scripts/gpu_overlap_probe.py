@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""The compute slowdown beside overlapped data-parallel collectives, as the simulator needs it (sim/dp_overlap.md,
+"SM sharing"), measured on the lent GPUs. Run under torchrun on >= 2 GPUs of one node:
+
+  torchrun --standalone --nproc-per-node 2 scripts/gpu_overlap_probe.py --out comm_overlap.json \
+      [--hidden 2560 --ffn 10240 --tokens 4096 --layers 10] [--reduce-params 78.6e6] [--gather-params 78.6e6]
+
+What it times, on every rank (CUDA events; median of --reps repetitions):
+  - a backward-like GEMM loop alone: for each of --layers layers, each linear of a transformer block (qkv h->3h,
+    proj h->h, fc1 h->ffn, fc2 ffn->h) twice as its backward runs it: dX = dY W and dW = dY^T X, bf16, with
+    --tokens rows (a micro-batch's sequences x their length); torch.mm picks the same cuBLASLt kernels as replay's
+    backward;
+  - a chain of k fp32 reduce-scatters of one replay unit's gradients (--reduce-params, fp32: what ZeRO-2/3 and
+    the distributed optimizer reduce), alone, and the same chain beside the GEMM loop (issued on a side stream
+    just before the loop, as replay's overlapped reduce-scatters run beside the backward);
+  - the same for a chain of bf16 all-gathers of a unit's weights (--gather-params, 16-bit: ZeRO-3's gathers).
+  k is chosen so the chain alone takes about --comm-share of the loop (default 0.35), so the chain, even slowed,
+  runs beside compute from its start to its end.
+What it writes (rank 0, --out): "compute_slowdown": {"reduce": 1 + (loop beside reductions - loop alone) /
+(chain alone), "gather": the same for gathers} -- the factor f of the simulator's overlap_slowdown_s,
+(f - 1) x min(window, collectives' time alone) -- averaged over the ranks, with every timing under "details"
+(the chains' own slowdown, GEMM TFLOP/s, bytes, counts, NCCL version, the GPU's name).
+`hetplan simulate` / `search` read it as <profile folder>/comm_overlap.json (sim/profile.h).
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def gemm_loop(layers, x, wides, dys):
+    """One backward's GEMMs: per layer, dX = dY W and dW = dY^T X of each linear."""
+    for _ in range(layers):
+        for w, dy in zip(wides, dys):
+            torch.mm(dy, w)      # dX: [T, out] x [out, in]
+            torch.mm(dy.t(), x[w.shape[1]])  # dW: [out, T] x [T, in]
+
+
+def nccl_version():
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--hidden", type=int, default=2560)
+    ap.add_argument("--ffn", type=int, default=0, help="default 4 x hidden")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--reduce-params", type=float, default=0, help="default 12 x hidden^2 (a GPT block)")
+    ap.add_argument("--gather-params", type=float, default=0, help="default as --reduce-params")
+    ap.add_argument("--comm-share", type=float, default=0.35)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    t_start = time.time()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device("cuda")
+    h, ffn, T = a.hidden, a.ffn or 4 * a.hidden, a.tokens
+    torch.manual_seed(rank)
+    bf = torch.bfloat16
+    # Weights [out, in] and upstream gradients [T, out] of qkv, proj, fc1, fc2; inputs [T, in] by width.
+    shapes = [(3 * h, h), (h, h), (ffn, h), (h, ffn)]
+    wides = [torch.randn(o, i, dtype=bf, device=dev) * 0.02 for o, i in shapes]
+    dys = [torch.randn(T, o, dtype=bf, device=dev) for o, _ in shapes]
+    x = {h: torch.randn(T, h, dtype=bf, device=dev), ffn: torch.randn(T, ffn, dtype=bf, device=dev)}
+    flops = a.layers * sum(2 * 2 * T * o * i for o, i in shapes)
+    loop = lambda: gemm_loop(a.layers, x, wides, dys)
+
+    rp = a.reduce_params or 12 * h * h
+    gp = a.gather_params or rp
+    n_r = int(rp) // world * world
+    n_g = int(gp) // world * world
+    rs_in = torch.randn(n_r, dtype=torch.float32, device=dev)
+    rs_out = torch.empty(n_r // world, dtype=torch.float32, device=dev)
+    ag_in = torch.randn(n_g // world, dtype=bf, device=dev)
+    ag_out = torch.empty(n_g, dtype=bf, device=dev)
+    reduce_one = lambda: dist.reduce_scatter_tensor(rs_out, rs_in, async_op=True)
+    gather_one = lambda: dist.all_gather_into_tensor(ag_out, ag_in, async_op=True)
+    side = torch.cuda.Stream()
+
+    def sync():
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+
+    def time_loop():
+        sync()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        loop()
+        e1.record()
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1)
+
+    def time_chain(one, k):
+        sync()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(side):
+            e0.record(side)
+            works = [one() for _ in range(k)]
+            for w in works:
+                w.wait()
+            e1.record(side)
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1)
+
+    def time_both(one, k):
+        """The chain issued on the side stream, then the loop on the default stream: (loop ms, chain ms)."""
+        sync()
+        g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(side):
+            c0.record(side)
+            works = [one() for _ in range(k)]
+        g0.record()
+        loop()
+        g1.record()
+        with torch.cuda.stream(side):
+            for w in works:
+                w.wait()
+            c1.record(side)
+        torch.cuda.synchronize()
+        return g0.elapsed_time(g1), c0.elapsed_time(c1)
+
+    # Warm up: cuBLASLt's choices, NCCL's communicator and buffers.
+    for _ in range(2):
+        loop()
+        reduce_one().wait()
+        gather_one().wait()
+    torch.cuda.synchronize()
+    med = statistics.median
+    loop_alone = med(time_loop() for _ in range(a.reps))
+    res = {"gemm_loop_alone_ms": loop_alone, "gemm_loop_tflops": flops / loop_alone / 1e9}
+    factors = []
+    for kind, one, elems, elem_bytes in (("reduce", reduce_one, n_r, 4), ("gather", gather_one, n_g, 2)):
+        one_ms = med(time_chain(one, 1) for _ in range(a.reps))
+        k = max(1, int(round(a.comm_share * loop_alone / max(one_ms, 1e-3))))
+        chain_alone = med(time_chain(one, k) for _ in range(a.reps))
+        both = [time_both(one, k) for _ in range(a.reps)]
+        loop_with = med(b[0] for b in both)
+        chain_with = med(b[1] for b in both)
+        loop_again = med(time_loop() for _ in range(a.reps))  # drift check (clocks, heat)
+        base = 0.5 * (loop_alone + loop_again)
+        f = 1 + max(0.0, loop_with - base) / min(base, chain_alone)
+        factors.append(f)
+        res[kind] = {"collective": "reduce_scatter fp32" if kind == "reduce" else "all_gather bf16",
+                     "bucket_params": elems, "bucket_bytes": elems * elem_bytes, "chain_collectives": k,
+                     "one_collective_alone_ms": one_ms, "chain_alone_ms": chain_alone,
+                     "gemm_loop_alone_ms_after": loop_again, "gemm_loop_beside_ms": loop_with,
+                     "chain_beside_ms": chain_with, "chain_slowdown": chain_with / chain_alone,
+                     "gemm_loop_slowdown": loop_with / base, "compute_slowdown": f,
+                     "chain_outlasted_loop": chain_with > loop_with}
+    # Every rank's factors, averaged (and each rank's kept).
+    t = torch.tensor(factors, dtype=torch.float64, device=dev)
+    every = [torch.zeros_like(t) for _ in range(world)]
+    dist.all_gather(every, t)
+    every = [e.tolist() for e in every]
+    mean = [sum(e[i] for e in every) / world for i in range(len(factors))]
+    if rank == 0:
+        out = {
+            "kind": "hetplan collectives-overlap probe (scripts/gpu_overlap_probe.py)",
+            "compute_slowdown": {"reduce": mean[0], "gather": mean[1]},
+            "per_rank_compute_slowdown": [{"reduce": e[0], "gather": e[1]} for e in every],
+            "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "torch": torch.__version__,
+                        "cuda": torch.version.cuda, "nccl": nccl_version(),
+                        "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}},
+            "shape": {"hidden": h, "ffn": ffn, "tokens": T, "layers": a.layers, "comm_share": a.comm_share,
+                      "reps": a.reps},
+            "details": res,
+            "seconds": time.time() - t_start,
+        }
+        with open(a.out, "w") as fh:
+            json.dump(out, fh, indent=1)
+        print(json.dumps(out, indent=1), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
