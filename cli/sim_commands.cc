@@ -39,6 +39,7 @@ struct SetupArgs {
   int zero = 0;
   std::string recompute = "none", precision = "bf16", accounting = "auto", bandwidth_unit = "GB/s";
   bool sequence_parallel = false, flash = false, deepspeed_buffers = false, ddp_buckets = false;
+  std::string ddp_old_buckets;  // "": the activations' peak (or the plan file's)
   std::string offload = "none";
   int recompute_every = 1;
   double framework_mb = 0;
@@ -106,8 +107,13 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
               "Count DeepSpeed's default bucket, prefetch and offload staging buffers (sim/offload.h)");
   s->add_flag("--ddp-buckets", a.ddp_buckets,
               "Without ZeRO: PyTorch DDP's gradient buckets (sim/runtime_overheads.h): a second copy of the gradients "
-              "(a third at the run's peak: the old buckets, held across DDP's rebuild at the second step), "
+              "(a third at the activations' peak of the second step: the old buckets, held across DDP's rebuild; "
+              "`whatif` times when they are released), "
               "bucketed all-reduces overlapped with the backward");
+  s->add_option("--ddp-old-buckets", a.ddp_old_buckets,
+                "With --ddp-buckets: at which of the second step's peaks DDP's old buckets, held across its rebuild "
+                "until ProcessGroupNCCL's watchdog polls, are counted: none, activations (the backward's start; "
+                "default), gradients (its end) or both. `whatif` times it; its --export records it");
   s->add_option("--recompute-every", a.recompute_every,
                 "With --recompute full: checkpoint only every k-th block (selective activation checkpointing)")
       ->capture_default_str()
@@ -131,6 +137,7 @@ TrainingSetup make_setup(const SetupArgs& a) {
   s.flash_attention = a.flash;
   s.deepspeed.model = a.deepspeed_buffers;
   s.ddp.model = a.ddp_buckets;
+  if (!a.ddp_old_buckets.empty()) parse_old_buckets_phases(a.ddp_old_buckets, "--ddp-old-buckets", s.ddp);
   s.recompute_every = a.recompute_every;
   if (a.offload == "optimizer") s.offload_optimizer = true;
   else if (a.offload == "all") s.offload_optimizer = s.offload_params = true;
@@ -285,6 +292,7 @@ int run_simulate(const SimulateArgs& a) {
   if (a.setup.accounting == "auto" && !pf.accounting.empty()) setup_args.accounting = pf.accounting;
   if (pf.deepspeed_buffers) setup_args.deepspeed_buffers = true;
   if (pf.ddp_buckets) setup_args.ddp_buckets = true;
+  if (setup_args.ddp_old_buckets.empty()) setup_args.ddp_old_buckets = pf.ddp_old_buckets;
   // Sequence/context parallelism and overlap: the plan's, unless a flag says otherwise.
   setup_args.sequence_parallel = setup_args.sequence_parallel || pf.sequence_parallel;
   if (setup_args.context_parallel == 0) setup_args.context_parallel = pf.context_parallel;
@@ -419,6 +427,7 @@ struct WhatifArgs {
   std::string runtime = "eager";
   double eager_op_us = 0, graph_kernel_us = 0;
   std::string host_probe;
+  double host_speed = 1;
   bool unfused_attention = false;
   std::string deepspeed_config;
   bool micro_batch_given = false, gbs_given = false;
@@ -656,6 +665,7 @@ WhatifInput whatif_input(const WhatifArgs& a) {
   if (in.calibration.kernel_floor_us > 0 || in.calibration.eager_op_us > 0) in.launch.source = "measured (" + in.calibration.path + ")";
   if (in.calibration.kernel_floor_us > 0) in.launch.graph_kernel_us = in.calibration.kernel_floor_us;
   if (!a.host_probe.empty()) in.launch.host = read_host_probe(a.host_probe);
+  if (a.host_speed != 1) in.launch.host = scaled_host_costs(in.launch.host, a.host_speed);
   if (in.calibration.eager_op_us > 0) {
     in.launch.host.nograd_op_us = in.calibration.eager_op_us;
     in.launch.host.source += "; eager op " + fixed(in.calibration.eager_op_us, 2) + " us (" + in.calibration.path + ")";
@@ -1001,6 +1011,12 @@ Runner add_whatif_command(CLI::App& app) {
                 "The host's per-op costs for --runtime eager: a host_probe_micro.json written by "
                 "scripts/gpu_host_probe.sh (a host_probe_dist.json beside it adds DDP's and FSDP2's hook costs); "
                 "default: the H200 host's probe (logs/validate/host-probe-h200/)");
+  s->add_option("--host-speed", a->host_speed,
+                "The host's time per op against --host-probe's (or the default probe's) when it was measured: every "
+                "host cost times this (1.2: the host 20% slower now). scripts/gpu_whatif_validate.sh takes it from a "
+                "short re-probe right before each case")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 20.0));
   s->add_option("--eager-op-us", a->eager_op_us,
                 "Host time of an op issued from Python with autograd off (decode), in microseconds (default: the "
                 "profile's whatif_calibration.json inference.eager_op_us, else the host probe's)");

@@ -10,6 +10,10 @@ this script only measures, and `summary` compares.
   gpu_whatif_validate.py decode --runtimes eager,graphs --out DIR
   torchrun --nproc-per-node 2 gpu_whatif_validate.py memory-census --out DIR   (DDP's, FSDP2's memory by phase)
   gpu_whatif_validate.py summary --pred scripts/validation/whatif/predictions_H100.json --meas DIR --out summary.md
+  gpu_whatif_validate.py summary --pred-dir DIR/reprobe --meas DIR --out summary_reprobe.md
+  train/decode --reprobe-dir DIR/reprobe --reprobe-probe host_probe_micro.json --reprobe-gpu H100 --reprobe-log LOG:
+      around each case a short host probe (class Reprobe), the case's prediction written first with the host's
+      speed then (whatif --host-speed), and the probe again after it (the host's drift over the case)
 
 Training: the held-out GPT of scripts/plain_pytorch_train.py (GPT-2 blocks, hidden 2048, 24 blocks,
 16 heads, ffn 8192, vocab 50304, sequence 2048, tied embeddings, learned positions; ~1.3B parameters),
@@ -48,6 +52,10 @@ import os
 import statistics
 import sys
 import time
+
+# The CPU dry run (scripts/gpu_whatif_validate_dryrun.sh): a folder of recorded train_<mode>.json/decode.json that
+# `train` and `decode` return instead of measuring, with the re-probe (class Reprobe) and its predictions real.
+DRYRUN = os.environ.get("WHATIF_VALIDATE_DRYRUN", "")
 
 GPT = dict(vocab=50304, hidden=2048, blocks=24, heads=16, ffn=8192, seq=2048, eps=1e-5)
 LLAMA3B = dict(vocab=128256, hidden=3072, blocks=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, eps=1e-5,
@@ -173,7 +181,160 @@ class OffloadAdam:
                 p.copy_(self.bf16_host[o:o + p.numel()].view_as(p), non_blocking=True)
 
 
+# ------------------------------------------------------------------ the host's speed, re-probed around each case
+
+TINY_GPT = dict(vocab=512, hidden=64, blocks=24, heads=2, ffn=256, seq=64)  # scripts/gpu_host_probe.py's tiny GPT
+TINY_LLAMA = dict(LLAMA3B, vocab=512, hidden=64, blocks=28, heads=4, kv_heads=2, head_dim=16, ffn=128)
+
+
+def host_speed_index(kind):
+    """A short host probe (about 1 s; 3 s for decode) measuring exactly a figure of the full probe
+    (scripts/gpu_host_probe.py micro) with the same code, so that their ratio is the host's speed now against then.
+    "train": the tiny GPT's whole step (the validation's GPT code at width 64, 24 blocks, autocast, fused AdamW,
+    zero_grad), host ms per step issued, median of 3 loops of 5 steps after 2 (the probe's
+    tiny_gpt_step.blocks24_ckpt0.step_host_ms). "decode": the tiny eager decode (hf_llama_decoder, 28 layers),
+    ms per token over 32 tokens, median of 2 after 1 (the probe's decode.layers28.token_wall_us / 1000)."""
+    import torch
+    import torch.nn.functional as F
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    if kind == "decode":
+        step, _ = hf_llama_decoder(torch, F, dev, TINY_LLAMA, 96)
+        tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        pos = torch.full((1,), 32, dtype=torch.long, device=dev)
+        per = []
+        with torch.no_grad():
+            for rep in range(3):
+                pos.fill_(32)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(32):
+                    step(tok, pos)
+                torch.cuda.synchronize()
+                if rep > 0:
+                    per.append((time.perf_counter() - t0) * 1e3 / 32)
+        del step
+        return statistics.median(per)
+    saved = dict(GPT)
+    GPT.update(TINY_GPT)
+    try:
+        with torch.device(dev):
+            model = gpt_model(False)
+    finally:
+        GPT.clear()
+        GPT.update(saved)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+    ids = torch.randint(TINY_GPT["vocab"], (1, TINY_GPT["seq"]), device=dev)
+    tgt = torch.randint(TINY_GPT["vocab"], (1, TINY_GPT["seq"]), device=dev)
+
+    def whole():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(2):
+        whole()
+    per = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            whole()
+        per.append((time.perf_counter() - t0) * 1e3 / 5)
+        torch.cuda.synchronize()
+    del model, opt
+    return statistics.median(per)
+
+
+def utc_now():
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Reprobe:
+    """Around each case (--reprobe-dir): rank 0 re-probes the host's speed (host_speed_index), writes the case's
+    prediction with whatif --host-speed <now / the full probe's> into DIR/<case>.json and appends its UTC time and
+    sha256 to the predictions log, all BEFORE the case is built or measured; after the case, the same short probe
+    again. The after/before ratio shows a host whose speed moved during the case."""
+
+    def __init__(self, args, rank):
+        self.args, self.rank = args, rank
+        self.ref = {}
+        self.calls = 0
+        if rank == 0:
+            micro = json.load(open(args.reprobe_probe))
+            self.ref = {"train": micro["tiny_gpt_step"]["blocks24_ckpt0"]["step_host_ms"],
+                        "decode": micro["decode"]["layers28"]["token_wall_us"] / 1e3}
+            os.makedirs(args.reprobe_dir, exist_ok=True)
+
+    def _barrier(self):
+        if DRYRUN:
+            return
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+    def _index(self, kind):
+        self.calls += 1
+        if DRYRUN:  # the CPU dry run (scripts/gpu_whatif_validate_dryrun.sh): the host 5% slower, then 10%
+            return self.ref[kind] * (1.05 if self.calls % 2 else 1.10)
+        return host_speed_index(kind)
+
+    def before(self, key, kind):
+        rec = {}
+        if self.rank == 0:
+            import hashlib
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import whatif_validate_predict as wp
+            idx = self._index(kind)
+            speed = idx / self.ref[kind]
+            pred = wp.predict_case(self.args.reprobe_bin, self.args.reprobe_gpu, wp.case_by_key(key),
+                                   host_probe=self.args.reprobe_probe, host_speed=speed)
+            rec = {"key": key, "written_utc": utc_now(), "probe_kind": kind, "probe_ms": idx,
+                   "probe_ms_full_probe": self.ref[kind], "host_speed": speed, "commit": wp.commit_id(),
+                   "host_probe": self.args.reprobe_probe, "prediction": pred}
+            path = os.path.join(self.args.reprobe_dir, f"{key}.json")
+            json.dump(rec, open(path, "w"), indent=1)
+            sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
+            line = (f"{rec['written_utc']} {key}: host re-probed x{speed:.3f} of the full probe ({kind} {idx:.2f} ms), "
+                    f"prediction {pred['time_ms']:.2f} ms {pred['allocated_bytes'] / 2**30:.2f} GiB written before "
+                    f"measuring: sha256 {sha}  {path}")
+            with open(self.args.reprobe_log, "a") as f:
+                f.write(line + "\n")
+            print(line, flush=True)
+        self._barrier()
+        return rec
+
+    def after(self, kind, res, rec):
+        self._barrier()
+        if self.rank == 0:
+            idx = self._index(kind)
+            res.update({"reprobe_written_utc": rec["written_utc"], "host_speed_before": rec["host_speed"],
+                        "host_speed_after": idx / self.ref[kind], "host_drift": idx / rec["probe_ms"]})
+            print(f"  host drift over the case: x{res['host_drift']:.3f} (after/before)", flush=True)
+        self._barrier()
+
+
+def dry_run(args, recorded, keys):
+    """DRYRUN: the recorded results of `keys` in order, each between its re-probe's before and after."""
+    rp = Reprobe(args, 0) if args.reprobe_dir else None
+    by_key = {(f"decode-{r['runtime']}" if "runtime" in r else f"{r['mode']}-{r['case']}"): r
+              for r in json.load(open(os.path.join(DRYRUN, recorded)))}
+    out = []
+    for key in keys:
+        rec = rp.before(key, "decode" if key.startswith("decode") else "train") if rp else {}
+        res = dict(by_key[key], measure_start_utc=utc_now())
+        if rp:
+            rp.after("decode" if key.startswith("decode") else "train", res, rec)
+        out.append(res)
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(out, open(os.path.join(args.out, recorded), "w"), indent=1)
+
+
 def train(args):
+    if DRYRUN:
+        return dry_run(args, f"train_{args.mode}.json", [f"{args.mode}-{c[0]}" for c in parse_cases(args.cases)])
     import torch
     import torch.distributed as dist
 
@@ -186,7 +347,9 @@ def train(args):
         torch.cuda.set_device(0)
     dev = torch.device("cuda")
     results = []
+    rp = Reprobe(args, rank) if args.reprobe_dir else None
     for name, mb, ckpt in parse_cases(args.cases):
+        rec = rp.before(f"{args.mode}-{name}", "train") if rp else {}
         torch.manual_seed(0)
         torch.cuda.empty_cache()
         with torch.device(dev):
@@ -220,6 +383,7 @@ def train(args):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()  # after the set-up: the training's peak, not the initialisation's
+        measure_start = utc_now()
         for step in range(steps):
             if world > 1:
                 dist.barrier()
@@ -260,7 +424,7 @@ def train(args):
                "peak_allocated_bytes": max(step_peaks),
                "peak_allocated_bytes_per_step": step_peaks,
                "peak_reserved_bytes": max(step_reserved),
-               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "measure_start_utc": measure_start}
         res["optimizer"] = opt.opt_kind if args.mode == "offload" else opt_kind
         if args.mode == "offload":
             res["cpu_threads"] = torch.get_num_threads()
@@ -270,6 +434,8 @@ def train(args):
             results.append(res)
         del model, opt, loss
         torch.cuda.synchronize()
+        if rp:
+            rp.after("train", res, rec)
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         json.dump(results, open(os.path.join(args.out, f"train_{args.mode}.json"), "w"), indent=1)
@@ -446,6 +612,8 @@ def hf_llama_decoder(torch, F, dev, s, T):
 
 
 def decode(args):
+    if DRYRUN:
+        return dry_run(args, "decode.json", [f"decode-{r}" for r in args.runtimes.split(",")])
     import torch
     import torch.nn.functional as F
 
@@ -464,7 +632,9 @@ def decode(args):
         dec_step(tok, pos)
 
     graph = None
+    rp = Reprobe(args, 0) if args.reprobe_dir else None
     for runtime in args.runtimes.split(","):
+        rec = rp.before(f"decode-{runtime}", "decode") if rp else {}
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()  # weights and cache resident; the initialisation's temporaries gone
@@ -482,6 +652,7 @@ def decode(args):
                 with torch.cuda.graph(graph):
                     step()
         per_token = []
+        measure_start = utc_now()
         for rep in range(args.reps + 1):
             with torch.no_grad():
                 forward(prompt, torch.arange(P, device=dev))
@@ -500,9 +671,11 @@ def decode(args):
         res = {"runtime": runtime, "batch": 1, "prompt": P, "output": O, "ms_per_token": statistics.median(per_token),
                "ms_per_token_all": per_token, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
                "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "device": torch.cuda.get_device_name(),
-               "torch": torch.__version__}
+               "torch": torch.__version__, "measure_start_utc": measure_start}
         print(f"decode {runtime}: {res['ms_per_token']:.3f} ms/token, peak allocated "
               f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
+        if rp:
+            rp.after("decode", res, rec)
         results.append(res)
     os.makedirs(args.out, exist_ok=True)
     json.dump(results, open(os.path.join(args.out, "decode.json"), "w"), indent=1)
@@ -510,19 +683,32 @@ def decode(args):
 
 # ------------------------------------------------------------------ summary
 
+def reprobe_predictions(d):
+    """The per-case predictions Reprobe wrote (DIR/<case>.json) as one prediction set."""
+    recs = [json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith(".json")]
+    return {"cases": [r["prediction"] for r in recs], "reprobe": {r["key"]: r for r in recs},
+            "host_probe": recs[0]["host_probe"] if recs else "", "commit": recs[0]["commit"] if recs else "?"}
+
+
 def summary(args):
-    pred = json.load(open(args.pred))
+    pred = reprobe_predictions(args.pred_dir) if args.pred_dir else json.load(open(args.pred))
     meas = []
     for f in sorted(os.listdir(args.meas)):
         if f.startswith(("train_", "decode")) and f.endswith(".json"):
             meas += json.load(open(os.path.join(args.meas, f)))
     by_key = {c["key"]: c for c in pred["cases"]}
-    lines = [f"# whatif against plain PyTorch, {args.machine or '(machine not recorded)'}", "",
-             f"Predictions: {args.pred} (" + (f"written {pred['written_utc']} in this run" if pred.get("host_probe")
-                                              and "written_utc" in pred else "written and committed")
-             + f" before measuring; hetplan {pred.get('commit', '?')})."
-             + (f" Host-time costs: whatif --host-probe {pred['host_probe']} (this machine's probe)."
-                if pred.get("host_probe") else ""),
+    if args.pred_dir:
+        where = (f"Predictions: {args.pred_dir}/<case>.json, each written in this run right before its case was built "
+                 f"and measured (UTC time and sha256 in predictions_probe.log; hetplan {pred.get('commit', '?')}), with "
+                 f"the host's costs of whatif --host-probe {pred['host_probe']} times the host's speed re-probed just "
+                 "then (whatif --host-speed; columns 'host x probe' and 'drift' below).")
+    else:
+        where = (f"Predictions: {args.pred} (" + (f"written {pred['written_utc']} in this run" if pred.get("host_probe")
+                                                  and "written_utc" in pred else "written and committed")
+                 + f" before measuring; hetplan {pred.get('commit', '?')})."
+                 + (f" Host-time costs: whatif --host-probe {pred['host_probe']} (this machine's probe)."
+                    if pred.get("host_probe") else ""))
+    lines = [f"# whatif against plain PyTorch, {args.machine or '(machine not recorded)'}", "", where,
              "Memory: whatif's per-GPU bytes without its framework constant (CUDA context, kept outside the "
              "allocator) against torch.cuda.max_memory_allocated of rank 0.", "",
              "| case | whatif row | runtime | predicted ms | measured ms | time error | predicted GiB | measured GiB | memory error |",
@@ -551,6 +737,22 @@ def summary(args):
                      f"worst memory {max(m_err):.1f}%")
     if missing:
         lines.append("Not measured (predicted only): " + ", ".join(missing))
+    # The host's speed around each case (where re-probed): before, against the full probe (x1.20: 20% slower),
+    # and its drift over the case (after/before); whether the case's own prediction was written before it ran.
+    drift = [m for m in meas if "host_drift" in m]
+    if drift:
+        rp = pred.get("reprobe", {})
+        lines += ["", "| case | host x probe before | host x probe after | drift (after/before) | "
+                  "prediction written (UTC) | measuring began (UTC) | written first |", "|---|---|---|---|---|---|---|"]
+        for m in drift:
+            key = f"decode-{m['runtime']}" if "runtime" in m else f"{m['mode']}-{m['case']}"
+            w, b = m.get("reprobe_written_utc", ""), m.get("measure_start_utc", "")
+            lines.append(f"| {key} | {m['host_speed_before']:.3f} | {m['host_speed_after']:.3f} | {m['host_drift']:.3f} | "
+                         f"{w} | {b} | {'yes' if w and b and w < b else 'NO'} |")
+        ds = [abs(m["host_drift"] - 1) for m in drift]
+        lines.append(f"\nHost drift over a case: median {100 * statistics.median(ds):.1f}%, largest {100 * max(ds):.1f}%"
+                     + (f"; {sum(1 for k in rp if k not in by_key)} re-probed predictions unmatched" if rp and
+                        any(k not in by_key for k in rp) else ""))
     # Diagnosis (compared with nothing): when the host had issued each step, against the step; each step's
     # allocator peak (DDP rebuilds its buckets in the second step).
     diag = [m for m in meas if "host_issue_ms" in m]
@@ -563,6 +765,15 @@ def summary(args):
     print("\n".join(lines))
 
 
+def add_reprobe_args(p):
+    p.add_argument("--reprobe-dir", default="", help="re-probe the host around each case and write its prediction "
+                   "here first (class Reprobe); off when empty")
+    p.add_argument("--reprobe-bin", default="build-gpu/hetplan")
+    p.add_argument("--reprobe-gpu", default="")
+    p.add_argument("--reprobe-probe", default="", help="the full probe's host_probe_micro.json")
+    p.add_argument("--reprobe-log", default="", help="the predictions log the UTC time and sha256 are appended to")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -572,17 +783,21 @@ def main():
     t.add_argument("--warmup", type=int, default=3)
     t.add_argument("--iters", type=int, default=8)
     t.add_argument("--out", required=True)
+    add_reprobe_args(t)
     d = sub.add_parser("decode")
     d.add_argument("--runtimes", default="eager,graphs")
     d.add_argument("--prompt", type=int, default=512)
     d.add_argument("--output", type=int, default=128)
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--out", required=True)
+    add_reprobe_args(d)
     c = sub.add_parser("memory-census")
     c.add_argument("--wrappers", default="none,ddp,ddp_idle,ddp_view,fsdp2")
     c.add_argument("--out", required=True)
     s = sub.add_parser("summary")
-    s.add_argument("--pred", required=True)
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--pred", help="a prediction set (scripts/whatif_validate_predict.py's JSON)")
+    g.add_argument("--pred-dir", help="the per-case predictions of --reprobe-dir")
     s.add_argument("--meas", required=True)
     s.add_argument("--machine", default="")
     s.add_argument("--out", required=True)

@@ -15,11 +15,14 @@
 #      micro-batch 1 and 4, with and without activation checkpointing: single-GPU AMP, DDP (2 GPUs), FSDP2 (2 GPUs);
 #      CPU-offloaded Adam (ZeRO-Offload's path, one GPU, micro-batch 4); decode of a Llama-3.2-3B shape at batch 1
 #      in eager mode and with CUDA graphs; and a DDP and FSDP2 memory census of the same GPT (bytes per phase);
-#   5. summaries: summary<_tag>.md per committed scripts/validation/whatif/predictions_<GPU>[_tag].json, and
-#      summary_probe.md for the fresh-probe predictions.
+#      Around each case (REPROBE=1, the default): a short probe of the host's speed (about 1 s; 3 s for decode), the
+#      case's own prediction with that speed (whatif --host-speed) written and logged (UTC, sha256) BEFORE the case
+#      is built, then the case, then the short probe again: the host's drift over the case, in the summaries;
+#   5. summaries: summary<_tag>.md per committed scripts/validation/whatif/predictions_<GPU>[_tag].json,
+#      summary_probe.md for the fresh-probe predictions, summary_reprobe.md for the per-case re-probed ones.
 # Nothing in steps 1-3 reads a measurement of step 4; no constant is set from them.
 # Results: $OUT/whatif_validate.tgz (everything), $OUT/predictions_<GPU>_probe.json, $OUT/summary*.md.
-# Each step has its own time limit, and all stay inside BUDGET_S (default 520 s) from the start.
+# Each step has its own time limit, and all stay inside BUDGET_S (default 330 s) from the start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -41,7 +44,7 @@ echo "catalogue GPU: $gpu"
 ngpu=$(nvidia-smi -L | wc -l)
 
 py=(python3 scripts/gpu_whatif_validate.py)
-budget=${BUDGET_S:-520}
+budget=${BUDGET_S:-330}  # about 5.5 minutes: the census, last, is skipped or cut first
 run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LIMIT_S nor past the budget
   local limit=$1 name=$2; shift 2
   limit=$(gpu_step_limit "$limit" "$budget" "$t0")
@@ -77,18 +80,26 @@ if [ "${FRESH_PROBE:-1}" = 1 ]; then
   fi
   [ -n "$probe_pred" ] || echo "!! no fresh-probe predictions (see the build/probe/predict logs)"
 fi
+# The host's speed re-probed around each case (gpu_whatif_validate.py, class Reprobe): a short probe, the case's
+# prediction with whatif --host-speed written to $res/reprobe/<case>.json (UTC time and sha256 appended to
+# predictions_probe.log) BEFORE the case is built, then the case, then the probe again (its drift).
+reprobe=()
+if [ -n "$probe_pred" ] && [ "${REPROBE:-1}" = 1 ]; then
+  reprobe=(--reprobe-dir "$res/reprobe" --reprobe-bin build-gpu/hetplan --reprobe-gpu "$gpu"
+           --reprobe-probe "$res/host_probe/host_probe_micro.json" --reprobe-log "$res/predictions_probe.log")
+fi
 cases=mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1
-run 80 single "${py[@]}" train --mode single --cases $cases --out "$res"
+run 90 single "${py[@]}" train --mode single --cases $cases --out "$res" "${reprobe[@]}"
 if [ "$ngpu" -ge 2 ]; then
-  run 110 ddp python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode ddp --cases $cases --out "$res"
-  run 110 fsdp2 python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode fsdp2 --cases $cases --out "$res"
+  run 110 ddp python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode ddp --cases $cases --out "$res" "${reprobe[@]}"
+  run 110 fsdp2 python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode fsdp2 --cases $cases --out "$res" "${reprobe[@]}"
 else
   echo "!! one GPU: DDP and FSDP2 not measured"
 fi
-run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --iters 4 --out "$res"
-run 70 decode "${py[@]}" decode --runtimes eager,graphs --out "$res"
-if [ "$ngpu" -ge 2 ]; then  # after the timed cases: a diagnosis, compared with nothing
-  run 90 memory_census python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py \
+run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --iters 4 --out "$res" "${reprobe[@]}"
+run 80 decode "${py[@]}" decode --runtimes eager,graphs --out "$res" "${reprobe[@]}"
+if [ "$ngpu" -ge 2 ]; then  # after the timed cases: a diagnosis, compared with nothing (skipped when the budget is spent)
+  run 60 memory_census python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py \
     memory-census --out "$res"
 fi
 
@@ -107,6 +118,11 @@ done
 if [ -n "$probe_pred" ]; then
   "${py[@]}" summary --pred "$probe_pred" --meas "$res" --machine "$machine" --out "$res/summary_probe.md" || true
   cp "$res/summary_probe.md" "$out/" 2>/dev/null
+fi
+if [ -d "$res/reprobe" ]; then
+  "${py[@]}" summary --pred-dir "$res/reprobe" --meas "$res" --machine "$machine" --out "$res/summary_reprobe.md" || true
+  cp "$res/summary_reprobe.md" "$out/" 2>/dev/null
+  cp "$res/predictions_probe.log" "$out/"  # now with every case's line
 fi
 echo "total $((SECONDS - t0)) s"
 tar czf "$out/whatif_validate.tgz" -C "$work" whatif_validate

@@ -2,9 +2,12 @@
 # A CPU dry run of scripts/gpu_whatif_validate.sh: every step runs as on the device, in order, except that
 # nvidia-smi and the steps needing a GPU (the probe, the measurements, the census) are stand-ins that copy
 # recorded files (logs/validate/host-probe-h200, logs/validate/whatif-h200x2-run2) instead of measuring, and
-# build-nt/hetplan stands in for build-gpu/hetplan (BUILD=0). It checks the script's plumbing: the probe's
+# build-nt/hetplan stands in for build-gpu/hetplan (BUILD=0). The measuring steps run the real
+# gpu_whatif_validate.py in its dry mode (WHATIF_VALIDATE_DRYRUN: recorded results instead of measurements; the
+# per-case re-probe and predictions real, the host's speed a stand-in). It checks the script's plumbing: the probe's
 # files reach whatif_validate_predict.py --host-probe, the fresh predictions and their log are written (and
-# copied to $OUT) before the first measurement step, and every summary is written. Its figures are run 2's.
+# copied to $OUT) before the first measurement step, every case's re-probed prediction is logged with its sha256
+# before that case is measured, and every summary is written. Its figures are run 2's.
 #
 #   scripts/gpu_whatif_validate_dryrun.sh [OUT_DIR]      (needs build-nt/hetplan)
 set -euo pipefail
@@ -44,8 +47,10 @@ case "\${args[0]} \${args[1]:-}" in
   "scripts/gpu_catalogue_entry.py name") echo H200; exit 0 ;;
   "scripts/gpu_host_probe.py micro") cp \$rec/host-probe-h200/host_probe_micro.json "\$outdir/"; exit 0 ;;
   "scripts/gpu_host_probe.py dist") cp \$rec/host-probe-h200/host_probe_dist.json "\$outdir/"; exit 0 ;;
-  "scripts/gpu_whatif_validate.py train") cp \$rec/whatif-h200x2-run2/whatif_validate/train_\$mode.json "\$outdir/"; exit 0 ;;
-  "scripts/gpu_whatif_validate.py decode") cp \$rec/whatif-h200x2-run2/whatif_validate/decode.json "\$outdir/"; exit 0 ;;
+  "scripts/gpu_whatif_validate.py train"|"scripts/gpu_whatif_validate.py decode")
+    # The real script in its dry mode: run 2's recorded results instead of measuring, the re-probe real (its
+    # host speed a stand-in: 5% slower before each case, 10% after), its predictions from build-gpu/hetplan.
+    WHATIF_VALIDATE_DRYRUN=\$rec/whatif-h200x2-run2/whatif_validate exec $real_py "\${args[@]}" ;;
   "scripts/gpu_whatif_validate.py memory-census") echo "census stand-in"; exit 0 ;;
 esac
 exec $real_py "\$@"
@@ -60,5 +65,18 @@ meas_line=$(grep -n "^== single" "$out/dryrun.log" | cut -d: -f1)
 [ -n "$pred_line" ] && [ -n "$meas_line" ] && [ "$pred_line" -lt "$meas_line" ] \
   || { echo "FAIL: no fresh predictions before the measurements ($out/dryrun.log)"; exit 1; }
 echo "ok: predictions written at log line $pred_line, measurements from line $meas_line"
-grep "^MAPE" "$out"/summary*.md
+# The re-probe: every case's own prediction logged (UTC, sha256) before that case's measurement began, each
+# log line's sha256 that of the file it names, and the summary's drift table with every case written first.
+log="$out/predictions_probe.log"
+n=$(grep -c "written before measuring: sha256" "$log" || true)
+[ "$n" = 15 ] || { echo "FAIL: $n re-probed predictions logged, 15 expected ($log)"; exit 1; }
+while read -r sha path; do
+  [ "$(sha256sum "$path" | cut -d' ' -f1)" = "$sha" ] || { echo "FAIL: sha256 of $path"; exit 1; }
+done < <(grep "written before measuring: sha256" "$log" | sed 's/.*sha256 \([0-9a-f]*\)  \(.*\)/\1 \2/')
+rows=$(grep -c "| yes |$" "$out/summary_reprobe.md" || true)
+[ "$rows" = 15 ] && ! grep -q "| NO |$" "$out/summary_reprobe.md" \
+  || { echo "FAIL: summary_reprobe.md: $rows of 15 cases written before measured"; exit 1; }
+grep -q "drift (after/before)" "$out/summary_probe.md" || { echo "FAIL: no drift table in summary_probe.md"; exit 1; }
+echo "ok: 15 re-probed predictions, each logged with its sha256 before its case was measured"
+grep "^MAPE\|^Host drift" "$out"/summary*.md
 ls "$out"

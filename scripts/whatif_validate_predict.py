@@ -6,6 +6,9 @@
       [--host-probe FILE] (scripts/gpu_host_probe.py's host_probe_micro.json, a host_probe_dist.json beside it:
                            the host-time model's costs measured on this machine; whatif --host-probe)
 
+predict_case() is also what scripts/gpu_whatif_validate.py calls right before measuring each case, with the
+host's speed re-probed just then (whatif --host-speed).
+
 Each case is one whatif command (recorded with its output row): the row that describes what
 scripts/gpu_whatif_validate.py runs, nothing tuned to it. The predicted memory is whatif's per-GPU bytes
 without its framework constant (the CUDA context, which torch.cuda.max_memory_allocated does not see).
@@ -43,6 +46,41 @@ def cases():
     return out
 
 
+def predict_case(binary, gpu, case, profiles="", host_probe="", host_speed=1.0, tmp=None):
+    """One case's whatif command and its prediction: {key, row, runtime, time_ms, allocated_bytes, command,
+    whatif_row}. `host_speed`: whatif --host-speed (a re-probe's ratio to `host_probe`'s host)."""
+    args = [binary, "whatif", "--gpu", gpu] + case["args"]
+    if profiles:
+        args += ["--profiles", profiles]
+    if host_probe:
+        args += ["--host-probe", host_probe]
+    if host_speed != 1.0:
+        args += ["--host-speed", f"{host_speed:.6g}"]
+    with tempfile.TemporaryDirectory(dir=tmp) as d:
+        j = os.path.join(d, "w.json")
+        p = subprocess.run(args + ["--json", j], capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"{' '.join(args)}: {p.stderr.strip()}")
+        r = json.load(open(j))["rows"][0]
+    if case["key"].startswith("decode"):
+        time_ms = r["decode_ms_per_token"]
+        alloc = r["total_bytes"] - r["framework_bytes"]
+    else:
+        if not r.get("offered", True):
+            sys.exit(f"{case['key']}: row not offered: {r.get('not_offered')}")
+        time_ms = r["step_ms"]
+        alloc = r["memory_per_gpu_bytes"] - r["framework_bytes"]
+    return {"key": case["key"], "row": case["row"], "runtime": "graphs" if case["key"] == "decode-graphs" else "eager",
+            "time_ms": time_ms, "allocated_bytes": alloc, "command": " ".join(["hetplan"] + args[1:]), "whatif_row": r}
+
+
+def case_by_key(key):
+    for c in cases():
+        if c["key"] == key:
+            return c
+    sys.exit(f"no validation case {key!r}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="build-nt/hetplan")
@@ -51,6 +89,21 @@ def main():
     ap.add_argument("--host-probe", default="")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    result = {"gpu": a.gpu, "commit": commit_id(), "profiles": a.profiles, "host_probe": a.host_probe,
+              "written_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if a.host_probe:  # what the predictions rest on, by content
+        dist = os.path.join(os.path.dirname(a.host_probe), "host_probe_dist.json")
+        result["host_probe_sha256"] = {f: hashlib.sha256(open(f, "rb").read()).hexdigest()
+                                       for f in (a.host_probe, dist) if os.path.exists(f)}
+    result["cases"] = []
+    for c in cases():
+        p = predict_case(a.bin, a.gpu, c, a.profiles, a.host_probe)
+        result["cases"].append(p)
+        print(f"{c['key']:22s} {c['row']:16s} {p['time_ms']:9.2f} ms  {p['allocated_bytes'] / 2**30:7.2f} GiB")
+    json.dump(result, open(a.out, "w"), indent=1)
+
+
+def commit_id():
     # HETPLAN_COMMIT first: the device machine's copy of the tree may carry no git, or a stale one.
     commit = os.environ.get("HETPLAN_COMMIT", "")
     if not commit:
@@ -58,42 +111,7 @@ def main():
             commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         except OSError:
             commit = ""
-    commit = commit or "unknown"
-    result = {"gpu": a.gpu, "commit": commit, "profiles": a.profiles, "host_probe": a.host_probe,
-              "written_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    if a.host_probe:  # what the predictions rest on, by content
-        dist = os.path.join(os.path.dirname(a.host_probe), "host_probe_dist.json")
-        result["host_probe_sha256"] = {f: hashlib.sha256(open(f, "rb").read()).hexdigest()
-                                       for f in (a.host_probe, dist) if os.path.exists(f)}
-    result["cases"] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for c in cases():
-            args = [a.bin, "whatif", "--gpu", a.gpu] + c["args"]
-            if a.profiles:
-                args += ["--profiles", a.profiles]
-            if a.host_probe:
-                args += ["--host-probe", a.host_probe]
-            j = os.path.join(tmp, "w.json")
-            p = subprocess.run(args + ["--json", j], capture_output=True, text=True)
-            if p.returncode != 0:
-                sys.exit(f"{' '.join(args)}: {p.stderr.strip()}")
-            w = json.load(open(j))
-            rows = w["rows"]
-            if c["key"].startswith("decode"):
-                r = rows[0]
-                time_ms = r["decode_ms_per_token"]
-                alloc = r["total_bytes"] - r["framework_bytes"]
-            else:
-                r = rows[0]
-                if not r.get("offered", True):
-                    sys.exit(f"{c['key']}: row not offered: {r.get('not_offered')}")
-                time_ms = r["step_ms"]
-                alloc = r["memory_per_gpu_bytes"] - r["framework_bytes"]
-            result["cases"].append({"key": c["key"], "row": c["row"], "runtime": "graphs" if c["key"] == "decode-graphs"
-                                    else "eager", "time_ms": time_ms, "allocated_bytes": alloc,
-                                    "command": " ".join(["hetplan"] + args[1:]), "whatif_row": r})
-            print(f"{c['key']:22s} {c['row']:16s} {time_ms:9.2f} ms  {alloc / 2**30:7.2f} GiB")
-    json.dump(result, open(a.out, "w"), indent=1)
+    return commit or "unknown"
 
 
 if __name__ == "__main__":

@@ -257,8 +257,13 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   // DeepSpeed's gradient buckets, offload staging and ZeRO-3 prefetch (sim/offload.h); 0 unless setup.deepspeed.model.
   out.states.transient += deepspeed_buffer_bytes(s, p.largest_module / tp);
   const double gradients_allocated = out.states.gradients;  // (before DDP's persistent buckets)
-  // PyTorch DDP's buckets: a second copy of the gradients (sim/runtime_overheads.h); not with ZeRO.
-  if (s.zero_stage == 0) out.states.gradients += ddp_bucket_bytes(s.ddp, trainable * reduced_gradient_bytes(s));
+  // PyTorch DDP's buckets: a second copy of the gradients (sim/runtime_overheads.h); not with ZeRO. At the
+  // second step the old buckets too, at the peaks where they are still held (below).
+  double ddp_old = 0;
+  if (s.zero_stage == 0) {
+    out.states.gradients += ddp_bucket_bytes(s.ddp, trainable * reduced_gradient_bytes(s));
+    ddp_old = ddp_old_bucket_bytes(s.ddp, trainable * reduced_gradient_bytes(s));
+  }
 
   const int last = m.metis_num_layers() - 1;
   double per_mb = 0, one_layer_full = 0;
@@ -339,12 +344,20 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
     out.activations = stored * r.in_flight / r.virtual_stages;
     out.recompute_workspace = peak;
   }
+  // Two peaks: the backward's start (the activations, and the 16-bit weight copies in Megatron's accounting,
+  // which the backward releases) and its end (the gradients, where allocated in the backward). DDP's old
+  // buckets add to the peaks they are still held at; the rank's peak is the larger.
+  const double released = out.activations + out.recompute_workspace +
+                          (s.accounting == ZeroAccounting::kMegatron ? out.states.weights : 0.0);
+  const double old_at_activations = s.ddp.old_at_activation_peak ? ddp_old : 0.0;
+  const double old_at_gradients = s.ddp.old_at_gradient_peak ? ddp_old : 0.0;
   if (s.grads_in_backward) {
-    // The gradients grow as the backward releases the activations and the 16-bit weight copies (Megatron's
-    // accounting's weights are those copies): the peak is the larger, at the backward's start or its end.
-    const double released = out.activations + out.recompute_workspace +
-                            (s.accounting == ZeroAccounting::kMegatron ? out.states.weights : 0.0);
-    out.states.gradients -= std::min(gradients_allocated, released);
+    // The gradients grow as the backward releases the activations and the copies: the peak is the larger.
+    const double at_start = released + old_at_activations, at_end = gradients_allocated + old_at_gradients;
+    out.states.gradients += std::max(at_start, at_end) - released - gradients_allocated;
+  } else {
+    // The gradients persist through both; at the end the activations are gone.
+    out.states.gradients += std::max(old_at_activations, old_at_gradients - released);
   }
   out.framework = s.framework_bytes;
   return out;

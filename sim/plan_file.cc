@@ -190,6 +190,7 @@ ordered_json plan_file_to_json(const PlanFile& f) {
   if (!f.accounting.empty()) j["accounting"] = f.accounting;
   if (f.deepspeed_buffers) j["deepspeed_buffers"] = true;
   if (f.ddp_buckets) j["ddp_buckets"] = true;
+  if (f.ddp_buckets && !f.ddp_old_buckets.empty()) j["ddp_old_buckets"] = f.ddp_old_buckets;
   if (f.grads_in_backward) j["grads_in_backward"] = true;
   if (f.fp32_residual) j["fp32_residual"] = true;
   if (f.eager_fp32_loss) j["eager_fp32_loss"] = true;
@@ -266,6 +267,13 @@ void read_setup(const ordered_json& j, const std::string& file, PlanFile& f) {
   flag("offload_params", f.offload_params);
   flag("deepspeed_buffers", f.deepspeed_buffers);
   flag("ddp_buckets", f.ddp_buckets);
+  if (j.contains("ddp_old_buckets")) {
+    const std::string where = file + ": key 'ddp_old_buckets'";
+    if (!j["ddp_old_buckets"].is_string()) throw InputError(where + ": expected none, activations, gradients or both");
+    DdpBuckets d;
+    parse_old_buckets_phases(j["ddp_old_buckets"].get<std::string>(), where, d);
+    f.ddp_old_buckets = old_buckets_phases_name(d);
+  }
   flag("grads_in_backward", f.grads_in_backward);
   flag("fp32_residual", f.fp32_residual);
   flag("eager_fp32_loss", f.eager_fp32_loss);

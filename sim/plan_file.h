@@ -51,6 +51,9 @@ struct PlanFile {
   std::string accounting;
   // DeepSpeed's buffers and PyTorch DDP's buckets were counted (sim/offload.h, sim/runtime_overheads.h).
   bool deepspeed_buffers = false, ddp_buckets = false;
+  // With ddp_buckets: at which of the second step's peaks DDP's old buckets were counted ("none", "activations",
+  // "gradients", "both"; sim/runtime_overheads.h); "" when the file records none (the activations').
+  std::string ddp_old_buckets;
   // Gradients allocated during the backward (TrainingSetup::grads_in_backward).
   bool grads_in_backward = false;
   // TrainingSetup::fp32_residual and eager_fp32_loss (whatif's PyTorch rows).

@@ -1,5 +1,6 @@
 #include "sim/runtime_overheads.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -80,9 +81,33 @@ double hf_decode_kernels_per_step(const ModelShape& m) {
 
 double ddp_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
   if (!d.model) return 0.0;
-  const double own_storage = d.gradient_as_bucket_view ? 0.0 : gradient_bytes;
-  const double held_at_rebuild = d.old_buckets_held_at_rebuild ? gradient_bytes : 0.0;
-  return own_storage + held_at_rebuild;
+  return d.gradient_as_bucket_view ? 0.0 : gradient_bytes;
+}
+
+std::string old_buckets_phases_name(const DdpBuckets& d) {
+  return d.old_at_activation_peak ? (d.old_at_gradient_peak ? "both" : "activations")
+                                  : (d.old_at_gradient_peak ? "gradients" : "none");
+}
+
+void parse_old_buckets_phases(const std::string& s, const std::string& where, DdpBuckets& d) {
+  if (s != "none" && s != "activations" && s != "gradients" && s != "both")
+    throw InputError(where + ": '" + excerpt(s) + "': expected none, activations, gradients or both");
+  d.old_at_activation_peak = s == "activations" || s == "both";
+  d.old_at_gradient_peak = s == "gradients" || s == "both";
+}
+
+double ddp_old_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
+  return d.model && d.old_buckets_held_at_rebuild ? gradient_bytes : 0.0;
+}
+
+double old_buckets_alive_share(const DdpBuckets& d, double before_rebuild_ms, double after_rebuild_ms) {
+  if (d.watchdog_period_ms <= 0) return 0.0;
+  return std::clamp(1.0 - (before_rebuild_ms + after_rebuild_ms) / d.watchdog_period_ms, 0.0, 1.0);
+}
+
+void old_buckets_phases(DdpBuckets& d, double before_rebuild_ms, double activation_peak_ms, double gradient_peak_ms) {
+  d.old_at_activation_peak = old_buckets_alive_share(d, before_rebuild_ms, activation_peak_ms) >= 0.5;
+  d.old_at_gradient_peak = old_buckets_alive_share(d, before_rebuild_ms, gradient_peak_ms) >= 0.5;
 }
 
 }  // namespace hetplan
@@ -158,6 +183,16 @@ HostCosts read_host_probe(const std::string& path) {
   if (file_kind(dist_path) == "missing") return host_costs_from_probe(micro, path, nullptr, "");
   const ordered_json dist = read_json_file(dist_path);
   return host_costs_from_probe(micro, path, &dist, dist_path);
+}
+
+HostCosts scaled_host_costs(const HostCosts& c, double factor) {
+  HostCosts s = c;
+  for (double* x : {&s.forward_op_us, &s.backward_kernel_us, &s.checkpoint_forward_us, &s.checkpoint_backward_us,
+                    &s.ddp_param_us, &s.fsdp2_module_us, &s.fsdp2_param_us, &s.adam_step_us, &s.adam_tensor_us,
+                    &s.zero_grad_tensor_us, &s.nograd_op_us})
+    *x *= factor;
+  if (factor != 1) s.source += " x " + std::to_string(factor).substr(0, 6) + " (the host's speed re-probed)";
+  return s;
 }
 
 EagerOps& EagerOps::operator+=(const EagerOps& o) {

@@ -79,6 +79,10 @@ HostCosts default_host_costs();
 // host_probe_dist.json beside it adds the DDP and FSDP2 figures (else those stay the defaults').
 // Throws InputError naming the file and key when a figure is missing or not a positive number.
 HostCosts read_host_probe(const std::string& path);
+// Every cost times `factor`, the host's time per op now against when the costs were measured (a short re-probe's
+// ratio: 1.2, the host 20% slower). The counts the host model multiplies them by do not depend on the host.
+// REQUIRES: factor > 0.
+HostCosts scaled_host_costs(const HostCosts& c, double factor);
 // The same from parsed JSON (`dist` may be null).
 HostCosts host_costs_from_probe(const ordered_json& micro, const std::string& micro_path, const ordered_json* dist,
                                 const std::string& dist_path);
@@ -182,15 +186,41 @@ struct DdpBuckets {
   double bucket_cap_mb = 25;             // MiB
   double first_bucket_mb = 1;            // MiB (the Reducer's first bucket)
   bool gradient_as_bucket_view = false;  // true: the .grad tensors are views of the buckets (no copy, no copies)
-  // The run's peak holds the buckets twice: DDP rebuilds them once, at the second forward, and the old ones stay
-  // allocated into that step, kept by the tensor stash of the collectives that last used them until
-  // ProcessGroupNCCL's watchdog sees those complete (sim/runtime_overheads.md, DDP). Off: a steady-state step.
+  // DDP rebuilds its buckets once, at the second forward; the old ones stay allocated, kept by the tensor stash
+  // of the collectives that last used them, until ProcessGroupNCCL's watchdog (polling every
+  // `watchdog_period_ms`) sees those complete (sim/runtime_overheads.md, DDP). Off: a steady-state step.
   bool old_buckets_held_at_rebuild = true;
+  double watchdog_period_ms = 100;  // ProcessGroupNCCL's kWatchdogThreadSleepMillis
+  // Whether the old copy is still allocated at the second step's two memory peaks: the activations' (the
+  // backward's start) and the gradients' (the backward's end). Set from the step's timing by
+  // old_buckets_phases; without timing, the activations' peak only.
+  bool old_at_activation_peak = true, old_at_gradient_peak = false;
 };
 
-// GPU bytes of the buckets at the run's peak: the gradients' bytes again unless gradient_as_bucket_view, and
-// once more for the old buckets held across the rebuild (old_buckets_held_at_rebuild).
+// DdpBuckets' phases in words: "none", "activations", "gradients" or "both" (plan files, simulate --ddp-old-buckets);
+// the parser throws InputError naming `where`.
+std::string old_buckets_phases_name(const DdpBuckets& d);
+void parse_old_buckets_phases(const std::string& s, const std::string& where, DdpBuckets& d);
+
+// GPU bytes of the buckets' own storage: the gradients' bytes again, unless gradient_as_bucket_view.
 double ddp_bucket_bytes(const DdpBuckets& d, double gradient_bytes);
+// GPU bytes of the old buckets while they are held across the rebuild (the gradients' bytes, with or without
+// gradient_as_bucket_view); 0 where not DDP or !old_buckets_held_at_rebuild. At which peaks: DdpBuckets'
+// old_at_activation_peak / old_at_gradient_peak (rank_memory takes the larger peak).
+double ddp_old_bucket_bytes(const DdpBuckets& d, double gradient_bytes);
+
+// The share of runs whose old buckets are still allocated `after_rebuild_ms` after the rebuild (host time: the
+// caching allocator counts a tensor when the host issues its op), when the first step's last collective
+// completed `before_rebuild_ms` before it: the watchdog releases them at its first poll after that completion,
+// and its polls fall at any phase of its period relative to the step:
+//     max(0, 1 - (before_rebuild_ms + after_rebuild_ms) / watchdog_period_ms).
+double old_buckets_alive_share(const DdpBuckets& d, double before_rebuild_ms, double after_rebuild_ms);
+
+// Sets d.old_at_activation_peak / old_at_gradient_peak to what the median run holds (alive share >= 1/2), for a
+// second step whose host reaches the activations' peak `activation_peak_ms` after the rebuild (the forward
+// issued) and the gradients' `gradient_peak_ms` after it (the backward issued), the first step's last
+// collective having completed `before_rebuild_ms` before it (the optimizer after it and the step's end).
+void old_buckets_phases(DdpBuckets& d, double before_rebuild_ms, double activation_peak_ms, double gradient_peak_ms);
 
 struct DdpSyncTime {
   double backward_added_ms = 0;  // copying the gradients into the buckets, on the compute stream

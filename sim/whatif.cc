@@ -394,7 +394,7 @@ std::vector<WhatifRow> standard_whatif_rows(const TrainingSetup& base, int lora_
       r.multi_gpu = name == "DDP";
       r.assumptions.push_back("DDP: bucket_cap_mb 25, gradient_as_bucket_view False (buckets are a second copy "
                               "of the gradients, and at the second step, when DDP rebuilds them, the old ones "
-                              "are still held: a third), bucketed all-reduce overlapped with the backward");
+                              "while still held: a third), bucketed all-reduce overlapped with the backward");
     }
     if (r.setup.zero_stage >= 1 && !r.setup.offload_optimizer) r.multi_gpu = true;
     rows.push_back(std::move(r));
@@ -576,6 +576,44 @@ WhatifSimulation whatif_simulation(const WhatifInput& in, const WhatifRow& row) 
   return w;
 }
 
+// DDP's old buckets across its rebuild at the second forward (sim/runtime_overheads.h, DdpBuckets): at which of
+// the second step's peaks the median run still holds them, from when the first step's last all-reduce
+// completed (then the optimizer ran on the GPU, or on the host where that is longer) and when the host reaches
+// each peak after the rebuild (eager: having issued the forward, then the backward; CUDA graphs: the GPU's).
+// Returns the row with DdpBuckets' phases set, and the shares in words in `note`.
+WhatifRow with_old_bucket_phases(const WhatifInput& in, const WhatifRow& row, std::string& note) {
+  WhatifRow out = row;
+  DdpBuckets& d = out.setup.ddp;
+  if (!d.model || !d.old_buckets_held_at_rebuild || row_gpus(in, row) == 1) return out;
+  const LayerTimes t = roofline_layers(in, row, in.micro_batch);
+  double gpu_forward = 0, gpu_total = 0;
+  for (double x : t.forward) gpu_forward += x;
+  for (double x : t.total) gpu_total += x;
+  double before = t.optimizer_ms, at_activations = gpu_forward, at_gradients = gpu_total;
+  if (in.launch.runtime == LaunchRuntime::kEager) {
+    TrainingHostSetup h;
+    h.autocast = row.autocast;
+    h.checkpoint_every = row.setup.recompute == Recompute::kFull ? std::max(1, row.setup.recompute_every) : 0;
+    h.wrapper = DataParallelWrapper::kDdp;
+    const HostStep host = eager_training_host(in.shape, h, in.launch.host);
+    before = std::max(before, host.optimizer_ms);
+    at_activations = host.forward_ms;
+    at_gradients = host.forward_ms + host.backward_ms;
+  }
+  old_buckets_phases(d, before, at_activations, at_gradients);
+  auto share = [&](double after) { return fixed(100 * old_buckets_alive_share(d, before, after), 0) + "%"; };
+  note = "DDP's old buckets (held across the rebuild at the second forward until ProcessGroupNCCL's watchdog, "
+         "polling every " + fixed(d.watchdog_period_ms, 0) + " ms, sees their all-reduce done " +
+         fixed(before, 1) + " ms before it): still allocated at the activations' peak (" + fixed(at_activations, 1) +
+         " ms after it) in " + share(at_activations) + " of runs, at the gradients' peak (" +
+         fixed(at_gradients, 1) + " ms) in " + share(at_gradients) + "; the median run's counted: " +
+         (d.old_at_activation_peak && d.old_at_gradient_peak ? "at both"
+          : d.old_at_activation_peak                         ? "at the activations' peak"
+          : d.old_at_gradient_peak                           ? "at the gradients' peak"
+                                                             : "at neither");
+  return out;
+}
+
 WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
   WhatifResult r;
   r.name = row.name;
@@ -589,7 +627,9 @@ WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
     r.offered = false;
     return r;
   }
-  const WhatifSimulation w = whatif_simulation(in, row);
+  std::string old_buckets;
+  const WhatifSimulation w = whatif_simulation(in, with_old_bucket_phases(in, row, old_buckets));
+  if (!old_buckets.empty()) r.assumptions.push_back(old_buckets);
   const PlanSimulator simulator(w.cluster, w.profiles, in.shape, in.seq, w.options);
   const PlanSimulation sim = simulator.simulate(w.plan, w.gbs);
   r.gpu_ms = sim.timeline.iteration_ms;
@@ -667,6 +707,10 @@ void export_whatif_row(const WhatifInput& in, const WhatifRow& row, const std::s
                                                                       : "zero";
   pf.deepspeed_buffers = row.setup.deepspeed.model;
   pf.ddp_buckets = w.options.setup.ddp.model;
+  if (pf.ddp_buckets) {
+    std::string note;
+    pf.ddp_old_buckets = old_buckets_phases_name(with_old_bucket_phases(in, row, note).setup.ddp);
+  }
   pf.grads_in_backward = row.setup.grads_in_backward;
   pf.fp32_residual = row.setup.fp32_residual;
   pf.eager_fp32_loss = row.setup.eager_fp32_loss;
