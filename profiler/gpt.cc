@@ -1,12 +1,11 @@
 #include "profiler/gpt.h"
 
-#include <torch/version.h>
-
 #include <cmath>
 #include <limits>
 #include <unordered_set>
 
 #include "base/input_error.h"
+#include "profiler/torch_version.h"
 
 namespace hetplan::profiler {
 
@@ -15,12 +14,6 @@ namespace {
 constexpr double kInitStd = 0.02;
 
 uint64_t seed_for(const GPTConfig& c, int64_t layer, int64_t tensor) { return c.seed + 1000 * layer + tensor; }
-
-// What ATen offers a LibTorch model depends on its version: fused attention
-// (2.0), ATen's RMSNorm (2.4, one fused kernel on CUDA in recent releases),
-// grouped-query heads inside fused attention (2.5).
-#define HETPLAN_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 // Causal attention of q [b, heads, s, d] over k, v [b, heads / group, s, d]:
 // query head i attends with key/value head i / group.
@@ -65,51 +58,6 @@ torch::Tensor masked_attention(const torch::Tensor& q, torch::Tensor k, torch::T
   return torch::matmul(att, v);
 #endif
 #endif
-}
-
-// Causal attention of q [b, heads, s_q, d] over k, v [b, heads / group, s_k, d] with s_q <= s_k and the
-// queries the last s_q of the keys' positions (bottom-right aligned: query i attends keys j <= i + s_k - s_q).
-// On CUDA in half precision: ATen's flash kernel, whose causal mask is bottom-right aligned (FlashAttention-2's
-// convention; PyTorch's CausalBias "lower right" calls it so), which skips the masked blocks. Elsewhere: an
-// explicit mask (the CPU tests).
-torch::Tensor lower_right_causal_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v, int64_t group) {
-  const int64_t sq = q.size(-2), sk = k.size(-2);
-#if HETPLAN_TORCH_AT_LEAST(2, 3)
-  const bool half = q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf;
-  if (q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256) {
-    if (group > 1) {  // key/value heads expanded: no reliance on the kernel's own grouped-query support
-      k = k.repeat_interleave(group, 1);
-      v = v.repeat_interleave(group, 1);
-    }
-    return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, 0.0, /*is_causal=*/true,
-                                                                /*return_debug_mask=*/false));
-  }
-#endif
-  if (sq == sk) return causal_attention(q, std::move(k), std::move(v), group);
-  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-  const torch::Tensor mask = (torch::arange(sq, opts) + (sk - sq)).unsqueeze(1) >= torch::arange(sk, opts).unsqueeze(0);
-  return masked_attention(q, std::move(k), std::move(v), group, mask);
-}
-
-// Context parallelism's causal attention on this rank's queries q [b, heads, 2 c, d] (global chunks r and
-// 2 cp - 1 - r of 2 cp, c tokens each) over every rank's keys and values kv [2, b, kv heads, cp 2 c, d]
-// (rank order: rank i's chunks i and 2 cp - 1 - i). The keys are put in global order, then each query chunk j
-// attends chunks 0..j, causally on its own (diagonal) chunk: one bottom-right causal call per query chunk,
-// so neither masked nor past-the-diagonal blocks are computed.
-torch::Tensor context_parallel_attention(const torch::Tensor& q, const torch::Tensor& kv, int64_t group,
-                                         const TensorParallelGroup& cp) {
-  const int64_t n = cp.size(), r = cp.rank(), c = q.size(2) / 2;
-  std::vector<torch::Tensor> global;  // chunk j lives on rank j (first half) or 2 cp - 1 - j (second half)
-  for (int64_t j = 0; j < 2 * n; ++j) {
-    const int64_t owner = j < n ? j : 2 * n - 1 - j, offset = owner * 2 * c + (j < n ? 0 : c);
-    global.push_back(kv.narrow(3, offset, c));
-  }
-  const torch::Tensor ordered = torch::cat(global, 3);
-  auto chunk_attention = [&](int64_t q_offset, int64_t j) {
-    const torch::Tensor keys = ordered.narrow(3, 0, (j + 1) * c);
-    return lower_right_causal_attention(q.narrow(2, q_offset, c), keys[0], keys[1], group);
-  };
-  return torch::cat({chunk_attention(0, r), chunk_attention(c, 2 * n - 1 - r)}, 2);
 }
 
 // x [b, heads, s, d] rotated by position (Hugging Face's layout, rotate_half:
@@ -256,9 +204,10 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup
       recompute_(c.recompute) {
   block_body_ = [this](const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&) { return block(x); };
   const int64_t group = c.shape.num_heads / c.shape.num_kv_heads;
-  // With the K/V exchange, `k` holds every cp rank's keys and values stacked ([2, b, kv, cp s, d]), `v` is unused.
+  // With the K/V exchange, `k` holds every cp rank's keys and values in global order, heads expanded
+  // ([2, b, heads, cp s, d], gather_kv_for_context_parallel), `v` is unused.
   attention_body_ = [this, group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    if (cp_exchange_) return context_parallel_attention(q, k, group, cp_);
+    if (cp_exchange_) return context_parallel_attention(q, k, cp_);
     return cp_mask_.defined() ? masked_attention(q, k, v, group, cp_mask_) : causal_attention(q, k, v, group);
   };
   const ModelShape& m = c.shape;
@@ -342,8 +291,9 @@ torch::Tensor TransformerBlock::block(const torch::Tensor& x) {
     }
   }
   if (cp_exchange_) {
-    // One all-gather of K and V together: [2, b, kv, cp s, d], every cp rank's tokens in rank order.
-    k = gather_from_context_parallel(torch::stack({k, v}), 3, cp_);
+    // One all-gather of K and V together: [2, b, heads, cp s, d], every cp rank's tokens in global order.
+    if (!cp_chunks_.ready_on(q.device())) cp_chunks_ = ContextParallelChunks::build(cp_, q.device());
+    k = gather_kv_for_context_parallel(k, v, group, cp_, cp_chunks_);
     v = k;
   }
   const bool selective = recompute_ == Recompute::kSelective && torch::GradMode::is_enabled();

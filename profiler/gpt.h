@@ -32,7 +32,8 @@
 // and 2 cp - 1 - r of 2 cp), positions (learned or rotary) are the tokens'
 // global ones, and each attention all-gathers K and V over the cp group
 // (one collective; backward: reduce-scatter of their gradients) and runs, per
-// query chunk, causal attention over the key chunks up to it (flash on CUDA). The head's loss is the mean over this rank's tokens.
+// query chunk, causal attention over the key chunks up to it (flash on CUDA;
+// profiler/context_parallel.h). The head's loss is the mean over this rank's tokens.
 //
 // It promises: summing numel() over the tp ranks for sharded tensors and
 // once for replicated ones gives ModelShape::parameter_count() (tests check
@@ -48,6 +49,7 @@
 #include <memory>
 #include <vector>
 
+#include "profiler/context_parallel.h"
 #include "profiler/tensor_parallel.h"
 #include "sim/memory_model.h"
 #include "sim/model_shape.h"
@@ -164,6 +166,7 @@ class TransformerBlock : public GPTLayer {
   SequenceSplit split_;
   bool cp_exchange_ = false;  // cp > 1 and the K/V exchange not disabled (test hook cp-kv-exchange)
   torch::Tensor cp_positions_, cp_mask_;  // cp > 1: this rank's query positions; the test hook's mask (lazily)
+  ContextParallelChunks cp_chunks_;       // with the K/V exchange: where the chunks live (lazily, on the device)
   int64_t local_heads_, local_kv_heads_;
   Norm ln1_{nullptr}, ln2_{nullptr};
   // QKV rows are laid out by key/value group ([kv][q x heads/kv, k, v][head_dim])

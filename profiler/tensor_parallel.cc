@@ -27,6 +27,31 @@ void TensorParallelGroup::Collectives::reduce_scatter(torch::Tensor& out, torch:
   out.copy_(in.view({-1}).narrow(0, rank() * out.numel(), out.numel()).view_as(out));
 }
 
+void TensorParallelGroup::Collectives::all_gather_flat(torch::Tensor& out, const torch::Tensor& in) {
+  torch::Tensor i = in.contiguous();
+  std::vector<torch::Tensor> parts;
+  const int64_t n = out.numel() / i.numel();  // the group's size
+  for (int64_t r = 0; r < n; ++r) parts.push_back(torch::empty_like(i));
+  all_gather(parts, i);
+  out.view({-1}).copy_(torch::cat(parts).view({-1}));
+}
+
+void TensorParallelGroup::all_gather_flat(torch::Tensor& out, const torch::Tensor& in) const {
+  if (size_ == 1) {
+    out.view({-1}).copy_(in.reshape({-1}));
+    return;
+  }
+  collectives_->all_gather_flat(out, in);
+}
+
+void TensorParallelGroup::reduce_scatter_flat(torch::Tensor& out, torch::Tensor& in) const {
+  if (size_ == 1) {
+    out.view({-1}).copy_(in.view({-1}));
+    return;
+  }
+  collectives_->reduce_scatter(out, in);
+}
+
 torch::Tensor TensorParallelGroup::all_gather_dim(const torch::Tensor& t, int64_t dim) const {
   if (size_ == 1) return t;
   torch::Tensor in = t.contiguous();
@@ -187,9 +212,6 @@ torch::Tensor reduce_scatter_to_sequence_parallel(const torch::Tensor& x, const 
 torch::Tensor sequence_parallel_param(const torch::Tensor& p, const TensorParallelGroup& g) {
   static const bool broken = test_disabled("sp-param-allreduce");
   return broken ? p : copy_to_tensor_parallel(p, g);
-}
-torch::Tensor gather_from_context_parallel(const torch::Tensor& x, int64_t dim, const TensorParallelGroup& g) {
-  return g.size() == 1 ? x : AllGatherDim::apply(x, dim, true, &g);
 }
 
 // The group objects live in the modules, which outlive every graph built

@@ -14,10 +14,9 @@
 //   reduce_scatter_to_sequence_parallel forward reduce-scatter, backward all-gather
 //   sequence_parallel_param             forward identity,       backward all-reduce
 // (the last wraps a replicated parameter used on a sequence shard, a norm's
-// weight or a row-parallel bias: its gradient is summed over the group), and,
-// for context parallelism, gather_from_context_parallel (forward all-gather
-// along any dim, backward reduce-scatter) over a cp group, which is a
-// TensorParallelGroup too (a group of ranks with these collectives).
+// weight or a row-parallel bias: its gradient is summed over the group). A
+// context-parallel (cp) group is a TensorParallelGroup too (a group of ranks
+// with these collectives); its attention is profiler/context_parallel.h.
 // Every module builds the full weight from a seeded generator and keeps its
 // shard, so a tp = N model holds exactly the slices of the tp = 1 model.
 #pragma once
@@ -44,6 +43,9 @@ class TensorParallelGroup {
     // `in` holds size() equal chunks of out.numel() elements; `out` gets this rank's chunk of their sum.
     // `in` may be clobbered. Default: all-reduce `in`, copy the chunk (CommGroup runs a reduce-scatter).
     virtual void reduce_scatter(torch::Tensor& out, torch::Tensor& in);
+    // `out` (size() x in.numel() elements, contiguous) gets every rank's `in`, in rank order.
+    // Default: all_gather into temporaries, then one copy (CommGroup runs one flat all-gather).
+    virtual void all_gather_flat(torch::Tensor& out, const torch::Tensor& in);
     virtual int rank() const = 0;
   };
   TensorParallelGroup(int rank, int size, std::shared_ptr<Collectives> c)
@@ -58,6 +60,11 @@ class TensorParallelGroup {
   // This rank's slice along `dim` (size() equal slices) of the sum of every rank's `t`.
   // REQUIRES: t.size(dim) divisible by size().
   torch::Tensor reduce_scatter_dim(const torch::Tensor& t, int64_t dim) const;
+  // One collective each, on flat buffers: `out` (contiguous, size() x in.numel() elements) gets every
+  // rank's `in` in rank order; `out` (contiguous) gets this rank's chunk of the sum of every rank's `in`
+  // (contiguous, size() equal chunks; clobbered). A group of one copies.
+  void all_gather_flat(torch::Tensor& out, const torch::Tensor& in) const;
+  void reduce_scatter_flat(torch::Tensor& out, torch::Tensor& in) const;
   // This rank's slice along `dim`, no communication.
   torch::Tensor slice_dim(const torch::Tensor& t, int64_t dim) const;
 
@@ -77,9 +84,6 @@ torch::Tensor gather_from_sequence_parallel(const torch::Tensor& x, const Tensor
                                             bool reduce_scatter_grad = true);
 torch::Tensor reduce_scatter_to_sequence_parallel(const torch::Tensor& x, const TensorParallelGroup& g);
 torch::Tensor sequence_parallel_param(const torch::Tensor& p, const TensorParallelGroup& g);
-// Context parallelism: every cp rank's x along `dim`, in rank order; the backward sums the gradient
-// over the group and keeps this rank's slice.
-torch::Tensor gather_from_context_parallel(const torch::Tensor& x, int64_t dim, const TensorParallelGroup& g);
 
 // Megatron's load-balanced causal split of a sequence of `seq` tokens over a cp group of size cp: 2 cp
 // equal chunks, rank r holding chunks r and 2 cp - 1 - r (so every rank has as much of the causal

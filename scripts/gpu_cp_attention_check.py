@@ -1,4 +1,4 @@
-"""Issue 34, context parallelism's attention in replay (profiler/gpt.cc, context_parallel_attention).
+"""Issue 34, context parallelism's attention in replay (profiler/context_parallel.cc; the per-chunk flash calls).
 
 Checks, on the GPU, the one assumption of replay's flash path that the CPU tests cannot reach: ATen's
 flash kernel (aten::_scaled_dot_product_flash_attention, which replay calls from C++) with is_causal and

@@ -1024,7 +1024,10 @@ TEST_CASE("replay of a Llama with sequence parallelism (tp 2) trains like one pr
 // 3 - r of 4 of every sequence, attention all-gathers K and V over the cp group and masks causally on
 // global positions, gradients are summed over dp x cp. Alone (1 stage) and over pp 2, where
 // activations go between stages' ranks of equal cp index; on the GPT (learned positions) and on a
-// Llama (RoPE at global positions, GQA). Tolerance 1e-4 as above. Without the K/V exchange (each rank
+// Llama (RoPE at global positions, GQA: the gathered K/V heads expanded, their gradients summed back),
+// the Llama also under selective recomputation (the attention, not the exchange, run again); and at
+// cp 4 (chunks of one token: the second halves go to the ranks in reverse order, the gradients'
+// reduce-scatter puts them back). Tolerance 1e-4 as above. Without the K/V exchange (each rank
 // attending to its own tokens only), training differs: the test fails.
 TEST_CASE("replay with context parallelism (cp 2) trains like one process, and not without the K/V exchange",
           "[executor][cp]") {
@@ -1041,6 +1044,10 @@ TEST_CASE("replay with context parallelism (cp 2) trains like one process, and n
   const std::string path = (dir / "config.json").string();
   std::ofstream(path) << kLlamaConfig;
   check_plan_trains_like_one_process("llama-cp2", one, "1f1b", path);
+  check_plan_trains_like_one_process("llama-cp2-selective", one, "1f1b", path, "--recompute selective");
+  ordered_json cp4 = plan_json({4}, {{4, 1}}, {0, 4}, 2);
+  cp4["context_parallel"] = 4;
+  check_plan_trains_like_one_process("cp4", cp4);
 
   const Deviation no_kv = deviation_without("cp-kv-exchange", "cp2", one);
   WARN("without the K/V exchange: loss error " << no_kv.loss << ", parameter error " << no_kv.params);
