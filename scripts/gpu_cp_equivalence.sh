@@ -29,7 +29,7 @@ if [[ ${SKIP_BUILD:-0} != 1 ]]; then
 fi
 source scripts/gpu_env.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]00')
-printf '# One node of 2 %s GPUs.\n0.0.0.5 slots=2\n' "$gpu" > "$res/local.hostfile"
+gpu_local_hostfile "$gpu" "$res/local.hostfile" || { echo "no clusterfile address for $gpu" >&2; exit 1; }
 echo "# Context-parallel replay against its dp twin ($(gpu_machine 2>/dev/null || nvidia-smi -L | head -1)); build $(git rev-parse --short HEAD 2>/dev/null)" > "$summary"
 
 localize() {  # plan file, output file, drop_cp: the plan on this machine's GPUs, optionally without cp

@@ -33,3 +33,13 @@ gpu_timed() {
   shift 2
   timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
 }
+
+# gpu_local_hostfile TYPE FILE: a one-node hostfile of this machine's GPUs, at the address that
+# hostfiles/clusterfile.json gives TYPE (e.g. H100 -> 0.0.0.5, H200 -> 0.0.0.6).
+gpu_local_hostfile() {
+  local addr slots
+  addr=$(python3 -c "import json, sys; c = json.load(open('hostfiles/clusterfile.json')); \
+print(next(a for a, v in c.items() if v['instance_type'] == sys.argv[1]))" "$1") || return 1
+  slots=$(nvidia-smi -L 2>/dev/null | wc -l); [[ $slots -ge 1 ]] || slots=2
+  printf '# One node of %s %s GPUs.\n%s slots=%s\n' "$slots" "$1" "$addr" "$slots" > "$2"
+}

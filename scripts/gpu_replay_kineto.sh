@@ -18,7 +18,7 @@ work=$(mktemp -d); res="$work/kineto"; mkdir -p "$res" "$out"
 [[ -x build-gpu/hetplan ]] || bash scripts/gpu_build.sh > "$res/build.log" 2>&1 || { tail -30 "$res/build.log"; exit 1; }
 source scripts/gpu_env.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]00')
-printf '# One node of 2 %s GPUs.\n0.0.0.5 slots=2\n' "$gpu" > "$res/local.hostfile"
+gpu_local_hostfile "$gpu" "$res/local.hostfile" || { echo "no clusterfile address for $gpu" >&2; exit 1; }
 gpu_machine > "$res/machine.txt" 2>/dev/null || nvidia-smi -L > "$res/machine.txt"
 summary="$out/kineto_summary.md"; echo "# Replay Kineto breakdowns ($(cat "$res/machine.txt" | head -1))" > "$summary"
 localize() {  # plan file, output file, drop_cp
