@@ -32,18 +32,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0
 gpu_local_hostfile "$gpu" "$res/local.hostfile" || { echo "no clusterfile address for $gpu" >&2; exit 1; }
 echo "# Context-parallel replay against its dp twin ($(gpu_machine 2>/dev/null || nvidia-smi -L | head -1)); build $(git rev-parse --short HEAD 2>/dev/null)" > "$summary"
 
-localize() {  # plan file, output file, drop_cp: the plan on this machine's GPUs, optionally without cp
-  python3 - "$1" "$2" "$3" "$gpu" "$res/local.hostfile" <<'PY'
-import json, sys
-src, dst, drop_cp, gpu, host = sys.argv[1:6]
-p = json.load(open(src))
-p["node_sequence"] = [gpu for _ in p["node_sequence"]]
-p["hostfile"] = host
-if drop_cp == "1":
-    p.pop("context_parallel", None)
-json.dump(p, open(dst, "w"), indent=1)
-PY
-}
+localize() { gpu_localize_plan "$1" "$2" "$3" "$gpu" "$res/local.hostfile"; }  # plan, output, drop_cp
 replay() {  # label, plan file, hf config, [HETPLAN_TEST_DISABLE value]
   local label=$1 plan=$2 hf=$3 disable=${4:-}
   local t0=$SECONDS

@@ -43,3 +43,18 @@ print(next(a for a, v in c.items() if v['instance_type'] == sys.argv[1]))" "$1")
   slots=$(nvidia-smi -L 2>/dev/null | wc -l); [[ $slots -ge 1 ]] || slots=2
   printf '# One node of %s %s GPUs.\n%s slots=%s\n' "$slots" "$1" "$addr" "$slots" > "$2"
 }
+
+# gpu_localize_plan SRC DST DROP_CP GPU HOSTFILE: SRC's plan on this machine's GPUs (every stage's type GPU,
+# the hostfile HOSTFILE); DROP_CP=1 also removes context_parallel (the plan's dp twin).
+gpu_localize_plan() {
+  python3 - "$@" <<'PY'
+import json, sys
+src, dst, drop_cp, gpu, host = sys.argv[1:6]
+p = json.load(open(src))
+p["node_sequence"] = [gpu for _ in p["node_sequence"]]
+p["hostfile"] = host
+if drop_cp == "1":
+    p.pop("context_parallel", None)
+json.dump(p, open(dst, "w"), indent=1)
+PY
+}

@@ -21,18 +21,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0
 gpu_local_hostfile "$gpu" "$res/local.hostfile" || { echo "no clusterfile address for $gpu" >&2; exit 1; }
 gpu_machine > "$res/machine.txt" 2>/dev/null || nvidia-smi -L > "$res/machine.txt"
 summary="$out/kineto_summary.md"; echo "# Replay Kineto breakdowns ($(cat "$res/machine.txt" | head -1))" > "$summary"
-localize() {  # plan file, output file, drop_cp
-  python3 - "$1" "$2" "$3" "$gpu" "$res/local.hostfile" <<'PY'
-import json, sys
-src, dst, drop_cp, gpu, host = sys.argv[1:6]
-p = json.load(open(src))
-p["node_sequence"] = [gpu for _ in p["node_sequence"]]
-p["hostfile"] = host
-if drop_cp == "1":
-    p.pop("context_parallel", None)
-json.dump(p, open(dst, "w"), indent=1)
-PY
-}
+localize() { gpu_localize_plan "$1" "$2" "$3" "$gpu" "$res/local.hostfile"; }  # plan, output, drop_cp
 trace() {  # label, plan file, hf config
   local label=$1 plan=$2 hf=$3
   local sched; sched=$(python3 -c "import json; print(json.load(open('$plan')).get('schedule', '1f1b'))")
