@@ -120,6 +120,8 @@ Phases::Phases(SearchWork& work)
       order_(group_order(work.space)),
       n_groups_(order_.size()),
       first_deep_(std::isfinite(work.shared.threshold()) && work.space.gpus >= kDeepTablesFirstFrom ? 1 : 3),
+      bounds_pass_(first_deep_ == 1 && work.space.gpus > work.bounds_pass_above_gpus),
+      group_bound_(n_groups_, 0.0),
       per_group2_(first_deep_ == 1 ? 0 : work.space.group_unit_count(1, 2)),
       n2_(per_group2_ * static_cast<long long>(n_groups_)),
       per_group3_(work.space.group_unit_count(first_deep_, work.space.max_stages)),
@@ -128,8 +130,6 @@ Phases::Phases(SearchWork& work)
       next3u_(new std::atomic<long long>[n_groups_]),
       done3u_(new std::atomic<long long>[n_groups_]),
       open3_(new std::atomic<bool>[n_groups_]),
-      bounds_pass_(first_deep_ == 1 && work.space.gpus > work.bounds_pass_above_gpus),
-      group_bound_(n_groups_, 0.0),
       from_depth_(n_groups_),
       n_lanes_(lanes()),
       lane_at_(new std::atomic<long long>[n_lanes_]) {
