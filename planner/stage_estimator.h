@@ -161,6 +161,53 @@ class EstimateSlot {
   std::vector<StageEstimate> v_;
 };
 
+// Samples a replica of per-sample time w finishes by t: floor(t / w), a hair more so that rounding never
+// undercounts.
+inline double samples_by(double t, double w) { return std::floor(t / w * (1 + 1e-12)); }
+
+// The most runs of ranks of one type whose whole-sample walk StageEstimator::estimate takes.
+constexpr int kMaxWalkRuns = 8;
+
+// The whole-sample walk of StageEstimator::estimate for a mixed-type stage: from t (the fractional bound
+// b / capacity), breakpoint by breakpoint, the first t at which the `runs` runs (n[i] replicas of
+// per-sample time w[i] > 0, finite) finish b samples by samples_by, or the breakpoint reached after 64
+// steps (each t at which the sum still falls short is itself a lower bound). Each step recomputes run i's
+// samples by t only where they may have changed: the run whose breakpoint t = fl((k + 1) w) is gains
+// exactly one (t / w rounds to within 3 ulp of k + 1; the hair, 1e-12, lifts that past k + 1 and keeps it
+// below k + 2 while k < 1e11), and a run whose next breakpoint is more than 1e-11 relative above t keeps
+// its count (t / w stays below k + 1 even with the hair); only near-ties divide again. So the result is
+// bit for bit that of dividing every run at every step (tests/test_plan_search.cc checks it against that),
+// at one division per run instead of one per run per step.
+// REQUIRES: 1 <= runs <= kMaxWalkRuns.
+inline double whole_sample_walk(double t, const double* w, const int* n, int runs, int b) {
+  double k[kMaxWalkRuns], next_at[kMaxWalkRuns];
+  for (int i = 0; i < runs; ++i) {
+    k[i] = samples_by(t, w[i]);
+    next_at[i] = (k[i] + 1) * w[i];
+  }
+  for (int step = 0; step < 64; ++step) {
+    long long done = 0;
+    double next = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < runs; ++i) {
+      done += static_cast<long long>(k[i]) * n[i];
+      next = std::min(next, next_at[i]);
+    }
+    if (done >= b) break;
+    t = next;
+    for (int i = 0; i < runs; ++i) {
+      if (next_at[i] == t && k[i] < 1e11) {
+        k[i] += 1;
+      } else if (!(t < next_at[i] * (1 - 1e-11))) {
+        k[i] = samples_by(t, w[i]);
+      } else {
+        continue;
+      }
+      next_at[i] = (k[i] + 1) * w[i];
+    }
+  }
+  return t;
+}
+
 class StageEstimator;
 // The distinct replicas of mixed-type stages, as sorted lists of slicings, shared by every (node order,
 // m) group: stages with the same list have the same estimates, which the entry keeps once computed.
@@ -359,7 +406,7 @@ class StageEstimator {
     // of them, so T is at least the least T with sum over replicas of floor(T / w) >= b. From the
     // fractional bound b / capacity up, breakpoint by breakpoint (each a T at which that sum still
     // falls short is itself a lower bound, so the walk may stop early).
-    constexpr int kRuns = 8;
+    constexpr int kRuns = kMaxWalkRuns;  // (more: the fractional bound alone)
     double w[kRuns];
     int n[kRuns], runs = 0;
     double capacity = 0;
@@ -382,22 +429,7 @@ class StageEstimator {
       }
     }
     if (capacity <= 0) return x;
-    double t = b_ / capacity;
-    if (runs <= kRuns)
-      for (int step = 0; step < 64; ++step) {
-        // Samples the replicas finish by t (a hair more, so that rounding never undercounts), and the
-        // next breakpoint.
-        long long done = 0;
-        double next = kInf;
-        for (int i = 0; i < runs; ++i) {
-          const double k = std::floor(t / w[i] * (1 + 1e-12));
-          done += static_cast<long long>(k) * n[i];
-          next = std::min(next, (k + 1) * w[i]);
-        }
-        if (done >= b_) break;
-        t = next;
-      }
-    x.t = t;
+    x.t = runs <= kRuns ? whole_sample_walk(b_ / capacity, w, n, runs, b_) : b_ / capacity;
     return x;
   }
   // Which mixed-type stages share estimates: stages with the same entry have the same estimates;

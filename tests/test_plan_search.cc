@@ -1138,3 +1138,51 @@ TEST_CASE("stage estimates count the pass's time outside the layers: a stage of 
 }
 
 }  // namespace hetplan
+
+// The mixed-type stages' whole-sample walk (stage_estimates::whole_sample_walk) recomputes a run's samples
+// only near a tie; this is the walk that divides every run at every step, which it must equal bit for bit.
+static double walk_dividing_every_step(double t, const double* w, const int* n, int runs, int b) {
+  for (int step = 0; step < 64; ++step) {
+    long long done = 0;
+    double next = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < runs; ++i) {
+      const double k = std::floor(t / w[i] * (1 + 1e-12));
+      done += static_cast<long long>(k) * n[i];
+      next = std::min(next, (k + 1) * w[i]);
+    }
+    if (done >= b) break;
+    t = next;
+  }
+  return t;
+}
+
+TEST_CASE("whole-sample walk equals the walk that divides every run at every step", "[estimates]") {
+  using hetplan::stage_estimates::kMaxWalkRuns;
+  using hetplan::stage_estimates::whole_sample_walk;
+  std::mt19937_64 rng(33);
+  std::uniform_real_distribution<double> time(0.05, 40.0);
+  std::uniform_int_distribution<int> replicas(1, 64), samples(1, 2048), run_count(1, kMaxWalkRuns);
+  std::uniform_int_distribution<int> tie(0, 3), ratio(1, 6);
+  int walked = 0, capped = 0;
+  for (int trial = 0; trial < 200000; ++trial) {
+    const int runs = run_count(rng), b = samples(rng);
+    double w[kMaxWalkRuns];
+    int n[kMaxWalkRuns];
+    double capacity = 0;
+    for (int i = 0; i < runs; ++i) {
+      // A quarter of the runs tie with run 0 (a rational multiple of its time: equal breakpoints).
+      w[i] = i > 0 && tie(rng) == 0 ? w[0] * ratio(rng) / ratio(rng) : time(rng);
+      n[i] = replicas(rng);
+      capacity += n[i] / w[i];
+    }
+    const double t0 = b / capacity;
+    const double expected = walk_dividing_every_step(t0, w, n, runs, b);
+    const double got = whole_sample_walk(t0, w, n, runs, b);
+    if (got != expected) FAIL("trial " << trial << ": " << got << " != " << expected);
+    walked += expected > t0;
+    capped += walk_dividing_every_step(expected, w, n, runs, b) != expected;  // 64 steps did not finish
+  }
+  // The trials exercise the walk (most leave the fractional bound) and its 64-step cap.
+  CHECK(walked > 100000);
+  CHECK(capped > 0);
+}
