@@ -111,10 +111,6 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
     }
     const GpuSpec* g = find_gpu_spec(sim.profiles_->device_types()[pt]);
     ptype_hbm_bytes_per_s_.push_back(g ? g->memory_bw_gbs * 1e9 : 0);
-    // Streaming kernels (the gradient pack) at the layer time model's achieved fraction of the datasheet's HBM
-    // bandwidth (RateDefaults::memory_efficiency); 0 where the GPU is not in the catalogue.
-    ptype_stream_bytes_per_s_.push_back(g ? achieved_bytes_per_s(g->memory_bw_gbs, RateDefaults{}.memory_efficiency)
-                                          : 0);
   }
   for (const TrainingSetup& s : setups_)
     recompute_fraction_.push_back(recomputed_forward_fraction(sim.shape_, s.recompute, sim.seq_) /
@@ -418,10 +414,11 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
 }
 
 // One micro-batch's copy of its gradients (the compute precision's, as the backward leaves them) into the
-// buckets the data-parallel reduction reads (reduced_gradient_bytes each): read once and written once, at the
-// streaming rate of profile type `ptype` through the roofline (0 where that rate is unknown).
+// buckets the data-parallel reduction reads (reduced_gradient_bytes each): read once and written once, through
+// the roofline at the layer time model's achieved fraction (RateDefaults::memory_efficiency) of profile type
+// `ptype`'s datasheet HBM bandwidth (0 where the GPU is not in the catalogue).
 double PlanCostModel::gradient_pack_ms(const TrainingSetup& setup, double trainable, int ptype) const {
-  const double rate = ptype_stream_bytes_per_s_[ptype];
+  const double rate = achieved_bytes_per_s(ptype_hbm_bytes_per_s_[ptype] / 1e9, RateDefaults{}.memory_efficiency);
   if (!(rate > 0)) return 0;
   const double produced = setup.precision == Precision::kFp32 ? 4 : 2;
   const Roofline stream{0, rate};
@@ -589,12 +586,7 @@ HostSpec PlanCostModel::host_for(int rank) const {
   return host;
 }
 
-// Overlapped data-parallel communication (sim/dp_overlap.h): the gradient reduction runs bucket by bucket
-// during the backward it follows (the last micro-batch's, or every one's at ZeRO-2/3), the weight gather
-// bucket by bucket during the forward that needs it (ZeRO-1's after the step: the next iteration's first
-// forward, charged at the iteration's end); each leaves exposed the tail exposed_after_window gives, and
-// stretches the compute it shares the GPU with by the measured slowdown. `rs` and `ag` are the whole
-// reduce-scatter and all-gather (ms); a ZeRO-0 reduction is the whole all-reduce.
+// ZeRO-3's gather shares of a stage (Zero3Gathers, sim/plan_cost.h).
 PlanCostModel::Zero3Gathers PlanCostModel::zero3_gathers(const StageChoice& s, double full_on_rank,
                                                          double weight_bytes) const {
   Zero3Gathers z;
@@ -611,6 +603,12 @@ PlanCostModel::Zero3Gathers PlanCostModel::zero3_gathers(const StageChoice& s, d
   return z;
 }
 
+// Overlapped data-parallel communication (sim/dp_overlap.h): the gradient reduction runs bucket by bucket
+// during the backward it follows (the last micro-batch's, or every one's at ZeRO-2/3), the weight gather
+// bucket by bucket during the forward that needs it (ZeRO-1's after the step: the next iteration's first
+// forward, charged at the iteration's end); each leaves exposed the tail exposed_after_window gives, and
+// stretches the compute it shares the GPU with by the measured slowdown. `rs` and `ag` are the whole
+// reduce-scatter and all-gather (ms); a ZeRO-0 reduction is the whole all-reduce.
 void PlanCostModel::add_overlapped_sync(Strategy st, int zero, double trainable, double grad_bytes,
                                         double weight_bytes, double last_grad_bytes, const CommOverlap& ov,
                                         double rs, double ag, const Zero3Gathers& z3, SetupReuse* reuse,

@@ -241,7 +241,6 @@ class PlanCostModel {
                                           // bytes (0: none), when the setup asks (< 0) for the measured one
   int framework_tps_ = 1;                 // max tp + 1
   std::vector<double> ptype_hbm_bytes_per_s_;  // per profile type: datasheet HBM bandwidth (0: unknown)
-  std::vector<double> ptype_stream_bytes_per_s_;  // per profile type: achieved streaming HBM rate (0: unknown)
   std::vector<double> recompute_fraction_;     // per setup: recomputed_forward_fraction
 };
 
