@@ -21,7 +21,10 @@ import statistics
 import sys
 import time
 
-REPS = 5
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_pinning  # noqa: E402
+
+REPS = 9  # medians over 9 (was 5): the lent hosts' speed drifts within seconds
 DEV = "cuda"  # "cpu": a smoke test of the script's logic where no GPU is (counts aten ops only)
 MODEL_ONLY = False  # --model-only: only the figures hetplan's host model reads (sim/runtime_overheads.cc host_costs_from_probe)
 
@@ -157,6 +160,48 @@ def tiny_gpt(blocks):
 
 # ------------------------------------------------------------------ one GPU
 
+def offload_probe(torch, dev, n=64 * 2**20, reps=REPS):
+    """The host's side of ZeRO-Offload as scripts/gpu_whatif_validate.py's offload mode runs it (OffloadAdam), at
+    this process's threads: torch's fused CPU AdamW over one pinned fp32 parameter of `n` elements (64 Mi: 256 MiB
+    per tensor, far past the caches, so memory-bound as the 1.3B model's is), the fp32 -> bf16 cast into a pinned
+    buffer, and pinned copies of 256 MiB each way. Medians of `reps`. hetplan reads these from
+    host_probe_offload.json (read_host_probe_offload: the HostSpec of the ZeRO-Offload rows)."""
+    p = torch.nn.Parameter(torch.randn(n).pin_memory() if DEV == "cuda" else torch.randn(n), requires_grad=False)
+    p.grad = torch.randn(n).pin_memory() if DEV == "cuda" else torch.randn(n)
+    try:
+        opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.0, fused=True)
+        opt.step()
+        kind = "fused"
+    except Exception:  # noqa: BLE001  (the validation falls back the same way)
+        opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.0, foreach=True)
+        kind = "foreach"
+
+    def secs(fn, warm=2):
+        for _ in range(warm):
+            fn()
+        ts = []
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            ts.append(time.perf_counter() - t0)
+        return med(ts)
+    R = {"cpu_threads": torch.get_num_threads(), "elements": n}
+    t = secs(opt.step)
+    R["cpu_adamw_fused"] = {"params_per_s": n / t, "ms": t * 1e3, "kind": kind}
+    bf = torch.empty(n, dtype=torch.bfloat16, pin_memory=(DEV == "cuda"))
+    t = secs(lambda: bf.copy_(p.data))
+    R["cpu_cast_fp32_bf16"] = {"params_per_s": n / t, "ms": t * 1e3}
+    if DEV == "cuda":
+        d = torch.empty(n, device=dev)
+        R["pinned_copy"] = {"h2d_bytes_per_s": 4 * n / secs(lambda: d.copy_(p.data, non_blocking=True)),
+                            "d2h_bytes_per_s": 4 * n / secs(lambda: p.grad.copy_(d, non_blocking=True))}
+        del d
+    del opt, p, bf
+    return R
+
+
 def micro(args):
     import torch
     import torch.nn as nn
@@ -175,9 +220,18 @@ def micro(args):
             return a.softmax(-1) @ v
         F.scaled_dot_product_attention = sdpa
     R = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__,
-         "cpu_count": os.cpu_count(),
-         "torch_threads": torch.get_num_threads()}
+         "cpu_count": os.cpu_count()}
     t_start = time.perf_counter()
+    # ZeRO-Offload's host figures first, with every core (as the validation's offload run has them), then the rest
+    # on GPU 0's share of the cores (as the single-GPU runs and the re-probes have them): scripts/host_pinning.py.
+    off = {"host_pin": host_pinning.pin("all" if args.pin != "none" else "none", torch=torch)}
+    off.update(offload_probe(torch, dev))
+    if DEV == "cuda":
+        os.makedirs(args.out, exist_ok=True)
+        json.dump(off, open(os.path.join(args.out, "host_probe_offload.json"), "w"), indent=1)
+    print("offload", json.dumps(off)[:600], flush=True)
+    R["host_pin"] = host_pinning.pin(args.pin, gpu=0, torch=torch)
+    R["torch_threads"] = torch.get_num_threads()
     # The loop micro-benchmarks (single ops, module calls, autograd chains): reference figures the model does not
     # read (sim/runtime_overheads.md); --model-only skips them.
     if not MODEL_ONLY:
@@ -459,11 +513,12 @@ def dist_probe(args):
     import torch.distributed as dist
     import torch.nn as nn
 
+    pinned = host_pinning.pin(args.pin, torch=torch)  # this rank's GPU's share of the cores (LOCAL_RANK)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dev = torch.device("cuda")
-    R = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "world": world}
+    R = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "world": world, "host_pin": pinned}
     t_start = time.perf_counter()
     from torch.nn.parallel import DistributedDataParallel as DDP
     try:
@@ -702,6 +757,7 @@ def main():
                          "checkpointing; and the memory census. About half the time")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a smoke test of micro's logic without a GPU (aten counts, no kernels, no graphs)")
+    host_pinning.add_pin_arg(ap)
     args = ap.parse_args()
     global DEV, MODEL_ONLY
     DEV = args.device
