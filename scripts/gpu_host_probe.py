@@ -526,40 +526,51 @@ def dist_probe(args):
     except ImportError:
         from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
-    def phases(model, opt, fwd, reps=REPS, warm=3):
-        ph = {"forward": [], "backward": [], "optimizer": [], "step": []}
+    def one_round(model, opt, fwd):
+        """One step timed phase by phase (a sync after each), then one step whole (no syncs between its phases)."""
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        loss = fwd()
+        sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        t3 = time.perf_counter()
+        # the whole step again without syncs between the phases
+        dist.barrier()
+        sync()
+        s0 = time.perf_counter()
+        loss = fwd()
+        loss.backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        s1 = time.perf_counter()
+        return {"forward": (t1 - t0) * 1e3, "backward": (t2 - t1) * 1e3, "optimizer": (t3 - t2) * 1e3,
+                "step": (s1 - s0) * 1e3}
+
+    def interleaved(cases, reps=REPS, warm=3):
+        """{name: (model, opt, fwd)} timed round-robin -- one round of each case, then the next round -- so that a
+        host whose speed drifts over the seconds of the probe slows every case alike, and a wrapper's added time
+        (its case against the plain one) is not the drift between two blocks of rounds. Medians per case."""
+        ph = {name: {"forward": [], "backward": [], "optimizer": [], "step": []} for name in cases}
         for it in range(warm + reps):
-            dist.barrier()
-            sync()
-            t0 = time.perf_counter()
-            loss = fwd()
-            sync()
-            t1 = time.perf_counter()
-            loss.backward()
-            sync()
-            t2 = time.perf_counter()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            sync()
-            t3 = time.perf_counter()
-            # the whole step again without syncs between the phases
-            dist.barrier()
-            sync()
-            s0 = time.perf_counter()
-            loss = fwd()
-            loss.backward()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            sync()
-            s1 = time.perf_counter()
-            if it >= warm:
-                ph["forward"].append((t1 - t0) * 1e3)
-                ph["backward"].append((t2 - t1) * 1e3)
-                ph["optimizer"].append((t3 - t2) * 1e3)
-                ph["step"].append((s1 - s0) * 1e3)
-        return {k: med(v) for k, v in ph.items()}
+            for name, (model, opt, fwd) in cases.items():
+                r = one_round(model, opt, fwd)
+                if it >= warm:
+                    for k, v in r.items():
+                        ph[name][k].append(v)
+        return {name: {k: med(v) for k, v in p.items()} for name, p in ph.items()}
+
+    def phases(model, opt, fwd, reps=REPS, warm=3):
+        return interleaved({"one": (model, opt, fwd)}, reps, warm)["one"]
 
     def chain(M, width=64):
         return nn.Sequential(*[nn.Linear(width, width) for _ in range(M)]).to(dev)
@@ -590,9 +601,8 @@ def dist_probe(args):
 
     # FSDP2: a chain of M Linear modules, each fully_shard'ed (and the root), bf16 compute, fp32 reduce.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    fs = {}
+    fs, chain_cases = {}, {}
     for M in (8, 32):
-        r = {}
         for wrap in ("plain", "fsdp2"):
             torch.manual_seed(0)
             m = chain(M)
@@ -612,8 +622,10 @@ def dist_probe(args):
             else:
                 def fwd(m=m):
                     return m(x).float().sum()
-            r[wrap] = phases(m, opt, fwd)
-        fs[f"M{M}"] = r
+            chain_cases[(M, wrap)] = (m, opt, fwd)
+    for (M, wrap), r in interleaved(chain_cases).items():  # the four round-robin
+        fs.setdefault(f"M{M}", {})[wrap] = r
+    del chain_cases
     for ph in ("forward", "backward", "optimizer", "step"):
         d8 = fs["M8"]["fsdp2"][ph] - fs["M8"]["plain"][ph]
         d32 = fs["M32"]["fsdp2"][ph] - fs["M32"]["plain"][ph]
@@ -624,7 +636,9 @@ def dist_probe(args):
     # The validation's GPT at a tiny width (24 blocks): single (no wrapper), DDP, FSDP2 per block + root,
     # with and without checkpointing: host time per phase, and op counts under the profiler.
     v = tiny_gpt(24)
-    gpt = {}
+    gpt, gpt_cases, kinds = {}, {}, {}
+    ids = torch.randint(512, (1, 64), device=dev)
+    tgt = torch.randint(512, (1, 64), device=dev)
     for mode in ("single", "ddp", "fsdp2"):
         for ckpt in (False,) if MODEL_ONLY else (False, True):
             torch.manual_seed(0)
@@ -645,26 +659,30 @@ def dist_probe(args):
             except Exception:  # noqa: BLE001
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
                 opt_kind = "foreach"
-            ids = torch.randint(512, (1, 64), device=dev)
-            tgt = torch.randint(512, (1, 64), device=dev)
 
             def fwd(model=model, autocast=autocast):
                 if autocast:
                     with torch.autocast(DEV, dtype=torch.bfloat16):
                         return model(ids, tgt)
                 return model(ids, tgt)
-            res = phases(model, opt, fwd)
-            res["optimizer_kind"] = opt_kind
-            if rank == 0:
-                res["counts"] = count_step(torch, fwd, opt)
-            else:  # the collectives need both ranks in step: the same step, unprofiled
-                loss = fwd()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            gpt[f"{mode}_ckpt{int(ckpt)}"] = res
-            del model, opt
-            dist.barrier()
+            key = f"{mode}_ckpt{int(ckpt)}"
+            gpt_cases[key] = (model, opt, fwd)
+            kinds[key] = opt_kind
+    # Timed round-robin (single, DDP, FSDP2 in turn, round after round): the wrappers' added time is read against
+    # the plain step of the same seconds.
+    for key, res in interleaved(gpt_cases).items():
+        res["optimizer_kind"] = kinds[key]
+        gpt[key] = res
+    for key, (model, opt, fwd) in gpt_cases.items():
+        if rank == 0:
+            gpt[key]["counts"] = count_step(torch, fwd, opt)
+        else:  # the collectives need both ranks in step: the same step, unprofiled
+            loss = fwd()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        dist.barrier()
+    del gpt_cases, model, opt, fwd
     R["tiny_gpt_step"] = gpt
 
     # Memory census: a model of 8 Linear(2048, 2048) (33.6M fp32 parameters), allocated bytes after each
