@@ -356,9 +356,11 @@ def micro(args):
 
     # The validation's GPT at a tiny width: host time per phase and the op counts, 24 and 12 blocks deep,
     # with and without torch.utils.checkpoint per block (use_reentrant=False), under autocast as it runs.
-    steps = {}
+    steps, cases = {}, {}
+    ids = torch.randint(512, (1, 64), device=dev)
+    tgt = torch.randint(512, (1, 64), device=dev)
     for blocks in (24, 12):
-        v = tiny_gpt(blocks)
+        v = tiny_gpt(blocks)  # the model's depth is read when it is built
         for ckpt in (False, True):
             if MODEL_ONLY and blocks == 12 and ckpt:  # the model reads 12 blocks' op counts without checkpointing only
                 continue
@@ -367,60 +369,66 @@ def micro(args):
                 model = v.gpt_model(ckpt)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0,
                                     **({"fused": True} if DEV == "cuda" else {"foreach": True}))
-            ids = torch.randint(512, (1, 64), device=dev)
-            tgt = torch.randint(512, (1, 64), device=dev)
 
-            def fwd():
+            def fwd(model=model):
                 with torch.autocast(DEV, dtype=torch.bfloat16):
                     return model(ids, tgt)
+            cases[f"blocks{blocks}_ckpt{int(ckpt)}"] = (model, opt, fwd)
+    del model, opt, fwd
 
-            ph = {"forward": [], "backward": [], "optimizer": [], "zero_grad": [], "step": []}
-            for it in range(3 + REPS):
-                sync()
-                t0 = time.perf_counter()
-                loss = fwd()
-                t1 = time.perf_counter()
-                sync()
-                t1s = time.perf_counter()
-                loss.backward()
-                sync()
-                t2 = time.perf_counter()
-                opt.step()
-                t3 = time.perf_counter()
-                sync()
-                t3s = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                t4 = time.perf_counter()
-                if it >= 3:
-                    ph["forward"].append((t1 - t0) * 1e3)
-                    ph["backward"].append((t2 - t1s) * 1e3)
-                    ph["optimizer"].append((t3 - t2) * 1e3)
-                    ph["zero_grad"].append((t4 - t3s) * 1e3)
-            # The whole step as the validation times it (no sync between phases).
-            def whole():
-                loss = fwd()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            st = timed(torch, whole, 5, warm=2)
-            res = {k: med(vv) for k, vv in ph.items() if vv}
-            res["step_host_ms"] = st["host_us"] / 1e3
-            res["step_wall_ms"] = st["wall_us"] / 1e3
+    # Phase by phase, the cases round-robin (one step of each, round after round): the checkpoint regions' costs
+    # are differences of these cases, which a host drifting between two blocks of rounds would skew.
+    ph = {key: {"forward": [], "backward": [], "optimizer": [], "zero_grad": []} for key in cases}
+    for it in range(3 + REPS):
+        for key, (model, opt, fwd) in cases.items():
+            sync()
+            t0 = time.perf_counter()
             loss = fwd()
-            res["autograd_nodes"] = autograd_nodes(loss)
-            saved = [0]
+            t1 = time.perf_counter()
+            sync()
+            t1s = time.perf_counter()
+            loss.backward()
+            sync()
+            t2 = time.perf_counter()
+            opt.step()
+            t3 = time.perf_counter()
+            sync()
+            t3s = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            t4 = time.perf_counter()
+            if it >= 3:
+                ph[key]["forward"].append((t1 - t0) * 1e3)
+                ph[key]["backward"].append((t2 - t1s) * 1e3)
+                ph[key]["optimizer"].append((t3 - t2) * 1e3)
+                ph[key]["zero_grad"].append((t4 - t3s) * 1e3)
+    del loss
+    for key, (model, opt, fwd) in cases.items():
+        # The whole step as the validation times it (no sync between phases).
+        def whole(opt=opt, fwd=fwd):
+            loss = fwd()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        st = timed(torch, whole, 5, warm=2)
+        res = {k: med(vv) for k, vv in ph[key].items() if vv}
+        res["step_host_ms"] = st["host_us"] / 1e3
+        res["step_wall_ms"] = st["wall_us"] / 1e3
+        loss = fwd()
+        res["autograd_nodes"] = autograd_nodes(loss)
+        del loss
+        saved = [0]
 
-            def pack(t):
-                saved[0] += 1
-                return t
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss2 = fwd()
-            res["saved_tensors"] = saved[0]
-            del loss2
-            res["counts"] = count_step(torch, fwd, opt)
-            res["parameters"] = sum(1 for _ in model.parameters())
-            steps[f"blocks{blocks}_ckpt{int(ckpt)}"] = res
-            del model, opt
+        def pack(t):
+            saved[0] += 1
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss2 = fwd()
+        res["saved_tensors"] = saved[0]
+        del loss2
+        res["counts"] = count_step(torch, fwd, opt)
+        res["parameters"] = sum(1 for _ in model.parameters())
+        steps[key] = res
+    del cases, model, opt, fwd, whole
     R["tiny_gpt_step"] = steps
 
     # torch.utils.checkpoint per region: the same tiny block chain with and without it; the extra host time
