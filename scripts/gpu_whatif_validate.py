@@ -328,7 +328,7 @@ def dry_run(args, recorded, keys):
     out = []
     for key in keys:
         rec = rp.before(key, "decode" if key.startswith("decode") else "train") if rp else {}
-        res = dict(by_key[key], measure_start_utc=utc_now())
+        res = dict(by_key[key], measure_start_utc=utc_now(), host_pin=PINNED)
         if rp:
             rp.after("decode" if key.startswith("decode") else "train", res, rec)
         out.append(res)
@@ -816,7 +816,7 @@ def main():
         host_pinning.add_pin_arg(q)
     args = ap.parse_args()
     global PINNED
-    if args.cmd != "summary" and not DRYRUN:
+    if args.cmd != "summary":  # (the dry run pins too: the same code, no torch)
         # Before torch starts a thread: this process's GPU's share of the cores, as the host probe's (the offload
         # run's CPU AdamW has all of them, as the probe's offload figures do): scripts/host_pinning.py.
         PINNED = host_pinning.pin("all" if getattr(args, "mode", "") == "offload" and args.pin != "none"

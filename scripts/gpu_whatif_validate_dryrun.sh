@@ -89,6 +89,9 @@ echo "ok: the offload row's CPU Adam, cast and copies from the probe's host_prob
 # Every measuring step asked for the pinned cores (scripts/host_pinning.py).
 grep -q -- "--pin" scripts/gpu_whatif_validate.sh && [ "$(grep -c -- '"\${pin\[@\]}"' scripts/gpu_whatif_validate.sh)" = 8 ] \
   || { echo "FAIL: not every probe and measuring step is pinned"; exit 1; }
-echo "ok: the probe (micro, dist) and the six measuring steps pass --pin"
+grep -q "^Host cores (scripts/host_pinning.py; the probe's the same): .*single: share" "$out/summary_probe.md" \
+  && grep -q "offload: all" "$out/summary_probe.md" \
+  || { echo "FAIL: summary_probe.md does not name the cores each step ran on"; exit 1; }
+echo "ok: the probe (micro, dist) and the six measuring steps pass --pin; the summary names their cores"
 grep "^MAPE\|^Host drift" "$out"/summary*.md
 ls "$out"
