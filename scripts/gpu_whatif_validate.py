@@ -251,6 +251,19 @@ def host_speed_index(kind):
     return statistics.median(per)
 
 
+def release_previous_case(torch):
+    """Free what an earlier case in this process left behind, before the next case's set-up and peak window.
+    `del model, opt` is not enough: FSDP2's modules (and DDP's reducer, the offload optimizer's grad hooks) sit in
+    reference cycles that only the cycle collector frees, so without gc.collect() their parameters, gradients and
+    optimizer states stay allocated into the next case and raise its allocator peak (run 6: every FSDP2 case after
+    the first started ~2.45 GiB higher). empty_cache() then returns the freed blocks, so each case starts as a fresh
+    process would (the CUDA context and the NCCL communicators, kept outside the allocator, stay)."""
+    import gc
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def utc_now():
     import datetime
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
@@ -355,7 +368,7 @@ def train(args):
     for name, mb, ckpt in parse_cases(args.cases):
         rec = rp.before(f"{args.mode}-{name}", "train") if rp else {}
         torch.manual_seed(0)
-        torch.cuda.empty_cache()
+        release_previous_case(torch)
         with torch.device(dev):
             model = gpt_model(ckpt)
         params = sum(p.numel() for p in model.parameters())
@@ -437,8 +450,8 @@ def train(args):
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
                   f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
             results.append(res)
-        del model, opt, loss
-        torch.cuda.synchronize()
+        del model, opt, loss, ids, tgt
+        release_previous_case(torch)
         if rp:
             rp.after("train", res, rec)
     if rank == 0:
@@ -460,7 +473,6 @@ def memory_census(args):
     each forward: time for ProcessGroupNCCL's watchdog to see the last step's collectives complete and drop the
     tensors it stashed for them, among them the buckets DDP's rebuild has just let go), DDP
     gradient_as_bucket_view=True, FSDP2 (as `train --mode fsdp2`)."""
-    import gc
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -471,9 +483,7 @@ def memory_census(args):
     dev = torch.device("cuda")
     out = {}
     for wrap in args.wrappers.split(","):
-        gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        release_previous_case(torch)
         base = torch.cuda.memory_allocated()
         torch.manual_seed(0)
         with torch.device(dev):
@@ -640,8 +650,7 @@ def decode(args):
     rp = Reprobe(args, 0) if args.reprobe_dir else None
     for runtime in args.runtimes.split(","):
         rec = rp.before(f"decode-{runtime}", "decode") if rp else {}
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        release_previous_case(torch)  # the same decoder and cache serve every runtime; only temporaries go
         torch.cuda.reset_peak_memory_stats()  # weights and cache resident; the initialisation's temporaries gone
         if runtime == "graphs" and graph is None:
             with torch.no_grad():
