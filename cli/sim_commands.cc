@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "sim/network.h"
 #include "sim/gpu_specs.h"
 #include "base/checked.h"
+#include "base/file_access.h"
 #include "base/input_error.h"
 #include "base/json_util.h"
 #include "sim/plan_file.h"
@@ -657,6 +659,16 @@ WhatifInput whatif_input(const WhatifArgs& a) {
     in.micro_batch = ds.micro_batch;
   }
   in.calibration = read_whatif_calibration(a.profiles);
+  // The GPU's compute stretch beside overlapped collectives, measured on this machine (scripts/gpu_overlap_probe.sh).
+  if (!a.profiles.empty()) {
+    const std::string overlap = (std::filesystem::path(a.profiles) / kOverlapProbeFile).string();
+    if (file_kind(overlap) != "missing") {
+      in.overlap = read_overlap_probe(overlap);
+      in.overlap_measured = true;
+      in.overlap_source = overlap;
+    }
+  }
+  if (a.setup.comm_slowdown > 0) in.overlap_source = "--comm-slowdown";
   // The host the probe measured (its offload figures, where it has them) over the profile's calibration.
   if (!a.host_probe.empty()) read_host_probe_offload(a.host_probe, in.calibration.host);
   if (a.h2d_gbs > 0) in.calibration.host.h2d_bytes_per_s = a.h2d_gbs * 1e9;
@@ -1020,6 +1032,11 @@ Runner add_whatif_command(CLI::App& app) {
                 "short re-probe right before each case")
       ->capture_default_str()
       ->check(CLI::Range(0.05, 20.0));
+  s->add_option("--comm-slowdown", a->setup.comm_slowdown,
+                "Compute time while an overlapped collective shares the GPU, over its time alone: DDP's bucketed "
+                "all-reduces stretch the backward they overlap by (this - 1) x their time (sim/dp_overlap.h; default: "
+                "--profiles' comm_overlap.json reduce factor, measured by scripts/gpu_overlap_probe.sh, else 1.035)")
+      ->check(CLI::Range(1.0, 10.0));
   s->add_option("--eager-op-us", a->eager_op_us,
                 "Host time of an op issued from Python with autograd off (decode), in microseconds (default: the "
                 "profile's whatif_calibration.json inference.eager_op_us, else the host probe's)");

@@ -307,7 +307,8 @@ class Reprobe:
             idx = self._index(kind)
             speed = idx / self.ref[kind]
             pred = wp.predict_case(self.args.reprobe_bin, self.args.reprobe_gpu, wp.case_by_key(key),
-                                   host_probe=self.args.reprobe_probe, host_speed=speed)
+                                   profiles=self.args.reprobe_profiles, host_probe=self.args.reprobe_probe,
+                                   host_speed=speed)
             rec = {"key": key, "written_utc": utc_now(), "probe_kind": kind, "probe_ms": idx,
                    "probe_ms_full_probe": self.ref[kind], "host_speed": speed, "commit": wp.commit_id(),
                    "host_probe": self.args.reprobe_probe, "prediction": pred}
@@ -789,6 +790,8 @@ def add_reprobe_args(p):
     p.add_argument("--reprobe-bin", default="build-gpu/hetplan")
     p.add_argument("--reprobe-gpu", default="")
     p.add_argument("--reprobe-probe", default="", help="the full probe's host_probe_micro.json")
+    p.add_argument("--reprobe-profiles", default="",
+                   help="whatif --profiles for the re-probed predictions (the fresh comm_overlap.json's folder)")
     p.add_argument("--reprobe-log", default="", help="the predictions log the UTC time and sha256 are appended to")
 
 

@@ -10,7 +10,9 @@
 #   2. the host probe of THIS machine, trimmed to what hetplan's host model reads
 #      (scripts/gpu_host_probe.py micro|dist --model-only; issue 32 item 1: the probe measures the machine), and
 #      ZeRO-Offload's host figures (CPU AdamW, the cast, pinned copies: host_probe_offload.json);
-#      pinned as the cases are (HOST_PIN, below);
+#      pinned as the cases are (HOST_PIN, below); and the GPU's compute stretch beside overlapped fp32
+#      reductions (scripts/gpu_overlap_probe.sh at the GPT's shapes and DDP's 25 MiB buckets: comm_overlap.json,
+#      which whatif --profiles reads for DDP's all-reduces beside the backward);
 #   3. scripts/whatif_validate_predict.py --host-probe <that probe> -> predictions_<GPU>_probe.json, written BEFORE
 #      anything is measured (its UTC time and sha256 go to predictions_probe.log and into $OUT at once);
 #   4. the measurements (scripts/gpu_whatif_validate.py): a ~1.3B GPT (hidden 2048, 24 blocks, seq 2048),
@@ -73,14 +75,22 @@ if [ "${FRESH_PROBE:-1}" = 1 ]; then
     if [ "$ngpu" -ge 2 ]; then
       run 75 probe_dist python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_host_probe.py dist \
         --model-only "${pin[@]}" --out "$res/host_probe"
+      # The GPU's compute stretch beside overlapped fp32 reductions (DDP's all-reduces beside the backward;
+      # sim/dp_overlap.md): the validation GPT's GEMMs (hidden 2048, ffn 8192, a sequence of 2048 tokens) beside
+      # chains of DDP's 25 MiB buckets (6553600 fp32 gradients), ~10-20 s; whatif --profiles reads it.
+      run 60 probe_overlap env OUT="$res/overlap" PROBE_GPUS=2 \
+        PROBE_ARGS="--hidden 2048 --ffn 8192 --tokens 2048 --reduce-params 6553600" bash scripts/gpu_overlap_probe.sh
     fi
+    overlap=()
+    [ -s "$res/overlap/comm_overlap.json" ] && overlap=(--profiles "$res/overlap")
     if [ -f "$res/host_probe/host_probe_micro.json" ]; then
       pp="$res/predictions_${gpu}_probe.json"
       if run 60 predict_probe python3 scripts/whatif_validate_predict.py --bin build-gpu/hetplan --gpu "$gpu" \
-           --host-probe "$res/host_probe/host_probe_micro.json" --out "$pp"; then
+           --host-probe "$res/host_probe/host_probe_micro.json" "${overlap[@]}" --out "$pp"; then
         probe_pred=$pp
         { echo "written $(date -u +%Y-%m-%dT%H:%M:%SZ), before any measurement"
-          sha256sum "$pp" "$res"/host_probe/host_probe_*.json; } | tee "$res/predictions_probe.log"
+          sha256sum "$pp" "$res"/host_probe/host_probe_*.json "$res"/overlap/comm_overlap.json 2>/dev/null; } \
+          | tee "$res/predictions_probe.log"
         cp "$pp" "$res/predictions_probe.log" "$out/"
       fi
     fi
@@ -94,6 +104,7 @@ reprobe=()
 if [ -n "$probe_pred" ] && [ "${REPROBE:-1}" = 1 ]; then
   reprobe=(--reprobe-dir "$res/reprobe" --reprobe-bin build-gpu/hetplan --reprobe-gpu "$gpu"
            --reprobe-probe "$res/host_probe/host_probe_micro.json" --reprobe-log "$res/predictions_probe.log")
+  [ -s "$res/overlap/comm_overlap.json" ] && reprobe+=(--reprobe-profiles "$res/overlap")
 fi
 cases=mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1
 run 90 single "${py[@]}" train --mode single --cases $cases "${pin[@]}" --out "$res" "${reprobe[@]}"

@@ -51,6 +51,7 @@ case "\${args[0]} \${args[1]:-}" in
     printf '{"stand_in": true, "cpu_adamw_fused": {"params_per_s": 3.3333333333e9}, "cpu_cast_fp32_bf16": {"params_per_s": 1.6666666667e10}, "pinned_copy": {"h2d_bytes_per_s": 5.12e10, "d2h_bytes_per_s": 5.12e10}}\n' > "\$outdir/host_probe_offload.json"
     exit 0 ;;
   "scripts/gpu_host_probe.py dist") cp \$rec/host-probe-h200/host_probe_dist.json "\$outdir/"; exit 0 ;;
+  "scripts/gpu_overlap_probe.py --out") cp \$rec/suite34-h200x2-run3-subset/profiles/H200-gpt2-2560-10l/comm_overlap.json "\$outdir"; exit 0 ;;
   "scripts/gpu_whatif_validate.py train"|"scripts/gpu_whatif_validate.py decode")
     # The real script in its dry mode: run 2's recorded results instead of measuring, the re-probe real (its
     # host speed a stand-in: 5% slower before each case, 10% after), its predictions from build-gpu/hetplan.
@@ -86,6 +87,11 @@ echo "ok: 15 re-probed predictions, each logged with its sha256 before its case 
 grep -q 'CPU Adam [0-9.]*e9 params/s per host (probe [^)]*host_probe_offload.json' "$out"/predictions_*_probe.json \
   || { echo "FAIL: the offload prediction does not use the probe's host_probe_offload.json"; exit 1; }
 echo "ok: the offload row's CPU Adam, cast and copies from the probe's host_probe_offload.json"
+# The overlap probe's comm_overlap.json reached the DDP rows (whatif --profiles).
+grep -q "DDP's all-reduces beside the backward: its compute stretched x[0-9.]* ([^)]*comm_overlap.json" \
+  "$out"/predictions_*_probe.json \
+  || { echo "FAIL: the DDP predictions do not use the fresh comm_overlap.json"; exit 1; }
+echo "ok: the DDP rows' compute stretch from the overlap probe's comm_overlap.json"
 # Every measuring step asked for the pinned cores (scripts/host_pinning.py).
 grep -q -- "--pin" scripts/gpu_whatif_validate.sh && [ "$(grep -c -- '"\${pin\[@\]}"' scripts/gpu_whatif_validate.sh)" = 8 ] \
   || { echo "FAIL: not every probe and measuring step is pinned"; exit 1; }

@@ -507,11 +507,17 @@ void PlanCostModel::add_gradient_sync(const StageChoice& s, int index, int p, co
         const double last = s.layer_begin == 0 ? static_cast<double>(sim_->shape_.embedding_params()) / tp *
                                                           grad_bytes / std::max(trainable, 1.0)
                                                     : 0.0;
+        // The copies through the roofline at the layer time model's achieved HBM fraction (as the ZeRO pack);
+        // the compute stretch beside the chain: the run's factor, else the profiles' measurement (dp_overlap.h).
+        const double rate = achieved_bytes_per_s(hbm_bytes_per_s / 1e9, RateDefaults{}.memory_efficiency);
+        const double stretch = setup.overlap.compute_slowdown > 0 ? setup.overlap.compute_slowdown
+                                                                  : sim_->profiles_->overlap_slowdowns().reduce;
         const DdpSyncTime t = ddp_sync(
-            setup.ddp, grad_bytes, last, c->backward_ms, [&](double bytes) { return slowest_all_reduce(bytes) * 1e3; },
-            [&](double bytes) { return hbm_bytes_per_s > 0 ? 2 * bytes / hbm_bytes_per_s * 1e3 : 0.0; });
+            setup.ddp, grad_bytes, last, c->backward_ms, stretch,
+            [&](double bytes) { return slowest_all_reduce(bytes) * 1e3; },
+            [&](double bytes) { return rate > 0 ? 2 * bytes / rate * 1e3 : 0.0; });
         // The copy into the buckets runs in the last micro-batch's backward only (no_sync before it).
-        c->allreduce_ms = t.exposed_ms + t.backward_added_ms;
+        c->allreduce_ms = t.step_added_ms();
       } else {
         c->allreduce_ms = reuse->grad_ar * 1e3;
       }

@@ -103,6 +103,11 @@ double ddp_old_bucket_bytes(const DdpBuckets& d, double gradient_bytes) {
   return d.model && d.old_buckets_held_at_rebuild ? gradient_bytes : 0.0;
 }
 
+int ddp_bucket_count(const DdpBuckets& d, double gradient_bytes, double last_bytes) {
+  auto none = [](double) { return 0.0; };
+  return ddp_sync(d, gradient_bytes, last_bytes, 0, 1, none, none).buckets;
+}
+
 double old_buckets_alive_share(const DdpBuckets& d, double before_rebuild_ms, double after_rebuild_ms) {
   if (d.watchdog_period_ms <= 0) return 0.0;
   return std::clamp(1.0 - (before_rebuild_ms + after_rebuild_ms) / d.watchdog_period_ms, 0.0, 1.0);
@@ -349,7 +354,8 @@ HostStep eager_training_host(const ModelShape& m, const TrainingHostSetup& s, co
   h.forward_ms += regions * c.checkpoint_forward_us * 1e-3;
   h.backward_ms += h.recompute_ms;
   const double tensors = parameter_tensors(m);
-  if (s.wrapper == DataParallelWrapper::kDdp) h.wrapper_ms = tensors * c.ddp_param_us * 1e-3;
+  if (s.wrapper == DataParallelWrapper::kDdp)
+    h.wrapper_ms = (tensors * kDdpKernelsPerParameter * c.backward_kernel_us + s.ddp_buckets * c.forward_op_us) * 1e-3;
   if (s.wrapper == DataParallelWrapper::kFsdp2)
     h.wrapper_ms = ((L + 1) * c.fsdp2_module_us + tensors * c.fsdp2_param_us) * 1e-3;
   h.optimizer_ms = (c.adam_step_us + tensors * (c.adam_tensor_us + c.zero_grad_tensor_us)) * 1e-3;

@@ -30,8 +30,11 @@
 //    bucket; a bucket whose gradients are all ready is all-reduced at once, on
 //    the communication stream, overlapped with the rest of the backward; after
 //    the last, the reduced buckets are copied back into the .grad tensors. The
-//    step sees the copies and the part of the all-reduces that outlasts the
-//    backward (ddp_sync).
+//    step sees the copies (at the roofline's achieved HBM rate), the part of
+//    the all-reduces that outlasts the backward, and the backward's compute
+//    stretched while NCCL shares the GPU with it (ddp_sync); the host issues
+//    per parameter tensor the two copies and per bucket its all-reduce
+//    (eager_training_host).
 // Thread-safety: pure functions of their arguments.
 #pragma once
 
@@ -40,6 +43,7 @@
 #include <string>
 
 #include "base/json_util.h"
+#include "sim/dp_overlap.h"
 #include "sim/model_shape.h"
 
 namespace hetplan {
@@ -67,7 +71,10 @@ struct HostCosts {
   double backward_kernel_us = 0;      // a kernel of the backward (the engine's nodes and launches, per kernel)
   double checkpoint_forward_us = 0;   // torch.utils.checkpoint, per region in the forward (RNG state, hooks)
   double checkpoint_backward_us = 0;  // ... per region in the backward, besides its recomputed forward's ops
-  double ddp_param_us = 0;            // DistributedDataParallel, per parameter tensor (hook, bucket copies)
+  // DistributedDataParallel, per parameter tensor: the tiny probe's DDP step less its plain step, over its tensors.
+  // Diagnostic only (read, printed, not costed): a difference of two noisy tiny steps, 9 to 168 us on the same
+  // machine kind (runs 5-6); the host model prices DDP from its mechanism instead (eager_training_host).
+  double ddp_param_us = 0;
   double fsdp2_module_us = 0;         // FSDP2 (fully_shard), per sharded module and step (its four hooks)
   double fsdp2_param_us = 0;          // ... and per parameter tensor of it (copy-in/out, DTensor, its optimizer)
   // Where FSDP2's cost falls (the probe's tiny GPT, FSDP2 against none, phase by phase): the share in the forward
@@ -167,14 +174,21 @@ struct TrainingHostSetup {
   bool autocast = true;
   int checkpoint_every = 0;  // 0: no activation checkpointing; k: every k-th block checkpointed
   DataParallelWrapper wrapper = DataParallelWrapper::kNone;
+  int ddp_buckets = 0;  // kDdp: DDP's gradient buckets (ddp_bucket_count), one all-reduce issued each
 };
+// DDP's host work per parameter tensor, in kernels its Reducer launches: the gradient's copy into its bucket
+// (divided by the world size while copied) in the backward's hook, and the reduced bucket's copy back into .grad
+// at the backward's end (gradient_as_bucket_view False; the default).
+inline constexpr double kDdpKernelsPerParameter = 2;
 // The host's time to issue one micro-batch's forward and backward and the optimizer step, in ms.
 struct HostStep {
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
   double recompute_ms = 0, wrapper_ms = 0;  // (parts of the two above: the checkpoint regions', the wrapper's)
 };
 // Forward: the blocks' and ends' ops (+ the checkpoint regions' forward cost, FSDP2's pre/post-forward share);
-// backward: their kernels, the checkpointed blocks' recomputed forwards and regions, DDP per parameter tensor,
+// backward: their kernels, the checkpointed blocks' recomputed forwards and regions, DDP's Reducer (per parameter
+// tensor kDdpKernelsPerParameter kernels at backward_kernel_us, per bucket one all-reduce at forward_op_us: an op
+// through the dispatcher; no figure of the noisy DDP-minus-plain tiny step),
 // FSDP2's backward share; optimizer: AdamW(fused) over the parameter tensors, then zero_grad(set_to_none=True)
 // over them (a host loop the GPU waits on only where the step is host-bound), and FSDP2's optimizer share.
 // FSDP2 wraps each block and the root (fsdp2_module_us per module, fsdp2_param_us per tensor), split between the
@@ -212,6 +226,9 @@ struct DdpBuckets {
   bool old_at_activation_peak = true, old_at_gradient_peak = false;
 };
 
+// The buckets ddp_sync forms for `gradient_bytes`, `last_bytes` of them (the embedding's) in a bucket of their own.
+int ddp_bucket_count(const DdpBuckets& d, double gradient_bytes, double last_bytes);
+
 // DdpBuckets' phases in words: "none", "activations", "gradients" or "both" (plan files, simulate --ddp-old-buckets);
 // the parser throws InputError naming `where`.
 std::string old_buckets_phases_name(const DdpBuckets& d);
@@ -240,23 +257,32 @@ void old_buckets_phases(DdpBuckets& d, double before_rebuild_ms, double activati
 struct DdpSyncTime {
   double backward_added_ms = 0;  // copying the gradients into the buckets, on the compute stream
   double exposed_ms = 0;         // all-reduce beyond the end of the backward, then the copy back
+  double chain_ms = 0;           // the buckets' all-reduces alone, one after another (the communication stream)
+  double stretch_ms = 0;         // the backward's compute slowed beside them (NCCL's SMs and HBM traffic)
   int buckets = 0;
+  // What the step adds on the GPU: the copy in, the stretch, the exposed tail and the copy back.
+  double step_added_ms() const { return backward_added_ms + stretch_ms + exposed_ms; }
 };
 // The all-reduce of `gradient_bytes` split into DDP's buckets over a backward of `backward_ms`, the gradients
 // ready at a uniform rate over it in reverse parameter order, except `last_bytes` (the first layer's: the
 // embedding, whose gradient is complete only when the backward ends) ready at its end. `all_reduce_ms(bytes)`
 // prices one bucket; `copy_ms(bytes)` one pass over bytes of HBM (read and write). The buckets run one after
-// another on the communication stream.
+// another on the communication stream; the compute they overlap is stretched by `compute_slowdown` (the
+// measured factor of sim/dp_overlap.h, OverlapSlowdowns::reduce: the backward's compute time added per unit of
+// the collectives' time alone), over min(backward, chain): overlap_slowdown_s, as for Megatron's overlapped
+// reduction. REQUIRES: compute_slowdown >= 1.
 template <class AllReduceMs, class CopyMs>
 DdpSyncTime ddp_sync(const DdpBuckets& d, double gradient_bytes, double last_bytes, double backward_ms,
-                     AllReduceMs all_reduce_ms, CopyMs copy_ms) {
+                     double compute_slowdown, AllReduceMs all_reduce_ms, CopyMs copy_ms) {
   DdpSyncTime t;
   if (gradient_bytes <= 0) return t;
   const double cap = d.bucket_cap_mb * 1024 * 1024, first = d.first_bucket_mb * 1024 * 1024;
   const double rest = std::max(0.0, gradient_bytes - last_bytes);
   double comm_end = 0, filled = 0;
   auto bucket = [&](double bytes, double ready_ms) {
-    comm_end = std::max(comm_end, ready_ms) + all_reduce_ms(bytes);
+    const double ms = all_reduce_ms(bytes);
+    comm_end = std::max(comm_end, ready_ms) + ms;
+    t.chain_ms += ms;
     ++t.buckets;
   };
   // Buckets of the uniformly produced gradients: the first of `first` bytes, then of `cap`.
@@ -268,6 +294,7 @@ DdpSyncTime ddp_sync(const DdpBuckets& d, double gradient_bytes, double last_byt
   // its own), ready when the backward ends.
   if (last_bytes > 0) bucket(last_bytes, backward_ms);
   t.exposed_ms = std::max(0.0, comm_end - backward_ms);
+  t.stretch_ms = overlap_slowdown_s(t.chain_ms, backward_ms, compute_slowdown);
   if (!d.gradient_as_bucket_view) {
     t.backward_added_ms = copy_ms(gradient_bytes);
     t.exposed_ms += copy_ms(gradient_bytes);

@@ -10,6 +10,7 @@
 #include "base/checked.h"
 #include "base/file_access.h"
 #include "sim/inference.h"
+#include "sim/memory_model.h"
 #include "base/input_error.h"
 #include "sim/plan_file.h"
 #include "sim/roofline.h"
@@ -215,16 +216,28 @@ int accumulation_of(const WhatifInput& in) {
 }
 
 
-// The host's side of the eager step (sim/runtime_overheads.h): per micro-batch a forward and a backward phase,
-// then the optimizer; on the GPU the forward is the roofline profile's forward, the optimizer its optimizer
-// step, the backward the rest of the simulator's step (backward, recomputation, exposed communication).
-void apply_host_model(const WhatifInput& in, const WhatifRow& row, WhatifResult& r) {
+// The eager host's view of a row (sim/runtime_overheads.h, TrainingHostSetup): autocast, checkpointing, the wrapper
+// (`gpus` > 1 for DDP) and, under DDP, its buckets of the rank's gradients (the embedding's in one of its own).
+TrainingHostSetup training_host_setup(const WhatifInput& in, const WhatifRow& row, int gpus) {
   TrainingHostSetup h;
   h.autocast = row.autocast;
   h.checkpoint_every = row.setup.recompute == Recompute::kFull ? std::max(1, row.setup.recompute_every) : 0;
   h.wrapper = row.framework == "FSDP"                 ? DataParallelWrapper::kFsdp2
-              : (row.setup.ddp.model && r.gpus > 1)    ? DataParallelWrapper::kDdp
+              : (row.setup.ddp.model && gpus > 1)      ? DataParallelWrapper::kDdp
                                                        : DataParallelWrapper::kNone;
+  if (h.wrapper == DataParallelWrapper::kDdp) {
+    const double per = reduced_gradient_bytes(row.setup);
+    h.ddp_buckets = ddp_bucket_count(row.setup.ddp, static_cast<double>(in.shape.parameter_count()) * per,
+                                     static_cast<double>(in.shape.embedding_params()) * per);
+  }
+  return h;
+}
+
+// The host's side of the eager step (sim/runtime_overheads.h): per micro-batch a forward and a backward phase,
+// then the optimizer; on the GPU the forward is the roofline profile's forward, the optimizer its optimizer
+// step, the backward the rest of the simulator's step (backward, recomputation, exposed communication).
+void apply_host_model(const WhatifInput& in, const WhatifRow& row, WhatifResult& r) {
+  const TrainingHostSetup h = training_host_setup(in, row, r.gpus);
   const HostStep host = eager_training_host(in.shape, h, in.launch.host);
   const LayerTimes t = roofline_layers(in, row, in.micro_batch);
   double gpu_forward = 0;
@@ -249,7 +262,9 @@ void apply_host_model(const WhatifInput& in, const WhatifRow& row, WhatifResult&
       "host: " + fixed(r.host_ms, 1) + " ms issuing the eager step (forward " + fixed(host.forward_ms, 1) +
       ", backward " + fixed(host.backward_ms, 1) +
       (host.recompute_ms > 0 ? " incl. recompute " + fixed(host.recompute_ms, 1) : std::string()) +
-      (host.wrapper_ms > 0 ? std::string(h.wrapper == DataParallelWrapper::kDdp ? ", DDP hooks " : ", FSDP2 hooks ") +
+      (host.wrapper_ms > 0 ? (h.wrapper == DataParallelWrapper::kDdp
+                                 ? ", DDP's Reducer (" + std::to_string(h.ddp_buckets) + " buckets) "
+                                 : std::string(", FSDP2 hooks ")) +
                                  fixed(host.wrapper_ms, 1)
                            : std::string()) +
       (acc > 1 ? " per micro-batch" : "") + ", optimizer " + fixed(host.optimizer_ms, 1) +
@@ -556,6 +571,7 @@ WhatifSimulation whatif_simulation(const WhatifInput& in, const WhatifRow& row) 
   }
   std::vector<double> param_bytes;
   for (long long p : in.shape.metis_layer_params()) param_bytes.push_back(static_cast<double>(p) * 2);
+  if (in.overlap_measured) w.profiles.set_overlap_slowdowns(in.overlap);
   w.profiles.finalize("whatif roofline", roofline_layers(in, row, 1).optimizer_ms, 0.0, std::move(param_bytes));
 
   w.options.schedule = Schedule::k1F1B;
@@ -591,11 +607,7 @@ WhatifRow with_old_bucket_phases(const WhatifInput& in, const WhatifRow& row, st
   for (double x : t.total) gpu_total += x;
   double before = t.optimizer_ms, at_activations = gpu_forward, at_gradients = gpu_total;
   if (in.launch.runtime == LaunchRuntime::kEager) {
-    TrainingHostSetup h;
-    h.autocast = row.autocast;
-    h.checkpoint_every = row.setup.recompute == Recompute::kFull ? std::max(1, row.setup.recompute_every) : 0;
-    h.wrapper = DataParallelWrapper::kDdp;
-    const HostStep host = eager_training_host(in.shape, h, in.launch.host);
+    const HostStep host = eager_training_host(in.shape, training_host_setup(in, row, row_gpus(in, row)), in.launch.host);
     before = std::max(before, host.optimizer_ms);
     at_activations = host.forward_ms;
     at_gradients = host.forward_ms + host.backward_ms;
@@ -630,6 +642,14 @@ WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
   std::string old_buckets;
   const WhatifSimulation w = whatif_simulation(in, with_old_bucket_phases(in, row, old_buckets));
   if (!old_buckets.empty()) r.assumptions.push_back(old_buckets);
+  if (row.setup.ddp.model && r.gpus > 1) {
+    const bool forced = row.setup.overlap.compute_slowdown > 0;
+    const double f = forced ? row.setup.overlap.compute_slowdown : in.overlap.reduce;
+    r.assumptions.push_back("DDP's all-reduces beside the backward: its compute stretched x" + fixed(f, 3) + " (" +
+                            (forced ? std::string("--comm-slowdown") : in.overlap_source) +
+                            ") over their time alone; the copies into and out of the buckets at the roofline's "
+                            "achieved HBM rate");
+  }
   const PlanSimulator simulator(w.cluster, w.profiles, in.shape, in.seq, w.options);
   const PlanSimulation sim = simulator.simulate(w.plan, w.gbs);
   r.gpu_ms = sim.timeline.iteration_ms;

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "sim/cluster.h"
+#include "sim/dp_overlap.h"
 #include "sim/gpu_specs.h"
 #include "base/json_util.h"
 #include "sim/memory_model.h"
@@ -127,6 +128,11 @@ struct WhatifInput {
   double memory_efficiency = 0.75; // achieved fraction of HBM bandwidth on elementwise kernels
   LaunchModel launch;              // eager (default) or CUDA graphs, and the per-kernel floors
   WhatifCalibration calibration;
+  // The compute stretch beside overlapped collectives (sim/dp_overlap.h): a profile folder's comm_overlap.json,
+  // else the defaults; a row's setup.overlap.compute_slowdown (--comm-slowdown) overrides it.
+  OverlapSlowdowns overlap;
+  bool overlap_measured = false;  // overlap read from a comm_overlap.json
+  std::string overlap_source = "default (sim/dp_overlap.h)";
 };
 
 // One row: a training setup and how it runs. Rows are data (standard_whatif_rows gives the usual set).
