@@ -373,6 +373,17 @@ def train(args):
         with torch.device(dev):
             model = gpt_model(ckpt)
         params = sum(p.numel() for p in model.parameters())
+        # Diagnosis only (a host-side read of the allocator's counter, no sync): the bytes allocated when the host
+        # enters the first block of each step's forward -- after DDP's pre-forward, where it rebuilds its buckets
+        # in the second step -- and when the forward and the backward have been issued: whether DDP's old buckets
+        # are still allocated at each (sim/runtime_overheads.md, DDP).
+        at_first_block = []
+
+        def first_block_mark(mod, a):
+            if len(at_first_block) == len(step_peaks):  # once a step: not the checkpointed block's recompute
+                at_first_block.append(torch.cuda.memory_allocated())
+        mark_hook = model.blocks[0].register_forward_pre_hook(first_block_mark)
+        after_forward, after_backward = [], []
         autocast = True
         if args.mode == "offload":
             model = model.to(dtype=torch.bfloat16)
@@ -412,7 +423,9 @@ def train(args):
                     loss = model(ids, tgt)
             else:
                 loss = model(ids, tgt)
+            after_forward.append(torch.cuda.memory_allocated())
             loss.backward()
+            after_backward.append(torch.cuda.memory_allocated())
             try:
                 opt.step()
             except (RuntimeError, NotImplementedError) as e:  # fused AdamW unsupported here (DTensor, ...)
@@ -441,6 +454,10 @@ def train(args):
                "host_issue_ms": statistics.median(issue), "host_issue_ms_all": issue,
                "peak_allocated_bytes": max(step_peaks),
                "peak_allocated_bytes_per_step": step_peaks,
+               # host-time reads (no sync): entering the first block, the forward issued, the backward issued
+               "allocated_bytes_at_first_block_per_step": at_first_block,
+               "allocated_bytes_after_forward_per_step": after_forward,
+               "allocated_bytes_after_backward_per_step": after_backward,
                "peak_reserved_bytes": max(step_reserved),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__, "measure_start_utc": measure_start}
         res["optimizer"] = opt.opt_kind if args.mode == "offload" else opt_kind
@@ -451,6 +468,7 @@ def train(args):
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
                   f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
             results.append(res)
+        mark_hook.remove()
         del model, opt, loss, ids, tgt
         release_previous_case(torch)
         if rp:

@@ -697,9 +697,25 @@ TEST_CASE("host model: checkpointing adds recomputed forwards, DDP per parameter
   CHECK(eager_training_host(m, s, c).recompute_ms == Approx(ckpt.recompute_ms / 2).epsilon(1e-12));
   s.checkpoint_every = 0;
   s.wrapper = DataParallelWrapper::kDdp;
+  // DDP's Reducer from its mechanism: per parameter tensor its two copies (into the bucket, back into .grad), each
+  // a kernel at the backward's per-kernel cost; per bucket one all-reduce issued, an op at forward_op_us. The
+  // validation GPT's fp32 gradients (1 313 839 104 parameters, the embedding's 107 225 088 in a bucket of their
+  // own): 1 MiB, then ceil((4 826 456 064 - 1 MiB) / 25 MiB) = 185 of 25 MiB, then the embedding's: 187.
+  DdpBuckets buckets;
+  const double fp32 = 4;
+  CHECK(m.parameter_count() == 1313839104LL);
+  CHECK(m.embedding_params() == 107225088LL);
+  s.ddp_buckets = ddp_bucket_count(buckets, m.parameter_count() * fp32, m.embedding_params() * fp32);
+  CHECK(s.ddp_buckets == 187);
   const HostStep ddp = eager_training_host(m, s, c);
-  CHECK(ddp.wrapper_ms == Approx(292 * c.ddp_param_us * 1e-3).epsilon(1e-12));
+  CHECK(ddp.wrapper_ms ==
+        Approx((292 * 2 * c.backward_kernel_us + 187 * c.forward_op_us) * 1e-3).epsilon(1e-12));
   CHECK(ddp.backward_ms - plain.backward_ms == Approx(ddp.wrapper_ms).epsilon(1e-12));
+  // Not the tiny probe's DDP-minus-plain step (ddp_param_us: 9 to 168 us per tensor on one machine kind).
+  HostCosts noisy = c;
+  noisy.ddp_param_us *= 10;
+  CHECK(eager_training_host(m, s, noisy).wrapper_ms == Approx(ddp.wrapper_ms).epsilon(1e-12));
+  s.ddp_buckets = 0;
   s.wrapper = DataParallelWrapper::kFsdp2;
   const HostStep fsdp = eager_training_host(m, s, c);
   CHECK(fsdp.wrapper_ms == Approx((25 * c.fsdp2_module_us + 292 * c.fsdp2_param_us) * 1e-3).epsilon(1e-12));
@@ -708,6 +724,47 @@ TEST_CASE("host model: checkpointing adds recomputed forwards, DDP per parameter
   CHECK(fsdp.optimizer_ms - plain.optimizer_ms == Approx(fsdp.wrapper_ms * c.fsdp2_optimizer_share).epsilon(1e-12));
   CHECK(fsdp.backward_ms - plain.backward_ms ==
         Approx(fsdp.wrapper_ms * (1 - c.fsdp2_forward_share - c.fsdp2_optimizer_share)).epsilon(1e-12));
+}
+
+TEST_CASE("DDP's all-reduces stretch the backward they overlap by the measured reduce factor", "[whatif][runtime]") {
+  // whatif's DDP row: the bucket chain (187 all-reduces of the validation GPT's fp32 gradients) beside the backward
+  // slows its compute by (f - 1) x min(backward, chain) (sim/dp_overlap.h). A comm_overlap.json's reduce factor
+  // (WhatifInput::overlap, whatif --profiles) or --comm-slowdown (the row's setup) sets f; one GPU has no chain.
+  WhatifInput in;
+  in.shape = validation_gpt();
+  in.seq = 2048;
+  in.gpu = find_gpu_spec("H100");
+  in.gpus = 2;
+  in.gpus_per_node = 2;
+  in.micro_batch = 4;
+  in.launch.runtime = LaunchRuntime::kGraphs;  // the GPU's step alone
+  TrainingSetup base;
+  WhatifRow ddp_row, single_row;
+  for (const auto& r : standard_whatif_rows(base, 16, kTargetQ | kTargetV, 2)) {
+    if (r.name == "DDP") ddp_row = r;
+    if (r.name == "single GPU") single_row = r;
+  }
+  REQUIRE(ddp_row.setup.ddp.model);
+  REQUIRE(single_row.name == "single GPU");
+  const WhatifResult deflt = cost_whatif_row(in, ddp_row);  // kCommComputeSlowdown
+  const double single = cost_whatif_row(in, single_row).gpu_ms;
+  in.overlap.reduce = kCommComputeSlowdown + 0.5;
+  in.overlap_measured = true;
+  const WhatifResult measured = cost_whatif_row(in, ddp_row);
+  const double stretch = measured.gpu_ms - deflt.gpu_ms;
+  // The chain alone: 0.5 ms of stretch per ms of it, so it is 2 x stretch, under the backward (hidden), and the
+  // same chain at any f: 1.5 more gives 3 x stretch.
+  CHECK(stretch > 1);
+  in.overlap.reduce = kCommComputeSlowdown + 2;
+  CHECK(cost_whatif_row(in, ddp_row).gpu_ms - deflt.gpu_ms == Approx(4 * stretch).epsilon(1e-9));
+  CHECK(cost_whatif_row(in, single_row).gpu_ms == Approx(single).epsilon(1e-12));
+  // --comm-slowdown (the row's setup) over the measured file.
+  ddp_row.setup.overlap.compute_slowdown = kCommComputeSlowdown + 0.5;
+  const WhatifResult flag = cost_whatif_row(in, ddp_row);
+  CHECK(flag.gpu_ms == Approx(measured.gpu_ms).epsilon(1e-12));
+  bool named = false;
+  for (const auto& a : flag.assumptions) named |= a.find("stretched x1.535 (--comm-slowdown)") != std::string::npos;
+  CHECK(named);
 }
 
 TEST_CASE("host model: FSDP2's optimizer share is charged once per step, its hooks once per micro-batch",
@@ -883,7 +940,7 @@ TEST_CASE("DDP buckets: a second copy of the gradients, all-reduces overlapped w
   const double MiB = 1024.0 * 1024;
   auto ar = [&](double bytes) { return bytes / MiB; };
   auto copy = [&](double bytes) { return bytes / MiB * 0.01; };
-  const DdpSyncTime t = ddp_sync(d, 100 * MiB, 20 * MiB, 10, ar, copy);
+  const DdpSyncTime t = ddp_sync(d, 100 * MiB, 20 * MiB, 10, 1.0, ar, copy);
   CHECK(t.buckets == 6);
   // The comm stream: 1 MiB ready at 0.1 ms (done 1.1), 25 MiB ready at 2.6 ms (done 27.6), then back to back:
   // 52.6, 77.6, 81.6, and the embedding's 20 MiB at 101.6 ms, 91.6 ms after the backward; then the copy back.
@@ -891,7 +948,16 @@ TEST_CASE("DDP buckets: a second copy of the gradients, all-reduces overlapped w
   CHECK(t.backward_added_ms == Approx(1).epsilon(1e-12));
   // A fast link: only the last bucket (the embedding's) shows.
   auto fast = [&](double bytes) { return bytes / MiB * 0.01; };
-  CHECK(ddp_sync(d, 100 * MiB, 20 * MiB, 10, fast, copy).exposed_ms == Approx(0.2 + 1).epsilon(1e-9));
+  CHECK(ddp_sync(d, 100 * MiB, 20 * MiB, 10, 1.0, fast, copy).exposed_ms == Approx(0.2 + 1).epsilon(1e-9));
+  // The backward's compute beside the chain (NCCL's SMs and HBM traffic), at a measured factor 1.3 (sim/dp_overlap.h):
+  // (1.3 - 1) x min(backward, chain alone). The slow link's chain (100 ms alone) outlasts the 10 ms backward: 3 ms;
+  // the fast link's (1 ms) lies inside it: 0.3 ms. Both add to what the step pays: copy in, stretch, tail, copy back.
+  CHECK(t.chain_ms == Approx(100).epsilon(1e-12));
+  CHECK(t.stretch_ms == 0.0);
+  const DdpSyncTime slow = ddp_sync(d, 100 * MiB, 20 * MiB, 10, 1.3, ar, copy);
+  CHECK(slow.stretch_ms == Approx(3).epsilon(1e-12));
+  CHECK(slow.step_added_ms() == Approx(1 + 3 + (101.6 - 10 + 1)).epsilon(1e-12));
+  CHECK(ddp_sync(d, 100 * MiB, 20 * MiB, 10, 1.3, fast, copy).stretch_ms == Approx(0.3).epsilon(1e-9));
 }
 
 TEST_CASE("DDP's old buckets: held from the rebuild until the watchdog's poll, counted at the peaks they reach",
