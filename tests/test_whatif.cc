@@ -699,12 +699,12 @@ TEST_CASE("host model: checkpointing adds recomputed forwards, DDP per parameter
   s.wrapper = DataParallelWrapper::kDdp;
   // DDP's Reducer from its mechanism: per parameter tensor its two copies (into the bucket, back into .grad), each
   // a kernel at the backward's per-kernel cost; per bucket one all-reduce issued, an op at forward_op_us. The
-  // validation GPT's fp32 gradients (1 313 839 104 parameters, the embedding's 107 225 088 in a bucket of their
-  // own): 1 MiB, then ceil((4 826 456 064 - 1 MiB) / 25 MiB) = 185 of 25 MiB, then the embedding's: 187.
+  // validation GPT's fp32 gradients (1 315 819 520 parameters, the embedding's 107 216 896 in a bucket of their
+  // own): 1 MiB, then ceil((4 834 410 496 - 1 MiB) / 25 MiB) = 185 of 25 MiB, then the embedding's: 187.
   DdpBuckets buckets;
   const double fp32 = 4;
-  CHECK(m.parameter_count() == 1313839104LL);
-  CHECK(m.embedding_params() == 107225088LL);
+  CHECK(m.parameter_count() == 1315819520LL);
+  CHECK(m.embedding_params() == 107216896LL);
   s.ddp_buckets = ddp_bucket_count(buckets, m.parameter_count() * fp32, m.embedding_params() * fp32);
   CHECK(s.ddp_buckets == 187);
   const HostStep ddp = eager_training_host(m, s, c);
