@@ -145,6 +145,9 @@ class OffloadAdam:
         self.bucket = torch.empty(min(bucket_elems, n), dtype=torch.bfloat16, device="cuda")
         self.bucket_elems = self.bucket.numel()
         self.fill, self.pending = 0, []  # (bucket offset, host offset, numel)
+        # Diagnosis only (host clocks around what the step does anyway; no synchronisation added): the host's
+        # waits for the gradient copies during the backward, and the step's phases (offload_phases_ms).
+        self.wait_in_backward_ms, self.last_phases = 0.0, {}
         self.bf16_host = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._hook)
@@ -154,7 +157,9 @@ class OffloadAdam:
             # non_blocking cross-device copy with a dtype change: converted on the GPU (ATen Copy.cu).
             self.grad[h_off:h_off + numel].copy_(self.bucket[b_off:b_off + numel], non_blocking=True)
         self.pending, self.fill = [], 0
+        t0 = time.perf_counter()
         self.torch.cuda.current_stream().synchronize()  # the bucket is reused
+        self.wait_in_backward_ms += (time.perf_counter() - t0) * 1e3
 
     def _hook(self, p):
         numel = p.numel()
@@ -163,7 +168,9 @@ class OffloadAdam:
         g = p.grad.detach().view(-1)
         if numel > self.bucket_elems:  # larger than a bucket: straight from the gradient
             self.grad[self.offsets[p]:self.offsets[p] + numel].copy_(g, non_blocking=True)
+            t0 = time.perf_counter()
             self.torch.cuda.current_stream().synchronize()
+            self.wait_in_backward_ms += (time.perf_counter() - t0) * 1e3
         else:
             self.bucket[self.fill:self.fill + numel].copy_(g)
             self.pending.append((self.fill, self.offsets[p], numel))
@@ -171,18 +178,28 @@ class OffloadAdam:
         p.grad = None
 
     def step(self):
-        self._flush()
+        in_backward = self.wait_in_backward_ms
+        t0 = time.perf_counter()
+        self._flush()  # the last bucket: the host waits for the backward's end and this bucket's copy
+        t1 = time.perf_counter()
         try:
             self.opt.step()
         except RuntimeError:  # a torch without the fused CPU kernel for this case
             self.opt = self.torch.optim.AdamW([self.master_p], lr=1e-4, weight_decay=0.0, foreach=True)
             self.opt_kind = "AdamW(foreach=True) on CPU"
             self.opt.step()
+        t2 = time.perf_counter()
         self.bf16_host.copy_(self.master)  # the cast on the host
+        t3 = time.perf_counter()
         with self.torch.no_grad():  # the updated 16-bit weights back, parameter by parameter (no GPU temporary)
             for p in self.params:
                 o = self.offsets[p]
                 p.copy_(self.bf16_host[o:o + p.numel()].view_as(p), non_blocking=True)
+        t4 = time.perf_counter()
+        self.last_phases = {"wait_in_backward_ms": in_backward, "last_flush_ms": (t1 - t0) * 1e3,
+                            "cpu_adam_ms": (t2 - t1) * 1e3, "cpu_cast_ms": (t3 - t2) * 1e3,
+                            "h2d_issue_ms": (t4 - t3) * 1e3}
+        self.wait_in_backward_ms = 0.0
 
 
 # ------------------------------------------------------------------ the host's speed, re-probed around each case
@@ -381,7 +398,7 @@ def train(args):
         n = GPT["seq"]
         ids = torch.randint(GPT["vocab"], (mb, n), device=dev)
         tgt = torch.randint(GPT["vocab"], (mb, n), device=dev)
-        times, issue, step_peaks, step_reserved = [], [], [], []
+        times, issue, step_peaks, step_reserved, phases = [], [], [], [], []
         opt_kind = "AdamW(fused=True)"
         steps = args.warmup + args.iters
         torch.cuda.synchronize()
@@ -415,6 +432,8 @@ def train(args):
             if step >= args.warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
                 issue.append((t_issued - t0) * 1e3)
+                if args.mode == "offload":  # the host-to-device copies still running after the host issued them
+                    phases.append(dict(opt.last_phases, h2d_after_issue_ms=times[-1] - issue[-1]))
             # Diagnosis only (outside the timed span): this step's allocator peak, then a fresh window; the run's
             # peak, which the summary compares, is the largest of them (the same figure as one window over the run).
             step_peaks.append(torch.cuda.max_memory_allocated())
@@ -433,6 +452,9 @@ def train(args):
         res["host_pin"] = PINNED
         if args.mode == "offload":
             res["cpu_threads"] = torch.get_num_threads()
+            # Diagnosis only: the median of each phase over the timed steps (host clocks, OffloadAdam.step).
+            res["offload_phases_ms"] = {k: statistics.median(ph[k] for ph in phases) for k in phases[0]}
+            res["offload_phases_ms_all"] = phases
         if rank == 0:
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
                   f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
@@ -616,6 +638,58 @@ def hf_llama_decoder(torch, F, dev, s, T):
     return step, forward
 
 
+def kernel_class(name):
+    """The decode model's kernel classes (sim/inference.h): the streamed GEMVs/GEMMs, attention, the rest."""
+    n = name.lower()
+    if "gemv" in n or "gemm" in n or "nvjet" in n or "cutlass" in n or "sm90_xmma" in n:
+        return "gemv"
+    if "attention" in n or "fmha" in n or "flash" in n or "sdpa" in n:
+        return "attention"
+    return "small"
+
+
+def graph_kernel_breakdown(torch, graph, tokens):
+    """Diagnosis only (outside the timed span): one profiled pass of `tokens` graph replays (torch.profiler;
+    CUPTI reports a replayed graph's kernels one by one). Per token: the kernels' count and summed GPU time by
+    class, and the wall time the kernels leave idle between them (wall - summed kernel time), so that a
+    mismatch of the decode model can be placed: bytes over bandwidth (gemv), attention, the small kernels'
+    floor, or the gaps."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(tokens):
+                graph.replay()
+            torch.cuda.synchronize()
+            wall_us = (time.perf_counter() - t0) * 1e6
+        out = {"tokens": tokens, "wall_us_per_token": wall_us / tokens, "classes": {}}
+        total = 0.0
+        names = {}
+        for e in prof.events():
+            if not str(getattr(e, "device_type", "")).endswith("CUDA"):
+                continue
+            us = e.time_range.elapsed_us()  # a kernel's own span on the GPU
+            if us <= 0:
+                continue
+            c = kernel_class(e.name)
+            d = out["classes"].setdefault(c, {"kernels": 0, "us": 0.0})
+            d["kernels"] += 1
+            d["us"] += us
+            total += us
+            k = e.name[:60]
+            names[k] = names.get(k, 0.0) + us
+        for d in out["classes"].values():
+            d["kernels"] /= tokens
+            d["us"] /= tokens
+        out["kernel_us_per_token"] = total / tokens
+        out["idle_us_per_token"] = out["wall_us_per_token"] - out["kernel_us_per_token"]
+        out["top_kernels_us_per_token"] = {k: v / tokens for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:12]}
+        return out
+    except Exception as e:  # a diagnosis must never cost the measurement
+        return {"error": repr(e)[:300]}
+
+
 def decode(args):
     if DRYRUN:
         return dry_run(args, "decode.json", [f"decode-{r}" for r in args.runtimes.split(",")])
@@ -677,6 +751,10 @@ def decode(args):
                "ms_per_token_all": per_token, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
                "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "device": torch.cuda.get_device_name(),
                "torch": torch.__version__, "measure_start_utc": measure_start, "host_pin": PINNED}
+        if runtime == "graphs":  # diagnosis only, after the timing: what one replay's kernels take, by class
+            pos.fill_(P)  # the cache positions again from the prompt's end (replays past P + O would overrun it)
+            tok.fill_(1)
+            res["graph_kernels"] = graph_kernel_breakdown(torch, graph, 8)
         print(f"decode {runtime}: {res['ms_per_token']:.3f} ms/token, peak allocated "
               f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
         if rp:
@@ -770,6 +848,18 @@ def summary(args):
         for m in diag:
             peaks = " ".join(f"{b / 2**30:.2f}" for b in m.get("peak_allocated_bytes_per_step", []))
             lines.append(f"| {m['mode']}-{m['case']} | {m['host_issue_ms']:.1f} | {m['step_ms']:.1f} | {peaks} |")
+    # Diagnosis: the graph-replayed decode step's kernels by class (decode(): graph_kernel_breakdown).
+    for m in meas:
+        gk = m.get("graph_kernels")
+        if gk and "classes" in gk:
+            lines.append(f"\nDecode graph kernels per token: wall {gk['wall_us_per_token']:.0f} us, kernels "
+                         f"{gk['kernel_us_per_token']:.0f} us, idle {gk['idle_us_per_token']:.0f} us; " +
+                         ", ".join(f"{c} {d['kernels']:.0f} kernels {d['us']:.0f} us" for c, d in gk["classes"].items()))
+    # Diagnosis: ZeRO-Offload's step phase by phase (OffloadAdam.step's host clocks, medians of the timed steps).
+    for m in meas:
+        if "offload_phases_ms" in m:
+            lines.append(f"\nOffload phases {m['mode']}-{m['case']} (ms, median): " +
+                         ", ".join(f"{k} {v:.1f}" for k, v in m["offload_phases_ms"].items()))
     open(args.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
