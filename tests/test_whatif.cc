@@ -217,14 +217,23 @@ TEST_CASE("DeepSpeed buffers and offload time follow the stated rules", "[whatif
   s.zero_stage = 2;
   s.offload_optimizer = true;
   // 8e9 trainable over dp 4: 2e9 per rank. d2h of fp32 gradients (DeepSpeed's fp32 host buffer):
-  // 2e9 x 4 B / 20 GB/s = 400 ms, 100 ms beyond a 300 ms backward; CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s;
+  // 2e9 x 4 B / 20 GB/s = 400 ms; CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s;
   // the fp32 -> bf16 cast on the host 2e9 / (8e9 / 4) = 1 s; the updated partition back: 2e9 x 2 B / 10 GB/s = 400 ms.
+  // ZeRO-2 without overlap_comm (its default): the copies are on the compute stream, all 400 ms exposed
+  // whatever the backward's length.
   OffloadTime t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
-  CHECK(t.backward_exposed_ms == Approx(100).epsilon(1e-12));
+  CHECK(t.backward_exposed_ms == Approx(400).epsilon(1e-12));
   CHECK(t.forward_exposed_ms == 0);
   CHECK(t.step_ms == Approx(2000 + 1000 + 400).epsilon(1e-12));
-  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);  // hidden by a longer backward
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);
+  CHECK(t.backward_exposed_ms == Approx(400).epsilon(1e-12));
+  // overlap_comm on: the reduction stream copies during the backward, 100 ms beyond a 300 ms backward ...
+  s.deepspeed.overlap_comm = 1;
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
+  CHECK(t.backward_exposed_ms == Approx(100).epsilon(1e-12));
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);  // ... and hidden by a longer backward
   CHECK(t.backward_exposed_ms == 0);
+  s.deepspeed.overlap_comm = -1;
   s.precision = Precision::kFp32;  // fp32 weights: no cast; the copy back moves 4 B per element
   t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);
   CHECK(t.step_ms == Approx(2000 + 800).epsilon(1e-12));
