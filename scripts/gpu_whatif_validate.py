@@ -459,6 +459,16 @@ def train(args):
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
                   f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
             results.append(res)
+            os.makedirs(args.out, exist_ok=True)  # written now too: the diagnosis below must never cost a figure
+            json.dump(results, open(os.path.join(args.out, f"train_{args.mode}.json"), "w"), indent=1)
+        if args.mode == "single":  # diagnosis only, after the timed steps and their file: one more step's kernels
+            def one_step():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = model(ids, tgt)
+                out.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            res["gpu_kernels"] = gpu_kernel_profile(torch, one_step, 1)
         del model, opt, loss
         torch.cuda.synchronize()
         if rp:
@@ -639,52 +649,52 @@ def hf_llama_decoder(torch, F, dev, s, T):
 
 
 def kernel_class(name):
-    """The decode model's kernel classes (sim/inference.h): the streamed GEMVs/GEMMs, attention, the rest."""
+    """Kernel classes as whatif costs them: GEMMs/GEMVs (FLOP- or bytes-bound), attention, the fused optimizer's
+    multi-tensor kernels, copies/memsets, and the rest (elementwise, norms, reductions)."""
     n = name.lower()
-    if "gemv" in n or "gemm" in n or "nvjet" in n or "cutlass" in n or "sm90_xmma" in n:
-        return "gemv"
+    if "gemv" in n or "gemm" in n or "nvjet" in n or "cutlass" in n or "xmma" in n:
+        return "gemm"
     if "attention" in n or "fmha" in n or "flash" in n or "sdpa" in n:
         return "attention"
-    return "small"
+    if "multi_tensor" in n or "fused_adam" in n or "fusedadam" in n:
+        return "optimizer"
+    if "memcpy" in n or "memset" in n:
+        return "copy"
+    return "other"
 
 
-def graph_kernel_breakdown(torch, graph, tokens):
-    """Diagnosis only (outside the timed span): one profiled pass of `tokens` graph replays (torch.profiler;
-    CUPTI reports a replayed graph's kernels one by one). Per token: the kernels' count and summed GPU time by
-    class, and the wall time the kernels leave idle between them (wall - summed kernel time), so that a
-    mismatch of the decode model can be placed: bytes over bandwidth (gemv), attention, the small kernels'
-    floor, or the gaps."""
+def gpu_kernel_profile(torch, fn, units):
+    """Diagnosis only (outside every timed span): fn() once under torch.profiler (CUDA activity only; CUPTI
+    reports a replayed graph's kernels one by one), per unit (a token, a step): the kernels' count and GPU time by
+    class, their summed time, and the wall time (the profiler slows the host a little, so wall - kernels, the
+    GPU's idle time, is an upper bound). Tells whether a step is GPU-bound (kernels ~ wall) or waits on the host."""
     try:
         from torch.profiler import ProfilerActivity, profile
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            for _ in range(tokens):
-                graph.replay()
+            fn()
             torch.cuda.synchronize()
             wall_us = (time.perf_counter() - t0) * 1e6
-        out = {"tokens": tokens, "wall_us_per_token": wall_us / tokens, "classes": {}}
-        total = 0.0
-        names = {}
+        out = {"units": units, "wall_us": wall_us / units, "classes": {}}
+        total, names = 0.0, {}
         for e in prof.events():
             if not str(getattr(e, "device_type", "")).endswith("CUDA"):
                 continue
             us = e.time_range.elapsed_us()  # a kernel's own span on the GPU
             if us <= 0:
                 continue
-            c = kernel_class(e.name)
-            d = out["classes"].setdefault(c, {"kernels": 0, "us": 0.0})
+            d = out["classes"].setdefault(kernel_class(e.name), {"kernels": 0, "us": 0.0})
             d["kernels"] += 1
             d["us"] += us
             total += us
-            k = e.name[:60]
-            names[k] = names.get(k, 0.0) + us
+            names[e.name[:60]] = names.get(e.name[:60], 0.0) + us
         for d in out["classes"].values():
-            d["kernels"] /= tokens
-            d["us"] /= tokens
-        out["kernel_us_per_token"] = total / tokens
-        out["idle_us_per_token"] = out["wall_us_per_token"] - out["kernel_us_per_token"]
-        out["top_kernels_us_per_token"] = {k: v / tokens for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:12]}
+            d["kernels"] /= units
+            d["us"] /= units
+        out["kernel_us"] = total / units
+        out["idle_us"] = out["wall_us"] - out["kernel_us"]
+        out["top_kernels_us"] = {k: v / units for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:12]}
         return out
     except Exception as e:  # a diagnosis must never cost the measurement
         return {"error": repr(e)[:300]}
@@ -751,10 +761,6 @@ def decode(args):
                "ms_per_token_all": per_token, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
                "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "device": torch.cuda.get_device_name(),
                "torch": torch.__version__, "measure_start_utc": measure_start, "host_pin": PINNED}
-        if runtime == "graphs":  # diagnosis only, after the timing: what one replay's kernels take, by class
-            pos.fill_(P)  # the cache positions again from the prompt's end (replays past P + O would overrun it)
-            tok.fill_(1)
-            res["graph_kernels"] = graph_kernel_breakdown(torch, graph, 8)
         print(f"decode {runtime}: {res['ms_per_token']:.3f} ms/token, peak allocated "
               f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
         if rp:
@@ -762,6 +768,19 @@ def decode(args):
         results.append(res)
     os.makedirs(args.out, exist_ok=True)
     json.dump(results, open(os.path.join(args.out, "decode.json"), "w"), indent=1)
+    if graph is not None:  # diagnosis only, after the figures are written: what a replay's kernels take, by class
+        pos.fill_(P)  # the cache positions again from the prompt's end (replays past P + O would overrun it)
+        tok.fill_(1)
+
+        def replays(n=8):
+            for _ in range(n):
+                graph.replay()
+        with torch.no_grad():
+            prof = gpu_kernel_profile(torch, replays, 8)
+        for res in results:
+            if res["runtime"] == "graphs":
+                res["gpu_kernels"] = prof
+        json.dump(results, open(os.path.join(args.out, "decode.json"), "w"), indent=1)
 
 
 # ------------------------------------------------------------------ summary
@@ -848,13 +867,15 @@ def summary(args):
         for m in diag:
             peaks = " ".join(f"{b / 2**30:.2f}" for b in m.get("peak_allocated_bytes_per_step", []))
             lines.append(f"| {m['mode']}-{m['case']} | {m['host_issue_ms']:.1f} | {m['step_ms']:.1f} | {peaks} |")
-    # Diagnosis: the graph-replayed decode step's kernels by class (decode(): graph_kernel_breakdown).
+    # Diagnosis: a profiled step's (decode: token's) kernels by class (gpu_kernel_profile), against its wall time.
     for m in meas:
-        gk = m.get("graph_kernels")
+        gk = m.get("gpu_kernels")
         if gk and "classes" in gk:
-            lines.append(f"\nDecode graph kernels per token: wall {gk['wall_us_per_token']:.0f} us, kernels "
-                         f"{gk['kernel_us_per_token']:.0f} us, idle {gk['idle_us_per_token']:.0f} us; " +
-                         ", ".join(f"{c} {d['kernels']:.0f} kernels {d['us']:.0f} us" for c, d in gk["classes"].items()))
+            key = f"decode-{m['runtime']}" if "runtime" in m else f"{m['mode']}-{m['case']}"
+            lines.append(f"\nGPU kernels {key}, per {'token' if 'runtime' in m else 'step'} (one profiled pass after "
+                         f"the timing): wall {gk['wall_us'] / 1e3:.2f} ms, kernels {gk['kernel_us'] / 1e3:.2f} ms, "
+                         f"GPU idle {gk['idle_us'] / 1e3:.2f} ms; " +
+                         ", ".join(f"{c} {d['kernels']:.0f} kernels {d['us'] / 1e3:.2f} ms" for c, d in gk["classes"].items()))
     # Diagnosis: ZeRO-Offload's step phase by phase (OffloadAdam.step's host clocks, medians of the timed steps).
     for m in meas:
         if "offload_phases_ms" in m:
