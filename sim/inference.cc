@@ -106,7 +106,9 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
   // Every kernel pays the floor, the streamed GEMVs too: the floor is what a kernel costs beyond its bytes
   // (the replayed graph's gap before it, its blocks' ramp and drain), and the streamed bytes above are at the
   // steady streaming rate (a calibration's GEMV efficiency is measured net of these floors).
-  step_s += kernels * s.launch.graph_kernel_us * 1e-6;
+  const double streamed_kernels = m.block_linears().size() * L + 1;  // the projections' GEMVs, the LM head
+  const double floored = s.streamed_kernels_pay_floor ? kernels : std::max(0.0, kernels - streamed_kernels);
+  step_s += floored * s.launch.graph_kernel_us * 1e-6;
   if (s.launch.runtime == LaunchRuntime::kEager) {
     // The host issues every op of the step from Python (autograd off) and runs ahead of the GPU: the step is
     // max(the GPU's, the host's). A calibration's kernel count replaces the itemised kernels per layer.

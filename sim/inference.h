@@ -83,6 +83,9 @@ struct InferenceSetup {
   bool static_kv_cache = false;
   double attention_hbm_efficiency = 0;  // 0: hbm_efficiency
   double int4_row_params_per_s = 0; // 0: no per-row dequantisation cost (int4 formats only)
+  // Whether the streamed GEMV kernels (and the LM head) pay the per-kernel floor beside their bytes; false
+  // only where hbm_efficiency was measured with their floor inside it (an older calibration).
+  bool streamed_kernels_pay_floor = true;
   std::vector<std::string> assumptions;
 };
 

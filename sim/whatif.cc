@@ -318,6 +318,7 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
     };
     flag("kv_repeat_materialised", &c.kv_repeat_materialised);
     flag("static_kv_cache", &c.static_kv_cache);
+    flag("decode_hbm_efficiency_net_of_floor", &c.decode_hbm_efficiency_net_of_floor);
   }
   return c;
 }

@@ -275,6 +275,12 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
   s.kernels_per_layer = 30;
   CHECK(cost_inference(m, g, s).decode_ms_per_token ==
         Approx(base.decode_ms_per_token + 30 * L * 2.5e-3).epsilon(1e-12));
+  // An older calibration's GEMV efficiency holds the GEMVs' floor: they are not charged it again.
+  s.launch.graph_kernel_us = 2.5;
+  s.streamed_kernels_pay_floor = false;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token ==
+        Approx(base.decode_ms_per_token + (30 * L - (7 * L + 1)) * 2.5e-3).epsilon(1e-12));
+  s.streamed_kernels_pay_floor = true;
   s.launch.graph_kernel_us = 0;
   // Static cache: the whole allocation (640 tokens) instead of the mean context (576).
   s.static_kv_cache = true;
@@ -505,6 +511,25 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
           Approx(cost_inference(m, g, s).decode_ms_per_token).epsilon(1e-9));
   }
   CHECK(r.output.find("30.0 kernels per layer (measured); runtime: eager (host model: H200 host probe") != std::string::npos);
+}
+
+TEST_CASE("whatif_calibration.json: a GEMV efficiency measured net of the floor charges the GEMVs the floor",
+          "[whatif][calibration][inference]") {
+  const auto dir = test::scratch_dir("whatif-calibration-net-floor");
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  auto decode_ms = [&](const std::string& net_key) {
+    std::ofstream(dir / "whatif_calibration.json")
+        << R"({"inference": {"decode_hbm_efficiency": {"bf16": 0.7}, "kernel_floor_us": 2.5)" + net_key + "}}";
+    test::CommandResult r = test::run_hetplan("whatif --inference --hf-config " + hf("llama-3.2-3b.json") +
+                                              " --gpu H200 --runtime graphs --weights bf16 --profiles " + dir.string() +
+                                              " --json " + (dir / "p.json").string());
+    REQUIRE(r.exit_code == 0);
+    return read_json_file((dir / "p.json").string())["rows"][0]["decode_ms_per_token"].get<double>();
+  };
+  const double gross = decode_ms("");  // an older file: the efficiency holds the GEMVs' floor
+  const double net = decode_ms(R"(, "decode_hbm_efficiency_net_of_floor": true)");
+  // The 7 x 28 GEMVs and the LM head: 197 kernels x 2.5 us more when the efficiency is net of their floor.
+  CHECK(net - gross == Approx((7.0 * m.num_layers + 1) * 2.5e-3).epsilon(1e-9));
 }
 
 TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimizer efficiencies", "[whatif][calibration]") {
