@@ -453,8 +453,9 @@ def train(args):
         if args.mode == "offload":
             res["cpu_threads"] = torch.get_num_threads()
             # Diagnosis only: the median of each phase over the timed steps (host clocks, OffloadAdam.step).
-            res["offload_phases_ms"] = {k: statistics.median(ph[k] for ph in phases) for k in phases[0]}
-            res["offload_phases_ms_all"] = phases
+            if phases:
+                res["offload_phases_ms"] = {k: statistics.median(ph[k] for ph in phases) for k in phases[0]}
+                res["offload_phases_ms_all"] = phases
         if rank == 0:
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
                   f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
