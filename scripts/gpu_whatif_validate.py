@@ -9,6 +9,7 @@ this script only measures, and `summary` compares.
   torchrun --nproc-per-node 2 gpu_whatif_validate.py train --mode ddp|fsdp2 --cases ... --out DIR
   gpu_whatif_validate.py decode --runtimes eager,graphs --out DIR
   torchrun --nproc-per-node 2 gpu_whatif_validate.py memory-census --out DIR   (DDP's, FSDP2's memory by phase)
+  gpu_whatif_validate.py kernels --cases mb1-ckpt0,mb4-ckpt0 --out DIR   (one profiled single-GPU step per case)
   gpu_whatif_validate.py summary --pred scripts/validation/whatif/predictions_H100.json --meas DIR --out summary.md
   gpu_whatif_validate.py summary --pred-dir DIR/reprobe --meas DIR --out summary_reprobe.md
   train/decode --reprobe-dir DIR/reprobe --reprobe-probe host_probe_micro.json --reprobe-gpu H100 --reprobe-log LOG:
@@ -460,16 +461,6 @@ def train(args):
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
                   f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
             results.append(res)
-            os.makedirs(args.out, exist_ok=True)  # written now too: the diagnosis below must never cost a figure
-            json.dump(results, open(os.path.join(args.out, f"train_{args.mode}.json"), "w"), indent=1)
-        if args.mode == "single":  # diagnosis only, after the timed steps and their file: one more step's kernels
-            def one_step():
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    out = model(ids, tgt)
-                out.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            res["gpu_kernels"] = gpu_kernel_profile(torch, one_step, 1)
         del model, opt, loss
         torch.cuda.synchronize()
         if rp:
@@ -483,6 +474,42 @@ def train(args):
 
 
 # ------------------------------------------------------------------ DDP memory census
+
+def kernels(args):
+    """Diagnosis only, in its own process after every timed case (a profiler session can leave CUPTI's callbacks
+    behind and slow the launches of what follows in its process): per single-GPU case, 3 steps, then one step under
+    gpu_kernel_profile -> DIR/gpu_kernels_single.json (kernels by class, their summed GPU time against the wall:
+    whether the step is short of kernel time or waits on the host)."""
+    if DRYRUN:
+        return
+    import torch
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda")
+    out = {}
+    for name, mb, ckpt in parse_cases(args.cases):
+        torch.manual_seed(0)
+        with torch.device(dev):
+            model = gpt_model(ckpt)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+        ids = torch.randint(GPT["vocab"], (mb, GPT["seq"]), device=dev)
+        tgt = torch.randint(GPT["vocab"], (mb, GPT["seq"]), device=dev)
+
+        def one_step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(ids, tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for _ in range(3):
+            one_step()
+        out[f"single-{name}"] = gpu_kernel_profile(torch, one_step, 1)
+        print(f"kernels single-{name}: {json.dumps(out[f'single-{name}'])[:300]}", flush=True)
+        del model, opt, ids, tgt
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(out, open(os.path.join(args.out, "gpu_kernels_single.json"), "w"), indent=1)
+
 
 def memory_census(args):
     """Where DDP's and FSDP2's memory goes (sim/runtime_overheads.md, DDP): the validation GPT at
@@ -869,11 +896,13 @@ def summary(args):
             peaks = " ".join(f"{b / 2**30:.2f}" for b in m.get("peak_allocated_bytes_per_step", []))
             lines.append(f"| {m['mode']}-{m['case']} | {m['host_issue_ms']:.1f} | {m['step_ms']:.1f} | {peaks} |")
     # Diagnosis: a profiled step's (decode: token's) kernels by class (gpu_kernel_profile), against its wall time.
-    for m in meas:
-        gk = m.get("gpu_kernels")
-        if gk and "classes" in gk:
-            key = f"decode-{m['runtime']}" if "runtime" in m else f"{m['mode']}-{m['case']}"
-            lines.append(f"\nGPU kernels {key}, per {'token' if 'runtime' in m else 'step'} (one profiled pass after "
+    profiled = [(f"decode-{m['runtime']}", "token", m["gpu_kernels"]) for m in meas if "gpu_kernels" in m]
+    kfile = os.path.join(args.meas, "gpu_kernels_single.json")
+    if os.path.exists(kfile):
+        profiled += [(key, "step", gk) for key, gk in json.load(open(kfile)).items()]
+    for key, unit, gk in profiled:
+        if "classes" in gk:
+            lines.append(f"\nGPU kernels {key}, per {unit} (one profiled pass after "
                          f"the timing): wall {gk['wall_us'] / 1e3:.2f} ms, kernels {gk['kernel_us'] / 1e3:.2f} ms, "
                          f"GPU idle {gk['idle_us'] / 1e3:.2f} ms; " +
                          ", ".join(f"{c} {d['kernels']:.0f} kernels {d['us'] / 1e3:.2f} ms" for c, d in gk["classes"].items()))
@@ -914,6 +943,9 @@ def main():
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--out", required=True)
     add_reprobe_args(d)
+    k = sub.add_parser("kernels")
+    k.add_argument("--cases", default="mb1-ckpt0,mb4-ckpt0")
+    k.add_argument("--out", required=True)
     c = sub.add_parser("memory-census")
     c.add_argument("--wrappers", default="none,ddp,ddp_idle,ddp_view,fsdp2")
     c.add_argument("--out", required=True)
@@ -924,7 +956,7 @@ def main():
     s.add_argument("--meas", required=True)
     s.add_argument("--machine", default="")
     s.add_argument("--out", required=True)
-    for q in (t, d, c):
+    for q in (t, d, k, c):
         host_pinning.add_pin_arg(q)
     args = ap.parse_args()
     global PINNED
@@ -935,7 +967,8 @@ def main():
                                   else args.pin)
         print(f"host pinning: {PINNED['kind']}, cpus {PINNED['cpus'][0]}-{PINNED['cpus'][-1]} "
               f"({len(PINNED['cpus'])}), {PINNED['threads']} threads", flush=True)
-    {"train": train, "decode": decode, "memory-census": memory_census, "summary": summary}[args.cmd](args)
+    {"train": train, "decode": decode, "kernels": kernels, "memory-census": memory_census,
+     "summary": summary}[args.cmd](args)
 
 
 if __name__ == "__main__":

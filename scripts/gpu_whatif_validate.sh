@@ -105,6 +105,9 @@ else
 fi
 run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --iters 6 "${pin[@]}" --out "$res" "${reprobe[@]}"
 run 80 decode "${py[@]}" decode --runtimes eager,graphs "${pin[@]}" --out "$res" "${reprobe[@]}"
+# After the timed cases, in its own process: one profiled step per single-GPU batch size (a diagnosis: kernels'
+# GPU time against the wall, gpu_kernels_single.json; the summary prints it).
+run 40 kernels "${py[@]}" kernels --cases mb1-ckpt0,mb4-ckpt0 "${pin[@]}" --out "$res"
 if [ "$ngpu" -ge 2 ]; then  # after the timed cases: a diagnosis, compared with nothing (skipped when the budget is spent)
   run 60 memory_census python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py \
     memory-census "${pin[@]}" --out "$res"
