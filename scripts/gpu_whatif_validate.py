@@ -536,9 +536,8 @@ def kernels(args):
             one_step()
         out[f"single-{name}"] = gpu_kernel_profile(torch, one_step, 1)
         print(f"kernels single-{name}: {json.dumps(out[f'single-{name}'])[:300]}", flush=True)
-        del model, opt, ids, tgt
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        del model, opt, ids, tgt, one_step
+        release_previous_case(torch)
     os.makedirs(args.out, exist_ok=True)
     json.dump(out, open(os.path.join(args.out, "gpu_kernels_single.json"), "w"), indent=1)
 
