@@ -5,8 +5,9 @@
 
 RUN_DIR is a validate_plans.py run folder (logs/validate/...): its NAME.plan.json, NAME.replay.json, log.txt
 (the `hetplan simulate` command each plan was simulated with) and profiles/ (the profiles it used). Each plan is
-simulated again from those profiles with the same flags (the plan's profile_dir pointed at RUN_DIR/profiles; its
-hostfile at --hostfile where the recorded one is not here), and the iteration time and each rank's allocated peak
+simulated again from those profiles with the same flags and --held-sends (replay's sends keep their tensors until a
+stage's last op; --no-held-sends leaves it out) (the plan's profile_dir pointed at RUN_DIR/profiles; its hostfile
+at --hostfile where the recorded one is not here), and the iteration time and each rank's allocated peak
 are printed against replay's, with the run's MAPE. Nothing in RUN_DIR is written; scratch goes to a temp folder.
 """
 import argparse, glob, json, os, subprocess, sys, tempfile
@@ -16,6 +17,7 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("run_dir")
 ap.add_argument("--hetplan", default=os.path.join(root, "build-nt", "hetplan"))
 ap.add_argument("--hostfile", help="hostfile for plans whose recorded one is not in this checkout")
+ap.add_argument("--no-held-sends", action="store_true", help="simulate without --held-sends")
 a = ap.parse_args()
 run = os.path.abspath(a.run_dir)
 commands = {}
@@ -42,6 +44,8 @@ for plan_file in sorted(glob.glob(os.path.join(run, "*.plan.json"))):
     sim_file = os.path.join(scratch, name + ".sim.json")
     args[args.index("--json") + 1] = sim_file
     args = [os.path.join(root, x) if x.startswith("scripts/") else x for x in args]
+    if not a.no_held_sends and "--held-sends" not in args:
+        args.append("--held-sends")
     r = subprocess.run([a.hetplan, "simulate"] + args, capture_output=True, text=True, cwd=root)
     if r.returncode != 0:
         print(f"{name}: simulate failed: {r.stderr.strip()[-300:]}")

@@ -256,8 +256,9 @@ void scheduled_peak(const ModelShape& m, const TrainingSetup& s, const RankShard
     chunk_terms(a, b, &stored[c], &peak[c]);
     const int k = virtual_stage(r.pp, r.stage, c);
     input[c] = k > 0 ? boundary : 0.0;  // received from the virtual stage before
-    // Kept after the micro-batch's backward on this chunk: its output sent on, its input's gradient sent back.
-    sent[c] = (k < last_vstage ? boundary : 0.0) + (k > 0 ? boundary : 0.0);
+    // Kept after the micro-batch's backward on this chunk (replay's held sends): its output sent on, its
+    // input's gradient sent back.
+    sent[c] = s.sends_held ? (k < last_vstage ? boundary : 0.0) + (k > 0 ? boundary : 0.0) : 0.0;
   }
   double best = -1, best_activations = 0, best_workspace = 0;
   for_each_backward(r.schedule, r.pp, r.stage, r.microbatches, v, [&](int chunk, const int* live, const int* done) {

@@ -88,6 +88,11 @@ struct TrainingSetup {
   bool adam_8bit = false;          // bitsandbytes 8-bit Adam: m and v in 8 bits, one fp32 absmax per 2048 (2.004 B/param)
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  // Megatron --sequence-parallel (with tp; sim/sequence_parallel.h)
+  // `hetplan replay`'s pipeline sends keep their tensors until the stage's last op (RankRun::run_schedule
+  // waits for them then): each micro-batch's output sent on and input gradient sent back stay allocated
+  // after its backward, a growing sum over the iteration (RankShard). Megatron waits each send with its
+  // op, so they are not counted by default; validation against replay turns it on (simulate --held-sends).
+  bool sends_held = false;
   int context_parallel = 1;        // cp: ranks of a ring-attention group, carved from each stage's dp
                                    // (Megatron's order: tp, cp, dp); 1: none (sim/sequence_parallel.h)
   CommOverlap overlap;             // bucketed data-parallel communication during compute (sim/dp_overlap.h)
@@ -109,9 +114,10 @@ struct TrainingSetup {
 // (chunk_layers: the embedding with chunk 0, the head with chunk v - 1, uneven block
 // counts) times its own micro-batches live there, plus the stage-boundary tensors replay
 // keeps: the input received for each live micro-batch of a chunk that does not start the
-// model (the profile's layers count their outputs, not that input), and every boundary
-// tensor sent so far whose micro-batch has been backwarded on that chunk (replay waits
-// for its sends when the stage's ops end, and a send keeps its tensor until then).
+// model (the profile's layers count their outputs, not that input), and, with
+// TrainingSetup::sends_held, every boundary tensor sent so far whose micro-batch has been
+// backwarded on that chunk (replay waits for its sends when the stage's ops end, and a
+// send keeps its tensor until then).
 // `microbatches` 0 (whatif, a caller without a schedule): `in_flight` alike (micro-batch,
 // chunk) pairs, each 1 / v of the layers' activations, and no boundary tensors.
 struct RankShard {

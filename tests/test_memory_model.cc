@@ -326,8 +326,8 @@ TEST_CASE("FSDP2 accounting: fp32 shards and gradients, no 16-bit copy, an fp32 
 }
 
 // A stage's activations at the worst moment of its op order (RankShard with `microbatches`): each chunk's
-// store times its own live micro-batches (for_each_backward), the input received for each, and the boundary
-// tensors replay's sends keep until the stage's ops end. A GPT of 10 blocks (hidden 2560, micro-batch 2 of
+// store times its own live micro-batches (for_each_backward), the input received for each, and (replay's
+// held sends, TrainingSetup::sends_held) the boundary tensors its sends keep until the stage's ops end. A GPT of 10 blocks (hidden 2560, micro-batch 2 of
 // 2048 tokens: one boundary tensor X = 2 * 2048 * 2560 * 2 B = 20 MiB) at pp 4, stages [0,3) [3,6) [6,9)
 // [9,12); measured stores (MiB): embedding 20, block 300, head 800; working sets 50, 40, 1500.
 TEST_CASE("interleaved and 1F1B activations follow the op order chunk by chunk", "[memory][interleaved]") {
@@ -337,6 +337,7 @@ TEST_CASE("interleaved and 1F1B activations follow the op order chunk by chunk",
   std::vector<double> stored(12, 300.0), working(12, 40.0);
   stored[0] = 20, working[0] = 50, stored[11] = 800, working[11] = 1500;
   TrainingSetup s;
+  s.sends_held = true;  // as replay runs it (the figures of suite34-h100x4-run1's pp 4 rows)
   auto activations = [&](Schedule schedule, int v, int stage, int microbatches, double* workspace) {
     const int partition[] = {0, 3, 6, 9, 12};
     RankShard r;
@@ -377,6 +378,11 @@ TEST_CASE("interleaved and 1F1B activations follow the op order chunk by chunk",
   // 2760 + 200 = 2960 (the count alone: 3 * 900 = 2700).
   CHECK(activations(Schedule::k1F1B, 1, 1, 8, &ws) == Approx(2960).epsilon(1e-9));
   CHECK(activations(Schedule::k1F1B, 1, 1, 0, &ws) == Approx(2700).epsilon(1e-9));
+  // Without the held sends (Megatron): the live micro-batches and their inputs only. Interleaved rank 1:
+  // 8 * 620 + 320 = 5280; 1F1B rank 1: 3 * 920 = 2760.
+  s.sends_held = false;
+  CHECK(activations(Schedule::kInterleaved1F1B, 2, 1, 8, &ws) == Approx(5280).epsilon(1e-9));
+  CHECK(activations(Schedule::k1F1B, 1, 1, 8, &ws) == Approx(2760).epsilon(1e-9));
 }
 
 // Sequence parallelism over measured profiles (taken without it): replay's GPT splits the residual stream

@@ -408,13 +408,13 @@ TEST_CASE("rank grid: a mixed dp 2 x tp 2 stage gives each rank its own replica"
     CHECK(r.breakdown.allocator_reserve == allocator_reserve_bytes(b.allocated_peak(), dm));
   }
   // Pinned: the A100 replica (ranks 6, 7) takes 11 of the 16 samples, the V100 one (8, 9) 5; each rank
-  // holds 2 in-flight micro-batches of its own replica's share, with their received inputs, and the
-  // boundary tensors its sends keep (activations linear in the share).
+  // holds 2 in-flight micro-batches of its own replica's share, with their received inputs (activations
+  // linear in the share).
   CHECK(detail.shares == std::vector<int>{11, 5});
-  CHECK(detail.ranks[0].breakdown.activations == 12180258816.0);
-  CHECK(detail.ranks[1].breakdown.activations == 12180258816.0);
-  CHECK(detail.ranks[2].breakdown.activations == 5536481280.0);
-  CHECK(detail.ranks[3].breakdown.activations == 5536481280.0);
+  CHECK(detail.ranks[0].breakdown.activations == 11811160064.0);
+  CHECK(detail.ranks[1].breakdown.activations == 11811160064.0);
+  CHECK(detail.ranks[2].breakdown.activations == 5368709120.0);
+  CHECK(detail.ranks[3].breakdown.activations == 5368709120.0);
   CHECK(detail.ranks[0].breakdown.activations * 5 == detail.ranks[2].breakdown.activations * 11);
   // The dp all-reduce groups are {6, 8} and {7, 9}.
   const Network net(s.cluster, layout, sim.options().network);
@@ -582,11 +582,10 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
   const double MiB = 1024.0 * 1024.0;
   const double stored = (103 + 104 + 105) * MiB, working = 50 * MiB;  // layer 5's backward, the last of the stage
   // One stage-boundary tensor of a micro-batch of 2 (bf16 hidden states). Stage 1 of 3 under 1F1B over 4
-  // micro-batches runs F0 F1 B0 F2 B1 F3 B2 B3: before B2, 2 micro-batches live (each with its received
-  // input) and 2 backwarded (each keeping its sent output and input gradient until the stage's ops end):
-  // 2 (S + X) + 4 X; before B3, S + X + 6 X. (RankShard, sim/memory_model.h.)
+  // micro-batches runs F0 F1 B0 F2 B1 F3 B2 B3: at most 2 micro-batches live, each with its received input:
+  // 2 (S + X). (RankShard, sim/memory_model.h; replay's held sends are not counted by default.)
   const double boundary = 2.0 * mc.sequence_length * shape.hidden_size * 2;
-  auto worst_of_four = [&](double s) { return std::max(2 * s + 6 * boundary, s + 7 * boundary); };
+  auto worst_of_four = [&](double s) { return 2 * (s + boundary); };
   RankShard shard;
   shard.first_layer = 3;
   shard.end_layer = 6;
@@ -681,9 +680,9 @@ TEST_CASE("measured activations, working sets and per-tp framework constants pri
     const MemoryBreakdown& z = d.ranks[0].breakdown;
     CHECK(z.states.transient == 0);  // no unit is counted apart from the layer it belongs to
     CHECK(z.recompute_workspace == Approx(expect).epsilon(1e-12));
-    // The last stage under 1F1B (F0 B0 F1 B1 ...): one micro-batch live with its received input, and before
-    // the last backward 3 input gradients sent back and kept: S + X + 3 X (X: one sample's hidden states).
-    CHECK(z.activations == Approx(later + 4 * (boundary / 2)).epsilon(1e-12));
+    // The last stage under 1F1B (F0 B0 F1 B1 ...): one micro-batch live with its received input (one
+    // sample's hidden states): S + X.
+    CHECK(z.activations == Approx(later + boundary / 2).epsilon(1e-12));
   }
 }
 
