@@ -549,6 +549,8 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const Train
     if (s.weights == WeightFormat::kInt8) s.assumptions.push_back("weight-only int8 (W8A16), fused dequantisation");
     const WhatifCalibration& c = in.calibration;
     s.launch = in.launch;
+    // A measured GEMV efficiency from before the floor was charged to every kernel holds the GEMVs' floor.
+    s.streamed_kernels_pay_floor = !(measured > 0 && !c.decode_hbm_efficiency_net_of_floor);
     s.kernels_per_layer = c.decode_kernels_per_layer;
     // Hugging Face's eager and SDPA attention materialise repeat_kv; generate's default cache is dynamic
     // (the context is read), a graph-captured decoder needs a static one (the whole allocation is read).
@@ -662,6 +664,8 @@ WhatifInput whatif_input(const WhatifArgs& a) {
     in.micro_batch = ds.micro_batch;
   }
   in.calibration = read_whatif_calibration(a.profiles);
+  // The host the probe measured (its offload figures, where it has them) over the profile's calibration.
+  if (!a.host_probe.empty()) read_host_probe_offload(a.host_probe, in.calibration.host);
   if (a.h2d_gbs > 0) in.calibration.host.h2d_bytes_per_s = a.h2d_gbs * 1e9;
   if (a.d2h_gbs > 0) in.calibration.host.d2h_bytes_per_s = a.d2h_gbs * 1e9;
   if (a.cpu_adam_params_per_s > 0) in.calibration.host.cpu_adam_params_per_s = a.cpu_adam_params_per_s;
@@ -1014,7 +1018,8 @@ Runner add_whatif_command(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--host-probe", a->host_probe,
                 "The host's per-op costs for --runtime eager: a host_probe_micro.json written by "
-                "scripts/gpu_host_probe.sh (a host_probe_dist.json beside it adds DDP's and FSDP2's hook costs); "
+                "scripts/gpu_host_probe.sh (a host_probe_dist.json beside it adds DDP's and FSDP2's hook costs, a "
+                "host_probe_offload.json the host's CPU AdamW, cast and pinned-copy rates for ZeRO-Offload rows); "
                 "default: the H200 host's probe (logs/validate/host-probe-h200/)");
   s->add_option("--host-speed", a->host_speed,
                 "The host's time per op against --host-probe's (or the default probe's) when it was measured: every "

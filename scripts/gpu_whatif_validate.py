@@ -9,6 +9,7 @@ this script only measures, and `summary` compares.
   torchrun --nproc-per-node 2 gpu_whatif_validate.py train --mode ddp|fsdp2 --cases ... --out DIR
   gpu_whatif_validate.py decode --runtimes eager,graphs --out DIR
   torchrun --nproc-per-node 2 gpu_whatif_validate.py memory-census --out DIR   (DDP's, FSDP2's memory by phase)
+  gpu_whatif_validate.py kernels --cases mb1-ckpt0,mb4-ckpt0 --out DIR   (one profiled single-GPU step per case)
   gpu_whatif_validate.py summary --pred scripts/validation/whatif/predictions_H100.json --meas DIR --out summary.md
   gpu_whatif_validate.py summary --pred-dir DIR/reprobe --meas DIR --out summary_reprobe.md
   train/decode --reprobe-dir DIR/reprobe --reprobe-probe host_probe_micro.json --reprobe-gpu H100 --reprobe-log LOG:
@@ -53,9 +54,13 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_pinning  # noqa: E402
+
 # The CPU dry run (scripts/gpu_whatif_validate_dryrun.sh): a folder of recorded train_<mode>.json/decode.json that
 # `train` and `decode` return instead of measuring, with the re-probe (class Reprobe) and its predictions real.
 DRYRUN = os.environ.get("WHATIF_VALIDATE_DRYRUN", "")
+PINNED = {}  # what scripts/host_pinning.py set for this process (main)
 
 GPT = dict(vocab=50304, hidden=2048, blocks=24, heads=16, ffn=8192, seq=2048, eps=1e-5)
 LLAMA3B = dict(vocab=128256, hidden=3072, blocks=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, eps=1e-5,
@@ -141,6 +146,9 @@ class OffloadAdam:
         self.bucket = torch.empty(min(bucket_elems, n), dtype=torch.bfloat16, device="cuda")
         self.bucket_elems = self.bucket.numel()
         self.fill, self.pending = 0, []  # (bucket offset, host offset, numel)
+        # Diagnosis only (host clocks around what the step does anyway; no synchronisation added): the host's
+        # waits for the gradient copies during the backward, and the step's phases (offload_phases_ms).
+        self.wait_in_backward_ms, self.last_phases = 0.0, {}
         self.bf16_host = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._hook)
@@ -150,7 +158,9 @@ class OffloadAdam:
             # non_blocking cross-device copy with a dtype change: converted on the GPU (ATen Copy.cu).
             self.grad[h_off:h_off + numel].copy_(self.bucket[b_off:b_off + numel], non_blocking=True)
         self.pending, self.fill = [], 0
+        t0 = time.perf_counter()
         self.torch.cuda.current_stream().synchronize()  # the bucket is reused
+        self.wait_in_backward_ms += (time.perf_counter() - t0) * 1e3
 
     def _hook(self, p):
         numel = p.numel()
@@ -159,7 +169,9 @@ class OffloadAdam:
         g = p.grad.detach().view(-1)
         if numel > self.bucket_elems:  # larger than a bucket: straight from the gradient
             self.grad[self.offsets[p]:self.offsets[p] + numel].copy_(g, non_blocking=True)
+            t0 = time.perf_counter()
             self.torch.cuda.current_stream().synchronize()
+            self.wait_in_backward_ms += (time.perf_counter() - t0) * 1e3
         else:
             self.bucket[self.fill:self.fill + numel].copy_(g)
             self.pending.append((self.fill, self.offsets[p], numel))
@@ -167,18 +179,28 @@ class OffloadAdam:
         p.grad = None
 
     def step(self):
-        self._flush()
+        in_backward = self.wait_in_backward_ms
+        t0 = time.perf_counter()
+        self._flush()  # the last bucket: the host waits for the backward's end and this bucket's copy
+        t1 = time.perf_counter()
         try:
             self.opt.step()
         except RuntimeError:  # a torch without the fused CPU kernel for this case
             self.opt = self.torch.optim.AdamW([self.master_p], lr=1e-4, weight_decay=0.0, foreach=True)
             self.opt_kind = "AdamW(foreach=True) on CPU"
             self.opt.step()
+        t2 = time.perf_counter()
         self.bf16_host.copy_(self.master)  # the cast on the host
+        t3 = time.perf_counter()
         with self.torch.no_grad():  # the updated 16-bit weights back, parameter by parameter (no GPU temporary)
             for p in self.params:
                 o = self.offsets[p]
                 p.copy_(self.bf16_host[o:o + p.numel()].view_as(p), non_blocking=True)
+        t4 = time.perf_counter()
+        self.last_phases = {"wait_in_backward_ms": in_backward, "last_flush_ms": (t1 - t0) * 1e3,
+                            "cpu_adam_ms": (t2 - t1) * 1e3, "cpu_cast_ms": (t3 - t2) * 1e3,
+                            "h2d_issue_ms": (t4 - t3) * 1e3}
+        self.wait_in_backward_ms = 0.0
 
 
 # ------------------------------------------------------------------ the host's speed, re-probed around each case
@@ -324,7 +346,7 @@ def dry_run(args, recorded, keys):
     out = []
     for key in keys:
         rec = rp.before(key, "decode" if key.startswith("decode") else "train") if rp else {}
-        res = dict(by_key[key], measure_start_utc=utc_now())
+        res = dict(by_key[key], measure_start_utc=utc_now(), host_pin=PINNED)
         if rp:
             rp.after("decode" if key.startswith("decode") else "train", res, rec)
         out.append(res)
@@ -377,7 +399,7 @@ def train(args):
         n = GPT["seq"]
         ids = torch.randint(GPT["vocab"], (mb, n), device=dev)
         tgt = torch.randint(GPT["vocab"], (mb, n), device=dev)
-        times, issue, step_peaks, step_reserved = [], [], [], []
+        times, issue, step_peaks, step_reserved, phases = [], [], [], [], []
         opt_kind = "AdamW(fused=True)"
         steps = args.warmup + args.iters
         torch.cuda.synchronize()
@@ -411,6 +433,8 @@ def train(args):
             if step >= args.warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
                 issue.append((t_issued - t0) * 1e3)
+                if args.mode == "offload":  # the host-to-device copies still running after the host issued them
+                    phases.append(dict(opt.last_phases, h2d_after_issue_ms=times[-1] - issue[-1]))
             # Diagnosis only (outside the timed span): this step's allocator peak, then a fresh window; the run's
             # peak, which the summary compares, is the largest of them (the same figure as one window over the run).
             step_peaks.append(torch.cuda.max_memory_allocated())
@@ -426,8 +450,13 @@ def train(args):
                "peak_reserved_bytes": max(step_reserved),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__, "measure_start_utc": measure_start}
         res["optimizer"] = opt.opt_kind if args.mode == "offload" else opt_kind
+        res["host_pin"] = PINNED
         if args.mode == "offload":
             res["cpu_threads"] = torch.get_num_threads()
+            # Diagnosis only: the median of each phase over the timed steps (host clocks, OffloadAdam.step).
+            if phases:
+                res["offload_phases_ms"] = {k: statistics.median(ph[k] for ph in phases) for k in phases[0]}
+                res["offload_phases_ms_all"] = phases
         if rank == 0:
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
                   f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
@@ -445,6 +474,42 @@ def train(args):
 
 
 # ------------------------------------------------------------------ DDP memory census
+
+def kernels(args):
+    """Diagnosis only, in its own process after every timed case (a profiler session can leave CUPTI's callbacks
+    behind and slow the launches of what follows in its process): per single-GPU case, 3 steps, then one step under
+    gpu_kernel_profile -> DIR/gpu_kernels_single.json (kernels by class, their summed GPU time against the wall:
+    whether the step is short of kernel time or waits on the host)."""
+    if DRYRUN:
+        return
+    import torch
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda")
+    out = {}
+    for name, mb, ckpt in parse_cases(args.cases):
+        torch.manual_seed(0)
+        with torch.device(dev):
+            model = gpt_model(ckpt)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+        ids = torch.randint(GPT["vocab"], (mb, GPT["seq"]), device=dev)
+        tgt = torch.randint(GPT["vocab"], (mb, GPT["seq"]), device=dev)
+
+        def one_step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(ids, tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for _ in range(3):
+            one_step()
+        out[f"single-{name}"] = gpu_kernel_profile(torch, one_step, 1)
+        print(f"kernels single-{name}: {json.dumps(out[f'single-{name}'])[:300]}", flush=True)
+        del model, opt, ids, tgt
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(out, open(os.path.join(args.out, "gpu_kernels_single.json"), "w"), indent=1)
+
 
 def memory_census(args):
     """Where DDP's and FSDP2's memory goes (sim/runtime_overheads.md, DDP): the validation GPT at
@@ -611,6 +676,58 @@ def hf_llama_decoder(torch, F, dev, s, T):
     return step, forward
 
 
+def kernel_class(name):
+    """Kernel classes as whatif costs them: GEMMs/GEMVs (FLOP- or bytes-bound), attention, the fused optimizer's
+    multi-tensor kernels, copies/memsets, and the rest (elementwise, norms, reductions)."""
+    n = name.lower()
+    if "gemv" in n or "gemm" in n or "nvjet" in n or "cutlass" in n or "xmma" in n:
+        return "gemm"
+    if "attention" in n or "fmha" in n or "flash" in n or "sdpa" in n:
+        return "attention"
+    if "multi_tensor" in n or "fused_adam" in n or "fusedadam" in n:
+        return "optimizer"
+    if "memcpy" in n or "memset" in n:
+        return "copy"
+    return "other"
+
+
+def gpu_kernel_profile(torch, fn, units):
+    """Diagnosis only (outside every timed span): fn() once under torch.profiler (CUDA activity only; CUPTI
+    reports a replayed graph's kernels one by one), per unit (a token, a step): the kernels' count and GPU time by
+    class, their summed time, and the wall time (the profiler slows the host a little, so wall - kernels, the
+    GPU's idle time, is an upper bound). Tells whether a step is GPU-bound (kernels ~ wall) or waits on the host."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            wall_us = (time.perf_counter() - t0) * 1e6
+        out = {"units": units, "wall_us": wall_us / units, "classes": {}}
+        total, names = 0.0, {}
+        for e in prof.events():
+            if not str(getattr(e, "device_type", "")).endswith("CUDA"):
+                continue
+            us = e.time_range.elapsed_us()  # a kernel's own span on the GPU
+            if us <= 0:
+                continue
+            d = out["classes"].setdefault(kernel_class(e.name), {"kernels": 0, "us": 0.0})
+            d["kernels"] += 1
+            d["us"] += us
+            total += us
+            names[e.name[:60]] = names.get(e.name[:60], 0.0) + us
+        for d in out["classes"].values():
+            d["kernels"] /= units
+            d["us"] /= units
+        out["kernel_us"] = total / units
+        out["idle_us"] = out["wall_us"] - out["kernel_us"]
+        out["top_kernels_us"] = {k: v / units for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:12]}
+        return out
+    except Exception as e:  # a diagnosis must never cost the measurement
+        return {"error": repr(e)[:300]}
+
+
 def decode(args):
     if DRYRUN:
         return dry_run(args, "decode.json", [f"decode-{r}" for r in args.runtimes.split(",")])
@@ -671,7 +788,7 @@ def decode(args):
         res = {"runtime": runtime, "batch": 1, "prompt": P, "output": O, "ms_per_token": statistics.median(per_token),
                "ms_per_token_all": per_token, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
                "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "device": torch.cuda.get_device_name(),
-               "torch": torch.__version__, "measure_start_utc": measure_start}
+               "torch": torch.__version__, "measure_start_utc": measure_start, "host_pin": PINNED}
         print(f"decode {runtime}: {res['ms_per_token']:.3f} ms/token, peak allocated "
               f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
         if rp:
@@ -679,6 +796,19 @@ def decode(args):
         results.append(res)
     os.makedirs(args.out, exist_ok=True)
     json.dump(results, open(os.path.join(args.out, "decode.json"), "w"), indent=1)
+    if graph is not None:  # diagnosis only, after the figures are written: what a replay's kernels take, by class
+        pos.fill_(P)  # the cache positions again from the prompt's end (replays past P + O would overrun it)
+        tok.fill_(1)
+
+        def replays(n=8):
+            for _ in range(n):
+                graph.replay()
+        with torch.no_grad():
+            prof = gpu_kernel_profile(torch, replays, 8)
+        for res in results:
+            if res["runtime"] == "graphs":
+                res["gpu_kernels"] = prof
+        json.dump(results, open(os.path.join(args.out, "decode.json"), "w"), indent=1)
 
 
 # ------------------------------------------------------------------ summary
@@ -737,6 +867,10 @@ def summary(args):
                      f"worst memory {max(m_err):.1f}%")
     if missing:
         lines.append("Not measured (predicted only): " + ", ".join(missing))
+    pins = sorted({f"{m.get('mode', 'decode')}: {m['host_pin']['kind']} ({len(m['host_pin']['cpus'])} cpus, "
+                   f"{m['host_pin']['threads']} threads)" for m in meas if m.get("host_pin")})
+    if pins:
+        lines.append("Host cores (scripts/host_pinning.py; the probe's the same): " + "; ".join(pins))
     # The host's speed around each case (where re-probed): before, against the full probe (x1.20: 20% slower),
     # and its drift over the case (after/before); whether the case's own prediction was written before it ran.
     drift = [m for m in meas if "host_drift" in m]
@@ -761,6 +895,22 @@ def summary(args):
         for m in diag:
             peaks = " ".join(f"{b / 2**30:.2f}" for b in m.get("peak_allocated_bytes_per_step", []))
             lines.append(f"| {m['mode']}-{m['case']} | {m['host_issue_ms']:.1f} | {m['step_ms']:.1f} | {peaks} |")
+    # Diagnosis: a profiled step's (decode: token's) kernels by class (gpu_kernel_profile), against its wall time.
+    profiled = [(f"decode-{m['runtime']}", "token", m["gpu_kernels"]) for m in meas if "gpu_kernels" in m]
+    kfile = os.path.join(args.meas, "gpu_kernels_single.json")
+    if os.path.exists(kfile):
+        profiled += [(key, "step", gk) for key, gk in json.load(open(kfile)).items()]
+    for key, unit, gk in profiled:
+        if "classes" in gk:
+            lines.append(f"\nGPU kernels {key}, per {unit} (one profiled pass after "
+                         f"the timing): wall {gk['wall_us'] / 1e3:.2f} ms, kernels {gk['kernel_us'] / 1e3:.2f} ms, "
+                         f"GPU idle {gk['idle_us'] / 1e3:.2f} ms; " +
+                         ", ".join(f"{c} {d['kernels']:.0f} kernels {d['us'] / 1e3:.2f} ms" for c, d in gk["classes"].items()))
+    # Diagnosis: ZeRO-Offload's step phase by phase (OffloadAdam.step's host clocks, medians of the timed steps).
+    for m in meas:
+        if "offload_phases_ms" in m:
+            lines.append(f"\nOffload phases {m['mode']}-{m['case']} (ms, median): " +
+                         ", ".join(f"{k} {v:.1f}" for k, v in m["offload_phases_ms"].items()))
     open(args.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -780,8 +930,10 @@ def main():
     t = sub.add_parser("train")
     t.add_argument("--mode", choices=["single", "ddp", "fsdp2", "offload"], required=True)
     t.add_argument("--cases", default="mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1")
-    t.add_argument("--warmup", type=int, default=3)
-    t.add_argument("--iters", type=int, default=8)
+    # 5 + 12 (were 3 + 8): the lent hosts' first seconds of a case run slower (run 5: single mb1-ckpt0's host issued
+    # its timed steps in 56, 43, 72, 75, then 31-34 ms), and the median of more steps leans less on them.
+    t.add_argument("--warmup", type=int, default=5)
+    t.add_argument("--iters", type=int, default=12)
     t.add_argument("--out", required=True)
     add_reprobe_args(t)
     d = sub.add_parser("decode")
@@ -791,6 +943,9 @@ def main():
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--out", required=True)
     add_reprobe_args(d)
+    k = sub.add_parser("kernels")
+    k.add_argument("--cases", default="mb1-ckpt0,mb4-ckpt0")
+    k.add_argument("--out", required=True)
     c = sub.add_parser("memory-census")
     c.add_argument("--wrappers", default="none,ddp,ddp_idle,ddp_view,fsdp2")
     c.add_argument("--out", required=True)
@@ -801,8 +956,19 @@ def main():
     s.add_argument("--meas", required=True)
     s.add_argument("--machine", default="")
     s.add_argument("--out", required=True)
+    for q in (t, d, k, c):
+        host_pinning.add_pin_arg(q)
     args = ap.parse_args()
-    {"train": train, "decode": decode, "memory-census": memory_census, "summary": summary}[args.cmd](args)
+    global PINNED
+    if args.cmd != "summary":  # (the dry run pins too: the same code, no torch)
+        # Before torch starts a thread: this process's GPU's share of the cores, as the host probe's (the offload
+        # run's CPU AdamW has all of them, as the probe's offload figures do): scripts/host_pinning.py.
+        PINNED = host_pinning.pin("all" if getattr(args, "mode", "") == "offload" and args.pin != "none"
+                                  else args.pin)
+        print(f"host pinning: {PINNED['kind']}, cpus {PINNED['cpus'][0]}-{PINNED['cpus'][-1]} "
+              f"({len(PINNED['cpus'])}), {PINNED['threads']} threads", flush=True)
+    {"train": train, "decode": decode, "kernels": kernels, "memory-census": memory_census,
+     "summary": summary}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -217,14 +217,23 @@ TEST_CASE("DeepSpeed buffers and offload time follow the stated rules", "[whatif
   s.zero_stage = 2;
   s.offload_optimizer = true;
   // 8e9 trainable over dp 4: 2e9 per rank. d2h of fp32 gradients (DeepSpeed's fp32 host buffer):
-  // 2e9 x 4 B / 20 GB/s = 400 ms, 100 ms beyond a 300 ms backward; CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s;
+  // 2e9 x 4 B / 20 GB/s = 400 ms; CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s;
   // the fp32 -> bf16 cast on the host 2e9 / (8e9 / 4) = 1 s; the updated partition back: 2e9 x 2 B / 10 GB/s = 400 ms.
+  // ZeRO-2 without overlap_comm (its default): the copies are on the compute stream, all 400 ms exposed
+  // whatever the backward's length.
   OffloadTime t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
-  CHECK(t.backward_exposed_ms == Approx(100).epsilon(1e-12));
+  CHECK(t.backward_exposed_ms == Approx(400).epsilon(1e-12));
   CHECK(t.forward_exposed_ms == 0);
   CHECK(t.step_ms == Approx(2000 + 1000 + 400).epsilon(1e-12));
-  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);  // hidden by a longer backward
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);
+  CHECK(t.backward_exposed_ms == Approx(400).epsilon(1e-12));
+  // overlap_comm on: the reduction stream copies during the backward, 100 ms beyond a 300 ms backward ...
+  s.deepspeed.overlap_comm = 1;
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
+  CHECK(t.backward_exposed_ms == Approx(100).epsilon(1e-12));
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);  // ... and hidden by a longer backward
   CHECK(t.backward_exposed_ms == 0);
+  s.deepspeed.overlap_comm = -1;
   s.precision = Precision::kFp32;  // fp32 weights: no cast; the copy back moves 4 B per element
   t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);
   CHECK(t.step_ms == Approx(2000 + 800).epsilon(1e-12));
@@ -260,11 +269,18 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
   const double bw = 4800e9 * kDefaultDecodeHbmEfficiency;
   const double L = m.num_layers;
   const double kv_token = 2.0 * L * m.num_kv_heads * m.head_dim * 2;
-  // Kernel floor: (30 x 28 - (7 x 28 + 1)) kernels x 2.5 us.
+  // Kernel floor: every one of the 30 x 28 kernels x 2.5 us, the 7 x 28 GEMVs and the head among them (a
+  // streamed kernel pays the floor beside its bytes).
   s.launch.graph_kernel_us = 2.5;
   s.kernels_per_layer = 30;
   CHECK(cost_inference(m, g, s).decode_ms_per_token ==
+        Approx(base.decode_ms_per_token + 30 * L * 2.5e-3).epsilon(1e-12));
+  // An older calibration's GEMV efficiency holds the GEMVs' floor: they are not charged it again.
+  s.launch.graph_kernel_us = 2.5;
+  s.streamed_kernels_pay_floor = false;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token ==
         Approx(base.decode_ms_per_token + (30 * L - (7 * L + 1)) * 2.5e-3).epsilon(1e-12));
+  s.streamed_kernels_pay_floor = true;
   s.launch.graph_kernel_us = 0;
   // Static cache: the whole allocation (640 tokens) instead of the mean context (576).
   s.static_kv_cache = true;
@@ -497,6 +513,25 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
   CHECK(r.output.find("30.0 kernels per layer (measured); runtime: eager (host model: H200 host probe") != std::string::npos);
 }
 
+TEST_CASE("whatif_calibration.json: a GEMV efficiency measured net of the floor charges the GEMVs the floor",
+          "[whatif][calibration][inference]") {
+  const auto dir = test::scratch_dir("whatif-calibration-net-floor");
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  auto decode_ms = [&](const std::string& net_key) {
+    std::ofstream(dir / "whatif_calibration.json")
+        << R"({"inference": {"decode_hbm_efficiency": {"bf16": 0.7}, "kernel_floor_us": 2.5)" + net_key + "}}";
+    test::CommandResult r = test::run_hetplan("whatif --inference --hf-config " + hf("llama-3.2-3b.json") +
+                                              " --gpu H200 --runtime graphs --weights bf16 --profiles " + dir.string() +
+                                              " --json " + (dir / "p.json").string());
+    REQUIRE(r.exit_code == 0);
+    return read_json_file((dir / "p.json").string())["rows"][0]["decode_ms_per_token"].get<double>();
+  };
+  const double gross = decode_ms("");  // an older file: the efficiency holds the GEMVs' floor
+  const double net = decode_ms(R"(, "decode_hbm_efficiency_net_of_floor": true)");
+  // The 7 x 28 GEMVs and the LM head: 197 kernels x 2.5 us more when the efficiency is net of their floor.
+  CHECK(net - gross == Approx((7.0 * m.num_layers + 1) * 2.5e-3).epsilon(1e-9));
+}
+
 TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimizer efficiencies", "[whatif][calibration]") {
   const auto dir = test::scratch_dir("whatif-calibration-train");
   const std::string base = "whatif --family llama --hidden-size 2048 --layers 20 --heads 16 --kv-heads 16 --ffn-size 5632"
@@ -612,6 +647,12 @@ TEST_CASE("host model: the defaults are the H200 probe's figures", "[whatif][run
   CHECK(p.adam_tensor_us == Approx(d.adam_tensor_us).epsilon(1e-12));
   CHECK(p.zero_grad_tensor_us == Approx(d.zero_grad_tensor_us).epsilon(1e-12));
   CHECK(p.nograd_op_us == Approx(d.nograd_op_us).epsilon(1e-12));
+  CHECK(p.fsdp2_forward_share == Approx(d.fsdp2_forward_share).epsilon(1e-12));
+  CHECK(p.fsdp2_optimizer_share == Approx(d.fsdp2_optimizer_share).epsilon(1e-12));
+  // FSDP2's phases in the H200 dist probe's tiny GPT against none: forward 52.14 - 8.72, backward 75.63 - 21.94,
+  // optimizer 7.83 - 1.72 ms.
+  CHECK(d.fsdp2_forward_share == Approx(43.42 / 103.22).epsilon(1e-3));
+  CHECK(d.fsdp2_optimizer_share == Approx(6.115 / 103.22).epsilon(1e-3));
   // The forward's per-op cost is the tiny GPT's forward host time over its 417 ops.
   CHECK(d.forward_op_us == Approx(12.349 / 417 * 1e3).epsilon(1e-3));
   // A probe without a figure is refused, naming the file and the key.
@@ -697,7 +738,92 @@ TEST_CASE("host model: checkpointing adds recomputed forwards, DDP per parameter
   s.wrapper = DataParallelWrapper::kFsdp2;
   const HostStep fsdp = eager_training_host(m, s, c);
   CHECK(fsdp.wrapper_ms == Approx((25 * c.fsdp2_module_us + 292 * c.fsdp2_param_us) * 1e-3).epsilon(1e-12));
-  CHECK(fsdp.forward_ms - plain.forward_ms == Approx(fsdp.wrapper_ms / 2).epsilon(1e-12));
+  // Split as the probe's phases: the forward's share, the optimizer's (once per step), the rest in the backward.
+  CHECK(fsdp.forward_ms - plain.forward_ms == Approx(fsdp.wrapper_ms * c.fsdp2_forward_share).epsilon(1e-12));
+  CHECK(fsdp.optimizer_ms - plain.optimizer_ms == Approx(fsdp.wrapper_ms * c.fsdp2_optimizer_share).epsilon(1e-12));
+  CHECK(fsdp.backward_ms - plain.backward_ms ==
+        Approx(fsdp.wrapper_ms * (1 - c.fsdp2_forward_share - c.fsdp2_optimizer_share)).epsilon(1e-12));
+}
+
+TEST_CASE("host model: FSDP2's optimizer share is charged once per step, its hooks once per micro-batch",
+          "[whatif][runtime][host]") {
+  // Gradient accumulation repeats the forward's and backward's host work (FSDP2 all-gathers and reduce-scatters
+  // every micro-batch) but not the optimizer step over the DTensors.
+  WhatifInput in;
+  in.shape = validation_gpt();
+  in.seq = 2048;
+  in.gpu = find_gpu_spec("H100");
+  in.gpus = 2;
+  in.gpus_per_node = 2;
+  in.micro_batch = 1;
+  TrainingSetup base;
+  WhatifRow fsdp_row;
+  for (const auto& r : standard_whatif_rows(base, 16, kTargetQ | kTargetV, 2))
+    if (r.name == "FSDP") fsdp_row = r;
+  REQUIRE(fsdp_row.name == "FSDP");
+  TrainingHostSetup h;
+  h.autocast = fsdp_row.autocast;
+  const HostStep plain = eager_training_host(in.shape, h, in.launch.host);  // the same model without FSDP2
+  h.wrapper = DataParallelWrapper::kFsdp2;
+  const HostStep step = eager_training_host(in.shape, h, in.launch.host);
+  const double per_step = step.wrapper_ms * in.launch.host.fsdp2_optimizer_share;
+  const double per_micro_batch = step.wrapper_ms - per_step;
+  CHECK(per_step > 1);
+  in.gbs = 2;
+  const WhatifResult one = cost_whatif_row(in, fsdp_row);
+  in.gbs = 8;  // four micro-batches per rank
+  const WhatifResult four = cost_whatif_row(in, fsdp_row);
+  REQUIRE(four.accumulation == 4);
+  CHECK(one.host_ms == Approx(plain.forward_ms + plain.backward_ms + plain.optimizer_ms + step.wrapper_ms).epsilon(1e-12));
+  // Three more micro-batches: three more forwards and backwards with FSDP2's per-micro-batch hooks, and no more
+  // of its optimizer share.
+  CHECK(four.host_ms - one.host_ms ==
+        Approx(3 * (plain.forward_ms + plain.backward_ms + per_micro_batch)).epsilon(1e-12));
+}
+
+TEST_CASE("host model: the probe's offload figures set the ZeRO-Offload row's CPU AdamW, cast and copies",
+          "[whatif][runtime][host][offload]") {
+  // host_probe_offload.json beside the micro probe: the row's CPU Adam time is the partition over its rate.
+  const auto dir = test::scratch_dir("host-probe-offload");
+  std::filesystem::copy_file(std::string(HETPLAN_SOURCE_DIR) + "/logs/validate/host-probe-h200/host_probe_micro.json",
+                             dir / "host_probe_micro.json", std::filesystem::copy_options::overwrite_existing);
+  const std::string micro = (dir / "host_probe_micro.json").string();
+  auto step_ms = [&](double adam, std::string* assumptions) {
+    { std::ofstream(dir / "host_probe_offload.json")
+          << R"({"cpu_threads": 32, "cpu_adamw_fused": {"params_per_s": )" << adam
+          << R"(}, "cpu_cast_fp32_bf16": {"params_per_s": 2e10},)"
+          << R"( "pinned_copy": {"h2d_bytes_per_s": 4e10, "d2h_bytes_per_s": 3e10}})"; }
+    const std::string json = (dir / "w.json").string();
+    const test::CommandResult r = test::run_hetplan(
+        "whatif --hf-config " + std::string(HETPLAN_SOURCE_DIR) + "/scripts/validation/whatif/gpt-1.3b.json" +
+        " --gpu H100 --seq 2048 --gpus 1 --micro-batch 4 --rows ZeRO-2+offload --deepspeed-config " +
+        std::string(HETPLAN_SOURCE_DIR) + "/scripts/validation/whatif/ds_offload_1gpu.json --host-probe " + micro +
+        " --json " + json);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const ordered_json row = rows_by_name(read_json_file(json))["ZeRO-2+offload"];
+    if (assumptions) *assumptions = row["assumptions"].dump();
+    return row["step_ms"].get<double>();
+  };
+  std::string said;
+  const double t1 = step_ms(1e9, &said), t2 = step_ms(2e9, nullptr), t4 = step_ms(4e9, nullptr);
+  CHECK(said.find("CPU Adam 1.00e9 params/s per host (probe ") != std::string::npos);
+  CHECK(said.find("40.0 GB/s pinned") != std::string::npos);
+  // Linear in 1 / rate: the step's CPU Adam is N / rate.
+  CHECK(t1 - t2 > 100);
+  CHECK(t1 - t2 == Approx(2 * (t2 - t4)).epsilon(1e-9));
+  // A figure missing: refused, naming the file and the key.
+  { std::ofstream(dir / "host_probe_offload.json") << R"({"cpu_adamw_fused": {}})"; }
+  HostSpec h;
+  try {
+    read_host_probe_offload(micro, h);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("host_probe_offload.json") != std::string::npos);
+    CHECK(std::string(e.what()).find("params_per_s") != std::string::npos);
+  }
+  std::filesystem::remove(dir / "host_probe_offload.json");
+  CHECK_FALSE(read_host_probe_offload(micro, h));
 }
 
 TEST_CASE("whatif: a batch-1 step of the validation GPT is host-bound with checkpointing, not with graphs",
@@ -754,13 +880,13 @@ TEST_CASE("inference: HF generate eager is host-bound, a graph-captured decoder 
   const double ops = hf_decode_ops_per_layer(m) * m.num_layers + hf_decode_ops_per_step(m);
   CHECK(ops == 61 * 28 + 31);
   CHECK(eager.decode_ms_per_token == Approx(ops * default_host_costs().nograd_op_us * 1e-3).epsilon(1e-12));
-  // Graphs: the roofline step plus the small kernels' GPU floor (every kernel but the 7 x 28 GEMVs and the head).
+  // Graphs: the roofline step plus every kernel's GPU floor (the 7 x 28 GEMVs and the head too).
   const double kernels = hf_decode_kernels_per_layer(m) * m.num_layers + hf_decode_kernels_per_step(m);
   s.launch.graph_kernel_us = 0;
   s.launch.runtime = LaunchRuntime::kGraphs;
   const double roofline_ms = cost_inference(m, g, s).decode_ms_per_token;
   CHECK(graphs.decode_ms_per_token ==
-        Approx(roofline_ms + (kernels - 7 * 28 - 1) * kDefaultGraphKernelUs * 1e-3).epsilon(1e-12));
+        Approx(roofline_ms + kernels * kDefaultGraphKernelUs * 1e-3).epsilon(1e-12));
   CHECK(eager.decode_ms_per_token > 1.5 * graphs.decode_ms_per_token);
 }
 
