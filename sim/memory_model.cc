@@ -240,10 +240,12 @@ bool scheduled_peak_applies(const RankShard& r, int num_layers) {
 // out->activations (the live chunks' stores and the boundary tensors held) and
 // out->recompute_workspace (the working set of the backward that runs then). `chunk_terms(a, b, &stored,
 // &peak)` gives one micro-batch's store on layers [a, b) and the most a layer there holds beyond it.
+// `inputs_counted`: those stores include each layer's input (the analytic terms count a block's first norm
+// input), so a chunk's received input is in them already; measured ones count each layer's output instead.
 // REQUIRES: scheduled_peak_applies(r, num_layers).
 template <class ChunkTerms>
 void scheduled_peak(const ModelShape& m, const TrainingSetup& s, const RankShard& r, int num_layers,
-                    ChunkTerms&& chunk_terms, MemoryBreakdown* out) {
+                    bool inputs_counted, ChunkTerms&& chunk_terms, MemoryBreakdown* out) {
   const int v = r.schedule == Schedule::kInterleaved1F1B ? r.virtual_stages : 1;
   const int last_vstage = r.pp * v - 1;
   // One boundary tensor: the micro-batch's hidden states (every tp rank receives and sends them whole).
@@ -255,7 +257,7 @@ void scheduled_peak(const ModelShape& m, const TrainingSetup& s, const RankShard
     if (v > 1) chunk_layers(r.first_layer, r.end_layer, num_layers, v, c, &a, &b);
     chunk_terms(a, b, &stored[c], &peak[c]);
     const int k = virtual_stage(r.pp, r.stage, c);
-    input[c] = k > 0 ? boundary : 0.0;  // received from the virtual stage before
+    input[c] = k > 0 && !inputs_counted ? boundary : 0.0;  // received from the virtual stage before
     // Kept after the micro-batch's backward on this chunk (replay's held sends): its output sent on, its
     // input's gradient sent back.
     sent[c] = s.sends_held ? (k < last_vstage ? boundary : 0.0) + (k > 0 ? boundary : 0.0) : 0.0;
@@ -356,7 +358,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   out.activations = per_mb * r.in_flight / r.virtual_stages;
   out.recompute_workspace = one_layer_full;
   if (walk && !measured)
-    scheduled_peak(m, s, r, last + 1, [&](int a, int b, double* stored, double* peak) {
+    scheduled_peak(m, s, r, last + 1, /*inputs_counted=*/true, [&](int a, int b, double* stored, double* peak) {
       *stored = analytic_stored(a, b);
       *peak = one_layer_full;
     }, &out);
@@ -427,7 +429,7 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
     measured_terms(r.first_layer, r.end_layer, &stored, &peak);
     out.activations = stored * r.in_flight / r.virtual_stages;
     out.recompute_workspace = peak;
-    if (walk) scheduled_peak(m, s, r, last + 1, measured_terms, &out);
+    if (walk) scheduled_peak(m, s, r, last + 1, /*inputs_counted=*/false, measured_terms, &out);
   }
   // Two peaks: the backward's start (the activations, and the 16-bit weight copies in Megatron's accounting,
   // which the backward releases) and its end (the gradients, where allocated in the backward). DDP's old

@@ -114,7 +114,8 @@ struct TrainingSetup {
 // (chunk_layers: the embedding with chunk 0, the head with chunk v - 1, uneven block
 // counts) times its own micro-batches live there, plus the stage-boundary tensors replay
 // keeps: the input received for each live micro-batch of a chunk that does not start the
-// model (the profile's layers count their outputs, not that input), and, with
+// model (measured profiles count each layer's output, not that input; the analytic terms
+// count a block's input, so there it is in them already), and, with
 // TrainingSetup::sends_held, every boundary tensor sent so far whose micro-batch has been
 // backwarded on that chunk (replay waits for its sends when the stage's ops end, and a
 // send keeps its tensor until then).

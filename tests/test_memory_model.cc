@@ -419,3 +419,22 @@ TEST_CASE("sequence parallelism over measured profiles splits the residual strea
   CHECK(activations(false, 6, 12, Recompute::kNone) - activations(true, 6, 12, Recompute::kNone) ==
         Approx(10 * 15.0).epsilon(1e-9));
 }
+
+// The analytic terms count each block's input (its first norm's), so a stage's received input is in them:
+// walking the op order adds no boundary tensor for it (the measured path above does), only the held sends.
+TEST_CASE("analytic activations already hold the received input", "[memory][interleaved]") {
+  const ModelShape m = gpt2_shape(50304, 2560, 10, 20, 2048);
+  TrainingSetup s;
+  s.flash_attention = true;
+  RankShard r;
+  r.first_layer = 3, r.end_layer = 6, r.pp = 4, r.stage = 1, r.micro_batch = 2, r.seq = 2048;
+  r.in_flight = 3;  // 1F1B, stage 1 of 4
+  const double counted = rank_memory(m, s, r).activations;
+  r.schedule = Schedule::k1F1B;
+  r.microbatches = 8;
+  CHECK(rank_memory(m, s, r).activations == Approx(counted).epsilon(1e-12));
+  // With replay's held sends: before the sixth backward, 5 backwarded micro-batches keep their sent output
+  // and input gradient (2 x 20 MiB each): 3 live, as before, plus 200 MiB.
+  s.sends_held = true;
+  CHECK(rank_memory(m, s, r).activations == Approx(counted + 10 * 2.0 * 2048 * 2560 * 2).epsilon(1e-12));
+}

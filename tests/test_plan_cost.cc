@@ -408,13 +408,13 @@ TEST_CASE("rank grid: a mixed dp 2 x tp 2 stage gives each rank its own replica"
     CHECK(r.breakdown.allocator_reserve == allocator_reserve_bytes(b.allocated_peak(), dm));
   }
   // Pinned: the A100 replica (ranks 6, 7) takes 11 of the 16 samples, the V100 one (8, 9) 5; each rank
-  // holds 2 in-flight micro-batches of its own replica's share, with their received inputs (activations
-  // linear in the share).
+  // holds 2 in-flight micro-batches of its own replica's share (activations linear in the share; the
+  // analytic terms count each block's input, the received one included).
   CHECK(detail.shares == std::vector<int>{11, 5});
-  CHECK(detail.ranks[0].breakdown.activations == 11811160064.0);
-  CHECK(detail.ranks[1].breakdown.activations == 11811160064.0);
-  CHECK(detail.ranks[2].breakdown.activations == 5368709120.0);
-  CHECK(detail.ranks[3].breakdown.activations == 5368709120.0);
+  CHECK(detail.ranks[0].breakdown.activations == 11626610688.0);
+  CHECK(detail.ranks[1].breakdown.activations == 11626610688.0);
+  CHECK(detail.ranks[2].breakdown.activations == 5284823040.0);
+  CHECK(detail.ranks[3].breakdown.activations == 5284823040.0);
   CHECK(detail.ranks[0].breakdown.activations * 5 == detail.ranks[2].breakdown.activations * 11);
   // The dp all-reduce groups are {6, 8} and {7, 9}.
   const Network net(s.cluster, layout, sim.options().network);
