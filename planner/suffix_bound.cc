@@ -100,14 +100,13 @@ template <bool kTails>
 // next0 + e (depth + 1); hc/gc/g0c the stage's own entries. A stage whose busy time (with kTails: or its
 // busy time less its last send plus its tail) is above `threshold` ends the walk (its time, accumulation
 // and tail only grow with its layers); one with no estimate (a missing
-// profile) is skipped; so is one whose busy time is above `busy_limit` (<= threshold: the threshold less
-// the passes of the stages before it, SuffixBoundBuilder::prefix_passes_ms). One call per row, so the dynamic program's inner loops are all in the AVX2 build.
+// profile) is skipped. One call per row, so the dynamic program's inner loops are all in the AVX2 build.
 // With kTails, tail_row[e] is the stage's tail with layers up to e, tails the tail_paths table and tc the
 // stage's own entries of it.
 template <bool kTails>
 [[gnu::always_inline]] inline void relax_row_body(const StageEstimate* xs, int e_begin, int e_end, int q_cap,
                                                   int layers, int depth, int micro_batches, double sf, double sb,
-                                                  double threshold, double busy_limit, const double* coef, const double* paths,
+                                                  double threshold, const double* coef, const double* paths,
                                                   const double* last_trips, const double* first_trips,
                                                   std::size_t next0, double* hc, double* gc, double* g0c,
                                                   const double* tail_row, const double* tails, double* tc) {
@@ -116,7 +115,7 @@ template <bool kTails>
     const StageEstimate x = xs[e - e_begin];
     if (!std::isfinite(x.t)) continue;
     const double busy = md * x.t + m1 * x.a + sb;
-    if (busy > busy_limit) break;
+    if (busy > threshold) break;
     // With the tails: the stage's compute then its all-reduce and step are a chain of every plan with it
     // (tail_paths), and both only grow with its layers.
     if constexpr (kTails)
@@ -136,11 +135,11 @@ template <bool kTails>
 
 #define HETPLAN_RELAX_ROW_ARGS                                                                                    \
   const StageEstimate *xs, int e_begin, int e_end, int q_cap, int layers, int depth, int micro_batches, double sf, \
-      double sb, double threshold, double busy_limit, const double *coef, const double *paths, const double *last_trips,            \
+      double sb, double threshold, const double *coef, const double *paths, const double *last_trips,            \
       const double *first_trips, std::size_t next0, double *hc, double *gc, double *g0c, const double *tail_row, \
       const double *tails, double *tc
 #define HETPLAN_RELAX_ROW_CALL(T)                                                                                 \
-  relax_row_body<T>(xs, e_begin, e_end, q_cap, layers, depth, micro_batches, sf, sb, threshold, busy_limit, coef, paths,     \
+  relax_row_body<T>(xs, e_begin, e_end, q_cap, layers, depth, micro_batches, sf, sb, threshold, coef, paths,     \
                     last_trips, first_trips, next0, hc, gc, g0c, tail_row, tails, tc)
 void relax_row_plain(HETPLAN_RELAX_ROW_ARGS) { HETPLAN_RELAX_ROW_CALL(false); }
 void relax_row_plain_tails(HETPLAN_RELAX_ROW_ARGS) { HETPLAN_RELAX_ROW_CALL(true); }
@@ -351,15 +350,6 @@ SuffixBoundBuilder::SuffixBoundBuilder(const SearchSpace& space, const Feasibili
                                [](const TrainingSetup& st) { return st.finetune == Finetune::kFull; })),
       tails_on_(plain_tails(space, options)),
       relax_row_(pick_relax_row(tails_on_)) {
-  {
-    const std::vector<std::vector<double>> least = least_gpu_ms_per_sample(space, profiles, cluster);
-    least_prefix_ms_.assign(space.layers + 1, 0.0);
-    for (int l = 0; l < space.layers; ++l) {
-      double lo = kInf;
-      for (const std::vector<double>& per_type : least) lo = std::min(lo, per_type[l]);
-      least_prefix_ms_[l + 1] = least_prefix_ms_[l] + (std::isfinite(lo) ? lo : 0.0);
-    }
-  }
   if (!tails_on_) return;
   const ModelShape& shape = simulator.shape();
   const int layers = space.layers;
@@ -486,17 +476,16 @@ void SuffixBoundBuilder::relax(int group, SuffixBound* bound, bool last_stages) 
 }
 
 // The estimates of stage [r, r + s) at (s / tp, tp) with layers [l, e) for e = l + 1 .. e_end - 1, into
-// pass.row, up to the first whose busy time is above `busy_limit` or (with the tails) whose busy time and
-// tail are above `threshold` (relax_row's walk ends there: both only grow with the layers, so the estimates after it are
+// pass.row, up to the first whose busy time (with the tails: or its busy time less its last send plus its
+// tail) is above `threshold` (relax_row's walk ends there: both only grow with the layers, so the estimates after it are
 // never read); returns the end of the walk. REQUIRES (tails_on_): pass.tail_row holds this l's tails.
 int SuffixBoundBuilder::estimate_row(Pass& pass, int r, int s, int tp, int l, int e_end, bool homo, bool inside,
-                                     double sb, double threshold, double busy_limit) const {
+                                     double sb, double threshold) const {
   const double md = pass.micro_batches, m1 = pass.micro_batches - 1;
   for (int e = l + 1; e < e_end; ++e) {
     const StageEstimate x = pass.estimator.estimate(r, s, tp, l, e, homo, inside);
     pass.row[e - l - 1] = x;
-    if (std::isfinite(x.t) && (md * x.t + m1 * x.a + sb > busy_limit ||
-                               (tails_on_ && md * x.t + m1 * x.a + pass.tail_row[e] > threshold)))
+    if (std::isfinite(x.t) && md * x.t + m1 * x.a + (tails_on_ ? std::max(sb, pass.tail_row[e]) : sb) > threshold)
       return e + 1;
   }
   return e_end;
@@ -547,11 +536,9 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
     // Layers [l, e) for e < L (a stage follows), as one row of estimates.
     const int e_end = std::min(layers, e_fit);
     const StageEstimate* xs = cached ? cached + span_index(layers, l, l + 1) : pass.row.data();
-    // Micro-batch 0's forward to this stage and m - 1's backward back are on its busy time's chain too.
-    const double busy_limit = threshold - prefix_passes_ms(r, l, pass.micro_batch);
-    const int e_stop = cached ? e_end : estimate_row(pass, r, s, tp, l, e_end, homo, inside, sb, threshold, busy_limit);
+    const int e_stop = cached ? e_end : estimate_row(pass, r, s, tp, l, e_end, homo, inside, sb, threshold);
     relax_row_(xs, l + 1, e_stop, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold,
-               busy_limit, pass.coef.data(), path_data, last_trip_data, first_trip_data,
+               pass.coef.data(), path_data, last_trip_data, first_trip_data,
                bound->index(0, r + s, 0) - 1, path_data + here, last_trip_data + here, first_trip_data + here,
                pass.tail_row.data(), tail_data, tail_data ? tail_data + here : nullptr);
   }

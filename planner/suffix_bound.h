@@ -186,24 +186,13 @@ class SuffixBoundBuilder {
   double tail_ms(const TailRates& rates, int tp, int l, int e) const {
     return rates.at(tail_params(tp, l, e), tail_bytes(l, e));
   }
-  // A lower bound on the passes of the stages before a stage that starts at rank r > 0 and layer l (micro-batch
-  // 0's forwards and sends up to it, micro-batch m - 1's backwards back to rank 0), which every chain through
-  // the stage's busy time also follows: each of layers [0, l) runs in one of those stages, on at most
-  // min(r, micro_batch x max tp) GPUs (dp <= the micro-batch), and a stage's slowest replica takes at least
-  // its GPUs' mean time, so at least the micro-batch x the layer's least GPU-ms per sample over the types
-  // (least_gpu_ms_per_sample, forward and backward) over those GPUs. 0 at r = 0.
-  double prefix_passes_ms(int r, int l, int micro_batch) const {
-    if (r <= 0 || l <= 0) return 0.0;
-    const double gpus = std::min(static_cast<double>(r), static_cast<double>(micro_batch) * space_.max_tp);
-    return micro_batch * least_prefix_ms_[l] / gpus;
-  }
   // Parameters on a rank of layers [l, e) at tp in a pipeline of two or more stages; their bytes.
   double tail_params(int tp, int l, int e) const { return tail_params_[tp][e] - tail_params_[tp][l]; }
   double tail_bytes(int l, int e) const { return tail_bytes_[e] - tail_bytes_[l]; }
 
   // The builds of the dynamic program's rows (relax_row in suffix_bound.cc): one for this CPU.
   using RelaxRow = void (*)(const stage_estimates::StageEstimate*, int, int, int, int, int, int, double, double,
-                            double, double, const double*, const double*, const double*, const double*, std::size_t, double*,
+                            double, const double*, const double*, const double*, const double*, std::size_t, double*,
                             double*, double*, const double*, const double*, double*);
 
  private:
@@ -211,7 +200,7 @@ class SuffixBoundBuilder {
   void relax(int group, SuffixBound* bound, bool last_stages) const;
   void relax_stage(Pass& pass, int r, int s, int tp) const;
   int estimate_row(Pass& pass, int r, int s, int tp, int l, int e_end, bool homo, bool inside, double sb,
-                   double threshold, double busy_limit) const;
+                   double threshold) const;
 
   const SearchSpace& space_;
   const FeasibilityTables& tables_;
@@ -232,7 +221,6 @@ class SuffixBoundBuilder {
   // rates by (position of r, position of r + s, tp), kRateFields each, NaN until computed.
   std::vector<std::vector<double>> tail_params_;
   std::vector<double> tail_bytes_, full_params_on_rank_;
-  std::vector<double> least_prefix_ms_;  // [l]: the sum over layers [0, l) of their least GPU-ms per sample
   double full_bytes_ = 0;
   std::vector<std::vector<int>> position_;  // [order][rank]: its index among the order's stage starts, or -1
   std::vector<int> positions_;              // [order]: stage starts (the end included)
