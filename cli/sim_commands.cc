@@ -38,7 +38,7 @@ std::string fixed(double v, int digits) {
 struct SetupArgs {
   int zero = 0;
   std::string recompute = "none", precision = "bf16", accounting = "auto", bandwidth_unit = "GB/s";
-  bool sequence_parallel = false, flash = false, deepspeed_buffers = false, ddp_buckets = false;
+  bool sequence_parallel = false, flash = false, deepspeed_buffers = false, ddp_buckets = false, held_sends = false;
   std::string ddp_old_buckets;  // "": the activations' peak (or the plan file's)
   std::string offload = "none";
   int recompute_every = 1;
@@ -114,6 +114,10 @@ void add_setup_options(CLI::App* s, SetupArgs& a, double default_framework_mb) {
                 "With --ddp-buckets: at which of the second step's peaks DDP's old buckets, held across its rebuild "
                 "until ProcessGroupNCCL's watchdog polls, are counted: none, activations (the backward's start; "
                 "default), gradients (its end) or both. `whatif` times it; its --export records it");
+  s->add_flag("--held-sends", a.held_sends,
+              "Count the stage-boundary tensors that `hetplan replay`'s pipeline sends keep until the stage's last "
+              "op (replay today; Megatron frees each as its send completes): every micro-batch's output sent on and "
+              "input gradient sent back, a sum that grows with the micro-batches. For comparing with replay");
   s->add_option("--recompute-every", a.recompute_every,
                 "With --recompute full: checkpoint only every k-th block (selective activation checkpointing)")
       ->capture_default_str()
@@ -135,6 +139,7 @@ TrainingSetup make_setup(const SetupArgs& a) {
     throw InputError("--accounting: '" + excerpt(a.accounting) + "': expected zero, deepspeed, megatron, fsdp2 or auto");
   s.sequence_parallel = a.sequence_parallel;
   s.flash_attention = a.flash;
+  s.sends_held = a.held_sends;
   s.deepspeed.model = a.deepspeed_buffers;
   s.ddp.model = a.ddp_buckets;
   if (!a.ddp_old_buckets.empty()) parse_old_buckets_phases(a.ddp_old_buckets, "--ddp-old-buckets", s.ddp);

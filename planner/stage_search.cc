@@ -332,7 +332,8 @@ void UnitSearch::descend(int i, int r, int l) {
   FastStageCost* sc = &w_.stage_costs[static_cast<std::size_t>(i) * setups_];
   std::string why;
   const StageCache::Key ck = cacheable_ ? StageCache::key(u_.group, f.r, sh.s, sh.tp, f.l, f.l + k, i == 0, f.last,
-                                                          in_flight_microbatches(schedule_, stages_, i, micro_batches_, v_))
+                                                          in_flight_microbatches(schedule_, stages_, i, micro_batches_, v_),
+                                                          v_ > 1 ? stages_ : 0)
                                         : StageCache::Key{};
   bool hit = false;
   FastStageCost* cached = cacheable_ ? w_.cache.slot(ck, &hit) : nullptr;

@@ -50,7 +50,8 @@ inline unsigned long long plan_id(const std::vector<int>& order) {
 
 // A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
 // group, its ranks, (dp, tp), layers, whether it is the first and the last stage, and its in-flight
-// micro-batches (the memory of its activations): not on the stages around it, so the same stage met
+// micro-batches (which fix its op order, hence the memory of its activations; interleaved, with the
+// pipeline depth): not on the stages around it, so the same stage met
 // again under another pipeline depth or prefix is looked up. Direct-mapped, fixed size: a collision
 // overwrites; no allocation after construction. Costs are a pure function of the key, so the cache
 // never changes a result.
@@ -65,8 +66,12 @@ class StageCache {
     bool operator==(const Key& o) const { return a == o.a && b == o.b; }
   };
   static_assert(std::is_trivially_copyable_v<Key> && std::is_trivially_copyable_v<FastStageCost>);
-  static Key key(int group, int r, int s, int tp, int l, int e, bool first, bool last, int in_flight) {
-    return Key{(static_cast<unsigned long long>(group) << 32) | (static_cast<unsigned long long>(r) << 1) | (first ? 1u : 0u),
+  // `pp`: the pipeline depth where the stage's op order depends on more than its in-flight count (interleaved:
+  // the micro-batch groups are pp long; the memory model walks that order), else 0. REQUIRES: r < 2^20,
+  // pp < 2^11.
+  static Key key(int group, int r, int s, int tp, int l, int e, bool first, bool last, int in_flight, int pp = 0) {
+    return Key{(static_cast<unsigned long long>(group) << 32) | (static_cast<unsigned long long>(pp) << 21) |
+                   (static_cast<unsigned long long>(r) << 1) | (first ? 1u : 0u),
                (static_cast<unsigned long long>(s) << 40) | (static_cast<unsigned long long>(tp) << 32) |
                    (static_cast<unsigned long long>(l) << 22) | (static_cast<unsigned long long>(e) << 12) |
                    (static_cast<unsigned long long>(in_flight & 0x7ff) << 1) | (last ? 1u : 0u)};

@@ -389,7 +389,8 @@ def main():
             for f in sorted(glob.glob(f"{work}/*.plan.json")):
                 name = os.path.basename(f)[: -len(".plan.json")]
                 meta = json.load(open(f"{work}/{name}.meta.json"))
-                run([a.bin, "simulate", "--plan", f, "--hf-config", meta["hf_config"], "--json", f"{work}/{name}.sim.json"])
+                run([a.bin, "simulate", "--plan", f, "--hf-config", meta["hf_config"], "--held-sends",
+                     "--json", f"{work}/{name}.sim.json"])
                 simulate_metis(a.bin, f, work, name)
         text = table(work, info.get("suite", "suite"), info.get("machine", "unknown"))
         print(text)
@@ -417,7 +418,9 @@ def main():
         json.dump(plan, open(f, "w"), indent=1)
         json.dump({"model": p["model"], "hf_config": m["hf_config"], "note": p.get("note", "")},
                   open(f"{work}/{p['name']}.meta.json", "w"), indent=1)
-        run([a.bin, "simulate", "--plan", f, "--hf-config", m["hf_config"], "--json", f"{work}/{p['name']}.sim.json"], log)
+        # --held-sends: replay's pipeline sends keep their tensors until the stage's last op (sim/memory_model.h).
+        run([a.bin, "simulate", "--plan", f, "--hf-config", m["hf_config"], "--held-sends", "--json",
+             f"{work}/{p['name']}.sim.json"], log)
         simulate_metis(a.bin, f, work, p["name"], log)
     for p in plans:
         m = suite["models"][p["model"]]

@@ -226,6 +226,58 @@ ShardParams shard_params(const ModelShape& m, int first, int end, int pp, const 
   return out;
 }
 
+namespace {
+
+// Whether rank_memory takes the activations from the stage's op order: the schedule is known and every
+// chunk has a block (chunk_layers' precondition; a plan that interleaves has them).
+bool scheduled_peak_applies(const RankShard& r, int num_layers) {
+  if (r.microbatches <= 0) return false;
+  const int v = r.schedule == Schedule::kInterleaved1F1B ? r.virtual_stages : 1;
+  return v >= 1 && v <= kMaxVirtualStages && (v == 1 || stage_blocks(r.first_layer, r.end_layer, num_layers) >= v);
+}
+
+// The rank's activations at the worst moment of its op order (RankShard's comment): sets
+// out->activations (the live chunks' stores and the boundary tensors held) and
+// out->recompute_workspace (the working set of the backward that runs then). `chunk_terms(a, b, &stored,
+// &peak)` gives one micro-batch's store on layers [a, b) and the most a layer there holds beyond it.
+// `inputs_counted`: those stores include each layer's input (the analytic terms count a block's first norm
+// input), so a chunk's received input is in them already; measured ones count each layer's output instead.
+// REQUIRES: scheduled_peak_applies(r, num_layers).
+template <class ChunkTerms>
+void scheduled_peak(const ModelShape& m, const TrainingSetup& s, const RankShard& r, int num_layers,
+                    bool inputs_counted, ChunkTerms&& chunk_terms, MemoryBreakdown* out) {
+  const int v = r.schedule == Schedule::kInterleaved1F1B ? r.virtual_stages : 1;
+  const int last_vstage = r.pp * v - 1;
+  // One boundary tensor: the micro-batch's hidden states (every tp rank receives and sends them whole).
+  const double boundary = static_cast<double>(r.micro_batch) * r.seq * m.hidden_size *
+                          (s.precision == Precision::kFp32 ? 4.0 : 2.0);
+  double stored[kMaxVirtualStages], peak[kMaxVirtualStages], input[kMaxVirtualStages], sent[kMaxVirtualStages];
+  for (int c = 0; c < v; ++c) {
+    int a = r.first_layer, b = r.end_layer;
+    if (v > 1) chunk_layers(r.first_layer, r.end_layer, num_layers, v, c, &a, &b);
+    chunk_terms(a, b, &stored[c], &peak[c]);
+    const int k = virtual_stage(r.pp, r.stage, c);
+    input[c] = k > 0 && !inputs_counted ? boundary : 0.0;  // received from the virtual stage before
+    // Kept after the micro-batch's backward on this chunk (replay's held sends): its output sent on, its
+    // input's gradient sent back.
+    sent[c] = s.sends_held ? (k < last_vstage ? boundary : 0.0) + (k > 0 ? boundary : 0.0) : 0.0;
+  }
+  double best = -1, best_activations = 0, best_workspace = 0;
+  for_each_backward(r.schedule, r.pp, r.stage, r.microbatches, v, [&](int chunk, const int* live, const int* done) {
+    double held = 0;
+    for (int c = 0; c < v; ++c) held += live[c] * (stored[c] + input[c]) + done[c] * sent[c];
+    if (held + peak[chunk] > best) {
+      best = held + peak[chunk];
+      best_activations = held;
+      best_workspace = peak[chunk];
+    }
+  });
+  out->activations = best_activations;
+  out->recompute_workspace = best_workspace;
+}
+
+}  // namespace
+
 MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r) {
   return rank_memory(m, s, r, shard_params(m, r.first_layer, r.end_layer, r.pp, s));
 }
@@ -282,22 +334,34 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   int adapters = 0;
   for (const auto& l : m.block_linears()) adapters += (s.lora_targets & l.target) ? 1 : 0;
   const double adapter_bytes = 2.0 * r.seq * r.micro_batch * s.lora_rank * adapters;  // x A of each adapter
-  for (int layer = r.first_layer; layer < r.end_layer; ++layer) {
-    if (layer == 0) {
-      per_mb += embedding_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
-    } else if (layer == last) {
-      per_mb += head_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, s.fp32_residual,
-                                      s.eager_fp32_loss);
-    } else {
-      per_mb += block_avg;
-      if (s.finetune != Finetune::kFull) per_mb += adapter_bytes;
+  // What one micro-batch stores on layers [a, b) (analytic terms).
+  auto analytic_stored = [&](int a, int b) {
+    double sum = 0;
+    for (int layer = a; layer < b; ++layer) {
+      if (layer == 0) {
+        sum += embedding_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
+      } else if (layer == last) {
+        sum += head_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, s.fp32_residual,
+                                     s.eager_fp32_loss);
+      } else {
+        sum += block_avg;
+        if (s.finetune != Finetune::kFull) sum += adapter_bytes;
+      }
     }
-  }
+    return sum;
+  };
+  per_mb = analytic_stored(r.first_layer, r.end_layer);
   if (s.recompute == Recompute::kFull && any_block)
     one_layer_full = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
                                             s.flash_attention, s.precision, s.fp32_residual);
+  const bool walk = scheduled_peak_applies(r, last + 1);
   out.activations = per_mb * r.in_flight / r.virtual_stages;
   out.recompute_workspace = one_layer_full;
+  if (walk && !measured)
+    scheduled_peak(m, s, r, last + 1, /*inputs_counted=*/true, [&](int a, int b, double* stored, double* peak) {
+      *stored = analytic_stored(a, b);
+      *peak = one_layer_full;
+    }, &out);
   if (measured) {
     // Measured on the GPU: what the kernels really keep. A plan that recomputes
     // differently from the profiled run scales the stored bytes by the analytic
@@ -324,25 +388,48 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
     const double vh = static_cast<double>(m.vocab_size) * m.hidden_size;
     const double embedding_unit = vh / tp + (static_cast<double>(m.embedding_params()) - vh);
     const double block_unit = static_cast<double>(m.block_sharded_params()) / tp + m.block_replicated_params();
-    double stored = 0, peak = 0, later = 0;
-    for (int l = r.end_layer - 1; l >= r.first_layer; --l) {
-      const int i = l - r.first_layer;
-      const bool block = l > 0 && l < last;
-      const double held = measured->activation_mb[i] * kMiB * measured->scale * (block ? ratio : 1.0);
-      stored += held;
-      double unit_l = block_unit;
-      if (l == 0) unit_l = embedding_unit;
-      if (l == last)  // the head, or the tied embedding gathered for it on the same stage
-        unit_l = (head_has_own_weights(m, r.pp, r.first_layer) ? vh / tp : embedding_unit) + m.norm_params();
-      const double running = measured->working_mb[i] * kMiB * measured->scale +
-                             (block && rematerialise ? one_layer_full : 0.0) +
-                             (layer_units ? gathered_b * unit_l : 0.0);
-      peak = std::max(peak, running - later);
-      if (layer_units) peak = std::max(peak, (gathered_b + bucket_b) * unit_l - later - held);
-      later += held;
-    }
+    // What one micro-batch stores on layers [a, b), and the most beyond it that a layer's forward or
+    // backward holds while the layers after it have freed theirs.
+    // Sequence parallelism the profiled run did not have (replay's GPT, profiler/gpt.h): the residual
+    // stream between the layers of a GPT (a stage, or a chunk) is split over tp, so a layer's stored output
+    // (the profile counts each layer's output, the next one's norm input) and a block's residual after
+    // attention (the second norm's input) are 1 / tp as large; the inputs of the column-parallel GEMMs are
+    // all-gathered and kept whole, as are the GPT's own output (the stage's last layer) and the head's.
+    // (Megatron keeps those GEMM inputs sharded too and gathers them again in the backward: the analytic
+    // layer_activation_bytes.) Where the plan recomputes differently from the profile, the analytic ratio
+    // above is taken alone.
+    const bool sp_split =
+        s.sequence_parallel && r.tp > 1 && !measured->sequence_parallel && measured->recompute == s.recompute;
+    const double residual = static_cast<double>(r.micro_batch) * r.seq * m.hidden_size * (s.fp32_residual ? 4.0 : 2.0);
+    const double sp_saved = sp_split ? residual * (1.0 - 1.0 / r.tp) : 0.0;
+    auto measured_terms = [&](int a, int b, double* stored, double* peak) {
+      double later = 0;
+      *stored = *peak = 0;
+      for (int l = b - 1; l >= a; --l) {
+        const int i = l - r.first_layer;
+        const bool block = l > 0 && l < last;
+        const int split_tensors = l == last ? 0 : (l + 1 < b ? 1 : 0) + (block ? 1 : 0);
+        const double held =
+            std::max(0.0, measured->activation_mb[i] * kMiB * measured->scale * (block ? ratio : 1.0) -
+                              split_tensors * sp_saved);
+        *stored += held;
+        double unit_l = block_unit;
+        if (l == 0) unit_l = embedding_unit;
+        if (l == last)  // the head, or the tied embedding gathered for it on the same stage
+          unit_l = (head_has_own_weights(m, r.pp, r.first_layer) ? vh / tp : embedding_unit) + m.norm_params();
+        const double running = measured->working_mb[i] * kMiB * measured->scale +
+                               (block && rematerialise ? one_layer_full : 0.0) +
+                               (layer_units ? gathered_b * unit_l : 0.0);
+        *peak = std::max(*peak, running - later);
+        if (layer_units) *peak = std::max(*peak, (gathered_b + bucket_b) * unit_l - later - held);
+        later += held;
+      }
+    };
+    double stored = 0, peak = 0;
+    measured_terms(r.first_layer, r.end_layer, &stored, &peak);
     out.activations = stored * r.in_flight / r.virtual_stages;
     out.recompute_workspace = peak;
+    if (walk) scheduled_peak(m, s, r, last + 1, /*inputs_counted=*/false, measured_terms, &out);
   }
   // Two peaks: the backward's start (the activations, and the 16-bit weight copies in Megatron's accounting,
   // which the backward releases) and its end (the gradients, where allocated in the backward). DDP's old

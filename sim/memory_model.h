@@ -88,6 +88,11 @@ struct TrainingSetup {
   bool adam_8bit = false;          // bitsandbytes 8-bit Adam: m and v in 8 bits, one fp32 absmax per 2048 (2.004 B/param)
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  // Megatron --sequence-parallel (with tp; sim/sequence_parallel.h)
+  // `hetplan replay`'s pipeline sends keep their tensors until the stage's last op (RankRun::run_schedule
+  // waits for them then): each micro-batch's output sent on and input gradient sent back stay allocated
+  // after its backward, a growing sum over the iteration (RankShard). Megatron waits each send with its
+  // op, so they are not counted by default; validation against replay turns it on (simulate --held-sends).
+  bool sends_held = false;
   int context_parallel = 1;        // cp: ranks of a ring-attention group, carved from each stage's dp
                                    // (Megatron's order: tp, cp, dp); 1: none (sim/sequence_parallel.h)
   CommOverlap overlap;             // bucketed data-parallel communication during compute (sim/dp_overlap.h)
@@ -102,16 +107,28 @@ struct TrainingSetup {
 };
 
 // What one rank holds: Metis layers [first_layer, end_layer) at (tp, dp), as
-// stage `stage` of `pp`, with `in_flight` micro-batches of `micro_batch`
-// sequences of `seq` tokens. Interleaved (virtual_stages v > 1): the layers are
-// v chunks and `in_flight` counts (micro-batch, chunk) pairs, each 1 / v of the
-// layers' activations (in_flight_microbatches, sim/schedule.h).
+// stage `stage` of `pp`, micro-batches of `micro_batch` sequences of `seq` tokens.
+// With the schedule known (`microbatches` > 0: `schedule` over that many micro-batches,
+// `virtual_stages` v chunks per stage), the activations are those of the stage's op
+// order at its worst moment (for_each_backward, sim/schedule.h): each chunk
+// (chunk_layers: the embedding with chunk 0, the head with chunk v - 1, uneven block
+// counts) times its own micro-batches live there, plus the stage-boundary tensors replay
+// keeps: the input received for each live micro-batch of a chunk that does not start the
+// model (measured profiles count each layer's output, not that input; the analytic terms
+// count a block's input, so there it is in them already), and, with
+// TrainingSetup::sends_held, every boundary tensor sent so far whose micro-batch has been
+// backwarded on that chunk (replay waits for its sends when the stage's ops end, and a
+// send keeps its tensor until then).
+// `microbatches` 0 (whatif, a caller without a schedule): `in_flight` alike (micro-batch,
+// chunk) pairs, each 1 / v of the layers' activations, and no boundary tensors.
 struct RankShard {
   int first_layer = 0, end_layer = 0;
   int tp = 1, dp = 1, pp = 1, stage = 0;
   long long micro_batch = 1, seq = 1024;
   int in_flight = 1;
   int virtual_stages = 1;
+  Schedule schedule = Schedule::k1F1B;
+  int microbatches = 0;  // > 0: the schedule above runs this many (REQUIRES: StageOps' preconditions)
   int gpus_per_node = 8;  // for the CPU memory of offloading and model loading
 };
 
@@ -160,6 +177,10 @@ struct MeasuredActivations {
   const double* working_mb = nullptr;
   double scale = 1;
   Recompute recompute = Recompute::kNone;  // how the profiled run recomputed
+  // Whether the profiled run split the sequence over tp (`hetplan profile` never does). A plan with
+  // sequence parallelism over a profile without it stores 1 / tp of the residual-stream tensors the
+  // layers keep (rank_memory; sim/sequence_parallel.md, "Memory").
+  bool sequence_parallel = false;
 };
 
 // Model states of a rank whose model-parallel shard has `trainable` trainable

@@ -144,6 +144,7 @@ struct PlanCostModel::StageBasis {
   double sustained = 1, tpx_fwd = 0, tpx_bwd = 0;
   double send_forward = 0, send_backward = 0;
   int max_share = 0, in_flight = 1;
+  int batches = 1;                 // micro-batches per iteration (the memory model walks the stage's op order)
   int cp = 1;                      // context-parallel ranks per replica group (every replica d of a group
                                    // d / cp shares its samples; each computes 1/cp of them)
   double cpx_fwd = 0, cpx_bwd = 0;  // exposed ring-attention exchange per micro-batch (ms)
@@ -199,6 +200,7 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   b->tpx_fwd = b->tpx_bwd = b->send_forward = b->send_backward = b->cpx_fwd = b->cpx_bwd = 0;
   b->max_share = 0;
   b->in_flight = 1;
+  b->batches = batches;
   b->cp = cp;
   const int dp = s.st.dp;
   if (cp < 1 || dp % cp != 0) {
@@ -731,7 +733,7 @@ void PlanCostModel::stage_memory(const StageChoice& s, int index, int p, const S
         }
     }
     if (detail || type != memo_type || mb != memo_share || gpn != memo_gpn) {
-      memo_breakdown = rank_breakdown(s, index, p, b.in_flight, r, mb, gpn, setup, sp);
+      memo_breakdown = rank_breakdown(s, index, p, b.in_flight, b.batches, r, mb, gpn, setup, sp);
       memo_total = memo_breakdown.gpu_total();
       memo_type = type;
       memo_share = mb;
@@ -760,7 +762,7 @@ void PlanCostModel::stage_memory(const StageChoice& s, int index, int p, const S
 
 // The memory of rank r of stage `index` (of p) whose replica takes `mb` samples of each micro-batch, on a
 // node of `gpn` ranks, for one setup.
-MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, int p, int in_flight, int r, int mb,
+MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, int p, int in_flight, int batches, int r, int mb,
                                               int gpn, const TrainingSetup& setup, const ShardParams& sp) const {
   const int start = s.layer_begin, tp = s.st.tp;
   RankShard shard;
@@ -774,6 +776,8 @@ MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, i
   shard.seq = sim_->seq_ / std::max(1, setup.context_parallel);  // each cp rank holds its chunk of every sequence
   shard.in_flight = in_flight;
   shard.virtual_stages = virtual_stages();
+  shard.schedule = sim_->opt_.schedule;
+  shard.microbatches = batches;
   shard.gpus_per_node = gpn;
   // A negative framework constant means "as the profiles measured it".
   TrainingSetup rank_setup = setup;

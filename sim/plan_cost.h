@@ -225,8 +225,8 @@ class PlanCostModel {
   HostSpec host_for(int rank) const;
   void stage_memory(const StageChoice& s, int index, int num_stages, const StageBasis& b,
                     const TrainingSetup& setup, const ShardParams& sp, FastStageCost* c, StageDetail* detail) const;
-  MemoryBreakdown rank_breakdown(const StageChoice& s, int index, int num_stages, int in_flight, int r, int mb,
-                                 int gpn, const TrainingSetup& setup, const ShardParams& sp) const;
+  MemoryBreakdown rank_breakdown(const StageChoice& s, int index, int num_stages, int in_flight, int batches, int r,
+                                 int mb, int gpn, const TrainingSetup& setup, const ShardParams& sp) const;
 
   const PlanSimulator* sim_;
   const RankLayout* layout_;

@@ -170,6 +170,33 @@ class StageOps {
   int warmup_;
 };
 
+// The most model chunks a stage may hold (plan files and --vp accept up to 64).
+inline constexpr int kMaxVirtualStages = 64;
+
+// What a stage holds at each of its backwards, in its op order (StageOps): calls
+// visit(chunk, live, done) just before each backward, where `chunk` is the backward's model chunk,
+// live[c] the micro-batches forwarded on chunk c and not yet backwarded (the one about to be
+// backwarded among them), done[c] those already backwarded on chunk c (c < the stage's chunks).
+// A stage's activations peak just before one of its backwards (every forward adds, every backward
+// frees), so the memory model takes its peak over these points (sim/memory_model.h); which chunks are
+// live there matters where chunks differ (the embedding on the first stage's chunk 0, the head on the
+// last stage's chunk v - 1, uneven block counts). At pp 4, v 2 the first backward of stage 1 finds
+// 5 micro-batches live on chunk 0 and 4 on chunk 1, its fourth 8 and 1: not m v / v of each.
+// O(m v) time; allocates nothing. REQUIRES: as StageOps, virtual_stages <= kMaxVirtualStages.
+template <class Visit>
+void for_each_backward(Schedule schedule, int pp, int stage, int microbatches, int virtual_stages, Visit&& visit) {
+  int live[kMaxVirtualStages] = {}, done[kMaxVirtualStages] = {};
+  for (const PipelineOp op : StageOps(schedule, pp, stage, microbatches, virtual_stages)) {
+    if (op.forward) {
+      ++live[op.chunk];
+      continue;
+    }
+    visit(op.chunk, static_cast<const int*>(live), static_cast<const int*>(done));
+    --live[op.chunk];
+    ++done[op.chunk];
+  }
+}
+
 // Ops of one stage j along a chain of the timeline's dependencies (j's ops in stage order, the sends
 // between stages), as counts of j's forwards, backwards and accumulations (backwards of a micro-batch
 // after the first, which add into the gradients). The search's lower bounds add to them the round trip

@@ -324,3 +324,117 @@ TEST_CASE("FSDP2 accounting: fp32 shards and gradients, no 16-bit copy, an fp32 
   CHECK(z.weights + z.optimizer - (f.weights + f.optimizer) == Approx(2 * psi / 2));
   CHECK(reduced_gradient_bytes(s) == 2);
 }
+
+// A stage's activations at the worst moment of its op order (RankShard with `microbatches`): each chunk's
+// store times its own live micro-batches (for_each_backward), the input received for each, and (replay's
+// held sends, TrainingSetup::sends_held) the boundary tensors its sends keep until the stage's ops end. A GPT of 10 blocks (hidden 2560, micro-batch 2 of
+// 2048 tokens: one boundary tensor X = 2 * 2048 * 2560 * 2 B = 20 MiB) at pp 4, stages [0,3) [3,6) [6,9)
+// [9,12); measured stores (MiB): embedding 20, block 300, head 800; working sets 50, 40, 1500.
+TEST_CASE("interleaved and 1F1B activations follow the op order chunk by chunk", "[memory][interleaved]") {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const ModelShape m = gpt2_shape(50304, 2560, 10, 20, 2048);
+  REQUIRE(m.metis_num_layers() == 12);
+  std::vector<double> stored(12, 300.0), working(12, 40.0);
+  stored[0] = 20, working[0] = 50, stored[11] = 800, working[11] = 1500;
+  TrainingSetup s;
+  s.sends_held = true;  // as replay runs it (the figures of suite34-h100x4-run1's pp 4 rows)
+  auto activations = [&](Schedule schedule, int v, int stage, int microbatches, double* workspace) {
+    const int partition[] = {0, 3, 6, 9, 12};
+    RankShard r;
+    r.first_layer = partition[stage];
+    r.end_layer = partition[stage + 1];
+    r.pp = 4, r.stage = stage, r.micro_batch = 2, r.seq = 2048;
+    r.schedule = schedule;
+    r.virtual_stages = v;
+    r.in_flight = in_flight_microbatches(schedule, 4, stage, 8, v);
+    r.microbatches = microbatches;
+    MeasuredActivations ma;
+    ma.activation_mb = stored.data() + r.first_layer;
+    ma.working_mb = working.data() + r.first_layer;
+    const MemoryBreakdown b = rank_memory(m, s, r, shard_params(m, r.first_layer, r.end_layer, 4, s), &ma);
+    *workspace = b.recompute_workspace / kMiB;
+    return b.activations / kMiB;
+  };
+  double ws = 0;
+  // Interleaved, rank 1: chunk 0 holds 2 blocks (620 MiB with its input), chunk 1 one (320). The worst
+  // moment is its fifth backward (chunk 0): 8 micro-batches live on chunk 0, 1 on chunk 1, and chunk 1's
+  // four backwarded micro-batches each keep their sent output and input gradient:
+  // 8 * 620 + 320 + 4 * 40 = 5440, with a block's 40 working.
+  CHECK(activations(Schedule::kInterleaved1F1B, 2, 1, 8, &ws) == Approx(5440).epsilon(1e-9));
+  CHECK(ws == Approx(40));
+  // (The uniform rule: 9 pairs of half the stage's 900 MiB = 4050.)
+  CHECK(activations(Schedule::kInterleaved1F1B, 2, 1, 0, &ws) == Approx(4050).epsilon(1e-9));
+  // Rank 3: chunk 0 one block (320 with its input), chunk 1 a block and the head (1120), whose backward
+  // holds 1500 more. Worst: its twelfth backward (chunk 1), 4 live on chunk 0 and 1 on chunk 1, after 7
+  // backwards on chunk 1 (each keeps its input gradient: 20) and 4 on chunk 0 (output and gradient: 40):
+  // 4 * 320 + 1120 + 140 + 160 = 2700, and the head's 1500.
+  CHECK(activations(Schedule::kInterleaved1F1B, 2, 3, 8, &ws) == Approx(2700).epsilon(1e-9));
+  CHECK(ws == Approx(1500));
+  // Rank 0: chunk 0 the embedding and a block (320, no input received; it sends its output only: 20 kept),
+  // chunk 1 a block (320 with its input; 40 kept). Worst: its sixth backward (chunk 0): 7 and 4 live,
+  // after 4 backwards on chunk 1 and 1 on chunk 0: 11 * 320 + 160 + 20 = 3700.
+  CHECK(activations(Schedule::kInterleaved1F1B, 2, 0, 8, &ws) == Approx(3700).epsilon(1e-9));
+  // 1F1B, rank 1: 3 live (900 + its 20 input each) until the sixth backward, after 5 backwarded keeping 40:
+  // 2760 + 200 = 2960 (the count alone: 3 * 900 = 2700).
+  CHECK(activations(Schedule::k1F1B, 1, 1, 8, &ws) == Approx(2960).epsilon(1e-9));
+  CHECK(activations(Schedule::k1F1B, 1, 1, 0, &ws) == Approx(2700).epsilon(1e-9));
+  // Without the held sends (Megatron): the live micro-batches and their inputs only. Interleaved rank 1:
+  // 8 * 620 + 320 = 5280; 1F1B rank 1: 3 * 920 = 2760.
+  s.sends_held = false;
+  CHECK(activations(Schedule::kInterleaved1F1B, 2, 1, 8, &ws) == Approx(5280).epsilon(1e-9));
+  CHECK(activations(Schedule::k1F1B, 1, 1, 8, &ws) == Approx(2760).epsilon(1e-9));
+}
+
+// Sequence parallelism over measured profiles (taken without it): replay's GPT splits the residual stream
+// between its layers, so each stored layer output that stays inside the GPT (the embedding's, a block's)
+// and each block's residual after attention keep 1 / tp of b s h x 2 bytes; the all-gathered GEMM inputs,
+// the GPT's own output and the head's tensors stay whole. GPT of 10 blocks, tp 4, micro-batch 2 x 2048,
+// h 2560: one tensor is 20 MiB, 15 MiB saved per split tensor.
+TEST_CASE("sequence parallelism over measured profiles splits the residual stream only", "[memory][seqpar]") {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const ModelShape m = gpt2_shape(50304, 2560, 10, 20, 2048);
+  std::vector<double> stored(12, 140.0), working(12, 110.0);
+  stored[0] = 20, stored[11] = 216;
+  auto activations = [&](bool sp, int first, int end, Recompute recompute) {
+    TrainingSetup s;
+    s.sequence_parallel = sp;
+    s.recompute = recompute;
+    RankShard r;
+    r.first_layer = first;
+    r.end_layer = end;
+    r.tp = 4, r.pp = end == 12 && first == 0 ? 1 : 2, r.stage = first == 0 ? 0 : 1;
+    r.micro_batch = 2, r.seq = 2048;
+    MeasuredActivations ma;
+    ma.activation_mb = stored.data() + first;
+    ma.working_mb = working.data() + first;
+    return rank_memory(m, s, r, shard_params(m, first, end, r.pp, s), &ma).activations / kMiB;
+  };
+  // The whole model: the embedding's output and two tensors of each of the 10 blocks: 21 x 15 MiB.
+  CHECK(activations(false, 0, 12, Recompute::kNone) - activations(true, 0, 12, Recompute::kNone) ==
+        Approx(21 * 15.0).epsilon(1e-9));
+  // A stage [0, 6) ending in block 5, whose output leaves the GPT whole: 1 + 4 x 2 + 1 tensors.
+  CHECK(activations(false, 0, 6, Recompute::kNone) - activations(true, 0, 6, Recompute::kNone) ==
+        Approx(10 * 15.0).epsilon(1e-9));
+  // A stage [6, 12) ending in the head: blocks 6..10 keep both tensors split, the head nothing: 10.
+  CHECK(activations(false, 6, 12, Recompute::kNone) - activations(true, 6, 12, Recompute::kNone) ==
+        Approx(10 * 15.0).epsilon(1e-9));
+}
+
+// The analytic terms count each block's input (its first norm's), so a stage's received input is in them:
+// walking the op order adds no boundary tensor for it (the measured path above does), only the held sends.
+TEST_CASE("analytic activations already hold the received input", "[memory][interleaved]") {
+  const ModelShape m = gpt2_shape(50304, 2560, 10, 20, 2048);
+  TrainingSetup s;
+  s.flash_attention = true;
+  RankShard r;
+  r.first_layer = 3, r.end_layer = 6, r.pp = 4, r.stage = 1, r.micro_batch = 2, r.seq = 2048;
+  r.in_flight = 3;  // 1F1B, stage 1 of 4
+  const double counted = rank_memory(m, s, r).activations;
+  r.schedule = Schedule::k1F1B;
+  r.microbatches = 8;
+  CHECK(rank_memory(m, s, r).activations == Approx(counted).epsilon(1e-12));
+  // With replay's held sends: before the sixth backward, 5 backwarded micro-batches keep their sent output
+  // and input gradient (2 x 20 MiB each): 3 live, as before, plus 200 MiB.
+  s.sends_held = true;
+  CHECK(rank_memory(m, s, r).activations == Approx(counted + 10 * 2.0 * 2048 * 2560 * 2).epsilon(1e-12));
+}

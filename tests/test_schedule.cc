@@ -418,3 +418,101 @@ TEST_CASE("a stage's layers split into chunks laid out in virtual-stage order", 
   chunk_model_layers(partition, 2, 2, 1, 1, &a, &b);
   CHECK((a == 5 && b == 7));
 }
+
+namespace {
+
+// An op order written "F<micro-batch>.<chunk>" / "B<micro-batch>.<chunk>", space-separated.
+std::vector<PipelineOp> parse_ops(const std::string& text) {
+  std::vector<PipelineOp> ops;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t end = std::min(text.find(' ', i), text.size());
+    const std::string op = text.substr(i, end - i);
+    const std::size_t dot = op.find('.');
+    ops.push_back({std::stoi(op.substr(1, dot - 1)), std::stoi(op.substr(dot + 1)), op[0] == 'F'});
+    i = end + 1;
+  }
+  return ops;
+}
+
+// Just before each backward of `ops`: the backward's chunk, then the micro-batches live on each chunk.
+std::vector<std::vector<int>> live_at_backwards(const std::vector<PipelineOp>& ops, int v) {
+  std::vector<std::vector<int>> points;
+  std::vector<int> live(v, 0);
+  for (const PipelineOp& op : ops) {
+    if (op.forward) {
+      ++live[op.chunk];
+      continue;
+    }
+    std::vector<int> p = {op.chunk};
+    p.insert(p.end(), live.begin(), live.end());
+    points.push_back(p);
+    --live[op.chunk];
+  }
+  return points;
+}
+
+std::vector<std::vector<int>> walked(int pp, int stage, int m, int v) {
+  std::vector<std::vector<int>> points;
+  for_each_backward(Schedule::kInterleaved1F1B, pp, stage, m, v, [&](int chunk, const int* live, const int* done) {
+    std::vector<int> p = {chunk};
+    p.insert(p.end(), live, live + v);
+    points.push_back(p);
+    for (int c = 0; c < v; ++c) CHECK(live[c] + done[c] <= m);
+  });
+  return points;
+}
+
+}  // namespace
+
+TEST_CASE("interleaved pp 4 x v 2: micro-batches live per rank and chunk, as replay ran them",
+          "[schedule][interleaved]") {
+  // The op order each rank ran in `hetplan replay` of gpt-pp4-v2-m8 on 4 x H100 (its Chrome trace,
+  // logs/validate/suite34-h100x4-run1/gpt-pp4-v2-m8.replay.trace.json): the executor takes it from StageOps.
+  const std::vector<std::string> replayed = {
+      "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 F4.0 F5.0 F6.0 B0.1 F7.0 B1.1 F4.1 B2.1 F5.1 B3.1 F6.1 B0.0 F7.1 B1.0 "
+      "B2.0 B3.0 B4.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0",
+      "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 F4.0 B0.1 F5.0 B1.1 F6.0 B2.1 F7.0 B3.1 F4.1 B0.0 F5.1 B1.0 F6.1 B2.0 "
+      "F7.1 B3.0 B4.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0",
+      "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 B0.1 F3.1 B1.1 F4.0 B2.1 F5.0 B3.1 F6.0 B0.0 F7.0 B1.0 F4.1 B2.0 F5.1 B3.0 "
+      "F6.1 B4.1 F7.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0",
+      "F0.0 F1.0 F2.0 F3.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 B3.1 F4.0 B0.0 F5.0 B1.0 F6.0 B2.0 F7.0 B3.0 F4.1 B4.1 "
+      "F5.1 B5.1 F6.1 B6.1 F7.1 B7.1 B4.0 B5.0 B6.0 B7.0"};
+  // Just before each of the first pp v backwards: {backward's chunk, live on chunk 0, live on chunk 1}
+  // (the later ones repeat these, fewer in the cool-down). The pair count at the first backward is
+  // Megatron's warm-up (pp - r - 1) 2 + (v - 1) pp, plus one: 11, 9, 7, 5.
+  const std::vector<std::vector<std::vector<int>>> pinned = {
+      {{1, 7, 4}, {1, 8, 3}, {1, 8, 3}, {1, 8, 3}, {0, 8, 3}, {0, 7, 4}, {0, 6, 4}, {0, 5, 4}},
+      {{1, 5, 4}, {1, 6, 3}, {1, 7, 2}, {1, 8, 1}, {0, 8, 1}, {0, 7, 2}, {0, 6, 3}, {0, 5, 4}},
+      {{1, 4, 3}, {1, 4, 3}, {1, 5, 2}, {1, 6, 1}, {0, 7, 0}, {0, 7, 0}, {0, 6, 1}, {0, 5, 2}},
+      {{1, 4, 1}, {1, 4, 1}, {1, 4, 1}, {1, 4, 1}, {0, 5, 0}, {0, 5, 0}, {0, 5, 0}, {0, 5, 0}}};
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    const std::vector<PipelineOp> ran = parse_ops(replayed[r]);
+    const StageOps ops(Schedule::kInterleaved1F1B, 4, r, 8, 2);
+    REQUIRE(static_cast<int>(ran.size()) == ops.size());
+    for (int q = 0; q < ops.size(); ++q) {
+      CHECK(ops[q].forward == ran[q].forward);
+      CHECK(ops[q].micro_batch == ran[q].micro_batch);
+      CHECK(ops[q].chunk == ran[q].chunk);
+    }
+    const auto points = walked(4, r, 8, 2);
+    CHECK(points == live_at_backwards(ran, 2));
+    CHECK(std::vector<std::vector<int>>(points.begin(), points.begin() + 8) == pinned[r]);
+    CHECK(points[0][1] + points[0][2] == 2 * (4 - r - 1) + 4 + 1);
+  }
+  // The middle ranks hold 8 and 7 micro-batches of chunk 0 at once, not the (pairs) / v = 4.5 and 3.5 of
+  // each chunk a uniform split assumes; the last rank never more than one of chunk 1 (the head's).
+}
+
+TEST_CASE("interleaved pp 2 x v 2: micro-batches live per rank and chunk", "[schedule][interleaved]") {
+  // Stage 0's and 1's orders are written out by hand above ("pp 2 x v 2, m 4").
+  CHECK(walked(2, 0, 4, 2) == std::vector<std::vector<int>>{{1, 3, 2}, {1, 4, 1}, {0, 4, 1}, {0, 3, 2},
+                                                               {1, 2, 2}, {1, 2, 1}, {0, 2, 0}, {0, 1, 0}});
+  CHECK(walked(2, 1, 4, 2) == std::vector<std::vector<int>>{{1, 2, 1}, {1, 2, 1}, {0, 3, 0}, {0, 3, 0},
+                                                               {1, 2, 1}, {1, 2, 1}, {0, 2, 0}, {0, 1, 0}});
+  for (int r = 0; r < 2; ++r) {
+    std::vector<PipelineOp> ops;
+    for (const PipelineOp op : StageOps(Schedule::kInterleaved1F1B, 2, r, 4, 2)) ops.push_back(op);
+    CHECK(walked(2, r, 4, 2) == live_at_backwards(ops, 2));
+  }
+}

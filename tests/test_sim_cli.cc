@@ -347,8 +347,8 @@ TEST_CASE("search refuses shape flags the profiles disagree with, naming the key
 }
 
 // Issue 34's case for interleaving: a deep pipeline at a small global batch. A 7B-shaped GPT (32 blocks,
-// hidden 4096, sequence 2048) on 8 V100s of 32 GB without tp (--max-profiled-tp-degree 1): memory forces 8
-// stages, and gbs 8 leaves 8 micro-batches, so plain 1F1B idles (pp - 1) / (m + pp - 1) of the time. With
+// hidden 4096, sequence 2048) on 8 V100s of 32 GB without tp (--max-profiled-tp-degree 1): memory forces a deep
+// pipeline (8 stages, or 4 of dp 2), and gbs 8 leaves 8 micro-batches, so plain 1F1B idles (pp - 1) / (m + pp - 1) of the time. With
 // --vp auto the search finds an interleaved plan faster than the best plain 1F1B plan (which it also
 // searched), simulate gives the same time for it, the same plan under plain 1F1B is slower, and the
 // Megatron export carries its virtual pipeline.
@@ -372,7 +372,9 @@ TEST_CASE("search --vp auto finds an interleaved plan that beats plain 1F1B on a
   const ordered_json p = read_json_file((dir / "plain.json").string())["best"];
   const ordered_json b = read_json_file((dir / "auto.json").string())["best"];
   CHECK(p["schedule"] == "1f1b");
-  CHECK(p["device_groups"].size() == 8);
+  // A deep pipeline: 8 stages, or 4 of dp 2, which since the stage-boundary tensors are counted (each
+  // live micro-batch's received input, the sends kept) ties the 8-stage plans within 1%.
+  CHECK(p["device_groups"].size() >= 4);
   REQUIRE(b["schedule"] == "interleaved");
   CHECK(b["virtual_stages"].get<int>() >= 2);
   CHECK(b["device_groups"].size() == 8);

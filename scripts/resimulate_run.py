@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Re-simulates a validation run folder with this checkout's build and compares with its replay results.
+
+    python3 scripts/resimulate_run.py RUN_DIR [--hetplan build-nt/hetplan] [--hostfile FILE]
+
+RUN_DIR is a validate_plans.py run folder (logs/validate/...): its NAME.plan.json, NAME.replay.json, log.txt
+(the `hetplan simulate` command each plan was simulated with) and profiles/ (the profiles it used). Each plan is
+simulated again from those profiles with the same flags and --held-sends (replay's sends keep their tensors until a
+stage's last op; --no-held-sends leaves it out) (the plan's profile_dir pointed at RUN_DIR/profiles; its hostfile
+at --hostfile where the recorded one is not here), and the iteration time and each rank's allocated peak
+are printed against replay's, with the run's MAPE. Nothing in RUN_DIR is written; scratch goes to a temp folder.
+"""
+import argparse, glob, json, os, subprocess, sys, tempfile
+
+root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("run_dir")
+ap.add_argument("--hetplan", default=os.path.join(root, "build-nt", "hetplan"))
+ap.add_argument("--hostfile", help="hostfile for plans whose recorded one is not in this checkout")
+ap.add_argument("--no-held-sends", action="store_true", help="simulate without --held-sends")
+a = ap.parse_args()
+run = os.path.abspath(a.run_dir)
+commands = {}
+for line in open(os.path.join(run, "log.txt")):
+    words = line.strip().lstrip("+ ").split()
+    if "simulate" in words and "--plan" in words and "metis" not in words:
+        commands[os.path.basename(words[words.index("--plan") + 1])[: -len(".plan.json")]] = words[words.index("simulate") + 1 :]
+scratch = tempfile.mkdtemp(prefix="resimulate-")
+mem_err, time_err = [], []
+for plan_file in sorted(glob.glob(os.path.join(run, "*.plan.json"))):
+    name = os.path.basename(plan_file)[: -len(".plan.json")]
+    replay_file = os.path.join(run, name + ".replay.json")
+    if name not in commands or not os.path.exists(replay_file):
+        continue
+    plan = json.load(open(plan_file))
+    plan["profile_dir"] = os.path.join(run, "profiles", os.path.basename(plan["profile_dir"].rstrip("/")))
+    for key in ("hostfile", "clusterfile"):
+        path = os.path.join(root, plan[key])
+        plan[key] = path if os.path.exists(path) or key == "clusterfile" or not a.hostfile else os.path.abspath(a.hostfile)
+    local = os.path.join(scratch, name + ".plan.json")
+    json.dump(plan, open(local, "w"))
+    args = list(commands[name])
+    args[args.index("--plan") + 1] = local
+    sim_file = os.path.join(scratch, name + ".sim.json")
+    args[args.index("--json") + 1] = sim_file
+    args = [os.path.join(root, x) if x.startswith("scripts/") else x for x in args]
+    if not a.no_held_sends and "--held-sends" not in args:
+        args.append("--held-sends")
+    r = subprocess.run([a.hetplan, "simulate"] + args, capture_output=True, text=True, cwd=root)
+    if r.returncode != 0:
+        print(f"{name}: simulate failed: {r.stderr.strip()[-300:]}")
+        continue
+    sim, rep = json.load(open(sim_file)), json.load(open(replay_file))
+    pred = [x["allocated_peak"] / 2**20 for x in sim["ranks"]]
+    meas = [x["peak_allocated_mb"] for x in rep["ranks"]]
+    errs = [(m - p) / m * 100 for p, m in zip(pred, meas)]
+    mem_err += errs
+    t_meas = rep["iteration_ms"]["median"]
+    time_err.append((t_meas - sim["iteration_ms"]) / t_meas * 100)
+    print(f"{name}: time {sim['iteration_ms']:.1f} vs {t_meas:.1f} ms ({time_err[-1]:+.1f}%); peak MB "
+          f"{'/'.join('%.0f' % x for x in pred)} vs {'/'.join('%.0f' % x for x in meas)} "
+          f"({'/'.join('%+.1f%%' % x for x in errs)})")
+if not mem_err:
+    sys.exit("no plan with a replay result and a recorded simulate command in " + run)
+print(f"iteration-time MAPE over {len(time_err)} plans: {sum(map(abs, time_err)) / len(time_err):.2f}% "
+      f"(worst {max(map(abs, time_err)):.1f}%)")
+print(f"per-rank peak-memory MAPE over {len(mem_err)} ranks: {sum(map(abs, mem_err)) / len(mem_err):.2f}% "
+      f"(worst {max(map(abs, mem_err)):.1f}%)")
