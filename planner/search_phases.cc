@@ -273,12 +273,16 @@ std::vector<double> Phases::root_bounds(int group) const {
         }
         // (With the tables' tails: also the forward to stage 1, then the rest's chain to some stage's end.)
         for (int q = 2; q <= std::min(depth, layers - k + 1); ++q) {
-          // Stage 0's multi-trip chain (sim/schedule.h, multi_trip_counts), then its tail.
-          const MultiTripCounts h = multi_trip_counts(work_.builder.schedule(), q - 1, m);
-          const double trips = h.trips < 1 ? 0.0
-                                           : h.forwards * x.t + (h.backwards - h.forwards) * x.b + h.accumulations * x.a +
-                                                 h.trips * sf + sb + bound.first_trip(q - 1, s, k) +
-                                                 (h.trips - 1) * bound.last_trip(q - 1, s, k);
+          // Stage 0's multi-trip chains (sim/schedule.h, multi_trip_counts: the most trips, and two), then
+          // its tail.
+          double trips = 0;
+          for (const int wanted : {0, 2}) {
+            const MultiTripCounts h = multi_trip_counts(work_.builder.schedule(), q - 1, m, wanted);
+            if (h.trips >= 1)
+              trips = std::max(trips, h.forwards * x.t + (h.backwards - h.forwards) * x.b + h.accumulations * x.a +
+                                          h.trips * sf + sb + bound.first_trip(q - 1, s, k) +
+                                          (h.trips - 1) * bound.last_trip(q - 1, s, k));
+          }
           best[q] = std::min(best[q], std::max(std::max({busy, csum + bound.path(q - 1, s, k), trips}) + tail,
                                                x.f + sf + bound.tail_path(q - 1, s, k)));
         }

@@ -56,20 +56,29 @@ template <bool kTails>
   const double* __restrict h_n = coef + 11 * stride;
   const double* __restrict h_0 = coef + 12 * stride;
   const double* __restrict h_1 = coef + 13 * stride;
+  const double* __restrict k_t = coef + 14 * stride;  // the same chain with two trips (0 and m - 1)
+  const double* __restrict k_b = coef + 15 * stride;
+  const double* __restrict k_a = coef + 16 * stride;
+  const double* __restrict k_n = coef + 17 * stride;
+  const double* __restrict k_0 = coef + 18 * stride;
+  const double* __restrict k_1 = coef + 19 * stride;
   const double t = x.t, f = x.f, b = x.b, a = x.a, sends = sf + sb;
   for (int q = 2; q <= q_max; ++q) {
     const double end = e_t[q] * t + e_f[q] * f + e_b[q] * b + e_a[q] * a + sends + gn[q];
     const double start = s_t[q] * t + s_f[q] * f + s_b[q] * b + s_a[q] * a + sends + g0n[q];
     const double via = csum + hn[q];
-    // The multi-trip chain (multi_trip_counts): h_n[q] trips, each after a forward send, the first
-    // micro-batch 0's (h_0 = 1), h_1 = h_n - 1 more. (NaN where the suffix is infinite and a coefficient is
-    // 0: v is then infinite and stays; all zero under GPipe: at most sb, below busy.)
+    // The multi-trip chains (multi_trip_counts), with the most trips and with two: h_n[q] trips, each after
+    // a forward send, the first micro-batch 0's (h_0 = 1), h_1 = h_n - 1 more; k_* the same with two. (NaN
+    // where the suffix is infinite and a coefficient is 0: v is then infinite and stays; all zero under
+    // GPipe: at most sb, below busy.)
     const double m1 = busy < via ? via : busy;
     const double m2 = end < start ? start : end;
     double v = m1 < m2 ? m2 : m1;
     if constexpr (kTails) {  // (the whole-node tables only: a few percent of the inner loop elsewhere)
       const double trips = h_t[q] * t + h_b[q] * b + h_a[q] * a + h_n[q] * sf + sb + h_0[q] * g0n[q] + h_1[q] * gn[q];
+      const double pair = k_t[q] * t + k_b[q] * b + k_a[q] * a + k_n[q] * sf + sb + k_0[q] * g0n[q] + k_1[q] * gn[q];
       v = trips > v ? trips : v;
+      v = pair > v ? pair : v;
     }
     hc[q] = v < hc[q] ? v : hc[q];
     const double gv = csum + gn[q];
@@ -88,8 +97,9 @@ template <bool kTails>
 // each layer e in [e_begin, e_end) in turn (xs[e - e_begin] its estimate; a stage with no stage after it
 // is not here): paths, last_trips and first_trips are the tables, `next0` the index of (q = -1, the rank
 // after the stage, layer 0), so that the entries q - 1 after a stage ending at e start at
-// next0 + e (depth + 1); hc/gc/g0c the stage's own entries. A stage whose busy time is above `threshold`
-// ends the walk (its time and accumulation only grow with its layers); one with no estimate (a missing
+// next0 + e (depth + 1); hc/gc/g0c the stage's own entries. A stage whose busy time (with kTails: or its
+// busy time less its last send plus its tail) is above `threshold` ends the walk (its time, accumulation
+// and tail only grow with its layers); one with no estimate (a missing
 // profile) is skipped. One call per row, so the dynamic program's inner loops are all in the AVX2 build.
 // With kTails, tail_row[e] is the stage's tail with layers up to e, tails the tail_paths table and tc the
 // stage's own entries of it.
@@ -106,6 +116,10 @@ template <bool kTails>
     if (!std::isfinite(x.t)) continue;
     const double busy = md * x.t + m1 * x.a + sb;
     if (busy > threshold) break;
+    // With the tails: the stage's compute then its all-reduce and step are a chain of every plan with it
+    // (tail_paths), and both only grow with its layers.
+    if constexpr (kTails)
+      if (busy - sb + tail_row[e] > threshold) break;
     const double c0 = x.t + sf + sb, csum = c0 + acc * x.a;
     // (The stages after it number at most min(ranks - r - s, layers - e).)
     const int q_max = std::min(q_cap, 1 + layers - e);
@@ -156,10 +170,11 @@ bool plain_tails(const SearchSpace& space, const PlanSearchOptions& options) {
 }
 
 // Per q (stages from this one to the last), each path's counts as coefficients of t, f, b and a
-// (StageEstimate::runs), so that the inner loop over q is straight-line arithmetic: 14 rows of depth + 1,
+// (StageEstimate::runs), so that the inner loop over q is straight-line arithmetic: 20 rows of depth + 1,
 // the end path's t, f, b, a, then the start path's, then the multi-trip chain's t, b, a, trips, and the
-// coefficients of the first and the later trips (see relax_suffix).
-constexpr int kCoefRows = 14;
+// coefficients of the first and the later trips (see relax_suffix), with the most trips, then the same six
+// with two trips (0 and m - 1). The chain's length is affine in its trips, so these two are its longest.
+constexpr int kCoefRows = 20;
 std::vector<double> path_coefficients(Schedule schedule, int micro_batches, int depth) {
   std::vector<double> coef(static_cast<std::size_t>(kCoefRows) * (depth + 1), 0.0);
   double* row[kCoefRows];
@@ -174,15 +189,18 @@ std::vector<double> path_coefficients(Schedule schedule, int micro_batches, int 
   for (int q = 1; q <= depth; ++q) {
     set_coef(end_path_counts(schedule, q - 1, micro_batches), &row[0][q], &row[1][q], &row[2][q], &row[3][q]);
     set_coef(start_path_counts(schedule, q - 1, micro_batches), &row[4][q], &row[5][q], &row[6][q], &row[7][q]);
-    const MultiTripCounts h = multi_trip_counts(schedule, q - 1, micro_batches);
-    if (h.trips < 1) continue;  // (all zero)
-    // forwards == trips <= backwards: the forwards at t, the other backwards at b.
-    row[8][q] = h.forwards;
-    row[9][q] = h.backwards - h.forwards;
-    row[10][q] = h.accumulations;
-    row[11][q] = h.trips;
-    row[12][q] = 1;
-    row[13][q] = h.trips - 1;
+    for (int k = 0; k < 2; ++k) {
+      const MultiTripCounts h = multi_trip_counts(schedule, q - 1, micro_batches, k == 0 ? 0 : 2);
+      if (h.trips < 1) continue;  // (all zero)
+      // forwards <= backwards: the forwards at t, the other backwards at b.
+      double* const* r = row + 8 + 6 * k;
+      r[0][q] = h.forwards;
+      r[1][q] = h.backwards - h.forwards;
+      r[2][q] = h.accumulations;
+      r[3][q] = h.trips;
+      r[4][q] = 1;
+      r[5][q] = h.trips - 1;
+    }
   }
   return coef;
 }
@@ -458,15 +476,17 @@ void SuffixBoundBuilder::relax(int group, SuffixBound* bound, bool last_stages) 
 }
 
 // The estimates of stage [r, r + s) at (s / tp, tp) with layers [l, e) for e = l + 1 .. e_end - 1, into
-// pass.row, up to the first whose busy time is above `threshold` (relax_row's walk ends there: the busy
-// time only grows with the layers, so the estimates after it are never read); returns the end of the walk.
+// pass.row, up to the first whose busy time (with the tails: or its busy time less its last send plus its
+// tail) is above `threshold` (relax_row's walk ends there: both only grow with the layers, so the estimates after it are
+// never read); returns the end of the walk. REQUIRES (tails_on_): pass.tail_row holds this l's tails.
 int SuffixBoundBuilder::estimate_row(Pass& pass, int r, int s, int tp, int l, int e_end, bool homo, bool inside,
                                      double sb, double threshold) const {
   const double md = pass.micro_batches, m1 = pass.micro_batches - 1;
   for (int e = l + 1; e < e_end; ++e) {
     const StageEstimate x = pass.estimator.estimate(r, s, tp, l, e, homo, inside);
     pass.row[e - l - 1] = x;
-    if (std::isfinite(x.t) && md * x.t + m1 * x.a + sb > threshold) return e + 1;
+    if (std::isfinite(x.t) && md * x.t + m1 * x.a + (tails_on_ ? std::max(sb, pass.tail_row[e]) : sb) > threshold)
+      return e + 1;
   }
   return e_end;
 }
@@ -517,7 +537,8 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
     const int e_end = std::min(layers, e_fit);
     const StageEstimate* xs = cached ? cached + span_index(layers, l, l + 1) : pass.row.data();
     const int e_stop = cached ? e_end : estimate_row(pass, r, s, tp, l, e_end, homo, inside, sb, threshold);
-    relax_row_(xs, l + 1, e_stop, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold, pass.coef.data(), path_data, last_trip_data, first_trip_data,
+    relax_row_(xs, l + 1, e_stop, std::min(depth, 1 + gpus - r - s), layers, depth, micro_batches, sf, sb, threshold,
+               pass.coef.data(), path_data, last_trip_data, first_trip_data,
                bound->index(0, r + s, 0) - 1, path_data + here, last_trip_data + here, first_trip_data + here,
                pass.tail_row.data(), tail_data, tail_data ? tail_data + here : nullptr);
   }
@@ -562,12 +583,14 @@ bool SuffixBoundBuilder::argmin_stages(int group, const SuffixBound& bound, int 
             const double start = coef[4 * stride + k] * x.t + coef[5 * stride + k] * x.f +
                                  coef[6 * stride + k] * x.b + coef[7 * stride + k] * x.a + sf + sb +
                                  bound.first_trips[next];
-            const double trips = coef[8 * stride + k] * x.t + coef[9 * stride + k] * x.b +
-                                 coef[10 * stride + k] * x.a + coef[11 * stride + k] * sf + sb +
-                                 coef[12 * stride + k] * bound.first_trips[next] +
-                                 coef[13 * stride + k] * bound.last_trips[next];
             v = std::max({busy, csum + bound.paths[next], end, start});
-            if (trips > v) v = trips;
+            for (int row = 8; row <= 14; row += 6) {  // the multi-trip chains (path_coefficients)
+              const double trips = coef[row * stride + k] * x.t + coef[(row + 1) * stride + k] * x.b +
+                                   coef[(row + 2) * stride + k] * x.a + coef[(row + 3) * stride + k] * sf + sb +
+                                   coef[(row + 4) * stride + k] * bound.first_trips[next] +
+                                   coef[(row + 5) * stride + k] * bound.last_trips[next];
+              if (trips > v) v = trips;
+            }
             if (!bound.tail_paths.empty())
               v = std::max({v, x.f + sf + bound.tail_paths[next], v - sb + tail_ms(rate, tp, l, e)});
           }

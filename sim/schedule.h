@@ -225,24 +225,39 @@ inline PathOpCounts start_path_counts(Schedule schedule, int after, int m) {
   return {last_forwards + forwards_after, m, m - 1};
 }
 
-// A third chain, 1F1B only: micro-batch 0 arrives at j, and j's forward of micro-batch i, its round trip
-// through the stages after j and j's backward of i follow one another h times: i = 0, w + 1, 2 (w + 1),
-// ... (w = j's warm-up forwards), since under 1F1B the op right after j's backward of i is its forward of
-// i + w + 1 while that exists; then j runs the backwards left after the last such i. Counts of j's ops
-// (forwards, backwards, accumulations), and `trips`: the round trips on the chain, the first micro-batch
-// 0's (no accumulation), the other trips - 1 with accumulation, each after one forward send of j. Under
-// GPipe and interleaving: all zero (no such chain is claimed).
+// A third family of chains, 1F1B only: micro-batch 0 arrives at j, j runs its ops in order, and at h
+// micro-batches i_1 < ... < i_h ("trips") the chain leaves j after i's forward, makes i's round trip
+// through the stages after j and comes back to j's backward of i, skipping the ops j runs in between
+// (under 1F1B, between F_i and B_i: the forwards i + 1 .. i + w and the backwards i - w .. i - 1 that
+// exist, w = j's warm-up forwards); then j runs every op after its backward of m - 1. Trips must not
+// overlap: the op right after j's backward of i is its forward of i + w + 1, so i_{k+1} >= i_k + w + 1.
+// Counted here: the trips 0, w + 1, 2 (w + 1), ..., (h - 2)(w + 1) and m - 1 (h >= 2; the two ends skip
+// only w forwards, resp. w backwards, a trip in between both), at most most_trips = 1 + (m - 1) / (w + 1)
+// of them; with h = 1 the trip 0 alone (then every op after j's backward of 0: start_path_counts' chain).
+// j's ops on the chain: for h >= 2, m - (h - 1) w forwards and as many backwards (every backward but
+// micro-batch 0's accumulates); `trips`: the round trips, the first micro-batch 0's (no accumulation), the
+// other trips - 1 with accumulation, each after one forward send of j. The chain's length is affine in h,
+// so its largest over h is at h = 2 or h = most_trips: `trips` = 0 asks for most_trips, and a larger h is
+// taken as most_trips. Under GPipe and interleaving, and with no stage after j: all zero (no such chain
+// is claimed).
 struct MultiTripCounts {
   int forwards = 0, backwards = 0, accumulations = 0, trips = 0;
 };
 
-inline MultiTripCounts multi_trip_counts(Schedule schedule, int after, int m) {
-  if (schedule != Schedule::k1F1B || after < 1 || m < 1) return {};
+inline int most_trips(Schedule schedule, int after, int m) {
+  if (schedule != Schedule::k1F1B || after < 1 || m < 1) return 0;
   const int w = warmup_forwards(schedule, after + 1, 0, m);
-  const int trips = 1 + (m - 1) / (w + 1);
-  const int last = (trips - 1) * (w + 1);  // the last micro-batch on the chain
-  const int backwards = trips + (m - 1 - last);
-  return {trips, backwards, backwards - 1, trips};
+  return 1 + (m - 1) / (w + 1);
+}
+
+inline MultiTripCounts multi_trip_counts(Schedule schedule, int after, int m, int trips = 0) {
+  const int most = most_trips(schedule, after, m);
+  if (most < 1) return {};
+  const int h = trips < 1 || trips > most ? most : trips;
+  const int w = warmup_forwards(schedule, after + 1, 0, m);
+  if (h == 1) return {1 + std::max(0, m - 1 - w), m, m - 1, 1};  // then the forwards after B_0 too
+  const int ops = m - (h - 1) * w;
+  return {ops, ops, ops - 1, h};
 }
 
 }  // namespace hetplan

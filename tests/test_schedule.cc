@@ -148,58 +148,98 @@ TEST_CASE("the bounds' path counts equal the chains of the op order and the sear
 
 namespace {
 
-// The multi-trip chain read off the op order: stage 0 of after + 1 stages runs micro-batch i's forward,
-// its round trip, its backward, and again from the forward that comes right after that backward, while
-// one does; then the backwards left. Counts of its ops on the chain and the round trips.
-MultiTripCounts multi_trip_chain(Schedule schedule, int after, int m) {
+// A multi-trip chain read off the op order: stage 0 of after + 1 stages runs its ops in order from the
+// first; at each micro-batch of `trips` (increasing) the chain leaves after that micro-batch's forward and
+// comes back at its backward (a round trip), skipping the ops in between; then the ops after the last
+// trip's backward. Counts of its ops on the chain and the round trips. REQUIRE: each trip's forward comes
+// after the previous trip's backward in the order (the chain exists).
+MultiTripCounts multi_trip_chain(Schedule schedule, int after, int m, const std::vector<int>& trips) {
   const StageOps ops(schedule, after + 1, 0, m);
+  auto position = [&](int i, bool forward) {
+    int q = 0;
+    while (ops[q].forward != forward || ops[q].micro_batch != i) ++q;
+    return q;
+  };
   MultiTripCounts c;
-  int q = 0;  // the chain's next forward's position in the order
-  for (;;) {
-    const int i = ops[q].micro_batch;
-    ++c.forwards;
+  auto count = [&](int q) {
+    if (ops[q].forward) {
+      ++c.forwards;
+    } else {
+      ++c.backwards;
+      c.accumulations += ops[q].micro_batch > 0;
+    }
+  };
+  int q = 0;  // the chain's next op on stage 0
+  for (const int i : trips) {
+    const int fq = position(i, true), bq = position(i, false);
+    REQUIRE(fq >= q);
+    for (; q <= fq; ++q) count(q);
     ++c.trips;
-    int b = 0;  // i's backward's position
-    while (ops[b].forward || ops[b].micro_batch != i) ++b;
-    c.backwards += 1;
-    c.accumulations += i > 0;
-    if (b + 1 < ops.size() && ops[b + 1].forward) {
-      q = b + 1;
-      continue;
-    }
-    for (int r = b + 1; r < ops.size(); ++r) {  // the backwards left
-      REQUIRE_FALSE(ops[r].forward);
-      c.backwards += 1;
-      c.accumulations += ops[r].micro_batch > 0;
-    }
-    return c;
+    count(bq);
+    q = bq + 1;
   }
+  for (; q < ops.size(); ++q) count(q);
+  return c;
+}
+
+// The trips multi_trip_counts counts for h trips: 0 alone (h = 1), else 0, w + 1, ..., (h - 2)(w + 1), m - 1.
+std::vector<int> counted_trips(int after, int m, int h) {
+  const int w = warmup_forwards(Schedule::k1F1B, after + 1, 0, m);
+  std::vector<int> trips{0};
+  if (h == 1) return trips;
+  for (int k = 1; k <= h - 2; ++k) trips.push_back(k * (w + 1));
+  trips.push_back(m - 1);
+  return trips;
+}
+
+// The greedy trips (the chain before both ends were used): 0, w + 1, 2 (w + 1), ... while they exist.
+std::vector<int> greedy_trips(int after, int m) {
+  const int w = warmup_forwards(Schedule::k1F1B, after + 1, 0, m);
+  std::vector<int> trips;
+  for (int i = 0; i < m; i += w + 1) trips.push_back(i);
+  return trips;
 }
 
 }  // namespace
 
-TEST_CASE("the multi-trip chain's counts are the 1F1B op order's, and the timeline is never shorter", "[schedule]") {
+TEST_CASE("the multi-trip chains' counts are the 1F1B op order's, and the timeline is never shorter", "[schedule]") {
   for (int after = 1; after <= 7; ++after)
     for (int m = 1; m <= 12; ++m) {
-      INFO("after " << after << " m " << m);
-      const MultiTripCounts a = multi_trip_counts(Schedule::k1F1B, after, m), b = multi_trip_chain(Schedule::k1F1B, after, m);
-      CHECK(a.forwards == b.forwards);
-      CHECK(a.backwards == b.backwards);
-      CHECK(a.accumulations == b.accumulations);
-      CHECK(a.trips == b.trips);
+      const int most = most_trips(Schedule::k1F1B, after, m);
+      REQUIRE(most >= 1);
+      REQUIRE(static_cast<int>(greedy_trips(after, m).size()) == most);  // the most trips that fit
+      for (int h = 1; h <= most + 1; ++h) {
+        INFO("after " << after << " m " << m << " h " << h);
+        const MultiTripCounts a = multi_trip_counts(Schedule::k1F1B, after, m, h),
+                              b = multi_trip_chain(Schedule::k1F1B, after, m, counted_trips(after, m, std::min(h, most)));
+        CHECK(a.forwards == b.forwards);
+        CHECK(a.backwards == b.backwards);
+        CHECK(a.accumulations == b.accumulations);
+        CHECK(a.trips == b.trips);
+      }
+      // Both ends' trips count every backward the greedy trips count, and never fewer forwards.
+      const MultiTripCounts most_c = multi_trip_counts(Schedule::k1F1B, after, m),
+                            greedy = multi_trip_chain(Schedule::k1F1B, after, m, greedy_trips(after, m));
+      CHECK(most_c.trips == most);
+      CHECK(most_c.backwards == greedy.backwards);
+      CHECK(most_c.forwards >= greedy.forwards);
       CHECK(multi_trip_counts(Schedule::kGpipe, after, m).trips == 0);
     }
   CHECK(multi_trip_counts(Schedule::k1F1B, 6, 8).trips == 2);  // 7 stages, 8 micro-batches: 0 and 7
+  // 4 stages after, 8 micro-batches (w = 3): trips 0 and 7 run F0, F4..F7 and B0..B3, B7 (the greedy
+  // trips 0 and 4 ran F0, F4 only).
+  CHECK(multi_trip_counts(Schedule::k1F1B, 3, 8).forwards == 5);
   CHECK(multi_trip_counts(Schedule::k1F1B, 0, 8).trips == 0);  // no stage after: no round trip
-  // The chain through stage 0 is a path of the timeline's task graph: on uneven stages the iteration is at
-  // least its length (the round trips at their fewest ops: every later stage's forward and backward, the
-  // sends both ways, accumulation after micro-batch 0).
+  // The chains through stage 0 are paths of the timeline's task graph: on uneven stages the iteration is
+  // at least their length (the round trips at their fewest ops: every later stage's forward and backward,
+  // the sends both ways, accumulation after micro-batch 0).
   unsigned seed = 12345;
   auto next = [&] {
     seed = seed * 1103515245u + 12345u;
     return 0.1 + (seed >> 8) % 1000 / 100.0;
   };
-  int tighter = 0;
+  int tighter = 0, both_ends_tighter = 0, pair_tighter = 0;
+  double closest = 0;  // the largest ratio of the longest chain counted to the iteration
   for (int p = 2; p <= 7; ++p)
     for (int m = 1; m <= 12; ++m)
       for (int trial = 0; trial < 3; ++trial) {
@@ -216,7 +256,6 @@ TEST_CASE("the multi-trip chain's counts are the 1F1B op order's, and the timeli
           in.stages.push_back(c);
         }
         const double iteration = simulate_timeline(in).iteration_ms;
-        const MultiTripCounts h = multi_trip_counts(Schedule::k1F1B, p - 1, m);
         double trip0 = 0;  // micro-batch 0's round trip from stage 0's send to its arrival back
         for (int j = 1; j < p; ++j)
           trip0 += in.stages[j].forward_ms + in.stages[j].backward_ms + in.stages[j].send_backward_ms +
@@ -224,15 +263,38 @@ TEST_CASE("the multi-trip chain's counts are the 1F1B op order's, and the timeli
         double trip = trip0;  // a later micro-batch's: with accumulation
         for (int j = 1; j < p; ++j) trip += in.stages[j].accumulation_ms;
         const StageCosts& s0 = in.stages[0];
-        const double chain = h.forwards * s0.forward_ms + h.backwards * s0.backward_ms + h.accumulations * s0.accumulation_ms +
-                             h.trips * s0.send_forward_ms + trip0 + (h.trips - 1) * trip;
-        INFO("p " << p << " m " << m << " trial " << trial);
-        CHECK(chain <= iteration * (1 + 1e-12));
+        auto length = [&](const MultiTripCounts& h) {
+          return h.forwards * s0.forward_ms + h.backwards * s0.backward_ms + h.accumulations * s0.accumulation_ms +
+                 h.trips * s0.send_forward_ms + trip0 + (h.trips - 1) * trip;
+        };
+        const int most = most_trips(Schedule::k1F1B, p - 1, m);
+        const double greedy = length(multi_trip_chain(Schedule::k1F1B, p - 1, m, greedy_trips(p - 1, m)));
+        double longest = 0;
+        for (int h = 1; h <= most; ++h) {
+          const double chain = length(multi_trip_counts(Schedule::k1F1B, p - 1, m, h));
+          INFO("p " << p << " m " << m << " trial " << trial << " h " << h);
+          CHECK(chain <= iteration * (1 + 1e-12));
+          if (h >= 2 || most == 1) longest = std::max(longest, chain);
+        }
+        // The longest over h >= 2 is at h = 2 or h = most (the length is affine in h there; h = 1 is the
+        // start path's chain, which the bounds count apart).
+        const double ends = std::max(length(multi_trip_counts(Schedule::k1F1B, p - 1, m, 2)),
+                                     length(multi_trip_counts(Schedule::k1F1B, p - 1, m)));
+        CHECK(ends == Approx(longest).epsilon(1e-12));
+        closest = std::max(closest, ends / iteration);
         // Where it counts more than one trip, it is more than the start path's chain (one trip).
         const double one_trip = s0.forward_ms + s0.send_forward_ms + trip0 + m * s0.backward_ms + (m - 1) * s0.accumulation_ms;
-        tighter += h.trips > 1 && chain > one_trip;
+        tighter += most > 1 && ends > one_trip;
+        both_ends_tighter += ends > greedy * (1 + 1e-12);
+        pair_tighter += most > 2 && length(multi_trip_counts(Schedule::k1F1B, p - 1, m, 2)) >
+                                        length(multi_trip_counts(Schedule::k1F1B, p - 1, m)) * (1 + 1e-12);
       }
   CHECK(tighter > 20);
+  CHECK(both_ends_tighter > 20);  // the trip m - 1 instead of the greedy last one
+  CHECK(pair_tighter > 0);        // h = 2 beats the most trips somewhere
+  // Somewhere a chain counted is the timeline's longest path: the counts cannot grow by an op (nor the
+  // chains be scaled up by more than 1e-9) without the check above failing.
+  CHECK(closest >= 1 - 1e-9);
 }
 
 TEST_CASE("schedules parse and print", "[schedule]") {
