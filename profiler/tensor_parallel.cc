@@ -36,6 +36,22 @@ void TensorParallelGroup::Collectives::all_gather_flat(torch::Tensor& out, const
   out.view({-1}).copy_(torch::cat(parts).view({-1}));
 }
 
+std::function<void()> TensorParallelGroup::Collectives::ring_shift_async(torch::Tensor&, const torch::Tensor&) {
+  return {};
+}
+
+std::function<void()> TensorParallelGroup::ring_shift_async(torch::Tensor& out, const torch::Tensor& in) const {
+  if (size_ > 1) {
+    if (std::function<void()> done = collectives_->ring_shift_async(out, in)) return done;
+    torch::Tensor every = torch::empty({size_, in.numel()}, in.options());
+    collectives_->all_gather_flat(every, in);
+    out.view({-1}).copy_(every.select(0, (rank_ + size_ - 1) % size_));
+  } else {
+    out.view({-1}).copy_(in.reshape({-1}));
+  }
+  return [] {};
+}
+
 void TensorParallelGroup::all_gather_flat(torch::Tensor& out, const torch::Tensor& in) const {
   if (size_ == 1) {
     out.view({-1}).copy_(in.reshape({-1}));
