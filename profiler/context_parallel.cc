@@ -157,17 +157,29 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attend_backward(const Pa
                                                                       const torch::Tensor& q, const torch::Tensor& k,
                                                                       const torch::Tensor& v, const torch::Tensor& out,
                                                                       const torch::Tensor& lse, bool causal) {
+  Kernel kernel = p.kernel;
 #if HETPLAN_TORCH_AT_LEAST(2, 6)
-  if (p.kernel == Kernel::kCudnn)
-    return at::_scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out, p.lse_trailing_one ? lse.unsqueeze(-1) : lse,
-                                                            p.seed, p.offset, at::Tensor(), p.cum_q, p.cum_k, q.size(2),
-                                                            k.size(2), 0.0, causal);
+  if (kernel == Kernel::kCudnn) {
+    try {
+      return at::_scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out,
+                                                              p.lse_trailing_one ? lse.unsqueeze(-1) : lse, p.seed,
+                                                              p.offset, at::Tensor(), p.cum_q, p.cum_k, q.size(2),
+                                                              k.size(2), 0.0, causal);
+    } catch (const c10::Error& e) {
+      // The flash kernel's backward reads the same statistics (natural-log log-sum-exp per row).
+      cudnn_refused = true;
+      std::cerr << "replay: cuDNN attention's backward refused a context-parallel step ("
+                << e.what_without_backtrace() << "); the flash kernel from now on\n";
+      kernel = Kernel::kFlash;
+    }
+  }
 #endif
 #if HETPLAN_TORCH_AT_LEAST(2, 3)
-  if (p.kernel == Kernel::kFlash)
+  if (kernel == Kernel::kFlash)
     return at::_scaled_dot_product_flash_attention_backward(dout, q, k, v, out, lse, p.cum_q, p.cum_k, q.size(2), k.size(2),
                                                             0.0, causal, p.seed, p.offset);
 #endif
+  (void)kernel;
   return math_backward(dout, q, k, v, out, lse, causal);
 }
 
