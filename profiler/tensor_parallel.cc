@@ -125,7 +125,14 @@ torch::Tensor context_parallel_positions(int64_t seq, const TensorParallelGroup&
 
 torch::Tensor context_parallel_slice(const torch::Tensor& x, int64_t dim, const TensorParallelGroup& cp) {
   if (cp.size() == 1) return x;
-  return x.index_select(dim, context_parallel_positions(x.size(dim), cp).to(x.device()));
+  const int64_t n = cp.size(), seq = x.size(dim);
+  if (seq % (2 * n) != 0)
+    throw std::invalid_argument("context parallelism: the sequence length " + std::to_string(seq) +
+                                " does not divide by 2 x cp (" + std::to_string(2 * n) + ")");
+  // The two chunks' slices, joined on x's device: no index tensor copied from the host (a copy from
+  // pageable host memory waits for the device's queue to drain, once per micro-batch).
+  const int64_t c = seq / (2 * n), r = cp.rank();
+  return torch::cat({x.narrow(dim, r * c, c), x.narrow(dim, (2 * n - 1 - r) * c, c)}, dim);
 }
 
 namespace {
