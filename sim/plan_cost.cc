@@ -375,7 +375,7 @@ void PlanCostModel::ring_attention_ms(const StageChoice& s, StageBasis* b) const
     step = std::max(step, net_.ring_step_seconds(grid.rank(i, 0), grid.rank((i + 1) % cp, 0), bytes));
   const double attention = b->block_forward / b->blocks * attention_flop_share(sim_->shape_, sim_->seq_) / 1e3;
   b->cpx_fwd = b->blocks * ring_exposed_s(cp, step, attention) * 1e3;
-  b->cpx_bwd = b->blocks * ring_exposed_s(cp, 2 * step, 2 * attention) * 1e3;
+  b->cpx_bwd = b->blocks * ring_backward_exposed_s(cp, step, attention) * 1e3;
   const double rate = achieved_bytes_per_s(ptype_hbm_bytes_per_s_[b->rtype[0]] / 1e9, RateDefaults{}.memory_efficiency);
   b->cpm_fwd = b->cpm_bwd = 0;
   if (rate > 0) {

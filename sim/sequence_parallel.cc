@@ -29,4 +29,10 @@ double ring_exposed_s(int cp, double step_comm_s, double attention_s) {
   return (cp - 1) * std::max(0.0, step_comm_s - attention_s / cp);
 }
 
+double ring_backward_exposed_s(int cp, double step_comm_s, double attention_s) {
+  if (cp <= 1) return 0;
+  const double s = step_comm_s, window = 2 * attention_s / cp;
+  return 2 * std::max(0.0, s - window) + (cp - 2) * std::max(0.0, 2 * s - window) + s;
+}
+
 }  // namespace hetplan

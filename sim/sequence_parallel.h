@@ -51,10 +51,17 @@ struct RingMergeBytes {
 };
 RingMergeBytes ring_merge_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples);
 
-// Exposed time of one block's ring exchange: cp - 1 steps of `step_comm_s` each against 1/cp of the
-// rank's attention time `attention_s` each: (cp - 1) x max(0, step_comm - attention / cp).
-// The forward passes (step_comm, attention_forward); the backward 2 x each (K, V and their gradients;
-// the attention backward's twice-forward FLOPs). REQUIRES: cp >= 1.
+// Exposed time of one block's forward ring exchange: cp - 1 steps of `step_comm_s` each against 1/cp of
+// the rank's attention time `attention_s` each: (cp - 1) x max(0, step_comm - attention / cp).
+// REQUIRES: cp >= 1.
 double ring_exposed_s(int cp, double step_comm_s, double attention_s);
+
+// Exposed time of one block's backward ring (Transformer Engine's): each of the cp steps computes the
+// backward of 1/cp of the attention (W = 2 attention_s / cp: twice the forward's FLOPs) while the link
+// carries the next step's K/V (steps 0 .. cp - 2) and the dK/dV the step before accumulated (steps
+// 1 .. cp - 1); after the last step the dK/dV go home with nothing left to hide them:
+// max(0, s - W) [step 0] + (cp - 2) max(0, 2 s - W) + max(0, s - W) [step cp - 1] + s, s = step_comm_s
+// (one step's K/V bytes; dK/dV are as many). 0 at cp 1. REQUIRES: cp >= 1.
+double ring_backward_exposed_s(int cp, double step_comm_s, double attention_s);
 
 }  // namespace hetplan

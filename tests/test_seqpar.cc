@@ -95,6 +95,13 @@ TEST_CASE("context parallelism: K/V bytes per ring step and the exposed exchange
   CHECK(ring_exposed_s(1, 5, 1) == 0);
   CHECK(ring_exposed_s(4, 1, 8) == 0);           // each step's 1 s hides under 2 s of attention
   CHECK(ring_exposed_s(4, 3, 8) == 3 * (3 - 2));  // 1 s of each of the 3 exchanges shows
+  // The backward: 4 steps of 4 s of compute (2 x 8 / 4); steps 0 and 3 carry one exchange, steps 1 and 2
+  // two, and the last dK/dV go home after the compute.
+  CHECK(ring_backward_exposed_s(1, 5, 1) == 0);
+  CHECK(ring_backward_exposed_s(4, 1, 8) == 1);                                  // only the last one shows
+  CHECK(ring_backward_exposed_s(4, 3, 8) == 0 + 2 * (6 - 4) + 0 + 3);            // 2 x 3 s over 4 s twice
+  CHECK(ring_backward_exposed_s(4, 5, 8) == (5 - 4) + 2 * (10 - 4) + (5 - 4) + 5);
+  CHECK(ring_backward_exposed_s(2, 5, 8) == 5);  // cp 2: each step's 8 s hide its 5 s; the last 5 s show
   const double share = attention_flop_share(m, 1024);
   CHECK(share == Approx(m.attention_forward_flops_per_token(1024) / m.block_forward_flops_per_token(1024)));
   CHECK(share > 0);
@@ -436,8 +443,9 @@ TEST_CASE("context parallelism in PlanCostModel: the ring's merge and its exchan
   REQUIRE(d20.cp_exchange_forward_ms > 0);  // exposed at both settings (so the difference is exact)
   CHECK(d10.cp_exchange_forward_ms - d20.cp_exchange_forward_ms ==
         Approx(blocks * (bytes / 10e9 - bytes / 20e9) * 1e3).epsilon(1e-9));
+  // The backward's ring carries 2 cp - 1 steps' bytes (K/V out, dK/dV round and home): 3 at cp 2.
   CHECK(d10.cp_exchange_backward_ms - d20.cp_exchange_backward_ms ==
-        Approx(blocks * 2 * (bytes / 10e9 - bytes / 20e9) * 1e3).epsilon(1e-9));
+        Approx(blocks * 3 * (bytes / 10e9 - bytes / 20e9) * 1e3).epsilon(1e-9));
   // Both land on the stage's forward and backward.
   CHECK(f10.forward_ms - f20.forward_ms == Approx(d10.cp_exchange_forward_ms - d20.cp_exchange_forward_ms).epsilon(1e-9));
   CHECK(f10.backward_ms - f20.backward_ms ==
