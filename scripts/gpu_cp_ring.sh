@@ -60,6 +60,23 @@ replay() {  # label, plan, hf config, [HETPLAN_CP_ATTENTION]
   echo "- $label: exit $rc${kernel:+ (HETPLAN_CP_ATTENTION=$kernel)}" >> "$res/runs.txt"
   return $rc
 }
+# This build's simulator on DIR's own profiles (DIR/profiles/<folder>, as DIR's run measured them), where
+# DIR has them: the prediction the new ring is checked against (DIR's *.sim.json predate this build).
+resim() {  # name, hf config -> median ms or "-"
+  local name=$1 hf=$2
+  python3 - "$res/$name.plan.json" "$res/$name.resim.plan.json" "$dir" <<'PY' || { echo "-"; return; }
+import json, os, sys
+src, dst, d = sys.argv[1:4]
+p = json.load(open(src))
+folder = os.path.join(d, "profiles", os.path.basename(p["profile_dir"].rstrip("/")))
+if not os.path.isdir(folder):
+    sys.exit(1)
+p["profile_dir"] = folder
+json.dump(p, open(dst, "w"), indent=1)
+PY
+  "$bin" simulate --plan "$res/$name.resim.plan.json" --hf-config "$hf" --json "$res/$name.sim.json" > "$res/$name.sim.log" 2>&1 &&
+    python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['iteration_ms'], 1))" "$res/$name.sim.json" || echo "-"
+}
 ms() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['iteration_ms']['median'], 1))" "$1" 2>/dev/null || echo "-"; }
 sim_ms() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['iteration_ms'], 1))" "$1" 2>/dev/null || echo "-"; }
 rows=()
@@ -71,12 +88,14 @@ for name in gpt-cp2-m4 llama-cp2-m4 llama-cp2-zero1-m4; do
   replay "$name" "$res/$name.plan.json" "$hf" || status=1
   replay "$name-flash" "$res/$name.plan.json" "$hf" flash || status=1
   replay "$name-dp" "$res/$name-dp.plan.json" "$hf" || status=1
-  rows+=("| $name | $(sim_ms "$dir/$name.sim.json") | $(ms "$res/$name.replay.json") | $(ms "$res/$name-flash.replay.json") | $(ms "$res/$name-dp.replay.json") | $(ms "$dir/$name.replay.json") |")
+  sim_new=$(resim "$name" "$hf"); ring=$(ms "$res/$name.replay.json")
+  err=$(python3 -c "import sys; m, p = float(sys.argv[1]), float(sys.argv[2]); print(f'{(m - p) / m * 100:+.1f}%')" "$ring" "$sim_new" 2>/dev/null || echo "-")
+  rows+=("| $name | $(sim_ms "$dir/$name.sim.json") | $sim_new | $ring | $err | $(ms "$res/$name-flash.replay.json") | $(ms "$res/$name-dp.replay.json") | $(ms "$dir/$name.replay.json") |")
 done
-{ echo; echo "| plan | simulated ms ($dir) | ring, default kernel (cuDNN) ms | ring, flash ms | dp twin ms | $dir's replay ms |"
-  echo "|---|---|---|---|---|---|"; printf '%s\n' "${rows[@]}"; echo; cat "$res/runs.txt"
-  echo; echo "Median of 8 iterations after 2 warmup. error = (measured - simulated) / measured; the simulated column is"
-  echo "from $dir's profiles: comparable only where this machine's GPUs are the ones $dir names."; } >> "$table"
+{ echo; echo "| plan | simulated ms ($dir) | simulated ms (this build, $dir's profiles) | ring, default kernel (cuDNN) ms | error | ring, flash ms | dp twin ms | $dir's replay ms |"
+  echo "|---|---|---|---|---|---|---|---|"; printf '%s\n' "${rows[@]}"; echo; cat "$res/runs.txt"
+  echo; echo "Median of 8 iterations after 2 warmup. error = (ring - this build's simulation) / ring. Both simulated columns use"
+  echo "$dir's profiles: comparable only where this machine's GPUs are the ones $dir names."; } >> "$table"
 
 # 4. Kineto, if time is left.
 if [[ ${DRY_RUN:-0} != 1 ]] && (($(left) > 80)); then
