@@ -657,6 +657,8 @@ WhatifInput whatif_input(const WhatifArgs& a) {
     in.micro_batch = ds.micro_batch;
   }
   in.calibration = read_whatif_calibration(a.profiles);
+  // The host the probe measured (its offload figures, where it has them) over the profile's calibration.
+  if (!a.host_probe.empty()) read_host_probe_offload(a.host_probe, in.calibration.host);
   if (a.h2d_gbs > 0) in.calibration.host.h2d_bytes_per_s = a.h2d_gbs * 1e9;
   if (a.d2h_gbs > 0) in.calibration.host.d2h_bytes_per_s = a.d2h_gbs * 1e9;
   if (a.cpu_adam_params_per_s > 0) in.calibration.host.cpu_adam_params_per_s = a.cpu_adam_params_per_s;
@@ -1009,7 +1011,8 @@ Runner add_whatif_command(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--host-probe", a->host_probe,
                 "The host's per-op costs for --runtime eager: a host_probe_micro.json written by "
-                "scripts/gpu_host_probe.sh (a host_probe_dist.json beside it adds DDP's and FSDP2's hook costs); "
+                "scripts/gpu_host_probe.sh (a host_probe_dist.json beside it adds DDP's and FSDP2's hook costs, a "
+                "host_probe_offload.json the host's CPU AdamW, cast and pinned-copy rates for ZeRO-Offload rows); "
                 "default: the H200 host's probe (logs/validate/host-probe-h200/)");
   s->add_option("--host-speed", a->host_speed,
                 "The host's time per op against --host-probe's (or the default probe's) when it was measured: every "

@@ -21,7 +21,10 @@ import statistics
 import sys
 import time
 
-REPS = 5
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_pinning  # noqa: E402
+
+REPS = 9  # medians over 9 (was 5): the lent hosts' speed drifts within seconds
 DEV = "cuda"  # "cpu": a smoke test of the script's logic where no GPU is (counts aten ops only)
 MODEL_ONLY = False  # --model-only: only the figures hetplan's host model reads (sim/runtime_overheads.cc host_costs_from_probe)
 
@@ -157,6 +160,48 @@ def tiny_gpt(blocks):
 
 # ------------------------------------------------------------------ one GPU
 
+def offload_probe(torch, dev, n=64 * 2**20, reps=REPS):
+    """The host's side of ZeRO-Offload as scripts/gpu_whatif_validate.py's offload mode runs it (OffloadAdam), at
+    this process's threads: torch's fused CPU AdamW over one pinned fp32 parameter of `n` elements (64 Mi: 256 MiB
+    per tensor, far past the caches, so memory-bound as the 1.3B model's is), the fp32 -> bf16 cast into a pinned
+    buffer, and pinned copies of 256 MiB each way. Medians of `reps`. hetplan reads these from
+    host_probe_offload.json (read_host_probe_offload: the HostSpec of the ZeRO-Offload rows)."""
+    p = torch.nn.Parameter(torch.randn(n).pin_memory() if DEV == "cuda" else torch.randn(n), requires_grad=False)
+    p.grad = torch.randn(n).pin_memory() if DEV == "cuda" else torch.randn(n)
+    try:
+        opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.0, fused=True)
+        opt.step()
+        kind = "fused"
+    except Exception:  # noqa: BLE001  (the validation falls back the same way)
+        opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.0, foreach=True)
+        kind = "foreach"
+
+    def secs(fn, warm=2):
+        for _ in range(warm):
+            fn()
+        ts = []
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            ts.append(time.perf_counter() - t0)
+        return med(ts)
+    R = {"cpu_threads": torch.get_num_threads(), "elements": n}
+    t = secs(opt.step)
+    R["cpu_adamw_fused"] = {"params_per_s": n / t, "ms": t * 1e3, "kind": kind}
+    bf = torch.empty(n, dtype=torch.bfloat16, pin_memory=(DEV == "cuda"))
+    t = secs(lambda: bf.copy_(p.data))
+    R["cpu_cast_fp32_bf16"] = {"params_per_s": n / t, "ms": t * 1e3}
+    if DEV == "cuda":
+        d = torch.empty(n, device=dev)
+        R["pinned_copy"] = {"h2d_bytes_per_s": 4 * n / secs(lambda: d.copy_(p.data, non_blocking=True)),
+                            "d2h_bytes_per_s": 4 * n / secs(lambda: p.grad.copy_(d, non_blocking=True))}
+        del d
+    del opt, p, bf
+    return R
+
+
 def micro(args):
     import torch
     import torch.nn as nn
@@ -175,9 +220,18 @@ def micro(args):
             return a.softmax(-1) @ v
         F.scaled_dot_product_attention = sdpa
     R = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__,
-         "cpu_count": os.cpu_count(),
-         "torch_threads": torch.get_num_threads()}
+         "cpu_count": os.cpu_count()}
     t_start = time.perf_counter()
+    # ZeRO-Offload's host figures first, with every core (as the validation's offload run has them), then the rest
+    # on GPU 0's share of the cores (as the single-GPU runs and the re-probes have them): scripts/host_pinning.py.
+    off = {"host_pin": host_pinning.pin("all" if args.pin != "none" else "none", torch=torch)}
+    off.update(offload_probe(torch, dev))
+    if DEV == "cuda":
+        os.makedirs(args.out, exist_ok=True)
+        json.dump(off, open(os.path.join(args.out, "host_probe_offload.json"), "w"), indent=1)
+    print("offload", json.dumps(off)[:600], flush=True)
+    R["host_pin"] = host_pinning.pin(args.pin, gpu=0, torch=torch)
+    R["torch_threads"] = torch.get_num_threads()
     # The loop micro-benchmarks (single ops, module calls, autograd chains): reference figures the model does not
     # read (sim/runtime_overheads.md); --model-only skips them.
     if not MODEL_ONLY:
@@ -302,9 +356,11 @@ def micro(args):
 
     # The validation's GPT at a tiny width: host time per phase and the op counts, 24 and 12 blocks deep,
     # with and without torch.utils.checkpoint per block (use_reentrant=False), under autocast as it runs.
-    steps = {}
+    steps, cases = {}, {}
+    ids = torch.randint(512, (1, 64), device=dev)
+    tgt = torch.randint(512, (1, 64), device=dev)
     for blocks in (24, 12):
-        v = tiny_gpt(blocks)
+        v = tiny_gpt(blocks)  # the model's depth is read when it is built
         for ckpt in (False, True):
             if MODEL_ONLY and blocks == 12 and ckpt:  # the model reads 12 blocks' op counts without checkpointing only
                 continue
@@ -313,60 +369,66 @@ def micro(args):
                 model = v.gpt_model(ckpt)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0,
                                     **({"fused": True} if DEV == "cuda" else {"foreach": True}))
-            ids = torch.randint(512, (1, 64), device=dev)
-            tgt = torch.randint(512, (1, 64), device=dev)
 
-            def fwd():
+            def fwd(model=model):
                 with torch.autocast(DEV, dtype=torch.bfloat16):
                     return model(ids, tgt)
+            cases[f"blocks{blocks}_ckpt{int(ckpt)}"] = (model, opt, fwd)
+    del model, opt, fwd
 
-            ph = {"forward": [], "backward": [], "optimizer": [], "zero_grad": [], "step": []}
-            for it in range(3 + REPS):
-                sync()
-                t0 = time.perf_counter()
-                loss = fwd()
-                t1 = time.perf_counter()
-                sync()
-                t1s = time.perf_counter()
-                loss.backward()
-                sync()
-                t2 = time.perf_counter()
-                opt.step()
-                t3 = time.perf_counter()
-                sync()
-                t3s = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                t4 = time.perf_counter()
-                if it >= 3:
-                    ph["forward"].append((t1 - t0) * 1e3)
-                    ph["backward"].append((t2 - t1s) * 1e3)
-                    ph["optimizer"].append((t3 - t2) * 1e3)
-                    ph["zero_grad"].append((t4 - t3s) * 1e3)
-            # The whole step as the validation times it (no sync between phases).
-            def whole():
-                loss = fwd()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            st = timed(torch, whole, 5, warm=2)
-            res = {k: med(vv) for k, vv in ph.items() if vv}
-            res["step_host_ms"] = st["host_us"] / 1e3
-            res["step_wall_ms"] = st["wall_us"] / 1e3
+    # Phase by phase, the cases round-robin (one step of each, round after round): the checkpoint regions' costs
+    # are differences of these cases, which a host drifting between two blocks of rounds would skew.
+    ph = {key: {"forward": [], "backward": [], "optimizer": [], "zero_grad": []} for key in cases}
+    for it in range(3 + REPS):
+        for key, (model, opt, fwd) in cases.items():
+            sync()
+            t0 = time.perf_counter()
             loss = fwd()
-            res["autograd_nodes"] = autograd_nodes(loss)
-            saved = [0]
+            t1 = time.perf_counter()
+            sync()
+            t1s = time.perf_counter()
+            loss.backward()
+            sync()
+            t2 = time.perf_counter()
+            opt.step()
+            t3 = time.perf_counter()
+            sync()
+            t3s = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            t4 = time.perf_counter()
+            if it >= 3:
+                ph[key]["forward"].append((t1 - t0) * 1e3)
+                ph[key]["backward"].append((t2 - t1s) * 1e3)
+                ph[key]["optimizer"].append((t3 - t2) * 1e3)
+                ph[key]["zero_grad"].append((t4 - t3s) * 1e3)
+    del loss
+    for key, (model, opt, fwd) in cases.items():
+        # The whole step as the validation times it (no sync between phases).
+        def whole(opt=opt, fwd=fwd):
+            loss = fwd()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        st = timed(torch, whole, 5, warm=2)
+        res = {k: med(vv) for k, vv in ph[key].items() if vv}
+        res["step_host_ms"] = st["host_us"] / 1e3
+        res["step_wall_ms"] = st["wall_us"] / 1e3
+        loss = fwd()
+        res["autograd_nodes"] = autograd_nodes(loss)
+        del loss
+        saved = [0]
 
-            def pack(t):
-                saved[0] += 1
-                return t
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss2 = fwd()
-            res["saved_tensors"] = saved[0]
-            del loss2
-            res["counts"] = count_step(torch, fwd, opt)
-            res["parameters"] = sum(1 for _ in model.parameters())
-            steps[f"blocks{blocks}_ckpt{int(ckpt)}"] = res
-            del model, opt
+        def pack(t):
+            saved[0] += 1
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss2 = fwd()
+        res["saved_tensors"] = saved[0]
+        del loss2
+        res["counts"] = count_step(torch, fwd, opt)
+        res["parameters"] = sum(1 for _ in model.parameters())
+        steps[key] = res
+    del cases, model, opt, fwd, whole
     R["tiny_gpt_step"] = steps
 
     # torch.utils.checkpoint per region: the same tiny block chain with and without it; the extra host time
@@ -459,11 +521,12 @@ def dist_probe(args):
     import torch.distributed as dist
     import torch.nn as nn
 
+    pinned = host_pinning.pin(args.pin, torch=torch)  # this rank's GPU's share of the cores (LOCAL_RANK)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dev = torch.device("cuda")
-    R = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "world": world}
+    R = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "world": world, "host_pin": pinned}
     t_start = time.perf_counter()
     from torch.nn.parallel import DistributedDataParallel as DDP
     try:
@@ -471,40 +534,51 @@ def dist_probe(args):
     except ImportError:
         from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
-    def phases(model, opt, fwd, reps=REPS, warm=3):
-        ph = {"forward": [], "backward": [], "optimizer": [], "step": []}
+    def one_round(model, opt, fwd):
+        """One step timed phase by phase (a sync after each), then one step whole (no syncs between its phases)."""
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        loss = fwd()
+        sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        t3 = time.perf_counter()
+        # the whole step again without syncs between the phases
+        dist.barrier()
+        sync()
+        s0 = time.perf_counter()
+        loss = fwd()
+        loss.backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        s1 = time.perf_counter()
+        return {"forward": (t1 - t0) * 1e3, "backward": (t2 - t1) * 1e3, "optimizer": (t3 - t2) * 1e3,
+                "step": (s1 - s0) * 1e3}
+
+    def interleaved(cases, reps=REPS, warm=3):
+        """{name: (model, opt, fwd)} timed round-robin -- one round of each case, then the next round -- so that a
+        host whose speed drifts over the seconds of the probe slows every case alike, and a wrapper's added time
+        (its case against the plain one) is not the drift between two blocks of rounds. Medians per case."""
+        ph = {name: {"forward": [], "backward": [], "optimizer": [], "step": []} for name in cases}
         for it in range(warm + reps):
-            dist.barrier()
-            sync()
-            t0 = time.perf_counter()
-            loss = fwd()
-            sync()
-            t1 = time.perf_counter()
-            loss.backward()
-            sync()
-            t2 = time.perf_counter()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            sync()
-            t3 = time.perf_counter()
-            # the whole step again without syncs between the phases
-            dist.barrier()
-            sync()
-            s0 = time.perf_counter()
-            loss = fwd()
-            loss.backward()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            sync()
-            s1 = time.perf_counter()
-            if it >= warm:
-                ph["forward"].append((t1 - t0) * 1e3)
-                ph["backward"].append((t2 - t1) * 1e3)
-                ph["optimizer"].append((t3 - t2) * 1e3)
-                ph["step"].append((s1 - s0) * 1e3)
-        return {k: med(v) for k, v in ph.items()}
+            for name, (model, opt, fwd) in cases.items():
+                r = one_round(model, opt, fwd)
+                if it >= warm:
+                    for k, v in r.items():
+                        ph[name][k].append(v)
+        return {name: {k: med(v) for k, v in p.items()} for name, p in ph.items()}
+
+    def phases(model, opt, fwd, reps=REPS, warm=3):
+        return interleaved({"one": (model, opt, fwd)}, reps, warm)["one"]
 
     def chain(M, width=64):
         return nn.Sequential(*[nn.Linear(width, width) for _ in range(M)]).to(dev)
@@ -535,9 +609,8 @@ def dist_probe(args):
 
     # FSDP2: a chain of M Linear modules, each fully_shard'ed (and the root), bf16 compute, fp32 reduce.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    fs = {}
+    fs, chain_cases = {}, {}
     for M in (8, 32):
-        r = {}
         for wrap in ("plain", "fsdp2"):
             torch.manual_seed(0)
             m = chain(M)
@@ -557,8 +630,10 @@ def dist_probe(args):
             else:
                 def fwd(m=m):
                     return m(x).float().sum()
-            r[wrap] = phases(m, opt, fwd)
-        fs[f"M{M}"] = r
+            chain_cases[(M, wrap)] = (m, opt, fwd)
+    for (M, wrap), r in interleaved(chain_cases).items():  # the four round-robin
+        fs.setdefault(f"M{M}", {})[wrap] = r
+    del chain_cases
     for ph in ("forward", "backward", "optimizer", "step"):
         d8 = fs["M8"]["fsdp2"][ph] - fs["M8"]["plain"][ph]
         d32 = fs["M32"]["fsdp2"][ph] - fs["M32"]["plain"][ph]
@@ -569,7 +644,9 @@ def dist_probe(args):
     # The validation's GPT at a tiny width (24 blocks): single (no wrapper), DDP, FSDP2 per block + root,
     # with and without checkpointing: host time per phase, and op counts under the profiler.
     v = tiny_gpt(24)
-    gpt = {}
+    gpt, gpt_cases, kinds = {}, {}, {}
+    ids = torch.randint(512, (1, 64), device=dev)
+    tgt = torch.randint(512, (1, 64), device=dev)
     for mode in ("single", "ddp", "fsdp2"):
         for ckpt in (False,) if MODEL_ONLY else (False, True):
             torch.manual_seed(0)
@@ -590,26 +667,30 @@ def dist_probe(args):
             except Exception:  # noqa: BLE001
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
                 opt_kind = "foreach"
-            ids = torch.randint(512, (1, 64), device=dev)
-            tgt = torch.randint(512, (1, 64), device=dev)
 
             def fwd(model=model, autocast=autocast):
                 if autocast:
                     with torch.autocast(DEV, dtype=torch.bfloat16):
                         return model(ids, tgt)
                 return model(ids, tgt)
-            res = phases(model, opt, fwd)
-            res["optimizer_kind"] = opt_kind
-            if rank == 0:
-                res["counts"] = count_step(torch, fwd, opt)
-            else:  # the collectives need both ranks in step: the same step, unprofiled
-                loss = fwd()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            gpt[f"{mode}_ckpt{int(ckpt)}"] = res
-            del model, opt
-            dist.barrier()
+            key = f"{mode}_ckpt{int(ckpt)}"
+            gpt_cases[key] = (model, opt, fwd)
+            kinds[key] = opt_kind
+    # Timed round-robin (single, DDP, FSDP2 in turn, round after round): the wrappers' added time is read against
+    # the plain step of the same seconds.
+    for key, res in interleaved(gpt_cases).items():
+        res["optimizer_kind"] = kinds[key]
+        gpt[key] = res
+    for key, (model, opt, fwd) in gpt_cases.items():
+        if rank == 0:
+            gpt[key]["counts"] = count_step(torch, fwd, opt)
+        else:  # the collectives need both ranks in step: the same step, unprofiled
+            loss = fwd()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        dist.barrier()
+    del gpt_cases, model, opt, fwd
     R["tiny_gpt_step"] = gpt
 
     # Memory census: a model of 8 Linear(2048, 2048) (33.6M fp32 parameters), allocated bytes after each
@@ -702,6 +783,7 @@ def main():
                          "checkpointing; and the memory census. About half the time")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a smoke test of micro's logic without a GPU (aten counts, no kernels, no graphs)")
+    host_pinning.add_pin_arg(ap)
     args = ap.parse_args()
     global DEV, MODEL_ONLY
     DEV = args.device

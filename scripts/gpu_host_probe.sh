@@ -2,14 +2,17 @@
 # Host-side micro-benchmarks of eager PyTorch for hetplan's host-time model (issue 32; sim/runtime_overheads.md):
 # per-op, per-module, per-autograd-node, per-checkpoint-region, per-DDP-parameter, per-FSDP2-module,
 # per-optimizer-tensor and per-decode-layer host costs, the CUDA graph replay floor, the op counts of the
-# validation model's code at a tiny width, and a DDP/FSDP2 memory census (scripts/gpu_host_probe.py).
+# validation model's code at a tiny width, a DDP/FSDP2 memory census, and ZeRO-Offload's host figures (CPU
+# AdamW, the fp32 -> bf16 cast, pinned copies: host_probe_offload.json) (scripts/gpu_host_probe.py). Each
+# process pinned as the whatif validation's (scripts/host_pinning.py: its GPU's share of the cores; the offload
+# figures with all of them); the cases whose differences the model reads are timed round-robin.
 # No build needed. On a machine of two GPUs (kind nvidia-h200-x2 or nvidia-h100-x2); with one GPU the
 # distributed part is skipped.
 #
 #   OUT=/some/dir bash scripts/gpu_host_probe.sh
 #
-# Results: $OUT/host_probe.tgz (host_probe_micro.json, host_probe_dist.json, logs, machine.txt) and the two
-# JSON files themselves. About 2 minutes; each step has its own time limit.
+# Results: $OUT/host_probe.tgz (host_probe_micro.json, host_probe_dist.json, host_probe_offload.json, logs,
+# machine.txt) and the JSON files themselves. About 2 minutes; each step has its own time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}

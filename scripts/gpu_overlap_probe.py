@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The compute slowdown beside overlapped data-parallel collectives, as the simulator needs it (sim/dp_overlap.md,
-"SM sharing"), measured on the lent GPUs. Run under torchrun on >= 2 GPUs of one node:
+"SM sharing"), measured on the lent GPUs. Run under torchrun on >= 2 GPUs of one node (2, 4 or 8):
 
-  torchrun --standalone --nproc-per-node 2 scripts/gpu_overlap_probe.py --out comm_overlap.json \
+  torchrun --standalone --nproc-per-node N scripts/gpu_overlap_probe.py --out comm_overlap.json \
       [--hidden 2560 --ffn 10240 --tokens 4096 --layers 10] [--reduce-params 78.6e6] [--gather-params 78.6e6]
 
 What it times, on every rank (CUDA events; median of --reps repetitions):
@@ -21,8 +21,16 @@ What it writes (rank 0, --out): "compute_slowdown": {"reduce": 1 + (loop beside 
 (f - 1) x min(window, collectives' time alone) -- averaged over the ranks, with every timing under "details"
 (the chains' own slowdown, GEMM TFLOP/s, bytes, counts, NCCL version, the GPU's name).
 `hetplan simulate` / `search` read it as <profile folder>/comm_overlap.json (sim/profile.h).
+
+Every rank issues the same collectives in the same order: the chain length k, which each rank used to derive from
+its own timings, is agreed first (the largest over the ranks). Ranks whose k differed issued different numbers of
+reduce-scatters, and then mismatched barriers: the likely cause of the hang on 2 x H100
+(logs/validate/suite34-h100x2-run4/overlap_probe.txt). Each rank binds its GPU before the process group
+(device_id: barriers know their device). NVLink multicast stays off. A collective that waits longer than
+--nccl-timeout-s seconds aborts the process instead of hanging.
 """
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -56,12 +64,22 @@ def main():
     ap.add_argument("--gather-params", type=float, default=0, help="default as --reduce-params")
     ap.add_argument("--comm-share", type=float, default=0.35)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--nccl-timeout-s", type=float, default=30,
+                    help="a collective waiting longer aborts the process (NCCL watchdog)")
     a = ap.parse_args()
     t_start = time.time()
-    dist.init_process_group("nccl")
+    # NVLink multicast off whatever the caller's environment (it can take a shared host's GPUs out of service).
+    for key, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                     ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ[key] = val
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dev = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=a.nccl_timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dev = torch.device("cuda")
+
+    def step(what):
+        print(f"[rank {rank}/{world} {time.time() - t_start:.1f} s] {what}", flush=True)
     h, ffn, T = a.hidden, a.ffn or 4 * a.hidden, a.tokens
     torch.manual_seed(rank)
     bf = torch.bfloat16
@@ -87,8 +105,14 @@ def main():
 
     def sync():
         torch.cuda.synchronize()
-        dist.barrier()
+        dist.barrier(device_ids=[local_rank])
         torch.cuda.synchronize()
+
+    def agreed_max(n):
+        """The largest of every rank's n (a collective every rank issues here, in the same order)."""
+        t = torch.tensor([n], dtype=torch.int64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
 
     def time_loop():
         sync()
@@ -130,6 +154,7 @@ def main():
         return g0.elapsed_time(g1), c0.elapsed_time(c1)
 
     # Warm up: cuBLASLt's choices, NCCL's communicator and buffers.
+    step("warm-up")
     for _ in range(2):
         loop()
         reduce_one().wait()
@@ -140,8 +165,11 @@ def main():
     res = {"gemm_loop_alone_ms": loop_alone, "gemm_loop_tflops": flops / loop_alone / 1e9}
     factors = []
     for kind, one, elems, elem_bytes in (("reduce", reduce_one, n_r, 4), ("gather", gather_one, n_g, 2)):
+        step(f"{kind}: one collective alone")
         one_ms = med(time_chain(one, 1) for _ in range(a.reps))
-        k = max(1, int(round(a.comm_share * loop_alone / max(one_ms, 1e-3))))
+        k_own = max(1, int(round(a.comm_share * loop_alone / max(one_ms, 1e-3))))
+        k = agreed_max(k_own)  # every rank must issue the same number of collectives
+        step(f"{kind}: chains of k = {k} (this rank's own estimate {k_own})")
         chain_alone = med(time_chain(one, k) for _ in range(a.reps))
         both = [time_both(one, k) for _ in range(a.reps)]
         loop_with = med(b[0] for b in both)
@@ -152,12 +180,14 @@ def main():
         factors.append(f)
         res[kind] = {"collective": "reduce_scatter fp32" if kind == "reduce" else "all_gather bf16",
                      "bucket_params": elems, "bucket_bytes": elems * elem_bytes, "chain_collectives": k,
+                     "chain_collectives_own_estimate": k_own,
                      "one_collective_alone_ms": one_ms, "chain_alone_ms": chain_alone,
                      "gemm_loop_alone_ms_after": loop_again, "gemm_loop_beside_ms": loop_with,
                      "chain_beside_ms": chain_with, "chain_slowdown": chain_with / chain_alone,
                      "gemm_loop_slowdown": loop_with / base, "compute_slowdown": f,
                      "chain_outlasted_loop": chain_with > loop_with}
     # Every rank's factors, averaged (and each rank's kept).
+    step("gathering the ranks' factors")
     t = torch.tensor(factors, dtype=torch.float64, device=dev)
     every = [torch.zeros_like(t) for _ in range(world)]
     dist.all_gather(every, t)
@@ -179,8 +209,9 @@ def main():
         with open(a.out, "w") as fh:
             json.dump(out, fh, indent=1)
         print(json.dumps(out, indent=1), flush=True)
-    dist.barrier()
+    dist.barrier(device_ids=[local_rank])
     dist.destroy_process_group()
+    step("done")
 
 
 if __name__ == "__main__":

@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
-# On a 2-GPU machine (the device tool, kind nvidia-h200-x2), from the repo root, in one call:
+# On a machine of as many GPUs as the suite's hostfile has (the device tool: kind nvidia-h200-x2 for the 2-GPU
+# suite, nvidia-h200-x4 for SUITE=scripts/validation/h200x4-suite34.json), from the repo root, in one call:
 #   1. build build-gpu/ (scripts/gpu_build.sh; a fresh machine: ~3-4 minutes) unless it is built;
 #   2. scripts/gpu_cp_attention_check.sh: the flash kernel's bottom-right causal mask that replay's cp
 #      attention relies on, and the old against the new cp attention's time (< 1 minute; time-limited);
-#   3. issue 34's 13-plan suite (scripts/validation/h200x2-suite34.json, written before measuring) on
+#   3. issue 34's suite (SUITE, default the 13-plan scripts/validation/h200x2-suite34.json; each written
+#      before measuring) on
 #      FRESH profiles: `hetplan profile` of this build measures both models into profiles/fresh/<model
 #      folder> (not the committed profiles/), then every plan is simulated from them before any replay,
 #      then replayed (scripts/validate_plans.py; --iters 8 --warmup 2 as scripts/gpu_suite34_validate.sh).
 # Everything runs under one deadline, DEADLINE_S (default 530) seconds from the start: what finished is
 # packed, and $OUT/summary.txt names the plans not run.
 #
-#   OUT=/some/dir bash scripts/gpu_suite34_fresh.sh [--only NAME,NAME] [--no-cp-check]
+#   OUT=/some/dir [SUITE=...] [DEVICE_KIND=nvidia-h200-x4] bash scripts/gpu_suite34_fresh.sh [--only NAME,NAME]
+#       [--no-cp-check]
+#
+# The GPU count is the suite's hostfile's (the sum of its slots); the script stops unless nvidia-smi lists at
+# least that many. The suite is written for H200 (the clusterfile's node 0.0.0.6); where the device lends H100s
+# for the kind, the same plans run on hostfiles/h100_<count>.hostfile (node 0.0.0.5) with H100 profiles. The run
+# folder is logs/validate/suite34-<type>x<count>-run<RUN_NUMBER> (e.g. suite34-h100x4-run1; RUN_NUMBER defaults to
+# the first that no folder in logs/validate/ has); a RUN_NAME given has its <type>x<count> part (e.g. h200x4)
+# set to what ran. DEVICE_KIND (the kind the device
+# call named) heads the machine line. The 4-GPU suite on a fresh nvidia-h200-x4 (an estimate, ~450 s):
+#   SUITE=scripts/validation/h200x4-suite34.json DEVICE_KIND=nvidia-h200-x4 DEADLINE_S=500 \
+#     OUT=$OUT bash scripts/gpu_suite34_fresh.sh --no-cp-check
 #
 # Expected on a fresh 2 x H200: build ~210 s, cp check ~40 s, profiles ~100 s (run 1's logs: 46-51 s a
 # model), 13 plans ~180 s (run 1: 11-15 s a replay): ~530 s. Give the device call timeout_s 600.
 # A follow-up call for plans the deadline cut: unpack the first call's suite.tgz in the repo root (its
 # profiles/fresh/ is git-ignored: name it in the call's carry), and run
-#   RUN_NAME=suite34-h200x2-run2b bash scripts/gpu_suite34_fresh.sh --no-cp-check --only NAME,NAME
+#   RUN_NAME=suite34-h200x2-run2b [SUITE=...] bash scripts/gpu_suite34_fresh.sh --no-cp-check --only NAME,NAME
 # which reuses profiles/fresh/ (it profiles only when a model's folder there is empty).
 # Set HETPLAN_COMMIT to the commit run (the device's copy of .git may be stale).
 # Results: $OUT/suite.tgz (logs/validate/$RUN_NAME/ with the table, profiles/fresh/, the logs) and
@@ -29,8 +42,8 @@ cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 deadline=${DEADLINE_S:-530}
-run_name=${RUN_NAME:-suite34-h200x2-run2}
 suite_src=${SUITE:-scripts/validation/h200x2-suite34.json}
+[[ -f $suite_src ]] || { echo "gpu_suite34_fresh: SUITE=$suite_src: no such file" >&2; exit 2; }
 fresh=profiles/fresh
 only="" cp_check=1
 while [[ $# -gt 0 ]]; do
@@ -43,6 +56,20 @@ done
 summary="$out/summary.txt"
 : > "$summary"
 say() { echo "$*" >> "$summary"; }
+# The GPUs the suite's plans use: the sum of its hostfile's slots.
+gpus=$(python3 - "$suite_src" <<'PY'
+import json, re, sys
+host = json.load(open(sys.argv[1]))["hostfile"]
+print(sum(int(m.group(1)) for line in open(host) for m in [re.search(r"slots=(\d+)", line.split("#")[0])] if m))
+PY
+) || { echo "gpu_suite34_fresh: cannot read the hostfile of $suite_src" >&2; exit 2; }
+if [[ -z "${DRY_RUN:-}" ]]; then
+  have=$(nvidia-smi -L | grep -c '^GPU')
+  if [[ $have -lt $gpus ]]; then
+    echo "gpu_suite34_fresh: $suite_src needs $gpus GPUs (its hostfile); nvidia-smi lists $have" | tee "$summary"
+    exit 1
+  fi
+fi
 bin=${HETPLAN_BIN:-build-gpu/hetplan}
 if [[ -z "${DRY_RUN:-}" && ! -x build-gpu/hetplan ]]; then
   t0=$SECONDS
@@ -52,7 +79,7 @@ fi
 [[ -z "${DRY_RUN:-}" ]] && source scripts/gpu_env.sh
 source scripts/gpu_lib.sh
 if [[ -z "${DRY_RUN:-}" ]]; then
-  machine=$(DEVICE_KIND=${DEVICE_KIND:-nvidia-h200-x2} gpu_machine)
+  machine=$(gpu_machine)
 else
   machine="dry run: $(hostname); $(nproc) CPU cores"
 fi
@@ -63,9 +90,16 @@ gpu_type=${GPU_TYPE:-H200}
 if [[ -z "${DRY_RUN:-}" ]] && nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H100; then
   gpu_type=H100
 fi
-[[ $gpu_type == H100 ]] && run_name=${run_name/h200x2/h100x2}
+run_tag="${gpu_type,,}x${gpus}"
+if [[ -z "${RUN_NAME:-}" && -z "${RUN_NUMBER:-}" ]]; then
+  RUN_NUMBER=1  # the first number no run folder (committed ones included) has yet
+  while [[ -e logs/validate/suite34-${run_tag}-run$RUN_NUMBER ]]; do RUN_NUMBER=$((RUN_NUMBER + 1)); done
+fi
+run_name=${RUN_NAME:-suite34-${run_tag}-run${RUN_NUMBER}}
+run_name=$(sed -E "s/h[0-9]+x[0-9]+/${run_tag}/" <<< "$run_name")
 export HETPLAN_MACHINE="${machine}; hetplan ${HETPLAN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 say "machine: $HETPLAN_MACHINE"
+say "suite: $suite_src on $gpus x $gpu_type; run folder logs/validate/$run_name"
 
 if [[ $cp_check == 1 && -z "${DRY_RUN:-}" ]]; then
   t0=$SECONDS
@@ -76,19 +110,24 @@ fi
 # The suite with each model's profile folder moved under profiles/fresh/ (same folder names).
 mkdir -p build-gpu/suite34 "$fresh"
 suite="build-gpu/suite34/$(basename "$suite_src")"
-python3 - "$suite_src" "$suite" "$fresh" "$gpu_type" <<'EOF'
+python3 - "$suite_src" "$suite" "$fresh" "$gpu_type" "$gpus" <<'EOF'
 import json, os, sys
-src, dst, fresh, gpu = sys.argv[1:5]
+src, dst, fresh, gpu, gpus = sys.argv[1:6]
 s = json.load(open(src))
 for m in s["models"].values():
     folder = os.path.basename(os.path.normpath(m["profiles"]))
     m["profiles"] = os.path.join(fresh, folder.replace("H200", gpu))
 s["_about"] = s.get("_about", "") + " [Run on fresh profiles: " + fresh + ", measured by this build.]"
 if gpu != "H200":
-    host = os.path.join(os.path.dirname(dst), gpu.lower() + "_2.hostfile")
-    open(host, "w").write(f"# One node of 2 {gpu} GPUs (the device lent {gpu}s for nvidia-h200-x2).\n0.0.0.5 slots=2\n")
+    # The committed one-node hostfile of this type and count (hostfiles/h100_4.hostfile: the clusterfile's
+    # H100 node, 0.0.0.5), else one written beside the suite.
+    host = f"hostfiles/{gpu.lower()}_{gpus}.hostfile"
+    if not os.path.exists(host):
+        addr = next(a for a, v in json.load(open(s["clusterfile"])).items() if v["instance_type"] == gpu)
+        host = os.path.join(os.path.dirname(dst), f"{gpu.lower()}_{gpus}.hostfile")
+        open(host, "w").write(f"# One node of {gpus} {gpu} GPUs (the device lent {gpu}s).\n{addr} slots={gpus}\n")
     s["hostfile"] = host
-    s["_about"] += f" [On 2 x {gpu}: hostfile {host}.]"
+    s["_about"] += f" [On {gpus} x {gpu}: hostfile {host}.]"
 json.dump(s, open(dst, "w"), indent=1)
 EOF
 need_profile=0
@@ -109,7 +148,7 @@ fi
 if [[ -z "${DRY_RUN:-}" && -z "${NO_OVERLAP_PROBE:-}" ]]; then
   t0=$SECONDS
   # shellcheck disable=SC2046
-  OUT="$out/overlap_probe" bash scripts/gpu_overlap_probe.sh \
+  OUT="$out/overlap_probe" PROBE_GPUS=$gpus bash scripts/gpu_overlap_probe.sh \
     $(python3 -c "import json; print(' '.join(m['profiles'] for m in json.load(open('$suite'))['models'].values()))") \
     > "$out/overlap_probe.txt" 2>&1
   say "overlap probe: exit $? in $((SECONDS - t0)) s: $(grep compute_slowdown "$out/overlap_probe.txt" | head -1)"

@@ -53,9 +53,13 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_pinning  # noqa: E402
+
 # The CPU dry run (scripts/gpu_whatif_validate_dryrun.sh): a folder of recorded train_<mode>.json/decode.json that
 # `train` and `decode` return instead of measuring, with the re-probe (class Reprobe) and its predictions real.
 DRYRUN = os.environ.get("WHATIF_VALIDATE_DRYRUN", "")
+PINNED = {}  # what scripts/host_pinning.py set for this process (main)
 
 GPT = dict(vocab=50304, hidden=2048, blocks=24, heads=16, ffn=8192, seq=2048, eps=1e-5)
 LLAMA3B = dict(vocab=128256, hidden=3072, blocks=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, eps=1e-5,
@@ -324,7 +328,7 @@ def dry_run(args, recorded, keys):
     out = []
     for key in keys:
         rec = rp.before(key, "decode" if key.startswith("decode") else "train") if rp else {}
-        res = dict(by_key[key], measure_start_utc=utc_now())
+        res = dict(by_key[key], measure_start_utc=utc_now(), host_pin=PINNED)
         if rp:
             rp.after("decode" if key.startswith("decode") else "train", res, rec)
         out.append(res)
@@ -426,6 +430,7 @@ def train(args):
                "peak_reserved_bytes": max(step_reserved),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__, "measure_start_utc": measure_start}
         res["optimizer"] = opt.opt_kind if args.mode == "offload" else opt_kind
+        res["host_pin"] = PINNED
         if args.mode == "offload":
             res["cpu_threads"] = torch.get_num_threads()
         if rank == 0:
@@ -671,7 +676,7 @@ def decode(args):
         res = {"runtime": runtime, "batch": 1, "prompt": P, "output": O, "ms_per_token": statistics.median(per_token),
                "ms_per_token_all": per_token, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
                "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "device": torch.cuda.get_device_name(),
-               "torch": torch.__version__, "measure_start_utc": measure_start}
+               "torch": torch.__version__, "measure_start_utc": measure_start, "host_pin": PINNED}
         print(f"decode {runtime}: {res['ms_per_token']:.3f} ms/token, peak allocated "
               f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
         if rp:
@@ -737,6 +742,10 @@ def summary(args):
                      f"worst memory {max(m_err):.1f}%")
     if missing:
         lines.append("Not measured (predicted only): " + ", ".join(missing))
+    pins = sorted({f"{m.get('mode', 'decode')}: {m['host_pin']['kind']} ({len(m['host_pin']['cpus'])} cpus, "
+                   f"{m['host_pin']['threads']} threads)" for m in meas if m.get("host_pin")})
+    if pins:
+        lines.append("Host cores (scripts/host_pinning.py; the probe's the same): " + "; ".join(pins))
     # The host's speed around each case (where re-probed): before, against the full probe (x1.20: 20% slower),
     # and its drift over the case (after/before); whether the case's own prediction was written before it ran.
     drift = [m for m in meas if "host_drift" in m]
@@ -780,8 +789,10 @@ def main():
     t = sub.add_parser("train")
     t.add_argument("--mode", choices=["single", "ddp", "fsdp2", "offload"], required=True)
     t.add_argument("--cases", default="mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1")
-    t.add_argument("--warmup", type=int, default=3)
-    t.add_argument("--iters", type=int, default=8)
+    # 5 + 12 (were 3 + 8): the lent hosts' first seconds of a case run slower (run 5: single mb1-ckpt0's host issued
+    # its timed steps in 56, 43, 72, 75, then 31-34 ms), and the median of more steps leans less on them.
+    t.add_argument("--warmup", type=int, default=5)
+    t.add_argument("--iters", type=int, default=12)
     t.add_argument("--out", required=True)
     add_reprobe_args(t)
     d = sub.add_parser("decode")
@@ -801,7 +812,17 @@ def main():
     s.add_argument("--meas", required=True)
     s.add_argument("--machine", default="")
     s.add_argument("--out", required=True)
+    for q in (t, d, c):
+        host_pinning.add_pin_arg(q)
     args = ap.parse_args()
+    global PINNED
+    if args.cmd != "summary":  # (the dry run pins too: the same code, no torch)
+        # Before torch starts a thread: this process's GPU's share of the cores, as the host probe's (the offload
+        # run's CPU AdamW has all of them, as the probe's offload figures do): scripts/host_pinning.py.
+        PINNED = host_pinning.pin("all" if getattr(args, "mode", "") == "offload" and args.pin != "none"
+                                  else args.pin)
+        print(f"host pinning: {PINNED['kind']}, cpus {PINNED['cpus'][0]}-{PINNED['cpus'][-1]} "
+              f"({len(PINNED['cpus'])}), {PINNED['threads']} threads", flush=True)
     {"train": train, "decode": decode, "memory-census": memory_census, "summary": summary}[args.cmd](args)
 
 

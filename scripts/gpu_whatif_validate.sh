@@ -8,7 +8,9 @@
 # In order, one device call:
 #   1. scripts/gpu_build.sh (LibTorch build into build-gpu/; needs .deps/);
 #   2. the host probe of THIS machine, trimmed to what hetplan's host model reads
-#      (scripts/gpu_host_probe.py micro|dist --model-only; issue 32 item 1: the probe measures the machine);
+#      (scripts/gpu_host_probe.py micro|dist --model-only; issue 32 item 1: the probe measures the machine), and
+#      ZeRO-Offload's host figures (CPU AdamW, the cast, pinned copies: host_probe_offload.json);
+#      pinned as the cases are (HOST_PIN, below);
 #   3. scripts/whatif_validate_predict.py --host-probe <that probe> -> predictions_<GPU>_probe.json, written BEFORE
 #      anything is measured (its UTC time and sha256 go to predictions_probe.log and into $OUT at once);
 #   4. the measurements (scripts/gpu_whatif_validate.py): a ~1.3B GPT (hidden 2048, 24 blocks, seq 2048),
@@ -43,6 +45,11 @@ gpu=$(python3 scripts/gpu_catalogue_entry.py name)
 echo "catalogue GPU: $gpu"
 ngpu=$(nvidia-smi -L | wc -l)
 
+# Host pinning (scripts/host_pinning.py; HOST_PIN=0 turns it off): every process that drives one GPU runs on that
+# GPU's share of the cores with one CPU thread per core -- the probe's tiny steps on GPU 0's, each DDP/FSDP2 rank on
+# its own -- and the CPU-offloaded Adam (and the probe's measurement of it) on all of them, so that the probe and
+# the cases it predicts run on the same cores with the same thread settings.
+if [ "${HOST_PIN:-1}" = 1 ]; then pin=(--pin share); else pin=(--pin none); fi
 py=(python3 scripts/gpu_whatif_validate.py)
 budget=${BUDGET_S:-330}  # about 5.5 minutes: the census, last, is skipped or cut first
 run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LIMIT_S nor past the budget
@@ -62,10 +69,10 @@ probe_pred=""
 if [ "${FRESH_PROBE:-1}" = 1 ]; then
   if { [ "${BUILD:-1}" = 0 ] && [ -x build-gpu/hetplan ]; } || run 150 build bash scripts/gpu_build.sh; then
     mkdir -p "$res/host_probe"
-    run 75 probe_micro python3 scripts/gpu_host_probe.py micro --model-only --out "$res/host_probe"
+    run 75 probe_micro python3 scripts/gpu_host_probe.py micro --model-only "${pin[@]}" --out "$res/host_probe"
     if [ "$ngpu" -ge 2 ]; then
       run 75 probe_dist python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_host_probe.py dist \
-        --model-only --out "$res/host_probe"
+        --model-only "${pin[@]}" --out "$res/host_probe"
     fi
     if [ -f "$res/host_probe/host_probe_micro.json" ]; then
       pp="$res/predictions_${gpu}_probe.json"
@@ -89,18 +96,18 @@ if [ -n "$probe_pred" ] && [ "${REPROBE:-1}" = 1 ]; then
            --reprobe-probe "$res/host_probe/host_probe_micro.json" --reprobe-log "$res/predictions_probe.log")
 fi
 cases=mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1
-run 90 single "${py[@]}" train --mode single --cases $cases --out "$res" "${reprobe[@]}"
+run 90 single "${py[@]}" train --mode single --cases $cases "${pin[@]}" --out "$res" "${reprobe[@]}"
 if [ "$ngpu" -ge 2 ]; then
-  run 110 ddp python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode ddp --cases $cases --out "$res" "${reprobe[@]}"
-  run 110 fsdp2 python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode fsdp2 --cases $cases --out "$res" "${reprobe[@]}"
+  run 110 ddp python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode ddp --cases $cases "${pin[@]}" --out "$res" "${reprobe[@]}"
+  run 110 fsdp2 python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode fsdp2 --cases $cases "${pin[@]}" --out "$res" "${reprobe[@]}"
 else
   echo "!! one GPU: DDP and FSDP2 not measured"
 fi
-run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --iters 4 --out "$res" "${reprobe[@]}"
-run 80 decode "${py[@]}" decode --runtimes eager,graphs --out "$res" "${reprobe[@]}"
+run 100 offload "${py[@]}" train --mode offload --cases mb4-ckpt0 --warmup 2 --iters 6 "${pin[@]}" --out "$res" "${reprobe[@]}"
+run 80 decode "${py[@]}" decode --runtimes eager,graphs "${pin[@]}" --out "$res" "${reprobe[@]}"
 if [ "$ngpu" -ge 2 ]; then  # after the timed cases: a diagnosis, compared with nothing (skipped when the budget is spent)
   run 60 memory_census python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py \
-    memory-census --out "$res"
+    memory-census "${pin[@]}" --out "$res"
 fi
 
 # Every committed prediction set for this GPU: predictions_<GPU>.json -> summary.md, predictions_<GPU>_<tag>.json

@@ -45,7 +45,11 @@ rec=$root/logs/validate
 case "\${args[0]} \${args[1]:-}" in
   "-c import torch"*) echo "stand-in cuda -"; exit 0 ;;
   "scripts/gpu_catalogue_entry.py name") echo H200; exit 0 ;;
-  "scripts/gpu_host_probe.py micro") cp \$rec/host-probe-h200/host_probe_micro.json "\$outdir/"; exit 0 ;;
+  "scripts/gpu_host_probe.py micro") cp \$rec/host-probe-h200/host_probe_micro.json "\$outdir/"
+    # A stand-in of the offload figures (no host measured here): the H100 defaults' own rates, so that the
+    # plumbing (whatif --host-probe reading host_probe_offload.json) runs and the figures stay the defaults'.
+    printf '{"stand_in": true, "cpu_adamw_fused": {"params_per_s": 3.3333333333e9}, "cpu_cast_fp32_bf16": {"params_per_s": 1.6666666667e10}, "pinned_copy": {"h2d_bytes_per_s": 5.12e10, "d2h_bytes_per_s": 5.12e10}}\n' > "\$outdir/host_probe_offload.json"
+    exit 0 ;;
   "scripts/gpu_host_probe.py dist") cp \$rec/host-probe-h200/host_probe_dist.json "\$outdir/"; exit 0 ;;
   "scripts/gpu_whatif_validate.py train"|"scripts/gpu_whatif_validate.py decode")
     # The real script in its dry mode: run 2's recorded results instead of measuring, the re-probe real (its
@@ -78,5 +82,16 @@ rows=$(grep -c "| yes |$" "$out/summary_reprobe.md" || true)
   || { echo "FAIL: summary_reprobe.md: $rows of 15 cases written before measured"; exit 1; }
 grep -q "drift (after/before)" "$out/summary_probe.md" || { echo "FAIL: no drift table in summary_probe.md"; exit 1; }
 echo "ok: 15 re-probed predictions, each logged with its sha256 before its case was measured"
+# The probe's offload figures reached the ZeRO-Offload prediction (whatif --host-probe, host_probe_offload.json).
+grep -q 'CPU Adam [0-9.]*e9 params/s per host (probe [^)]*host_probe_offload.json' "$out"/predictions_*_probe.json \
+  || { echo "FAIL: the offload prediction does not use the probe's host_probe_offload.json"; exit 1; }
+echo "ok: the offload row's CPU Adam, cast and copies from the probe's host_probe_offload.json"
+# Every measuring step asked for the pinned cores (scripts/host_pinning.py).
+grep -q -- "--pin" scripts/gpu_whatif_validate.sh && [ "$(grep -c -- '"\${pin\[@\]}"' scripts/gpu_whatif_validate.sh)" = 8 ] \
+  || { echo "FAIL: not every probe and measuring step is pinned"; exit 1; }
+grep -q "^Host cores (scripts/host_pinning.py; the probe's the same): .*single: share" "$out/summary_probe.md" \
+  && grep -q "offload: all" "$out/summary_probe.md" \
+  || { echo "FAIL: summary_probe.md does not name the cores each step ran on"; exit 1; }
+echo "ok: the probe (micro, dist) and the six measuring steps pass --pin; the summary names their cores"
 grep "^MAPE\|^Host drift" "$out"/summary*.md
 ls "$out"

@@ -3,8 +3,9 @@
 
   scripts/whatif_validate_predict.py --bin build-nt/hetplan --gpu H100 --out scripts/validation/whatif/predictions_H100.json
       [--profiles DIR]   (a profile folder whose whatif_calibration.json the predictions use)
-      [--host-probe FILE] (scripts/gpu_host_probe.py's host_probe_micro.json, a host_probe_dist.json beside it:
-                           the host-time model's costs measured on this machine; whatif --host-probe)
+      [--host-probe FILE] (scripts/gpu_host_probe.py's host_probe_micro.json, a host_probe_dist.json and a
+                           host_probe_offload.json beside it: the host-time model's costs and ZeRO-Offload's host
+                           rates measured on this machine; whatif --host-probe)
 
 predict_case() is also what scripts/gpu_whatif_validate.py calls right before measuring each case, with the
 host's speed re-probed just then (whatif --host-speed).

@@ -7,6 +7,7 @@
 #include "base/input_error.h"
 #include "base/file_access.h"
 #include "base/json_util.h"
+#include "sim/offload.h"
 
 namespace hetplan {
 
@@ -37,6 +38,8 @@ HostCosts default_host_costs() {
   c.ddp_param_us = 48.24798972601398;
   c.fsdp2_module_us = 1510.532198347385;
   c.fsdp2_param_us = 162.1759008264461;
+  c.fsdp2_forward_share = 0.42063640392468626;
+  c.fsdp2_optimizer_share = 0.05923751144639712;
   c.adam_step_us = 29.050029999950752;
   c.adam_tensor_us = 2.4215324000010696;
   c.zero_grad_tensor_us = 1.3079863013813695;
@@ -172,6 +175,15 @@ HostCosts host_costs_from_probe(const ordered_json& micro, const std::string& mi
     const double gpt = (d("tiny_gpt_step.fsdp2_ckpt0.step", us) - single) * 1e3;
     c.fsdp2_param_us = std::max(0.0, (gpt - 25 * chain) / (tensors - 50));
     c.fsdp2_module_us = std::max(0.0, chain - 2 * c.fsdp2_param_us);
+    // Where it falls: the tiny GPT's phases (each timed to the GPU's end) under FSDP2 against none.
+    double added[3], total = 0;
+    const char* phase[3] = {"forward", "backward", "optimizer"};
+    for (int i = 0; i < 3; ++i) {
+      added[i] = std::max(0.0, d(std::string("tiny_gpt_step.fsdp2_ckpt0.") + phase[i], us) -
+                                   d(std::string("tiny_gpt_step.single_ckpt0.") + phase[i], us));
+      total += added[i];
+    }
+    if (total > 0) c.fsdp2_forward_share = added[0] / total, c.fsdp2_optimizer_share = added[2] / total;
   }
   c.source = "probe " + micro_path + (dist ? " + " + dist_path : std::string());
   return c;
@@ -183,6 +195,19 @@ HostCosts read_host_probe(const std::string& path) {
   if (file_kind(dist_path) == "missing") return host_costs_from_probe(micro, path, nullptr, "");
   const ordered_json dist = read_json_file(dist_path);
   return host_costs_from_probe(micro, path, &dist, dist_path);
+}
+
+bool read_host_probe_offload(const std::string& micro_path, HostSpec& h) {
+  const std::string path = (std::filesystem::path(micro_path).parent_path() / "host_probe_offload.json").string();
+  if (file_kind(path) == "missing") return false;
+  const ordered_json j = read_json_file(path);
+  const NumberRule rate = rules::positive_up_to(1e15);
+  h.cpu_adam_params_per_s = at(j, "cpu_adamw_fused.params_per_s", path, rate);
+  h.cpu_cast_params_per_s = at(j, "cpu_cast_fp32_bf16.params_per_s", path, rate);
+  h.h2d_bytes_per_s = at(j, "pinned_copy.h2d_bytes_per_s", path, rate);
+  h.d2h_bytes_per_s = at(j, "pinned_copy.d2h_bytes_per_s", path, rate);
+  h.source = "probe " + path;
+  return true;
 }
 
 HostCosts scaled_host_costs(const HostCosts& c, double factor) {
@@ -327,13 +352,16 @@ HostStep eager_training_host(const ModelShape& m, const TrainingHostSetup& s, co
   if (s.wrapper == DataParallelWrapper::kDdp) h.wrapper_ms = tensors * c.ddp_param_us * 1e-3;
   if (s.wrapper == DataParallelWrapper::kFsdp2)
     h.wrapper_ms = ((L + 1) * c.fsdp2_module_us + tensors * c.fsdp2_param_us) * 1e-3;
-  if (s.wrapper == DataParallelWrapper::kFsdp2) {
-    h.forward_ms += h.wrapper_ms / 2;
-    h.backward_ms += h.wrapper_ms / 2;
-  } else {
-    h.backward_ms += h.wrapper_ms;
-  }
   h.optimizer_ms = (c.adam_step_us + tensors * (c.adam_tensor_us + c.zero_grad_tensor_us)) * 1e-3;
+  if (s.wrapper == DataParallelWrapper::kFsdp2) {
+    // Its pre/post-forward hooks in the forward, its optimizer over DTensors once per step, the rest (the
+    // backward's all-gathers and reduce-scatters) in the backward.
+    h.forward_ms += h.wrapper_ms * c.fsdp2_forward_share;
+    h.optimizer_ms += h.wrapper_ms * c.fsdp2_optimizer_share;
+    h.backward_ms += h.wrapper_ms * (1 - c.fsdp2_forward_share - c.fsdp2_optimizer_share);
+  } else {
+    h.backward_ms += h.wrapper_ms;  // DDP's per-parameter hooks and bucket copies run in the backward
+  }
   return h;
 }
 

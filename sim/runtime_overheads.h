@@ -44,6 +44,8 @@
 
 namespace hetplan {
 
+struct HostSpec;  // sim/offload.h (which includes this header)
+
 enum class LaunchRuntime { kEager, kGraphs };
 const char* to_string(LaunchRuntime r);
 // "eager" or "graphs"; throws InputError naming `where`.
@@ -68,6 +70,11 @@ struct HostCosts {
   double ddp_param_us = 0;            // DistributedDataParallel, per parameter tensor (hook, bucket copies)
   double fsdp2_module_us = 0;         // FSDP2 (fully_shard), per sharded module and step (its four hooks)
   double fsdp2_param_us = 0;          // ... and per parameter tensor of it (copy-in/out, DTensor, its optimizer)
+  // Where FSDP2's cost falls (the probe's tiny GPT, FSDP2 against none, phase by phase): the share in the forward
+  // (pre-forward all-gather, post-forward reshard) and in the optimizer step (AdamW and zero_grad over DTensors:
+  // once per step, not per micro-batch); the rest in the backward (pre-backward all-gather, reduce-scatter, the
+  // sharded gradients). REQUIRES: each in [0, 1], their sum <= 1.
+  double fsdp2_forward_share = 0, fsdp2_optimizer_share = 0;
   double adam_step_us = 0, adam_tensor_us = 0;  // AdamW(fused=True): per step and per parameter tensor
   double zero_grad_tensor_us = 0;     // optimizer.zero_grad(set_to_none=True): its Python loop, per parameter tensor
   double nograd_op_us = 0;            // an op of an eager decode step (autograd off)
@@ -79,6 +86,12 @@ HostCosts default_host_costs();
 // host_probe_dist.json beside it adds the DDP and FSDP2 figures (else those stay the defaults').
 // Throws InputError naming the file and key when a figure is missing or not a positive number.
 HostCosts read_host_probe(const std::string& path);
+// The offloading host a probe measured (scripts/gpu_host_probe.py offload: host_probe_offload.json beside the
+// micro file `micro_path`): torch's fused CPU AdamW and the fp32 -> bf16 cast over a buffer far larger than the
+// caches, with all the host's cores, and pinned copies each way. Fills `h`'s four rates and its source, and
+// returns true; returns false (h untouched) when there is no such file. Throws InputError naming the file and
+// key when a figure is missing or not positive.
+bool read_host_probe_offload(const std::string& micro_path, HostSpec& h);
 // Every cost times `factor`, the host's time per op now against when the costs were measured (a short re-probe's
 // ratio: 1.2, the host 20% slower). The counts the host model multiplies them by do not depend on the host.
 // REQUIRES: factor > 0.
@@ -163,8 +176,10 @@ struct HostStep {
 // Forward: the blocks' and ends' ops (+ the checkpoint regions' forward cost, FSDP2's pre/post-forward share);
 // backward: their kernels, the checkpointed blocks' recomputed forwards and regions, DDP per parameter tensor,
 // FSDP2's backward share; optimizer: AdamW(fused) over the parameter tensors, then zero_grad(set_to_none=True)
-// over them (a host loop the GPU waits on only where the step is host-bound). FSDP2 wraps each block and the
-// root (fsdp2_module_us per module, fsdp2_param_us per tensor, split evenly between forward and backward).
+// over them (a host loop the GPU waits on only where the step is host-bound), and FSDP2's optimizer share.
+// FSDP2 wraps each block and the root (fsdp2_module_us per module, fsdp2_param_us per tensor), split between the
+// phases by HostCosts' fsdp2 shares. forward_ms and backward_ms are per micro-batch, optimizer_ms per step.
+// wrapper_ms is the wrapper's whole cost for one micro-batch and the step's optimizer.
 HostStep eager_training_host(const ModelShape& m, const TrainingHostSetup& s, const HostCosts& c);
 
 // The step's time when the host runs ahead of the GPU (launches are asynchronous) and the step ends with a

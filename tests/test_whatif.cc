@@ -612,6 +612,12 @@ TEST_CASE("host model: the defaults are the H200 probe's figures", "[whatif][run
   CHECK(p.adam_tensor_us == Approx(d.adam_tensor_us).epsilon(1e-12));
   CHECK(p.zero_grad_tensor_us == Approx(d.zero_grad_tensor_us).epsilon(1e-12));
   CHECK(p.nograd_op_us == Approx(d.nograd_op_us).epsilon(1e-12));
+  CHECK(p.fsdp2_forward_share == Approx(d.fsdp2_forward_share).epsilon(1e-12));
+  CHECK(p.fsdp2_optimizer_share == Approx(d.fsdp2_optimizer_share).epsilon(1e-12));
+  // FSDP2's phases in the H200 dist probe's tiny GPT against none: forward 52.14 - 8.72, backward 75.63 - 21.94,
+  // optimizer 7.83 - 1.72 ms.
+  CHECK(d.fsdp2_forward_share == Approx(43.42 / 103.22).epsilon(1e-3));
+  CHECK(d.fsdp2_optimizer_share == Approx(6.115 / 103.22).epsilon(1e-3));
   // The forward's per-op cost is the tiny GPT's forward host time over its 417 ops.
   CHECK(d.forward_op_us == Approx(12.349 / 417 * 1e3).epsilon(1e-3));
   // A probe without a figure is refused, naming the file and the key.
@@ -697,7 +703,92 @@ TEST_CASE("host model: checkpointing adds recomputed forwards, DDP per parameter
   s.wrapper = DataParallelWrapper::kFsdp2;
   const HostStep fsdp = eager_training_host(m, s, c);
   CHECK(fsdp.wrapper_ms == Approx((25 * c.fsdp2_module_us + 292 * c.fsdp2_param_us) * 1e-3).epsilon(1e-12));
-  CHECK(fsdp.forward_ms - plain.forward_ms == Approx(fsdp.wrapper_ms / 2).epsilon(1e-12));
+  // Split as the probe's phases: the forward's share, the optimizer's (once per step), the rest in the backward.
+  CHECK(fsdp.forward_ms - plain.forward_ms == Approx(fsdp.wrapper_ms * c.fsdp2_forward_share).epsilon(1e-12));
+  CHECK(fsdp.optimizer_ms - plain.optimizer_ms == Approx(fsdp.wrapper_ms * c.fsdp2_optimizer_share).epsilon(1e-12));
+  CHECK(fsdp.backward_ms - plain.backward_ms ==
+        Approx(fsdp.wrapper_ms * (1 - c.fsdp2_forward_share - c.fsdp2_optimizer_share)).epsilon(1e-12));
+}
+
+TEST_CASE("host model: FSDP2's optimizer share is charged once per step, its hooks once per micro-batch",
+          "[whatif][runtime][host]") {
+  // Gradient accumulation repeats the forward's and backward's host work (FSDP2 all-gathers and reduce-scatters
+  // every micro-batch) but not the optimizer step over the DTensors.
+  WhatifInput in;
+  in.shape = validation_gpt();
+  in.seq = 2048;
+  in.gpu = find_gpu_spec("H100");
+  in.gpus = 2;
+  in.gpus_per_node = 2;
+  in.micro_batch = 1;
+  TrainingSetup base;
+  WhatifRow fsdp_row;
+  for (const auto& r : standard_whatif_rows(base, 16, kTargetQ | kTargetV, 2))
+    if (r.name == "FSDP") fsdp_row = r;
+  REQUIRE(fsdp_row.name == "FSDP");
+  TrainingHostSetup h;
+  h.autocast = fsdp_row.autocast;
+  const HostStep plain = eager_training_host(in.shape, h, in.launch.host);  // the same model without FSDP2
+  h.wrapper = DataParallelWrapper::kFsdp2;
+  const HostStep step = eager_training_host(in.shape, h, in.launch.host);
+  const double per_step = step.wrapper_ms * in.launch.host.fsdp2_optimizer_share;
+  const double per_micro_batch = step.wrapper_ms - per_step;
+  CHECK(per_step > 1);
+  in.gbs = 2;
+  const WhatifResult one = cost_whatif_row(in, fsdp_row);
+  in.gbs = 8;  // four micro-batches per rank
+  const WhatifResult four = cost_whatif_row(in, fsdp_row);
+  REQUIRE(four.accumulation == 4);
+  CHECK(one.host_ms == Approx(plain.forward_ms + plain.backward_ms + plain.optimizer_ms + step.wrapper_ms).epsilon(1e-12));
+  // Three more micro-batches: three more forwards and backwards with FSDP2's per-micro-batch hooks, and no more
+  // of its optimizer share.
+  CHECK(four.host_ms - one.host_ms ==
+        Approx(3 * (plain.forward_ms + plain.backward_ms + per_micro_batch)).epsilon(1e-12));
+}
+
+TEST_CASE("host model: the probe's offload figures set the ZeRO-Offload row's CPU AdamW, cast and copies",
+          "[whatif][runtime][host][offload]") {
+  // host_probe_offload.json beside the micro probe: the row's CPU Adam time is the partition over its rate.
+  const auto dir = test::scratch_dir("host-probe-offload");
+  std::filesystem::copy_file(std::string(HETPLAN_SOURCE_DIR) + "/logs/validate/host-probe-h200/host_probe_micro.json",
+                             dir / "host_probe_micro.json", std::filesystem::copy_options::overwrite_existing);
+  const std::string micro = (dir / "host_probe_micro.json").string();
+  auto step_ms = [&](double adam, std::string* assumptions) {
+    { std::ofstream(dir / "host_probe_offload.json")
+          << R"({"cpu_threads": 32, "cpu_adamw_fused": {"params_per_s": )" << adam
+          << R"(}, "cpu_cast_fp32_bf16": {"params_per_s": 2e10},)"
+          << R"( "pinned_copy": {"h2d_bytes_per_s": 4e10, "d2h_bytes_per_s": 3e10}})"; }
+    const std::string json = (dir / "w.json").string();
+    const test::CommandResult r = test::run_hetplan(
+        "whatif --hf-config " + std::string(HETPLAN_SOURCE_DIR) + "/scripts/validation/whatif/gpt-1.3b.json" +
+        " --gpu H100 --seq 2048 --gpus 1 --micro-batch 4 --rows ZeRO-2+offload --deepspeed-config " +
+        std::string(HETPLAN_SOURCE_DIR) + "/scripts/validation/whatif/ds_offload_1gpu.json --host-probe " + micro +
+        " --json " + json);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const ordered_json row = rows_by_name(read_json_file(json))["ZeRO-2+offload"];
+    if (assumptions) *assumptions = row["assumptions"].dump();
+    return row["step_ms"].get<double>();
+  };
+  std::string said;
+  const double t1 = step_ms(1e9, &said), t2 = step_ms(2e9, nullptr), t4 = step_ms(4e9, nullptr);
+  CHECK(said.find("CPU Adam 1.00e9 params/s per host (probe ") != std::string::npos);
+  CHECK(said.find("40.0 GB/s pinned") != std::string::npos);
+  // Linear in 1 / rate: the step's CPU Adam is N / rate.
+  CHECK(t1 - t2 > 100);
+  CHECK(t1 - t2 == Approx(2 * (t2 - t4)).epsilon(1e-9));
+  // A figure missing: refused, naming the file and the key.
+  { std::ofstream(dir / "host_probe_offload.json") << R"({"cpu_adamw_fused": {}})"; }
+  HostSpec h;
+  try {
+    read_host_probe_offload(micro, h);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("host_probe_offload.json") != std::string::npos);
+    CHECK(std::string(e.what()).find("params_per_s") != std::string::npos);
+  }
+  std::filesystem::remove(dir / "host_probe_offload.json");
+  CHECK_FALSE(read_host_probe_offload(micro, h));
 }
 
 TEST_CASE("whatif: a batch-1 step of the validation GPT is host-bound with checkpointing, not with graphs",
