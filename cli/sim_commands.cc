@@ -544,6 +544,8 @@ int run_whatif_inference(const WhatifArgs& a, const WhatifInput& in, const Train
     if (s.weights == WeightFormat::kInt8) s.assumptions.push_back("weight-only int8 (W8A16), fused dequantisation");
     const WhatifCalibration& c = in.calibration;
     s.launch = in.launch;
+    // A measured GEMV efficiency from before the floor was charged to every kernel holds the GEMVs' floor.
+    s.streamed_kernels_pay_floor = !(measured > 0 && !c.decode_hbm_efficiency_net_of_floor);
     s.kernels_per_layer = c.decode_kernels_per_layer;
     // Hugging Face's eager and SDPA attention materialise repeat_kv; generate's default cache is dynamic
     // (the context is read), a graph-captured decoder needs a static one (the whole allocation is read).

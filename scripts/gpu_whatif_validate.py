@@ -9,6 +9,7 @@ this script only measures, and `summary` compares.
   torchrun --nproc-per-node 2 gpu_whatif_validate.py train --mode ddp|fsdp2 --cases ... --out DIR
   gpu_whatif_validate.py decode --runtimes eager,graphs --out DIR
   torchrun --nproc-per-node 2 gpu_whatif_validate.py memory-census --out DIR   (DDP's, FSDP2's memory by phase)
+  gpu_whatif_validate.py kernels --cases mb1-ckpt0,mb4-ckpt0 --out DIR   (one profiled single-GPU step per case)
   gpu_whatif_validate.py summary --pred scripts/validation/whatif/predictions_H100.json --meas DIR --out summary.md
   gpu_whatif_validate.py summary --pred-dir DIR/reprobe --meas DIR --out summary_reprobe.md
   train/decode --reprobe-dir DIR/reprobe --reprobe-probe host_probe_micro.json --reprobe-gpu H100 --reprobe-log LOG:
@@ -145,6 +146,9 @@ class OffloadAdam:
         self.bucket = torch.empty(min(bucket_elems, n), dtype=torch.bfloat16, device="cuda")
         self.bucket_elems = self.bucket.numel()
         self.fill, self.pending = 0, []  # (bucket offset, host offset, numel)
+        # Diagnosis only (host clocks around what the step does anyway; no synchronisation added): the host's
+        # waits for the gradient copies during the backward, and the step's phases (offload_phases_ms).
+        self.wait_in_backward_ms, self.last_phases = 0.0, {}
         self.bf16_host = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._hook)
@@ -154,7 +158,9 @@ class OffloadAdam:
             # non_blocking cross-device copy with a dtype change: converted on the GPU (ATen Copy.cu).
             self.grad[h_off:h_off + numel].copy_(self.bucket[b_off:b_off + numel], non_blocking=True)
         self.pending, self.fill = [], 0
+        t0 = time.perf_counter()
         self.torch.cuda.current_stream().synchronize()  # the bucket is reused
+        self.wait_in_backward_ms += (time.perf_counter() - t0) * 1e3
 
     def _hook(self, p):
         numel = p.numel()
@@ -163,7 +169,9 @@ class OffloadAdam:
         g = p.grad.detach().view(-1)
         if numel > self.bucket_elems:  # larger than a bucket: straight from the gradient
             self.grad[self.offsets[p]:self.offsets[p] + numel].copy_(g, non_blocking=True)
+            t0 = time.perf_counter()
             self.torch.cuda.current_stream().synchronize()
+            self.wait_in_backward_ms += (time.perf_counter() - t0) * 1e3
         else:
             self.bucket[self.fill:self.fill + numel].copy_(g)
             self.pending.append((self.fill, self.offsets[p], numel))
@@ -171,18 +179,28 @@ class OffloadAdam:
         p.grad = None
 
     def step(self):
-        self._flush()
+        in_backward = self.wait_in_backward_ms
+        t0 = time.perf_counter()
+        self._flush()  # the last bucket: the host waits for the backward's end and this bucket's copy
+        t1 = time.perf_counter()
         try:
             self.opt.step()
         except RuntimeError:  # a torch without the fused CPU kernel for this case
             self.opt = self.torch.optim.AdamW([self.master_p], lr=1e-4, weight_decay=0.0, foreach=True)
             self.opt_kind = "AdamW(foreach=True) on CPU"
             self.opt.step()
+        t2 = time.perf_counter()
         self.bf16_host.copy_(self.master)  # the cast on the host
+        t3 = time.perf_counter()
         with self.torch.no_grad():  # the updated 16-bit weights back, parameter by parameter (no GPU temporary)
             for p in self.params:
                 o = self.offsets[p]
                 p.copy_(self.bf16_host[o:o + p.numel()].view_as(p), non_blocking=True)
+        t4 = time.perf_counter()
+        self.last_phases = {"wait_in_backward_ms": in_backward, "last_flush_ms": (t1 - t0) * 1e3,
+                            "cpu_adam_ms": (t2 - t1) * 1e3, "cpu_cast_ms": (t3 - t2) * 1e3,
+                            "h2d_issue_ms": (t4 - t3) * 1e3}
+        self.wait_in_backward_ms = 0.0
 
 
 # ------------------------------------------------------------------ the host's speed, re-probed around each case
@@ -381,7 +399,7 @@ def train(args):
         n = GPT["seq"]
         ids = torch.randint(GPT["vocab"], (mb, n), device=dev)
         tgt = torch.randint(GPT["vocab"], (mb, n), device=dev)
-        times, issue, step_peaks, step_reserved = [], [], [], []
+        times, issue, step_peaks, step_reserved, phases = [], [], [], [], []
         opt_kind = "AdamW(fused=True)"
         steps = args.warmup + args.iters
         torch.cuda.synchronize()
@@ -415,6 +433,8 @@ def train(args):
             if step >= args.warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
                 issue.append((t_issued - t0) * 1e3)
+                if args.mode == "offload":  # the host-to-device copies still running after the host issued them
+                    phases.append(dict(opt.last_phases, h2d_after_issue_ms=times[-1] - issue[-1]))
             # Diagnosis only (outside the timed span): this step's allocator peak, then a fresh window; the run's
             # peak, which the summary compares, is the largest of them (the same figure as one window over the run).
             step_peaks.append(torch.cuda.max_memory_allocated())
@@ -433,6 +453,10 @@ def train(args):
         res["host_pin"] = PINNED
         if args.mode == "offload":
             res["cpu_threads"] = torch.get_num_threads()
+            # Diagnosis only: the median of each phase over the timed steps (host clocks, OffloadAdam.step).
+            if phases:
+                res["offload_phases_ms"] = {k: statistics.median(ph[k] for ph in phases) for k in phases[0]}
+                res["offload_phases_ms_all"] = phases
         if rank == 0:
             print(f"{args.mode} {name}: {res['step_ms']:.1f} ms, peak allocated "
                   f"{res['peak_allocated_bytes'] / 2**30:.2f} GiB", flush=True)
@@ -450,6 +474,42 @@ def train(args):
 
 
 # ------------------------------------------------------------------ DDP memory census
+
+def kernels(args):
+    """Diagnosis only, in its own process after every timed case (a profiler session can leave CUPTI's callbacks
+    behind and slow the launches of what follows in its process): per single-GPU case, 3 steps, then one step under
+    gpu_kernel_profile -> DIR/gpu_kernels_single.json (kernels by class, their summed GPU time against the wall:
+    whether the step is short of kernel time or waits on the host)."""
+    if DRYRUN:
+        return
+    import torch
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda")
+    out = {}
+    for name, mb, ckpt in parse_cases(args.cases):
+        torch.manual_seed(0)
+        with torch.device(dev):
+            model = gpt_model(ckpt)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+        ids = torch.randint(GPT["vocab"], (mb, GPT["seq"]), device=dev)
+        tgt = torch.randint(GPT["vocab"], (mb, GPT["seq"]), device=dev)
+
+        def one_step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(ids, tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for _ in range(3):
+            one_step()
+        out[f"single-{name}"] = gpu_kernel_profile(torch, one_step, 1)
+        print(f"kernels single-{name}: {json.dumps(out[f'single-{name}'])[:300]}", flush=True)
+        del model, opt, ids, tgt
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(out, open(os.path.join(args.out, "gpu_kernels_single.json"), "w"), indent=1)
+
 
 def memory_census(args):
     """Where DDP's and FSDP2's memory goes (sim/runtime_overheads.md, DDP): the validation GPT at
@@ -616,6 +676,58 @@ def hf_llama_decoder(torch, F, dev, s, T):
     return step, forward
 
 
+def kernel_class(name):
+    """Kernel classes as whatif costs them: GEMMs/GEMVs (FLOP- or bytes-bound), attention, the fused optimizer's
+    multi-tensor kernels, copies/memsets, and the rest (elementwise, norms, reductions)."""
+    n = name.lower()
+    if "gemv" in n or "gemm" in n or "nvjet" in n or "cutlass" in n or "xmma" in n:
+        return "gemm"
+    if "attention" in n or "fmha" in n or "flash" in n or "sdpa" in n:
+        return "attention"
+    if "multi_tensor" in n or "fused_adam" in n or "fusedadam" in n:
+        return "optimizer"
+    if "memcpy" in n or "memset" in n:
+        return "copy"
+    return "other"
+
+
+def gpu_kernel_profile(torch, fn, units):
+    """Diagnosis only (outside every timed span): fn() once under torch.profiler (CUDA activity only; CUPTI
+    reports a replayed graph's kernels one by one), per unit (a token, a step): the kernels' count and GPU time by
+    class, their summed time, and the wall time (the profiler slows the host a little, so wall - kernels, the
+    GPU's idle time, is an upper bound). Tells whether a step is GPU-bound (kernels ~ wall) or waits on the host."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            wall_us = (time.perf_counter() - t0) * 1e6
+        out = {"units": units, "wall_us": wall_us / units, "classes": {}}
+        total, names = 0.0, {}
+        for e in prof.events():
+            if not str(getattr(e, "device_type", "")).endswith("CUDA"):
+                continue
+            us = e.time_range.elapsed_us()  # a kernel's own span on the GPU
+            if us <= 0:
+                continue
+            d = out["classes"].setdefault(kernel_class(e.name), {"kernels": 0, "us": 0.0})
+            d["kernels"] += 1
+            d["us"] += us
+            total += us
+            names[e.name[:60]] = names.get(e.name[:60], 0.0) + us
+        for d in out["classes"].values():
+            d["kernels"] /= units
+            d["us"] /= units
+        out["kernel_us"] = total / units
+        out["idle_us"] = out["wall_us"] - out["kernel_us"]
+        out["top_kernels_us"] = {k: v / units for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:12]}
+        return out
+    except Exception as e:  # a diagnosis must never cost the measurement
+        return {"error": repr(e)[:300]}
+
+
 def decode(args):
     if DRYRUN:
         return dry_run(args, "decode.json", [f"decode-{r}" for r in args.runtimes.split(",")])
@@ -684,6 +796,19 @@ def decode(args):
         results.append(res)
     os.makedirs(args.out, exist_ok=True)
     json.dump(results, open(os.path.join(args.out, "decode.json"), "w"), indent=1)
+    if graph is not None:  # diagnosis only, after the figures are written: what a replay's kernels take, by class
+        pos.fill_(P)  # the cache positions again from the prompt's end (replays past P + O would overrun it)
+        tok.fill_(1)
+
+        def replays(n=8):
+            for _ in range(n):
+                graph.replay()
+        with torch.no_grad():
+            prof = gpu_kernel_profile(torch, replays, 8)
+        for res in results:
+            if res["runtime"] == "graphs":
+                res["gpu_kernels"] = prof
+        json.dump(results, open(os.path.join(args.out, "decode.json"), "w"), indent=1)
 
 
 # ------------------------------------------------------------------ summary
@@ -770,6 +895,22 @@ def summary(args):
         for m in diag:
             peaks = " ".join(f"{b / 2**30:.2f}" for b in m.get("peak_allocated_bytes_per_step", []))
             lines.append(f"| {m['mode']}-{m['case']} | {m['host_issue_ms']:.1f} | {m['step_ms']:.1f} | {peaks} |")
+    # Diagnosis: a profiled step's (decode: token's) kernels by class (gpu_kernel_profile), against its wall time.
+    profiled = [(f"decode-{m['runtime']}", "token", m["gpu_kernels"]) for m in meas if "gpu_kernels" in m]
+    kfile = os.path.join(args.meas, "gpu_kernels_single.json")
+    if os.path.exists(kfile):
+        profiled += [(key, "step", gk) for key, gk in json.load(open(kfile)).items()]
+    for key, unit, gk in profiled:
+        if "classes" in gk:
+            lines.append(f"\nGPU kernels {key}, per {unit} (one profiled pass after "
+                         f"the timing): wall {gk['wall_us'] / 1e3:.2f} ms, kernels {gk['kernel_us'] / 1e3:.2f} ms, "
+                         f"GPU idle {gk['idle_us'] / 1e3:.2f} ms; " +
+                         ", ".join(f"{c} {d['kernels']:.0f} kernels {d['us'] / 1e3:.2f} ms" for c, d in gk["classes"].items()))
+    # Diagnosis: ZeRO-Offload's step phase by phase (OffloadAdam.step's host clocks, medians of the timed steps).
+    for m in meas:
+        if "offload_phases_ms" in m:
+            lines.append(f"\nOffload phases {m['mode']}-{m['case']} (ms, median): " +
+                         ", ".join(f"{k} {v:.1f}" for k, v in m["offload_phases_ms"].items()))
     open(args.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -802,6 +943,9 @@ def main():
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--out", required=True)
     add_reprobe_args(d)
+    k = sub.add_parser("kernels")
+    k.add_argument("--cases", default="mb1-ckpt0,mb4-ckpt0")
+    k.add_argument("--out", required=True)
     c = sub.add_parser("memory-census")
     c.add_argument("--wrappers", default="none,ddp,ddp_idle,ddp_view,fsdp2")
     c.add_argument("--out", required=True)
@@ -812,7 +956,7 @@ def main():
     s.add_argument("--meas", required=True)
     s.add_argument("--machine", default="")
     s.add_argument("--out", required=True)
-    for q in (t, d, c):
+    for q in (t, d, k, c):
         host_pinning.add_pin_arg(q)
     args = ap.parse_args()
     global PINNED
@@ -823,7 +967,8 @@ def main():
                                   else args.pin)
         print(f"host pinning: {PINNED['kind']}, cpus {PINNED['cpus'][0]}-{PINNED['cpus'][-1]} "
               f"({len(PINNED['cpus'])}), {PINNED['threads']} threads", flush=True)
-    {"train": train, "decode": decode, "memory-census": memory_census, "summary": summary}[args.cmd](args)
+    {"train": train, "decode": decode, "kernels": kernels, "memory-census": memory_census,
+     "summary": summary}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@
 #      summary_probe.md for the fresh-probe predictions, summary_reprobe.md for the per-case re-probed ones.
 # Nothing in steps 1-3 reads a measurement of step 4; no constant is set from them.
 # Results: $OUT/whatif_validate.tgz (everything), $OUT/predictions_<GPU>_probe.json, $OUT/summary*.md.
-# Each step has its own time limit, and all stay inside BUDGET_S (default 330 s) from the start.
+# Each step has its own time limit, and all stay inside BUDGET_S (default 350 s) from the start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -51,7 +51,7 @@ ngpu=$(nvidia-smi -L | wc -l)
 # the cases it predicts run on the same cores with the same thread settings.
 if [ "${HOST_PIN:-1}" = 1 ]; then pin=(--pin share); else pin=(--pin none); fi
 py=(python3 scripts/gpu_whatif_validate.py)
-budget=${BUDGET_S:-330}  # about 5.5 minutes: the census, last, is skipped or cut first
+budget=${BUDGET_S:-350}  # about 5.8 minutes: the kernel profile, last, then the census are skipped or cut first
 run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LIMIT_S nor past the budget
   local limit=$1 name=$2; shift 2
   limit=$(gpu_step_limit "$limit" "$budget" "$t0")
@@ -109,6 +109,9 @@ if [ "$ngpu" -ge 2 ]; then  # after the timed cases: a diagnosis, compared with 
   run 60 memory_census python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py \
     memory-census "${pin[@]}" --out "$res"
 fi
+# Last, in its own process: one profiled step per single-GPU batch size (a diagnosis: kernels' GPU time against
+# the wall, gpu_kernels_single.json; the summary prints it). About 15 s; the first step cut when the budget is spent.
+run 30 kernels "${py[@]}" kernels --cases mb1-ckpt0,mb4-ckpt0 "${pin[@]}" --out "$res"
 
 # Every committed prediction set for this GPU: predictions_<GPU>.json -> summary.md, predictions_<GPU>_<tag>.json
 # -> summary_<tag>.md (_calibrated: with profiles/<GPU>'s calibration; _run3: the host-time model's defaults).

@@ -56,6 +56,7 @@ case "\${args[0]} \${args[1]:-}" in
     # host speed a stand-in: 5% slower before each case, 10% after), its predictions from build-gpu/hetplan.
     WHATIF_VALIDATE_DRYRUN=\$rec/whatif-h200x2-run2/whatif_validate exec $real_py "\${args[@]}" ;;
   "scripts/gpu_whatif_validate.py memory-census") echo "census stand-in"; exit 0 ;;
+  "scripts/gpu_whatif_validate.py kernels") echo "kernels stand-in"; exit 0 ;;
 esac
 exec $real_py "\$@"
 EOF
@@ -87,11 +88,11 @@ grep -q 'CPU Adam [0-9.]*e9 params/s per host (probe [^)]*host_probe_offload.jso
   || { echo "FAIL: the offload prediction does not use the probe's host_probe_offload.json"; exit 1; }
 echo "ok: the offload row's CPU Adam, cast and copies from the probe's host_probe_offload.json"
 # Every measuring step asked for the pinned cores (scripts/host_pinning.py).
-grep -q -- "--pin" scripts/gpu_whatif_validate.sh && [ "$(grep -c -- '"\${pin\[@\]}"' scripts/gpu_whatif_validate.sh)" = 8 ] \
+grep -q -- "--pin" scripts/gpu_whatif_validate.sh && [ "$(grep -c -- '"\${pin\[@\]}"' scripts/gpu_whatif_validate.sh)" = 9 ] \
   || { echo "FAIL: not every probe and measuring step is pinned"; exit 1; }
 grep -q "^Host cores (scripts/host_pinning.py; the probe's the same): .*single: share" "$out/summary_probe.md" \
   && grep -q "offload: all" "$out/summary_probe.md" \
   || { echo "FAIL: summary_probe.md does not name the cores each step ran on"; exit 1; }
-echo "ok: the probe (micro, dist) and the six measuring steps pass --pin; the summary names their cores"
+echo "ok: the probe (micro, dist), the six measuring steps and the kernel profile pass --pin; the summary names their cores"
 grep "^MAPE\|^Host drift" "$out"/summary*.md
 ls "$out"

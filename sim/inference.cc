@@ -103,8 +103,12 @@ InferenceResult cost_inference(const ModelShape& m, const GpuSpec& g, const Infe
   // The runtime's per-kernel floors (sim/runtime_overheads.h).
   const double kernels = s.kernels_per_layer > 0 ? s.kernels_per_layer * L
                                                  : hf_decode_kernels_per_layer(m) * L + hf_decode_kernels_per_step(m);
+  // Every kernel pays the floor, the streamed GEMVs too: the floor is what a kernel costs beyond its bytes
+  // (the replayed graph's gap before it, its blocks' ramp and drain), and the streamed bytes above are at the
+  // steady streaming rate (a calibration's GEMV efficiency is measured net of these floors).
   const double streamed_kernels = m.block_linears().size() * L + 1;  // the projections' GEMVs, the LM head
-  step_s += std::max(0.0, kernels - streamed_kernels) * s.launch.graph_kernel_us * 1e-6;
+  const double floored = s.streamed_kernels_pay_floor ? kernels : std::max(0.0, kernels - streamed_kernels);
+  step_s += floored * s.launch.graph_kernel_us * 1e-6;
   if (s.launch.runtime == LaunchRuntime::kEager) {
     // The host issues every op of the step from Python (autograd off) and runs ahead of the GPU: the step is
     // max(the GPU's, the host's). A calibration's kernel count replaces the itemised kernels per layer.

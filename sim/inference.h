@@ -21,10 +21,12 @@
 // replays the step's kernels without the host. The step has
 // hf_decode_kernels_per_layer x layers + hf_decode_kernels_per_step kernels
 // (or kernels_per_layer x layers where a calibration counted them):
-//  - graphs: the small kernels (norms, rotary, residual adds, KV-cache writes,
-//    softmax, casts) take the GPU's per-kernel floor, not bytes over
-//    bandwidth: (kernels - the streamed GEMV/GEMM kernels, whose time is their
-//    bytes) x the graph floor is added to the roofline step;
+//  - graphs: every kernel takes the GPU's per-kernel floor (the replayed
+//    graph's gap before it, its ramp and drain) on top of its bytes: the
+//    small kernels (norms, rotary, residual adds, KV-cache writes, softmax,
+//    casts) are about all floor, the streamed GEMVs pay it beside their bytes
+//    at the streaming rate: kernels x the graph floor is added to the
+//    roofline step;
 //  - eager: the GPU waits on the host, which issues every kernel at its
 //    per-op time: the step takes max(that graph step, kernels x eager op time).
 // Mechanisms an implementation adds to the decode step (each off by default,
@@ -81,6 +83,9 @@ struct InferenceSetup {
   bool static_kv_cache = false;
   double attention_hbm_efficiency = 0;  // 0: hbm_efficiency
   double int4_row_params_per_s = 0; // 0: no per-row dequantisation cost (int4 formats only)
+  // Whether the streamed GEMV kernels (and the LM head) pay the per-kernel floor beside their bytes; false
+  // only where hbm_efficiency was measured with their floor inside it (an older calibration).
+  bool streamed_kernels_pay_floor = true;
   std::vector<std::string> assumptions;
 };
 

@@ -54,10 +54,13 @@ OffloadTime offload_time(const TrainingSetup& s, const HostSpec& host, double tr
     h.h2d_bytes_per_s *= kPageableCopyFactor;
     h.d2h_bytes_per_s *= kPageableCopyFactor;
   }
-  // The backward hides its copies: the gradients device-to-host and (parameter offload) the weights
-  // host-to-device run at once, in opposite directions of the link, so the backward hides the longer of
-  // the two, once (subtracting it from each would count its time twice: recomputation, which lengthens
-  // the backward, would then shorten the step).
+  // With overlap_comm the backward hides its copies: the gradients device-to-host (on DeepSpeed's
+  // reduction stream) and (parameter offload) the weights host-to-device run at once, in opposite
+  // directions of the link, so the backward hides the longer of the two, once (subtracting it from each
+  // would count its time twice: recomputation, which lengthens the backward, would then shorten the step).
+  // Without overlap_comm (ZeRO-1/2's default) DeepSpeed issues the gradient copies on the compute stream
+  // (stage_1_and_2.py reduce_ipg_grads: "copy_grad_stream is disabled", current_stream()): they run
+  // between the backward's kernels and none of their time is hidden.
   double d2h_ms = 0, fetch_ms = 0;
   if (s.offload_optimizer && h.d2h_bytes_per_s > 0 && h.cpu_adam_params_per_s > 0) {
     const double part = trainable / n;
@@ -74,7 +77,10 @@ OffloadTime offload_time(const TrainingSetup& s, const HostSpec& host, double tr
     fetch_ms = weight_bytes / n / h.h2d_bytes_per_s * 1e3;
     t.forward_exposed_ms += std::max(0.0, fetch_ms - forward_ms);
   }
-  t.backward_exposed_ms += std::max(0.0, std::max(d2h_ms, fetch_ms) - backward_ms);
+  if (deepspeed_overlap_comm(s))
+    t.backward_exposed_ms += std::max(0.0, std::max(d2h_ms, fetch_ms) - backward_ms);
+  else
+    t.backward_exposed_ms += d2h_ms + std::max(0.0, fetch_ms - backward_ms);
   return t;
 }
 

@@ -21,8 +21,13 @@
 // Time, by DeepSpeed's overlap rules (Ren et al. 2021, "ZeRO-Offload", Sec.
 // 4.1-4.2; Rajbhandari et al. 2021, "ZeRO-Infinity", Sec. 6):
 //  - offload_optimizer (ZeRO-1/2/3): each micro-batch's gradient partition
-//    goes device-to-host during the backward, overlapped with it (only what
-//    exceeds the backward shows). DeepSpeed copies a 16-bit gradient into
+//    goes device-to-host during the backward. With overlap_comm (stage 3's
+//    default) the copies run on DeepSpeed's reduction stream, overlapped with
+//    the backward (only what exceeds it shows); without it (ZeRO-1/2's
+//    default) they are issued on the compute stream (stage_1_and_2.py
+//    reduce_ipg_grads: with cpu_offload and no overlap_comm the stream is
+//    current_stream(), its copy_grad_stream disabled) and add to the backward
+//    in full. DeepSpeed copies a 16-bit gradient into
 //    its fp32 host buffer with one Tensor.copy_ (stage_1_and_2.py
 //    async_inplace_copy_grad_to_fp32_buffer_from_gpu; stage3.py likewise),
 //    with non_blocking=True, and PyTorch converts a non-blocking

@@ -318,6 +318,7 @@ WhatifCalibration read_whatif_calibration(const std::string& dir) {
     };
     flag("kv_repeat_materialised", &c.kv_repeat_materialised);
     flag("static_kv_cache", &c.static_kv_cache);
+    flag("decode_hbm_efficiency_net_of_floor", &c.decode_hbm_efficiency_net_of_floor);
   }
   return c;
 }
@@ -660,7 +661,10 @@ WhatifResult cost_whatif_row(const WhatifInput& in, const WhatifRow& row) {
                             (h.cpu_adam_params_per_s > 0 ? measured_by : std::string("default")) + "), fp32->16-bit cast " +
                             fixed((h.cpu_cast_params_per_s > 0 ? h.cpu_cast_params_per_s : d.cpu_cast_params_per_s) / 1e9, 2) +
                             "e9 params/s (" + (h.cpu_cast_params_per_s > 0 ? measured_by : std::string("default")) +
-                            "), gradients fp32 device-to-host; shared by " +
+                            "), gradients fp32 device-to-host " +
+                            (deepspeed_overlap_comm(row.setup) ? "on the reduction stream, under the backward (overlap_comm)"
+                                                               : "on the compute stream, after the backward's kernels (no overlap_comm)") +
+                            "; shared by " +
                             std::to_string(std::min(in.gpus_per_node, r.gpus)) + " ranks" +
                             (measured ? std::string() : "; defaults: " + d.source.substr(10)));
   }

@@ -79,7 +79,8 @@ inline constexpr double kAutocastCastBytesPerParam = 6;
 //    "inference": {"decode_hbm_efficiency": {"bf16": .., "int4": ..}, "prefill_compute_efficiency": ..,
 //                  "kernel_floor_us": .., "eager_op_us": .., "decode_kernels_per_layer": .., "int4_row_params_per_s": ..,
 //                  "attention_hbm_efficiency": ..,
-//                  "kv_repeat_materialised": bool, "static_kv_cache": bool}}
+//                  "kv_repeat_materialised": bool, "static_kv_cache": bool,
+//                  "decode_hbm_efficiency_net_of_floor": bool}}
 // The inference keys are mechanism constants measured by micro-benchmarks (sim/inference.h): the decode
 // HBM efficiency of the projections' GEMV kernels alone, the per-kernel floor of a graph of small kernels,
 // the kernel count of one decode step, the int4 kernel's per-row cost; the two booleans name what the
@@ -108,6 +109,10 @@ struct WhatifCalibration {
   double eager_op_us = 0;  // host time per eager op (inference.eager_op_us); 0: the LaunchModel default
   double attention_hbm_efficiency = 0;
   bool kv_repeat_materialised = false, static_kv_cache = false;
+  // Whether decode_hbm_efficiency was measured net of the GEMV kernels' floor (scripts/gpu_whatif_calibrate.py
+  // since the floor is charged to every kernel); false (older files): it holds their floor already, so the
+  // streamed kernels are not charged it again (InferenceSetup::streamed_kernels_pay_floor).
+  bool decode_hbm_efficiency_net_of_floor = false;
 };
 // Reads `dir`/whatif_calibration.json if it exists (else an empty calibration). Throws InputError.
 WhatifCalibration read_whatif_calibration(const std::string& dir);

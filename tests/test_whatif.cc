@@ -217,14 +217,23 @@ TEST_CASE("DeepSpeed buffers and offload time follow the stated rules", "[whatif
   s.zero_stage = 2;
   s.offload_optimizer = true;
   // 8e9 trainable over dp 4: 2e9 per rank. d2h of fp32 gradients (DeepSpeed's fp32 host buffer):
-  // 2e9 x 4 B / 20 GB/s = 400 ms, 100 ms beyond a 300 ms backward; CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s;
+  // 2e9 x 4 B / 20 GB/s = 400 ms; CPU Adam 2e9 / (4e9 / 4 ranks) = 2 s;
   // the fp32 -> bf16 cast on the host 2e9 / (8e9 / 4) = 1 s; the updated partition back: 2e9 x 2 B / 10 GB/s = 400 ms.
+  // ZeRO-2 without overlap_comm (its default): the copies are on the compute stream, all 400 ms exposed
+  // whatever the backward's length.
   OffloadTime t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
-  CHECK(t.backward_exposed_ms == Approx(100).epsilon(1e-12));
+  CHECK(t.backward_exposed_ms == Approx(400).epsilon(1e-12));
   CHECK(t.forward_exposed_ms == 0);
   CHECK(t.step_ms == Approx(2000 + 1000 + 400).epsilon(1e-12));
-  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);  // hidden by a longer backward
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);
+  CHECK(t.backward_exposed_ms == Approx(400).epsilon(1e-12));
+  // overlap_comm on: the reduction stream copies during the backward, 100 ms beyond a 300 ms backward ...
+  s.deepspeed.overlap_comm = 1;
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 300);
+  CHECK(t.backward_exposed_ms == Approx(100).epsilon(1e-12));
+  t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);  // ... and hidden by a longer backward
   CHECK(t.backward_exposed_ms == 0);
+  s.deepspeed.overlap_comm = -1;
   s.precision = Precision::kFp32;  // fp32 weights: no cast; the copy back moves 4 B per element
   t = offload_time(s, h, 8e9, 16e9, 4, 4, 100, 450);
   CHECK(t.step_ms == Approx(2000 + 800).epsilon(1e-12));
@@ -260,11 +269,18 @@ TEST_CASE("inference decode mechanisms: kernel floor, materialised GQA repeat, s
   const double bw = 4800e9 * kDefaultDecodeHbmEfficiency;
   const double L = m.num_layers;
   const double kv_token = 2.0 * L * m.num_kv_heads * m.head_dim * 2;
-  // Kernel floor: (30 x 28 - (7 x 28 + 1)) kernels x 2.5 us.
+  // Kernel floor: every one of the 30 x 28 kernels x 2.5 us, the 7 x 28 GEMVs and the head among them (a
+  // streamed kernel pays the floor beside its bytes).
   s.launch.graph_kernel_us = 2.5;
   s.kernels_per_layer = 30;
   CHECK(cost_inference(m, g, s).decode_ms_per_token ==
+        Approx(base.decode_ms_per_token + 30 * L * 2.5e-3).epsilon(1e-12));
+  // An older calibration's GEMV efficiency holds the GEMVs' floor: they are not charged it again.
+  s.launch.graph_kernel_us = 2.5;
+  s.streamed_kernels_pay_floor = false;
+  CHECK(cost_inference(m, g, s).decode_ms_per_token ==
         Approx(base.decode_ms_per_token + (30 * L - (7 * L + 1)) * 2.5e-3).epsilon(1e-12));
+  s.streamed_kernels_pay_floor = true;
   s.launch.graph_kernel_us = 0;
   // Static cache: the whole allocation (640 tokens) instead of the mean context (576).
   s.static_kv_cache = true;
@@ -495,6 +511,25 @@ TEST_CASE("whatif_calibration.json: decode mechanism constants reach --inference
           Approx(cost_inference(m, g, s).decode_ms_per_token).epsilon(1e-9));
   }
   CHECK(r.output.find("30.0 kernels per layer (measured); runtime: eager (host model: H200 host probe") != std::string::npos);
+}
+
+TEST_CASE("whatif_calibration.json: a GEMV efficiency measured net of the floor charges the GEMVs the floor",
+          "[whatif][calibration][inference]") {
+  const auto dir = test::scratch_dir("whatif-calibration-net-floor");
+  const ModelShape m = read_hf_config(hf("llama-3.2-3b.json"));
+  auto decode_ms = [&](const std::string& net_key) {
+    std::ofstream(dir / "whatif_calibration.json")
+        << R"({"inference": {"decode_hbm_efficiency": {"bf16": 0.7}, "kernel_floor_us": 2.5)" + net_key + "}}";
+    test::CommandResult r = test::run_hetplan("whatif --inference --hf-config " + hf("llama-3.2-3b.json") +
+                                              " --gpu H200 --runtime graphs --weights bf16 --profiles " + dir.string() +
+                                              " --json " + (dir / "p.json").string());
+    REQUIRE(r.exit_code == 0);
+    return read_json_file((dir / "p.json").string())["rows"][0]["decode_ms_per_token"].get<double>();
+  };
+  const double gross = decode_ms("");  // an older file: the efficiency holds the GEMVs' floor
+  const double net = decode_ms(R"(, "decode_hbm_efficiency_net_of_floor": true)");
+  // The 7 x 28 GEMVs and the LM head: 197 kernels x 2.5 us more when the efficiency is net of their floor.
+  CHECK(net - gross == Approx((7.0 * m.num_layers + 1) * 2.5e-3).epsilon(1e-9));
 }
 
 TEST_CASE("whatif_calibration.json: measured attention, elementwise and optimizer efficiencies", "[whatif][calibration]") {
@@ -845,13 +880,13 @@ TEST_CASE("inference: HF generate eager is host-bound, a graph-captured decoder 
   const double ops = hf_decode_ops_per_layer(m) * m.num_layers + hf_decode_ops_per_step(m);
   CHECK(ops == 61 * 28 + 31);
   CHECK(eager.decode_ms_per_token == Approx(ops * default_host_costs().nograd_op_us * 1e-3).epsilon(1e-12));
-  // Graphs: the roofline step plus the small kernels' GPU floor (every kernel but the 7 x 28 GEMVs and the head).
+  // Graphs: the roofline step plus every kernel's GPU floor (the 7 x 28 GEMVs and the head too).
   const double kernels = hf_decode_kernels_per_layer(m) * m.num_layers + hf_decode_kernels_per_step(m);
   s.launch.graph_kernel_us = 0;
   s.launch.runtime = LaunchRuntime::kGraphs;
   const double roofline_ms = cost_inference(m, g, s).decode_ms_per_token;
   CHECK(graphs.decode_ms_per_token ==
-        Approx(roofline_ms + (kernels - 7 * 28 - 1) * kDefaultGraphKernelUs * 1e-3).epsilon(1e-12));
+        Approx(roofline_ms + kernels * kDefaultGraphKernelUs * 1e-3).epsilon(1e-12));
   CHECK(eager.decode_ms_per_token > 1.5 * graphs.decode_ms_per_token);
 }
 
