@@ -1,8 +1,14 @@
 #include "profiler/context_parallel.h"
 
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <limits>
 #include <tuple>
 
-#include "profiler/gpt.h"
 #include "profiler/torch_version.h"
 
 namespace hetplan::profiler {
@@ -11,193 +17,293 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using torch::indexing::Slice;
 
-// The flash kernel runs q [b, heads, s, d] (see the header: CUDA, half precision, head dim).
-bool flash_runs(const torch::Tensor& q) {
-#if HETPLAN_TORCH_AT_LEAST(2, 3)
+enum class Kernel : int64_t { kMath = 0, kFlash = 1, kCudnn = 2 };
+
+// HETPLAN_CP_ATTENTION (read once): "flash" or "math" caps the kernel (see the header).
+Kernel kernel_cap() {
+  static const Kernel cap = [] {
+    const char* e = std::getenv("HETPLAN_CP_ATTENTION");
+    if (e && std::strcmp(e, "math") == 0) return Kernel::kMath;
+    if (e && std::strcmp(e, "flash") == 0) return Kernel::kFlash;
+    return Kernel::kCudnn;
+  }();
+  return cap;
+}
+
+std::atomic<bool> cudnn_refused{false};  // cuDNN's attention threw once in this process: flash from then on
+
+Kernel pick_kernel(const torch::Tensor& q) {
   const bool half = q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf;
-  return q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
-#else
-  (void)q;
-  return false;
+  const int64_t d = q.size(-1);
+  Kernel k = Kernel::kMath;
+  if (q.is_cuda() && half && d % 8 == 0) {
+#if HETPLAN_TORCH_AT_LEAST(2, 3)
+    if (d <= 256) k = Kernel::kFlash;
 #endif
-}
-
-// [s_q, s_k] true where query i attends key j: j <= i + s_k - s_q (the queries are the last s_q positions).
-torch::Tensor lower_right_mask(int64_t sq, int64_t sk, torch::Device device) {
-  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
-  return (torch::arange(sq, opts) + (sk - sq)).unsqueeze(1) >= torch::arange(sk, opts).unsqueeze(0);
-}
-
-// One query chunk's attention without the flash kernel (the CPU tests): the diagonal chunk alone is plain
-// causal attention, a longer prefix takes the explicit mask. K and V carry the query heads already.
-torch::Tensor chunk_attention_masked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  const int64_t sq = q.size(2), sk = k.size(2);
-  if (sq == sk) return causal_self_attention(q, k, v, 1);
-  return masked_self_attention(q, k, v, 1, lower_right_mask(sq, sk, q.device()));
-}
-
-// Forward: see gather_kv_for_context_parallel.
-struct GatherKV : torch::autograd::Function<GatherKV> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor k, torch::Tensor v, int64_t group,
-                               const TensorParallelGroup* cp, const ContextParallelChunks* chunks) {
-    const int64_t n = cp->size(), b = k.size(0), kv = k.size(1), c = k.size(2) / 2, d = k.size(3);
-    ctx->saved_data["cp"] = reinterpret_cast<int64_t>(cp);
-    ctx->saved_data["chunks"] = reinterpret_cast<int64_t>(chunks);
-    ctx->saved_data["group"] = group;
-    torch::Tensor mine = torch::stack({k, v});  // [2, b, kv, 2 c, d]: this rank's slot r of the gather
-    torch::Tensor gathered = torch::empty({n, 2, b, kv, 2, c, d}, mine.options());
-    cp->all_gather_flat(gathered, mine);
-    // global[:, :, :, g, chunk_of_slot[r][h]] = gathered[r, :, :, :, h] for every expanded head g.
-    torch::Tensor global = torch::empty({2, b, kv, group, 2 * n, c, d}, mine.options());
-    global.index_put_({Slice(), Slice(), Slice(), Slice(), chunks->chunk_of_slot},
-                      gathered.permute({1, 2, 3, 0, 4, 5, 6}).unsqueeze(3).expand({2, b, kv, group, n, 2, c, d}));
-    return global.view({2, b, kv * group, 2 * n * c, d});
+#if HETPLAN_TORCH_AT_LEAST(2, 6)
+    if (d <= 128 && !cudnn_refused.load()) k = Kernel::kCudnn;
+#endif
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    const auto* cp = reinterpret_cast<const TensorParallelGroup*>(ctx->saved_data["cp"].toInt());
-    const auto* chunks = reinterpret_cast<const ContextParallelChunks*>(ctx->saved_data["chunks"].toInt());
-    const int64_t group = ctx->saved_data["group"].toInt();
-    const torch::Tensor& g = grad[0];  // [2, b, kv * group, 2 n c, d]
-    const int64_t n = cp->size(), b = g.size(1), kv = g.size(2) / group, c = g.size(3) / (2 * n), d = g.size(4);
-    // The expanded heads of one key/value head are adjacent: their gradients sum to its gradient.
-    const torch::Tensor summed = group > 1 ? g.reshape({2, b, kv, group, 2 * n * c, d}).sum(3) : g;
-    // Back into rank order: slot (rank_of_chunk[j], half_of_chunk[j]) gets global chunk j.
-    torch::Tensor slots = torch::empty({n, 2, b, kv, 2, c, d}, g.options());
-    slots.permute({1, 2, 3, 0, 4, 5, 6})
-        .index_put_({Slice(), Slice(), Slice(), chunks->rank_of_chunk, chunks->half_of_chunk},
-                    summed.reshape({2, b, kv, 2 * n, c, d}));
-    torch::Tensor mine = torch::empty({2, b, kv, 2 * c, d}, g.options());
-    cp->reduce_scatter_flat(mine, slots);
-    return {mine.select(0, 0), mine.select(0, 1), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
+  return std::min(k, kernel_cap());
+}
+
+// Which rows and keys step `step` of the ring attends (see the header); the keys are the first kv_len of
+// the source's 2c.
+struct StepShape {
+  int64_t q_begin, q_len, kv_len;
+  bool causal;
 };
 
-// What one chunk's forward leaves for its backward (flash: its output and log-sum-exp, and what ATen's
-// backward takes with them; the masked path needs none of it).
-struct ChunkSaved {
-  torch::Tensor out, logsumexp, cum_seq_q, cum_seq_k, philox_seed, philox_offset;
-  static constexpr int kCount = 6;
-  void append_to(std::vector<torch::Tensor>& v) const {
-    for (const torch::Tensor* t : {&out, &logsumexp, &cum_seq_q, &cum_seq_k, &philox_seed, &philox_offset})
-      v.push_back(*t);
-  }
-  static ChunkSaved from(const variable_list& v, size_t at) {
-    return {v[at], v[at + 1], v[at + 2], v[at + 3], v[at + 4], v[at + 5]};
-  }
+StepShape step_shape(int64_t step, int64_t r, int64_t n, int64_t c) {
+  const int64_t src = (r - step + n) % n;
+  if (step == 0) return {0, 2 * c, 2 * c, true};
+  if (src < r) return {0, 2 * c, c, false};
+  return {c, c, 2 * c, false};
+}
+
+// K or V [b, kv, s, d] with each head repeated `group` times in place: [b, kv x group, s, d].
+torch::Tensor expand_heads(const torch::Tensor& t, int64_t group) {
+  if (group == 1) return t;
+  const int64_t b = t.size(0), kv = t.size(1), s = t.size(2), d = t.size(3);
+  return t.unsqueeze(2).expand({b, kv, group, s, d}).reshape({b, kv * group, s, d});
+}
+
+// The gradient of expand_heads: each key/value head's expanded heads summed.
+torch::Tensor sum_heads(const torch::Tensor& g, int64_t group) {
+  if (group == 1) return g;
+  const int64_t b = g.size(0), h = g.size(1), s = g.size(2), d = g.size(3);
+  return g.reshape({b, h / group, group, s, d}).sum(2);
+}
+
+// One step's attention: its output [b, heads, rows, d], its rows' log-sum-exp [b, heads, rows] (fp32,
+// natural log of the sum of exp(scaled scores)), and what the kernel's backward takes besides (sequence
+// offsets and dropout RNG state: unused at dropout 0, passed back as the kernel returned them).
+struct Partial {
+  torch::Tensor out, lse, cum_q, cum_k, seed, offset;
+  Kernel kernel = Kernel::kMath;
+  bool lse_trailing_one = false;  // the kernel's log-sum-exp is [b, heads, rows, 1] (cuDNN)
 };
 
-ChunkSaved chunk_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool flash) {
-#if HETPLAN_TORCH_AT_LEAST(2, 3)
-  if (flash) {
-    auto r = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, /*is_causal=*/true, /*return_debug_mask=*/false);
-    return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r)};
-  }
-#endif
-  (void)flash;
-  return {chunk_attention_masked(q, k, v), {}, {}, {}, {}, {}};
+// Scaled scores q k^T / sqrt(d) in fp32, the upper triangle -inf where causal (square: s_q = s_k).
+torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, bool causal) {
+  torch::Tensor s = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-2, -1)) /
+                    std::sqrt(static_cast<double>(q.size(-1)));
+  if (causal)
+    s.masked_fill_(torch::ones({q.size(2), k.size(2)}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
+                       .triu(1),
+                   -std::numeric_limits<float>::infinity());
+  return s;
 }
 
-// dq, dk, dv of one chunk given the gradient of its output.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> chunk_backward(const torch::Tensor& grad, const torch::Tensor& q,
-                                                                     const torch::Tensor& k, const torch::Tensor& v,
-                                                                     const ChunkSaved& s, bool flash) {
-#if HETPLAN_TORCH_AT_LEAST(2, 3)
-  if (flash)
-    return at::_scaled_dot_product_flash_attention_backward(grad, q, k, v, s.out, s.logsumexp, s.cum_seq_q, s.cum_seq_k,
-                                                            /*max_q=*/q.size(2), /*max_k=*/k.size(2), 0.0,
-                                                            /*is_causal=*/true, s.philox_seed, s.philox_offset);
-#endif
-  (void)flash;
-  (void)s;
-  torch::AutoGradMode enable(true);
-  const torch::Tensor qd = q.detach().requires_grad_(true), kd = k.detach().requires_grad_(true),
-                      vd = v.detach().requires_grad_(true);
-  const variable_list g = torch::autograd::grad({chunk_attention_masked(qd, kd, vd)}, {qd, kd, vd}, {grad});
-  return {g[0], g[1], g[2]};
+Partial math_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal) {
+  const torch::Tensor s = scores(q, k, causal);
+  torch::Tensor lse = torch::logsumexp(s, -1);
+  torch::Tensor out = torch::matmul(torch::exp(s - lse.unsqueeze(-1)), v.to(torch::kFloat32)).to(q.scalar_type());
+  Partial p;
+  p.out = out;
+  p.lse = lse;
+  return p;
 }
 
-// Forward and backward: see context_parallel_attention and the header.
-struct ChunkedAttention : torch::autograd::Function<ChunkedAttention> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor kv, int64_t first_chunk,
-                               int64_t second_chunk) {
-    const int64_t b = q.size(0), heads = q.size(1), c = q.size(2) / 2, d = q.size(3);
-    const bool flash = flash_runs(q);
-    ctx->saved_data["chunks"] = std::vector<int64_t>{first_chunk, second_chunk};
-    ctx->saved_data["flash"] = flash;
-    // The output in [b, s, heads, d] order, so that the block's transpose(1, 2).reshape to [b, s, h] is a view.
-    torch::Tensor out = torch::empty({b, 2 * c, heads, d}, q.options());
-    std::vector<torch::Tensor> saved{q, kv};
-    const int64_t chunk[2] = {first_chunk, second_chunk};
-    for (int64_t i = 0; i < 2; ++i) {
-      const int64_t keys = (chunk[i] + 1) * c;
-      const ChunkSaved s = chunk_forward(q.narrow(2, i * c, c), kv.select(0, 0).narrow(2, 0, keys),
-                                         kv.select(0, 1).narrow(2, 0, keys), flash);
-      out.narrow(1, i * c, c).copy_(s.out.transpose(1, 2));
-      s.append_to(saved);
+// What the fused kernels compute in their backward, from the (merged) output and log-sum-exp:
+// P = exp(S - lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> math_backward(const torch::Tensor& dout, const torch::Tensor& q,
+                                                                    const torch::Tensor& k, const torch::Tensor& v,
+                                                                    const torch::Tensor& out, const torch::Tensor& lse,
+                                                                    bool causal) {
+  const torch::Tensor p = torch::exp(scores(q, k, causal) - lse.unsqueeze(-1));
+  const torch::Tensor g = dout.to(torch::kFloat32);
+  const torch::Tensor dv = torch::matmul(p.transpose(-2, -1), g);
+  const torch::Tensor rowsum = (g * out.to(torch::kFloat32)).sum(-1, /*keepdim=*/true);
+  const torch::Tensor ds =
+      p * (torch::matmul(g, v.to(torch::kFloat32).transpose(-2, -1)) - rowsum) / std::sqrt(static_cast<double>(q.size(-1)));
+  const torch::Tensor dq = torch::matmul(ds, k.to(torch::kFloat32)), dk = torch::matmul(ds.transpose(-2, -1), q.to(torch::kFloat32));
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
+}
+
+Partial attend(Kernel kernel, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal) {
+#if HETPLAN_TORCH_AT_LEAST(2, 6)
+  if (kernel == Kernel::kCudnn) {
+    try {
+      auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, std::optional<at::Tensor>(), /*compute_log_sumexp=*/true,
+                                                       0.0, causal, /*return_debug_mask=*/false);
+      Partial p{std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r),
+                Kernel::kCudnn};
+      p.lse_trailing_one = p.lse.dim() == 4;
+      if (p.lse_trailing_one) p.lse = p.lse.squeeze(-1);
+      return p;
+    } catch (const c10::Error& e) {
+      cudnn_refused = true;
+      std::cerr << "replay: cuDNN attention refused the context-parallel step (" << e.what_without_backtrace()
+                << "); the flash kernel from now on\n";
+      kernel = Kernel::kFlash;
     }
-    ctx->save_for_backward(saved);
-    return out.transpose(1, 2);
   }
+#endif
+#if HETPLAN_TORCH_AT_LEAST(2, 3)
+  if (kernel == Kernel::kFlash) {
+    auto r = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, /*return_debug_mask=*/false);
+    return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r),
+            Kernel::kFlash};
+  }
+#endif
+  (void)kernel;
+  return math_forward(q, k, v, causal);
+}
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    const std::vector<int64_t> chunk = ctx->saved_data["chunks"].toIntVector();
-    const bool flash = ctx->saved_data["flash"].toBool();
-    const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &q = saved[0], &kv = saved[1];
-    const int64_t b = q.size(0), heads = q.size(1), c = q.size(2) / 2, d = q.size(3), seq = kv.size(3);
-    torch::Tensor dq = torch::empty({b, 2 * c, heads, d}, q.options());
-    torch::Tensor dkv = torch::empty(kv.sizes(), kv.options());  // contiguous, whatever kv's strides
-    // The longer key prefix first: its dK/dV fill the buffer (zeros past it), the shorter one's add into it.
-    const int64_t longer = chunk[1] >= chunk[0] ? 1 : 0;
-    for (const int64_t i : {longer, 1 - longer}) {
-      const int64_t keys = (chunk[i] + 1) * c;
-      const torch::Tensor k = kv.select(0, 0).narrow(2, 0, keys), v = kv.select(0, 1).narrow(2, 0, keys);
-      const auto [dqi, dki, dvi] = chunk_backward(grad[0].narrow(2, i * c, c), q.narrow(2, i * c, c), k, v,
-                                                  ChunkSaved::from(saved, 2 + i * ChunkSaved::kCount), flash);
-      dq.narrow(1, i * c, c).copy_(dqi.transpose(1, 2));
-      torch::Tensor dk = dkv.select(0, 0).narrow(2, 0, keys), dv = dkv.select(0, 1).narrow(2, 0, keys);
-      if (i == longer) {
-        dk.copy_(dki);
-        dv.copy_(dvi);
-        if (keys < seq) dkv.narrow(3, keys, seq - keys).zero_();
+// dQ, dK, dV of one step from the merged output and log-sum-exp of its rows (lse: [b, heads, rows], contiguous).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attend_backward(const Partial& p, const torch::Tensor& dout,
+                                                                      const torch::Tensor& q, const torch::Tensor& k,
+                                                                      const torch::Tensor& v, const torch::Tensor& out,
+                                                                      const torch::Tensor& lse, bool causal) {
+  Kernel kernel = p.kernel;
+#if HETPLAN_TORCH_AT_LEAST(2, 6)
+  if (kernel == Kernel::kCudnn) {
+    try {
+      return at::_scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out,
+                                                              p.lse_trailing_one ? lse.unsqueeze(-1) : lse, p.seed,
+                                                              p.offset, at::Tensor(), p.cum_q, p.cum_k, q.size(2),
+                                                              k.size(2), 0.0, causal);
+    } catch (const c10::Error& e) {
+      // The flash kernel's backward reads the same statistics (natural-log log-sum-exp per row).
+      cudnn_refused = true;
+      std::cerr << "replay: cuDNN attention's backward refused a context-parallel step ("
+                << e.what_without_backtrace() << "); the flash kernel from now on\n";
+      kernel = Kernel::kFlash;
+    }
+  }
+#endif
+#if HETPLAN_TORCH_AT_LEAST(2, 3)
+  if (kernel == Kernel::kFlash)
+    return at::_scaled_dot_product_flash_attention_backward(dout, q, k, v, out, lse, p.cum_q, p.cum_k, q.size(2), k.size(2),
+                                                            0.0, causal, p.seed, p.offset);
+#endif
+  (void)kernel;
+  return math_backward(dout, q, k, v, out, lse, causal);
+}
+
+// Merges one more step (o, l) into the rows so far (out, lse), in place: lse' = logaddexp(lse, l),
+// out' = out exp(lse - lse') + o exp(l - lse') (weights in fp32, out kept in its dtype).
+void merge(torch::Tensor out, torch::Tensor lse, const torch::Tensor& o, const torch::Tensor& l) {
+  const torch::Tensor merged = torch::logaddexp(lse, l);
+  out.mul_(torch::exp(lse - merged).unsqueeze(-1)).add_(o * torch::exp(l - merged).unsqueeze(-1));
+  lse.copy_(merged);
+}
+
+// Forward and backward: see ring_attention and the header.
+struct RingAttention : torch::autograd::Function<RingAttention> {
+  static constexpr size_t kPerStep = 4;  // saved per step: cum_q, cum_k, seed, offset
+
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t group,
+                               const TensorParallelGroup* cp) {
+    const int64_t n = cp->size(), r = cp->rank(), c = q.size(2) / 2;
+    const Kernel kernel = pick_kernel(q);
+    const torch::Tensor kv = torch::stack({k, v});  // [2, b, kv, 2c, d]: what goes round the ring
+    std::vector<torch::Tensor> saved{q, kv};
+    std::vector<int64_t> kernels;
+    bool trailing_one = false;
+    torch::Tensor out, lse, held = kv;
+    for (int64_t i = 0; i < n; ++i) {
+      torch::Tensor next;
+      std::function<void()> arrived;
+      if (i + 1 < n) {
+        next = torch::empty_like(kv);
+        arrived = cp->ring_shift_async(next, held);  // beside this step's attention
+      }
+      const StepShape st = step_shape(i, r, n, c);
+      const Partial p = attend(kernel, q.narrow(2, st.q_begin, st.q_len),
+                               expand_heads(held.select(0, 0).narrow(2, 0, st.kv_len), group),
+                               expand_heads(held.select(0, 1).narrow(2, 0, st.kv_len), group), st.causal);
+      if (i == 0) {
+        out = p.out;
+        lse = p.lse;
       } else {
-        dk.add_(dki);
-        dv.add_(dvi);
+        merge(out.narrow(2, st.q_begin, st.q_len), lse.narrow(2, st.q_begin, st.q_len), p.out, p.lse);
+      }
+      kernels.push_back(static_cast<int64_t>(p.kernel));
+      trailing_one = trailing_one || p.lse_trailing_one;
+      for (const torch::Tensor* t : {&p.cum_q, &p.cum_k, &p.seed, &p.offset}) saved.push_back(*t);
+      if (arrived) {
+        arrived();
+        held = next;
       }
     }
-    return {dq.transpose(1, 2), dkv, torch::Tensor(), torch::Tensor()};
+    saved.push_back(out);
+    saved.push_back(lse);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["cp"] = reinterpret_cast<int64_t>(cp);
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["kernels"] = kernels;
+    ctx->saved_data["trailing_one"] = trailing_one;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto* cp = reinterpret_cast<const TensorParallelGroup*>(ctx->saved_data["cp"].toInt());
+    const int64_t group = ctx->saved_data["group"].toInt();
+    const std::vector<int64_t> kernels = ctx->saved_data["kernels"].toIntVector();
+    const bool trailing_one = ctx->saved_data["trailing_one"].toBool();
+    const variable_list saved = ctx->get_saved_variables();
+    const int64_t n = cp->size(), r = cp->rank();
+    const torch::Tensor &q = saved[0], &kv = saved[1], &out = saved[2 + kPerStep * n], &lse = saved[3 + kPerStep * n];
+    const torch::Tensor& dout = grad[0];
+    const int64_t c = q.size(2) / 2;
+    torch::Tensor dq, held = kv, carried;  // carried: the dK/dV of the source held, summed so far
+    std::function<void()> carried_arrived;
+    for (int64_t i = 0; i < n; ++i) {
+      torch::Tensor next;
+      std::function<void()> arrived;
+      if (i + 1 < n) {
+        next = torch::empty_like(kv);
+        arrived = cp->ring_shift_async(next, held);
+      }
+      const StepShape st = step_shape(i, r, n, c);
+      Partial p;
+      p.kernel = static_cast<Kernel>(kernels[i]);
+      p.lse_trailing_one = trailing_one;
+      const size_t at = 2 + kPerStep * i;
+      p.cum_q = saved[at];
+      p.cum_k = saved[at + 1];
+      p.seed = saved[at + 2];
+      p.offset = saved[at + 3];
+      auto rows = [&](const torch::Tensor& t) { return t.narrow(2, st.q_begin, st.q_len); };
+      const auto [dqi, dki, dvi] =
+          attend_backward(p, rows(dout), rows(q), expand_heads(held.select(0, 0).narrow(2, 0, st.kv_len), group),
+                          expand_heads(held.select(0, 1).narrow(2, 0, st.kv_len), group), rows(out),
+                          rows(lse).contiguous(), st.causal);
+      if (i == 0) {
+        dq = dqi;
+      } else {
+        rows(dq).add_(dqi);
+      }
+      const torch::Tensor dk = sum_heads(dki, group), dv = sum_heads(dvi, group);
+      torch::Tensor sum;
+      if (i == 0) {
+        sum = torch::stack({dk, dv});
+      } else {
+        carried_arrived();  // the source's dK/dV from the ranks before this one
+        sum = carried;
+        sum.select(0, 0).narrow(2, 0, st.kv_len).add_(dk);
+        sum.select(0, 1).narrow(2, 0, st.kv_len).add_(dv);
+      }
+      carried = torch::empty_like(kv);
+      carried_arrived = cp->ring_shift_async(carried, sum);  // beside the next step; the last one home
+      if (arrived) {
+        arrived();
+        held = next;
+      }
+    }
+    carried_arrived();
+    return {dq, carried.select(0, 0), carried.select(0, 1), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-ContextParallelChunks ContextParallelChunks::build(const TensorParallelGroup& cp, torch::Device device) {
-  const int64_t n = cp.size();
-  std::vector<int64_t> slot(2 * n), rank(2 * n), half(2 * n);
-  for (int64_t r = 0; r < n; ++r) {
-    slot[2 * r] = r;              // half 0: chunk r
-    slot[2 * r + 1] = 2 * n - 1 - r;  // half 1: chunk 2n - 1 - r
-  }
-  for (int64_t j = 0; j < 2 * n; ++j) {
-    rank[j] = j < n ? j : 2 * n - 1 - j;
-    half[j] = j < n ? 0 : 1;
-  }
-  auto on_device = [&](const std::vector<int64_t>& v) {
-    return torch::tensor(v, torch::kLong).to(device);
-  };
-  return {on_device(slot).view({n, 2}), on_device(rank), on_device(half)};
-}
-
-torch::Tensor gather_kv_for_context_parallel(const torch::Tensor& k, const torch::Tensor& v, int64_t group,
-                                             const TensorParallelGroup& cp, const ContextParallelChunks& chunks) {
-  return GatherKV::apply(k, v, group, &cp, &chunks);
-}
-
-torch::Tensor context_parallel_attention(const torch::Tensor& q, const torch::Tensor& kv, const TensorParallelGroup& cp) {
-  const int64_t n = cp.size(), r = cp.rank();
-  return ChunkedAttention::apply(q, kv, r, 2 * n - 1 - r);
+torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t group,
+                             const TensorParallelGroup& cp) {
+  return RingAttention::apply(q, k, v, group, &cp);
 }
 
 }  // namespace hetplan::profiler

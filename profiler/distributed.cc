@@ -135,6 +135,26 @@ class C10dCollectives : public CommGroup {
       out.view({-1}).copy_(torch::cat(o[0]));
     };
   }
+  // NCCL: one all-to-all whose only non-empty parts go to the next rank and come from the previous one
+  // (NCCL sends and receives them in one group: no ordering deadlock). Gloo: none (the all-gather).
+  std::function<void()> ring_shift_async(torch::Tensor& out, const torch::Tensor& in) override {
+#if defined(HETPLAN_TORCH_CUDA)
+    if constexpr (std::is_same_v<PG, c10d::ProcessGroupNCCL>) {
+      const int n = size(), r = rank();
+      const int64_t count = in.numel();
+      TORCH_CHECK(out.numel() == count && out.is_contiguous(), "ring_shift_async: bad shapes");
+      torch::Tensor i = in.contiguous().view({-1}), o = out.view({-1});
+      std::vector<int64_t> send(n, 0), recv(n, 0);
+      send[(r + 1) % n] = count;
+      recv[(r + n - 1) % n] = count;
+      auto work = pg_->alltoall_base(o, i, recv, send);
+      return [work, i, o] { work->wait(); };
+    }
+#endif
+    (void)out;
+    (void)in;
+    return {};
+  }
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }
 

@@ -181,8 +181,10 @@ torch::Tensor EmbeddingLayer::forward(const torch::Tensor& ids) {
   torch::Tensor x = wte_->forward(ids);  // [b, s / tp, h] under sequence parallelism
   if (!wpe_.defined()) return x;
   // The tokens' global positions: this cp rank's, then (sequence parallelism) this tp rank's shard of them.
-  torch::Tensor pos = cp_.size() > 1 ? wpe_.index_select(0, context_parallel_positions(seq_len_, cp_).to(wpe_.device()))
-                                     : wpe_.narrow(0, 0, ids.size(1));
+  // (Copied to the device once: a copy from pageable host memory per micro-batch can stall the host.)
+  if (cp_.size() > 1 && (!cp_positions_.defined() || cp_positions_.device() != wpe_.device()))
+    cp_positions_ = context_parallel_positions(seq_len_, cp_).to(wpe_.device());
+  torch::Tensor pos = cp_.size() > 1 ? wpe_.index_select(0, cp_positions_) : wpe_.narrow(0, 0, ids.size(1));
   if (!sp_output_) return x + pos;
   return x + group_.slice_dim(sequence_parallel_param(pos, sp_grad_group_), 0);
 }
@@ -204,10 +206,9 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, const TensorParallelGroup
       recompute_(c.recompute) {
   block_body_ = [this](const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&) { return block(x); };
   const int64_t group = c.shape.num_heads / c.shape.num_kv_heads;
-  // With the K/V exchange, `k` holds every cp rank's keys and values in global order, heads expanded
-  // ([2, b, heads, cp s, d], gather_kv_for_context_parallel), `v` is unused.
+  // With the K/V exchange, the ring attention over the cp group (profiler/context_parallel.h).
   attention_body_ = [this, group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    if (cp_exchange_) return context_parallel_attention(q, k, cp_);
+    if (cp_exchange_) return ring_attention(q, k, v, group, cp_);
     return cp_mask_.defined() ? masked_attention(q, k, v, group, cp_mask_) : causal_attention(q, k, v, group);
   };
   const ModelShape& m = c.shape;
@@ -280,21 +281,19 @@ torch::Tensor TransformerBlock::block(const torch::Tensor& x) {
   }
   if (!shape_.learned_positions) {
     if (cp_.size() > 1) {
-      const RotaryTable& table = rotary_.get(seq_len_, d, shape_.rope_theta, q);
-      const RotaryTable mine{table.cos.index_select(0, cp_positions_), table.sin.index_select(0, cp_positions_)};
-      q = rotary(q, mine);
-      k = rotary(k, mine);
+      // The table at this rank's positions, gathered once (the positions never change).
+      if (!cp_rotary_.cos.defined() || cp_rotary_.cos.device() != q.device() ||
+          cp_rotary_.cos.scalar_type() != q.scalar_type()) {
+        const RotaryTable& table = rotary_.get(seq_len_, d, shape_.rope_theta, q);
+        cp_rotary_ = {table.cos.index_select(0, cp_positions_), table.sin.index_select(0, cp_positions_)};
+      }
+      q = rotary(q, cp_rotary_);
+      k = rotary(k, cp_rotary_);
     } else {
       const RotaryTable& table = rotary_.get(s, d, shape_.rope_theta, q);
       q = rotary(q, table);
       k = rotary(k, table);
     }
-  }
-  if (cp_exchange_) {
-    // One all-gather of K and V together: [2, b, heads, cp s, d], every cp rank's tokens in global order.
-    if (!cp_chunks_.ready_on(q.device())) cp_chunks_ = ContextParallelChunks::build(cp_, q.device());
-    k = gather_kv_for_context_parallel(k, v, group, cp_, cp_chunks_);
-    v = k;
   }
   const bool selective = recompute_ == Recompute::kSelective && torch::GradMode::is_enabled();
   const torch::Tensor att = selective ? checkpoint(attention_body_, q, k, v) : attention_body_(q, k, v);

@@ -30,9 +30,9 @@
 // Context parallelism (a cp group given to the GPT, cp >= 2): every input is
 // this cp rank's part of each sequence (context_parallel_positions: chunks r
 // and 2 cp - 1 - r of 2 cp), positions (learned or rotary) are the tokens'
-// global ones, and each attention all-gathers K and V over the cp group
-// (one collective; backward: reduce-scatter of their gradients) and runs, per
-// query chunk, causal attention over the key chunks up to it (flash on CUDA;
+// global ones, and each attention is Megatron's ring attention over the cp
+// group (K/V sent round the ring beside the per-step attention, partial
+// outputs merged by log-sum-exp; cuDNN or flash on CUDA;
 // profiler/context_parallel.h). The head's loss is the mean over this rank's tokens.
 //
 // It promises: summing numel() over the tp ranks for sharded tensors and
@@ -141,6 +141,7 @@ class EmbeddingLayer : public GPTLayer {
   TensorParallelGroup sp_grad_group_;  // group_ where the backward sums the positions' gradients, else size 1
   int64_t seq_len_;
   bool sp_output_ = false;
+  torch::Tensor cp_positions_;  // cp > 1: this rank's token positions, on wpe_'s device (lazily, once)
 };
 
 // The cos and sin tables of rotary position embeddings for one sequence
@@ -166,7 +167,7 @@ class TransformerBlock : public GPTLayer {
   SequenceSplit split_;
   bool cp_exchange_ = false;  // cp > 1 and the K/V exchange not disabled (test hook cp-kv-exchange)
   torch::Tensor cp_positions_, cp_mask_;  // cp > 1: this rank's query positions; the test hook's mask (lazily)
-  ContextParallelChunks cp_chunks_;       // with the K/V exchange: where the chunks live (lazily, on the device)
+  RotaryTable cp_rotary_;                 // cp > 1, RoPE: the rotary table at this rank's positions (lazily)
   int64_t local_heads_, local_kv_heads_;
   Norm ln1_{nullptr}, ln2_{nullptr};
   // QKV rows are laid out by key/value group ([kv][q x heads/kv, k, v][head_dim])

@@ -36,6 +36,22 @@ void TensorParallelGroup::Collectives::all_gather_flat(torch::Tensor& out, const
   out.view({-1}).copy_(torch::cat(parts).view({-1}));
 }
 
+std::function<void()> TensorParallelGroup::Collectives::ring_shift_async(torch::Tensor&, const torch::Tensor&) {
+  return {};
+}
+
+std::function<void()> TensorParallelGroup::ring_shift_async(torch::Tensor& out, const torch::Tensor& in) const {
+  if (size_ > 1) {
+    if (std::function<void()> done = collectives_->ring_shift_async(out, in)) return done;
+    torch::Tensor every = torch::empty({size_, in.numel()}, in.options());
+    collectives_->all_gather_flat(every, in);
+    out.view({-1}).copy_(every.select(0, (rank_ + size_ - 1) % size_));
+  } else {
+    out.view({-1}).copy_(in.reshape({-1}));
+  }
+  return [] {};
+}
+
 void TensorParallelGroup::all_gather_flat(torch::Tensor& out, const torch::Tensor& in) const {
   if (size_ == 1) {
     out.view({-1}).copy_(in.reshape({-1}));
@@ -109,7 +125,14 @@ torch::Tensor context_parallel_positions(int64_t seq, const TensorParallelGroup&
 
 torch::Tensor context_parallel_slice(const torch::Tensor& x, int64_t dim, const TensorParallelGroup& cp) {
   if (cp.size() == 1) return x;
-  return x.index_select(dim, context_parallel_positions(x.size(dim), cp).to(x.device()));
+  const int64_t n = cp.size(), seq = x.size(dim);
+  if (seq % (2 * n) != 0)
+    throw std::invalid_argument("context parallelism: the sequence length " + std::to_string(seq) +
+                                " does not divide by 2 x cp (" + std::to_string(2 * n) + ")");
+  // The two chunks' slices, joined on x's device: no index tensor copied from the host (a copy from
+  // pageable host memory waits for the device's queue to drain, once per micro-batch).
+  const int64_t c = seq / (2 * n), r = cp.rank();
+  return torch::cat({x.narrow(dim, r * c, c), x.narrow(dim, (2 * n - 1 - r) * c, c)}, dim);
 }
 
 namespace {

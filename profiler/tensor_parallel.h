@@ -23,6 +23,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 
 namespace c10d {
@@ -46,6 +47,13 @@ class TensorParallelGroup {
     // `out` (size() x in.numel() elements, contiguous) gets every rank's `in`, in rank order.
     // Default: all_gather into temporaries, then one copy (CommGroup runs one flat all-gather).
     virtual void all_gather_flat(torch::Tensor& out, const torch::Tensor& in);
+    // One step of a ring (context parallelism's K/V ring, profiler/context_parallel.h), started and left
+    // running: `in` goes to the next rank of the group (rank + 1 mod size), `out` (in's shape, contiguous)
+    // gets the previous rank's `in`. Returns the function that completes it (NCCL: makes the then-current
+    // stream wait for it, no host sync; the send and receive run on NCCL's stream after the work issued so
+    // far on the calling thread's stream, beside what is issued next), or an empty function where these
+    // collectives have no ring step (the default): TensorParallelGroup::ring_shift_async all-gathers then.
+    virtual std::function<void()> ring_shift_async(torch::Tensor& out, const torch::Tensor& in);
     virtual int rank() const = 0;
   };
   TensorParallelGroup(int rank, int size, std::shared_ptr<Collectives> c)
@@ -65,6 +73,11 @@ class TensorParallelGroup {
   // (contiguous, size() equal chunks; clobbered). A group of one copies.
   void all_gather_flat(torch::Tensor& out, const torch::Tensor& in) const;
   void reduce_scatter_flat(torch::Tensor& out, torch::Tensor& in) const;
+  // One ring step (Collectives::ring_shift_async): `out` (contiguous, in's shape) gets the previous rank's
+  // `in`, once the returned function has run; until then neither may be read, changed or freed. Without a
+  // ring step in the collectives: one all-gather into a temporary, done before returning. A group of one
+  // copies `in`.
+  std::function<void()> ring_shift_async(torch::Tensor& out, const torch::Tensor& in) const;
   // This rank's slice along `dim`, no communication.
   torch::Tensor slice_dim(const torch::Tensor& t, int64_t dim) const;
 

@@ -88,6 +88,11 @@ double Network::p2p_seconds(int from, int to, double bytes) const {
   return link_latency(from, to) + bytes / link_bandwidth(from, to);
 }
 
+double Network::ring_step_seconds(int from, int to, double bytes) const {
+  if (from == to || bytes <= 0) return 0.0;
+  return link_latency(from, to) + bytes / collective_bandwidth(from, to);
+}
+
 void Network::ring_bottleneck(const std::vector<int>& ranks, double* bandwidth, double* latency) const {
   double bw = std::numeric_limits<double>::infinity(), lat = 0;
   const std::size_t n = ranks.size();

@@ -79,6 +79,11 @@ class Network {
   bool same_node(int a, int b) const { return layout_->node_of(a) == layout_->node_of(b); }
 
   double p2p_seconds(int from, int to, double bytes) const;
+  // One step of a ring exchange through NCCL (every rank of the ring sends `bytes` to the next and receives
+  // from the one before at once: context parallelism's K/V ring): the link's latency plus the bytes at the
+  // link's collective bandwidth (inside a node the measured bus bandwidth where one is given, as NCCL's
+  // collectives run there; p2p_seconds keeps the clusterfile's datasheet figure).
+  double ring_step_seconds(int from, int to, double bytes) const;
   double ring_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
   double hierarchical_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;
   double tree_all_reduce_seconds(const std::vector<int>& ranks, double bytes) const;

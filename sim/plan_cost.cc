@@ -148,6 +148,7 @@ struct PlanCostModel::StageBasis {
   int cp = 1;                      // context-parallel ranks per replica group (every replica d of a group
                                    // d / cp shares its samples; each computes 1/cp of them)
   double cpx_fwd = 0, cpx_bwd = 0;  // exposed ring-attention exchange per micro-batch (ms)
+  double cpm_fwd = 0, cpm_bwd = 0;  // the ring's merging of partial results per micro-batch (ms)
 };
 
 // The all-reduce times stage_impl carries from one setup to the next (recomputed only when their bytes
@@ -198,6 +199,7 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   b->param_share = b->slowest_base = b->forward = b->block_forward = b->extra = 0;
   b->sustained = 1;
   b->tpx_fwd = b->tpx_bwd = b->send_forward = b->send_backward = b->cpx_fwd = b->cpx_bwd = 0;
+  b->cpm_fwd = b->cpm_bwd = 0;
   b->max_share = 0;
   b->in_flight = 1;
   b->batches = batches;
@@ -216,6 +218,8 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   if (detail) {
     detail->cp_exchange_forward_ms = b->cpx_fwd;
     detail->cp_exchange_backward_ms = b->cpx_bwd;
+    detail->cp_merge_forward_ms = b->cpm_fwd;
+    detail->cp_merge_backward_ms = b->cpm_bwd;
   }
   // p2p over the boundary link, bf16 activations split over tp (and cp: each rank sends its chunk).
   // (A stage with no rank beyond it on that side has no link to cost.)
@@ -360,17 +364,28 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
 }
 
 // Context parallelism: each block's K/V ring exchange over the cp group of replica 0's tp index 0 (the
-// slowest link of the ring), against the rank's attention time (its share of the blocks' profiled forward).
+// slowest link of the ring), against the rank's attention time (its share of the blocks' profiled forward),
+// and the ring's merging of the partial results (ring_merge_bytes) through the roofline at the layer time
+// model's achieved fraction of the stage's GPU's HBM bandwidth. sim/sequence_parallel.md.
 void PlanCostModel::ring_attention_ms(const StageChoice& s, StageBasis* b) const {
   const int cp = b->cp, tp = s.st.tp;
   if (b->blocks <= 0 || b->max_share <= 0) return;
   const StageGrid grid(s.begin, s.st);
   const double bytes = cp_kv_step_bytes(sim_->shape_, sim_->seq_, cp, tp, b->max_share);
   double step = 0;
-  for (int i = 0; i < cp; ++i) step = std::max(step, net_.p2p_seconds(grid.rank(i, 0), grid.rank((i + 1) % cp, 0), bytes));
+  for (int i = 0; i < cp; ++i)
+    step = std::max(step, net_.ring_step_seconds(grid.rank(i, 0), grid.rank((i + 1) % cp, 0), bytes));
   const double attention = b->block_forward / b->blocks * attention_flop_share(sim_->shape_, sim_->seq_) / 1e3;
   b->cpx_fwd = b->blocks * ring_exposed_s(cp, step, attention) * 1e3;
-  b->cpx_bwd = b->blocks * ring_exposed_s(cp, 2 * step, 2 * attention) * 1e3;
+  b->cpx_bwd = b->blocks * ring_backward_exposed_s(cp, step, attention) * 1e3;
+  const double rate = achieved_bytes_per_s(ptype_hbm_bytes_per_s_[b->rtype[0]] / 1e9, RateDefaults{}.memory_efficiency);
+  b->cpm_fwd = b->cpm_bwd = 0;
+  if (rate > 0) {
+    const RingMergeBytes merge = ring_merge_bytes(sim_->shape_, sim_->seq_, cp, tp, b->max_share);
+    const Roofline stream{0, rate};
+    b->cpm_fwd = b->blocks * stream.memory_s(merge.forward) * 1e3;
+    b->cpm_bwd = b->blocks * stream.memory_s(merge.backward) * 1e3;
+  }
 }
 
 // A tp group across nodes: Megatron's 2 forward and 2 backward all-reduces per block over the
@@ -398,9 +413,9 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
   const double grad_bytes = trainable * reduced_gradient_bytes(setup);
   double accumulation = 0, optimizer = 0;
   replica_step_ms(s.st, b, trainable, full_on_rank, grad_bytes, &accumulation, &optimizer);
-  c->forward_ms = b.forward + b.extra * (1 - opt.backward_share) + b.tpx_fwd + b.cpx_fwd;
+  c->forward_ms = b.forward + b.extra * (1 - opt.backward_share) + b.tpx_fwd + b.cpx_fwd + b.cpm_fwd;
   c->backward_ms = b.slowest_base - b.forward + b.extra * opt.backward_share +
-                   b.block_forward * recompute_fraction_[k] + b.tpx_bwd + b.cpx_bwd;
+                   b.block_forward * recompute_fraction_[k] + b.tpx_bwd + b.cpx_bwd + b.cpm_bwd;
   c->accumulation_ms = accumulation;
   c->sustained_factor = b.sustained;
   c->send_forward_ms = b.send_forward;

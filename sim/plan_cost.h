@@ -79,6 +79,7 @@ struct StageDetail {
   std::vector<int> shares;         // each dp replica's share of the micro-batch
   std::vector<RankMemory> ranks;   // each rank of the stage, in rank order
   double cp_exchange_forward_ms = 0, cp_exchange_backward_ms = 0;  // exposed ring-attention K/V exchange
+  double cp_merge_forward_ms = 0, cp_merge_backward_ms = 0;        // the ring's merging of partial results
 };
 
 // The fast cost of candidates of one search over one node sequence.

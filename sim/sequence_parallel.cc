@@ -10,6 +10,15 @@ double cp_kv_step_bytes(const ModelShape& m, long long seq, int cp, int tp, doub
   return 2.0 /* K and V */ * tokens * kv * 2.0 /* bf16 */;
 }
 
+RingMergeBytes ring_merge_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples) {
+  if (cp <= 1) return {};
+  const double tokens = samples * static_cast<double>(seq) / cp;
+  const double out = tokens * static_cast<double>(m.num_heads) * m.head_dim / tp * 2.0 /* bf16 */;
+  const double kv = cp_kv_step_bytes(m, seq, cp, tp, samples);
+  const double steps = cp - 1;
+  return {3.0 * steps * out, 3.0 * steps * (out + kv / 2)};
+}
+
 double attention_flop_share(const ModelShape& m, long long seq) {
   const double total = m.block_forward_flops_per_token(seq);
   return total > 0 ? m.attention_forward_flops_per_token(static_cast<double>(seq)) / total : 0.0;
@@ -18,6 +27,12 @@ double attention_flop_share(const ModelShape& m, long long seq) {
 double ring_exposed_s(int cp, double step_comm_s, double attention_s) {
   if (cp <= 1) return 0;
   return (cp - 1) * std::max(0.0, step_comm_s - attention_s / cp);
+}
+
+double ring_backward_exposed_s(int cp, double step_comm_s, double attention_s) {
+  if (cp <= 1) return 0;
+  const double s = step_comm_s, window = 2 * attention_s / cp;
+  return 2 * std::max(0.0, s - window) + (cp - 2) * std::max(0.0, 2 * s - window) + s;
 }
 
 }  // namespace hetplan

@@ -36,10 +36,32 @@ double cp_kv_step_bytes(const ModelShape& m, long long seq, int cp, int tp, doub
 // The share of a block's forward FLOPs that is attention (scores and weighted sum) at sequence `seq`.
 double attention_flop_share(const ModelShape& m, long long seq);
 
-// Exposed time of one block's ring exchange: cp - 1 steps of `step_comm_s` each against 1/cp of the
-// rank's attention time `attention_s` each: (cp - 1) x max(0, step_comm - attention / cp).
-// The forward passes (step_comm, attention_forward); the backward 2 x each (K, V and their gradients;
-// the attention backward's twice-forward FLOPs). REQUIRES: cp >= 1.
+// Bytes the slowest rank of a cp ring streams through memory per block beyond the attention kernels and
+// the exchange: Megatron's ring (Transformer Engine) merges each of the cp - 1 steps after the local one
+// into the running result by log-sum-exp (reads the result and the step's partial output, writes the
+// result: 3 passes), and in the backward adds each step's dQ into the rank's dQ and its dK/dV into those
+// travelling round the ring (3 passes each). With load-balanced chunks, rank r's steps cover 2 c query
+// rows and c keys for each of the r sources before it and c rows and 2 c keys for the others; rank
+// cp - 1 (every step 2 c rows, c keys) moves the most over its forward and backward (as much as rank 0
+// without grouped-query heads). O = samples x seq / cp x num_heads x head_dim / tp
+// x 2 bytes (the rank's output or dQ), KV = cp_kv_step_bytes: forward 3 (cp - 1) O, backward
+// 3 (cp - 1) (O + KV / 2). Zero at cp 1.
+struct RingMergeBytes {
+  double forward = 0, backward = 0;
+};
+RingMergeBytes ring_merge_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples);
+
+// Exposed time of one block's forward ring exchange: cp - 1 steps of `step_comm_s` each against 1/cp of
+// the rank's attention time `attention_s` each: (cp - 1) x max(0, step_comm - attention / cp).
+// REQUIRES: cp >= 1.
 double ring_exposed_s(int cp, double step_comm_s, double attention_s);
+
+// Exposed time of one block's backward ring (Transformer Engine's): each of the cp steps computes the
+// backward of 1/cp of the attention (W = 2 attention_s / cp: twice the forward's FLOPs) while the link
+// carries the next step's K/V (steps 0 .. cp - 2) and the dK/dV the step before accumulated (steps
+// 1 .. cp - 1); after the last step the dK/dV go home with nothing left to hide them:
+// max(0, s - W) [step 0] + (cp - 2) max(0, 2 s - W) + max(0, s - W) [step cp - 1] + s, s = step_comm_s
+// (one step's K/V bytes; dK/dV are as many). 0 at cp 1. REQUIRES: cp >= 1.
+double ring_backward_exposed_s(int cp, double step_comm_s, double attention_s);
 
 }  // namespace hetplan

@@ -20,6 +20,7 @@
 #include "sim/network.h"
 #include "sim/plan_cost.h"
 #include "sim/plan_file.h"
+#include "sim/roofline.h"
 #include "sim/sequence_parallel.h"
 
 namespace hetplan {
@@ -94,6 +95,13 @@ TEST_CASE("context parallelism: K/V bytes per ring step and the exposed exchange
   CHECK(ring_exposed_s(1, 5, 1) == 0);
   CHECK(ring_exposed_s(4, 1, 8) == 0);           // each step's 1 s hides under 2 s of attention
   CHECK(ring_exposed_s(4, 3, 8) == 3 * (3 - 2));  // 1 s of each of the 3 exchanges shows
+  // The backward: 4 steps of 4 s of compute (2 x 8 / 4); steps 0 and 3 carry one exchange, steps 1 and 2
+  // two, and the last dK/dV go home after the compute.
+  CHECK(ring_backward_exposed_s(1, 5, 1) == 0);
+  CHECK(ring_backward_exposed_s(4, 1, 8) == 1);                                  // only the last one shows
+  CHECK(ring_backward_exposed_s(4, 3, 8) == 0 + 2 * (6 - 4) + 0 + 3);            // 2 x 3 s over 4 s twice
+  CHECK(ring_backward_exposed_s(4, 5, 8) == (5 - 4) + 2 * (10 - 4) + (5 - 4) + 5);
+  CHECK(ring_backward_exposed_s(2, 5, 8) == 5);  // cp 2: each step's 8 s hide its 5 s; the last 5 s show
   const double share = attention_flop_share(m, 1024);
   CHECK(share == Approx(m.attention_forward_flops_per_token(1024) / m.block_forward_flops_per_token(1024)));
   CHECK(share > 0);
@@ -341,6 +349,123 @@ TEST_CASE("context parallelism: a cp ring across nodes exposes its K/V exchange"
   StageDetail none;
   REQUIRE(plain.explain_stage(StageChoice{0, 8, Strategy{2, 4}, 1, 9}, 1, 3, 4, 8, 0, &f, &none, &why));
   CHECK(none.cp_exchange_forward_ms == 0);
+}
+
+// The ring's merging (sim/sequence_parallel.h, ring_merge_bytes): derived step by step for every rank of
+// the ring from which rows and keys each step covers, the most any rank moves is the closed form's.
+TEST_CASE("context parallelism: the ring's merge bytes, per step and rank", "[seqpar][cp]") {
+  ModelShape m;  // GPT-2 XL: 25 heads of 64, no GQA
+  const long long seq = 1024;
+  const int tp = 2;
+  const double samples = 2;
+  CHECK(ring_merge_bytes(m, seq, 1, tp, samples).forward == 0);
+  CHECK(ring_merge_bytes(m, seq, 1, tp, samples).backward == 0);
+  for (const int kv_heads : {25, 5}) {
+    m.num_kv_heads = kv_heads;
+    for (const int cp : {2, 4, 8}) {
+      const double c = seq / (2.0 * cp);                                      // tokens per chunk
+      const double q_row = samples * m.num_heads * m.head_dim / tp * 2.0;      // bytes per query row (bf16)
+      const double kv_row = samples * 2.0 * kv_heads * m.head_dim / tp * 2.0;  // K and V per key (bf16)
+      // The rank that moves the most over its forward and backward (the last of equals).
+      double fwd = 0, bwd = 0;
+      for (int r = 0; r < cp; ++r) {
+        double f = 0, b = 0;
+        for (int step = 1; step < cp; ++step) {
+          const int src = (r - step + cp) % cp;
+          const double rows = src < r ? 2 * c : c, keys = src < r ? c : 2 * c;
+          f += 3 * rows * q_row;                      // result, partial in; result out
+          b += 3 * rows * q_row + 3 * keys * kv_row;  // dQ and the travelling dK/dV
+        }
+        if (f + b >= fwd + bwd) {
+          fwd = f;
+          bwd = b;
+        }
+      }
+      const RingMergeBytes got = ring_merge_bytes(m, seq, cp, tp, samples);
+      CHECK(got.forward == Approx(fwd).epsilon(1e-12));
+      CHECK(got.backward == Approx(bwd).epsilon(1e-12));
+    }
+  }
+  // GPT-2 XL at cp 4, tp 2, 2 samples: O = 512 x 25 x 64 / 2 x 2 bytes, KV twice that.
+  m.num_kv_heads = 25;
+  CHECK(ring_merge_bytes(m, seq, 4, tp, samples).forward == 3.0 * 3 * 819200);
+  CHECK(ring_merge_bytes(m, seq, 4, tp, samples).backward == 3.0 * 3 * (819200 + 1638400 / 2));
+}
+
+// A ring step goes through NCCL: inside a node it runs at the measured collective bandwidth, not the
+// clusterfile's datasheet link (which p2p_seconds keeps); across nodes both are the inter-node link.
+TEST_CASE("network: a ring step at the collective bandwidth", "[seqpar][cp][network]") {
+  const Cluster16& s = cluster16();
+  const RankLayout layout(s.cluster, {0, 1});  // A100 nodes first: ranks 0-3 and 4-7
+  NetworkOptions o;
+  o.intra_collective_bytes_per_s.assign(s.cluster.device_types().size(), 100e9);
+  const Network net(s.cluster, layout, o);
+  const double bytes = 8e6;
+  CHECK(net.ring_step_seconds(0, 1, bytes) == Approx(o.intra_latency_s + bytes / 100e9).epsilon(1e-12));
+  CHECK(net.p2p_seconds(0, 1, bytes) == Approx(o.intra_latency_s + bytes / net.link_bandwidth(0, 1)).epsilon(1e-12));
+  CHECK(net.ring_step_seconds(0, 1, bytes) > net.p2p_seconds(0, 1, bytes));  // 100 GB/s < the A100's 300 GB/s link
+  CHECK(net.ring_step_seconds(0, 4, bytes) == Approx(net.p2p_seconds(0, 4, bytes)).epsilon(1e-12));
+  CHECK(net.ring_step_seconds(0, 0, bytes) == 0);
+}
+
+// PlanCostModel's ring: the merge through the roofline at the A100's achieved HBM rate, on the forward and
+// the backward; the exchange at the measured collective bandwidth (two slower settings: the exposed
+// exchange grows by exactly the blocks' extra step time).
+TEST_CASE("context parallelism in PlanCostModel: the ring's merge and its exchange at the collective bandwidth",
+          "[seqpar][cp][plan_cost]") {
+  const Cluster16& s = cluster16();
+  std::vector<TrainingSetup> setups(1);
+  setups[0].context_parallel = 2;
+  const ModelShape shape = shape_from_model_config(s.model);
+  const RankLayout layout(s.cluster, {0, 1});
+  const StageChoice c{0, 4, Strategy{4, 1}, 1, 9};  // 4 A100s, the 8 blocks only (stage 1 of 3)
+  const int blocks = 8;
+  auto stage = [&](double collective_bytes_per_s, FastStageCost* f, StageDetail* d) {
+    SimulationOptions so;
+    so.setup = setups[0];
+    so.network.intra_collective_bytes_per_s.assign(s.cluster.device_types().size(), collective_bytes_per_s);
+    const PlanSimulator sim(s.cluster, s.profiles, shape, s.model.sequence_length, so);
+    const PlanCostModel model(sim, layout, setups);
+    std::string why;
+    REQUIRE(model.explain_stage(c, 1, 3, 4, 8, 0, f, d, &why));
+  };
+  FastStageCost f10{}, f20{};
+  StageDetail d10, d20;
+  stage(10e9, &f10, &d10);
+  stage(20e9, &f20, &d20);
+  // Each cp rank: 4 samples (a group's share of 8 over dp 4 / cp 2).
+  const RingMergeBytes merge = ring_merge_bytes(shape, s.model.sequence_length, 2, 1, 4);
+  const double rate = achieved_bytes_per_s(find_gpu_spec("A100")->memory_bw_gbs, RateDefaults{}.memory_efficiency);
+  CHECK(d10.cp_merge_forward_ms == Approx(blocks * merge.forward / rate * 1e3).epsilon(1e-12));
+  CHECK(d10.cp_merge_backward_ms == Approx(blocks * merge.backward / rate * 1e3).epsilon(1e-12));
+  CHECK(d10.cp_merge_forward_ms > 0);
+  const double bytes = cp_kv_step_bytes(shape, s.model.sequence_length, 2, 1, 4);
+  REQUIRE(d20.cp_exchange_forward_ms > 0);  // exposed at both settings (so the difference is exact)
+  CHECK(d10.cp_exchange_forward_ms - d20.cp_exchange_forward_ms ==
+        Approx(blocks * (bytes / 10e9 - bytes / 20e9) * 1e3).epsilon(1e-9));
+  // The backward's ring carries 2 cp - 1 steps' bytes (K/V out, dK/dV round and home): 3 at cp 2.
+  CHECK(d10.cp_exchange_backward_ms - d20.cp_exchange_backward_ms ==
+        Approx(blocks * 3 * (bytes / 10e9 - bytes / 20e9) * 1e3).epsilon(1e-9));
+  // Both land on the stage's forward and backward.
+  CHECK(f10.forward_ms - f20.forward_ms == Approx(d10.cp_exchange_forward_ms - d20.cp_exchange_forward_ms).epsilon(1e-9));
+  CHECK(f10.backward_ms - f20.backward_ms ==
+        Approx(d10.cp_exchange_backward_ms - d20.cp_exchange_backward_ms).epsilon(1e-9));
+  // The stage without cp whose replicas are the cp groups (dp 2, 4 samples each): a cp rank computes half
+  // of its replica's forward and backward, plus the ring's exchange and merge; what is not halved (the
+  // pass's own overhead outside the layers) splits by the backward share on both: with the ring's parts
+  // taken out, forward and backward leave that overhead in the backward share's proportion.
+  SimulationOptions so;
+  const PlanSimulator plain_sim(s.cluster, s.profiles, shape, s.model.sequence_length, so);
+  const PlanCostModel plain(plain_sim, layout, {TrainingSetup{}});
+  FastStageCost half{};
+  StageDetail dh;
+  std::string why;
+  REQUIRE(plain.explain_stage(StageChoice{0, 2, Strategy{2, 1}, 1, 9}, 1, 3, 4, 8, 0, &half, &dh, &why));
+  const double bs = so.backward_share;
+  const double outside_fwd = 2 * (f10.forward_ms - d10.cp_exchange_forward_ms - d10.cp_merge_forward_ms) - half.forward_ms;
+  const double outside_bwd =
+      2 * (f10.backward_ms - d10.cp_exchange_backward_ms - d10.cp_merge_backward_ms) - half.backward_ms;
+  CHECK(outside_fwd * bs == Approx(outside_bwd * (1 - bs)).epsilon(1e-9));
 }
 
 TEST_CASE("plan file: sequence_parallel, context_parallel and overlap round-trip", "[seqpar][plan_file]") {
