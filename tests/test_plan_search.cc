@@ -113,6 +113,19 @@ SimulationOptions sim_options() {
   return o;
 }
 
+// Runs body(c, cluster, sim) for each of cases(uneven): the case's cluster on the test clusterfile and the
+// six-layer model's simulator over `profiles`, with the case named in every failure. A body returns early
+// where a loop would continue.
+template <typename Body>
+void for_each_case(bool uneven, const ProfileSet& profiles, Body body) {
+  for (const Case& c : cases(uneven)) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+    body(c, cluster, sim);
+  }
+}
+
 // `x` is the same plan as `y`, at the same cost to the bit: node order, device groups, (dp, tp) per stage,
 // layers per stage and micro-batches.
 void check_same_plan(const PlanResult& x, const PlanResult& y) {
@@ -392,16 +405,13 @@ TEST_CASE("the pruned search returns what exhaustive search returns with stages 
 
 TEST_CASE("the default search's plans use every GPU, layer and sample, keep tp in a node, and fit", "[plan_search]") {
   const ProfileSet& profiles = small_profiles();
-  for (const Case& c : cases()) {
-    INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  for_each_case(false, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 5;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
     for (const SearchedPlan& sp : r.top) check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
-  }
+  });
 }
 
 // The thread tests' cluster: 7 GPUs of three types in nodes of 2, 3 and 2, with the small model.
@@ -656,10 +666,7 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
           "[plan_search][anytime]") {
   const ProfileSet& profiles = small_profiles();
   int with_seeds = 0, optimal_seeds = 0;
-  for (const Case& c : cases(true)) {
-    INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.top_k = 4;
@@ -669,7 +676,7 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
     o.top_k = 1;
     const PlanSearchResult best = PlanSearch(cluster, profiles, sim, o).run();
     CHECK(seeds.seeds_costed > 0);
-    if (seeds.top.empty()) continue;
+    if (seeds.top.empty()) return;
     ++with_seeds;
     REQUIRE_FALSE(best.top.empty());
     optimal_seeds += seeds.top[0].plan.cost == best.top[0].plan.cost;
@@ -677,7 +684,7 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
       CHECK(sp.plan.cost >= best.top[0].plan.cost);
       check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
     }
-  }
+  });
   CHECK(with_seeds >= 20);
   CHECK(optimal_seeds > 0);
 }
@@ -685,10 +692,7 @@ TEST_CASE("the seed plans are plans of the space, costed as simulate costs them,
 TEST_CASE("a gap G: the best plan is within 1 + G of the optimum, and the lower bound is below the optimum",
           "[plan_search][anytime]") {
   const ProfileSet& profiles = small_profiles();
-  for (const Case& c : cases(true)) {
-    INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0.25;
@@ -699,7 +703,7 @@ TEST_CASE("a gap G: the best plan is within 1 + G of the optimum, and the lower 
     o.gap = 0;
     const PlanSearchResult exact = PlanSearch(cluster, profiles, sim, o).run();
     REQUIRE(r.top.empty() == exact.top.empty());
-    if (exact.top.empty()) continue;
+    if (exact.top.empty()) return;
     const double opt = exact.top[0].plan.cost;
     CHECK(r.best_ms >= opt);
     CHECK(r.best_ms <= opt * 1.25 * (1 + 1e-12));
@@ -708,17 +712,14 @@ TEST_CASE("a gap G: the best plan is within 1 + G of the optimum, and the lower 
     CHECK(r.proven);
     CHECK(with_pass.best_ms <= opt * 1.25 * (1 + 1e-12));
     CHECK(with_pass.lower_bound_ms <= opt * (1 + 1e-12));
-  }
+  });
 }
 
 TEST_CASE("a search stopped before it starts reports no plan, not an empty space, and a bound below the optimum",
           "[plan_search][anytime]") {
   const ProfileSet& profiles = small_profiles();
   int bounded = 0;
-  for (const Case& c : cases(true)) {
-    INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     std::atomic<bool> cancel{true};
     PlanSearchOptions o;
     o.gbs = c.gbs;
@@ -730,11 +731,11 @@ TEST_CASE("a search stopped before it starts reports no plan, not an empty space
     CHECK_FALSE(stopped.proven);
     cancel = false;
     const PlanSearchResult exact = PlanSearch(cluster, profiles, sim, o).run();
-    if (exact.top.empty()) continue;
+    if (exact.top.empty()) return;
     // The throughput floor: positive, and below every plan.
     CHECK(stopped.lower_bound_ms <= exact.top[0].plan.cost);
     bounded += stopped.lower_bound_ms > 0;
-  }
+  });
   CHECK(bounded >= 20);
 }
 
@@ -882,10 +883,7 @@ TEST_CASE("with --zero auto --recompute auto the search in setting parts returns
   const ProfileSet& profiles = small_profiles();
   int with_plans = 0, differ_from_plain = 0;
   // V100s of 16 GiB too, where memory makes the settings matter.
-  for (const Case& c : cases(true)) {
-    INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
@@ -905,24 +903,19 @@ TEST_CASE("with --zero auto --recompute auto the search in setting parts returns
       for (const PlanSearchResult* r : {&parts, &jointly}) {
         const PlanResult& x = r->top[i].plan;
         const PlanResult& y = full.top[i].plan;
-        CHECK(x.cost == y.cost);
-        CHECK(x.node_sequence == y.node_sequence);
-        CHECK(x.device_groups == y.device_groups);
-        CHECK(x.strategies == y.strategies);
-        CHECK(x.layer_partition == y.layer_partition);
-        CHECK(x.batches == y.batches);
+        check_same_plan(x, y);
         CHECK(r->top[i].setup == full.top[i].setup);
       }
     CHECK_FALSE(parts.cut_short);
     CHECK(parts.proven);
     if (full.top.empty()) {
       CHECK(parts.space_empty);
-      continue;
+      return;
     }
     CHECK(parts.lower_bound_ms == full.top[0].plan.cost);
     ++with_plans;
     differ_from_plain += full.top[0].setup != 0;
-  }
+  });
   CHECK(with_plans >= 25);
   CHECK(differ_from_plain >= 1);  // some best plans need a setting other than ZeRO-0 without recomputation
 }
@@ -960,10 +953,7 @@ TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below 
           "[plan_search][anytime]") {
   const ProfileSet& profiles = small_profiles();
   int with_plans = 0;
-  for (const Case& c : cases(true)) {
-    INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
@@ -974,16 +964,11 @@ TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below 
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
     const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
     REQUIRE(r.top.size() == full.top.size());
-    if (full.top.empty()) continue;
+    if (full.top.empty()) return;
     ++with_plans;
     const PlanResult& x = r.top[0].plan;
     const PlanResult& y = full.top[0].plan;
-    CHECK(x.cost == y.cost);
-    CHECK(x.node_sequence == y.node_sequence);
-    CHECK(x.device_groups == y.device_groups);
-    CHECK(x.strategies == y.strategies);
-    CHECK(x.layer_partition == y.layer_partition);
-    CHECK(x.batches == y.batches);
+    check_same_plan(x, y);
     CHECK(r.lower_bound_ms == y.cost);
     PlanSearchOptions g = o;
     g.gap = 0.25;
@@ -997,7 +982,7 @@ TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below 
       check_plan_of_the_space(cluster, sim, sp.plan, c.gbs);
       CHECK(sp.plan.cost >= y.cost);
     }
-  }
+  });
   CHECK(with_plans >= 25);
 }
 
@@ -1008,10 +993,7 @@ TEST_CASE("whole-node stages with the bounds pass: the top 40 plans at gap 0 are
   // long there drops one of them.
   const ProfileSet& profiles = small_profiles();
   int compared = 0;
-  for (const Case& c : cases(true)) {
-    INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
@@ -1031,7 +1013,7 @@ TEST_CASE("whole-node stages with the bounds pass: the top 40 plans at gap 0 are
       CHECK(r.top[i].plan.strategies == full.top[i].plan.strategies);
       ++compared;
     }
-  }
+  });
   CHECK(compared >= 400);
 }
 
@@ -1084,10 +1066,7 @@ TEST_CASE("whole-node stages with --zero auto --recompute auto: exact at gap 0 w
           "[plan_search][anytime][settings]") {
   const ProfileSet& profiles = small_profiles();
   int with_plans = 0, zero_plans = 0;
-  for (const Case& c : cases(true)) {
-    INFO(describe(c));
-    const Cluster cluster = Cluster::from_parts(c.hosts, clusterfile(), "hosts", "clusterfile");
-    const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
@@ -1115,10 +1094,10 @@ TEST_CASE("whole-node stages with --zero auto --recompute auto: exact at gap 0 w
       }
       if (!full.top.empty()) CHECK(r.lower_bound_ms == full.top[0].plan.cost);
     }
-    if (full.top.empty()) continue;
+    if (full.top.empty()) return;
     ++with_plans;
     zero_plans += o.setups[full.top[0].setup].zero_stage >= 1;
-  }
+  });
   CHECK(with_plans >= 25);
   CHECK(zero_plans >= 1);  // some best plans use ZeRO, whose collectives the coupled tails count
 }
