@@ -945,6 +945,18 @@ TEST_CASE("the search takes the settings in parts where memory binds: no node ho
   CHECK(setting_parts({setups[0], setups[3]}).size() == 1);  // no full recomputation: one part
 }
 
+// The search over whole-node stages with the bounds pass at any size (as above 256 GPUs), at gap 0, keeping
+// `top_k` plans.
+PlanSearchOptions whole_node_bounds_pass(int gbs, int top_k) {
+  PlanSearchOptions o;
+  o.gbs = gbs;
+  o.gap = 0;
+  o.top_k = top_k;
+  o.stage_boundaries = StageBoundaries::kNode;
+  o.bounds_pass_above_gpus = 0;
+  return o;
+}
+
 // Whole-node stages with the bounds pass (as above 256 GPUs): the tables' tail chains and multi-trip
 // chains, the root bounds with them, and the plans built from the tables' argmins (polished) all run.
 // At gap 0 the search still returns exhaustive search's best plan; at gap 0.25 its lower bound never
@@ -954,11 +966,7 @@ TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below 
   const ProfileSet& profiles = small_profiles();
   int with_plans = 0;
   for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
-    PlanSearchOptions o;
-    o.gbs = c.gbs;
-    o.gap = 0;
-    o.stage_boundaries = StageBoundaries::kNode;
-    o.bounds_pass_above_gpus = 0;
+    const PlanSearchOptions o = whole_node_bounds_pass(c.gbs, 1);
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
@@ -994,12 +1002,7 @@ TEST_CASE("whole-node stages with the bounds pass: the top 40 plans at gap 0 are
   const ProfileSet& profiles = small_profiles();
   int compared = 0;
   for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
-    PlanSearchOptions o;
-    o.gbs = c.gbs;
-    o.gap = 0;
-    o.top_k = 40;
-    o.stage_boundaries = StageBoundaries::kNode;
-    o.bounds_pass_above_gpus = 0;
+    const PlanSearchOptions o = whole_node_bounds_pass(c.gbs, 40);
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();

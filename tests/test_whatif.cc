@@ -613,6 +613,18 @@ ModelShape validation_gpt() {
   return read_hf_config(std::string(HETPLAN_SOURCE_DIR) + "/scripts/validation/whatif/gpt-1.3b.json");
 }
 
+// The validation's 2-GPU step of that GPT (sequence 2048, one node of two `gpu`) at `micro_batch` samples.
+WhatifInput validation_gpt_pair(const char* gpu, int micro_batch) {
+  WhatifInput in;
+  in.shape = validation_gpt();
+  in.seq = 2048;
+  in.gpu = find_gpu_spec(gpu);
+  in.gpus = 2;
+  in.gpus_per_node = 2;
+  in.micro_batch = micro_batch;
+  return in;
+}
+
 TEST_CASE("host model: op counts itemised from the code match the profiler's on the validation GPT",
           "[whatif][runtime][host]") {
   // logs/validate/host-probe-h200/host_probe_micro.json, tiny_gpt_step (the validation model's code at width 64) under
@@ -765,13 +777,7 @@ TEST_CASE("DDP's all-reduces stretch the backward they overlap by the measured r
   // whatif's DDP row: the bucket chain (187 all-reduces of the validation GPT's fp32 gradients) beside the backward
   // slows its compute by (f - 1) x min(backward, chain) (sim/dp_overlap.h). A comm_overlap.json's reduce factor
   // (WhatifInput::overlap, whatif --profiles) or --comm-slowdown (the row's setup) sets f; one GPU has no chain.
-  WhatifInput in;
-  in.shape = validation_gpt();
-  in.seq = 2048;
-  in.gpu = find_gpu_spec("H100");
-  in.gpus = 2;
-  in.gpus_per_node = 2;
-  in.micro_batch = 4;
+  WhatifInput in = validation_gpt_pair("H100", 4);
   in.launch.runtime = LaunchRuntime::kGraphs;  // the GPU's step alone
   TrainingSetup base;
   WhatifRow ddp_row, single_row;
@@ -806,13 +812,7 @@ TEST_CASE("host model: FSDP2's optimizer share is charged once per step, its hoo
           "[whatif][runtime][host]") {
   // Gradient accumulation repeats the forward's and backward's host work (FSDP2 all-gathers and reduce-scatters
   // every micro-batch) but not the optimizer step over the DTensors.
-  WhatifInput in;
-  in.shape = validation_gpt();
-  in.seq = 2048;
-  in.gpu = find_gpu_spec("H100");
-  in.gpus = 2;
-  in.gpus_per_node = 2;
-  in.micro_batch = 1;
+  WhatifInput in = validation_gpt_pair("H100", 1);
   TrainingSetup base;
   WhatifRow fsdp_row;
   for (const auto& r : standard_whatif_rows(base, 16, kTargetQ | kTargetV, 2))
@@ -885,13 +885,7 @@ TEST_CASE("host model: the probe's offload figures set the ZeRO-Offload row's CP
 
 TEST_CASE("whatif: a batch-1 step of the validation GPT is host-bound with checkpointing, not with graphs",
           "[whatif][runtime][host]") {
-  WhatifInput in;
-  in.shape = validation_gpt();
-  in.seq = 2048;
-  in.gpu = find_gpu_spec("H200");
-  in.gpus = 2;
-  in.gpus_per_node = 2;
-  in.micro_batch = 1;
+  WhatifInput in = validation_gpt_pair("H200", 1);
   TrainingSetup base;
   base.recompute = Recompute::kFull;
   const std::vector<WhatifRow> rows = standard_whatif_rows(base, 16, kTargetQ | kTargetV, 2);
