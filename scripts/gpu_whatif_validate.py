@@ -250,11 +250,7 @@ def host_speed_index(kind):
     tgt = torch.randint(TINY_GPT["vocab"], (1, TINY_GPT["seq"]), device=dev)
 
     def whole():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(ids, tgt)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        amp_train_step(torch, model, opt, ids, tgt)
     for _ in range(2):
         whole()
     per = []
@@ -267,6 +263,15 @@ def host_speed_index(kind):
         torch.cuda.synchronize()
     del model, opt
     return statistics.median(per)
+
+
+def amp_train_step(torch, model, opt, ids, tgt):
+    """One training step under bf16 autocast: forward, backward, optimizer step, gradients set to None."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(ids, tgt)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def release_previous_case(torch):
@@ -527,11 +532,7 @@ def kernels(args):
         tgt = torch.randint(GPT["vocab"], (mb, GPT["seq"]), device=dev)
 
         def one_step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(ids, tgt)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            amp_train_step(torch, model, opt, ids, tgt)
         for _ in range(3):
             one_step()
         out[f"single-{name}"] = gpu_kernel_profile(torch, one_step, 1)
