@@ -164,6 +164,7 @@ void Phases::run_bounds_pass() {
       return true;
     }
     SuffixBound& b = work_.bounds[group];
+    b.with_pairs = true;  // the root bounds read the coupled entries
     work_.builder.build_last_stages(group, &b);
     work_.builder.finish(&b);
     work_.builder.build_deeper(group, &b);
@@ -283,8 +284,26 @@ std::vector<double> Phases::root_bounds(int group) const {
                                           h.trips * sf + sb + bound.first_trip(q - 1, s, k) +
                                           (h.trips - 1) * bound.last_trip(q - 1, s, k));
           }
-          best[q] = std::min(best[q], std::max(std::max({busy, csum + bound.path(q - 1, s, k), trips}) + tail,
-                                               x.f + sf + bound.tail_path(q - 1, s, k)));
+          double v = std::max(std::max({busy, csum + bound.path(q - 1, s, k), trips}) + tail,
+                              x.f + sf + bound.tail_path(q - 1, s, k));
+          // The same with each coupled tuple of the stages after it: the least over them bounds every way
+          // to form those stages, and each is at least the scalar entries (planner/plan_search.md,
+          // "Coupled entries").
+          int n = 0;
+          const SuffixBound::Coupled* kept = bound.has_pairs() ? bound.coupled(q - 1, s, k, &n) : nullptr;
+          double coupled = n > 0 ? kInf : v;
+          for (int i = 0; i < n; ++i) {
+            const SuffixBound::Coupled& p = kept[i];
+            double tr = 0;
+            for (const int wanted : {0, 2}) {
+              const MultiTripCounts h = multi_trip_counts(work_.builder.schedule(), q - 1, m, wanted);
+              if (h.trips >= 1)
+                tr = std::max(tr, h.forwards * x.t + (h.backwards - h.forwards) * x.b + h.accumulations * x.a +
+                                      h.trips * sf + sb + p.g0 + (h.trips - 1) * p.g);
+            }
+            coupled = std::min(coupled, std::max(std::max({busy, csum + p.h, tr}) + tail, x.f + sf + p.t));
+          }
+          best[q] = std::min(best[q], std::max(v, coupled));
         }
       }
     }

@@ -236,6 +236,36 @@ void widen_table(SuffixBound* bound, int depth) {
       }
 }
 
+// Adds candidate c to the kept tuples set[0, *n) of one coupled entry (SuffixBound::Coupled): nothing
+// where a kept tuple is at most c in all four values; else the kept tuples at least c in all four leave,
+// and c joins; where kPairs are kept already, c is merged (the componentwise least) into the kept tuple
+// nearest it. Every tuple covered before (at least some kept tuple in all four) stays covered.
+bool coupled_at_most(const SuffixBound::Coupled& a, const SuffixBound::Coupled& b) {
+  return a.h <= b.h && a.g <= b.g && a.g0 <= b.g0 && a.t <= b.t;
+}
+void add_coupled(SuffixBound::Coupled* set, unsigned char* n, const SuffixBound::Coupled& c) {
+  int k = *n;
+  for (int i = 0; i < k; ++i)
+    if (coupled_at_most(set[i], c)) return;
+  int kept = 0;
+  for (int i = 0; i < k; ++i)
+    if (!coupled_at_most(c, set[i])) set[kept++] = set[i];
+  if (kept < SuffixBound::kPairs) {
+    set[kept++] = c;
+    *n = static_cast<unsigned char>(kept);
+    return;
+  }
+  int nearest = 0;
+  double least = kInf;
+  for (int i = 0; i < kept; ++i) {
+    const double d = std::abs(set[i].h - c.h) / std::max(set[i].h, c.h) + std::abs(set[i].g - c.g) / std::max(set[i].g, c.g);
+    if (d < least) least = d, nearest = i;
+  }
+  SuffixBound::Coupled& m = set[nearest];
+  m = {std::min(m.h, c.h), std::min(m.g, c.g), std::min(m.g0, c.g0), std::min(m.t, c.t)};
+  *n = static_cast<unsigned char>(kept);
+}
+
 }  // namespace
 
 std::vector<std::vector<double>> least_gpu_ms_per_sample(const SearchSpace& space, const ProfileSet& profiles,
@@ -446,6 +476,17 @@ void SuffixBoundBuilder::build_last_stages(int group, SuffixBound* bound) const 
   bound->last_trips.assign(bound->paths.size(), kInf);
   bound->first_trips.assign(bound->paths.size(), kInf);
   if (tails_on_) bound->tail_paths.assign(bound->paths.size(), kInf);
+  bound->with_pairs = bound->with_pairs && tails_on_ && table_fits_;
+  if (bound->with_pairs) {
+    bound->pair_depth = space_.max_stages;
+    bound->pair_pos.assign(space_.gpus + 1, -1);
+    int n = 0;
+    for (int r = 0; r <= space_.gpus; ++r)
+      if (o.node_start(r)) bound->pair_pos[r] = n++;
+    const std::size_t cells = static_cast<std::size_t>(n) * (space_.layers + 1) * (bound->pair_depth + 1);
+    bound->pairs.assign(cells * SuffixBound::kPairs, SuffixBound::Coupled{kInf, kInf, kInf, kInf});
+    bound->pair_count.assign(cells, 0);
+  }
   relax(group, bound, true);
 }
 
@@ -531,6 +572,11 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
       // (A pipeline of this one stage: its parameters differ (tied embeddings); the root's exact tail covers it.)
       if (tail_data)
         tail_data[here + 1] = std::min(tail_data[here + 1], busy - sb + (r == 0 && l == 0 ? 0.0 : pass.tail_row[layers]));
+      if (bound->has_pairs()) {
+        const std::size_t i = bound->pair_index(1, r, l);
+        add_coupled(bound->pairs.data() + i * SuffixBound::kPairs, bound->pair_count.data() + i,
+                    {busy, csum, c0, busy - sb + (r == 0 && l == 0 ? 0.0 : pass.tail_row[layers])});
+      }
       continue;
     }
     // Layers [l, e) for e < L (a stage follows), as one row of estimates.
@@ -541,6 +587,46 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
                pass.coef.data(), path_data, last_trip_data, first_trip_data,
                bound->index(0, r + s, 0) - 1, path_data + here, last_trip_data + here, first_trip_data + here,
                pass.tail_row.data(), tail_data, tail_data ? tail_data + here : nullptr);
+    if (bound->has_pairs()) relax_coupled(pass, r, s, l, xs, e_stop, sf, sb, threshold);
+  }
+}
+
+// The coupled entries (SuffixBound::Coupled) of the stage [r, r + s) with layers [l, e) for e in
+// [l + 1, e_stop), xs[e - l - 1] its estimate: the same steps as relax_suffix (the same stages left out),
+// each applied to every kept tuple of the stages after it, so that a way to form the stages keeps its
+// own path, trips and tail together.
+void SuffixBoundBuilder::relax_coupled(Pass& pass, int r, int s, int l, const StageEstimate* xs, int e_stop, double sf,
+                                       double sb, double threshold) const {
+  SuffixBound* bound = pass.bound;
+  const int layers = space_.layers, depth = space_.max_stages, stride = depth + 1;
+  const double md = pass.micro_batches, m1 = pass.micro_batches - 1, acc = pass.micro_batches > 1 ? 1.0 : 0.0;
+  const double* coef = pass.coef.data();
+  auto row = [&](int i, int q) { return coef[static_cast<std::size_t>(i) * stride + q]; };
+  const int q_cap = std::min(depth, 1 + space_.gpus - r - s);
+  for (int e = l + 1; e < e_stop; ++e) {
+    const StageEstimate x = xs[e - l - 1];
+    if (!std::isfinite(x.t)) continue;
+    const double busy = md * x.t + m1 * x.a + sb;
+    if (busy > threshold || busy - sb + pass.tail_row[e] > threshold) break;
+    const double c0 = x.t + sf + sb, csum = c0 + acc * x.a, own = pass.tail_row[e] - sb, fwd = x.f + sf;
+    const int q_max = std::min(q_cap, 1 + layers - e);
+    for (int q = 2; q <= q_max; ++q) {
+      int n = 0;
+      const SuffixBound::Coupled* next = bound->coupled(q - 1, r + s, e, &n);
+      const std::size_t here = bound->pair_index(q, r, l);
+      for (int i = 0; i < n; ++i) {
+        const SuffixBound::Coupled& p = next[i];
+        const double end = row(0, q) * x.t + row(1, q) * x.f + row(2, q) * x.b + row(3, q) * x.a + sf + sb + p.g;
+        const double start = row(4, q) * x.t + row(5, q) * x.f + row(6, q) * x.b + row(7, q) * x.a + sf + sb + p.g0;
+        double v = std::max({busy, csum + p.h, end, start});
+        for (int k = 8; k <= 14; k += 6)  // the multi-trip chains, as in relax_suffix (0 * infinity: none)
+          if (row(k + 3, q) > 0)
+            v = std::max(v, row(k, q) * x.t + row(k + 1, q) * x.b + row(k + 2, q) * x.a + row(k + 3, q) * sf + sb +
+                                row(k + 4, q) * p.g0 + row(k + 5, q) * p.g);
+        add_coupled(bound->pairs.data() + here * SuffixBound::kPairs, bound->pair_count.data() + here,
+                    {v, csum + p.g, c0 + p.g0, std::max(fwd + p.t, v + own)});
+      }
+    }
   }
 }
 

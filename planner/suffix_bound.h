@@ -58,6 +58,31 @@ struct SuffixBound {
   // where not built.
   std::vector<double> reference_ms, inverse_kappa;
   double gbs = 0;
+  // The coupled entries (planner/plan_search.md, "Coupled entries"): with `with_pairs` (set before the
+  // build; whole-node tables with tails only), per (q, node position of r, l) at most kPairs tuples
+  // (path, last trip, first trip, tail path) such that every way to form those q stages that the scalar
+  // entries range over has its own four values each at least those of one kept tuple. A tuple is each
+  // value of one way to form the stages, or the componentwise least of several (when more than kPairs
+  // are not dominated); the scalar entries are the componentwise least of all of them.
+  struct Coupled {
+    double h, g, g0, t;
+  };
+  static constexpr int kPairs = 6;
+  bool with_pairs = false;
+  int pair_depth = 0;
+  std::vector<int> pair_pos;  // [rank]: its index among the node starts (the end included), or -1
+  std::vector<Coupled> pairs;
+  std::vector<unsigned char> pair_count;
+  std::size_t pair_index(int q, int r, int l) const {
+    return (static_cast<std::size_t>(pair_pos[r]) * (layers + 1) + l) * (pair_depth + 1) + q;
+  }
+  bool has_pairs() const { return with_pairs && !pairs.empty(); }
+  // The kept tuples of (q, r, l) (q >= 1, r a node start); *n their number (0: no way exists).
+  const Coupled* coupled(int q, int r, int l, int* n) const {
+    const std::size_t i = pair_index(q, r, l);
+    *n = pair_count[i];
+    return pairs.data() + i * kPairs;
+  }
 
   // [r][l][q]: the dynamic program's inner loop runs over q, contiguous.
   std::size_t index(int q, int r, int l) const {
@@ -98,6 +123,10 @@ struct SuffixBound {
   void release() {
     for (std::vector<double>* v : {&paths, &paths_min, &paths_env, &last_trips, &first_trips, &tail_paths})
       std::vector<double>().swap(*v);
+    std::vector<Coupled>().swap(pairs);
+    std::vector<unsigned char>().swap(pair_count);
+    std::vector<int>().swap(pair_pos);
+    with_pairs = false;
     estimator.reset();
   }
 };
@@ -199,6 +228,8 @@ class SuffixBoundBuilder {
   struct Pass;
   void relax(int group, SuffixBound* bound, bool last_stages) const;
   void relax_stage(Pass& pass, int r, int s, int tp) const;
+  void relax_coupled(Pass& pass, int r, int s, int l, const stage_estimates::StageEstimate* xs, int e_stop, double sf,
+                     double sb, double threshold) const;
   int estimate_row(Pass& pass, int r, int s, int tp, int l, int e_end, bool homo, bool inside, double sb,
                    double threshold) const;
 
