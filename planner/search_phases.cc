@@ -79,7 +79,8 @@ class Phases {
   // on a cluster of kDeepTablesFirstFrom GPUs or more (phase 2 is then empty: its plans are not needed to
   // set one, and they are pruned far better by the deeper entries, which also give the group's bound at
   // once). On smaller clusters phase 2 is cheap and its plans tighten the threshold the deeper entries
-  // are built with.
+  // are built with. Also 1 wherever the bounds pass runs (it needs it; with the default bounds_pass_above_gpus
+  // that is already so, and tests that lower it to 0 reach the pass on small clusters).
   static constexpr int kDeepTablesFirstFrom = 64;
   const int first_deep_;
   // The bounds pass (seeded searches of more than kWholeNodeStagesAbove GPUs): every group's whole table
@@ -119,7 +120,10 @@ Phases::Phases(SearchWork& work)
     : work_(work),
       order_(group_order(work.space)),
       n_groups_(order_.size()),
-      first_deep_(std::isfinite(work.shared.threshold()) && work.space.gpus >= kDeepTablesFirstFrom ? 1 : 3),
+      first_deep_(std::isfinite(work.shared.threshold()) &&
+                          (work.space.gpus >= kDeepTablesFirstFrom || work.space.gpus > work.bounds_pass_above_gpus)
+                      ? 1
+                      : 3),
       bounds_pass_(first_deep_ == 1 && work.space.gpus > work.bounds_pass_above_gpus),
       group_bound_(n_groups_, 0.0),
       per_group2_(first_deep_ == 1 ? 0 : work.space.group_unit_count(1, 2)),
