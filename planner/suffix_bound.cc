@@ -236,13 +236,14 @@ void widen_table(SuffixBound* bound, int depth) {
       }
 }
 
-// Adds candidate c to the kept tuples set[0, *n) of one coupled entry (SuffixBound::Coupled): nothing
-// where a kept tuple is at most c in all four values; else the kept tuples at least c in all four leave,
-// and c joins; where kPairs are kept already, c is merged (the componentwise least) into the kept tuple
-// nearest it. Every tuple covered before (at least some kept tuple in all four) stays covered.
+}  // namespace
+
+namespace {
 bool coupled_at_most(const SuffixBound::Coupled& a, const SuffixBound::Coupled& b) {
   return a.h <= b.h && a.g <= b.g && a.g0 <= b.g0 && a.t <= b.t;
 }
+}  // namespace
+
 void add_coupled(SuffixBound::Coupled* set, unsigned char* n, const SuffixBound::Coupled& c) {
   int k = *n;
   for (int i = 0; i < k; ++i)
@@ -265,8 +266,6 @@ void add_coupled(SuffixBound::Coupled* set, unsigned char* n, const SuffixBound:
   m = {std::min(m.h, c.h), std::min(m.g, c.g), std::min(m.g0, c.g0), std::min(m.t, c.t)};
   *n = static_cast<unsigned char>(kept);
 }
-
-}  // namespace
 
 std::vector<std::vector<double>> least_gpu_ms_per_sample(const SearchSpace& space, const ProfileSet& profiles,
                                                           const Cluster& cluster) {

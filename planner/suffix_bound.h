@@ -131,6 +131,13 @@ struct SuffixBound {
   }
 };
 
+// Adds candidate c to the kept tuples set[0, *n) of one coupled entry (SuffixBound::Coupled, at most
+// kPairs): nothing where a kept tuple is at most c in all four values; else the kept tuples at least c in
+// all four leave, and c joins; where kPairs are kept already, c is merged (the componentwise least) into
+// the kept tuple nearest it. Every tuple covered before (at least some kept tuple in all four) stays
+// covered, and c is covered after. REQUIRES: set has room for kPairs; *n <= kPairs.
+void add_coupled(SuffixBound::Coupled* set, unsigned char* n, const SuffixBound::Coupled& c);
+
 // The throughput bound's per-type data: kappa[type], the least ratio over the layers of the type's least
 // GPU-ms per sample to type 0's, and type 0's prefix sums of it. Empty where a type has a layer with no
 // profile.

@@ -1153,7 +1153,6 @@ TEST_CASE("stage estimates count the pass's time outside the layers: a stage of 
   CHECK(with_outside > 50);  // the profiles measure time outside the layers: the check above needs it
 }
 
-}  // namespace hetplan
 
 // The mixed-type stages' whole-sample walk (stage_estimates::whole_sample_walk) recomputes a run's samples
 // only near a tie; this is the walk that divides every run at every step, which it must equal bit for bit.
@@ -1202,3 +1201,45 @@ TEST_CASE("whole-sample walk equals the walk that divides every run at every ste
   CHECK(walked > 100000);
   CHECK(capped > 0);
 }
+
+// The coupled entries' set (add_coupled): after every candidate, each candidate so far is covered (some kept
+// tuple is at most it in all four values), at most kPairs are kept, and two incomparable tuples are both
+// kept as they are. Merging by anything but the componentwise least (or dropping a tuple not dominated)
+// fails the cover.
+TEST_CASE("coupled entries: add_coupled keeps every candidate covered with at most kPairs tuples", "[plan_search]") {
+  using C = SuffixBound::Coupled;
+  C set[SuffixBound::kPairs];
+  unsigned char n = 0;
+  add_coupled(set, &n, {10, 1, 1, 12});
+  add_coupled(set, &n, {5, 4, 2, 9});
+  REQUIRE(n == 2);
+  CHECK((set[0].h == 10 && set[0].g == 1 && set[1].h == 5 && set[1].g == 4));
+  add_coupled(set, &n, {11, 2, 1, 12});  // at least {10, 1, 1, 12}: dropped
+  CHECK(n == 2);
+  add_coupled(set, &n, {4, 1, 1, 9});  // at most both: the only one left
+  REQUIRE(n == 1);
+  CHECK((set[0].h == 4 && set[0].g == 1 && set[0].g0 == 1 && set[0].t == 9));
+  std::mt19937 rng(33);
+  std::uniform_real_distribution<double> u(1.0, 100.0);
+  n = 0;
+  std::vector<C> seen;
+  bool filled = false;
+  for (int i = 0; i < 400; ++i) {
+    const double h = u(rng);
+    const C c{h, 200 - h + u(rng) * 0.1, u(rng), h + u(rng)};  // h and g traded off, as the paths and trips
+    add_coupled(set, &n, c);
+    seen.push_back(c);
+    REQUIRE(n >= 1);
+    REQUIRE(n <= SuffixBound::kPairs);
+    filled = filled || n == SuffixBound::kPairs;
+    for (const C& s : seen) {
+      bool covered = false;
+      for (int k = 0; k < n; ++k)
+        covered = covered || (set[k].h <= s.h && set[k].g <= s.g && set[k].g0 <= s.g0 && set[k].t <= s.t);
+      REQUIRE(covered);
+    }
+  }
+  CHECK(filled);
+}
+
+}  // namespace hetplan
