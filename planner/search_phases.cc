@@ -168,27 +168,13 @@ void Phases::run_bounds_pass() {
       return true;
     }
     SuffixBound& b = work_.bounds[group];
+    b.with_pairs = true;  // the root bounds read the coupled entries
     work_.builder.build_last_stages(group, &b);
     work_.builder.finish(&b);
     work_.builder.build_deeper(group, &b);
     if (!work_.control.stopped()) {
       seed_from_table(group);
       from_depth_[group] = root_bounds(group);
-      // A group whose bound is still below the threshold: its table again, with the coupled entries (their
-      // dynamic program costs several times the scalar one's, so only where the bound is short of closing
-      // the group), for the root bounds over them; each bound is a lower bound, so the larger stands.
-      if (from_depth_[group][1] < work_.shared.threshold()) {
-        b.release();
-        b.with_pairs = true;
-        work_.builder.build_last_stages(group, &b);
-        work_.builder.finish(&b);
-        work_.builder.build_deeper(group, &b);
-        if (!work_.control.stopped()) {
-          const std::vector<double> coupled = root_bounds(group);
-          for (std::size_t q = 0; q < coupled.size(); ++q)
-            from_depth_[group][q] = std::max(from_depth_[group][q], coupled[q]);
-        }
-      }
       group_bound_[group] = from_depth_[group][1];
       work_.open.set(group, group_bound_[group]);
     }
