@@ -590,6 +590,25 @@ void SuffixBoundBuilder::relax_stage(Pass& pass, int r, int s, int tp) const {
   }
 }
 
+namespace {
+// The longest of a stage's chains that relax_suffix steps through, outside its inner loop: the stage
+// (estimate x, sends sf and sb, busy time `busy`, compute and accumulation `csum`) followed by q - 1 stages
+// whose entries are the path h, the first trip g0 and the last trip g: its busy time, the path, the end and
+// start paths and the multi-trip chains, from path_coefficients' rows (stride = depth + 1). A multi-trip
+// row with no trips is skipped (0 x an infinite entry). Allocates nothing.
+double stage_chains(const double* coef, int stride, int q, const StageEstimate& x, double sf, double sb, double busy,
+                    double csum, double h, double g0, double g) {
+  auto c = [&](int i) { return coef[static_cast<std::size_t>(i) * stride + q]; };
+  const double end = c(0) * x.t + c(1) * x.f + c(2) * x.b + c(3) * x.a + sf + sb + g;
+  const double start = c(4) * x.t + c(5) * x.f + c(6) * x.b + c(7) * x.a + sf + sb + g0;
+  double v = std::max({busy, csum + h, end, start});
+  for (int k = 8; k <= 14; k += 6)
+    if (c(k + 3) > 0)
+      v = std::max(v, c(k) * x.t + c(k + 1) * x.b + c(k + 2) * x.a + c(k + 3) * sf + sb + c(k + 4) * g0 + c(k + 5) * g);
+  return v;
+}
+}  // namespace
+
 // The coupled entries (SuffixBound::Coupled) of the stage [r, r + s) with layers [l, e) for e in
 // [l + 1, e_stop), xs[e - l - 1] its estimate: the same steps as relax_suffix (the same stages left out),
 // each applied to every kept tuple of the stages after it, so that a way to form the stages keeps its
@@ -600,7 +619,6 @@ void SuffixBoundBuilder::relax_coupled(Pass& pass, int r, int s, int l, const St
   const int layers = space_.layers, depth = space_.max_stages, stride = depth + 1;
   const double md = pass.micro_batches, m1 = pass.micro_batches - 1, acc = pass.micro_batches > 1 ? 1.0 : 0.0;
   const double* coef = pass.coef.data();
-  auto row = [&](int i, int q) { return coef[static_cast<std::size_t>(i) * stride + q]; };
   const int q_cap = std::min(depth, 1 + space_.gpus - r - s);
   for (int e = l + 1; e < e_stop; ++e) {
     const StageEstimate x = xs[e - l - 1];
@@ -615,13 +633,7 @@ void SuffixBoundBuilder::relax_coupled(Pass& pass, int r, int s, int l, const St
       const std::size_t here = bound->pair_index(q, r, l);
       for (int i = 0; i < n; ++i) {
         const SuffixBound::Coupled& p = next[i];
-        const double end = row(0, q) * x.t + row(1, q) * x.f + row(2, q) * x.b + row(3, q) * x.a + sf + sb + p.g;
-        const double start = row(4, q) * x.t + row(5, q) * x.f + row(6, q) * x.b + row(7, q) * x.a + sf + sb + p.g0;
-        double v = std::max({busy, csum + p.h, end, start});
-        for (int k = 8; k <= 14; k += 6)  // the multi-trip chains, as in relax_suffix (0 * infinity: none)
-          if (row(k + 3, q) > 0)
-            v = std::max(v, row(k, q) * x.t + row(k + 1, q) * x.b + row(k + 2, q) * x.a + row(k + 3, q) * sf + sb +
-                                row(k + 4, q) * p.g0 + row(k + 5, q) * p.g);
+        const double v = stage_chains(coef, stride, q, x, sf, sb, busy, csum, p.h, p.g0, p.g);
         add_coupled(bound->pairs.data() + here * SuffixBound::kPairs, bound->pair_count.data() + here,
                     {v, csum + p.g, c0 + p.g0, std::max(fwd + p.t, v + own)});
       }
@@ -663,19 +675,8 @@ bool SuffixBoundBuilder::argmin_stages(int group, const SuffixBound& bound, int 
           if (k > 1) {
             const std::size_t next = bound.index(k - 1, r + s, e);
             const double c0 = x.t + sf + sb, csum = c0 + (micro_batches > 1 ? x.a : 0.0);
-            const double end = coef[k] * x.t + coef[stride + k] * x.f + coef[2 * stride + k] * x.b +
-                               coef[3 * stride + k] * x.a + sf + sb + bound.last_trips[next];
-            const double start = coef[4 * stride + k] * x.t + coef[5 * stride + k] * x.f +
-                                 coef[6 * stride + k] * x.b + coef[7 * stride + k] * x.a + sf + sb +
-                                 bound.first_trips[next];
-            v = std::max({busy, csum + bound.paths[next], end, start});
-            for (int row = 8; row <= 14; row += 6) {  // the multi-trip chains (path_coefficients)
-              const double trips = coef[row * stride + k] * x.t + coef[(row + 1) * stride + k] * x.b +
-                                   coef[(row + 2) * stride + k] * x.a + coef[(row + 3) * stride + k] * sf + sb +
-                                   coef[(row + 4) * stride + k] * bound.first_trips[next] +
-                                   coef[(row + 5) * stride + k] * bound.last_trips[next];
-              if (trips > v) v = trips;
-            }
+            v = stage_chains(coef.data(), stride, k, x, sf, sb, busy, csum, bound.paths[next], bound.first_trips[next],
+                             bound.last_trips[next]);
             if (!bound.tail_paths.empty())
               v = std::max({v, x.f + sf + bound.tail_paths[next], v - sb + tail_ms(rate, tp, l, e)});
           }
