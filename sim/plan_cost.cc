@@ -835,8 +835,25 @@ MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, i
   MemoryBreakdown m = rank_memory(sim_->shape_, rank_setup, shard, sp, use_measured ? &measured : nullptr);
   const DeviceMemoryOptions& dm = sim_->opt_.device_memory;
   if (dm.enabled) {
-    m.allocator_reserve = allocator_reserve_bytes(m.allocated_peak(), dm);
-    m.nccl = nccl_bytes(rank_communicators(layout_->num_ranks(), tp, s.st.dp, p, index, sim_->shape_.tied_embeddings), dm);
+    // The largest transient with caching-allocator segments of its own (sim/device_memory.h): the head's fp32
+    // logits on the head's rank; overlapped ZeRO-2/3's gradient buckets of all the rank's units.
+    const bool head = s.layer_end == sim_->shape_.metis_num_layers();
+    const double logits =
+        head ? static_cast<double>(mb) * shard.seq * static_cast<double>(sim_->shape_.vocab_size) / tp : 0;
+    const bool held_buckets = setup.zero_stage >= 2 && setup.overlap.grad_reduce && s.st.dp > 1;
+    const double trainable = setup.finetune == Finetune::kFull ? sp.on_rank(tp) : sp.lora / tp;  // as rank_memory
+    const double buckets = held_buckets ? trainable * reduced_gradient_bytes(setup) : 0;
+    m.allocator_reserve = allocator_reserve_bytes(m.allocated_peak(), own_segment_bytes(logits, buckets), dm);
+    RankPlacement where;
+    where.world = layout_->num_ranks();
+    where.tp = tp;
+    where.dp = s.st.dp;
+    where.pp = p;
+    where.stage = index;
+    where.virtual_stages = virtual_stages();
+    where.context_parallel = std::max(1, setup.context_parallel);
+    where.tied = sim_->shape_.tied_embeddings;
+    m.nccl = nccl_bytes(rank_communicators(where), dm);
   }
   return m;
 }
