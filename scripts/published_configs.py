@@ -73,6 +73,30 @@ K_ROWS = [
 # GEMM, its fused scale-mask-softmax kernel, PyTorch dropout, a batched GEMM with V); flash attention was
 # published in 2022. gen-profiles --analytic --no-flash-attention prices that score traffic.
 ATTENTION_FLAGS = ["--no-flash-attention"]
+
+# Megatron-LM's kernel options of its linear layers as each source's software ran them (the layer time model's
+# LayerKernels; `gen-profiles --analytic` defaults to today's Megatron-LM, both on). Per software version, never
+# per row:
+#  - the asynchronous tensor-parallel backward (a column-parallel linear's input-gradient all-reduce beside its
+#    weight-gradient GEMM): NVIDIA/Megatron-LM cf7efd4 (2021-08-30) added it opt-in, 83b1e42 (2022-02-13) made it
+#    the default (--no-async-tensor-model-parallel-allreduce), and with --sequence-parallel (739cb43, 2022-05)
+#    the reduce-scatter of that gradient runs beside the weight-gradient GEMM the same way;
+#  - gradient accumulation fusion (the weight-gradient GEMM accumulates into the main gradient): 83b1e42 on by
+#    default, but switched off in that code unless the gradients accumulate in fp32 (bf16, or fp16 with
+#    --accumulate-allreduce-grads-in-fp32; megatron/arguments.py prints "supported only with fp32 gradient
+#    accumulation"); fp16 got it in 07916bf (2022-09-27).
+SOFTWARE = {
+    # SC'21: Megatron-LM of April 2021 (the runs; examples/sc21 of 2021-08-10): neither existed.
+    NARAYANAN: (False, False, "Megatron-LM of April 2021: neither exists yet"),
+    # Korthikanti et al.: Megatron-LM of May 2022 (sequence parallelism, 739cb43), fp16 as the Calculon authors
+    # transcribe the runs and as that code's example scripts run (examples/pretrain_gpt3_175B.sh: --fp16, no fp32
+    # accumulation): the asynchronous backward on, gradient accumulation fusion switched off.
+    KORTHIKANTI: (True, False, "Megatron-LM of May 2022 in fp16: async on (83b1e42), fusion off (fp16 accumulation)"),
+    # BLOOM: bigscience-workshop/Megatron-DeepSpeed (forked from Megatron-LM of 2021) has neither option (its
+    # whole history, to 8387ae17 of 2023-12-07: no async_tensor_model_parallel_allreduce, no
+    # gradient_accumulation_fusion).
+}
+BLOOM_SOFTWARE = (False, False, "bigscience Megatron-DeepSpeed: neither option")
 CLUSTER = {"0.0.0.4": {"instance_type": "A100", "inter_bandwidth": 25, "intra_bandwidth": 240, "memory": 80}}
 
 
@@ -130,9 +154,14 @@ def bloom_row():
             "partition": partition, "zero_stage": 1, "precision": "bf16", "cluster": BLOOM_CLUSTER}
 
 
+def software(r):
+    """(async tp backward, gradient accumulation fusion, why) as the row's software ran."""
+    return BLOOM_SOFTWARE if r["source"] == BLOOM else SOFTWARE[r["source"]]
+
+
 def simulate_row(binary, work, r, variant=None):
-    """Simulates row r; returns hetplan's --json record. variant: (name, edit), edit(profile_json) changing a
-    copy of the row's profiles (the sensitivity runs below; never the table's)."""
+    """Simulates row r; returns hetplan's --json record. variant: (name, (async tp, fused accumulation)), the row
+    with other settings of Megatron-LM's kernel options (the sensitivity runs below; never the table's)."""
     L, h, a, tp, pp, dp, mbs, gbs = (r[k] for k in ("layers", "hidden", "heads", "tp", "pp", "dp", "micro_batch", "gbs"))
     d = os.path.join(work, r["name"].replace(" ", "_"))
     os.makedirs(d, exist_ok=True)
@@ -143,20 +172,15 @@ def simulate_row(binary, work, r, variant=None):
         json.dump(r.get("cluster", CLUSTER), f)
     sp = r["sequence_parallel"]
     vocab = r.get("vocab", VOCAB)
-    prof = os.path.join(work, f"profiles_L{L}_h{h}_a{a}_v{vocab}_tp{tp}_bs{mbs}{'_sp' if sp else ''}")
+    async_tp, fused_acc = variant[1] if variant else software(r)[:2]
+    prof = os.path.join(work, f"profiles_L{L}_h{h}_a{a}_v{vocab}_tp{tp}_bs{mbs}{'_sp' if sp else ''}"
+                              f"{'' if async_tp else '_sync'}{'' if fused_acc else '_unfused'}")
     if not os.path.isdir(prof):
         run([binary, "gen-profiles", "--analytic", str(L + 2), str(mbs), "--types", "A100", "--max-tp", str(tp),
              "--hidden-size", str(h), "--heads", str(a), "--seq-len", str(SEQ), "--vocab-size", str(vocab),
-             "--out", prof] + ATTENTION_FLAGS + (["--sequence-parallel"] if sp else []))
-    if variant:
-        edited = prof + "_" + variant[0]
-        if not os.path.isdir(edited):
-            os.makedirs(edited)
-            for f in sorted(os.listdir(prof)):
-                profile = json.load(open(os.path.join(prof, f)))
-                variant[1](profile)
-                json.dump(profile, open(os.path.join(edited, f), "w"))
-        prof = edited
+             "--out", prof] + ATTENTION_FLAGS + (["--sequence-parallel"] if sp else []) +
+            ([] if async_tp else ["--no-async-tensor-model-parallel-allreduce"]) +
+            ([] if fused_acc else ["--no-gradient-accumulation-fusion"]))
     plan = {"node_sequence": ["A100"], "device_groups": [dp * tp] * pp, "strategies": [[dp, tp]] * pp,
             "batches": gbs // (mbs * dp), "layer_partition": r.get("partition", layer_partition(L, pp)), "gbs": gbs,
             "schedule": "1f1b", "recompute": r["recompute"], "zero_stage": r.get("zero_stage", 0),
@@ -197,35 +221,10 @@ def stage_summary(sim):
     return {"first": per[0], "middle": per[len(per) // 2], "last": per[-1], "bubble": sim["bubble_fraction"]}
 
 
-# Sensitivity only (never the table): two mechanisms of Megatron-LM's code between the SC'21 runs and
-# Korthikanti et al.'s (May 2022), applied to copies of the analytic profiles.
-def hide_backward_tp_allreduces(profile):
-    """Megatron-LM's --async-tensor-model-parallel-allreduce (on by default since NVIDIA/Megatron-LM 83b1e42,
-    2022-02-13): a column-parallel linear's input-gradient all-reduce runs beside its weight-gradient GEMM (which
-    takes longer at these shapes), so 2 of a block's 4 all-reduces per forward+backward leave the critical path."""
-    et = profile["execution_time"]
-    kc = et["kernel_classes"]
-    hidden = 0.0
-    for i in range(1, len(et["layer_compute_total_ms"]) - 1):  # the blocks (0: embedding, last: head)
-        per_allreduce = kc["communication_ms"][i] / 4
-        for key in (et["layer_compute_total_ms"], kc["communication_ms"], kc["device_ms"]):
-            key[i] -= 2 * per_allreduce
-        hidden += 2 * per_allreduce
-    et["forward_backward_time_ms"] -= hidden  # the time outside the layers stays what it was
-    et["total_time_ms"] -= hidden
-
-
-def fuse_gradient_accumulation(profile):
-    """Megatron-LM's gradient accumulation fusion (same commit): the weight-gradient GEMM accumulates into the
-    main gradient, no separate pass. In that code only with fp32 gradient accumulation (bf16, or fp16 with
-    --accumulate-allreduce-grads-in-fp32); fp16 runs got it on 2022-09-27 (07916bf)."""
-    et = profile["execution_time"]
-    et["layer_grad_accumulation_ms"] = [0.0] * len(et["layer_grad_accumulation_ms"])
-
-
-SENSITIVITY = [("async_tp", "backward tp all-reduces beside the weight-gradient GEMMs", [hide_backward_tp_allreduces]),
-               ("async_tp_fused_acc", "and gradient accumulation fused",
-                [hide_backward_tp_allreduces, fuse_gradient_accumulation])]
+# Sensitivity only (never the table): the Korthikanti rows with the other settings of Megatron-LM's two kernel
+# options (as the SC'21 code ran, and as fp32 gradient accumulation would have run in May 2022).
+SENSITIVITY = [("sync_unfused", "as Megatron-LM of 2021 (neither)", (False, False)),
+               ("async_fused", "and gradient accumulation fused (fp32 accumulation)", (True, True))]
 # The same per-pipeline configuration in both papers (tp, pp, v, micro-batch, micro-batches per pipeline).
 SAME_CONFIG = [("GPT 529.6B", "GPT 530B full"), ("GPT 1008B", "GPT 1T full")]
 
@@ -269,11 +268,8 @@ def why_section(binary, work, results):
             continue
         r = by[name]
         cells = []
-        for vname, _, edits in SENSITIVITY:
-            def edit(profile, edits=edits):
-                for e in edits:
-                    e(profile)
-            ms = iteration_ms(simulate_row(binary, work, r, (vname, edit)))
+        for vname, _, settings in SENSITIVITY:
+            ms = iteration_ms(simulate_row(binary, work, r, (vname, settings)))
             cells.append(f"{ms / 1e3:.2f} s, {100 * (r['published_s'] / (ms / 1e3) - 1):+.1f}%")
         out.append(f"| {name} | {r['iteration_ms'] / 1e3:.2f} s, {100 * r['error']:+.1f}% | " + " | ".join(cells) + " |")
     return out
