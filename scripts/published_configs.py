@@ -224,7 +224,7 @@ def stage_summary(sim):
 # Sensitivity only (never the table): the Korthikanti rows with the other settings of Megatron-LM's two kernel
 # options (as the SC'21 code ran, and as fp32 gradient accumulation would have run in May 2022).
 SENSITIVITY = [("sync_unfused", "as Megatron-LM of 2021 (neither)", (False, False)),
-               ("async_fused", "and gradient accumulation fused (fp32 accumulation)", (True, True))]
+               ("async_fused", "async tp backward and gradient accumulation fused (fp32 accumulation)", (True, True))]
 # The same per-pipeline configuration in both papers (tp, pp, v, micro-batch, micro-batches per pipeline).
 SAME_CONFIG = [("GPT 529.6B", "GPT 530B full"), ("GPT 1008B", "GPT 1T full")]
 
@@ -259,8 +259,9 @@ def why_section(binary, work, results):
             ideal = (r["pp"] - 1) / (r["virtual_stages"] * m + r["pp"] - 1)
             out.append(f"| {name} | {g['first']:.1f} ms | {g['middle']:.1f} ms | {g['last']:.1f} ms | "
                        f"{100 * g['bubble']:.1f}% | {100 * ideal:.1f}% |")
-    out += ["", "Sensitivity (not in the table above): the Korthikanti full-recomputation rows re-simulated on copies of "
-            "their profiles changed as Megatron-LM's code of early 2022 would run them:", "",
+    out += ["", "Sensitivity (not in the table above): the Korthikanti full-recomputation rows re-simulated with the "
+            "other settings of Megatron-LM's two kernel options (the table: asynchronous tp backward on, gradient "
+            "accumulation fusion off, as Megatron-LM of May 2022 ran fp16):", "",
             "| row | table | " + " | ".join(f"{d}" for _, d, _ in SENSITIVITY) + " |",
             "|---|---|" + "---|" * len(SENSITIVITY)]
     for name in ("GPT 530B full", "GPT 1T full"):
@@ -313,46 +314,69 @@ rows use profiles made with `--sequence-parallel`, which put a block's norms, dr
 s/tp tokens (Megatron's sequence parallelism; without it every tp rank runs them on all tokens). No rate was
 changed: every row uses the catalogue's A100 and the default rates.
 
+## Megatron-LM's kernel options, per software version
+
+Two options of Megatron-LM's tensor-parallel linear layers changed between the sources' software, and the layer
+time model prices both (sim/layer_kernels.md; `gen-profiles --analytic` defaults to today's Megatron-LM, both on):
+the asynchronous tensor-parallel backward (a column-parallel linear's input-gradient all-reduce, or under
+sequence parallelism its reduce-scatter, runs beside its weight-gradient GEMM, which hides it up to that GEMM's
+time, at the measured GEMM slowdown beside NCCL of sim/dp_overlap.h) and gradient accumulation fusion (the
+weight-gradient GEMMs accumulate into the main gradient; no separate pass over the GEMM weights per
+micro-batch). Each row is simulated with the settings of its software, never tuned per row:
+- SC'21 (Megatron-LM of April 2021, NGC PyTorch 20.12): neither existed (NVIDIA/Megatron-LM cf7efd4 added the
+  asynchronous all-reduce opt-in on 2021-08-30; 83b1e42 made it the default and added the fusion on 2022-02-13).
+- Korthikanti et al. (Megatron-LM of May 2022, with sequence parallelism, 739cb43): the asynchronous backward on
+  (the default since 83b1e42; with --sequence-parallel its reduce-scatter overlap instead); gradient accumulation
+  fusion off: that code switched it off unless gradients accumulate in fp32 ("supported only with fp32
+  gradient accumulation", megatron/arguments.py), and the runs are fp16 as far as can be read (Calculon's
+  transcription: "datatype": "float16"; the code's own examples/pretrain_gpt3_175B.sh of May 2022: --fp16 with
+  no --accumulate-allreduce-grads-in-fp32); fp16 got the fused kernel only in 07916bf (2022-09-27).
+- BLOOM (bigscience-workshop/Megatron-DeepSpeed): neither option in its whole history (to 8387ae17, 2023-12).
+Effect on the table (before: this script on main's build of 744c433, without these options, which runs every
+row as "no / no"): the Korthikanti rows move -12.8% -> -10.8% (1T full), -12.1% -> -10.8% (1T
+seqsel), -9.8% -> -7.5% (530B full), -6.7% -> -5.1% (530B seqsel), -7.4% -> -4.1% (175B full), -2.9% -> -0.5%
+(175B seqsel), -4.9% -> +0.4% (22B full), +5.7% -> +9.9% (22B seqsel); the SC'21 and BLOOM rows do not move.
+
 ## What is left (not corrected)
 
-- **Korthikanti et al.'s 1T rows, hetplan -12.8% (full) and -12.1% (seqsel): no honest fix found.** Every
-  setting was checked against the paper's Table 3 as transcribed (tp 8, pp 64, dp 1, micro-batch 1, global
-  batch 512, 128 layers, h 25600, 160 heads, seq 2048, vocab 51200; full recomputation, or sequence
-  parallelism with selective recomputation; no interleaving: Calculon's validation/1T_full.json has
-  pipeline_interleaving 1, and 3 for 175B and 530B, as the table uses; the paper's own text could not be read
-  in this session, only these transcriptions and Megatron-LM's README, whose MFU/HFU table (1T: 56.3% / 57.0%)
-  matches the Table 5 times by eq. 3): the table simulates exactly that. Why the rows differ (the generated
-  section above; the seqsel row has no SC'21 counterpart and is off by the same 12%):
+- **Korthikanti et al.'s 1T rows, hetplan -10.8% (full) and -10.8% (seqsel), still outside 10%: no further
+  honest mechanism found.** Every setting was checked against the paper's Table 3 as transcribed (tp 8, pp 64,
+  dp 1, micro-batch 1, global batch 512, 128 layers, h 25600, 160 heads, seq 2048, vocab 51200; full
+  recomputation, or sequence parallelism with selective recomputation; no interleaving: Calculon's
+  validation/1T_full.json has pipeline_interleaving 1, and 3 for 175B and 530B, as the table uses; the paper's
+  own text could not be read in this session, only these transcriptions and Megatron-LM's README, whose MFU/HFU
+  table (1T: 56.3% / 57.0%) matches the Table 5 times by eq. 3): the table simulates exactly that. Why the rows
+  still differ (the generated section above; the seqsel row has no SC'21 counterpart and is off by the same):
   (1) Software of another year. Both papers ran the same per-pipeline 530B and 1T configurations on Selene's
-  A100s; Korthikanti et al.'s runs (May 2022) were 1.103 and 1.087 times as fast as SC'21's (April 2021), while
-  hetplan, one software model, predicts each pair within 0.5-1.1% (SC'21's dp all-reduce). So hetplan can sit
-  near SC'21 (-1.6%, -5.7%) or near Korthikanti et al., not both. Megatron-LM's history between the two
-  (NVIDIA/Megatron-LM) has two mechanisms hetplan does not model, sized by the sensitivity table: the
-  asynchronous tensor-parallel all-reduce of a column-parallel layer's input gradient beside its
-  weight-gradient GEMM (opt-in from cf7efd4, 2021-08-30, on by default from 83b1e42, 2022-02-13; after the
-  SC'21 runs and their examples/sc21 scripts of 2021-08-10): 1T full -12.8% -> -11.1% (an upper bound: the
-  GEMM's slowdown beside the all-reduce is not charged); and gradient accumulation fusion (83b1e42
-  too), which in that code ran only with fp32 gradient accumulation (bf16, or fp16 with
-  --accumulate-allreduce-grads-in-fp32; fp16 got it in 07916bf, 2022-09-27) and Calculon transcribes these
-  runs as fp16, so it is not applied: with it, -7.5%. The container and library versions of the 2022 runs
-  are not stated; the rest of the 2021 -> 2022 speed-up is not identified. The async all-reduce alone does not
-  bring the rows within 10%, so it was not built into the layer time model for this table (it would belong
-  in sim/layer_time_model as a kernel option of Megatron-LM from 2022 on).
+  A100s; Korthikanti et al.'s runs (May 2022) were 1.103 and 1.087 times as fast as SC'21's (April 2021).
+  hetplan now prices the two kernel options that changed in between (1.037 and 1.028 of that speed-up);
+  gradient accumulation fusion, which that code ran only with fp32 accumulation, would give 1T full -7.1%
+  (the sensitivity table) if the runs were bf16 or accumulated in fp32, which nothing found says. The
+  container and library versions of the 2022 runs (cuBLAS, NCCL, PyTorch) are not stated; the rest of the
+  2021 -> 2022 speed-up is not identified.
   (2) The deepest pipeline. Against SC'21's own 1T hetplan is -5.7%, against its 530B -1.6%: with pp 64 and no
-  interleaving the last stage (2 blocks and the head, 189.2 ms per micro-batch) paces 1F1B while the middle
-  stages take 178.3 ms, so the simulated bubble is 15.6% against the ideal 11.0%. The head's 10.9 ms (three
-  2 x 2048 x 25600 x 6400-FLOP GEMMs at the GEMM rate, the vocabulary-parallel cross-entropy, one all-reduce)
-  is Megatron's too: it splits the 128 blocks evenly (2 per stage) and puts the head on the last stage.
+  interleaving the last stage (2 blocks and the head, 184.9 ms per micro-batch in the 1T full row) paces 1F1B
+  while the middle stages take 174.9 ms, so the simulated bubble is 15.3% against the ideal 11.0%. The head's
+  time (three 2 x 2048 x 25600 x 6400-FLOP GEMMs at the GEMM rate, the vocabulary-parallel cross-entropy) is
+  Megatron's too: it splits the 128 blocks evenly (2 per stage) and puts the head on the last stage.
   What would settle it: an A100 measurement with the 2022 software (the lent machines are H100/H200), or the
-  runs' precision and flags. Megatron-LM of April 2021 with fp16 accumulated gradients into an fp16 main
-  gradient buffer (main_grad.add_, 6 bytes per parameter per micro-batch, megatron/model/distributed.py), as
-  the analytic profiles charge.
+  runs' precision and flags.
+- **Pipeline sends: Megatron's scatter/gather is priced without its all-gather.** Megatron-LM (SC'21 Sec. 4.1,
+  on by default; --no-scatter-gather-tensors-in-pipeline) sends 1/tp of a boundary activation from each tp rank
+  over its own rail and all-gathers it over NVLink in the receiving stage. hetplan's p2p (PlanCostModel::p2p_ms)
+  charges the 1/tp over the inter-node rail (25 GB/s) but not the all-gather: at 1T (105 MB per micro-batch,
+  tp 8 at 240 GB/s bus bandwidth) about 0.46 ms per received tensor, two per micro-batch and stage, 0.5% of the
+  stage's 185 ms, which would move the non-SP pipelined rows by about -0.5% (1T full to about -11.3%); under
+  sequence parallelism the boundary tensor is already split by tp and nothing is gathered, as hetplan prices
+  it. Not built: the sends are costed per stage before the setup (sequence parallelism is a setup dimension of
+  the search, and the search's estimator reproduces the sends exactly), so it needs the setup in that path.
 - **Selective recomputation is priced at its FLOP share** of the block forward (recomputed_forward_fraction,
   5.3% at 22B); with materialised attention the recomputed core's time share is larger (22B: 2.63 ms of a
   21.9 ms block, 12%), so the seqsel rows are about 1-2% optimistic from this; the simulator does not read a
   profile's attention class for it.
-- The 1T rows' last stage carries the head (vocabulary 51200) beside its 2 blocks, 6% more work, which paces
-  the pipeline (simulated bubble 15.6% against the ideal 11.0%); Megatron has the same imbalance.
+- **GPT 22B seqsel at +9.9%** sits at the edge from the optimistic side: the asynchronous backward's reduce-scatter
+  overlap (Megatron-LM's sequence-parallel path) moved it from +5.7%, and the selective-recomputation pricing
+  above makes it about 1-2% optimistic.
 
 Not found in this session: V100 or MI-series training throughput with every setting stated (the Megatron-LM
 v1.0 blog's 62.4 TFLOP/s on a DGX-2H V100 gives no model shape or batch, and issue 10's DeepSpeed setups are
@@ -396,13 +420,19 @@ def main():
              "is fitted to a row: every row uses the same constants. Error is the throughput's: predicted TFLOP/s "
              "over published - 1 (eq. 3 of Narayanan et al., with recomputation; BLOOM's published figure uses the "
              "same count) where the source gives TFLOP/s; published over predicted iteration time - 1 for "
-             "Korthikanti et al.'s (positive: hetplan is optimistic).", "",
+             "Korthikanti et al.'s (positive: hetplan is optimistic). Column \"async tp / fused acc\": Megatron-LM's "
+             "asynchronous tensor-parallel backward and gradient accumulation fusion as the source's software ran them "
+             "(`gen-profiles --analytic` without or with --no-async-tensor-model-parallel-allreduce and "
+             "--no-gradient-accumulation-fusion; one setting per software version, cited below and in "
+             "sim/layer_kernels.md).", "",
              "| model | source | tp | pp | v | dp | GPUs | micro-batch | gbs | recompute | SP | DDP overlap | "
-             "predicted | published | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "async tp / fused acc | predicted | published | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         head = (f"| {r['name']} | {r['source']} | {r['tp']} | {r['pp']} | {r['virtual_stages']} | {r['dp']} | "
                 f"{r['gpus']} | {r['micro_batch']} | {r['gbs']} | {r['recompute']} | "
-                f"{'yes' if r['sequence_parallel'] else 'no'} | {'yes' if r['ddp_overlap'] else 'no'} | ")
+                f"{'yes' if r['sequence_parallel'] else 'no'} | {'yes' if r['ddp_overlap'] else 'no'} | "
+                f"{'yes' if software(r)[0] else 'no'} / {'yes' if software(r)[1] else 'no'} | ")
         published = (f"{r['published_tflops']} TFLOP/s" if "published_tflops" in r else f"{r['published_s']:.2f} s")
         if "skipped" in r:
             lines.append(head + f"- | {published} | not simulated: {r['skipped']} |")
