@@ -361,15 +361,14 @@ seqsel), -9.8% -> -7.5% (530B full), -6.7% -> -5.1% (530B seqsel), -7.4% -> -4.1
   Megatron's too: it splits the 128 blocks evenly (2 per stage) and puts the head on the last stage.
   What would settle it: an A100 measurement with the 2022 software (the lent machines are H100/H200), or the
   runs' precision and flags.
-- **Pipeline sends: Megatron's scatter/gather is priced without its all-gather.** Megatron-LM (SC'21 Sec. 4.1,
-  on by default; --no-scatter-gather-tensors-in-pipeline) sends 1/tp of a boundary activation from each tp rank
-  over its own rail and all-gathers it over NVLink in the receiving stage. hetplan's p2p (PlanCostModel::p2p_ms)
-  charges the 1/tp over the inter-node rail (25 GB/s) but not the all-gather: at 1T (105 MB per micro-batch,
-  tp 8 at 240 GB/s bus bandwidth) about 0.46 ms per received tensor, two per micro-batch and stage, 0.5% of the
-  stage's 185 ms, which would move the non-SP pipelined rows by about -0.5% (1T full to about -11.3%); under
-  sequence parallelism the boundary tensor is already split by tp and nothing is gathered, as hetplan prices
-  it. Not built: the sends are costed per stage before the setup (sequence parallelism is a setup dimension of
-  the search, and the search's estimator reproduces the sends exactly), so it needs the setup in that path.
+- **Pipeline sends: Megatron's scatter/gather, now with its all-gather.** Megatron-LM (SC'21 Sec. 4.1, on by
+  default; --no-scatter-gather-tensors-in-pipeline) sends 1/tp of a boundary activation from each tp rank over
+  its own rail and all-gathers it over NVLink in the receiving stage. hetplan's sends charged the 1/tp over the
+  rail (25 GB/s per GPU) but not the all-gather; PlanCostModel::scatter_gather_ms now adds it for plans without
+  sequence parallelism (whose boundary tensor is already split by tp and gathered by nobody): at 1T, 105 MB per
+  micro-batch over tp 8 at 240 GB/s, 0.46 ms per received tensor. It moves the non-SP pipelined rows by 0.00 to
+  -0.12% (1T full -10.79% -> -10.83%, 530B full -7.48% -> -7.58%, BLOOM +9.15% -> +9.03%): the sends are mostly
+  off the critical path of 1F1B's steady state, which the slowest stage's compute paces.
 - **Selective recomputation is priced at its FLOP share** of the block forward (recomputed_forward_fraction,
   5.3% at 22B); with materialised attention the recomputed core's time share is larger (22B: 2.63 ms of a
   21.9 ms block, 12%), so the seqsel rows are about 1-2% optimistic from this; the simulator does not read a
