@@ -333,7 +333,7 @@ micro-batch). Each row is simulated with the settings of its software, never tun
   no --accumulate-allreduce-grads-in-fp32); fp16 got the fused kernel only in 07916bf (2022-09-27).
 - BLOOM (bigscience-workshop/Megatron-DeepSpeed): neither option in its whole history (to 8387ae17, 2023-12).
 Effect on the table (before: this script on main's build of 744c433, without these options, which runs every
-row as "no / no"): the Korthikanti rows move -12.8% -> -10.8% (1T full), -12.1% -> -10.8% (1T
+row as "no / no"; these two options alone, before the scatter/gather's all-gather below): the Korthikanti rows move -12.8% -> -10.8% (1T full), -12.1% -> -10.8% (1T
 seqsel), -9.8% -> -7.5% (530B full), -6.7% -> -5.1% (530B seqsel), -7.4% -> -4.1% (175B full), -2.9% -> -0.5%
 (175B seqsel), -4.9% -> +0.4% (22B full), +5.7% -> +9.9% (22B seqsel); the SC'21 and BLOOM rows do not move.
 
@@ -350,13 +350,13 @@ seqsel), -9.8% -> -7.5% (530B full), -6.7% -> -5.1% (530B seqsel), -7.4% -> -4.1
   (1) Software of another year. Both papers ran the same per-pipeline 530B and 1T configurations on Selene's
   A100s; Korthikanti et al.'s runs (May 2022) were 1.103 and 1.087 times as fast as SC'21's (April 2021).
   hetplan now prices the two kernel options that changed in between (1.037 and 1.028 of that speed-up);
-  gradient accumulation fusion, which that code ran only with fp32 accumulation, would give 1T full -7.1%
+  gradient accumulation fusion, which that code ran only with fp32 accumulation, would give 1T full -7.2%
   (the sensitivity table) if the runs were bf16 or accumulated in fp32, which nothing found says. The
   container and library versions of the 2022 runs (cuBLAS, NCCL, PyTorch) are not stated; the rest of the
   2021 -> 2022 speed-up is not identified.
   (2) The deepest pipeline. Against SC'21's own 1T hetplan is -5.7%, against its 530B -1.6%: with pp 64 and no
   interleaving the last stage (2 blocks and the head, 184.9 ms per micro-batch in the 1T full row) paces 1F1B
-  while the middle stages take 174.9 ms, so the simulated bubble is 15.3% against the ideal 11.0%. The head's
+  while the middle stages take 174.9 ms, so the simulated bubble is 15.4% against the ideal 11.0%. The head's
   time (three 2 x 2048 x 25600 x 6400-FLOP GEMMs at the GEMM rate, the vocabulary-parallel cross-entropy) is
   Megatron's too: it splits the 128 blocks evenly (2 per stage) and puts the head on the last stage.
   What would settle it: an A100 measurement with the 2022 software (the lent machines are H100/H200), or the
