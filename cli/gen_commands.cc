@@ -189,8 +189,8 @@ Runner add_gen_profiles_command(CLI::App& app) {
               "dropouts and residual adds on s/tp tokens per rank (without it each tp rank runs them on all s)");
   s->add_flag("--no-async-tensor-model-parallel-allreduce", a->no_async_tp,
               "[--analytic] Time the layers as Megatron-LM's flag of that name runs them (and as Megatron-LM\n"
-              "before February 2022 did): a column-parallel linear's input-gradient all-reduce waits for nothing\n"
-              "else. Default, today's Megatron-LM: it runs beside the layer's weight-gradient GEMM, which hides it\n"
+              "before February 2022 did): a column-parallel linear's input-gradient all-reduce runs alone, on the\n"
+              "critical path. Default, today's Megatron-LM: it runs beside the layer's weight-gradient GEMM, which hides it\n"
               "up to that GEMM's time (under --sequence-parallel its reduce-scatter)");
   s->add_flag("--no-gradient-accumulation-fusion", a->no_grad_acc_fusion,
               "[--analytic] Time the layers as Megatron-LM's flag of that name runs them (and as Megatron-LM\n"
