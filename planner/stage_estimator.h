@@ -439,7 +439,8 @@ class StageEstimator {
     const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
     return ref.count > 0 ? ref.entry : nullptr;
   }
-  // The stage's two p2p sends (exactly stage()'s): forward to rank r + s unless it ends the ranks,
+  // The stage's two p2p sends (stage()'s, less the scatter/gather's all-gather that setups without
+  // sequence parallelism add: a lower bound): forward to rank r + s unless it ends the ranks,
   // backward to rank r - 1 unless it starts them. 0 where the largest share is not known here.
   void sends(int r, int s, int tp, bool homogeneous, double* forward, double* backward) const {
     int share = 0;

@@ -143,6 +143,9 @@ struct PlanCostModel::StageBasis {
   double extra = 0;          // outside the layers (and the batch generator on stage 0), per micro-batch
   double sustained = 1, tpx_fwd = 0, tpx_bwd = 0;
   double send_forward = 0, send_backward = 0;
+  // Megatron's scatter/gather of the sends: the receiving stage's all-gather of the pieces over tp (ms),
+  // added to the sends by the setups without sequence parallelism (scatter_gather_ms).
+  double gather_forward = 0, gather_backward = 0;
   int max_share = 0, in_flight = 1;
   int batches = 1;                 // micro-batches per iteration (the memory model walks the stage's op order)
   int cp = 1;                      // context-parallel ranks per replica group (every replica d of a group
@@ -199,6 +202,7 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   b->param_share = b->slowest_base = b->forward = b->block_forward = b->extra = 0;
   b->sustained = 1;
   b->tpx_fwd = b->tpx_bwd = b->send_forward = b->send_backward = b->cpx_fwd = b->cpx_bwd = 0;
+  b->gather_forward = b->gather_backward = 0;
   b->cpm_fwd = b->cpm_bwd = 0;
   b->max_share = 0;
   b->in_flight = 1;
@@ -231,16 +235,26 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   };
   b->send_forward = index + 1 < p && next_rank ? send_ms(begin + size - 1, begin + size) : 0.0;
   b->send_backward = index > 0 && prev_rank ? send_ms(begin, begin - 1) : 0.0;
+  if (b->send_forward > 0) b->gather_forward = scatter_gather_ms(begin + size, b->max_share, tp, cp);
+  if (b->send_backward > 0) b->gather_backward = scatter_gather_ms(begin - 1, b->max_share, tp, cp);
   b->in_flight = in_flight_microbatches(sim_->opt_.schedule, p, index, batches, virtual_stages());
   return true;
 }
 
-double PlanCostModel::p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch) const {
+double PlanCostModel::p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch, double* gather_ms) const {
+  if (gather_ms) *gather_ms = 0;
   StageBasis b;
   if (!replica_shares(s, micro_batch, &b, nullptr)) return 0;
   int max_share = 0;
   for (int d = 0; d < s.st.dp; ++d) max_share = std::max(max_share, b.share[d]);
+  if (gather_ms) *gather_ms = scatter_gather_ms(to, max_share, s.st.tp, 1);
   return p2p_ms(from, to, max_share, s.st.tp);
+}
+
+double PlanCostModel::scatter_gather_ms(int to, int max_share, int tp, int cp) const {
+  if (tp <= 1 || max_share <= 0) return 0.0;
+  // A ring all-gather moves half a ring all-reduce's bytes in half its steps.
+  return 0.5 * net_.intra_node_all_reduce_seconds(layout_->node_of(to), tp, act_bytes_per_sample_ * max_share / cp) * 1e3;
 }
 
 bool PlanCostModel::chunk_costs(const StageChoice* stages, int p, int batches, int micro_batch, int v,
@@ -257,12 +271,14 @@ bool PlanCostModel::chunk_costs(const StageChoice* stages, int p, int batches, i
       if (!stage(piece, k, p * v, batches, micro_batch, o, why)) return false;
       // The link between the pipeline's ends (stage() costs only the neighbours in rank order).
       if (i == p - 1 && c + 1 < v) {
-        const double ms = p2p_ms_of(piece, last_rank, stages[0].begin, micro_batch);
-        for (int q = 0; q < n; ++q) o[q].send_forward_ms = ms;
+        double gather = 0;
+        const double ms = p2p_ms_of(piece, last_rank, stages[0].begin, micro_batch, &gather);
+        for (int q = 0; q < n; ++q) o[q].send_forward_ms = ms + (setups_[q].sequence_parallel ? 0.0 : gather);
       }
       if (i == 0 && c > 0) {
-        const double ms = p2p_ms_of(piece, stages[0].begin, last_rank, micro_batch);
-        for (int q = 0; q < n; ++q) o[q].send_backward_ms = ms;
+        double gather = 0;
+        const double ms = p2p_ms_of(piece, stages[0].begin, last_rank, micro_batch, &gather);
+        for (int q = 0; q < n; ++q) o[q].send_backward_ms = ms + (setups_[q].sequence_parallel ? 0.0 : gather);
       }
     }
   return true;
@@ -427,8 +443,8 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
                    b.block_forward * recompute_fraction_[k] + b.tpx_bwd + b.cpx_bwd + b.cpm_bwd;
   c->accumulation_ms = accumulation;
   c->sustained_factor = b.sustained;
-  c->send_forward_ms = b.send_forward;
-  c->send_backward_ms = b.send_backward;
+  c->send_forward_ms = b.send_forward + (setup.sequence_parallel ? 0.0 : b.gather_forward);
+  c->send_backward_ms = b.send_backward + (setup.sequence_parallel ? 0.0 : b.gather_backward);
   // ZeRO-2/3 reduce-scatter every micro-batch's gradients, packed first into the flat fp32 buckets the
   // collectives read: a memory-bound pass on the backward's path, before any overlap is costed (it is
   // compute the collectives run beside). sim/dp_overlap.md, "The pack".

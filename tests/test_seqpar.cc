@@ -596,3 +596,42 @@ TEST_CASE("simulate --context-parallel and --overlap-grad-reduce: costed, record
 }
 
 }  // namespace hetplan
+
+namespace hetplan {
+
+// Megatron's scatter/gather of pipeline sends (Narayanan et al. SC'21, Sec. 4.1): each tp rank sends 1/tp of
+// the boundary activation over its own link, and the receiving stage all-gathers the pieces over its tp ranks.
+// Under sequence parallelism the tensor is already split by tp: the send alone.
+TEST_CASE("simulate: pipeline sends pay the receiver's tp all-gather, except under sequence parallelism",
+          "[seqpar][scatter_gather]") {
+  const auto dir = test::scratch_dir("scatter-gather");
+  const std::string src = HETPLAN_SOURCE_DIR;
+  REQUIRE(test::run_hetplan("gen-profiles --analytic 10 2 --types A100 --max-tp 8 --hidden-size 1024 --heads 16 "
+                            "--seq-len 2048 --vocab-size 51200 --out " + (dir / "prof").string())
+              .exit_code == 0);
+  std::ofstream(dir / "hostfile") << "0.0.0.4 slots=8\n0.0.0.4 slots=8\n";
+  // Two stages of tp 8, one node each: the sends cross nodes (25 GB/s per rail), the gather stays inside
+  // (300 GB/s, the clusterfile's A100 intra bandwidth, with --collectives clusterfile).
+  const std::string plan = (dir / "plan.json").string();
+  std::ofstream(plan) << R"({"node_sequence": ["A100"], "device_groups": [8, 8], "strategies": [[1, 8], [1, 8]],
+    "batches": 2, "layer_partition": [0, 5, 10], "gbs": 4, "model": {"num_layers": 10, "hidden_size": 1024,
+    "sequence_length": 2048, "vocab_size": 51200, "attention_heads": 16}})";
+  const std::string common = "simulate --plan " + plan + " --hostfile " + (dir / "hostfile").string() +
+                             " --clusterfile " + src + "/hostfiles/clusterfile.json --collectives clusterfile" +
+                             " --profiles " + (dir / "prof").string();
+  REQUIRE(test::run_hetplan(common + " --json " + (dir / "plain.json").string()).exit_code == 0);
+  REQUIRE(test::run_hetplan(common + " --sequence-parallel --json " + (dir / "sp.json").string()).exit_code == 0);
+  const ordered_json plain = read_json_file((dir / "plain.json").string());
+  const ordered_json sp = read_json_file((dir / "sp.json").string());
+  const double bytes = 2.0 * 2048 * 1024 * 2;  // micro-batch 2 x seq x hidden, 16-bit
+  // The send: 1/tp of it over the inter-node rail, after the inter-node latency (20 us).
+  const double send_ms = (20e-6 + bytes / 8 / 25e9) * 1e3;
+  // The gather: a ring all-gather over 8 GPUs, 7 steps of 11 us and 7/8 of the bytes at 300 GB/s.
+  const double gather_ms = (7 * 11e-6 + 7.0 / 8 * bytes / 300e9) * 1e3;
+  CHECK(sp["stages"][0]["send_forward_ms"].get<double>() == Approx(send_ms).epsilon(1e-9));
+  CHECK(sp["stages"][1]["send_backward_ms"].get<double>() == Approx(send_ms).epsilon(1e-9));
+  CHECK(plain["stages"][0]["send_forward_ms"].get<double>() == Approx(send_ms + gather_ms).epsilon(1e-9));
+  CHECK(plain["stages"][1]["send_backward_ms"].get<double>() == Approx(send_ms + gather_ms).epsilon(1e-9));
+}
+
+}  // namespace hetplan
