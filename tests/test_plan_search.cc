@@ -32,6 +32,7 @@
 #include "planner/stage_estimator.h"
 #include "planner/suffix_bound.h"
 #include "base/thread_limit.h"
+#include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "base/input_error.h"
 #include "sim/parallel_layout.h"
@@ -169,13 +170,15 @@ void check_plan_of_the_space(const Cluster& cluster, const PlanSimulator& sim, c
 // same settings, in the same order. `cross_node_tp` also lets tp groups span nodes.
 // `table_limit`: PlanSearchOptions::suffix_table_limit (0: the throughput bound instead of the table).
 // `gpus`: the clusterfile (its GPU memory); `min_with_plans`: clusters that must have a feasible plan.
-void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
-                                     bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
-                                     const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
-                                     StageBoundaries boundaries = StageBoundaries::kRank,
-                                     double mixed_limit = PlanSearchOptions().mixed_table_limit,
-                                     const std::string& overlap = "off") {
-  int compared = 0, with_plans = 0;
+// `cps`: the context-parallel sizes searched (with_context_parallel_dimension). Returns how many of the
+// plans returned run at a context-parallel size above 1.
+int expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
+                                    bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
+                                    const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
+                                    StageBoundaries boundaries = StageBoundaries::kRank,
+                                    double mixed_limit = PlanSearchOptions().mixed_table_limit,
+                                    const std::string& overlap = "off", const std::vector<int>& cps = {1}) {
+  int compared = 0, with_plans = 0, with_cp = 0;
   long long pruned_costed = 0, full_costed = 0;
   const std::vector<Case> all = cases(uneven);
   for (const Case& c : all) {
@@ -193,7 +196,8 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     TrainingSetup a = so.setup, b = a;
     b.zero_stage = 1;
     b.recompute = Recompute::kFull;
-    o.setups = with_overlap_dimension({a, b}, overlap);  // "auto": overlapped communication as a dimension too
+    o.setups = with_context_parallel_dimension(with_overlap_dimension({a, b}, overlap),  // "auto": overlap too
+                                               cps);
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
     const PlanSearchResult pruned = PlanSearch(cluster, profiles, sim, o).run();
@@ -204,6 +208,18 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
       const PlanResult& y = full.top[i].plan;
       check_same_plan(x, y);
       CHECK(pruned.top[i].setup == full.top[i].setup);
+      const int cp = o.setups[full.top[i].setup].context_parallel;
+      if (cp > 1) {  // a cp plan: cp divides every stage's dp, each cp group takes a sample, simulate's cost
+        ++with_cp;
+        for (const Strategy& st : y.strategies) {
+          CHECK(st.dp % cp == 0);
+          CHECK(st.dp / cp <= c.gbs / y.batches);
+        }
+        SimulationOptions cs = so;
+        cs.setup = o.setups[full.top[i].setup];
+        const PlanSimulator csim(cluster, profiles, test::six_layer_shape(), 1024, cs);
+        CHECK(csim.simulate(y, c.gbs).timeline.iteration_ms == Approx(y.cost).epsilon(1e-9));
+      }
       if (boundaries == StageBoundaries::kNode) {  // every stage starts on a node boundary
         const RankLayout layout(cluster, cluster.type_indices(x.node_sequence));
         int r = 0;
@@ -223,6 +239,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
   CHECK(with_plans >= min_with_plans);
   // The bounds prune: a search that costs every plan would pass the checks above too.
   CHECK(pruned_costed * (table_limit > 0 ? 2 : 1) < full_costed);
+  return with_cp;
 }
 
 // small_profiles() with what the analytic files leave out, as a profiler measures it: each layer's
@@ -304,6 +321,131 @@ TEST_CASE("the pruned search returns what exhaustive search returns with overlap
   expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false, true, PlanSearchOptions().suffix_table_limit,
                                   clusterfile(), 20, StageBoundaries::kRank, PlanSearchOptions().mixed_table_limit,
                                   "auto");
+}
+
+// Context parallelism as a dimension (cp 1, 2 and 4, each size searched apart: context_parallel_parts): the
+// search with its bounds, each size's estimates priced per cp group, returns what exhaustive enumeration
+// returns, plan for plan and setting for setting (cp included), on the 30 clusters: with the per-rank
+// tables on measured profiles (a replica's share from slices, uneven splits), with the throughput bound
+// in their place, and with mixed stages' whole-sample capacity bound. cp plans are among the best.
+TEST_CASE("the pruned search returns what exhaustive search returns with cp as a dimension", "[plan_search][cp]") {
+  const PlanSearchOptions d;
+  const std::vector<int> cps{1, 2, 4};
+  const int tables = expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true,
+                                                     d.suffix_table_limit, clusterfile(), 20, StageBoundaries::kRank,
+                                                     d.mixed_table_limit, "off", cps);
+  CHECK(tables > 0);  // the dimension is searched, not ignored
+  CHECK(expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false, true, 0, clusterfile(), 20,
+                                        StageBoundaries::kRank, 0, "off", cps) > 0);
+  WARN("cp plans in the top 3s: " << tables << " (measured profiles, per-rank tables)");
+}
+
+// The six-layer GPT at 32768 tokens, A100 profiles at tp 1, micro-batches 1-4.
+ModelConfig long_sequence_model() {
+  ModelConfig m = test::six_layer_model();
+  m.sequence_length = 32768;
+  return m;
+}
+const ProfileSet& long_sequence_profiles() {
+  static std::unique_ptr<ProfileSet> set;
+  if (!set) {
+    AnalyticOptions a;
+    a.model = long_sequence_model();
+    a.device_types = {"A100"};
+    a.max_tp = 1;
+    a.max_bs = 4;
+    const std::string dir = test::scratch_dir("plan-search-32k").string();
+    generate_analytic_profiles(a, dir);
+    set = std::make_unique<ProfileSet>(ProfileSet::load(dir, 6));
+  }
+  return *set;
+}
+
+// A 32k-token sequence on two nodes of one A100 each, kLongSequenceGiB of memory: without context
+// parallelism no plan fits (one GPU cannot hold a whole sequence's activations, dp 2 gives each GPU a whole
+// sequence, tp stays inside a node, and a pipeline of two keeps two sequences' activations on stage 0);
+// at cp 2 each GPU holds half of every sequence, and the search finds that plan, as exhaustive search does.
+// With every ZeRO and recomputation setting (where recomputation lets cp 1 fit), cp 2 is still the fastest.
+constexpr int kLongSequenceGiB = 20;
+TEST_CASE("a 32k-token sequence on two GPUs: no plan fits without cp, the search finds the cp 2 plan",
+          "[plan_search][cp]") {
+  const std::vector<ClusterfileEntry> gpus = {{"10.0.0.1", "A100", 25, 300, kLongSequenceGiB},
+                                              {"10.0.0.2", "A100", 25, 300, kLongSequenceGiB}};
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 1}, {"10.0.0.2", 1}}, gpus, "hosts", "clusterfile");
+  const ProfileSet& profiles = long_sequence_profiles();
+  const ModelShape shape = shape_from_model_config(long_sequence_model());
+  const PlanSimulator sim(cluster, profiles, shape, 32768, sim_options());
+  auto search = [&](const std::vector<TrainingSetup>& setups, const std::vector<int>& cps, bool exhaustive) {
+    PlanSearchOptions o;
+    o.gbs = 4;
+    o.top_k = 3;
+    o.setups = with_context_parallel_dimension(setups, cps);
+    o.exhaustive = exhaustive;
+    return PlanSearch(cluster, profiles, sim, o).run();
+  };
+  const TrainingSetup plain = sim_options().setup;  // ZeRO-0, no recomputation
+  const PlanSearchResult without = search({plain}, {1}, false);
+  CHECK(without.top.empty());
+  CHECK(without.space_empty);
+  CHECK(search({plain}, {1}, true).top.empty());
+
+  const std::vector<TrainingSetup> at_cp = with_context_parallel_dimension({plain}, {1, 2});
+  const PlanSearchResult with = search({plain}, {1, 2}, false), full = search({plain}, {1, 2}, true);
+  REQUIRE(!with.top.empty());
+  CHECK(with.proven);
+  REQUIRE(with.top.size() == full.top.size());
+  for (std::size_t i = 0; i < full.top.size(); ++i) {
+    check_same_plan(with.top[i].plan, full.top[i].plan);
+    CHECK(with.top[i].setup == full.top[i].setup);
+    CHECK(at_cp[with.top[i].setup].context_parallel == 2);
+  }
+  // One stage of both GPUs, one cp group of two ranks: a sample per micro-batch, half of it per GPU.
+  const PlanResult& best = with.top[0].plan;
+  CHECK(best.device_groups == std::vector<int>{2});
+  CHECK(best.strategies == std::vector<Strategy>{Strategy{2, 1}});
+  CHECK(best.batches == 4);
+  SimulationOptions cs = sim_options();
+  cs.setup = at_cp[with.top[0].setup];
+  const PlanSimulation simulated = PlanSimulator(cluster, profiles, shape, 32768, cs).simulate(best, 4);
+  CHECK(simulated.fits);
+  CHECK(simulated.timeline.iteration_ms == Approx(best.cost).epsilon(1e-9));
+
+  // Every ZeRO stage and recomputation: recomputation fits cp 1, and cp 2 is faster still.
+  const std::vector<TrainingSetup> settings = search_setups(plain, "auto", "auto");
+  const PlanSearchResult one = search(settings, {1}, false);
+  REQUIRE(!one.top.empty());
+  CHECK(settings[one.top[0].setup].recompute != Recompute::kNone);
+  const std::vector<TrainingSetup> both = with_context_parallel_dimension(settings, {1, 2});
+  const PlanSearchResult any = search(settings, {1, 2}, false), any_full = search(settings, {1, 2}, true);
+  REQUIRE(!any.top.empty());
+  CHECK(both[any.top[0].setup].context_parallel == 2);
+  CHECK(any.top[0].plan.cost < one.top[0].plan.cost);
+  REQUIRE(any.top.size() == any_full.top.size());
+  for (std::size_t i = 0; i < any.top.size(); ++i) {
+    check_same_plan(any.top[i].plan, any_full.top[i].plan);
+    CHECK(any.top[i].setup == any_full.top[i].setup);
+  }
+}
+
+TEST_CASE("--cp: 1, N or auto (powers of two that split the sequence into 2 cp chunks); bad values name --cp",
+          "[plan_search][cp]") {
+  CHECK(parse_context_parallel("1", 1024, 8) == std::vector<int>{1});
+  CHECK(parse_context_parallel("2", 1024, 8) == std::vector<int>{2});
+  CHECK(parse_context_parallel("auto", 1024, 8) == std::vector<int>{1, 2, 4, 8});
+  CHECK(parse_context_parallel("auto", 1024, 6) == std::vector<int>{1, 2, 4});
+  CHECK(parse_context_parallel("auto", 24, 64) == std::vector<int>{1, 2, 4});  // 24 = 2 x 12: not 2 x 8
+  CHECK_THROWS_WITH(parse_context_parallel("3", 1024, 8), Catch::Contains("--cp 3") && Catch::Contains("2 x cp = 6"));
+  CHECK_THROWS_WITH(parse_context_parallel("two", 1024, 8), Catch::StartsWith("--cp: 'two'"));
+  CHECK_THROWS_WITH(parse_context_parallel("0", 1024, 8), Catch::StartsWith("--cp: '0'"));
+  // The dimension: every setting at each size, size-major; the parts by size, smallest first.
+  TrainingSetup a, b;
+  b.zero_stage = 1;
+  const std::vector<TrainingSetup> s = with_context_parallel_dimension({a, b}, {1, 4});
+  REQUIRE(s.size() == 4);
+  CHECK(s[1].zero_stage == 1);
+  CHECK(s[2].context_parallel == 4);
+  CHECK(context_parallel_parts(s) == std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+  CHECK(context_parallel_parts({a, b}) == std::vector<std::vector<int>>{{0, 1}});
 }
 
 // Virtual stages as a dimension (search_virtual_stages over v = 1 and 2): the search with its bounds
