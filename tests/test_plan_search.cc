@@ -1295,6 +1295,82 @@ TEST_CASE("stage estimates count the pass's time outside the layers: a stage of 
   CHECK(with_outside > 50);  // the profiles measure time outside the layers: the check above needs it
 }
 
+// Under context parallelism (cp 2) the estimates price a stage as PlanCostModel::stage does: the micro-batch
+// split over the dp / cp groups, each rank 1/cp of its group's profile time, the sends per cp chunk. A
+// homogeneous stage of even group shares is estimated at its cost less the ring's exchange and merge (which
+// the estimate leaves out); its sends are exact; mixed-type stages (the replica lists and, past
+// mixed_table_limit, the whole-sample capacity bound) stay below their cost; a dp that cp does not divide
+// has no estimate (the simulator refuses it).
+TEST_CASE("stage estimates under context parallelism: 1/cp of the group's share, exact for even shares",
+          "[plan_search][estimates][cp]") {
+  using namespace stage_estimates;
+  const ProfileSet& profiles = small_profiles();
+  const int L = profiles.num_layers(), max_tp = 4;
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 4}}, clusterfile(), "hosts", "clusterfile");
+  TrainingSetup cp2 = sim_options().setup;
+  cp2.context_parallel = 2;
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  const int types = static_cast<int>(cluster.device_types().size());
+  const RankLayout layout(cluster, {0, 1});
+  const PlanCostModel model(sim, layout, {cp2});
+  const std::vector<double> unmeasured(static_cast<std::size_t>(types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
+  int exact = 0, mixed = 0;
+  for (int b : {1, 2, 4}) {
+    const ShareSlices slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs);
+    EstimateBudget budget(std::size_t{64} << 20);
+    MixedLists lists(budget);
+    const StageEstimator est(profiles, cluster, layout, model, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured, L);
+    const StageEstimator capacity(profiles, cluster, layout, model, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured,
+                                  L, 0);
+    CHECK(est.cp() == 2);
+    for (int r = 0; r < 8; ++r)
+      for (int s = 1; r + s <= 8; ++s)
+        for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+          const int dp = s / tp;
+          if (s % tp != 0 || dp / 2 > b) continue;
+          const bool homo = layout.homogeneous(r, r + s);
+          if (dp % 2 != 0) {  // no cp groups
+            CHECK(std::isinf(est.estimate(r, s, tp, 0, L, homo, true).t));
+            continue;
+          }
+          StageChoice c;
+          c.begin = r;
+          c.size = s;
+          c.st = Strategy{dp, tp};
+          for (int l = 0; l < L; ++l)
+            for (int e = l + 1; e <= L; ++e) {
+              INFO("ranks " << r << "+" << s << " tp " << tp << " b " << b << " layers " << l << "-" << e);
+              c.layer_begin = l;
+              c.layer_end = e;
+              FastStageCost fc;
+              StageDetail d;
+              std::string why;
+              if (!model.explain_stage(c, 1, 3, 4, b, 0, &fc, &d, &why)) continue;  // a middle stage
+              const double cost = fc.forward_ms + fc.backward_ms;
+              const StageEstimate x = est.estimate(r, s, tp, l, e, homo, true);
+              CHECK(x.t <= cost * (1 + 1e-12));
+              CHECK(x.f + x.b <= x.t * (1 + 1e-12));
+              CHECK(capacity.estimate(r, s, tp, l, e, homo, true).t <= cost * (1 + 1e-12));
+              double sf = 0, sb = 0;
+              est.sends(r, s, tp, homo, &sf, &sb);
+              if (!homo) {
+                ++mixed;
+                continue;
+              }
+              CHECK(sf == fc.send_forward_ms);
+              CHECK(sb == fc.send_backward_ms);
+              const Slices& sl = slices.at(layout.type_of(r), tp, b / (dp / 2));
+              if (b % (dp / 2) != 0 || sl.files.size() != 1) continue;  // even shares, the share's own file
+              const double ring = d.cp_exchange_forward_ms + d.cp_exchange_backward_ms + d.cp_merge_forward_ms +
+                                  d.cp_merge_backward_ms;
+              CHECK(x.t == Approx(cost - ring).epsilon(1e-9));
+              ++exact;
+            }
+        }
+  }
+  CHECK(exact > 30);
+  CHECK(mixed > 30);
+}
 
 // The mixed-type stages' whole-sample walk (stage_estimates::whole_sample_walk) recomputes a run's samples
 // only near a tie; this is the walk that divides every run at every step, which it must equal bit for bit.
