@@ -170,14 +170,16 @@ void check_plan_of_the_space(const Cluster& cluster, const PlanSimulator& sim, c
 // same settings, in the same order. `cross_node_tp` also lets tp groups span nodes.
 // `table_limit`: PlanSearchOptions::suffix_table_limit (0: the throughput bound instead of the table).
 // `gpus`: the clusterfile (its GPU memory); `min_with_plans`: clusters that must have a feasible plan.
-// `cps`: the context-parallel sizes searched (with_context_parallel_dimension). Returns how many of the
-// plans returned run at a context-parallel size above 1.
+// `cps`: the context-parallel sizes searched (with_context_parallel_dimension); `top_k` and `seed_time_s`:
+// PlanSearchOptions' (no seeds and one plan: the threshold is the best cost, which the bounds alone must
+// reach). Returns how many of the plans returned run at a context-parallel size above 1.
 int expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
                                     bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
                                     const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
                                     StageBoundaries boundaries = StageBoundaries::kRank,
                                     double mixed_limit = PlanSearchOptions().mixed_table_limit,
-                                    const std::string& overlap = "off", const std::vector<int>& cps = {1}) {
+                                    const std::string& overlap = "off", const std::vector<int>& cps = {1},
+                                    int top_k = 3, double seed_time_s = PlanSearchOptions().seed_time_s) {
   int compared = 0, with_plans = 0, with_cp = 0;
   long long pruned_costed = 0, full_costed = 0;
   const std::vector<Case> all = cases(uneven);
@@ -187,7 +189,8 @@ int expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulation
     const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, so);
     PlanSearchOptions o;
     o.gbs = c.gbs;
-    o.top_k = 3;
+    o.top_k = top_k;
+    o.seed_time_s = seed_time_s;
     o.allow_cross_node_tp = cross_node_tp;
     o.suffix_table_limit = table_limit;
     o.stage_boundaries = boundaries;
@@ -352,13 +355,65 @@ const ProfileSet& long_sequence_profiles() {
     AnalyticOptions a;
     a.model = long_sequence_model();
     a.device_types = {"A100"};
-    a.max_tp = 1;
+    a.max_tp = 2;
     a.max_bs = 4;
     const std::string dir = test::scratch_dir("plan-search-32k").string();
     generate_analytic_profiles(a, dir);
     set = std::make_unique<ProfileSet>(ProfileSet::load(dir, 6));
   }
   return *set;
+}
+
+// The 32k-token model on 12 small clusters of A100s (1-4 GPUs, nodes of 1-2, 20-40 GB) at gbs 2-8, where
+// memory binds and cp plans are often the best: the search at gap 0 returns exhaustive search's plans with
+// cp 1, 2 and 4 as a dimension, every ZeRO and recomputation setting, the best plan alone without seeds
+// (the bounds alone must reach the best cost: a cp estimate above its stage's cost prunes a best cp plan)
+// and the top 3 with them.
+TEST_CASE("32k tokens on small clusters: the search returns exhaustive search's plans with cp as a dimension",
+          "[plan_search][cp]") {
+  const ProfileSet& profiles = long_sequence_profiles();
+  const ModelShape shape = shape_from_model_config(long_sequence_model());
+  const std::vector<Case> long_cases = {
+      {{{"10.0.0.1", 1}, {"10.0.0.2", 1}}, 4}, {{{"10.0.0.1", 2}}, 2},  {{{"10.0.0.3", 2}}, 4},
+      {{{"10.0.0.1", 2}, {"10.0.0.2", 2}}, 8}, {{{"10.0.0.3", 2}, {"10.0.0.4", 1}}, 6},
+      {{{"10.0.0.1", 1}, {"10.0.0.2", 1}, {"10.0.0.3", 1}, {"10.0.0.4", 1}}, 4}, {{{"10.0.0.2", 2}}, 8},
+      {{{"10.0.0.4", 2}, {"10.0.0.4", 2}}, 4}, {{{"10.0.0.3", 1}, {"10.0.0.4", 2}}, 2},
+      {{{"10.0.0.1", 2}, {"10.0.0.3", 2}}, 2}, {{{"10.0.0.2", 1}, {"10.0.0.4", 1}}, 8}, {{{"10.0.0.1", 4}}, 4}};
+  const std::vector<ClusterfileEntry> gpus = {{"10.0.0.1", "A100", 25, 300, 20}, {"10.0.0.2", "A100", 25, 300, 24},
+                                              {"10.0.0.3", "A100", 25, 300, 32}, {"10.0.0.4", "A100", 25, 300, 40}};
+  const std::vector<TrainingSetup> setups =
+      with_context_parallel_dimension(search_setups(sim_options().setup, "auto", "auto"), {1, 2, 4});
+  int cp_best = 0, with_plans = 0;
+  for (const Case& c : long_cases) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, gpus, "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape, 32768, sim_options());
+    for (const int k : {1, 3}) {
+      INFO("top " << k);
+      PlanSearchOptions o;
+      o.gbs = c.gbs;
+      o.top_k = k;
+      o.seed_time_s = k == 1 ? 0 : o.seed_time_s;
+      o.setups = setups;
+      PlanSearchOptions ex = o;
+      ex.exhaustive = true;
+      const PlanSearchResult pruned = PlanSearch(cluster, profiles, sim, o).run();
+      const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+      REQUIRE(pruned.top.size() == full.top.size());
+      for (std::size_t i = 0; i < full.top.size(); ++i) {
+        check_same_plan(pruned.top[i].plan, full.top[i].plan);
+        CHECK(pruned.top[i].setup == full.top[i].setup);
+      }
+      CHECK(pruned.costed <= full.costed);
+      if (k == 1 && !full.top.empty()) {
+        ++with_plans;
+        cp_best += setups[full.top[0].setup].context_parallel > 1;
+      }
+    }
+  }
+  CHECK(with_plans >= 10);
+  CHECK(cp_best >= 4);  // cp is best on many of them: the equality above covers the cp bounds
+  WARN("cp plans best on " << cp_best << " of " << with_plans << " clusters");
 }
 
 // A 32k-token sequence on two nodes of one A100 each, kLongSequenceGiB of memory: without context
