@@ -364,7 +364,9 @@ void print_priced_plans(const SearchArgs& a, const ObjectiveOptions& objective,
               << python_float(std::round(p.searched.plan.cost * 1000) / 1000) << ", " << python_float(p.usd_per_hour)
               << ", " << r.subsets[p.subset].label << "\n";
     std::cout << "   " << reference_plan_line(static_cast<int>(i + 1), p.searched.plan) << "\n";
-    if (setups.size() > 1) std::cout << "setting " << i + 1 << ": " << setup_label(setups[p.searched.setup]) << "\n";
+    if (setups.size() > 1)
+      std::cout << "setting " << i + 1 << ": " << setup_label(setups[p.searched.setup])
+                << parallel_setup_suffix(setups[p.searched.setup]) << "\n";
   }
 }
 

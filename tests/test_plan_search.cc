@@ -368,7 +368,8 @@ const ProfileSet& long_sequence_profiles() {
 // memory binds and cp plans are often the best: the search at gap 0 returns exhaustive search's plans with
 // cp 1, 2 and 4 as a dimension, every ZeRO and recomputation setting, the best plan alone without seeds
 // (the bounds alone must reach the best cost: a cp estimate above its stage's cost prunes a best cp plan)
-// and the top 3 with them.
+// and the top 3 with them; stages on any rank, and of whole nodes with the bounds pass (the tails, the coupled
+// entries and the tables' own plans at each size).
 TEST_CASE("32k tokens on small clusters: the search returns exhaustive search's plans with cp as a dimension",
           "[plan_search][cp]") {
   const ProfileSet& profiles = long_sequence_profiles();
@@ -388,12 +389,16 @@ TEST_CASE("32k tokens on small clusters: the search returns exhaustive search's 
     INFO(describe(c));
     const Cluster cluster = Cluster::from_parts(c.hosts, gpus, "hosts", "clusterfile");
     const PlanSimulator sim(cluster, profiles, shape, 32768, sim_options());
-    for (const int k : {1, 3}) {
-      INFO("top " << k);
+    for (const int k : {1, 3, 4}) {
+      INFO("top " << (k == 4 ? 3 : k) << (k == 4 ? ", whole nodes, bounds pass" : ""));
       PlanSearchOptions o;
       o.gbs = c.gbs;
-      o.top_k = k;
+      o.top_k = k == 4 ? 3 : k;
       o.seed_time_s = k == 1 ? 0 : o.seed_time_s;
+      if (k == 4) {
+        o.stage_boundaries = StageBoundaries::kNode;
+        o.bounds_pass_above_gpus = 0;
+      }
       o.setups = setups;
       PlanSearchOptions ex = o;
       ex.exhaustive = true;
