@@ -324,20 +324,29 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
   ReplicaCost c;
   double outside = 0;
   for (int d = 0; d < dp; ++d) {
+    // Context parallelism: a rank of a cp group runs every layer on share x s / cp tokens and computes 1/cp
+    // of its group's causal attention (share x s^2 / cp scores): the work of share / cp whole sequences, which
+    // their own profile measured, with the host's issue time at that size (a rank's layers keep their op
+    // count when cp divides its tokens: at small shares the host, not 1/cp of the share's GPU time, paces
+    // them), and so does the pass outside the layers. A share that cp does not divide takes 1/cp of the
+    // share's profile.
+    const int cp_samples = b->cp > 1 && share[d] % b->cp == 0 ? share[d] / b->cp : 0;
+    const double cp_divisor = cp_samples > 0 ? 1.0 : b->cp;
     if (d == 0 || rtype[d] != rtype[d - 1] || share[d] != share[d - 1]) {
-      if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, share[d], start, end, &c, why)) return false;
-      const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, share[d]));
+      if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, cp_samples > 0 ? cp_samples : share[d], start,
+                        end, &c, why))
+        return false;
+      const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, cp_samples > 0 ? cp_samples : share[d]));
       outside = lp ? std::max(0.0, lp->fb_sync_ms) * param_share : 0.0;
     }
     const double extra = cross_node_tp_ms(begin, st, d, share[d], blocks) / b->cp;
-    const double total = c.total_ms / b->cp + 2 * extra + outside;
+    const double total = c.total_ms / cp_divisor + 2 * extra + outside;
     if (total >= slowest) {
       slowest = total;
       slowest_outside = outside;
-      // Context parallelism: each rank of the group computes 1/cp of the group's samples.
-      slowest_base = c.total_ms / b->cp;
-      slowest_forward = c.forward_ms >= 0 ? c.forward_ms / b->cp : -1;
-      slowest_block_forward = c.block_forward_ms >= 0 ? c.block_forward_ms / b->cp : -1;
+      slowest_base = c.total_ms / cp_divisor;
+      slowest_forward = c.forward_ms >= 0 ? c.forward_ms / cp_divisor : -1;
+      slowest_block_forward = c.block_forward_ms >= 0 ? c.block_forward_ms / cp_divisor : -1;
       b->sustained = c.sustained_ratio;
       b->tpx_fwd = extra;
       b->tpx_bwd = extra;

@@ -322,6 +322,40 @@ TEST_CASE("context parallelism in PlanCostModel: shares per cp group, 1/cp of th
   CHECK(why.find("multiple of the context-parallel size 2") != std::string::npos);
 }
 
+TEST_CASE("context parallelism in PlanCostModel: a cp rank's layers cost the profile of share / cp samples",
+          "[seqpar][cp][plan_cost]") {
+  // A rank of a cp-2 group with a share of 2 samples runs s/2 tokens of each: the work of one whole sample
+  // (its tokens, and half the group's causal attention), which the bs-1 profile measured, not half of the
+  // bs-2 profile (whose per-op host time is spread over twice the work). Odd shares keep 1/cp of their own.
+  const Cluster16& s = cluster16();
+  std::vector<TrainingSetup> setups(2);
+  setups[1].context_parallel = 2;
+  const PlanSimulator sim = s.simulator(setups[0]);
+  const RankLayout layout(s.cluster, {0, 1});
+  const PlanCostModel model(sim, layout, setups);
+  const StageChoice c{0, 4, Strategy{4, 1}, 1, 9};
+  std::string why;
+  auto compute_ms = [&](int micro_batch, int setup, StageDetail* d) {
+    FastStageCost f{};
+    REQUIRE(model.explain_stage(c, 1, 3, 4, micro_batch, setup, &f, d, &why));
+    return f.forward_ms - d->cp_exchange_forward_ms - d->cp_merge_forward_ms;
+  };
+  const int type = s.profiles.type_index("A100");
+  REQUIRE(type >= 0);
+  const LayerProfile* bs1 = s.profiles.find(type, 1, 1);
+  const LayerProfile* bs2 = s.profiles.find(type, 1, 2);
+  REQUIRE((bs1 != nullptr && bs2 != nullptr));
+  StageDetail cp2, dp4;
+  // cp 2, micro-batch 4: two groups of 2 samples; every rank the bs-1 profile's forward, as dp 4 of 1 sample.
+  const double with_cp = compute_ms(4, 1, &cp2);
+  const double without = compute_ms(4, 0, &dp4);
+  CHECK(cp2.shares == std::vector<int>{2, 2, 2, 2});
+  CHECK(dp4.shares == std::vector<int>{1, 1, 1, 1});
+  CHECK(with_cp == Approx(without).epsilon(1e-9));
+  // The rule removed (1/cp of the bs-2 profile) gives another figure: the profiles' bs 1 is not half their bs 2.
+  CHECK(std::abs(bs1->forward_time(1, 9) - bs2->forward_time(1, 9) / 2) > 1e-3);
+}
+
 TEST_CASE("context parallelism: a cp ring across nodes exposes its K/V exchange", "[seqpar][cp][plan_cost]") {
   const Cluster16& s = cluster16();
   std::vector<TrainingSetup> setups(1);
