@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -42,7 +43,7 @@ inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) /
 
 // Lower bounds on a stage's costs per micro-batch (ms), from the same profile
 // look-ups the simulator makes (under context parallelism cp, as it makes them: the micro-batch split over
-// the dp / cp groups, each rank computing 1/cp of its group's profile time), leaving out every term that only adds (the
+// the dp / cp groups, each rank running its group's share as Slices says), leaving out every term that only adds (the
 // first and last stages' extras, recomputation, ZeRO's collectives, the
 // sustained stretch, cross-node tp): its forward + backward, a lower bound on
 // each of the two, its measured gradient accumulation, and its two p2p sends
@@ -59,9 +60,12 @@ struct StageEstimate {
 };
 
 // The simulator's slicing of a replica's share of a micro-batch: its own profile file, else its
-// power-of-two slices (ProfileSet::share_files).
+// power-of-two slices (ProfileSet::share_files). Under context parallelism cp the share is a cp group's and
+// the slicing its ranks' (PlanCostModel's slowest replica): a share x that cp divides runs the profile of
+// x / cp whole sequences (divisor 1), another 1/cp of the profile of x (divisor cp).
 struct Slices {
   int type = 0, tp = 1;
+  double divisor = 1;  // a rank's time is its files' time / divisor
   bool missing = false;
   bool forward_known = false;  // every file splits out the forward
   // The fb_sync_ms of the share's own profile file (0 without one): what stage() adds to a replica of this
@@ -72,11 +76,13 @@ struct Slices {
 };
 
 // Slices of every (cluster type, tp, share), shared by every (node order, m) group: they depend on
-// nothing else. Read-only after construction (thread-safe); REQUIRES: the profiles outlive it.
+// nothing else but the context-parallel size cp (the search's: SearchSpace::cp). Read-only after
+// construction (thread-safe); REQUIRES: the profiles outlive it; cp >= 1.
 class ShareSlices {
  public:
-  ShareSlices(const ProfileSet& profiles, const Cluster& cluster, int max_tp, int max_share, int max_profiled_bs)
-      : tps_(max_tp + 1), shares_(max_share + 1) {
+  ShareSlices(const ProfileSet& profiles, const Cluster& cluster, int max_tp, int max_share, int max_profiled_bs,
+              int cp = 1)
+      : tps_(max_tp + 1), shares_(max_share + 1), cp_(cp) {
     const int types = static_cast<int>(cluster.device_types().size());
     v_.resize(static_cast<std::size_t>(types) * tps_ * shares_);
     for (int t = 0; t < types; ++t) {
@@ -84,14 +90,17 @@ class ShareSlices {
       for (int tp = 1; tp <= max_tp; ++tp)
         for (int share = 1; share <= max_share; ++share) {
           Slices& sl = v_[(static_cast<std::size_t>(t) * tps_ + tp) * shares_ + share];
+          const bool whole = cp > 1 && share % cp == 0;  // a rank runs share / cp whole sequences
+          const int samples = whole ? share / cp : share;
+          sl.divisor = cp > 1 && !whole ? cp : 1;
           const LayerProfile* files[32];
-          const int n = profiles.share_files(pt, tp, share, max_profiled_bs, files);
+          const int n = profiles.share_files(pt, tp, samples, max_profiled_bs, files);
           if (n < 0) sl.missing = true;
           sl.files.assign(files, files + std::max(0, n));
           sl.type = t;
           sl.tp = tp;
           sl.forward_known = !sl.files.empty();
-          const LayerProfile* own = profiles.find(pt, tp, share);
+          const LayerProfile* own = profiles.find(pt, tp, samples);
           sl.fb_sync = own ? std::max(0.0, own->fb_sync_ms) : 0.0;
           for (const LayerProfile* lp : sl.files) sl.forward_known = sl.forward_known && lp->has_forward();
         }
@@ -101,9 +110,10 @@ class ShareSlices {
   const Slices& at(int type, int tp, int share) const {
     return v_[(static_cast<std::size_t>(type) * tps_ + tp) * shares_ + share];
   }
+  int cp() const { return cp_; }
 
  private:
-  int tps_, shares_;
+  int tps_, shares_, cp_;
   std::vector<Slices> v_;  // [type][tp][share]
 };
 
@@ -250,12 +260,12 @@ class StageEstimator {
   // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
   // Context parallelism: the cost model's setups' context-parallel size cp (SearchSpace::cp), over which
   // each stage's dp replicas form dp / cp groups (StageGrid::cp_groups) that the micro-batch is split
-  // over, each rank computing 1/cp of its group's share (PlanCostModel::stage's slowest replica): the
-  // profile times below are divided by cp, as stage() divides them; the time outside the layers, the
-  // accumulation and the step are per parameter, as at cp 1; the ring exchange only adds (left out).
-  // REQUIRES: `slices` covers max_tp and shares up to micro_batch; every setup of `cost` has the same
-  // context_parallel; `slices`, `mixed_lists`, `unmeasured_acc`, the layout, cost model and profiles
-  // outlive the estimator.
+  // over, each rank running its group's share as PlanCostModel::stage's slowest replica does (the
+  // slicing of `slices`, built at that cp: share / cp whole sequences, or 1/cp of the share's profile),
+  // with the time outside the layers and the accumulation of those files; the ring exchange only adds
+  // (left out). REQUIRES: `slices` covers max_tp and shares up to micro_batch and has the setups' cp;
+  // every setup of `cost` has the same context_parallel; `slices`, `mixed_lists`, `unmeasured_acc`, the
+  // layout, cost model and profiles outlive the estimator.
   StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
                  const ShareSlices& slices, MixedLists& mixed_lists, int micro_batch, int max_tp, bool full_params,
                  double backward_share, const std::vector<double>& unmeasured_acc, int layers,
@@ -264,6 +274,7 @@ class StageEstimator {
         cp_(std::max(1, cost.setup(0).context_parallel)), full_params_(full_params),
         forward_share_(1 - backward_share), recompute_(cost.least_recompute_fraction()), unmeasured_acc_(&unmeasured_acc),
         L_(layers) {
+    if (slices.cp() != cp_) throw std::invalid_argument("StageEstimator: slices of another context-parallel size");
     const int types = static_cast<int>(cluster.device_types().size());
     param_bytes_.assign(L_ + 1, 0.0);
     const std::vector<double>& bytes = profiles.model().parameters_per_layer_bytes;
@@ -483,11 +494,11 @@ class StageEstimator {
     int count = 0;  // count < 0: the load balancer lacks a profile
     int max_share = 0;
   };
-  // A rank's profile time of these slices: under context parallelism 1/cp of its group's (as stage()).
-  double time(const Slices& sl, int l, int e) const {
+  // A rank's profile time of these slices (under context parallelism, over their divisor, as stage()).
+  static double time(const Slices& sl, int l, int e) {
     double t = 0;
     for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
-    return t / cp_;
+    return t / sl.divisor;
   }
   // A lower bound on the accumulation of a replica with these slices: its file's measured one when every
   // setup trains every parameter (LoRA scales it down), else, when its file does not measure it, the
@@ -512,14 +523,14 @@ class StageEstimator {
     if (!sl.forward_known) return forward(sl, l, e, t) * (end - first) / (e - l);
     double f = 0;
     for (const LayerProfile* lp : sl.files) f += lp->forward_time(first, end);
-    return f / cp_;
+    return f / sl.divisor;
   }
   // The forward of these slices, as stage() splits it: measured, else the total's forward share.
   double forward(const Slices& sl, int l, int e, double t) const {
     if (!sl.forward_known) return t * forward_share_;
     double f = 0;
     for (const LayerProfile* lp : sl.files) f += lp->forward_time(l, e);
-    return f / cp_;
+    return f / sl.divisor;
   }
   const RankLayout* layout_;
   const PlanCostModel* cost_;

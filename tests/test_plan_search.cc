@@ -487,7 +487,7 @@ TEST_CASE("a 32k-token sequence on two GPUs: no plan fits without cp, the search
   }
 }
 
-TEST_CASE("--cp: 1, N or auto (powers of two that split the sequence into 2 cp chunks); bad values name --cp",
+TEST_CASE("--cp: 1, N or auto (powers of two that split the sequence into 2 cp chunks), bad values name --cp",
           "[plan_search][cp]") {
   CHECK(parse_context_parallel("1", 1024, 8) == std::vector<int>{1});
   CHECK(parse_context_parallel("2", 1024, 8) == std::vector<int>{2});
@@ -1356,7 +1356,8 @@ TEST_CASE("stage estimates count the pass's time outside the layers: a stage of 
 }
 
 // Under context parallelism (cp 2) the estimates price a stage as PlanCostModel::stage does: the micro-batch
-// split over the dp / cp groups, each rank 1/cp of its group's profile time, the sends per cp chunk. A
+// split over the dp / cp groups, each rank the profile of its group's share / cp whole sequences (1/cp of
+// the share's profile where cp does not divide it), the sends per cp chunk. A
 // homogeneous stage of even group shares is estimated at its cost less the ring's exchange and merge (which
 // the estimate leaves out); its sends are exact; mixed-type stages (the replica lists and, past
 // mixed_table_limit, the whole-sample capacity bound) stay below their cost; a dp that cp does not divide
@@ -1374,12 +1375,17 @@ TEST_CASE("stage estimates under context parallelism: 1/cp of the group's share,
   const RankLayout layout(cluster, {0, 1});
   const PlanCostModel model(sim, layout, {cp2});
   const std::vector<double> unmeasured(static_cast<std::size_t>(types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
-  int exact = 0, mixed = 0;
+  int exact = 0, mixed = 0, whole = 0;
   for (int b : {1, 2, 4}) {
-    const ShareSlices slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs);
+    const ShareSlices slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs, 2);
     EstimateBudget budget(std::size_t{64} << 20);
     MixedLists lists(budget);
     const StageEstimator est(profiles, cluster, layout, model, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured, L);
+    // Slices of another cp: refused.
+    const ShareSlices plain_slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs);
+    CHECK_THROWS_AS(StageEstimator(profiles, cluster, layout, model, plain_slices, lists, b, max_tp, true, 2.0 / 3,
+                                   unmeasured, L),
+                    std::invalid_argument);
     const StageEstimator capacity(profiles, cluster, layout, model, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured,
                                   L, 0);
     CHECK(est.cp() == 2);
@@ -1420,7 +1426,8 @@ TEST_CASE("stage estimates under context parallelism: 1/cp of the group's share,
               CHECK(sf == fc.send_forward_ms);
               CHECK(sb == fc.send_backward_ms);
               const Slices& sl = slices.at(layout.type_of(r), tp, b / (dp / 2));
-              if (b % (dp / 2) != 0 || sl.files.size() != 1) continue;  // even shares, the share's own file
+              if (b % (dp / 2) != 0 || sl.files.size() != 1) continue;  // even shares, the ranks' own file
+              whole += sl.divisor == 1;
               const double ring = d.cp_exchange_forward_ms + d.cp_exchange_backward_ms + d.cp_merge_forward_ms +
                                   d.cp_merge_backward_ms;
               CHECK(x.t == Approx(cost - ring).epsilon(1e-9));
@@ -1429,6 +1436,8 @@ TEST_CASE("stage estimates under context parallelism: 1/cp of the group's share,
         }
   }
   CHECK(exact > 30);
+  CHECK(whole > 10);  // shares cp divides: the ranks run share / cp whole sequences
+  CHECK(exact > whole);
   CHECK(mixed > 30);
 }
 

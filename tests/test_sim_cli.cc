@@ -355,7 +355,7 @@ TEST_CASE("search refuses shape flags the profiles disagree with, naming the key
 // A 32k-token sequence on two single-A100 nodes of 20 GB: without cp no plan fits (ZeRO-0, no recomputation),
 // --cp auto finds the cp 2 plan; with every setting it beats the best cp 1 plan (recomputation). --json and
 // simulate carry context_parallel, export gives Megatron's --context-parallel-size.
-TEST_CASE("search --cp auto finds the cp 2 plan of a 32k-token sequence; --json, simulate and export carry it",
+TEST_CASE("search --cp auto finds the cp 2 plan of a 32k-token sequence, and --json, simulate and export carry it",
           "[cli][search-sim][cp]") {
   const auto dir = test::scratch_dir("search-cp");
   std::ofstream(dir / "hostfile") << "10.0.0.1 slots=1\n10.0.0.2 slots=1\n";
