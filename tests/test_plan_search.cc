@@ -487,7 +487,7 @@ TEST_CASE("a 32k-token sequence on two GPUs: no plan fits without cp, the search
   }
 }
 
-TEST_CASE("--cp: 1, N or auto (powers of two that split the sequence into 2 cp chunks), bad values name --cp",
+TEST_CASE("search --cp is 1, N or auto (powers of two that split the sequence into 2 cp chunks), bad values name --cp",
           "[plan_search][cp]") {
   CHECK(parse_context_parallel("1", 1024, 8) == std::vector<int>{1});
   CHECK(parse_context_parallel("2", 1024, 8) == std::vector<int>{2});
