@@ -449,7 +449,7 @@ class StageEstimator {
       if (replicas <= 0) continue;
       const std::vector<double>& v = per_sample_best_[layout_->type_of(q) * (max_tp_ + 1) + tp];
       if (v.empty()) continue;  // no file: infinite time per sample, no capacity
-      const double best = v[span_index(L_, l, e)] / cp_;
+      const double best = cp_ == 1 ? v[span_index(L_, l, e)] : v[span_index(L_, l, e)] / cp_;
       if (std::isfinite(best) && best <= 0) return x;  // a free replica: no bound
       if (!std::isfinite(best)) continue;
       capacity += replicas / best;
@@ -486,7 +486,7 @@ class StageEstimator {
   }
   // The context-parallel size, and the Megatron replicas (cp groups) of dp replicas: dp / cp.
   int cp() const { return cp_; }
-  int groups(int dp) const { return dp / cp_; }
+  int groups(int dp) const { return cp_ == 1 ? dp : dp / cp_; }  // (no division on the plain search's path)
 
  private:
   struct MixedRef {
@@ -498,7 +498,7 @@ class StageEstimator {
   static double time(const Slices& sl, int l, int e) {
     double t = 0;
     for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
-    return t / sl.divisor;
+    return sl.divisor == 1 ? t : t / sl.divisor;
   }
   // A lower bound on the accumulation of a replica with these slices: its file's measured one when every
   // setup trains every parameter (LoRA scales it down), else, when its file does not measure it, the
@@ -523,14 +523,14 @@ class StageEstimator {
     if (!sl.forward_known) return forward(sl, l, e, t) * (end - first) / (e - l);
     double f = 0;
     for (const LayerProfile* lp : sl.files) f += lp->forward_time(first, end);
-    return f / sl.divisor;
+    return sl.divisor == 1 ? f : f / sl.divisor;
   }
   // The forward of these slices, as stage() splits it: measured, else the total's forward share.
   double forward(const Slices& sl, int l, int e, double t) const {
     if (!sl.forward_known) return t * forward_share_;
     double f = 0;
     for (const LayerProfile* lp : sl.files) f += lp->forward_time(l, e);
-    return f / sl.divisor;
+    return sl.divisor == 1 ? f : f / sl.divisor;
   }
   const RankLayout* layout_;
   const PlanCostModel* cost_;
