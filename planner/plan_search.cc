@@ -204,7 +204,7 @@ PlanSearchResult PlanSearch::run() const {
 }
 
 PlanSearchResult PlanSearch::search_all() const {
-  // Context parallelism: one search per size (each one's estimates divide by its cp), exhaustive ones too.
+  // Context parallelism: one search per size (each prices its stages at its own cp), exhaustive ones too.
   const std::vector<std::vector<int>> cps = context_parallel_parts(opt_.setups);
   if (cps.size() > 1) return search_parts(cps, true);
   using Parts = PlanSearchOptions::SettingParts;

@@ -42,10 +42,12 @@ inline std::size_t span_index(int L, int l, int e) {
 inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) / 2; }
 
 // Lower bounds on a stage's costs per micro-batch (ms), from the same profile
-// look-ups the simulator makes (under context parallelism cp, as it makes them: the micro-batch split over
-// the dp / cp groups, each rank running its group's share as Slices says), leaving out every term that only adds (the
+// look-ups the simulator makes (under context parallelism cp as it makes them:
+// the micro-batch split over the dp / cp groups, each rank running its group's
+// share as Slices says), leaving out every term that only adds (the
 // first and last stages' extras, recomputation, ZeRO's collectives, the
-// sustained stretch, cross-node tp): its forward + backward, a lower bound on
+// sustained stretch, cross-node tp, the cp ring's exchange and merges): its
+// forward + backward, a lower bound on
 // each of the two, its measured gradient accumulation, and its two p2p sends
 // (exact: they depend only on the ranks, tp and the largest replica share).
 // Look-ups are resolved once, so an estimate is a few slice sums.
@@ -438,7 +440,8 @@ class StageEstimator {
     // falls short is itself a lower bound, so the walk may stop early).
     constexpr int kRuns = kMaxWalkRuns;  // (more: the fractional bound alone)
     // Under context parallelism a replica is a cp group (its first rank's type: the slowest of its ranks
-    // takes at least that one's time), whose ranks each take 1/cp of its share's time.
+    // takes at least that one's time) whose ranks each run share / cp sequences' work (or 1/cp of the
+    // share's profile): at least share x that type's least time per sample / cp.
     double w[kRuns];
     int n[kRuns], runs = 0;
     double capacity = 0;
