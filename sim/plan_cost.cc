@@ -229,10 +229,7 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   // (A stage with no rank beyond it on that side has no link to cost.)
   const int begin = s.begin, size = s.size, tp = s.st.tp;
   const bool next_rank = begin + size < layout_->num_ranks(), prev_rank = begin > 0;
-  auto send_ms = [&](int from, int to) {
-    return cp == 1 ? p2p_ms(from, to, b->max_share, tp)
-                   : net_.p2p_seconds(from, to, act_bytes_per_sample_ * b->max_share / tp / cp) * 1e3;
-  };
+  auto send_ms = [&](int from, int to) { return p2p_ms(from, to, b->max_share, tp, cp); };
   b->send_forward = index + 1 < p && next_rank ? send_ms(begin + size - 1, begin + size) : 0.0;
   b->send_backward = index > 0 && prev_rank ? send_ms(begin, begin - 1) : 0.0;
   if (b->send_forward > 0) b->gather_forward = scatter_gather_ms(begin + size, b->max_share, tp, cp);

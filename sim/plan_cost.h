@@ -126,11 +126,12 @@ class PlanCostModel {
                      FastStageCost* out, StageDetail* detail, std::string* why) const;
 
   // A p2p send of one micro-batch's activations (or their gradients) from rank `from` to rank `to` by a
-  // stage whose largest replica share is `max_share` samples at tp (bf16, split over tp): the
-  // send_forward_ms / send_backward_ms stage() gives under sequence parallelism (without it, stage() adds
-  // scatter_gather_ms). No allocation.
-  double p2p_ms(int from, int to, int max_share, int tp) const {
-    return net_.p2p_seconds(from, to, act_bytes_per_sample_ * max_share / tp) * 1e3;
+  // stage whose largest replica share is `max_share` samples at tp and context-parallel size cp (bf16,
+  // split over tp, and over cp: each cp rank sends its chunk of every sequence): the send_forward_ms /
+  // send_backward_ms stage() gives under sequence parallelism (without it, stage() adds
+  // scatter_gather_ms). No allocation. REQUIRES: cp >= 1.
+  double p2p_ms(int from, int to, int max_share, int tp, int cp = 1) const {
+    return net_.p2p_seconds(from, to, act_bytes_per_sample_ * max_share / tp / cp) * 1e3;
   }
 
   // p2p_ms from rank `from` to rank `to` for stage s's micro-batch shares (0 where a profile is missing):

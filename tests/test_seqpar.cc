@@ -522,6 +522,18 @@ TEST_CASE("plan file: sequence_parallel, context_parallel and overlap round-trip
   CHECK(back["overlap"]["grad_bucket_params"] == 1e7);
   j["context_parallel"] = 0;
   CHECK_THROWS_AS(plan_file_from_json(j, "p.json"), InputError);
+  // A cp group feeds on its group's samples: micro-batches of 2 feed dp 4 at cp 2, of 1 only at cp 4 (and
+  // at cp 2 they cannot feed its two groups); cp must divide dp.
+  j["context_parallel"] = 2;
+  j["batches"] = 8;
+  CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"),
+                    Catch::Contains("cannot feed the 2 data-parallel replicas of stage 0 (its dp / context_parallel)"));
+  j["context_parallel"] = 4;
+  CHECK(plan_file_from_json(j, "p.json").context_parallel == 4);
+  j["context_parallel"] = 3;
+  CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"),
+                    Catch::Contains("key 'context_parallel' = 3: does not divide stage 0's dp 4"));
+  j["batches"] = 2;
   j["context_parallel"] = 2;
   j["overlap"]["grad_reduce"] = "yes";
   CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"), "p.json: key 'overlap.grad_reduce' must be true or false");
