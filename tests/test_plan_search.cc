@@ -1423,8 +1423,14 @@ TEST_CASE("stage estimates under context parallelism: 1/cp of the group's share,
                 ++mixed;
                 continue;
               }
-              CHECK(sf == fc.send_forward_ms);
-              CHECK(sb == fc.send_backward_ms);
+              // The bare sends; at tp > 1 the cost model adds the receiver's scatter/gather all-gather
+              // (PlanCostModel::scatter_gather_ms), which the estimate leaves out.
+              CHECK(sf <= fc.send_forward_ms);
+              CHECK(sb <= fc.send_backward_ms);
+              if (tp == 1) {
+                CHECK(sf == fc.send_forward_ms);
+                CHECK(sb == fc.send_backward_ms);
+              }
               const Slices& sl = slices.at(layout.type_of(r), tp, b / (dp / 2));
               if (b % (dp / 2) != 0 || sl.files.size() != 1) continue;  // even shares, the ranks' own file
               whole += sl.divisor == 1;
