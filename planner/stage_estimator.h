@@ -281,6 +281,7 @@ class StageEstimator {
     param_bytes_.assign(L_ + 1, 0.0);
     const std::vector<double>& bytes = profiles.model().parameters_per_layer_bytes;
     for (int l = 0; l < L_; ++l) param_bytes_[l + 1] = param_bytes_[l] + (l < static_cast<int>(bytes.size()) ? bytes[l] : 0.0);
+    tied_copy_ = L_ > 1 ? cost.tied_copy_bytes(1, L_) : 0.0;  // any piece [l > 0, L) keeps the same copy
     // Mixed-type stages: the data load balancer's shares depend only on the replicas' types, tp and the
     // micro-batch, not on the layers, so each (first rank, size, tp) keeps its distinct (type, share)
     // replicas, and an estimate is its slowest replica's exact profile time. (Off where the table
@@ -508,11 +509,13 @@ class StageEstimator {
   // setup trains every parameter (LoRA scales it down), else, when its file does not measure it, the
   // least over the setups of what stage() derives from bytes.
   // What stage() adds to a replica of these slices per micro-batch outside layers [l, e): its own file's
-  // fb_sync_ms by the layers' share of the model's parameter bytes (PlanCostModel's param_share), a hair
-  // less so that a sum in another order never exceeds stage()'s.
+  // fb_sync_ms by the layers' share of the model's parameter bytes, a tied table's copy on the head's
+  // stage included (PlanCostModel's param_share), a hair less so that a sum in another order never
+  // exceeds stage()'s.
   double outside(const Slices& sl, int l, int e) const {
     const double model = param_bytes_[L_];
-    return sl.fb_sync > 0 && model > 0 ? sl.fb_sync * ((param_bytes_[e] - param_bytes_[l]) / model) * (1 - 1e-12) : 0.0;
+    const double bytes = param_bytes_[e] - param_bytes_[l] + (l > 0 && e == L_ ? tied_copy_ : 0.0);
+    return sl.fb_sync > 0 && model > 0 ? sl.fb_sync * (bytes / model) * (1 - 1e-12) : 0.0;
   }
   double accumulation(const Slices& sl, int l, int e) const {
     const LayerProfile* lp = sl.files[0];
@@ -546,6 +549,7 @@ class StageEstimator {
   double recompute_ = 0;  // PlanCostModel::least_recompute_fraction: the backward recomputes this much of the blocks' forward
   const std::vector<double>* unmeasured_acc_;
   std::vector<double> param_bytes_;  // [l]: the parameter bytes of Metis layers [0, l) (prefix sums)
+  double tied_copy_ = 0;             // the tied word table's copy a piece [l > 0, L) keeps (tied_copy_bytes)
   int L_;
   std::vector<MixedRef> mixed_;  // [r][s][tp], mixed-type stages only
   // Where the whole-sample capacity bound stands in (no mixed_ table): [type][tp][span_index(L, l, e)], the

@@ -119,6 +119,8 @@ PlanCostModel::PlanCostModel(const PlanSimulator& sim, const RankLayout& layout,
 
 Schedule PlanCostModel::schedule() const { return sim_->opt_.schedule; }
 
+double PlanCostModel::tied_copy_bytes(int begin, int end) const { return sim_->tied_copy_bytes(begin, end); }
+
 bool PlanCostModel::stage(const StageChoice& s, int index, int num_stages, int batches, int micro_batch,
                           FastStageCost* out, std::string* why) const {
   return stage_impl(s, index, num_stages, batches, micro_batch, 0, num_setups(), out, nullptr, why);
@@ -331,8 +333,9 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
 
   // Outside the layers, per micro-batch: what the profiled whole-model pass took beyond its layers
   // (fb_sync: adding the new gradients into the fp32 main gradients, a pass over every parameter, and
-  // the pass's own overhead) falls on each replica by its stage's share of the parameters.
-  const double param_share = sim.layer_bytes(start, end) / model_bytes_;
+  // the pass's own overhead) falls on each replica by its stage's share of the parameters, a tied
+  // embedding's copy on the head's stage included (it is accumulated and stepped there too).
+  const double param_share = sim.piece_param_bytes(start, end) / model_bytes_;
   double slowest_outside = 0;
   double slowest = -1, slowest_base = 0, slowest_forward = -1, slowest_block_forward = -1;
   // A replica's profile costs depend only on its type and share: replicas like the one before reuse them

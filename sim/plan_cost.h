@@ -114,6 +114,8 @@ class PlanCostModel {
   Schedule schedule() const;
   const ParallelLayout& grid() const { return grid_; }
   const Network& network() const { return net_; }
+  // PlanSimulator::tied_copy_bytes: the tied word table's copy a piece of Metis layers [begin, end) keeps.
+  double tied_copy_bytes(int begin, int end) const;
 
   // Costs stage `index` of `num_stages` for every setup at once (out[k] for setups[k]), sharing the
   // profile look-ups, data balancing and network work between setups. `micro_batch` = gbs / batches.

@@ -169,6 +169,16 @@ double PlanSimulator::layer_bytes(int start, int end) const {
   return sum;
 }
 
+double PlanSimulator::tied_copy_bytes(int start, int end) const {
+  const std::vector<double>& b = profiles_->model().parameters_per_layer_bytes;
+  if (!shape_.tied_embeddings || start <= 0 || end < shape_.metis_num_layers() || b.empty() ||
+      shape_.embedding_params() <= 0)
+    return 0;
+  // The word table's part of layer 0 (learned positions stay with the embedding).
+  const double table = static_cast<double>(shape_.vocab_size) * shape_.hidden_size;
+  return b[0] * table / static_cast<double>(shape_.embedding_params());
+}
+
 PlanSimulation PlanSimulator::simulate(const PlanResult& plan, int gbs) const {
   std::vector<int> ns;
   for (const auto& name : plan.node_sequence) {

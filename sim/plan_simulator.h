@@ -145,6 +145,13 @@ class PlanSimulator {
   const std::vector<int>& profile_type() const { return profile_type_; }
   const SimulationOptions& options() const { return opt_; }
   const ModelShape& shape() const { return shape_; }
+  // The profiled bytes of the copy of a tied embedding's word table that a pipeline piece (a stage, or a
+  // chunk of one) holding Metis layers [start, end) keeps for its LM head: the table's part of layer 0's
+  // bytes where the piece holds the head but not the embedding (Megatron's last stage, replay's last
+  // chunk), else 0. The profiles count the table once, in layer 0, where one process holds both ends; a
+  // pipeline's copy adds its gradient into its own fp32 main gradients every micro-batch and is stepped
+  // by the optimizer like the first stage's. O(1).
+  double tied_copy_bytes(int start, int end) const;
   const Cluster& cluster() const { return *cluster_; }
   // Where each cluster device type's intra-node collective bandwidth comes
   // from, e.g. "H200: all-reduce 301.2 GB/s measured (profiles)".
@@ -157,6 +164,10 @@ class PlanSimulator {
   friend class PlanCostModel;  // the per-stage costs (sim/plan_cost.h): one definition for both paths
   // Parameter bytes of layers [start, end), from the profiles' model block.
   double layer_bytes(int start, int end) const;
+  // Parameter bytes a pipeline piece (a stage, or a chunk of one) holding Metis layers [start, end)
+  // accumulates into its fp32 main gradients every micro-batch and steps: layer_bytes plus
+  // tied_copy_bytes.
+  double piece_param_bytes(int start, int end) const { return layer_bytes(start, end) + tied_copy_bytes(start, end); }
 
   const Cluster* cluster_;
   const ProfileSet* profiles_;

@@ -76,6 +76,14 @@ double slice(const std::vector<double>& v, int s, int e) {
   return sum;
 }
 
+// The profiled bytes of the tied embedding's word table (layer 0's bytes less the learned positions'), which
+// the stage holding the head but not the embedding keeps a copy of.
+double tied_table_copy_bytes(const ProfileSet& profiles) {
+  const ModelShape shape = shape_from_model_config(test::table1_search_options(10).model);
+  const double table = static_cast<double>(shape.vocab_size) * shape.hidden_size;
+  return profiles.model().parameters_per_layer_bytes[0] * table / static_cast<double>(shape.embedding_params());
+}
+
 }  // namespace
 
 TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[sim][profiles]") {
@@ -95,7 +103,9 @@ TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[
   const double s0_layers = slice(s0->layer_ms, 0, 5), s1_layers = slice(s1->layer_ms, 5, 10);
   const auto& bytes = profiles.model().parameters_per_layer_bytes;
   const double total = slice(bytes, 0, 10);
-  const double share0 = slice(bytes, 0, 5) / total, share1 = slice(bytes, 5, 10) / total;
+  // The tied model's last stage holds a copy of the embedding's word table (tied_table_copy_bytes).
+  const double copy = tied_table_copy_bytes(profiles);
+  const double share0 = slice(bytes, 0, 5) / total, share1 = (slice(bytes, 5, 10) + copy) / total;
   // Each stage adds its parameter share of its file's fb_sync, stage 0 also the batch generator
   // (split 1/3 : 2/3).
   REQUIRE(s0->fb_sync_ms > 0);
@@ -109,7 +119,7 @@ TEST_CASE("profile extensions: forward split, accumulation, optimizer share", "[
   CHECK(sim.stages[1].accumulation_ms == Approx(4.0).epsilon(1e-12));
   // Optimizer: each file's own step (once, not Metis's twice) times the stage's share of the parameter bytes.
   CHECK(sim.stages[0].optimizer_ms == Approx(s0->optimizer_ms * slice(bytes, 0, 5) / total).epsilon(1e-12));
-  CHECK(sim.stages[1].optimizer_ms == Approx(s1->optimizer_ms * slice(bytes, 5, 10) / total).epsilon(1e-12));
+  CHECK(sim.stages[1].optimizer_ms == Approx(s1->optimizer_ms * share1).epsilon(1e-12));
 }
 
 TEST_CASE("files without the extensions: 2/3 backward, datasheet HBM accumulation, Metis's optimizer", "[sim][profiles]") {
@@ -245,6 +255,33 @@ TEST_CASE("tied embeddings over a pipeline: both ends all-reduce the embedding g
   CHECK(t.stages[0].allreduce_ms - u.stages[0].allreduce_ms == Approx(lat + vh * 2 / (kBusbwGbs * 1e9) * 1e3));
   CHECK(t.stages[1].allreduce_ms == Approx(lat + vh / 2 * 2 / (kBusbwGbs * 1e9) * 1e3));
   CHECK(t.timeline.iteration_ms > u.timeline.iteration_ms);
+}
+
+TEST_CASE("tied embeddings over a pipeline: the head's stage accumulates and steps its copy of the table",
+          "[sim][profiles]") {
+  // Megatron's (and replay's) last stage keeps its own copy of a tied word table for the LM head: every
+  // micro-batch adds its gradient into the fp32 main gradients, and the optimizer steps it, as the first
+  // stage does its own. The profiles count the table once (layer 0), so the last stage's share of the
+  // whole pass's outside time (fb_sync) and of the optimizer step grows by the copy's bytes; the first
+  // stage's stays.
+  const ProfileSet profiles = ProfileSet::load(extended_profiles(), 10);
+  TwoStagePlan untied;
+  untied.tied = false;
+  const PlanSimulation t = TwoStagePlan().run(profiles), u = untied.run(profiles);
+  const int a100 = profiles.type_index("A100");
+  const LayerProfile* s1 = profiles.find(a100, 2, 4);  // stage 1: tp 2, the whole micro-batch of 4
+  REQUIRE(s1);
+  REQUIRE(s1->fb_sync_ms > 0);
+  const auto& bytes = profiles.model().parameters_per_layer_bytes;
+  const double copy_share = tied_table_copy_bytes(profiles) / slice(bytes, 0, 10);
+  REQUIRE(copy_share > 0.05);  // the table is a large part of the analytic model
+  CHECK(t.stages[1].forward_ms - u.stages[1].forward_ms == Approx(s1->fb_sync_ms * copy_share / 3).epsilon(1e-9));
+  CHECK(t.stages[1].backward_ms - u.stages[1].backward_ms ==
+        Approx(s1->fb_sync_ms * copy_share * 2 / 3).epsilon(1e-9));
+  CHECK(t.stages[1].optimizer_ms - u.stages[1].optimizer_ms == Approx(s1->optimizer_ms * copy_share).epsilon(1e-9));
+  CHECK(t.stages[0].forward_ms == u.stages[0].forward_ms);
+  CHECK(t.stages[0].backward_ms == u.stages[0].backward_ms);
+  CHECK(t.stages[0].optimizer_ms == u.stages[0].optimizer_ms);
 }
 
 TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][recompute]") {
