@@ -90,7 +90,24 @@ std::string ProfileSet::missing_message(int type, int tp, int bs, const std::str
          "; profile it, or lower --max_profiled_tp_degree / --max_profiled_batch_size";
 }
 
+double first_block_startup_ms(const LayerProfile& p) {
+  const int layers = static_cast<int>(p.forward_ms.size());
+  if (layers < 4 || static_cast<int>(p.layer_ms.size()) != layers) return 0;  // embedding, 2+ blocks, head
+  std::vector<double> others(p.forward_ms.begin() + 2, p.forward_ms.end() - 1);
+  const std::size_t mid = others.size() / 2;
+  std::nth_element(others.begin(), others.begin() + mid, others.end());
+  double median = others[mid];
+  if (others.size() % 2 == 0) median = (median + *std::max_element(others.begin(), others.begin() + mid)) / 2;
+  const double excess = p.forward_ms[1] - median;
+  return excess > 0 && excess < p.layer_ms[1] ? excess : 0.0;  // (a file whose layer time is not above it: left)
+}
+
 void ProfileSet::add(const std::string& type, LayerProfile p) {
+  p.first_block_startup_ms = first_block_startup_ms(p);
+  if (p.first_block_startup_ms > 0) {
+    p.forward_ms[1] -= p.first_block_startup_ms;
+    p.layer_ms[1] -= p.first_block_startup_ms;
+  }
   p.fb_sync_ms = p.forward_backward_ms - left_sum(p.layer_ms);
   p.total_layer_ms = left_sum(p.layer_ms);
   p.time = SliceSums(p.layer_ms);

@@ -128,7 +128,21 @@ struct LayerProfile {
   SliceSums time, memory, forward_time, accumulation_time, activation;
   bool has_forward() const { return !forward_ms.empty(); }
   bool has_grad_accumulation() const { return !grad_accumulation_ms.empty(); }
+  // The start-up latency in the first transformer block's (layer 1's) profiled forward: how much it
+  // exceeds the median forward of the model's other blocks, which are the same layer. `hetplan profile`'s
+  // chained layer-by-layer pass starts on an idle GPU and the embedding's few kernels leave it waiting
+  // for the host to launch the first block's (0.26-1.0 ms in every profile of logs/validate; its backward
+  // shows none). Neither the whole-model pass (forward_backward_ms: a file's layers summed exceed it,
+  // fb_sync < 0, where the latency is larger than the pass's accumulation) nor a pipeline's first stage
+  // (replay's traces: its forward is the embedding's and its blocks' median) pays it. ProfileSet::add
+  // takes it out of forward_ms[1] and layer_ms[1] before fb_sync is derived, so a stage holding the
+  // whole model still costs forward_backward_ms. 0 where a file has no forward split, fewer than two
+  // blocks, or no excess.
+  double first_block_startup_ms = 0;
 };
+
+// The first block's start-up latency in p's forward_ms (LayerProfile::first_block_startup_ms).
+double first_block_startup_ms(const LayerProfile& p);
 
 // Model-level values. Metis takes them from one file; we take them from
 // DeviceType.<first type by name>_tp1_bs1.json, so they never depend on the

@@ -45,6 +45,24 @@ std::string extended_profiles() {
   return dir.string();
 }
 
+// extended_profiles() with `startup_ms` added to the first block's (layer 1's) forward and total in
+// every file, as `hetplan profile`'s chained pass records its start-up latency; the whole pass
+// (forward_backward_time_ms) does not have it.
+std::string startup_profiles(double startup_ms) {
+  const auto dir = test::scratch_dir("stage-costs-startup") / "p";
+  fs::remove_all(dir);
+  fs::copy(extended_profiles(), dir, fs::copy_options::recursive);
+  for (const auto& f : fs::directory_iterator(dir)) {
+    if (f.path().filename().string().rfind("DeviceType.", 0) != 0) continue;
+    ordered_json j = read_json_file(f.path().string());
+    auto& t = j["execution_time"];
+    t["layer_forward_ms"][1] = t["layer_forward_ms"][1].get<double>() + startup_ms;
+    t["layer_compute_total_ms"][1] = t["layer_compute_total_ms"][1].get<double>() + startup_ms;
+    write_json_file(f.path().string(), j);
+  }
+  return dir.string();
+}
+
 // One node of four A100s; stage 0 = layers [0, 5) at (dp 2, tp 1), stage 1 =
 // layers [5, 10) at (dp 1, tp 2); 8 micro-batches of a global batch of 32,
 // so stage 0 runs bs 2 per replica and stage 1 bs 4.
@@ -282,6 +300,35 @@ TEST_CASE("tied embeddings over a pipeline: the head's stage accumulates and ste
   CHECK(t.stages[0].forward_ms == u.stages[0].forward_ms);
   CHECK(t.stages[0].backward_ms == u.stages[0].backward_ms);
   CHECK(t.stages[0].optimizer_ms == u.stages[0].optimizer_ms);
+}
+
+TEST_CASE("the first block's profiled start-up latency is the whole pass's, not the first stage's", "[sim][profiles]") {
+  // The chained layer-by-layer pass starts on an idle GPU: its first block's forward carries the wait
+  // for the host's launches (0.26-1.0 ms in the H100/H200 profiles), which the whole pass and a
+  // pipeline's first stage do not. The loader takes the first block's excess over the other blocks'
+  // median forward out of layer 1 (its forward and total) before deriving fb_sync, so a stage of the
+  // whole model still costs the whole pass, and the first stage no longer pays the latency alone.
+  const double startup = 0.5;
+  const ProfileSet clean = ProfileSet::load(extended_profiles(), 10);
+  const ProfileSet late = ProfileSet::load(startup_profiles(startup), 10);
+  const int a100 = clean.type_index("A100");
+  const LayerProfile* c = clean.find(a100, 1, 2);
+  const LayerProfile* l = late.find(a100, 1, 2);
+  REQUIRE(c);
+  REQUIRE(l);
+  REQUIRE(c->forward_ms[1] == c->forward_ms[2]);  // the analytic blocks are alike
+  CHECK(c->first_block_startup_ms == 0);
+  CHECK(l->first_block_startup_ms == Approx(startup).epsilon(1e-12));
+  CHECK(l->forward_ms[1] == Approx(c->forward_ms[1]).epsilon(1e-12));
+  CHECK(l->layer_ms[1] == Approx(c->layer_ms[1]).epsilon(1e-12));
+  CHECK(l->fb_sync_ms == Approx(c->fb_sync_ms).epsilon(1e-12));
+  // The two-stage plan costs as if the latency had never been measured.
+  const PlanSimulation a = TwoStagePlan().run(clean), b = TwoStagePlan().run(late);
+  for (int s = 0; s < 2; ++s) {
+    CHECK(b.stages[s].forward_ms == Approx(a.stages[s].forward_ms).epsilon(1e-12));
+    CHECK(b.stages[s].backward_ms == Approx(a.stages[s].backward_ms).epsilon(1e-12));
+  }
+  CHECK(b.timeline.iteration_ms == Approx(a.timeline.iteration_ms).epsilon(1e-12));
 }
 
 TEST_CASE("recomputation adds the recomputed forward to the backward", "[sim][recompute]") {
