@@ -10,11 +10,13 @@
 # against REF (REF "dp" means NAME's plan with context_parallel removed, i.e. the same plan at dp; "nosp" NAME's
 # plan with sequence_parallel removed: its tp all-reduces against SP's all-gathers and reduce-scatters).
 # Needs build-gpu/hetplan (built here first if missing). Results: $OUT/kineto.tgz (rank 0's traces,
-# breakdowns and kernel tables) and $OUT/kineto_summary.md.
+# breakdowns and kernel tables) and $OUT/kineto_summary.md. KINETO_RANK=R analyses and keeps rank R's
+# traces instead of rank 0's (e.g. 1: a 2-stage pipeline's last stage, the LM head's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_lib.sh
 out=${OUT:-/tmp/out}; dir=$1; shift
+kr=${KINETO_RANK:-0}
 work=$(mktemp -d); res="$work/kineto"; mkdir -p "$res" "$out"
 [[ -x build-gpu/hetplan ]] || bash scripts/gpu_build.sh > "$res/build.log" 2>&1 || { tail -30 "$res/build.log"; exit 1; }
 source scripts/gpu_env.sh
@@ -29,8 +31,8 @@ trace() {  # label, plan file, hf config
   HETPLAN_KINETO_DIR="$res/$label" timeout 90 build-gpu/hetplan replay --plan "$plan" --hf-config "$hf" \
     --schedule "$sched" --iters 3 --warmup 2 --out "$res/$label.replay.json" > "$res/$label.log" 2>&1
   echo "- $label: replay exit $? ($(python3 -c "import json; d=json.load(open('$res/$label.replay.json')); print(round(d.get('iteration_ms', d.get('median_iteration_ms', -1)), 1), 'ms')" 2>/dev/null))" >> "$summary"
-  local t; t=$(ls "$res/$label"/*rank0*.json 2>/dev/null | head -1)
-  [[ -n "$t" ]] && python3 scripts/gpu_zero3_race.py analyze --trace "$t" --label "$label rank0" >> "$summary" 2>&1
+  local t; t=$(ls "$res/$label"/*rank${kr}.*json "$res/$label"/*rank${kr}[!0-9]*json 2>/dev/null | head -1)
+  [[ -n "$t" ]] && python3 scripts/gpu_zero3_race.py analyze --trace "$t" --label "$label rank$kr" >> "$summary" 2>&1
 }
 for item in "$@"; do
   name=${item%%:*}; ref=""; [[ "$item" == *:* ]] && ref=${item#*:}
@@ -43,13 +45,13 @@ for item in "$@"; do
     elif [[ "$ref" == nosp ]]; then refname="$name-nosp"; localize "$dir/$name.plan.json" "$res/$refname.plan.json" sp
       trace "$refname" "$res/$refname.plan.json" "$hf"
     else refname=$ref; localize "$dir/$ref.plan.json" "$res/$ref.plan.json" 0; trace "$ref" "$res/$ref.plan.json" "$hf"; fi
-    a=$(ls "$res/$name"/*rank0*.json 2>/dev/null | head -1); b=$(ls "$res/$refname"/*rank0*.json 2>/dev/null | head -1)
+    a=$(ls "$res/$name"/*rank${kr}[!0-9]*json 2>/dev/null | head -1); b=$(ls "$res/$refname"/*rank${kr}[!0-9]*json 2>/dev/null | head -1)
     if [[ -n "$a" && -n "$b" ]]; then
       { echo; echo "### $name against $refname (columns 'replay' = $name, 'FSDP2' = $refname)"; echo
         python3 scripts/gpu_zero3_race.py kernels --replay "$a" --fsdp2 "$b" --top 30; echo; } >> "$summary" 2>&1
     fi
   fi
 done
-find "$res" -name '*rank1*' -delete
+find "$res" -name '*rank[0-9]*' ! -name "*rank${kr}[!0-9]*" -delete
 tar czf "$out/kineto.tgz" -C "$work" kineto
 cat "$summary"
