@@ -252,6 +252,12 @@ TEST_CASE("overlap probe: comm_overlap.json read from the profile folder, its re
   CHECK(measured.overlap_measured());
   CHECK(measured.overlap_slowdowns().reduce == 1.42);
   CHECK(measured.overlap_slowdowns().gather == 1.12);
+  CHECK(measured.overlap_slowdowns().ring == 0);  // not probed: the gather figure stands for it
+  CHECK(measured.overlap_slowdowns().ring_stretch() == 1.12);
+  std::ofstream(folder / kOverlapProbeFile) << R"({"compute_slowdown": {"reduce": 1.42, "gather": 1.12, "ring": 1.07}})";
+  CHECK(ProfileSet::load(folder.string(), 10).overlap_slowdowns().ring_stretch() == 1.07);
+  std::ofstream(folder / kOverlapProbeFile) << R"({"compute_slowdown": {"reduce": 1.42, "gather": 1.12, "ring": 0.5}})";
+  CHECK_THROWS_AS(ProfileSet::load(folder.string(), 10), InputError);
   std::ofstream(folder / kOverlapProbeFile) << R"({"compute_slowdown": {"reduce": "fast"}})";
   CHECK_THROWS_AS(ProfileSet::load(folder.string(), 10), InputError);
 
@@ -471,9 +477,9 @@ TEST_CASE("context parallelism in PlanCostModel: the stretch and the copies", "[
   SimulationOptions so;
   so.setup = cp2;
   const RankLayout layout(s.cluster, {0, 1});  // A100 nodes first
-  auto detail = [&](double gather, StageDetail* d) {
+  auto detail = [&](double gather, StageDetail* d, double ring = 0) {
     ProfileSet profiles = s.profiles;
-    profiles.set_overlap_slowdowns(OverlapSlowdowns{1.0, gather});
+    profiles.set_overlap_slowdowns(OverlapSlowdowns{1.0, gather, ring});
     const PlanSimulator sim(s.cluster, profiles, shape, s.model.sequence_length, so);
     const PlanCostModel model(sim, layout, {cp2});
     FastStageCost f{};
@@ -496,6 +502,13 @@ TEST_CASE("context parallelism in PlanCostModel: the stretch and the copies", "[
   REQUIRE(none.cp_exchange_forward_ms > 0);
   CHECK(fwd == Approx(blocks * step - none.cp_exchange_forward_ms).epsilon(1e-9));
   CHECK(bwd == Approx(2 * blocks * step).epsilon(1e-9));
+  // A probe of the ring's own send/receive (compute_slowdown.ring) takes the gather's place.
+  StageDetail ring;
+  detail(1.0, &ring, 2.0);
+  CHECK(ring.cp_exchange_forward_ms == twice.cp_exchange_forward_ms);
+  CHECK(ring.cp_exchange_backward_ms == twice.cp_exchange_backward_ms);
+  detail(2.0, &ring, 1.0);
+  CHECK(ring.cp_exchange_forward_ms == none.cp_exchange_forward_ms);
   // The copies go with the merge through one roofline: the forward's and the backward's bytes keep their ratio.
   const RingMergeBytes merge = ring_merge_bytes(shape, s.model.sequence_length, 2, 2, 8);
   const RingMergeBytes copies = ring_copy_bytes(shape, s.model.sequence_length, 2, 2, 8);
