@@ -152,6 +152,7 @@ struct PlanCostModel::StageBasis {
                                    // d / cp shares its samples; each computes 1/cp of them)
   double cpx_fwd = 0, cpx_bwd = 0;  // exposed ring-attention exchange per micro-batch (ms)
   double cpm_fwd = 0, cpm_bwd = 0;  // the ring's merging of partial results per micro-batch (ms)
+  double spx_fwd = 0, spx_bwd = 0;  // sequence parallelism's collectives beyond the profile's all-reduces (ms)
 };
 
 // The all-reduce times stage_impl carries from one setup to the next (recomputed only when their bytes
@@ -203,7 +204,7 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   b->sustained = 1;
   b->tpx_fwd = b->tpx_bwd = b->send_forward = b->send_backward = b->cpx_fwd = b->cpx_bwd = 0;
   b->gather_forward = b->gather_backward = 0;
-  b->cpm_fwd = b->cpm_bwd = 0;
+  b->cpm_fwd = b->cpm_bwd = b->spx_fwd = b->spx_bwd = 0;
   b->max_share = 0;
   b->in_flight = 1;
   b->batches = batches;
@@ -219,6 +220,15 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
     detail->shares.assign(b->share, b->share + dp);
   }
   if (!slowest_replica(s, index, b, why)) return false;
+  if (s.st.tp > 1 && b->max_share > 0) {  // used by the setups with sequence parallelism (sim/sequence_parallel.h)
+    const int node = layout_->node_of(s.begin), tp = s.st.tp;
+    const double bytes = act_bytes_per_sample_ * b->max_share / cp;
+    const SpCollectiveExtra e = sp_collective_extra_s(
+        net_.intra_node_all_reduce_seconds(node, tp, bytes), net_.intra_node_gather_seconds(node, tp, bytes),
+        b->blocks, s.layer_begin == 0, s.layer_end == sim_->shape_.metis_num_layers());
+    b->spx_fwd = e.forward_s * 1e3;
+    b->spx_bwd = e.backward_s * 1e3;
+  }
   if (detail) {
     detail->cp_exchange_forward_ms = b->cpx_fwd;
     detail->cp_exchange_backward_ms = b->cpx_bwd;
@@ -442,6 +452,10 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
   c->forward_ms = b.forward + b.extra * (1 - opt.backward_share) + b.tpx_fwd + b.cpx_fwd + b.cpm_fwd;
   c->backward_ms = b.slowest_base - b.forward + b.extra * opt.backward_share +
                    b.block_forward * recompute_fraction_[k] + b.tpx_bwd + b.cpx_bwd + b.cpm_bwd;
+  if (setup.sequence_parallel) {
+    c->forward_ms += b.spx_fwd;
+    c->backward_ms += b.spx_bwd;
+  }
   c->accumulation_ms = accumulation;
   c->sustained_factor = b.sustained;
   c->send_forward_ms = b.send_forward + (setup.sequence_parallel ? 0.0 : b.gather_forward);

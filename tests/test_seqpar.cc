@@ -595,6 +595,80 @@ TEST_CASE("context parallelism in PlanCostModel: the ring's merge and its exchan
   CHECK(outside_fwd * bs == Approx(outside_bwd * (1 - bs)).epsilon(1e-9));
 }
 
+// Sequence parallelism's collectives (sim/sequence_parallel.h): each all-reduce of the activations becomes an
+// all-gather and a reduce-scatter, two calls at the gather bandwidth. Values derived by hand.
+TEST_CASE("sequence parallelism: all-gather + reduce-scatter in place of each all-reduce", "[seqpar][sp]") {
+  // A block: 2 all-reduces per pass, each now 2 x 60 us against 80: +40 us each.
+  const SpCollectiveExtra block = sp_collective_extra_s(80e-6, 60e-6, 1, false, false);
+  CHECK(block.forward_s == Approx(2 * 40e-6).epsilon(1e-12));
+  CHECK(block.backward_s == Approx(2 * 40e-6).epsilon(1e-12));
+  // The embedding reduce-scatters (forward: 60 - 80) and all-gathers in the backward (+60); the head the
+  // other way round.
+  const SpCollectiveExtra ends = sp_collective_extra_s(80e-6, 60e-6, 0, true, true);
+  CHECK(ends.forward_s == Approx(-20e-6 + 60e-6).epsilon(1e-12));
+  CHECK(ends.backward_s == Approx(60e-6 - 20e-6).epsilon(1e-12));
+  const SpCollectiveExtra all = sp_collective_extra_s(80e-6, 60e-6, 10, true, false);
+  CHECK(all.forward_s == Approx(10 * 80e-6 - 20e-6).epsilon(1e-12));
+  CHECK(all.backward_s == Approx(10 * 80e-6 + 60e-6).epsilon(1e-12));
+}
+
+TEST_CASE("network: an all-gather or reduce-scatter call inside a node", "[seqpar][sp][network]") {
+  const Cluster16& s = cluster16();
+  const RankLayout layout(s.cluster, {0, 1});  // A100 nodes first: ranks 0-3 and 4-7
+  NetworkOptions o;
+  o.intra_collective_bytes_per_s.assign(s.cluster.device_types().size(), 300e9);
+  const Network net(s.cluster, layout, o);
+  const double bytes = 21e6;
+  // 2 GPUs: one ring step, but a call costs the all-reduce's 2 steps of latency; half the bytes at
+  // 0.81 x 300 GB/s.
+  CHECK(net.intra_node_gather_seconds(0, 2, bytes) == Approx(2 * 11e-6 + bytes / 2 / (0.81 * 300e9)).epsilon(1e-12));
+  // 4 GPUs: 3 steps, 3/4 of the bytes.
+  CHECK(net.intra_node_gather_seconds(0, 4, bytes) == Approx(3 * 11e-6 + 0.75 * bytes / (0.81 * 300e9)).epsilon(1e-12));
+  CHECK(net.intra_node_gather_seconds(0, 1, bytes) == 0);
+  // Together they cost more than the all-reduce they replace (22 us + 21 MB / 300 GB/s).
+  CHECK(2 * net.intra_node_gather_seconds(0, 2, bytes) - net.intra_node_all_reduce_seconds(0, 2, bytes) ==
+        Approx(2 * 11e-6 + bytes / 300e9 * (1 / 0.81 - 1)).epsilon(1e-9));
+}
+
+// PlanCostModel: a tp 2 stage of the whole model costs, with sequence parallelism, exactly the collectives'
+// extra on top of the same stage without it (forward and backward); memory and sends aside, nothing else moves.
+TEST_CASE("sequence parallelism in PlanCostModel: the extra collectives on the forward and the backward",
+          "[seqpar][sp][plan_cost]") {
+  const Cluster16& s = cluster16();
+  const ModelShape shape = shape_from_model_config(s.model);
+  const RankLayout layout(s.cluster, {0, 1});
+  const int layers = shape.metis_num_layers();
+  const StageChoice c{0, 2, Strategy{1, 2}, 0, layers};  // 2 A100s, every layer
+  TrainingSetup plain_setup, sp_setup;
+  sp_setup.sequence_parallel = true;
+  SimulationOptions so;
+  so.network.intra_collective_bytes_per_s.assign(s.cluster.device_types().size(), 250e9);
+  const PlanSimulator sim(s.cluster, s.profiles, shape, s.model.sequence_length, so);
+  const PlanCostModel model(sim, layout, {plain_setup, sp_setup});
+  FastStageCost plain{}, sp{};
+  StageDetail d;
+  std::string why;
+  const int micro_batch = 2;
+  REQUIRE(model.explain_stage(c, 0, 1, 4, micro_batch, 0, &plain, &d, &why));
+  REQUIRE(model.explain_stage(c, 0, 1, 4, micro_batch, 1, &sp, &d, &why));
+  const Network net(s.cluster, layout, so.network);
+  const double bytes = micro_batch * static_cast<double>(s.model.sequence_length) * shape.hidden_size * 2;
+  const double ar = net.intra_node_all_reduce_seconds(0, 2, bytes), g = net.intra_node_gather_seconds(0, 2, bytes);
+  const int blocks = layers - 2;
+  // Forward: per block 2 x (2 g - ar); the embedding's g - ar, the head's g. Backward: the embedding's g, the
+  // head's g - ar.
+  const double per_block = 2 * (2 * g - ar);
+  CHECK(sp.forward_ms - plain.forward_ms == Approx((blocks * per_block + (g - ar) + g) * 1e3).epsilon(1e-9));
+  CHECK(sp.backward_ms - plain.backward_ms == Approx((blocks * per_block + g + (g - ar)) * 1e3).epsilon(1e-9));
+  CHECK(sp.forward_ms > plain.forward_ms);
+  // tp 1: nothing to gather.
+  FastStageCost one_plain{}, one_sp{};
+  REQUIRE(model.explain_stage(StageChoice{0, 1, Strategy{1, 1}, 0, layers}, 0, 1, 4, micro_batch, 0, &one_plain, &d, &why));
+  REQUIRE(model.explain_stage(StageChoice{0, 1, Strategy{1, 1}, 0, layers}, 0, 1, 4, micro_batch, 1, &one_sp, &d, &why));
+  CHECK(one_sp.forward_ms == one_plain.forward_ms);
+  CHECK(one_sp.backward_ms == one_plain.backward_ms);
+}
+
 TEST_CASE("plan file: sequence_parallel, context_parallel and overlap round-trip", "[seqpar][plan_file]") {
   ordered_json j = {{"node_sequence", {"A100"}}, {"device_groups", {4}}, {"strategies", {{4, 1}}}, {"batches", 2},
                     {"layer_partition", {0, 10}}, {"gbs", 8},
