@@ -81,6 +81,7 @@ struct ProfilesArgs {
   int layers = 0, max_bs = 0;
   std::string samples, out, from, from_type, hf_config, probes;
   bool analytic = false, no_flash_attention = false, sequence_parallel = false;
+  bool no_async_tp = false, no_grad_acc_fusion = false;
   AnalyticOptions analytic_options;
   std::string types = "A100,V100";
   std::vector<std::string> gpu_spec;
@@ -120,6 +121,8 @@ int run_gen_profiles(ProfilesArgs a) {
     a.analytic_options.max_bs = a.max_bs;
     a.analytic_options.flash_attention = !a.no_flash_attention;
     a.analytic_options.sequence_parallel = a.sequence_parallel;
+    a.analytic_options.async_tp_backward = !a.no_async_tp;
+    a.analytic_options.gradient_accumulation_fusion = !a.no_grad_acc_fusion;
     if (!a.hf_config.empty()) {
       ModelFlags f;
       f.hf_config = a.hf_config;
@@ -184,6 +187,16 @@ Runner add_gen_profiles_command(CLI::App& app) {
   s->add_flag("--sequence-parallel", a->sequence_parallel,
               "[--analytic] Time the layers as Megatron's --sequence-parallel runs them at tp > 1: the norms,\n"
               "dropouts and residual adds on s/tp tokens per rank (without it each tp rank runs them on all s)");
+  s->add_flag("--no-async-tensor-model-parallel-allreduce", a->no_async_tp,
+              "[--analytic] Time the layers as Megatron-LM's flag of that name runs them (and as Megatron-LM\n"
+              "before February 2022 did): a column-parallel linear's input-gradient all-reduce runs alone, on the\n"
+              "critical path. Default, today's Megatron-LM: it runs beside the layer's weight-gradient GEMM, which hides it\n"
+              "up to that GEMM's time (under --sequence-parallel its reduce-scatter)");
+  s->add_flag("--no-gradient-accumulation-fusion", a->no_grad_acc_fusion,
+              "[--analytic] Time the layers as Megatron-LM's flag of that name runs them (and as Megatron-LM\n"
+              "before February 2022, or fp16 without --accumulate-allreduce-grads-in-fp32 before September 2022,\n"
+              "did): every micro-batch adds each weight's gradient to its main gradient in a separate pass.\n"
+              "Default, today's Megatron-LM: the weight-gradient GEMMs accumulate into the main gradient");
   s->add_option("--samples", a->samples, "Folder with Metis's DeviceType.A100_tp{1,2,4}_bs{1,2,4}.json samples");
   s->add_option("--out,-o", a->out, "Output folder (created; existing files of the same name are overwritten)")
       ->required();

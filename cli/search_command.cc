@@ -51,6 +51,7 @@ struct SearchArgs {
   std::string zero = "auto";  // with recompute "auto": the ZeRO stage and recomputation searched (issue 33)
   bool sequence_parallel = false;
   std::string overlap = "off";
+  std::string cp = "1";  // --cp: context-parallel sizes searched (parse_context_parallel)
   double ddp_bucket_params = 0, comm_slowdown = 0;  // 0: the profiles' comm_overlap.json, else the default
   bool cross_node_tp = false;
   double gap = 0.01;         // --gap: prove the best within this relative gap (0: exact)
@@ -363,7 +364,9 @@ void print_priced_plans(const SearchArgs& a, const ObjectiveOptions& objective,
               << python_float(std::round(p.searched.plan.cost * 1000) / 1000) << ", " << python_float(p.usd_per_hour)
               << ", " << r.subsets[p.subset].label << "\n";
     std::cout << "   " << reference_plan_line(static_cast<int>(i + 1), p.searched.plan) << "\n";
-    if (setups.size() > 1) std::cout << "setting " << i + 1 << ": " << setup_label(setups[p.searched.setup]) << "\n";
+    if (setups.size() > 1)
+      std::cout << "setting " << i + 1 << ": " << setup_label(setups[p.searched.setup])
+                << parallel_setup_suffix(setups[p.searched.setup]) << "\n";
   }
 }
 
@@ -446,7 +449,7 @@ void print_search_progress(const PlanSearchProgress& p) {
 
 // The default search's options the flags give: its space (over the settings of `so.setup`), its stopping
 // rules, and Ctrl-C (g_interrupted). Throws InputError naming a flag.
-PlanSearchOptions plan_search_options(const SearchArgs& a, const SimulationOptions& so, bool show_progress) {
+PlanSearchOptions plan_search_options(const SearchArgs& a, const SimulationOptions& so, int gpus, bool show_progress) {
   PlanSearchOptions o;
   o.gbs = a.gbs;
   if (a.max_tp > 0) o.max_tp = a.max_tp;
@@ -454,7 +457,9 @@ PlanSearchOptions plan_search_options(const SearchArgs& a, const SimulationOptio
   o.allow_cross_node_tp = a.cross_node_tp;
   o.uniform = a.uniform;
   o.stage_boundaries = parse_stage_boundaries(a.stage_boundaries);
-  o.setups = with_overlap_dimension(search_setups(so.setup, a.zero, a.recompute), a.overlap);
+  o.setups = with_context_parallel_dimension(
+      with_overlap_dimension(search_setups(so.setup, a.zero, a.recompute), a.overlap),
+      parse_context_parallel(a.cp, a.model.sequence_length, gpus));
   o.top_k = a.top;
   o.threads = a.threads;
   o.time_budget_s = parse_time_budget(a.time_budget);
@@ -490,7 +495,8 @@ PlanSearchOptions plan_search_options(const SearchArgs& a, const SimulationOptio
 void print_plans(const SearchArgs& a, const Cluster& cluster, int layers, const SimulationOptions& so,
                  const PlanSearchOptions& o, const std::vector<int>& vps, const PlanSearchResult& result) {
   std::cout << "search: simulated iteration time (" << to_string(so.schedule)
-            << (interleaves(vps) ? ", virtual stages " + a.vp + " (interleaved 1F1B)" : "") << "), "
+            << (interleaves(vps) ? ", virtual stages " + a.vp + " (interleaved 1F1B)" : "")
+            << (a.cp != "1" ? ", context parallelism --cp " + a.cp : "") << "), "
             << cluster.num_devices()
             << " GPUs, gbs " << a.gbs << ", " << layers << " layers"
             << (whole_node_stages(o.stage_boundaries, cluster.num_devices())
@@ -530,7 +536,7 @@ int run_default_search(const SearchArgs& a) {
   check_shape_against_profiles(a, shape, profiles.model());
   const std::vector<int> vps = virtual_stages(a, so.schedule);
   const bool show_progress = shows_progress(a);
-  const PlanSearchOptions o = plan_search_options(a, so, show_progress);
+  const PlanSearchOptions o = plan_search_options(a, so, cluster.num_devices(), show_progress);
 
   ObjectiveOptions objective;
   objective.objective = parse_objective(a.objective, "--objective");
@@ -710,6 +716,18 @@ void add_space_flags(CLI::App* s, SearchArgs& a) {
   s->add_flag("--sequence-parallel", a.sequence_parallel,
               "With --cost-model sim: Megatron sequence parallelism at every tp > 1 (activations between the "
               "blocks split by tp; all-gather and reduce-scatter in place of the all-reduces)");
+  s->add_option("--cp", a.cp,
+                "With --cost-model sim: context parallelism (Megatron's --context-parallel-size: ring attention "
+                "over cp ranks): 1 (none), N (every plan at cp N) or auto (1, 2, 4, ... up to the GPUs, searched "
+                "as a dimension, each plan at its fastest size). A stage's dp then counts dp / cp groups of cp "
+                "ranks (Megatron's rank order tp, cp, dp); the micro-batch splits over the groups, each rank holds "
+                "seq / cp tokens of its group's samples (1/cp of the activations) and computes 1/cp of them, the "
+                "K/V ring steps cost as `simulate --context-parallel` prices them, and gradients are reduced over "
+                "dp x cp. Sizes above 1 need the sequence length a multiple of 2 x cp (Megatron's causal load "
+                "balance). It pays where activations bind memory (long sequences); the default is 1 because "
+                "each size is a search of its own (auto costs about that many times the search's time) and "
+                "keeps the plans and the speed of a search without cp")
+      ->capture_default_str();
   s->add_option("--overlap", a.overlap,
                 "With --cost-model sim: overlapped data-parallel communication (bucketed gradient reduction "
                 "during the backward; weight gathers during the forward with ZeRO): off, on, or auto to search "

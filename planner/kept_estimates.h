@@ -19,7 +19,7 @@ class KeptEstimates {
   // `keep_homogeneous`: keep the estimates of homogeneous stages (the per-rank tables are built).
   KeptEstimates(const ProfileSet& profiles, const Cluster& cluster, const SearchSpace& space, int max_profiled_bs,
                 bool keep_homogeneous)
-      : slices_(profiles, cluster, space.max_tp, space.max_share(), max_profiled_bs),
+      : slices_(profiles, cluster, space.max_tp, space.max_share(), max_profiled_bs, space.cp),
         mixed_lists_(budget_),
         layers_(space.layers) {
     if (keep_homogeneous) homogeneous_.emplace(space.device_types, space.max_tp, space.gbs, space.layers, budget_);

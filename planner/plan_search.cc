@@ -185,7 +185,10 @@ PlanSearch::PlanSearch(const Cluster& cluster, const ProfileSet& profiles, const
     : cluster_(&cluster), profiles_(&profiles), sim_(&simulator), opt_(std::move(options)) {
   if (opt_.gbs < 1) throw InputError("--gbs: expected a positive global batch size");
   if (opt_.top_k < 1) throw InputError("--top: expected a positive integer");
-  if (opt_.setups.size() > 32) throw InputError("search: at most 32 training settings can be searched at once");
+  // (Settings of different context-parallel sizes are searched apart: the limit is per size.)
+  for (const std::vector<int>& part : context_parallel_parts(opt_.setups))
+    if (part.size() > 32)
+      throw InputError("search: at most 32 training settings can be searched at once (per context-parallel size)");
   for (const auto& name : cluster.device_types())
     if (profiles.type_index(name) < 0) throw unknown_device_type(cluster, profiles, name);
 }
@@ -201,11 +204,14 @@ PlanSearchResult PlanSearch::run() const {
 }
 
 PlanSearchResult PlanSearch::search_all() const {
+  // Context parallelism: one search per size (each prices its stages at its own cp), exhaustive ones too.
+  const std::vector<std::vector<int>> cps = context_parallel_parts(opt_.setups);
+  if (cps.size() > 1) return search_parts(cps, true);
   using Parts = PlanSearchOptions::SettingParts;
   const bool parts = !opt_.exhaustive && !opt_.seeds_only && opt_.setups.size() > 1 &&
                      (opt_.setting_parts == Parts::kAlways ||
                       (opt_.setting_parts == Parts::kAuto && settings_bind_memory(*cluster_, *profiles_, *sim_, opt_.setups)));
-  return parts ? search_in_parts() : search();
+  return parts ? search_parts(setting_parts(opt_.setups), false) : search();
 }
 
 PlanSearchResult PlanSearch::search() const {

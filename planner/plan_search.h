@@ -175,8 +175,10 @@ class PlanSearch {
 
  private:
   PlanSearchResult search() const;  // run()'s work, in opt_.arena or a task arena of opt_.threads threads
-  // The settings one part at a time (PlanSearchOptions::setting_parts; planner/search_settings.cc).
-  PlanSearchResult search_in_parts() const;
+  // The settings one part at a time (`parts`: indices into opt_.setups): setting_parts
+  // (PlanSearchOptions::setting_parts), or context_parallel_parts (`whole`: each part then searched as
+  // search_all searches it, itself in setting parts where memory binds). planner/search_settings.cc.
+  PlanSearchResult search_parts(const std::vector<std::vector<int>>& parts, bool whole) const;
   PlanSearchResult search_all() const;  // search_in_parts() or search(), as the options ask
   void finish_proof(const class SharedBound& shared, const class OpenBounds& open, const class SearchControl& control,
                     PlanSearchResult* result) const;

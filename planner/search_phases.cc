@@ -242,7 +242,7 @@ std::vector<double> Phases::root_bounds(int group) const {
     const bool homo = o.homogeneous(0, s), all = s == sp.gpus;
     if (!all && depth < 2) continue;
     for (int tp = 1; tp <= std::min(s, sp.max_tp); ++tp) {
-      if (s % tp != 0 || s / tp > mb || !o.tp_profiled(0, s, tp)) continue;
+      if (s % tp != 0 || !sp.splits_micro_batch(s / tp, mb) || !o.tp_profiled(0, s, tp)) continue;
       const bool inside = o.tp_inside_nodes(0, s, tp);
       if (!work_.builder.cross_node_tp() && !inside) continue;
       double sf = 0, sb = 0;

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <tuple>
 
 #include "base/input_error.h"
+#include "base/limits.h"
 #include "planner/plan_search.h"
 #include "planner/stage_search.h"
 #include "sim/plan_cost.h"
@@ -28,6 +30,53 @@ std::vector<TrainingSetup> with_overlap_dimension(const std::vector<TrainingSetu
     out.push_back(o);
   }
   return out;
+}
+
+std::vector<int> parse_context_parallel(const std::string& cp, int sequence_length, int gpus) {
+  auto balances = [&](int n) { return n == 1 || sequence_length % (2 * n) == 0; };
+  if (cp == "auto") {
+    std::vector<int> out{1};
+    for (int n = 2; n <= gpus && balances(n); n *= 2) out.push_back(n);
+    return out;
+  }
+  int n = 0;
+  std::size_t used = 0;
+  try {
+    n = std::stoi(cp, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != cp.size() || n < 1 || n > kMaxReplicas)
+    throw InputError("--cp: '" + excerpt(cp) + "': expected auto or a whole number from 1 to " +
+                     std::to_string(kMaxReplicas));
+  if (!balances(n))
+    throw InputError("--cp " + cp + ": the sequence length " + std::to_string(sequence_length) +
+                     " is not a multiple of 2 x cp = " + std::to_string(2 * n) +
+                     " (Megatron splits each sequence into 2 x cp chunks to balance the causal mask)");
+  return {n};
+}
+
+std::vector<TrainingSetup> with_context_parallel_dimension(const std::vector<TrainingSetup>& setups,
+                                                           const std::vector<int>& cps) {
+  std::vector<TrainingSetup> out;
+  for (const int n : cps)
+    for (TrainingSetup s : setups) {
+      s.context_parallel = n;
+      out.push_back(s);
+    }
+  return out;
+}
+
+std::vector<std::vector<int>> context_parallel_parts(const std::vector<TrainingSetup>& setups) {
+  std::vector<int> sizes;
+  for (const TrainingSetup& s : setups) sizes.push_back(s.context_parallel);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  std::vector<std::vector<int>> parts(sizes.size());
+  for (std::size_t k = 0; k < setups.size(); ++k)
+    parts[std::lower_bound(sizes.begin(), sizes.end(), setups[k].context_parallel) - sizes.begin()].push_back(
+        static_cast<int>(k));
+  return parts;
 }
 
 std::string parallel_setup_suffix(const TrainingSetup& s) {
@@ -102,7 +151,7 @@ std::vector<std::vector<int>> setting_parts(const std::vector<TrainingSetup>& se
 // The parts in turn (planner/plan_search.md, "Settings in parts"): each an exact search over the plans
 // of its settings, its threshold set from the start by the plans found before it; their best plans
 // merged, each plan once at its fastest setting (the first on ties, as the joint search's leaf).
-PlanSearchResult PlanSearch::search_in_parts() const {
+PlanSearchResult PlanSearch::search_parts(const std::vector<std::vector<int>>& parts, bool whole) const {
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   struct Found {
@@ -116,7 +165,7 @@ PlanSearchResult PlanSearch::search_in_parts() const {
   all.gap_asked = opt_.gap;
   all.lower_bound_ms = std::numeric_limits<double>::infinity();
   all.space_empty = true;
-  for (const std::vector<int>& part : setting_parts(opt_.setups)) {
+  for (const std::vector<int>& part : parts) {
     if (opt_.cancel && opt_.cancel->load()) {
       all.cut_short = true;
       all.cut_reason = "interrupted";
@@ -126,15 +175,17 @@ PlanSearchResult PlanSearch::search_in_parts() const {
     PlanSearchOptions o = opt_;
     o.setups.clear();
     for (int j : part) o.setups.push_back(opt_.setups[j]);
-    o.setting_parts = PlanSearchOptions::SettingParts::kNever;
+    if (!whole) o.setting_parts = PlanSearchOptions::SettingParts::kNever;
     // Seed plans (planner/seed_plans.h) in the first part, and in a later one only while no plan is known
-    // (where only full recomputation fits memory).
-    if (!found.empty()) o.seed_time_s = 0;
-    o.incumbents.clear();
+    // (where only full recomputation fits memory); in every context-parallel part (each its own shapes).
+    if (!found.empty() && !whole) o.seed_time_s = 0;
+    // A plan found in an earlier part is the same plan (the same id) under another setting: offered again
+    // here, SharedBound counts it once, at its least cost.
     for (const Found& f : found) o.incumbents.emplace_back(f.cost, plan_id(f.order));
     const double part_start = elapsed();
     if (opt_.time_budget_s > 0) o.time_budget_s = std::max(1e-3, opt_.time_budget_s - part_start);
-    PlanSearchResult r = PlanSearch(*cluster_, *profiles_, *sim_, o).search();
+    const PlanSearch sub(*cluster_, *profiles_, *sim_, o);
+    PlanSearchResult r = whole ? sub.search_all() : sub.search();
     for (SearchedPlan& p : r.top) {
       p.setup = part[p.setup];
       std::vector<int> order = plan_key_order(p.plan, *cluster_);

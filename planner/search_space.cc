@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "base/input_error.h"
@@ -76,6 +77,10 @@ SearchSpace::SearchSpace(const Cluster& cluster, const ProfileSet& profiles, con
       gpus(cluster.num_devices()),
       device_types(static_cast<int>(cluster.device_types().size())),
       gbs(options.gbs) {
+  cp = setups.front().context_parallel;
+  for (const TrainingSetup& st : setups)
+    if (st.context_parallel != cp || cp < 1)
+      throw std::invalid_argument("SearchSpace: every setting searched at once must have one context-parallel size");
   for (const auto& e : profiles.entries()) max_tp = std::max(max_tp, e.tp);
   max_tp = std::min(max_tp, options.max_tp);
   type_tp = profiled_tps(cluster, profiles, simulator.shape(), max_tp);

@@ -83,6 +83,9 @@ class SearchSpace {
   SearchSpace& operator=(const SearchSpace&) = delete;
 
   std::vector<TrainingSetup> setups;  // the settings searched, at least one
+  // The settings' context-parallel size (sim/sequence_parallel.h), the same for all: a search of several
+  // sizes runs one SearchSpace per size (PlanSearch's cp parts, planner/plan_search.md).
+  int cp = 1;
   int layers = 0;
   int gpus = 0;          // ranks of every node order
   int device_types = 0;
@@ -96,6 +99,9 @@ class SearchSpace {
   bool split_layers = false;  // units also split by stage 0's layers
 
   int num_setups() const { return static_cast<int>(setups.size()); }
+  // A stage of dp replicas (the plan's dp, cp included) may take a micro-batch of b samples: cp divides dp
+  // and each of the dp / cp Megatron replicas (cp groups) trains at least one sample. (At cp 1: dp <= b.)
+  bool splits_micro_batch(int dp, int b) const { return cp == 1 ? dp <= b : dp % cp == 0 && dp / cp <= b; }
   int num_groups() const { return static_cast<int>(orders.size() * micro_batch_counts.size()); }
   const NodeOrder& order_of_group(int group) const { return orders[group / num_ms()]; }
   int micro_batches_of_group(int group) const { return micro_batch_counts[group % num_ms()]; }

@@ -102,9 +102,10 @@ class Seeder {
     int r = 0;
     for (std::size_t i = 0; i < s.sizes.size(); ++i) {
       const int size = s.sizes[i], tp = s.tps[i];
-      if (tp < 1 || tp > space_.max_tp || size % tp != 0 || size / tp > b || tp > size) return false;
+      if (tp < 1 || tp > space_.max_tp || size % tp != 0 || !space_.splits_micro_batch(size / tp, b) || tp > size)
+        return false;
       // --uniform: every stage at stage 0's (dp, tp), dp dividing the micro-batch (planner/export_plan.h).
-      if (options_.uniform && (!exporter_micro_batch_splits(b, size / tp) ||
+      if (options_.uniform && (!exporter_micro_batch_splits(b, size / tp / space_.cp) ||
                                !exporter_grid_matches(Strategy{s.sizes[0] / s.tps[0], s.tps[0]}, Strategy{size / tp, tp})))
         return false;
       if (!o.tp_profiled(r, size, tp)) return false;

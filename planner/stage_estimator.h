@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -41,9 +42,12 @@ inline std::size_t span_index(int L, int l, int e) {
 inline std::size_t spans(int L) { return static_cast<std::size_t>(L) * (L + 1) / 2; }
 
 // Lower bounds on a stage's costs per micro-batch (ms), from the same profile
-// look-ups the simulator makes, leaving out every term that only adds (the
+// look-ups the simulator makes (under context parallelism cp as it makes them:
+// the micro-batch split over the dp / cp groups, each rank running its group's
+// share as Slices says), leaving out every term that only adds (the
 // first and last stages' extras, recomputation, ZeRO's collectives, the
-// sustained stretch, cross-node tp): its forward + backward, a lower bound on
+// sustained stretch, cross-node tp, the cp ring's exchange and merges): its
+// forward + backward, a lower bound on
 // each of the two, its measured gradient accumulation, and its two p2p sends
 // (exact: they depend only on the ranks, tp and the largest replica share).
 // Look-ups are resolved once, so an estimate is a few slice sums.
@@ -58,9 +62,12 @@ struct StageEstimate {
 };
 
 // The simulator's slicing of a replica's share of a micro-batch: its own profile file, else its
-// power-of-two slices (ProfileSet::share_files).
+// power-of-two slices (ProfileSet::share_files). Under context parallelism cp the share is a cp group's and
+// the slicing its ranks' (PlanCostModel's slowest replica): a share x that cp divides runs the profile of
+// x / cp whole sequences (divisor 1), another 1/cp of the profile of x (divisor cp).
 struct Slices {
   int type = 0, tp = 1;
+  double divisor = 1;  // a rank's time is its files' time / divisor
   bool missing = false;
   bool forward_known = false;  // every file splits out the forward
   // The fb_sync_ms of the share's own profile file (0 without one): what stage() adds to a replica of this
@@ -71,11 +78,13 @@ struct Slices {
 };
 
 // Slices of every (cluster type, tp, share), shared by every (node order, m) group: they depend on
-// nothing else. Read-only after construction (thread-safe); REQUIRES: the profiles outlive it.
+// nothing else but the context-parallel size cp (the search's: SearchSpace::cp). Read-only after
+// construction (thread-safe); REQUIRES: the profiles outlive it; cp >= 1.
 class ShareSlices {
  public:
-  ShareSlices(const ProfileSet& profiles, const Cluster& cluster, int max_tp, int max_share, int max_profiled_bs)
-      : tps_(max_tp + 1), shares_(max_share + 1) {
+  ShareSlices(const ProfileSet& profiles, const Cluster& cluster, int max_tp, int max_share, int max_profiled_bs,
+              int cp = 1)
+      : tps_(max_tp + 1), shares_(max_share + 1), cp_(cp) {
     const int types = static_cast<int>(cluster.device_types().size());
     v_.resize(static_cast<std::size_t>(types) * tps_ * shares_);
     for (int t = 0; t < types; ++t) {
@@ -83,14 +92,17 @@ class ShareSlices {
       for (int tp = 1; tp <= max_tp; ++tp)
         for (int share = 1; share <= max_share; ++share) {
           Slices& sl = v_[(static_cast<std::size_t>(t) * tps_ + tp) * shares_ + share];
+          const bool whole = cp > 1 && share % cp == 0;  // a rank runs share / cp whole sequences
+          const int samples = whole ? share / cp : share;
+          sl.divisor = cp > 1 && !whole ? cp : 1;
           const LayerProfile* files[32];
-          const int n = profiles.share_files(pt, tp, share, max_profiled_bs, files);
+          const int n = profiles.share_files(pt, tp, samples, max_profiled_bs, files);
           if (n < 0) sl.missing = true;
           sl.files.assign(files, files + std::max(0, n));
           sl.type = t;
           sl.tp = tp;
           sl.forward_known = !sl.files.empty();
-          const LayerProfile* own = profiles.find(pt, tp, share);
+          const LayerProfile* own = profiles.find(pt, tp, samples);
           sl.fb_sync = own ? std::max(0.0, own->fb_sync_ms) : 0.0;
           for (const LayerProfile* lp : sl.files) sl.forward_known = sl.forward_known && lp->has_forward();
         }
@@ -100,9 +112,10 @@ class ShareSlices {
   const Slices& at(int type, int tp, int share) const {
     return v_[(static_cast<std::size_t>(type) * tps_ + tp) * shares_ + share];
   }
+  int cp() const { return cp_; }
 
  private:
-  int tps_, shares_;
+  int tps_, shares_, cp_;
   std::vector<Slices> v_;  // [type][tp][share]
 };
 
@@ -247,15 +260,23 @@ class StageEstimator {
   // whole-sample capacity bound stands in. Tests lower it to exercise that bound.
   static constexpr double kMixedTableLimit = 2e6;
   // `unmeasured_acc`: an UnmeasuredAccumulation table for these types and max_tp.
-  // REQUIRES: `slices` covers max_tp and shares up to micro_batch; `slices`, `mixed_lists`,
-  // `unmeasured_acc`, the layout, cost model and profiles outlive the estimator.
+  // Context parallelism: the cost model's setups' context-parallel size cp (SearchSpace::cp), over which
+  // each stage's dp replicas form dp / cp groups (StageGrid::cp_groups) that the micro-batch is split
+  // over, each rank running its group's share as PlanCostModel::stage's slowest replica does (the
+  // slicing of `slices`, built at that cp: share / cp whole sequences, or 1/cp of the share's profile),
+  // with the time outside the layers and the accumulation of those files; the ring exchange only adds
+  // (left out). REQUIRES: `slices` covers max_tp and shares up to micro_batch and has the setups' cp;
+  // every setup of `cost` has the same context_parallel; `slices`, `mixed_lists`, `unmeasured_acc`, the
+  // layout, cost model and profiles outlive the estimator.
   StageEstimator(const ProfileSet& profiles, const Cluster& cluster, const RankLayout& layout, const PlanCostModel& cost,
                  const ShareSlices& slices, MixedLists& mixed_lists, int micro_batch, int max_tp, bool full_params,
                  double backward_share, const std::vector<double>& unmeasured_acc, int layers,
                  double mixed_table_limit = kMixedTableLimit)
-      : layout_(&layout), cost_(&cost), slices_(&slices), b_(micro_batch), max_tp_(max_tp), full_params_(full_params),
+      : layout_(&layout), cost_(&cost), slices_(&slices), b_(micro_batch), max_tp_(max_tp),
+        cp_(std::max(1, cost.setup(0).context_parallel)), full_params_(full_params),
         forward_share_(1 - backward_share), recompute_(cost.least_recompute_fraction()), unmeasured_acc_(&unmeasured_acc),
         L_(layers) {
+    if (slices.cp() != cp_) throw std::invalid_argument("StageEstimator: slices of another context-parallel size");
     const int types = static_cast<int>(cluster.device_types().size());
     param_bytes_.assign(L_ + 1, 0.0);
     const std::vector<double>& bytes = profiles.model().parameters_per_layer_bytes;
@@ -278,16 +299,23 @@ class StageEstimator {
           if (layout.homogeneous(r, r + s)) continue;
           for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
             const int dp = s / tp;
-            if (s % tp != 0 || dp > b_ || dp > kMaxReplicas) continue;
-            const StageGrid grid(r, dp, tp);
-            rtype.assign(dp, 0);
-            share.assign(dp, 0);
-            for (int d = 0; d < dp; ++d) rtype[d] = ptype[layout.type_of(grid.rank(d, 0))];
+            if (s % tp != 0 || dp / cp_ > b_ || dp > kMaxReplicas) continue;
             MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R + 1) + s) * (max_tp + 1) + tp];
-            if (!partition_data(profiles, rtype.data(), Strategy{dp, tp}, b_, share.data())) {
+            if (dp % cp_ != 0) {
+              ref.count = -1;  // no cp groups: the simulator refuses the stage
+              continue;
+            }
+            // The data load balancer splits the micro-batch over the cp groups (each its first replica's
+            // type, as PlanCostModel's replica shares); every replica takes its group's share.
+            const StageGrid grid(r, dp, tp), groups = grid.cp_groups(cp_);
+            rtype.assign(groups.dp, 0);
+            share.assign(dp, 0);
+            for (int g = 0; g < groups.dp; ++g) rtype[g] = ptype[layout.type_of(groups.rank(g, 0))];
+            if (!partition_data(profiles, rtype.data(), Strategy{groups.dp, tp}, b_, share.data())) {
               ref.count = -1;  // the simulator fails too
               continue;
             }
+            for (int d = dp - 1; d >= 0 && cp_ > 1; --d) share[d] = share[d / cp_];
             list.clear();
             for (int d = 0; d < dp; ++d) {
               ref.max_share = std::max(ref.max_share, share[d]);
@@ -331,7 +359,11 @@ class StageEstimator {
   // the simulator needs is missing.
   StageEstimate estimate(int r, int s, int tp, int l, int e, bool homogeneous, bool split) const {
     StageEstimate x;
-    const int dp = s / tp;
+    if (cp_ > 1 && (s / tp) % cp_ != 0) {  // no cp groups: the simulator refuses the stage
+      x.t = kInf;
+      return x;
+    }
+    const int dp = groups(s / tp);  // the replicas (cp groups) the micro-batch is split over
     if (homogeneous) {
       // The slowest replica: ceil(b / dp) samples, exactly as the simulator slices them.
       const Slices& sl = slices_->at(layout_->type_of(r), tp, (b_ + dp - 1) / dp);
@@ -407,17 +439,20 @@ class StageEstimator {
     // fractional bound b / capacity up, breakpoint by breakpoint (each a T at which that sum still
     // falls short is itself a lower bound, so the walk may stop early).
     constexpr int kRuns = kMaxWalkRuns;  // (more: the fractional bound alone)
+    // Under context parallelism a replica is a cp group (its first rank's type: the slowest of its ranks
+    // takes at least that one's time) whose ranks each run share / cp sequences' work (or 1/cp of the
+    // share's profile): at least share x that type's least time per sample / cp.
     double w[kRuns];
     int n[kRuns], runs = 0;
     double capacity = 0;
-    const StageGrid grid(r, dp, tp);
+    const StageGrid grid = StageGrid(r, s / tp, tp).cp_groups(cp_);
     for (int q = r; q < r + s; q = run_end_[q]) {
       const int end = std::min(run_end_[q], r + s);
       const int replicas = grid.replicas_starting_in(q, end);
       if (replicas <= 0) continue;
       const std::vector<double>& v = per_sample_best_[layout_->type_of(q) * (max_tp_ + 1) + tp];
       if (v.empty()) continue;  // no file: infinite time per sample, no capacity
-      const double best = v[span_index(L_, l, e)];
+      const double best = cp_ == 1 ? v[span_index(L_, l, e)] : v[span_index(L_, l, e)] / cp_;
       if (std::isfinite(best) && best <= 0) return x;  // a free replica: no bound
       if (!std::isfinite(best)) continue;
       capacity += replicas / best;
@@ -439,19 +474,23 @@ class StageEstimator {
     const MixedRef& ref = mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp];
     return ref.count > 0 ? ref.entry : nullptr;
   }
-  // The stage's two p2p sends (exactly stage()'s): forward to rank r + s unless it ends the ranks,
+  // The stage's two p2p sends (stage()'s, less the scatter/gather's all-gather that setups without
+  // sequence parallelism add: a lower bound): forward to rank r + s unless it ends the ranks,
   // backward to rank r - 1 unless it starts them. 0 where the largest share is not known here.
   void sends(int r, int s, int tp, bool homogeneous, double* forward, double* backward) const {
     int share = 0;
     if (homogeneous) {
-      share = (b_ + s / tp - 1) / (s / tp);
+      share = (b_ + groups(s / tp) - 1) / groups(s / tp);
     } else if (!mixed_.empty()) {
       share = std::max(0, mixed_[(static_cast<std::size_t>(r) * (R_ + 1) + s) * (max_tp_ + 1) + tp].max_share);
     }
     const int R = layout_->num_ranks();
-    *forward = share > 0 && r + s < R ? cost_->p2p_ms(r + s - 1, r + s, share, tp) : 0.0;
-    *backward = share > 0 && r > 0 ? cost_->p2p_ms(r, r - 1, share, tp) : 0.0;
+    *forward = share > 0 && r + s < R ? cost_->p2p_ms(r + s - 1, r + s, share, tp, cp_) : 0.0;
+    *backward = share > 0 && r > 0 ? cost_->p2p_ms(r, r - 1, share, tp, cp_) : 0.0;
   }
+  // The context-parallel size, and the Megatron replicas (cp groups) of dp replicas: dp / cp.
+  int cp() const { return cp_; }
+  int groups(int dp) const { return cp_ == 1 ? dp : dp / cp_; }  // (no division on the plain search's path)
 
  private:
   struct MixedRef {
@@ -459,10 +498,11 @@ class StageEstimator {
     int count = 0;  // count < 0: the load balancer lacks a profile
     int max_share = 0;
   };
+  // A rank's profile time of these slices (under context parallelism, over their divisor, as stage()).
   static double time(const Slices& sl, int l, int e) {
     double t = 0;
     for (const LayerProfile* lp : sl.files) t += lp->time(l, e);
-    return t;
+    return sl.divisor == 1 ? t : t / sl.divisor;
   }
   // A lower bound on the accumulation of a replica with these slices: its file's measured one when every
   // setup trains every parameter (LoRA scales it down), else, when its file does not measure it, the
@@ -487,19 +527,20 @@ class StageEstimator {
     if (!sl.forward_known) return forward(sl, l, e, t) * (end - first) / (e - l);
     double f = 0;
     for (const LayerProfile* lp : sl.files) f += lp->forward_time(first, end);
-    return f;
+    return sl.divisor == 1 ? f : f / sl.divisor;
   }
   // The forward of these slices, as stage() splits it: measured, else the total's forward share.
   double forward(const Slices& sl, int l, int e, double t) const {
     if (!sl.forward_known) return t * forward_share_;
     double f = 0;
     for (const LayerProfile* lp : sl.files) f += lp->forward_time(l, e);
-    return f;
+    return sl.divisor == 1 ? f : f / sl.divisor;
   }
   const RankLayout* layout_;
   const PlanCostModel* cost_;
   const ShareSlices* slices_;
   int b_, max_tp_, R_ = 0;
+  int cp_ = 1;  // the setups' context-parallel size
   bool full_params_ = false;
   double forward_share_ = 1.0 / 3.0;
   double recompute_ = 0;  // PlanCostModel::least_recompute_fraction: the backward recomputes this much of the blocks' forward
@@ -535,9 +576,9 @@ class HomogeneousEstimates {
         slots_(new EstimateSlot[static_cast<std::size_t>(types) * tps_ * shares_ * 2]) {}
   // Stage [r, r + s), homogeneous of `type`, at (s / tp, tp) with micro-batch b: its estimates of
   // layers [l, e) at [span_index(layers, l, e)], or nullptr (over the budget). REQUIRES: tp <= max_tp,
-  // b <= max_micro_batch, s / tp <= b.
+  // b <= max_micro_batch, est.groups(s / tp) <= b (the estimator's cp divides s / tp).
   const StageEstimate* get(const StageEstimator& est, int type, int r, int s, int tp, int b) {
-    const int dp = s / tp, share = (b + dp - 1) / dp;
+    const int dp = est.groups(s / tp), share = (b + dp - 1) / dp;
     const std::size_t k = ((static_cast<std::size_t>(type) * tps_ + tp) * shares_ + share) * 2 + (b % dp != 0 ? 1 : 0);
     return slots_[k].get(spans(L_), *budget_, [&](StageEstimate* v) {
       for (int l = 0; l < L_; ++l)

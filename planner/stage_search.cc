@@ -103,7 +103,8 @@ class UnitSearch {
   bool try_shape(const Frame& f, int s, int tp, bool homo);
   // --uniform: stage i at (dp, tp) as Megatron-LM and DeepSpeed run it (planner/export_plan.h).
   bool uniform_grid(int i, int dp, int tp) const {
-    return exporter_micro_batch_splits(micro_batch_, dp) && (i == 0 || exporter_grid_matches(w_.choices[0].st, Strategy{dp, tp}));
+    return exporter_micro_batch_splits(micro_batch_, dp / s_.space_.cp) &&
+           (i == 0 || exporter_grid_matches(w_.choices[0].st, Strategy{dp, tp}));
   }
   int first_layer_count(const Frame& f, const Shape& sh);
   Next try_layers(const Frame& f, const Shape& sh, int k);
@@ -223,7 +224,7 @@ void UnitSearch::descend(int i, int r, int l) {
 [[gnu::always_inline]] inline bool UnitSearch::try_shape(const Frame& f, int s, int tp, bool homo) {
   if (s % tp != 0) return true;
   const int dp = s / tp;
-  if (dp > micro_batch_) return true;  // every replica trains at least one sample
+  if (!s_.space_.splits_micro_batch(dp, micro_batch_)) return true;  // every (cp group of) replica(s) trains a sample
   if (!o_.tp_profiled(f.r, s, tp)) return true;
   const bool inside = o_.tp_inside_nodes(f.r, s, tp);
   if (!allow_cross_node_tp_ && !inside) return true;

@@ -508,7 +508,7 @@ void SuffixBoundBuilder::relax(int group, SuffixBound* bound, bool last_stages) 
     for (int s = last_stages ? gpus - r : 1; s <= (last_stages ? gpus - r : gpus - r - 1); ++s) {
       if (space_.whole_nodes && !o.node_start(r + s)) continue;
       for (int tp = 1; tp <= std::min(s, space_.max_tp); ++tp) {
-        if (s % tp != 0 || s / tp > pass.micro_batch || !o.tp_profiled(r, s, tp)) continue;
+        if (s % tp != 0 || !space_.splits_micro_batch(s / tp, pass.micro_batch) || !o.tp_profiled(r, s, tp)) continue;
         relax_stage(pass, r, s, tp);
       }
     }
@@ -658,7 +658,7 @@ bool SuffixBoundBuilder::argmin_stages(int group, const SuffixBound& bound, int 
       if (space_.whole_nodes && !o.node_start(r + s)) continue;
       const bool homo = o.homogeneous(r, s);
       for (int tp = 1; tp <= std::min(s, space_.max_tp); ++tp) {
-        if (s % tp != 0 || s / tp > micro_batch || !o.tp_profiled(r, s, tp)) continue;
+        if (s % tp != 0 || !space_.splits_micro_batch(s / tp, micro_batch) || !o.tp_profiled(r, s, tp)) continue;
         const bool inside = o.tp_inside_nodes(r, s, tp);
         if (!options_.allow_cross_node_tp && !inside) continue;
         double sf, sb;

@@ -45,7 +45,8 @@ print(next(a for a, v in c.items() if v['instance_type'] == sys.argv[1]))" "$1")
 }
 
 # gpu_localize_plan SRC DST DROP_CP GPU HOSTFILE: SRC's plan on this machine's GPUs (every stage's type GPU,
-# the hostfile HOSTFILE); DROP_CP=1 also removes context_parallel (the plan's dp twin).
+# the hostfile HOSTFILE); DROP_CP=1 also removes context_parallel (the plan's dp twin); DROP_CP=sp removes
+# sequence_parallel instead (the plan's twin with the tp all-reduces).
 gpu_localize_plan() {
   python3 - "$@" <<'PY'
 import json, sys
@@ -55,6 +56,8 @@ p["node_sequence"] = [gpu for _ in p["node_sequence"]]
 p["hostfile"] = host
 if drop_cp == "1":
     p.pop("context_parallel", None)
+elif drop_cp == "sp":
+    p.pop("sequence_parallel", None)
 json.dump(p, open(dst, "w"), indent=1)
 PY
 }

@@ -7,7 +7,8 @@
 #
 # DIR holds NAME.plan.json and NAME.meta.json (a validate_plans.py run folder, e.g.
 # logs/validate/suite34-h100x2-run2). For NAME:REF the script also writes the kernel table of NAME
-# against REF (REF "dp" means NAME's plan with context_parallel removed, i.e. the same plan at dp).
+# against REF (REF "dp" means NAME's plan with context_parallel removed, i.e. the same plan at dp; "nosp" NAME's
+# plan with sequence_parallel removed: its tp all-reduces against SP's all-gathers and reduce-scatters).
 # Needs build-gpu/hetplan (built here first if missing). Results: $OUT/kineto.tgz (rank 0's traces,
 # breakdowns and kernel tables) and $OUT/kineto_summary.md.
 set -uo pipefail
@@ -38,6 +39,8 @@ for item in "$@"; do
   trace "$name" "$res/$name.plan.json" "$hf"
   if [[ -n "$ref" ]]; then
     if [[ "$ref" == dp ]]; then refname="$name-dp"; localize "$dir/$name.plan.json" "$res/$refname.plan.json" 1
+      trace "$refname" "$res/$refname.plan.json" "$hf"
+    elif [[ "$ref" == nosp ]]; then refname="$name-nosp"; localize "$dir/$name.plan.json" "$res/$refname.plan.json" sp
       trace "$refname" "$res/$refname.plan.json" "$hf"
     else refname=$ref; localize "$dir/$ref.plan.json" "$res/$ref.plan.json" 0; trace "$ref" "$res/$ref.plan.json" "$hf"; fi
     a=$(ls "$res/$name"/*rank0*.json 2>/dev/null | head -1); b=$(ls "$res/$refname"/*rank0*.json 2>/dev/null | head -1)

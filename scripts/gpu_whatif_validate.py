@@ -360,8 +360,7 @@ class Reprobe:
 def dry_run(args, recorded, keys):
     """DRYRUN: the recorded results of `keys` in order, each between its re-probe's before and after."""
     rp = Reprobe(args, 0) if args.reprobe_dir else None
-    by_key = {(f"decode-{r['runtime']}" if "runtime" in r else f"{r['mode']}-{r['case']}"): r
-              for r in json.load(open(os.path.join(DRYRUN, recorded)))}
+    by_key = {result_key(r): r for r in json.load(open(os.path.join(DRYRUN, recorded)))}
     out = []
     for key in keys:
         rec = rp.before(key, "decode" if key.startswith("decode") else "train") if rp else {}
@@ -369,8 +368,20 @@ def dry_run(args, recorded, keys):
         if rp:
             rp.after("decode" if key.startswith("decode") else "train", res, rec)
         out.append(res)
-    os.makedirs(args.out, exist_ok=True)
-    json.dump(out, open(os.path.join(args.out, recorded), "w"), indent=1)
+    write_merged(os.path.join(args.out, recorded), out)
+
+
+def result_key(r):
+    return f"decode-{r['runtime']}" if "runtime" in r else f"{r['mode']}-{r['case']}"
+
+
+def write_merged(path, results):
+    """Writes `results` into the JSON list at `path`, replacing the entries of the same cases: gpu_whatif_validate.sh
+    runs each training case in its own process (as a user's job is), and each adds its entry to its mode's file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    done = {result_key(r) for r in results}
+    earlier = json.load(open(path)) if os.path.exists(path) else []
+    json.dump([r for r in earlier if result_key(r) not in done] + results, open(path, "w"), indent=1)
 
 
 def train(args):
@@ -504,7 +515,7 @@ def train(args):
             rp.after("train", res, rec)
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
-        json.dump(results, open(os.path.join(args.out, f"train_{args.mode}.json"), "w"), indent=1)
+        write_merged(os.path.join(args.out, f"train_{args.mode}.json"), results)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -26,7 +26,7 @@
 #      summary_probe.md for the fresh-probe predictions, summary_reprobe.md for the per-case re-probed ones.
 # Nothing in steps 1-3 reads a measurement of step 4; no constant is set from them.
 # Results: $OUT/whatif_validate.tgz (everything), $OUT/predictions_<GPU>_probe.json, $OUT/summary*.md.
-# Each step has its own time limit, and all stay inside BUDGET_S (default 370 s) from the start.
+# Each step has its own time limit, and all stay inside BUDGET_S (default 450 s) from the start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -53,7 +53,7 @@ ngpu=$(nvidia-smi -L | wc -l)
 # the cases it predicts run on the same cores with the same thread settings.
 if [ "${HOST_PIN:-1}" = 1 ]; then pin=(--pin share); else pin=(--pin none); fi
 py=(python3 scripts/gpu_whatif_validate.py)
-budget=${BUDGET_S:-370}  # about 6.2 minutes (350 + the overlap probe's ~20 s): the kernel profile, last, then the census are skipped or cut first
+budget=${BUDGET_S:-450}  # 7.5 minutes (one process per training case adds ~80 s): the kernel profile, last, then the census are skipped or cut first
 run() {  # run LIMIT_S NAME CMD...: one step, its log kept, never longer than LIMIT_S nor past the budget
   local limit=$1 name=$2; shift 2
   limit=$(gpu_step_limit "$limit" "$budget" "$t0")
@@ -106,11 +106,20 @@ if [ -n "$probe_pred" ] && [ "${REPROBE:-1}" = 1 ]; then
            --reprobe-probe "$res/host_probe/host_probe_micro.json" --reprobe-log "$res/predictions_probe.log")
   [ -s "$res/overlap/comm_overlap.json" ] && reprobe+=(--reprobe-profiles "$res/overlap")
 fi
-cases=mb1-ckpt0,mb1-ckpt1,mb4-ckpt0,mb4-ckpt1
-run 90 single "${py[@]}" train --mode single --cases $cases "${pin[@]}" --out "$res" "${reprobe[@]}"
+# Each case in its own process, as a user's training job is: an earlier case in the same process left FSDP2's
+# unsharded bf16 copy of the model (2.45 GiB) allocated into the next case's peak in runs 6 and 7, through
+# gc.collect() and empty_cache() (release_previous_case); a fresh process starts from nothing.
+cases="mb1-ckpt0 mb1-ckpt1 mb4-ckpt0 mb4-ckpt1"
+dist_run=(python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py)
+for c in $cases; do
+  run 30 "single-$c" "${py[@]}" train --mode single --cases "$c" "${pin[@]}" --out "$res" "${reprobe[@]}"
+done
 if [ "$ngpu" -ge 2 ]; then
-  run 110 ddp python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode ddp --cases $cases "${pin[@]}" --out "$res" "${reprobe[@]}"
-  run 110 fsdp2 python3 -m torch.distributed.run --standalone --nproc-per-node 2 scripts/gpu_whatif_validate.py train --mode fsdp2 --cases $cases "${pin[@]}" --out "$res" "${reprobe[@]}"
+  for mode in ddp fsdp2; do
+    for c in $cases; do
+      run 40 "$mode-$c" "${dist_run[@]}" train --mode "$mode" --cases "$c" "${pin[@]}" --out "$res" "${reprobe[@]}"
+    done
+  done
 else
   echo "!! one GPU: DDP and FSDP2 not measured"
 fi
@@ -133,7 +142,6 @@ for pred in scripts/validation/whatif/predictions_"${gpu}".json scripts/validati
   kind=${pred#scripts/validation/whatif/predictions_"${gpu}"}
   kind=${kind%.json}
   "${py[@]}" summary --pred "$pred" --meas "$res" --machine "$machine" --out "$res/summary${kind}.md" || true
-  cp "$res/summary${kind}.md" "$out/" 2>/dev/null
 done
 [ $found -eq 1 ] || echo "!! no scripts/validation/whatif/predictions_${gpu}*.json: nothing to compare with"
 if [ -n "$probe_pred" ]; then

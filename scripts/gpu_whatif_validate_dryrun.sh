@@ -67,7 +67,7 @@ rm -rf "$stub"
 [ $made_link = 0 ] || rm -f build-gpu/hetplan
 # The order: the fresh predictions were written before the first measurement step began.
 pred_line=$(grep -n "^written .*before any measurement" "$out/dryrun.log" | cut -d: -f1)
-meas_line=$(grep -n "^== single" "$out/dryrun.log" | cut -d: -f1)
+meas_line=$(grep -n "^== single" "$out/dryrun.log" | head -1 | cut -d: -f1)
 [ -n "$pred_line" ] && [ -n "$meas_line" ] && [ "$pred_line" -lt "$meas_line" ] \
   || { echo "FAIL: no fresh predictions before the measurements ($out/dryrun.log)"; exit 1; }
 echo "ok: predictions written at log line $pred_line, measurements from line $meas_line"
@@ -94,7 +94,7 @@ grep -q "DDP's all-reduces beside the backward: its compute stretched x[0-9.]* (
   || { echo "FAIL: the DDP predictions do not use the fresh comm_overlap.json"; exit 1; }
 echo "ok: the DDP rows' compute stretch from the overlap probe's comm_overlap.json"
 # Every measuring step asked for the pinned cores (scripts/host_pinning.py).
-grep -q -- "--pin" scripts/gpu_whatif_validate.sh && [ "$(grep -c -- '"\${pin\[@\]}"' scripts/gpu_whatif_validate.sh)" = 9 ] \
+grep -q -- "--pin" scripts/gpu_whatif_validate.sh && [ "$(grep -c -- '"\${pin\[@\]}"' scripts/gpu_whatif_validate.sh)" = 8 ] \
   || { echo "FAIL: not every probe and measuring step is pinned"; exit 1; }
 grep -q "^Host cores (scripts/host_pinning.py; the probe's the same): .*single: share" "$out/summary_probe.md" \
   && grep -q "offload: all" "$out/summary_probe.md" \

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Re-simulates a validation run folder with this checkout's build and compares with its replay results.
 
-    python3 scripts/resimulate_run.py RUN_DIR [--hetplan build-nt/hetplan] [--hostfile FILE]
+    python3 scripts/resimulate_run.py RUN_DIR [--hetplan build-nt/hetplan] [--hostfile FILE] [--write DIR]
 
 RUN_DIR is a validate_plans.py run folder (logs/validate/...): its NAME.plan.json, NAME.replay.json, log.txt
 (the `hetplan simulate` command each plan was simulated with) and profiles/ (the profiles it used). Each plan is
 simulated again from those profiles with the same flags and --held-sends (replay's sends keep their tensors until a
 stage's last op; --no-held-sends leaves it out) (the plan's profile_dir pointed at RUN_DIR/profiles; its hostfile
 at --hostfile where the recorded one is not here), and the iteration time and each rank's allocated peak
-are printed against replay's, with the run's MAPE. Nothing in RUN_DIR is written; scratch goes to a temp folder.
+are printed against replay's, with the run's MAPE, and each rank's device memory in use (sim/device_memory.h's
+total) against replay's device_used_mb, with its MAPE. Nothing in RUN_DIR is written; scratch goes to a temp
+folder. --write DIR copies the new NAME.sim.json with the run's NAME.replay.json, NAME.plan.json, order.json and
+run.json into DIR, for scripts/device_memory_table.py DIR (the term-by-term table).
 """
-import argparse, glob, json, os, subprocess, sys, tempfile
+import argparse, glob, json, os, shutil, subprocess, sys, tempfile
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -18,6 +21,7 @@ ap.add_argument("run_dir")
 ap.add_argument("--hetplan", default=os.path.join(root, "build-nt", "hetplan"))
 ap.add_argument("--hostfile", help="hostfile for plans whose recorded one is not in this checkout")
 ap.add_argument("--no-held-sends", action="store_true", help="simulate without --held-sends")
+ap.add_argument("--write", help="copy the new .sim.json files (and the run's replay, plan, order and run files) here")
 a = ap.parse_args()
 run = os.path.abspath(a.run_dir)
 commands = {}
@@ -26,7 +30,12 @@ for line in open(os.path.join(run, "log.txt")):
     if "simulate" in words and "--plan" in words and "metis" not in words:
         commands[os.path.basename(words[words.index("--plan") + 1])[: -len(".plan.json")]] = words[words.index("simulate") + 1 :]
 scratch = tempfile.mkdtemp(prefix="resimulate-")
-mem_err, time_err = [], []
+mem_err, time_err, used_err = [], [], []
+if a.write:
+    os.makedirs(a.write, exist_ok=True)
+    for f in ("order.json", "run.json"):
+        if os.path.exists(os.path.join(run, f)):
+            shutil.copy(os.path.join(run, f), a.write)
 for plan_file in sorted(glob.glob(os.path.join(run, "*.plan.json"))):
     name = os.path.basename(plan_file)[: -len(".plan.json")]
     replay_file = os.path.join(run, name + ".replay.json")
@@ -55,14 +64,29 @@ for plan_file in sorted(glob.glob(os.path.join(run, "*.plan.json"))):
     meas = [x["peak_allocated_mb"] for x in rep["ranks"]]
     errs = [(m - p) / m * 100 for p, m in zip(pred, meas)]
     mem_err += errs
+    used = {x["rank"]: x.get("device_used_mb") for x in rep["ranks"]}
+    used_plan = []
+    for x in sim["ranks"]:
+        u = used.get(x["rank"])
+        if u and "total" in x:
+            used_plan.append((u - x["total"] / 2**20) / u * 100)
+    used_err += used_plan
+    if a.write:
+        shutil.copy(sim_file, a.write)
+        for f in (replay_file, plan_file):
+            shutil.copy(f, a.write)
     t_meas = rep["iteration_ms"]["median"]
     time_err.append((t_meas - sim["iteration_ms"]) / t_meas * 100)
     print(f"{name}: time {sim['iteration_ms']:.1f} vs {t_meas:.1f} ms ({time_err[-1]:+.1f}%); peak MB "
           f"{'/'.join('%.0f' % x for x in pred)} vs {'/'.join('%.0f' % x for x in meas)} "
-          f"({'/'.join('%+.1f%%' % x for x in errs)})")
+          f"({'/'.join('%+.1f%%' % x for x in errs)})"
+          + (f"; in use {'/'.join('%+.1f%%' % x for x in used_plan)}" if used_plan else ""))
 if not mem_err:
     sys.exit("no plan with a replay result and a recorded simulate command in " + run)
 print(f"iteration-time MAPE over {len(time_err)} plans: {sum(map(abs, time_err)) / len(time_err):.2f}% "
       f"(worst {max(map(abs, time_err)):.1f}%)")
 print(f"per-rank peak-memory MAPE over {len(mem_err)} ranks: {sum(map(abs, mem_err)) / len(mem_err):.2f}% "
       f"(worst {max(map(abs, mem_err)):.1f}%)")
+if used_err:
+    print(f"device-memory-in-use MAPE over {len(used_err)} ranks: {sum(map(abs, used_err)) / len(used_err):.2f}% "
+          f"(worst {max(map(abs, used_err)):.1f}%)")

@@ -69,8 +69,10 @@ def analytic(binary, tag, cfg, types):
     c = json.load(open(cfg))
     layers = int(c.get("n_layer", c.get("num_hidden_layers"))) + 2
     out = f"{PROFILES}/analytic-{tag}"
+    # Replay (LibTorch autograd) adds each micro-batch's gradients in a separate pass, not inside the weight-gradient
+    # GEMMs as today's Megatron-LM does (gen-profiles' default): priced as replay runs it.
     ok = run([binary, "gen-profiles", "--analytic", "--hf-config", cfg, "--seq-len", "2048", "--types", ",".join(types),
-              "--max-tp", "1", str(layers), "4", "--out", out])
+              "--max-tp", "1", "--no-gradient-accumulation-fusion", str(layers), "4", "--out", out])
     return out if ok else None
 
 

@@ -46,7 +46,7 @@ double working_bytes(const ModelShape& s, LayerKind kind, double tokens, int tp)
 }
 
 std::vector<LayerEstimate> estimate_layers(const ModelShape& s, long long seq, const DeviceRates& r, int tp, int bs,
-                                           bool flash, bool sequence_parallel) {
+                                           const LayerKernels& kernels) {
   const int L = s.metis_num_layers();
   const double tokens = static_cast<double>(bs) * seq;
   const TrainingSetup setup;
@@ -55,15 +55,17 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& s, long long seq, c
   for (int i = 0; i < L; ++i) {
     LayerEstimate& e = out[i];
     const LayerKind kind = layer_kind(i, L);
-    e.classes = analytic_layer_classes(
-        s, i, bs, seq, tp, Recompute::kNone, r,
-        {flash ? AttentionKernels::kFused : AttentionKernels::kMaterialized, sequence_parallel});
+    const bool flash = kernels.attention == AttentionKernels::kFused;
+    e.classes = analytic_layer_classes(s, i, bs, seq, tp, Recompute::kNone, r, kernels);
     e.ms = e.classes.layer_ms();
-    e.forward_ms = e.ms / 3.0;  // the forward runs one of the three passes
+    // The forward runs one of the three passes of the layer as it would run without the backward's overlap
+    // (which only shortens the backward).
+    e.forward_ms = (e.ms + e.classes.overlapped_ms) / 3.0;
     e.params = static_cast<double>(params[i]);
     e.rank_params = shard_params(s, i, i + 1, 1, setup).on_rank(tp);
-    // Accumulating a micro-batch's gradients: read two, write one 16-bit value per parameter.
-    e.accumulation_ms = 3.0 * kBytes * e.rank_params / r.bytes_per_s * 1e3;
+    // Accumulating a micro-batch's gradients: read two, write one 16-bit value per parameter (the GEMM
+    // weights' inside their weight-gradient GEMMs under gradient accumulation fusion).
+    e.accumulation_ms = gradient_accumulation_ms(s, kind, tp, e.rank_params, kBytes, r, kernels);
     double act = 0;
     if (kind == LayerKind::kEmbedding) act = embedding_activation_bytes(s, seq, bs, tp, false);
     else if (kind == LayerKind::kHead) act = head_activation_bytes(s, seq, bs, tp, false);
@@ -128,7 +130,12 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
     for (int tp = 1; tp <= o.max_tp; tp *= 2) {
       if (o.shape && !tp_fits(shape, tp)) continue;  // a config whose heads tp does not divide
       for (int bs = 1; bs <= o.max_bs; bs *= 2) {
-        const auto layers = estimate_layers(shape, seq, rates, tp, bs, o.flash_attention, o.sequence_parallel);
+        LayerKernels kernels;
+        kernels.attention = o.flash_attention ? AttentionKernels::kFused : AttentionKernels::kMaterialized;
+        kernels.sequence_parallel = o.sequence_parallel;
+        kernels.async_tp_backward = o.async_tp_backward;
+        kernels.gradient_accumulation_fusion = o.gradient_accumulation_fusion;
+        const auto layers = estimate_layers(shape, seq, rates, tp, bs, kernels);
         ordered_json j;
         ordered_json est;
         est["method"] = "layer time model on datasheet rates (sim/layer_time_model.h)";
@@ -144,6 +151,8 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
         est["memory_efficiency"] = o.memory_efficiency;
         est["attention"] = o.flash_attention ? "fused" : "materialized";
         est["sequence_parallel"] = o.sequence_parallel;  // the time's elementwise work only; memory: the plan's
+        est["async_tp_backward"] = o.async_tp_backward;
+        est["gradient_accumulation_fusion"] = o.gradient_accumulation_fusion;
         j["estimate"] = est;
         j["model"] = profile_model_record(shape, seq, static_cast<int>(kBytes));
         ordered_json et;

@@ -40,6 +40,10 @@ struct AnalyticOptions {
   bool sequence_parallel = false;
   bool flash_attention = true;      // false: no fused attention: the a s^2 score tensors are stored, and the
                                     // time pays their HBM traffic (AttentionKernels::kMaterialized)
+  // Megatron-LM's kernel options of its linear layers (LayerKernels; today's Megatron-LM has both on):
+  // false: as --no-async-tensor-model-parallel-allreduce / --no-gradient-accumulation-fusion run.
+  bool async_tp_backward = true;
+  bool gradient_accumulation_fusion = true;
   // hetplan's per-layer extensions (forward split, gradient accumulation, host floor, kernel classes,
   // activation/working split); false: Metis's keys only (and the model record), the form of files that lack
   // them, which the simulator prices by its fallback rules.

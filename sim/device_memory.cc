@@ -8,11 +8,14 @@
 
 namespace hetplan {
 
-RankCommunicators rank_communicators(int world, int tp, int dp, int pp, int stage, bool tied) {
+RankCommunicators rank_communicators(const RankPlacement& p) {
   RankCommunicators c;
-  if (world <= 1) return c;
-  c.collective = 1 + (tp > 1) + (dp > 1) + (tied && pp > 1 && (stage == 0 || stage == pp - 1));
-  c.p2p = 2 * ((stage > 0) + (stage + 1 < pp));
+  if (p.world <= 1) return c;
+  const bool end_stage = p.pp > 1 && (p.stage == 0 || p.stage == p.pp - 1);
+  c.collective = 1 + (p.tp > 1) + (p.dp > 1) + (p.tied && end_stage);
+  c.p2p = 2 * ((p.stage > 0) + (p.stage + 1 < p.pp));
+  if (p.virtual_stages > 1 && end_stage) c.p2p += 2;  // the wrap-around forward and backward pairs
+  if (p.context_parallel > 1) c.p2p += 1;             // the cp ring's group
   return c;
 }
 

@@ -23,7 +23,20 @@
 // Megatron's and hetplan replay's groups): the world group (barriers), its tp
 // group (tp > 1), its dp group (dp > 1), the tied-embedding group (first and
 // last stage, pp > 1), and one two-rank p2p communicator per direction and
-// neighbouring stage (replay's fwd.* and bwd.* groups, executor/pipeline_runtime.cc).
+// neighbouring stage (replay's fwd.* and bwd.* groups, executor/pipeline_runtime.cc
+// make_groups). Two more that replay creates:
+//   - interleaved schedules (v > 1, pp > 1): the last stage's chunk c feeds the
+//     first stage's chunk c + 1, over a forward and a backward pair of their own
+//     (replay's wrap transfers): two more p2p communicators on the first and on
+//     the last stage (at pp 2 these pairs are distinct from the stages' other two);
+//   - context parallelism (cp > 1): the cp group, whose only traffic is the K/V
+//     ring's send to the next and receive from the previous rank
+//     (profiler/context_parallel.h; NCCL send/recv), priced as one p2p communicator.
+// Measured on the 2-GPU suite (logs/validate/suite34-h100x2-run4): "device_used_mb" -
+// "peak_reserved_mb" was 782 MiB above the earlier model on both ranks of each pp 2
+// v 2 plan (2 x 420 priced), 472 MiB above it on each cp 2 rank (420 priced); on 4
+// GPUs (suite34-h100x4-run1) 780 MiB on pp 4 v 2's first and last ranks and 44 MiB
+// on its middle ranks, which join no extra group.
 // Two constants are not NCCL's documented defaults but measured: the p2p
 // communicator (its p2p channels' buffers) and the library's own state
 // (kernels loaded into the context, proxy); both calibrated on replays
@@ -34,11 +47,31 @@
 // Allocator reserve: PyTorch's caching allocator keeps freed blocks and
 // rounds requests up (2 MiB segments, 20 MiB for 1-10 MiB requests), so it
 // reserves more than the peak it allocates; measured 0.6-18% of the
-// allocated peak on those replays (mean 6%), priced as that fraction.
+// allocated peak on those replays (mean 6%), priced as that fraction, or,
+// where larger, the largest transient that takes segments of its own
+// (own_segment_bytes). A request above 10 MiB that no cached free block can
+// hold gets a new segment of its own size (cudaMalloc), and free blocks merge
+// only inside their segment: a transient larger than every activation tensor
+// freed before it cannot be carved from them. Its segment stays cached, free
+// while the allocated peak is reached by other tensors, so it adds to the
+// reserve, not the allocated peak; later transients of equal or smaller size
+// reuse it (hence the largest, not the sum). Two such transients:
+//   - the head's fp32 logits (the loss's input, [micro-batch, s / cp, vocab / tp]
+//     x 4 B) on the rank that holds the head;
+//   - overlapped ZeRO-2/3 (replay's ZeroOptimizer with --overlap-grad-reduce):
+//     each unit's full fp32 gradient bucket is reduce-scattered asynchronously
+//     and held until the micro-batch's backward ends, so the buckets of all the
+//     rank's units (its trainable parameters x the reduced gradient's bytes) are
+//     live at once while the activations are being freed. (Megatron's
+//     distributed optimizer keeps one persistent gradient buffer instead.)
+// On logits-heavy last stages and overlapped ZeRO-2/3 plans the measured reserve
+// was 1-4.8 GiB against 0.3-1.1 GiB for 6% (logs/validate/suite34-h100x2-run4,
+// suite34-h100x4-run1, device-memory/run-20261126-034858).
 //
 // Thread-safety: plain data and pure functions.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 namespace hetplan {
@@ -71,19 +104,37 @@ struct DeviceMemoryOptions {
 // The NCCL communicators one rank belongs to.
 struct RankCommunicators {
   int collective = 0;  // world, tp, dp, tied embedding
-  int p2p = 0;         // one per direction and neighbouring stage
+  int p2p = 0;         // one per direction and neighbouring stage (interleaved: also the wrap-around
+                       // pairs of the first and last stage), and the cp ring's group
 };
 
-// A rank of a `world`-rank job at (tp, dp) in stage `stage` of `pp`; `tied`: the model ties its input
-// embedding to its head (an embedding group joins the first and the last stage).
-RankCommunicators rank_communicators(int world, int tp, int dp, int pp, int stage, bool tied);
+// Where a rank sits, as far as its communicators go.
+struct RankPlacement {
+  int world = 1;             // ranks of the job
+  int tp = 1, dp = 1;        // its stage's (dp counts the cp ranks, as the plan's strategies do)
+  int pp = 1, stage = 0;     // stage `stage` of `pp`
+  int virtual_stages = 1;    // model chunks per stage (interleaved 1F1B: v > 1)
+  int context_parallel = 1;  // cp (1: none)
+  bool tied = false;         // the model ties its input embedding to its head (an embedding group joins
+                             // the first and the last stage)
+};
+
+RankCommunicators rank_communicators(const RankPlacement& p);
 
 // NCCL's device memory for those communicators (0 for none).
 double nccl_bytes(const RankCommunicators& c, const DeviceMemoryOptions& o);
 
-// The caching allocator's reserve over an allocated peak.
-inline double allocator_reserve_bytes(double allocated_peak, const DeviceMemoryOptions& o) {
-  return o.enabled ? allocated_peak * o.allocator_reserve_fraction : 0;
+// The largest transient a rank's caching allocator gives segments of its own (bytes; see above):
+// `head_logits_elements`, the head's logits on this rank per micro-batch (0 off the head's rank), held as
+// fp32; `held_bucket_bytes`, overlapped ZeRO-2/3's gradient buckets of all the rank's units (0 otherwise).
+inline double own_segment_bytes(double head_logits_elements, double held_bucket_bytes) {
+  return std::max(4 * head_logits_elements, held_bucket_bytes);
+}
+
+// The caching allocator's reserve over an allocated peak: the fraction of it, or the largest transient
+// with segments of its own (own_segment_bytes) where that is more.
+inline double allocator_reserve_bytes(double allocated_peak, double own_segment_bytes, const DeviceMemoryOptions& o) {
+  return o.enabled ? std::max(allocated_peak * o.allocator_reserve_fraction, own_segment_bytes) : 0;
 }
 
 // Parses --memory-headroom: "N%" (of each GPU's memory, 0 to 50) or "N GiB"/"NGiB"/"N MiB" (bytes),

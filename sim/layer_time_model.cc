@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/input_error.h"
+#include "sim/dp_overlap.h"
 #include "sim/roofline.h"
 
 namespace hetplan {
@@ -139,6 +140,33 @@ double materialized_attention_ms(const ScoreTraffic& t, const DeviceRates& r) {
   return t.gemm_passes * per_gemm + ms_of(t.stream_bytes(), r.bytes_per_s);
 }
 
+double async_tp_hidden_ms(const ModelShape& s, LayerKind kind, long long tokens, int tp, double collective_ms,
+                          const DeviceRates& r, double* slowdown_ms) {
+  *slowdown_ms = 0;
+  if (tp <= 1) return 0.0;
+  const LayerGemms gemms = layer_gemms(s, kind, tokens, tp, Recompute::kNone);
+  int groups[2][2];
+  const int n = column_parallel_input_groups(s, kind, groups);
+  double hidden = 0;
+  for (int i = 0; i < n; ++i) {
+    double wgrad_ms = 0;  // one pass of each GEMM of the input: its weight gradient
+    for (int g = groups[i][0]; g < groups[i][1] && g < gemms.count; ++g) {
+      GemmDims one = gemms.items[g];
+      one.passes = 1;
+      wgrad_ms += ms_of(one.flops(), r.gemm_flops_per_s(one));
+    }
+    hidden += std::min(collective_ms, wgrad_ms);
+  }
+  *slowdown_ms = (kCommComputeSlowdown - 1.0) * hidden;
+  return hidden;
+}
+
+double gradient_accumulation_ms(const ModelShape& s, LayerKind kind, int tp, double rank_params,
+                                double bytes_per_value, const DeviceRates& r, LayerKernels k) {
+  const double fused = k.gradient_accumulation_fusion ? layer_gemm_weight_params(s, kind, tp) : 0.0;
+  return ms_of(3.0 * bytes_per_value * std::max(0.0, rank_params - fused), r.bytes_per_s);
+}
+
 KernelClassTimes analytic_layer_classes(const ModelShape& s, int metis_layer, long long bs, long long seq, int tp,
                                         Recompute recompute, const DeviceRates& r, LayerKernels k) {
   const LayerKind kind = layer_kind(metis_layer, s.metis_num_layers());
@@ -151,8 +179,16 @@ KernelClassTimes analytic_layer_classes(const ModelShape& s, int metis_layer, lo
   c.elementwise_ms =
       ms_of(layer_elementwise_bytes(s, kind, tokens, tp, recompute, 2.0, k.sequence_parallel), r.bytes_per_s);
   const double ring = tp > 1 ? 2.0 * (tp - 1) / tp : 0.0;
-  c.communication_ms =
-      layer_allreduces(kind, tp) * ms_of(ring * static_cast<double>(tokens) * s.hidden_size * 2.0, r.link_bytes_per_s);
+  const double all_reduce_ms = ms_of(ring * static_cast<double>(tokens) * s.hidden_size * 2.0, r.link_bytes_per_s);
+  c.communication_ms = layer_allreduces(kind, tp) * all_reduce_ms;
+  if (k.async_tp_backward && tp > 1) {
+    // Under sequence parallelism the backward's collective of a column-parallel input is a reduce-scatter.
+    double slowdown_ms = 0;
+    c.overlapped_ms = async_tp_hidden_ms(s, kind, tokens, tp, k.sequence_parallel ? all_reduce_ms / 2 : all_reduce_ms,
+                                         r, &slowdown_ms);
+    c.communication_ms -= c.overlapped_ms;
+    c.gemm_ms += slowdown_ms;
+  }
   c.host_ms = layer_kernel_count(s, kind, recompute) * r.launch_host_us * 1e-3;
   return c;
 }

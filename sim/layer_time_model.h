@@ -84,6 +84,10 @@ DeviceRates probe_rates(const ordered_json& probe, const std::string& path, cons
 struct KernelClassTimes {
   double gemm_ms = 0, attention_ms = 0, elementwise_ms = 0, communication_ms = 0;
   double host_ms = 0;  // the launch floor
+  // Collective time that runs beside a GEMM and so is in no class above (LayerKernels::async_tp_backward:
+  // the backward's column-parallel input-gradient collectives hidden by their weight-gradient GEMMs; the
+  // GEMMs' slowdown beside them is in gemm_ms).
+  double overlapped_ms = 0;
   double device_ms() const { return gemm_ms + attention_ms + elementwise_ms + communication_ms; }
   double layer_ms() const { return device_ms() > host_ms ? device_ms() : host_ms; }
 };
@@ -92,9 +96,25 @@ struct KernelClassTimes {
 // says. Attention: fused, its FLOPs at the attention rate; materialised, the score tensor's batched GEMMs
 // each at its roofline (max of its FLOPs at the attention rate and its score traffic at the HBM rate) plus
 // the softmax and dropout kernels' traffic at the HBM rate (ScoreTraffic, sim/layer_work.h). Elementwise:
-// layer_elementwise_bytes, with k's sequence parallelism.
+// layer_elementwise_bytes, with k's sequence parallelism. Communication: layer_allreduces ring all-reduces of
+// the tokens' activations over the link, less what k.async_tp_backward hides (async_tp_hidden_ms).
 KernelClassTimes analytic_layer_classes(const ModelShape& s, int metis_layer, long long bs, long long seq, int tp,
                                         Recompute recompute, const DeviceRates& r, LayerKernels k = {});
+
+// Megatron's asynchronous tensor-parallel backward (LayerKernels::async_tp_backward): per column-parallel input
+// of the layer (column_parallel_input_groups), its backward collective, `collective_ms` (an all-reduce; under
+// sequence parallelism a reduce-scatter, half its bytes), runs beside the weight-gradient GEMM(s) of that
+// input (one pass of each GEMM at its rate), hiding min(collective, GEMMs). Returns the hidden ms; *slowdown_ms
+// the GEMMs' stretch beside it, (kCommComputeSlowdown - 1) x hidden (sim/dp_overlap.h: a GEMM beside an NCCL
+// all-reduce, measured). 0 at tp 1.
+double async_tp_hidden_ms(const ModelShape& s, LayerKind kind, long long tokens, int tp, double collective_ms,
+                          const DeviceRates& r, double* slowdown_ms);
+
+// The layer's gradient accumulation per micro-batch in ms on `r`: read the new 16-bit gradient and the main
+// gradient, write the main gradient (3 values of `bytes_per_value` per parameter) for each of the rank's
+// `rank_params`, less the GEMM weights' (layer_gemm_weight_params) under k.gradient_accumulation_fusion.
+double gradient_accumulation_ms(const ModelShape& s, LayerKind kind, int tp, double rank_params,
+                                double bytes_per_value, const DeviceRates& r, LayerKernels k);
 
 // Materialised attention's time in ms on `r` (see analytic_layer_classes).
 double materialized_attention_ms(const ScoreTraffic& t, const DeviceRates& r);

@@ -34,6 +34,25 @@ LayerGemms layer_gemms(const ModelShape& s, LayerKind kind, long long tokens, in
   return g;
 }
 
+double layer_gemm_weight_params(const ModelShape& s, LayerKind kind, int tp) {
+  double params = 0;
+  for (const GemmDims& g : layer_gemms(s, kind, 1, tp, Recompute::kNone))
+    params += static_cast<double>(g.k) * static_cast<double>(g.n);
+  return params;
+}
+
+int column_parallel_input_groups(const ModelShape& s, LayerKind kind, int groups[2][2]) {
+  if (kind == LayerKind::kEmbedding) return 0;
+  if (kind == LayerKind::kHead) {
+    groups[0][0] = 0, groups[0][1] = 1;  // the logits GEMM
+    return 1;
+  }
+  // layer_gemms' order: QKV, attention output, [gate,] up, down.
+  groups[0][0] = 0, groups[0][1] = 1;
+  groups[1][0] = 2, groups[1][1] = s.mlp == MlpKind::kSwiGlu ? 4 : 3;
+  return 2;
+}
+
 double layer_attention_flops(const ModelShape& s, LayerKind kind, long long bs, long long seq, int tp,
                              Recompute recompute) {
   if (kind != LayerKind::kBlock) return 0.0;

@@ -71,10 +71,32 @@ enum class AttentionKernels { kFused, kMaterialized };
 // How a layer's kernels run beyond its shape: its attention, and Megatron's sequence parallelism (with
 // tp: the norms, dropouts and residual adds between the tensor-parallel regions run on s/tp tokens per
 // rank instead of on every token on every rank; Korthikanti et al. 2022, Sec. 4.2.2).
+//
+// Two kernel options of Megatron-LM's linear layers, each on by default as today's Megatron-LM runs them
+// (sim/layer_kernels.md says when each appeared and which published runs had it):
+//  - async_tp_backward (`--no-async-tensor-model-parallel-allreduce` turns it off): a column-parallel linear
+//    (a block's QKV and the MLP's first GEMM(s), the head's logits GEMM) starts its input gradient's
+//    tensor-parallel all-reduce (under sequence parallelism: its reduce-scatter) asynchronously and computes
+//    its weight-gradient GEMM meanwhile, so that collective leaves the critical path up to that GEMM's time.
+//  - gradient_accumulation_fusion (`--no-gradient-accumulation-fusion`): the weight-gradient GEMM accumulates
+//    into the main gradient (beta = 1) instead of writing a gradient that a separate pass adds to it, so the
+//    GEMM weights' per-micro-batch accumulation pass disappears (biases and norms keep theirs).
 struct LayerKernels {
   AttentionKernels attention = AttentionKernels::kFused;
   bool sequence_parallel = false;
+  bool async_tp_backward = true;
+  bool gradient_accumulation_fusion = true;
 };
+
+// The GEMM weights' parameters of the layer on one of tp ranks (sum of k x n over layer_gemms): what gradient
+// accumulation fusion accumulates inside the weight-gradient GEMMs.
+double layer_gemm_weight_params(const ModelShape& s, LayerKind kind, int tp);
+
+// Indices into layer_gemms(...) of the column-parallel GEMMs whose input gradient is all-reduced over tp in the
+// backward (Megatron's f operator): a block's QKV and its MLP's first GEMM(s) (gate and up, one input), the
+// head's logits GEMM. `groups` receives, per all-reduced input, the first and one-past-last GEMM index that
+// share it; returns the number of groups (at most 2).
+int column_parallel_input_groups(const ModelShape& s, LayerKind kind, int groups[2][2]);
 
 // The materialised attention's work per rank in a forward+backward pass (with the forward again under full
 // or selective recomputation: Megatron's selective recomputation is exactly this core attention), over the

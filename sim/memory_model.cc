@@ -282,9 +282,20 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   return rank_memory(m, s, r, shard_params(m, r.first_layer, r.end_layer, r.pp, s));
 }
 
-MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r, const ShardParams& p,
-                            const MeasuredActivations* measured) {
-  MemoryBreakdown out;
+namespace {
+
+// What the model states leave for the activation and peak terms to use.
+struct RankStates {
+  double zero_transient = 0;       // ZeRO's gathered unit as model_state_bytes counted it
+  double gradients_allocated = 0;  // the gradients before DDP's persistent buckets
+  double ddp_old = 0;              // DDP's old buckets at the second step (0 with ZeRO)
+};
+
+// The rank's weights, gradients, optimizer states and their transients (out->states), PyTorch DDP's persistent
+// buckets included.
+RankStates add_model_states(const ModelShape& m, const TrainingSetup& s, const RankShard& r, const ShardParams& p,
+                            MemoryBreakdown* out) {
+  RankStates rs;
   const double tp = r.tp;
   double trainable, frozen_bytes = 0;
   if (s.finetune == Finetune::kFull) {
@@ -298,154 +309,194 @@ MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const R
   // ZeRO's gather unit: DeepSpeed's is a module; FSDP's (and replay's) a layer.
   const double unit = s.accounting == ZeroAccounting::kDeepSpeed ? p.largest_module : p.largest_layer;
   const int shard_dp = s.shard_group > 0 ? std::min(r.dp, s.shard_group) : r.dp;  // HYBRID_SHARD: within a group
-  out.states = model_state_bytes(trainable, frozen_bytes, unit / tp, s, shard_dp, r.gpus_per_node);
-  const double zero_transient = out.states.transient;
+  out->states = model_state_bytes(trainable, frozen_bytes, unit / tp, s, shard_dp, r.gpus_per_node);
+  rs.zero_transient = out->states.transient;
   if (s.finetune == Finetune::kQlora && p.linear_weights > 0) {
     // The projection being computed is dequantised to bf16 for its GEMM.
     double largest_linear = 0;
     for (const auto& l : m.block_linears()) largest_linear = std::max(largest_linear, static_cast<double>(l.in) * l.out);
-    out.states.transient += largest_linear / tp * 2;
+    out->states.transient += largest_linear / tp * 2;
   }
   // DeepSpeed's gradient buckets, offload staging and ZeRO-3 prefetch (sim/offload.h); 0 unless setup.deepspeed.model.
-  out.states.transient += deepspeed_buffer_bytes(s, p.largest_module / tp);
-  const double gradients_allocated = out.states.gradients;  // (before DDP's persistent buckets)
+  out->states.transient += deepspeed_buffer_bytes(s, p.largest_module / tp);
+  rs.gradients_allocated = out->states.gradients;
   // PyTorch DDP's buckets: a second copy of the gradients (sim/runtime_overheads.h); not with ZeRO. At the
-  // second step the old buckets too, at the peaks where they are still held (below).
-  double ddp_old = 0;
+  // second step the old buckets too, at the peaks where they are still held (add_peak_gradients).
   if (s.zero_stage == 0) {
-    out.states.gradients += ddp_bucket_bytes(s.ddp, trainable * reduced_gradient_bytes(s));
-    ddp_old = ddp_old_bucket_bytes(s.ddp, trainable * reduced_gradient_bytes(s));
+    out->states.gradients += ddp_bucket_bytes(s.ddp, trainable * reduced_gradient_bytes(s));
+    rs.ddp_old = ddp_old_bucket_bytes(s.ddp, trainable * reduced_gradient_bytes(s));
   }
+  return rs;
+}
 
-  const int last = m.metis_num_layers() - 1;
-  double per_mb = 0, one_layer_full = 0;
-  // Every block's terms are alike: computed once, added per block (the same sums).
-  const bool any_block = std::max(r.first_layer, 1) < std::min(r.end_layer, last);
-  const double block_bytes = any_block ? layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
-                                                                s.recompute, s.flash_attention, s.precision, s.fp32_residual)
-                                       : 0.0;
-  double block_avg = block_bytes;
-  if (s.recompute == Recompute::kFull && s.recompute_every > 1 && any_block) {
-    // Every k-th block checkpointed, the rest keep everything: the average block.
-    const double keep = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
-                                               s.flash_attention, s.precision, s.fp32_residual);
-    block_avg = (block_bytes + (s.recompute_every - 1) * keep) / s.recompute_every;
-  }
+// The analytic activation terms of a transformer block on this rank, which both activation paths read.
+struct BlockTerms {
+  int last = 0;               // the head's Metis layer
+  bool any_block = false;     // the rank holds a transformer block
+  double block_avg = 0;       // one micro-batch's stored bytes of an average block (every k-th checkpointed)
+  double one_layer_full = 0;  // a block re-materialised by full recomputation, during its backward
+  bool walk = false;          // the schedule's per-backward walk sets the peak (scheduled_peak_applies)
+};
+
+BlockTerms block_terms(const ModelShape& m, const TrainingSetup& s, const RankShard& r) {
+  BlockTerms b;
+  b.last = m.metis_num_layers() - 1;
+  b.any_block = std::max(r.first_layer, 1) < std::min(r.end_layer, b.last);
+  const double block_bytes = b.any_block ? layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
+                                                                  s.recompute, s.flash_attention, s.precision,
+                                                                  s.fp32_residual)
+                                         : 0.0;
+  b.block_avg = block_bytes;
+  const double keep = b.any_block && s.recompute == Recompute::kFull
+                          ? layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
+                                                   Recompute::kNone, s.flash_attention, s.precision, s.fp32_residual)
+                          : 0.0;
+  // Every k-th block checkpointed, the rest keep everything: the average block.
+  if (s.recompute == Recompute::kFull && s.recompute_every > 1 && b.any_block)
+    b.block_avg = (block_bytes + (s.recompute_every - 1) * keep) / s.recompute_every;
+  if (s.recompute == Recompute::kFull && b.any_block) b.one_layer_full = keep;
+  b.walk = scheduled_peak_applies(r, b.last + 1);
+  return b;
+}
+
+// Activations from the analytic per-layer terms (out->activations, out->recompute_workspace).
+void add_analytic_activations(const ModelShape& m, const TrainingSetup& s, const RankShard& r, const BlockTerms& b,
+                              MemoryBreakdown* out) {
   int adapters = 0;
   for (const auto& l : m.block_linears()) adapters += (s.lora_targets & l.target) ? 1 : 0;
   const double adapter_bytes = 2.0 * r.seq * r.micro_batch * s.lora_rank * adapters;  // x A of each adapter
   // What one micro-batch stores on layers [a, b) (analytic terms).
-  auto analytic_stored = [&](int a, int b) {
+  auto analytic_stored = [&](int first, int end) {
     double sum = 0;
-    for (int layer = a; layer < b; ++layer) {
+    for (int layer = first; layer < end; ++layer) {
       if (layer == 0) {
         sum += embedding_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel);
-      } else if (layer == last) {
+      } else if (layer == b.last) {
         sum += head_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, s.fp32_residual,
                                      s.eager_fp32_loss);
       } else {
-        sum += block_avg;
+        sum += b.block_avg;
         if (s.finetune != Finetune::kFull) sum += adapter_bytes;
       }
     }
     return sum;
   };
-  per_mb = analytic_stored(r.first_layer, r.end_layer);
-  if (s.recompute == Recompute::kFull && any_block)
-    one_layer_full = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel, Recompute::kNone,
-                                            s.flash_attention, s.precision, s.fp32_residual);
-  const bool walk = scheduled_peak_applies(r, last + 1);
-  out.activations = per_mb * r.in_flight / r.virtual_stages;
-  out.recompute_workspace = one_layer_full;
-  if (walk && !measured)
-    scheduled_peak(m, s, r, last + 1, /*inputs_counted=*/true, [&](int a, int b, double* stored, double* peak) {
-      *stored = analytic_stored(a, b);
-      *peak = one_layer_full;
-    }, &out);
-  if (measured) {
-    // Measured on the GPU: what the kernels really keep. A plan that recomputes
-    // differently from the profiled run scales the stored bytes by the analytic
-    // ratio of the two settings; a full recomputation the profile did not run
-    // re-materialises one block during that block's backward.
-    constexpr double kMiB = 1024.0 * 1024.0;
-    double ratio = 1;
-    bool rematerialise = false;
-    if (measured->recompute != s.recompute && any_block) {
-      // Only the blocks recompute: the embedding and the head store the same either way.
-      const double then = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
-                                                 measured->recompute, s.flash_attention, s.precision, s.fp32_residual);
-      if (then > 0) ratio = block_avg / then;
-      rematerialise = s.recompute == Recompute::kFull;
-    }
-    // ZeRO-2/3 with layer units (FSDP, Megatron, replay): the unit of the layer
-    // running is gathered (ZeRO-3), and its fp32 gradient bucket lives until
-    // it is reduce-scattered. DeepSpeed's module units stay in states.transient.
-    const bool layer_units = s.zero_stage >= 2 && s.accounting != ZeroAccounting::kDeepSpeed &&
-                             s.finetune == Finetune::kFull && s.precision != Precision::kFp32;
-    const double gathered_b = s.zero_stage >= 3 ? 2 + (s.precision == Precision::kFp8 ? 1 : 0) : 0;
-    const double bucket_b = 4 + 2;  // the fp32 bucket and the 16-bit gradient being added into it
-    if (layer_units) out.states.transient -= zero_transient;  // counted layer by layer below
-    const double vh = static_cast<double>(m.vocab_size) * m.hidden_size;
-    const double embedding_unit = vh / tp + (static_cast<double>(m.embedding_params()) - vh);
-    const double block_unit = static_cast<double>(m.block_sharded_params()) / tp + m.block_replicated_params();
-    // What one micro-batch stores on layers [a, b), and the most beyond it that a layer's forward or
-    // backward holds while the layers after it have freed theirs.
-    // Sequence parallelism the profiled run did not have (replay's GPT, profiler/gpt.h): the residual
-    // stream between the layers of a GPT (a stage, or a chunk) is split over tp, so a layer's stored output
-    // (the profile counts each layer's output, the next one's norm input) and a block's residual after
-    // attention (the second norm's input) are 1 / tp as large; the inputs of the column-parallel GEMMs are
-    // all-gathered and kept whole, as are the GPT's own output (the stage's last layer) and the head's.
-    // (Megatron keeps those GEMM inputs sharded too and gathers them again in the backward: the analytic
-    // layer_activation_bytes.) Where the plan recomputes differently from the profile, the analytic ratio
-    // above is taken alone.
-    const bool sp_split =
-        s.sequence_parallel && r.tp > 1 && !measured->sequence_parallel && measured->recompute == s.recompute;
-    const double residual = static_cast<double>(r.micro_batch) * r.seq * m.hidden_size * (s.fp32_residual ? 4.0 : 2.0);
-    const double sp_saved = sp_split ? residual * (1.0 - 1.0 / r.tp) : 0.0;
-    auto measured_terms = [&](int a, int b, double* stored, double* peak) {
-      double later = 0;
-      *stored = *peak = 0;
-      for (int l = b - 1; l >= a; --l) {
-        const int i = l - r.first_layer;
-        const bool block = l > 0 && l < last;
-        const int split_tensors = l == last ? 0 : (l + 1 < b ? 1 : 0) + (block ? 1 : 0);
-        const double held =
-            std::max(0.0, measured->activation_mb[i] * kMiB * measured->scale * (block ? ratio : 1.0) -
-                              split_tensors * sp_saved);
-        *stored += held;
-        double unit_l = block_unit;
-        if (l == 0) unit_l = embedding_unit;
-        if (l == last)  // the head, or the tied embedding gathered for it on the same stage
-          unit_l = (head_has_own_weights(m, r.pp, r.first_layer) ? vh / tp : embedding_unit) + m.norm_params();
-        const double running = measured->working_mb[i] * kMiB * measured->scale +
-                               (block && rematerialise ? one_layer_full : 0.0) +
-                               (layer_units ? gathered_b * unit_l : 0.0);
-        *peak = std::max(*peak, running - later);
-        if (layer_units) *peak = std::max(*peak, (gathered_b + bucket_b) * unit_l - later - held);
-        later += held;
-      }
-    };
-    double stored = 0, peak = 0;
-    measured_terms(r.first_layer, r.end_layer, &stored, &peak);
-    out.activations = stored * r.in_flight / r.virtual_stages;
-    out.recompute_workspace = peak;
-    if (walk) scheduled_peak(m, s, r, last + 1, /*inputs_counted=*/false, measured_terms, &out);
+  out->activations = analytic_stored(r.first_layer, r.end_layer) * r.in_flight / r.virtual_stages;
+  out->recompute_workspace = b.one_layer_full;
+  if (b.walk)
+    scheduled_peak(m, s, r, b.last + 1, /*inputs_counted=*/true, [&](int first, int end, double* stored, double* peak) {
+      *stored = analytic_stored(first, end);
+      *peak = b.one_layer_full;
+    }, out);
+}
+
+// Activations as measured on the GPU (out->activations, out->recompute_workspace; the ZeRO unit transient
+// moves from out->states.transient to the layer-by-layer peak where layers are ZeRO's units).
+void add_measured_activations(const ModelShape& m, const TrainingSetup& s, const RankShard& r,
+                              const MeasuredActivations& measured, const BlockTerms& b, double zero_transient,
+                              MemoryBreakdown* out) {
+  const double tp = r.tp;
+  const int last = b.last;
+  // Measured on the GPU: what the kernels really keep. A plan that recomputes
+  // differently from the profiled run scales the stored bytes by the analytic
+  // ratio of the two settings; a full recomputation the profile did not run
+  // re-materialises one block during that block's backward.
+  constexpr double kMiB = 1024.0 * 1024.0;
+  double ratio = 1;
+  bool rematerialise = false;
+  if (measured.recompute != s.recompute && b.any_block) {
+    // Only the blocks recompute: the embedding and the head store the same either way.
+    const double then = layer_activation_bytes(m, r.seq, r.micro_batch, r.tp, s.sequence_parallel,
+                                               measured.recompute, s.flash_attention, s.precision, s.fp32_residual);
+    if (then > 0) ratio = b.block_avg / then;
+    rematerialise = s.recompute == Recompute::kFull;
   }
-  // Two peaks: the backward's start (the activations, and the 16-bit weight copies in Megatron's accounting,
-  // which the backward releases) and its end (the gradients, where allocated in the backward). DDP's old
-  // buckets add to the peaks they are still held at; the rank's peak is the larger.
-  const double released = out.activations + out.recompute_workspace +
-                          (s.accounting == ZeroAccounting::kMegatron ? out.states.weights : 0.0);
-  const double old_at_activations = s.ddp.old_at_activation_peak ? ddp_old : 0.0;
-  const double old_at_gradients = s.ddp.old_at_gradient_peak ? ddp_old : 0.0;
+  // ZeRO-2/3 with layer units (FSDP, Megatron, replay): the unit of the layer
+  // running is gathered (ZeRO-3), and its fp32 gradient bucket lives until
+  // it is reduce-scattered. DeepSpeed's module units stay in states.transient.
+  const bool layer_units = s.zero_stage >= 2 && s.accounting != ZeroAccounting::kDeepSpeed &&
+                           s.finetune == Finetune::kFull && s.precision != Precision::kFp32;
+  const double gathered_b = s.zero_stage >= 3 ? 2 + (s.precision == Precision::kFp8 ? 1 : 0) : 0;
+  const double bucket_b = 4 + 2;  // the fp32 bucket and the 16-bit gradient being added into it
+  if (layer_units) out->states.transient -= zero_transient;  // counted layer by layer below
+  const double vh = static_cast<double>(m.vocab_size) * m.hidden_size;
+  const double embedding_unit = vh / tp + (static_cast<double>(m.embedding_params()) - vh);
+  const double block_unit = static_cast<double>(m.block_sharded_params()) / tp + m.block_replicated_params();
+  // What one micro-batch stores on layers [a, b), and the most beyond it that a layer's forward or
+  // backward holds while the layers after it have freed theirs.
+  // Sequence parallelism the profiled run did not have (replay's GPT, profiler/gpt.h): the residual
+  // stream between the layers of a GPT (a stage, or a chunk) is split over tp, so a layer's stored output
+  // (the profile counts each layer's output, the next one's norm input) and a block's residual after
+  // attention (the second norm's input) are 1 / tp as large; the inputs of the column-parallel GEMMs are
+  // all-gathered and kept whole, as are the GPT's own output (the stage's last layer) and the head's.
+  // (Megatron keeps those GEMM inputs sharded too and gathers them again in the backward: the analytic
+  // layer_activation_bytes.) Where the plan recomputes differently from the profile, the analytic ratio
+  // above is taken alone.
+  const bool sp_split =
+      s.sequence_parallel && r.tp > 1 && !measured.sequence_parallel && measured.recompute == s.recompute;
+  const double residual = static_cast<double>(r.micro_batch) * r.seq * m.hidden_size * (s.fp32_residual ? 4.0 : 2.0);
+  const double sp_saved = sp_split ? residual * (1.0 - 1.0 / r.tp) : 0.0;
+  auto measured_terms = [&](int a, int e, double* stored, double* peak) {
+    double later = 0;
+    *stored = *peak = 0;
+    for (int l = e - 1; l >= a; --l) {
+      const int i = l - r.first_layer;
+      const bool block = l > 0 && l < last;
+      const int split_tensors = l == last ? 0 : (l + 1 < e ? 1 : 0) + (block ? 1 : 0);
+      const double held =
+          std::max(0.0, measured.activation_mb[i] * kMiB * measured.scale * (block ? ratio : 1.0) -
+                            split_tensors * sp_saved);
+      *stored += held;
+      double unit_l = block_unit;
+      if (l == 0) unit_l = embedding_unit;
+      if (l == last)  // the head, or the tied embedding gathered for it on the same stage
+        unit_l = (head_has_own_weights(m, r.pp, r.first_layer) ? vh / tp : embedding_unit) + m.norm_params();
+      const double running = measured.working_mb[i] * kMiB * measured.scale +
+                             (block && rematerialise ? b.one_layer_full : 0.0) +
+                             (layer_units ? gathered_b * unit_l : 0.0);
+      *peak = std::max(*peak, running - later);
+      if (layer_units) *peak = std::max(*peak, (gathered_b + bucket_b) * unit_l - later - held);
+      later += held;
+    }
+  };
+  double stored = 0, peak = 0;
+  measured_terms(r.first_layer, r.end_layer, &stored, &peak);
+  out->activations = stored * r.in_flight / r.virtual_stages;
+  out->recompute_workspace = peak;
+  if (b.walk) scheduled_peak(m, s, r, last + 1, /*inputs_counted=*/false, measured_terms, out);
+}
+
+// Two peaks: the backward's start (the activations, and the 16-bit weight copies in Megatron's accounting,
+// which the backward releases) and its end (the gradients, where allocated in the backward). DDP's old
+// buckets add to the peaks they are still held at; the rank's peak is the larger (out->states.gradients
+// carries the excess).
+void add_peak_gradients(const TrainingSetup& s, const RankStates& rs, MemoryBreakdown* out) {
+  const double released = out->activations + out->recompute_workspace +
+                          (s.accounting == ZeroAccounting::kMegatron ? out->states.weights : 0.0);
+  const double old_at_activations = s.ddp.old_at_activation_peak ? rs.ddp_old : 0.0;
+  const double old_at_gradients = s.ddp.old_at_gradient_peak ? rs.ddp_old : 0.0;
   if (s.grads_in_backward) {
     // The gradients grow as the backward releases the activations and the copies: the peak is the larger.
-    const double at_start = released + old_at_activations, at_end = gradients_allocated + old_at_gradients;
-    out.states.gradients += std::max(at_start, at_end) - released - gradients_allocated;
+    const double at_start = released + old_at_activations, at_end = rs.gradients_allocated + old_at_gradients;
+    out->states.gradients += std::max(at_start, at_end) - released - rs.gradients_allocated;
   } else {
     // The gradients persist through both; at the end the activations are gone.
-    out.states.gradients += std::max(old_at_activations, old_at_gradients - released);
+    out->states.gradients += std::max(old_at_activations, old_at_gradients - released);
   }
+}
+
+}  // namespace
+
+MemoryBreakdown rank_memory(const ModelShape& m, const TrainingSetup& s, const RankShard& r, const ShardParams& p,
+                            const MeasuredActivations* measured) {
+  MemoryBreakdown out;
+  const RankStates states = add_model_states(m, s, r, p, &out);
+  const BlockTerms blocks = block_terms(m, s, r);
+  if (measured)
+    add_measured_activations(m, s, r, *measured, blocks, states.zero_transient, &out);
+  else
+    add_analytic_activations(m, s, r, blocks, &out);
+  add_peak_gradients(s, states, &out);
   out.framework = s.framework_bytes;
   return out;
 }

@@ -245,4 +245,12 @@ double Network::intra_node_all_reduce_seconds(int node, int count, double bytes)
   return ring_all_reduce_latency_s(count, opt_.intra_latency_s) + 2 * (n - 1) / n * bytes / node_collective_[node];
 }
 
+double Network::intra_node_gather_seconds(int node, int count, double bytes) const {
+  const double n = static_cast<double>(count);
+  if (n <= 1 || bytes <= 0) return 0.0;
+  const double steps = std::max(n - 1, 2.0);
+  return steps * opt_.intra_latency_s +
+         (n - 1) / n * bytes / (node_collective_[node] * opt_.intra_gather_bandwidth_ratio);
+}
+
 }  // namespace hetplan

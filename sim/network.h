@@ -64,6 +64,10 @@ struct NetworkOptions {
   std::vector<double> intra_collective_bytes_per_s;
   double intra_latency_s = 11e-6;  // NVLink/PCIe hop: an 8 KiB all-reduce on 2 x H200 took 22 us, 2 ring steps
                                    // (scripts/gpu_nccl_bench.sh, logs/validate/nccl-h200x2; sim/network.md)
+  // All-gather and reduce-scatter inside a node reach this fraction of the all-reduce's bus bandwidth (both
+  // net of the calls' latency, at the same full buffer): 0.79-0.86, median 0.81, from 16 MiB to 1 GiB on
+  // 2 x H200, NCCL 2.28.9 (scripts/gpu_nccl_bench.sh, logs/validate/nccl-h200x2; sim/network.md).
+  double intra_gather_bandwidth_ratio = 0.81;
   double inter_latency_s = 20e-6;  // InfiniBand/Ethernet hop between nodes
 };
 
@@ -99,6 +103,12 @@ class Network {
   double ring_all_reduce_seconds_strided(RankStride group, double bytes) const;
   // A ring all-reduce of `n` GPUs inside RankLayout node `node`, at its collective bandwidth.
   double intra_node_all_reduce_seconds(int node, int n, double bytes) const;
+  // One NCCL all-gather, or one reduce-scatter, of `n` GPUs inside node `node`, `bytes` the full buffer
+  // (every rank's part): its own call, so its latency is (n - 1) ring steps but never less than the 2 steps
+  // the smallest call costs (an 8 KiB all-gather took 22.6 us and a reduce-scatter 21.9 us on 2 x H200,
+  // as the all-reduce's 22.0: logs/validate/nccl-h200x2), and (n - 1) / n x bytes at the node's collective
+  // bandwidth x intra_gather_bandwidth_ratio. 0 for n <= 1 or no bytes.
+  double intra_node_gather_seconds(int node, int n, double bytes) const;
 
   const RankLayout& layout() const { return *layout_; }
 

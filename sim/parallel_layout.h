@@ -80,6 +80,10 @@ struct StageGrid {
   // in cp order. REQUIRES: cp >= 1 divides dp.
   int cp_index(int d, int cp) const { return d % cp; }
   RankStride cp_group(int d, int t, int cp) const { return {rank(d - d % cp, t), tp, cp}; }
+  // The stage's Megatron data-parallel replicas under context parallelism of size cp, as a grid of their
+  // own: replica e of it is the cp group of replicas e * cp .. e * cp + cp - 1, its first rank
+  // rank(e * cp, 0), its cp x tp ranks consecutive. REQUIRES: cp >= 1 divides dp.
+  StageGrid cp_groups(int cp) const { return {begin, dp / cp, tp * cp}; }
   // How many replicas have their first rank in [lo, hi). REQUIRES: begin <= lo <= hi.
   int replicas_starting_in(int lo, int hi) const {
     return std::min(dp, (hi - begin + tp - 1) / tp) - std::min(dp, (lo - begin + tp - 1) / tp);

@@ -143,12 +143,16 @@ struct PlanCostModel::StageBasis {
   double extra = 0;          // outside the layers (and the batch generator on stage 0), per micro-batch
   double sustained = 1, tpx_fwd = 0, tpx_bwd = 0;
   double send_forward = 0, send_backward = 0;
+  // Megatron's scatter/gather of the sends: the receiving stage's all-gather of the pieces over tp (ms),
+  // added to the sends by the setups without sequence parallelism (scatter_gather_ms).
+  double gather_forward = 0, gather_backward = 0;
   int max_share = 0, in_flight = 1;
   int batches = 1;                 // micro-batches per iteration (the memory model walks the stage's op order)
   int cp = 1;                      // context-parallel ranks per replica group (every replica d of a group
                                    // d / cp shares its samples; each computes 1/cp of them)
   double cpx_fwd = 0, cpx_bwd = 0;  // exposed ring-attention exchange per micro-batch (ms)
   double cpm_fwd = 0, cpm_bwd = 0;  // the ring's merging of partial results per micro-batch (ms)
+  double spx_fwd = 0, spx_bwd = 0;  // sequence parallelism's collectives beyond the profile's all-reduces (ms)
 };
 
 // The all-reduce times stage_impl carries from one setup to the next (recomputed only when their bytes
@@ -199,7 +203,8 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   b->param_share = b->slowest_base = b->forward = b->block_forward = b->extra = 0;
   b->sustained = 1;
   b->tpx_fwd = b->tpx_bwd = b->send_forward = b->send_backward = b->cpx_fwd = b->cpx_bwd = 0;
-  b->cpm_fwd = b->cpm_bwd = 0;
+  b->gather_forward = b->gather_backward = 0;
+  b->cpm_fwd = b->cpm_bwd = b->spx_fwd = b->spx_bwd = 0;
   b->max_share = 0;
   b->in_flight = 1;
   b->batches = batches;
@@ -215,6 +220,15 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
     detail->shares.assign(b->share, b->share + dp);
   }
   if (!slowest_replica(s, index, b, why)) return false;
+  if (s.st.tp > 1 && b->max_share > 0) {  // used by the setups with sequence parallelism (sim/sequence_parallel.h)
+    const int node = layout_->node_of(s.begin), tp = s.st.tp;
+    const double bytes = act_bytes_per_sample_ * b->max_share / cp;
+    const SpCollectiveExtra e = sp_collective_extra_s(
+        net_.intra_node_all_reduce_seconds(node, tp, bytes), net_.intra_node_gather_seconds(node, tp, bytes),
+        b->blocks, s.layer_begin == 0, s.layer_end == sim_->shape_.metis_num_layers());
+    b->spx_fwd = e.forward_s * 1e3;
+    b->spx_bwd = e.backward_s * 1e3;
+  }
   if (detail) {
     detail->cp_exchange_forward_ms = b->cpx_fwd;
     detail->cp_exchange_backward_ms = b->cpx_bwd;
@@ -225,22 +239,29 @@ bool PlanCostModel::stage_basis(const StageChoice& s, int index, int p, int batc
   // (A stage with no rank beyond it on that side has no link to cost.)
   const int begin = s.begin, size = s.size, tp = s.st.tp;
   const bool next_rank = begin + size < layout_->num_ranks(), prev_rank = begin > 0;
-  auto send_ms = [&](int from, int to) {
-    return cp == 1 ? p2p_ms(from, to, b->max_share, tp)
-                   : net_.p2p_seconds(from, to, act_bytes_per_sample_ * b->max_share / tp / cp) * 1e3;
-  };
+  auto send_ms = [&](int from, int to) { return p2p_ms(from, to, b->max_share, tp, cp); };
   b->send_forward = index + 1 < p && next_rank ? send_ms(begin + size - 1, begin + size) : 0.0;
   b->send_backward = index > 0 && prev_rank ? send_ms(begin, begin - 1) : 0.0;
+  if (b->send_forward > 0) b->gather_forward = scatter_gather_ms(begin + size, b->max_share, tp, cp);
+  if (b->send_backward > 0) b->gather_backward = scatter_gather_ms(begin - 1, b->max_share, tp, cp);
   b->in_flight = in_flight_microbatches(sim_->opt_.schedule, p, index, batches, virtual_stages());
   return true;
 }
 
-double PlanCostModel::p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch) const {
+double PlanCostModel::p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch, double* gather_ms) const {
+  if (gather_ms) *gather_ms = 0;
   StageBasis b;
   if (!replica_shares(s, micro_batch, &b, nullptr)) return 0;
   int max_share = 0;
   for (int d = 0; d < s.st.dp; ++d) max_share = std::max(max_share, b.share[d]);
+  if (gather_ms) *gather_ms = scatter_gather_ms(to, max_share, s.st.tp, 1);
   return p2p_ms(from, to, max_share, s.st.tp);
+}
+
+double PlanCostModel::scatter_gather_ms(int to, int max_share, int tp, int cp) const {
+  if (tp <= 1 || max_share <= 0) return 0.0;
+  // A ring all-gather moves half a ring all-reduce's bytes in half its steps.
+  return 0.5 * net_.intra_node_all_reduce_seconds(layout_->node_of(to), tp, act_bytes_per_sample_ * max_share / cp) * 1e3;
 }
 
 bool PlanCostModel::chunk_costs(const StageChoice* stages, int p, int batches, int micro_batch, int v,
@@ -257,12 +278,14 @@ bool PlanCostModel::chunk_costs(const StageChoice* stages, int p, int batches, i
       if (!stage(piece, k, p * v, batches, micro_batch, o, why)) return false;
       // The link between the pipeline's ends (stage() costs only the neighbours in rank order).
       if (i == p - 1 && c + 1 < v) {
-        const double ms = p2p_ms_of(piece, last_rank, stages[0].begin, micro_batch);
-        for (int q = 0; q < n; ++q) o[q].send_forward_ms = ms;
+        double gather = 0;
+        const double ms = p2p_ms_of(piece, last_rank, stages[0].begin, micro_batch, &gather);
+        for (int q = 0; q < n; ++q) o[q].send_forward_ms = ms + (setups_[q].sequence_parallel ? 0.0 : gather);
       }
       if (i == 0 && c > 0) {
-        const double ms = p2p_ms_of(piece, stages[0].begin, last_rank, micro_batch);
-        for (int q = 0; q < n; ++q) o[q].send_backward_ms = ms;
+        double gather = 0;
+        const double ms = p2p_ms_of(piece, stages[0].begin, last_rank, micro_batch, &gather);
+        for (int q = 0; q < n; ++q) o[q].send_backward_ms = ms + (setups_[q].sequence_parallel ? 0.0 : gather);
       }
     }
   return true;
@@ -327,20 +350,29 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
   ReplicaCost c;
   double outside = 0;
   for (int d = 0; d < dp; ++d) {
+    // Context parallelism: a rank of a cp group runs every layer on share x s / cp tokens and computes 1/cp
+    // of its group's causal attention (share x s^2 / cp scores): the work of share / cp whole sequences, which
+    // their own profile measured, with the host's issue time at that size (a rank's layers keep their op
+    // count when cp divides its tokens: at small shares the host, not 1/cp of the share's GPU time, paces
+    // them), and so does the pass outside the layers. A share that cp does not divide takes 1/cp of the
+    // share's profile.
+    const int cp_samples = b->cp > 1 && share[d] % b->cp == 0 ? share[d] / b->cp : 0;
+    const double cp_divisor = cp_samples > 0 ? 1.0 : b->cp;
     if (d == 0 || rtype[d] != rtype[d - 1] || share[d] != share[d - 1]) {
-      if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, share[d], start, end, &c, why)) return false;
-      const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, share[d]));
+      if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, cp_samples > 0 ? cp_samples : share[d], start,
+                        end, &c, why))
+        return false;
+      const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, cp_samples > 0 ? cp_samples : share[d]));
       outside = lp ? std::max(0.0, lp->fb_sync_ms) * param_share : 0.0;
     }
     const double extra = cross_node_tp_ms(begin, st, d, share[d], blocks) / b->cp;
-    const double total = c.total_ms / b->cp + 2 * extra + outside;
+    const double total = c.total_ms / cp_divisor + 2 * extra + outside;
     if (total >= slowest) {
       slowest = total;
       slowest_outside = outside;
-      // Context parallelism: each rank of the group computes 1/cp of the group's samples.
-      slowest_base = c.total_ms / b->cp;
-      slowest_forward = c.forward_ms >= 0 ? c.forward_ms / b->cp : -1;
-      slowest_block_forward = c.block_forward_ms >= 0 ? c.block_forward_ms / b->cp : -1;
+      slowest_base = c.total_ms / cp_divisor;
+      slowest_forward = c.forward_ms >= 0 ? c.forward_ms / cp_divisor : -1;
+      slowest_block_forward = c.block_forward_ms >= 0 ? c.block_forward_ms / cp_divisor : -1;
       b->sustained = c.sustained_ratio;
       b->tpx_fwd = extra;
       b->tpx_bwd = extra;
@@ -416,10 +448,14 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
   c->forward_ms = b.forward + b.extra * (1 - opt.backward_share) + b.tpx_fwd + b.cpx_fwd + b.cpm_fwd;
   c->backward_ms = b.slowest_base - b.forward + b.extra * opt.backward_share +
                    b.block_forward * recompute_fraction_[k] + b.tpx_bwd + b.cpx_bwd + b.cpm_bwd;
+  if (setup.sequence_parallel) {
+    c->forward_ms += b.spx_fwd;
+    c->backward_ms += b.spx_bwd;
+  }
   c->accumulation_ms = accumulation;
   c->sustained_factor = b.sustained;
-  c->send_forward_ms = b.send_forward;
-  c->send_backward_ms = b.send_backward;
+  c->send_forward_ms = b.send_forward + (setup.sequence_parallel ? 0.0 : b.gather_forward);
+  c->send_backward_ms = b.send_backward + (setup.sequence_parallel ? 0.0 : b.gather_backward);
   // ZeRO-2/3 reduce-scatter every micro-batch's gradients, packed first into the flat fp32 buckets the
   // collectives read: a memory-bound pass on the backward's path, before any overlap is costed (it is
   // compute the collectives run beside). sim/dp_overlap.md, "The pack".
@@ -826,8 +862,25 @@ MemoryBreakdown PlanCostModel::rank_breakdown(const StageChoice& s, int index, i
   MemoryBreakdown m = rank_memory(sim_->shape_, rank_setup, shard, sp, use_measured ? &measured : nullptr);
   const DeviceMemoryOptions& dm = sim_->opt_.device_memory;
   if (dm.enabled) {
-    m.allocator_reserve = allocator_reserve_bytes(m.allocated_peak(), dm);
-    m.nccl = nccl_bytes(rank_communicators(layout_->num_ranks(), tp, s.st.dp, p, index, sim_->shape_.tied_embeddings), dm);
+    // The largest transient with caching-allocator segments of its own (sim/device_memory.h): the head's fp32
+    // logits on the head's rank; overlapped ZeRO-2/3's gradient buckets of all the rank's units.
+    const bool head = s.layer_end == sim_->shape_.metis_num_layers();
+    const double logits =
+        head ? static_cast<double>(mb) * shard.seq * static_cast<double>(sim_->shape_.vocab_size) / tp : 0;
+    const bool held_buckets = setup.zero_stage >= 2 && setup.overlap.grad_reduce && s.st.dp > 1;
+    const double trainable = setup.finetune == Finetune::kFull ? sp.on_rank(tp) : sp.lora / tp;  // as rank_memory
+    const double buckets = held_buckets ? trainable * reduced_gradient_bytes(setup) : 0;
+    m.allocator_reserve = allocator_reserve_bytes(m.allocated_peak(), own_segment_bytes(logits, buckets), dm);
+    RankPlacement where;
+    where.world = layout_->num_ranks();
+    where.tp = tp;
+    where.dp = s.st.dp;
+    where.pp = p;
+    where.stage = index;
+    where.virtual_stages = virtual_stages();
+    where.context_parallel = std::max(1, setup.context_parallel);
+    where.tied = sim_->shape_.tied_embeddings;
+    m.nccl = nccl_bytes(rank_communicators(where), dm);
   }
   return m;
 }

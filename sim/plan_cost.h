@@ -126,15 +126,26 @@ class PlanCostModel {
                      FastStageCost* out, StageDetail* detail, std::string* why) const;
 
   // A p2p send of one micro-batch's activations (or their gradients) from rank `from` to rank `to` by a
-  // stage whose largest replica share is `max_share` samples at tp (bf16, split over tp): the
-  // send_forward_ms / send_backward_ms stage() gives. No allocation.
-  double p2p_ms(int from, int to, int max_share, int tp) const {
-    return net_.p2p_seconds(from, to, act_bytes_per_sample_ * max_share / tp) * 1e3;
+  // stage whose largest replica share is `max_share` samples at tp and context-parallel size cp (bf16,
+  // split over tp, and over cp: each cp rank sends its chunk of every sequence): the send_forward_ms /
+  // send_backward_ms stage() gives under sequence parallelism (without it, stage() adds
+  // scatter_gather_ms). No allocation. REQUIRES: cp >= 1.
+  double p2p_ms(int from, int to, int max_share, int tp, int cp = 1) const {
+    return net_.p2p_seconds(from, to, act_bytes_per_sample_ * max_share / tp / cp) * 1e3;
   }
 
   // p2p_ms from rank `from` to rank `to` for stage s's micro-batch shares (0 where a profile is missing):
-  // an interleaved pipeline's sends between its last and first stage. No allocation.
-  double p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch) const;
+  // an interleaved pipeline's sends between its last and first stage; *gather_ms (if non-null) the
+  // receiver's scatter_gather_ms for them. No allocation.
+  double p2p_ms_of(const StageChoice& s, int from, int to, int micro_batch, double* gather_ms = nullptr) const;
+
+  // Megatron's scatter/gather of pipeline sends (Narayanan et al. SC'21, Sec. 4.1; on by default,
+  // --no-scatter-gather-tensors-in-pipeline): each of the sender's tp ranks sends 1/tp of the activation
+  // (p2p_ms) and the receiving stage all-gathers the pieces over its tp ranks, a ring all-gather of the
+  // whole micro-batch share (1/cp of it under context parallelism) at the collective bandwidth of the node
+  // of rank `to`. Setups with sequence parallelism send a tensor already split by tp and gather nothing, so
+  // stage() adds this to their sends only without it. 0 at tp 1. No allocation.
+  double scatter_gather_ms(int to, int max_share, int tp, int cp) const;
   // The simulator's chunks per stage: its virtual_stages under the interleaved schedule, else 1.
   int virtual_stages() const;
 

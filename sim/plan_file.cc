@@ -389,13 +389,21 @@ PlanFile plan_file_from_json(const ordered_json& in, const std::string& file) {
                      ") last and strictly increasing entries (every layer in one stage, every stage at least one "
                      "layer); a plan that drops layers can be avoided with `search --reject-dropped-layers`");
   if (f.gbs % p.batches != 0) throw InputError(file + ": expected 'batches' >= 1 dividing 'gbs'");
-  for (std::size_t s = 0; s < stages; ++s)
-    if (f.gbs / p.batches < p.strategies[s].dp)
-      throw InputError(file + ": key 'batches' = " + std::to_string(p.batches) + ": a micro-batch of gbs / batches = " +
-                       std::to_string(f.gbs / p.batches) + " sequences cannot feed the " +
-                       std::to_string(p.strategies[s].dp) + " data-parallel replicas of stage " + std::to_string(s) +
-                       " (expected gbs / batches >= dp)");
   read_setup(*j, file, f);
+  // Every data-parallel replica takes a sample of each micro-batch; under context parallelism every cp group
+  // of replicas (dp / cp of them, Megatron's data-parallel size), whose ranks share its samples.
+  const int cp = f.context_parallel;
+  for (std::size_t s = 0; s < stages; ++s) {
+    const int dp = p.strategies[s].dp;
+    if (dp % cp != 0)
+      throw InputError(file + ": key 'context_parallel' = " + std::to_string(cp) + ": does not divide stage " +
+                       std::to_string(s) + "'s dp " + std::to_string(dp) + " (expected dp a multiple of cp)");
+    if (f.gbs / p.batches < dp / cp)
+      throw InputError(file + ": key 'batches' = " + std::to_string(p.batches) + ": a micro-batch of gbs / batches = " +
+                       std::to_string(f.gbs / p.batches) + " sequences cannot feed the " + std::to_string(dp / cp) +
+                       " data-parallel replicas of stage " + std::to_string(s) +
+                       (cp > 1 ? " (its dp / context_parallel)" : "") + " (expected gbs / batches >= dp / cp)");
+  }
   return f;
 }
 

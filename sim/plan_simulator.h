@@ -42,7 +42,9 @@
 // 700 W limit while its neighbours, idle a third of the time, held 1980 MHz
 // at about 550 W.
 //
-// p2p sizes are bf16 activations, split over tp (Megatron's scatter/gather);
+// p2p sizes are bf16 activations, split over tp (Megatron's scatter/gather,
+// with the receiver's all-gather over tp without sequence parallelism:
+// PlanCostModel::scatter_gather_ms);
 // the dp all-reduce moves each stage's gradients (x1.5 for ZeRO-3,
 // Rajbhandari et al. 2020, Sec. 7.2.2) over the Network; with tied
 // embeddings over a pipeline, the first and the last stage also all-reduce

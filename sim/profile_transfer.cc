@@ -16,6 +16,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The analytic split that apportions a measured layer time without recorded classes: every collective of the
+// layer in its communication class, as before the layer time model had Megatron's overlap (what the
+// measurement ran is in its time; the split only shares it out).
+LayerKernels measured_split_kernels() {
+  LayerKernels k;
+  k.async_tp_backward = false;
+  return k;
+}
+const LayerKernels kMeasuredSplit = measured_split_kernels();
+
 struct Source {
   std::string path, name;
   int tp = 0, bs = 0;
@@ -90,7 +100,7 @@ std::vector<MeasuredLayer> measured_layers(const ordered_json& et, const std::st
                      std::to_string(shape.metis_num_layers()) + " layers");
   for (std::size_t i = 0; i < L; ++i) {
     const KernelClassTimes a =
-        analytic_layer_classes(shape, static_cast<int>(i), bs, seq, tp, Recompute::kNone, from_catalogue);
+        analytic_layer_classes(shape, static_cast<int>(i), bs, seq, tp, Recompute::kNone, from_catalogue, kMeasuredSplit);
     const double dev = a.device_ms();
     const double f = dev > 0 ? layer_ms[i] / dev : 0.0;
     MeasuredLayer& m = out[i];

@@ -4,6 +4,14 @@
 
 namespace hetplan {
 
+SpCollectiveExtra sp_collective_extra_s(double all_reduce_s, double gather_s, int blocks, bool embedding, bool head) {
+  const double block = 2 * (2 * gather_s - all_reduce_s);  // per pass: 2 all-reduces -> 2 gathers + 2 scatters
+  SpCollectiveExtra e;
+  e.forward_s = blocks * block + (embedding ? gather_s - all_reduce_s : 0.0) + (head ? gather_s : 0.0);
+  e.backward_s = blocks * block + (embedding ? gather_s : 0.0) + (head ? gather_s - all_reduce_s : 0.0);
+  return e;
+}
+
 double cp_kv_step_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples) {
   const double tokens = samples * static_cast<double>(seq) / cp;
   const double kv = static_cast<double>(m.num_kv_heads) * m.head_dim / tp;

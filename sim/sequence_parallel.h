@@ -9,9 +9,10 @@
 // forward (and two of the backward) become an all-gather before the column-
 // parallel GEMMs and a reduce-scatter after the row-parallel ones. On a ring a
 // reduce-scatter plus an all-gather move exactly an all-reduce's bytes in the
-// same steps, so the collective time is the ring all-reduce's; NCCL's tree
-// and the hierarchical form have no all-gather, so over nodes SP pays the
-// ring where an all-reduce could take the tree (Network::all_reduce_seconds).
+// same steps, but NCCL runs them as two calls, each with its own latency and
+// at a lower bus bandwidth than the all-reduce's (measured: sim/network.h,
+// intra_node_gather_seconds), so each all-reduce replaced costs
+// all-gather + reduce-scatter - all-reduce more (sp_collective_extra_s).
 //
 // Context parallelism over cp ranks (Megatron's rank order: tp fastest, then
 // cp, then dp; a stage's dp counts dp x cp ranks): each cp group takes one
@@ -28,6 +29,20 @@
 #include "sim/model_shape.h"
 
 namespace hetplan {
+
+// Sequence parallelism over a profile that ran the tensor-parallel all-reduces (every profile: `hetplan
+// profile` never splits the sequence, and analytic profiles price the collectives as all-reduces): what the
+// stage's forward and backward add per micro-batch when each all-reduce of the activations becomes an
+// all-gather and a reduce-scatter of the same buffer. `all_reduce_s`: one all-reduce of the activations;
+// `gather_s`: one all-gather or reduce-scatter of them (Network::intra_node_gather_seconds). As Megatron
+// and replay run them: a block's forward and its backward each replace 2 all-reduces by 2 all-gathers and
+// 2 reduce-scatters; the embedding's forward reduce-scatters instead of all-reducing, and its backward
+// all-gathers (nothing before); the head's forward all-gathers (nothing before), its backward
+// reduce-scatters instead of all-reducing. Seconds; negative where a reduce-scatter alone is cheaper.
+struct SpCollectiveExtra {
+  double forward_s = 0, backward_s = 0;
+};
+SpCollectiveExtra sp_collective_extra_s(double all_reduce_s, double gather_s, int blocks, bool embedding, bool head);
 
 // Bytes each rank sends per ring step of one block's forward attention: K and V of its chunk
 // (samples x seq / cp tokens x num_kv_heads x head_dim / tp, bf16).

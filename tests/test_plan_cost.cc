@@ -404,8 +404,17 @@ TEST_CASE("rank grid: a mixed dp 2 x tp 2 stage gives each rank its own replica"
     CHECK(r.breakdown.framework == b.framework);
     // What the device-memory model adds (sim/device_memory.h): world, tp, dp; two neighbours' p2p pairs.
     const DeviceMemoryOptions dm;
-    CHECK(r.breakdown.nccl == nccl_bytes(rank_communicators(16, 2, 2, 3, 1, shape.tied_embeddings), dm));
-    CHECK(r.breakdown.allocator_reserve == allocator_reserve_bytes(b.allocated_peak(), dm));
+    RankPlacement where;
+    where.world = 16;
+    where.tp = 2;
+    where.dp = 2;
+    where.pp = 3;
+    where.stage = 1;
+    where.tied = shape.tied_embeddings;
+    CHECK(r.breakdown.nccl == nccl_bytes(rank_communicators(where), dm));
+    // A middle stage (no head) without ZeRO: no transient with segments of its own, the fraction.
+    CHECK(r.breakdown.allocator_reserve == allocator_reserve_bytes(b.allocated_peak(), 0, dm));
+    CHECK(r.breakdown.allocator_reserve == b.allocated_peak() * dm.allocator_reserve_fraction);
   }
   // Pinned: the A100 replica (ranks 6, 7) takes 11 of the 16 samples, the V100 one (8, 9) 5; each rank
   // holds 2 in-flight micro-batches of its own replica's share (activations linear in the share; the

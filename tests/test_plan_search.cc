@@ -32,6 +32,7 @@
 #include "planner/stage_estimator.h"
 #include "planner/suffix_bound.h"
 #include "base/thread_limit.h"
+#include "sim/analytic_profiles.h"
 #include "sim/cluster.h"
 #include "base/input_error.h"
 #include "sim/parallel_layout.h"
@@ -169,13 +170,17 @@ void check_plan_of_the_space(const Cluster& cluster, const PlanSimulator& sim, c
 // same settings, in the same order. `cross_node_tp` also lets tp groups span nodes.
 // `table_limit`: PlanSearchOptions::suffix_table_limit (0: the throughput bound instead of the table).
 // `gpus`: the clusterfile (its GPU memory); `min_with_plans`: clusters that must have a feasible plan.
-void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
-                                     bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
-                                     const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
-                                     StageBoundaries boundaries = StageBoundaries::kRank,
-                                     double mixed_limit = PlanSearchOptions().mixed_table_limit,
-                                     const std::string& overlap = "off") {
-  int compared = 0, with_plans = 0;
+// `cps`: the context-parallel sizes searched (with_context_parallel_dimension); `top_k` and `seed_time_s`:
+// PlanSearchOptions' (no seeds and one plan: the threshold is the best cost, which the bounds alone must
+// reach). Returns how many of the plans returned run at a context-parallel size above 1.
+int expect_pruned_equals_exhaustive(const ProfileSet& profiles, const SimulationOptions& so, bool cross_node_tp,
+                                    bool uneven = false, double table_limit = PlanSearchOptions().suffix_table_limit,
+                                    const std::vector<ClusterfileEntry>& gpus = clusterfile(), int min_with_plans = 20,
+                                    StageBoundaries boundaries = StageBoundaries::kRank,
+                                    double mixed_limit = PlanSearchOptions().mixed_table_limit,
+                                    const std::string& overlap = "off", const std::vector<int>& cps = {1},
+                                    int top_k = 3, double seed_time_s = PlanSearchOptions().seed_time_s) {
+  int compared = 0, with_plans = 0, with_cp = 0;
   long long pruned_costed = 0, full_costed = 0;
   const std::vector<Case> all = cases(uneven);
   for (const Case& c : all) {
@@ -184,7 +189,8 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, so);
     PlanSearchOptions o;
     o.gbs = c.gbs;
-    o.top_k = 3;
+    o.top_k = top_k;
+    o.seed_time_s = seed_time_s;
     o.allow_cross_node_tp = cross_node_tp;
     o.suffix_table_limit = table_limit;
     o.stage_boundaries = boundaries;
@@ -193,7 +199,8 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
     TrainingSetup a = so.setup, b = a;
     b.zero_stage = 1;
     b.recompute = Recompute::kFull;
-    o.setups = with_overlap_dimension({a, b}, overlap);  // "auto": overlapped communication as a dimension too
+    o.setups = with_context_parallel_dimension(with_overlap_dimension({a, b}, overlap),  // "auto": overlap too
+                                               cps);
     PlanSearchOptions ex = o;
     ex.exhaustive = true;
     const PlanSearchResult pruned = PlanSearch(cluster, profiles, sim, o).run();
@@ -204,6 +211,18 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
       const PlanResult& y = full.top[i].plan;
       check_same_plan(x, y);
       CHECK(pruned.top[i].setup == full.top[i].setup);
+      const int cp = o.setups[full.top[i].setup].context_parallel;
+      if (cp > 1) {  // a cp plan: cp divides every stage's dp, each cp group takes a sample, simulate's cost
+        ++with_cp;
+        for (const Strategy& st : y.strategies) {
+          CHECK(st.dp % cp == 0);
+          CHECK(st.dp / cp <= c.gbs / y.batches);
+        }
+        SimulationOptions cs = so;
+        cs.setup = o.setups[full.top[i].setup];
+        const PlanSimulator csim(cluster, profiles, test::six_layer_shape(), 1024, cs);
+        CHECK(csim.simulate(y, c.gbs).timeline.iteration_ms == Approx(y.cost).epsilon(1e-9));
+      }
       if (boundaries == StageBoundaries::kNode) {  // every stage starts on a node boundary
         const RankLayout layout(cluster, cluster.type_indices(x.node_sequence));
         int r = 0;
@@ -223,6 +242,7 @@ void expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulatio
   CHECK(with_plans >= min_with_plans);
   // The bounds prune: a search that costs every plan would pass the checks above too.
   CHECK(pruned_costed * (table_limit > 0 ? 2 : 1) < full_costed);
+  return with_cp;
 }
 
 // small_profiles() with what the analytic files leave out, as a profiler measures it: each layer's
@@ -304,6 +324,188 @@ TEST_CASE("the pruned search returns what exhaustive search returns with overlap
   expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false, true, PlanSearchOptions().suffix_table_limit,
                                   clusterfile(), 20, StageBoundaries::kRank, PlanSearchOptions().mixed_table_limit,
                                   "auto");
+}
+
+// Context parallelism as a dimension (cp 1, 2 and 4, each size searched apart: context_parallel_parts): the
+// search with its bounds, each size's estimates priced per cp group, returns what exhaustive enumeration
+// returns, plan for plan and setting for setting (cp included), on the 30 clusters: with the per-rank
+// tables on measured profiles (a replica's share from slices, uneven splits), with the throughput bound
+// in their place, and with mixed stages' whole-sample capacity bound. cp plans are among the best.
+TEST_CASE("the pruned search returns what exhaustive search returns with cp as a dimension", "[plan_search][cp]") {
+  const PlanSearchOptions d;
+  const std::vector<int> cps{1, 2, 4};
+  const int tables = expect_pruned_equals_exhaustive(measured_profiles(), sim_options(), false, true,
+                                                     d.suffix_table_limit, clusterfile(), 20, StageBoundaries::kRank,
+                                                     d.mixed_table_limit, "off", cps);
+  CHECK(tables > 0);  // the dimension is searched, not ignored
+  CHECK(expect_pruned_equals_exhaustive(small_profiles(), sim_options(), false, true, 0, clusterfile(), 20,
+                                        StageBoundaries::kRank, 0, "off", cps) > 0);
+  WARN("cp plans in the top 3s: " << tables << " (measured profiles, per-rank tables)");
+}
+
+// The six-layer GPT at 32768 tokens, A100 profiles at tp 1, micro-batches 1-4.
+ModelConfig long_sequence_model() {
+  ModelConfig m = test::six_layer_model();
+  m.sequence_length = 32768;
+  return m;
+}
+const ProfileSet& long_sequence_profiles() {
+  static std::unique_ptr<ProfileSet> set;
+  if (!set) {
+    AnalyticOptions a;
+    a.model = long_sequence_model();
+    a.device_types = {"A100"};
+    a.max_tp = 2;
+    a.max_bs = 4;
+    const std::string dir = test::scratch_dir("plan-search-32k").string();
+    generate_analytic_profiles(a, dir);
+    set = std::make_unique<ProfileSet>(ProfileSet::load(dir, 6));
+  }
+  return *set;
+}
+
+// The 32k-token model on 12 small clusters of A100s (1-4 GPUs, nodes of 1-2, 20-40 GB) at gbs 2-8, where
+// memory binds and cp plans are often the best: the search at gap 0 returns exhaustive search's plans with
+// cp 1, 2 and 4 as a dimension, every ZeRO and recomputation setting, the best plan alone without seeds
+// (the bounds alone must reach the best cost: a cp estimate above its stage's cost prunes a best cp plan)
+// and the top 3 with them; stages on any rank, and of whole nodes with the bounds pass (the tails, the coupled
+// entries and the tables' own plans at each size).
+TEST_CASE("32k tokens on small clusters: the search returns exhaustive search's plans with cp as a dimension",
+          "[plan_search][cp]") {
+  const ProfileSet& profiles = long_sequence_profiles();
+  const ModelShape shape = shape_from_model_config(long_sequence_model());
+  const std::vector<Case> long_cases = {
+      {{{"10.0.0.1", 1}, {"10.0.0.2", 1}}, 4}, {{{"10.0.0.1", 2}}, 2},  {{{"10.0.0.3", 2}}, 4},
+      {{{"10.0.0.1", 2}, {"10.0.0.2", 2}}, 8}, {{{"10.0.0.3", 2}, {"10.0.0.4", 1}}, 6},
+      {{{"10.0.0.1", 1}, {"10.0.0.2", 1}, {"10.0.0.3", 1}, {"10.0.0.4", 1}}, 4}, {{{"10.0.0.2", 2}}, 8},
+      {{{"10.0.0.4", 2}, {"10.0.0.4", 2}}, 4}, {{{"10.0.0.3", 1}, {"10.0.0.4", 2}}, 2},
+      {{{"10.0.0.1", 2}, {"10.0.0.3", 2}}, 2}, {{{"10.0.0.2", 1}, {"10.0.0.4", 1}}, 8}, {{{"10.0.0.1", 4}}, 4}};
+  const std::vector<ClusterfileEntry> gpus = {{"10.0.0.1", "A100", 25, 300, 20}, {"10.0.0.2", "A100", 25, 300, 24},
+                                              {"10.0.0.3", "A100", 25, 300, 32}, {"10.0.0.4", "A100", 25, 300, 40}};
+  const std::vector<TrainingSetup> setups =
+      with_context_parallel_dimension(search_setups(sim_options().setup, "auto", "auto"), {1, 2, 4});
+  int cp_best = 0, with_plans = 0;
+  for (const Case& c : long_cases) {
+    INFO(describe(c));
+    const Cluster cluster = Cluster::from_parts(c.hosts, gpus, "hosts", "clusterfile");
+    const PlanSimulator sim(cluster, profiles, shape, 32768, sim_options());
+    for (const int k : {1, 3, 4}) {
+      INFO("top " << (k == 4 ? 3 : k) << (k == 4 ? ", whole nodes, bounds pass" : ""));
+      PlanSearchOptions o;
+      o.gbs = c.gbs;
+      o.top_k = k == 4 ? 3 : k;
+      o.seed_time_s = k == 1 ? 0 : o.seed_time_s;
+      if (k == 4) {
+        o.stage_boundaries = StageBoundaries::kNode;
+        o.bounds_pass_above_gpus = 0;
+      }
+      o.setups = setups;
+      PlanSearchOptions ex = o;
+      ex.exhaustive = true;
+      const PlanSearchResult pruned = PlanSearch(cluster, profiles, sim, o).run();
+      const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+      REQUIRE(pruned.top.size() == full.top.size());
+      for (std::size_t i = 0; i < full.top.size(); ++i) {
+        check_same_plan(pruned.top[i].plan, full.top[i].plan);
+        CHECK(pruned.top[i].setup == full.top[i].setup);
+      }
+      CHECK(pruned.costed <= full.costed);
+      if (k == 1 && !full.top.empty()) {
+        ++with_plans;
+        cp_best += setups[full.top[0].setup].context_parallel > 1;
+      }
+    }
+  }
+  CHECK(with_plans >= 10);
+  CHECK(cp_best >= 4);  // cp is best on many of them: the equality above covers the cp bounds
+  WARN("cp plans best on " << cp_best << " of " << with_plans << " clusters");
+}
+
+// A 32k-token sequence on two nodes of one A100 each, kLongSequenceGiB of memory: without context
+// parallelism no plan fits (one GPU cannot hold a whole sequence's activations, dp 2 gives each GPU a whole
+// sequence, tp stays inside a node, and a pipeline of two keeps two sequences' activations on stage 0);
+// at cp 2 each GPU holds half of every sequence, and the search finds that plan, as exhaustive search does.
+// With every ZeRO and recomputation setting (where recomputation lets cp 1 fit), cp 2 is still the fastest.
+constexpr int kLongSequenceGiB = 20;
+TEST_CASE("a 32k-token sequence on two GPUs: no plan fits without cp, the search finds the cp 2 plan",
+          "[plan_search][cp]") {
+  const std::vector<ClusterfileEntry> gpus = {{"10.0.0.1", "A100", 25, 300, kLongSequenceGiB},
+                                              {"10.0.0.2", "A100", 25, 300, kLongSequenceGiB}};
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 1}, {"10.0.0.2", 1}}, gpus, "hosts", "clusterfile");
+  const ProfileSet& profiles = long_sequence_profiles();
+  const ModelShape shape = shape_from_model_config(long_sequence_model());
+  const PlanSimulator sim(cluster, profiles, shape, 32768, sim_options());
+  auto search = [&](const std::vector<TrainingSetup>& setups, const std::vector<int>& cps, bool exhaustive) {
+    PlanSearchOptions o;
+    o.gbs = 4;
+    o.top_k = 3;
+    o.setups = with_context_parallel_dimension(setups, cps);
+    o.exhaustive = exhaustive;
+    return PlanSearch(cluster, profiles, sim, o).run();
+  };
+  const TrainingSetup plain = sim_options().setup;  // ZeRO-0, no recomputation
+  const PlanSearchResult without = search({plain}, {1}, false);
+  CHECK(without.top.empty());
+  CHECK(without.space_empty);
+  CHECK(search({plain}, {1}, true).top.empty());
+
+  const std::vector<TrainingSetup> at_cp = with_context_parallel_dimension({plain}, {1, 2});
+  const PlanSearchResult with = search({plain}, {1, 2}, false), full = search({plain}, {1, 2}, true);
+  REQUIRE(!with.top.empty());
+  CHECK(with.proven);
+  REQUIRE(with.top.size() == full.top.size());
+  for (std::size_t i = 0; i < full.top.size(); ++i) {
+    check_same_plan(with.top[i].plan, full.top[i].plan);
+    CHECK(with.top[i].setup == full.top[i].setup);
+    CHECK(at_cp[with.top[i].setup].context_parallel == 2);
+  }
+  // One stage of both GPUs, one cp group of two ranks: a sample per micro-batch, half of it per GPU.
+  const PlanResult& best = with.top[0].plan;
+  CHECK(best.device_groups == std::vector<int>{2});
+  CHECK(best.strategies == std::vector<Strategy>{Strategy{2, 1}});
+  CHECK(best.batches == 4);
+  SimulationOptions cs = sim_options();
+  cs.setup = at_cp[with.top[0].setup];
+  const PlanSimulation simulated = PlanSimulator(cluster, profiles, shape, 32768, cs).simulate(best, 4);
+  CHECK(simulated.fits);
+  CHECK(simulated.timeline.iteration_ms == Approx(best.cost).epsilon(1e-9));
+
+  // Every ZeRO stage and recomputation: recomputation fits cp 1, and cp 2 is faster still.
+  const std::vector<TrainingSetup> settings = search_setups(plain, "auto", "auto");
+  const PlanSearchResult one = search(settings, {1}, false);
+  REQUIRE(!one.top.empty());
+  CHECK(settings[one.top[0].setup].recompute != Recompute::kNone);
+  const std::vector<TrainingSetup> both = with_context_parallel_dimension(settings, {1, 2});
+  const PlanSearchResult any = search(settings, {1, 2}, false), any_full = search(settings, {1, 2}, true);
+  REQUIRE(!any.top.empty());
+  CHECK(both[any.top[0].setup].context_parallel == 2);
+  CHECK(any.top[0].plan.cost < one.top[0].plan.cost);
+  REQUIRE(any.top.size() == any_full.top.size());
+  for (std::size_t i = 0; i < any.top.size(); ++i) {
+    check_same_plan(any.top[i].plan, any_full.top[i].plan);
+    CHECK(any.top[i].setup == any_full.top[i].setup);
+  }
+}
+
+TEST_CASE("search --cp is 1, N or auto (powers of two that split the sequence into 2 cp chunks), bad values name --cp",
+          "[plan_search][cp]") {
+  CHECK(parse_context_parallel("1", 1024, 8) == std::vector<int>{1});
+  CHECK(parse_context_parallel("2", 1024, 8) == std::vector<int>{2});
+  CHECK(parse_context_parallel("auto", 1024, 8) == std::vector<int>{1, 2, 4, 8});
+  CHECK(parse_context_parallel("auto", 1024, 6) == std::vector<int>{1, 2, 4});
+  CHECK(parse_context_parallel("auto", 24, 64) == std::vector<int>{1, 2, 4});  // 24 = 2 x 12: not 2 x 8
+  CHECK_THROWS_WITH(parse_context_parallel("3", 1024, 8), Catch::Contains("--cp 3") && Catch::Contains("2 x cp = 6"));
+  CHECK_THROWS_WITH(parse_context_parallel("two", 1024, 8), Catch::StartsWith("--cp: 'two'"));
+  CHECK_THROWS_WITH(parse_context_parallel("0", 1024, 8), Catch::StartsWith("--cp: '0'"));
+  // The dimension: every setting at each size, size-major; the parts by size, smallest first.
+  TrainingSetup a, b;
+  b.zero_stage = 1;
+  const std::vector<TrainingSetup> s = with_context_parallel_dimension({a, b}, {1, 4});
+  REQUIRE(s.size() == 4);
+  CHECK(s[1].zero_stage == 1);
+  CHECK(s[2].context_parallel == 4);
+  CHECK(context_parallel_parts(s) == std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+  CHECK(context_parallel_parts({a, b}) == std::vector<std::vector<int>>{{0, 1}});
 }
 
 // Virtual stages as a dimension (search_virtual_stages over v = 1 and 2): the search with its bounds
@@ -1153,6 +1355,97 @@ TEST_CASE("stage estimates count the pass's time outside the layers: a stage of 
   CHECK(with_outside > 50);  // the profiles measure time outside the layers: the check above needs it
 }
 
+// Under context parallelism (cp 2) the estimates price a stage as PlanCostModel::stage does: the micro-batch
+// split over the dp / cp groups, each rank the profile of its group's share / cp whole sequences (1/cp of
+// the share's profile where cp does not divide it), the sends per cp chunk. A
+// homogeneous stage of even group shares is estimated at its cost less the ring's exchange and merge (which
+// the estimate leaves out); its sends are exact; mixed-type stages (the replica lists and, past
+// mixed_table_limit, the whole-sample capacity bound) stay below their cost; a dp that cp does not divide
+// has no estimate (the simulator refuses it).
+TEST_CASE("stage estimates under context parallelism: 1/cp of the group's share, exact for even shares",
+          "[plan_search][estimates][cp]") {
+  using namespace stage_estimates;
+  const ProfileSet& profiles = small_profiles();
+  const int L = profiles.num_layers(), max_tp = 4;
+  const Cluster cluster = Cluster::from_parts({{"10.0.0.1", 4}, {"10.0.0.2", 4}}, clusterfile(), "hosts", "clusterfile");
+  TrainingSetup cp2 = sim_options().setup;
+  cp2.context_parallel = 2;
+  const PlanSimulator sim(cluster, profiles, test::six_layer_shape(), 1024, sim_options());
+  const int types = static_cast<int>(cluster.device_types().size());
+  const RankLayout layout(cluster, {0, 1});
+  const PlanCostModel model(sim, layout, {cp2});
+  const std::vector<double> unmeasured(static_cast<std::size_t>(types) * (max_tp + 1) * (L + 1) * (L + 1), 0.0);
+  int exact = 0, mixed = 0, whole = 0;
+  for (int b : {1, 2, 4}) {
+    const ShareSlices slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs, 2);
+    EstimateBudget budget(std::size_t{64} << 20);
+    MixedLists lists(budget);
+    const StageEstimator est(profiles, cluster, layout, model, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured, L);
+    // Slices of another cp: refused.
+    const ShareSlices plain_slices(profiles, cluster, max_tp, b, sim.options().max_profiled_bs);
+    CHECK_THROWS_AS(StageEstimator(profiles, cluster, layout, model, plain_slices, lists, b, max_tp, true, 2.0 / 3,
+                                   unmeasured, L),
+                    std::invalid_argument);
+    const StageEstimator capacity(profiles, cluster, layout, model, slices, lists, b, max_tp, true, 2.0 / 3, unmeasured,
+                                  L, 0);
+    CHECK(est.cp() == 2);
+    for (int r = 0; r < 8; ++r)
+      for (int s = 1; r + s <= 8; ++s)
+        for (int tp = 1; tp <= std::min(s, max_tp); ++tp) {
+          const int dp = s / tp;
+          if (s % tp != 0 || dp / 2 > b) continue;
+          const bool homo = layout.homogeneous(r, r + s);
+          if (dp % 2 != 0) {  // no cp groups
+            CHECK(std::isinf(est.estimate(r, s, tp, 0, L, homo, true).t));
+            continue;
+          }
+          StageChoice c;
+          c.begin = r;
+          c.size = s;
+          c.st = Strategy{dp, tp};
+          for (int l = 0; l < L; ++l)
+            for (int e = l + 1; e <= L; ++e) {
+              INFO("ranks " << r << "+" << s << " tp " << tp << " b " << b << " layers " << l << "-" << e);
+              c.layer_begin = l;
+              c.layer_end = e;
+              FastStageCost fc;
+              StageDetail d;
+              std::string why;
+              if (!model.explain_stage(c, 1, 3, 4, b, 0, &fc, &d, &why)) continue;  // a middle stage
+              const double cost = fc.forward_ms + fc.backward_ms;
+              const StageEstimate x = est.estimate(r, s, tp, l, e, homo, true);
+              CHECK(x.t <= cost * (1 + 1e-12));
+              CHECK(x.f + x.b <= x.t * (1 + 1e-12));
+              CHECK(capacity.estimate(r, s, tp, l, e, homo, true).t <= cost * (1 + 1e-12));
+              double sf = 0, sb = 0;
+              est.sends(r, s, tp, homo, &sf, &sb);
+              if (!homo) {
+                ++mixed;
+                continue;
+              }
+              // The bare sends; at tp > 1 the cost model adds the receiver's scatter/gather all-gather
+              // (PlanCostModel::scatter_gather_ms), which the estimate leaves out.
+              CHECK(sf <= fc.send_forward_ms);
+              CHECK(sb <= fc.send_backward_ms);
+              if (tp == 1) {
+                CHECK(sf == fc.send_forward_ms);
+                CHECK(sb == fc.send_backward_ms);
+              }
+              const Slices& sl = slices.at(layout.type_of(r), tp, b / (dp / 2));
+              if (b % (dp / 2) != 0 || sl.files.size() != 1) continue;  // even shares, the ranks' own file
+              whole += sl.divisor == 1;
+              const double ring = d.cp_exchange_forward_ms + d.cp_exchange_backward_ms + d.cp_merge_forward_ms +
+                                  d.cp_merge_backward_ms;
+              CHECK(x.t == Approx(cost - ring).epsilon(1e-9));
+              ++exact;
+            }
+        }
+  }
+  CHECK(exact > 30);
+  CHECK(whole > 10);  // shares cp divides: the ranks run share / cp whole sequences
+  CHECK(exact > whole);
+  CHECK(mixed > 30);
+}
 
 // The mixed-type stages' whole-sample walk (stage_estimates::whole_sample_walk) recomputes a run's samples
 // only near a tie; this is the walk that divides every run at every step, which it must equal bit for bit.

@@ -322,6 +322,40 @@ TEST_CASE("context parallelism in PlanCostModel: shares per cp group, 1/cp of th
   CHECK(why.find("multiple of the context-parallel size 2") != std::string::npos);
 }
 
+TEST_CASE("context parallelism in PlanCostModel: a cp rank's layers cost the profile of share / cp samples",
+          "[seqpar][cp][plan_cost]") {
+  // A rank of a cp-2 group with a share of 2 samples runs s/2 tokens of each: the work of one whole sample
+  // (its tokens, and half the group's causal attention), which the bs-1 profile measured, not half of the
+  // bs-2 profile (whose per-op host time is spread over twice the work). Odd shares keep 1/cp of their own.
+  const Cluster16& s = cluster16();
+  std::vector<TrainingSetup> setups(2);
+  setups[1].context_parallel = 2;
+  const PlanSimulator sim = s.simulator(setups[0]);
+  const RankLayout layout(s.cluster, {0, 1});
+  const PlanCostModel model(sim, layout, setups);
+  const StageChoice c{0, 4, Strategy{4, 1}, 1, 9};
+  std::string why;
+  auto compute_ms = [&](int micro_batch, int setup, StageDetail* d) {
+    FastStageCost f{};
+    REQUIRE(model.explain_stage(c, 1, 3, 4, micro_batch, setup, &f, d, &why));
+    return f.forward_ms - d->cp_exchange_forward_ms - d->cp_merge_forward_ms;
+  };
+  const int type = s.profiles.type_index("A100");
+  REQUIRE(type >= 0);
+  const LayerProfile* bs1 = s.profiles.find(type, 1, 1);
+  const LayerProfile* bs2 = s.profiles.find(type, 1, 2);
+  REQUIRE((bs1 != nullptr && bs2 != nullptr));
+  StageDetail cp2, dp4;
+  // cp 2, micro-batch 4: two groups of 2 samples; every rank the bs-1 profile's forward, as dp 4 of 1 sample.
+  const double with_cp = compute_ms(4, 1, &cp2);
+  const double without = compute_ms(4, 0, &dp4);
+  CHECK(cp2.shares == std::vector<int>{2, 2, 2, 2});
+  CHECK(dp4.shares == std::vector<int>{1, 1, 1, 1});
+  CHECK(with_cp == Approx(without).epsilon(1e-9));
+  // The rule removed (1/cp of the bs-2 profile) gives another figure: the profiles' bs 1 is not half their bs 2.
+  CHECK(std::abs(bs1->forward_time(1, 9) - bs2->forward_time(1, 9) / 2) > 1e-3);
+}
+
 TEST_CASE("context parallelism: a cp ring across nodes exposes its K/V exchange", "[seqpar][cp][plan_cost]") {
   const Cluster16& s = cluster16();
   std::vector<TrainingSetup> setups(1);
@@ -468,6 +502,80 @@ TEST_CASE("context parallelism in PlanCostModel: the ring's merge and its exchan
   CHECK(outside_fwd * bs == Approx(outside_bwd * (1 - bs)).epsilon(1e-9));
 }
 
+// Sequence parallelism's collectives (sim/sequence_parallel.h): each all-reduce of the activations becomes an
+// all-gather and a reduce-scatter, two calls at the gather bandwidth. Values derived by hand.
+TEST_CASE("sequence parallelism: all-gather + reduce-scatter in place of each all-reduce", "[seqpar][sp]") {
+  // A block: 2 all-reduces per pass, each now 2 x 60 us against 80: +40 us each.
+  const SpCollectiveExtra block = sp_collective_extra_s(80e-6, 60e-6, 1, false, false);
+  CHECK(block.forward_s == Approx(2 * 40e-6).epsilon(1e-12));
+  CHECK(block.backward_s == Approx(2 * 40e-6).epsilon(1e-12));
+  // The embedding reduce-scatters (forward: 60 - 80) and all-gathers in the backward (+60); the head the
+  // other way round.
+  const SpCollectiveExtra ends = sp_collective_extra_s(80e-6, 60e-6, 0, true, true);
+  CHECK(ends.forward_s == Approx(-20e-6 + 60e-6).epsilon(1e-12));
+  CHECK(ends.backward_s == Approx(60e-6 - 20e-6).epsilon(1e-12));
+  const SpCollectiveExtra all = sp_collective_extra_s(80e-6, 60e-6, 10, true, false);
+  CHECK(all.forward_s == Approx(10 * 80e-6 - 20e-6).epsilon(1e-12));
+  CHECK(all.backward_s == Approx(10 * 80e-6 + 60e-6).epsilon(1e-12));
+}
+
+TEST_CASE("network: an all-gather or reduce-scatter call inside a node", "[seqpar][sp][network]") {
+  const Cluster16& s = cluster16();
+  const RankLayout layout(s.cluster, {0, 1});  // A100 nodes first: ranks 0-3 and 4-7
+  NetworkOptions o;
+  o.intra_collective_bytes_per_s.assign(s.cluster.device_types().size(), 300e9);
+  const Network net(s.cluster, layout, o);
+  const double bytes = 21e6;
+  // 2 GPUs: one ring step, but a call costs the all-reduce's 2 steps of latency; half the bytes at
+  // 0.81 x 300 GB/s.
+  CHECK(net.intra_node_gather_seconds(0, 2, bytes) == Approx(2 * 11e-6 + bytes / 2 / (0.81 * 300e9)).epsilon(1e-12));
+  // 4 GPUs: 3 steps, 3/4 of the bytes.
+  CHECK(net.intra_node_gather_seconds(0, 4, bytes) == Approx(3 * 11e-6 + 0.75 * bytes / (0.81 * 300e9)).epsilon(1e-12));
+  CHECK(net.intra_node_gather_seconds(0, 1, bytes) == 0);
+  // Together they cost more than the all-reduce they replace (22 us + 21 MB / 300 GB/s).
+  CHECK(2 * net.intra_node_gather_seconds(0, 2, bytes) - net.intra_node_all_reduce_seconds(0, 2, bytes) ==
+        Approx(2 * 11e-6 + bytes / 300e9 * (1 / 0.81 - 1)).epsilon(1e-9));
+}
+
+// PlanCostModel: a tp 2 stage of the whole model costs, with sequence parallelism, exactly the collectives'
+// extra on top of the same stage without it (forward and backward); memory and sends aside, nothing else moves.
+TEST_CASE("sequence parallelism in PlanCostModel: the extra collectives on the forward and the backward",
+          "[seqpar][sp][plan_cost]") {
+  const Cluster16& s = cluster16();
+  const ModelShape shape = shape_from_model_config(s.model);
+  const RankLayout layout(s.cluster, {0, 1});
+  const int layers = shape.metis_num_layers();
+  const StageChoice c{0, 2, Strategy{1, 2}, 0, layers};  // 2 A100s, every layer
+  TrainingSetup plain_setup, sp_setup;
+  sp_setup.sequence_parallel = true;
+  SimulationOptions so;
+  so.network.intra_collective_bytes_per_s.assign(s.cluster.device_types().size(), 250e9);
+  const PlanSimulator sim(s.cluster, s.profiles, shape, s.model.sequence_length, so);
+  const PlanCostModel model(sim, layout, {plain_setup, sp_setup});
+  FastStageCost plain{}, sp{};
+  StageDetail d;
+  std::string why;
+  const int micro_batch = 2;
+  REQUIRE(model.explain_stage(c, 0, 1, 4, micro_batch, 0, &plain, &d, &why));
+  REQUIRE(model.explain_stage(c, 0, 1, 4, micro_batch, 1, &sp, &d, &why));
+  const Network net(s.cluster, layout, so.network);
+  const double bytes = micro_batch * static_cast<double>(s.model.sequence_length) * shape.hidden_size * 2;
+  const double ar = net.intra_node_all_reduce_seconds(0, 2, bytes), g = net.intra_node_gather_seconds(0, 2, bytes);
+  const int blocks = layers - 2;
+  // Forward: per block 2 x (2 g - ar); the embedding's g - ar, the head's g. Backward: the embedding's g, the
+  // head's g - ar.
+  const double per_block = 2 * (2 * g - ar);
+  CHECK(sp.forward_ms - plain.forward_ms == Approx((blocks * per_block + (g - ar) + g) * 1e3).epsilon(1e-9));
+  CHECK(sp.backward_ms - plain.backward_ms == Approx((blocks * per_block + g + (g - ar)) * 1e3).epsilon(1e-9));
+  CHECK(sp.forward_ms > plain.forward_ms);
+  // tp 1: nothing to gather.
+  FastStageCost one_plain{}, one_sp{};
+  REQUIRE(model.explain_stage(StageChoice{0, 1, Strategy{1, 1}, 0, layers}, 0, 1, 4, micro_batch, 0, &one_plain, &d, &why));
+  REQUIRE(model.explain_stage(StageChoice{0, 1, Strategy{1, 1}, 0, layers}, 0, 1, 4, micro_batch, 1, &one_sp, &d, &why));
+  CHECK(one_sp.forward_ms == one_plain.forward_ms);
+  CHECK(one_sp.backward_ms == one_plain.backward_ms);
+}
+
 TEST_CASE("plan file: sequence_parallel, context_parallel and overlap round-trip", "[seqpar][plan_file]") {
   ordered_json j = {{"node_sequence", {"A100"}}, {"device_groups", {4}}, {"strategies", {{4, 1}}}, {"batches", 2},
                     {"layer_partition", {0, 10}}, {"gbs", 8},
@@ -488,6 +596,18 @@ TEST_CASE("plan file: sequence_parallel, context_parallel and overlap round-trip
   CHECK(back["overlap"]["grad_bucket_params"] == 1e7);
   j["context_parallel"] = 0;
   CHECK_THROWS_AS(plan_file_from_json(j, "p.json"), InputError);
+  // A cp group feeds on its group's samples: micro-batches of 2 feed dp 4 at cp 2, of 1 only at cp 4 (and
+  // at cp 2 they cannot feed its two groups); cp must divide dp.
+  j["context_parallel"] = 2;
+  j["batches"] = 8;
+  CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"),
+                    Catch::Contains("cannot feed the 2 data-parallel replicas of stage 0 (its dp / context_parallel)"));
+  j["context_parallel"] = 4;
+  CHECK(plan_file_from_json(j, "p.json").context_parallel == 4);
+  j["context_parallel"] = 3;
+  CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"),
+                    Catch::Contains("key 'context_parallel' = 3: does not divide stage 0's dp 4"));
+  j["batches"] = 2;
   j["context_parallel"] = 2;
   j["overlap"]["grad_reduce"] = "yes";
   CHECK_THROWS_WITH(plan_file_from_json(j, "p.json"), "p.json: key 'overlap.grad_reduce' must be true or false");
@@ -559,6 +679,45 @@ TEST_CASE("simulate --context-parallel and --overlap-grad-reduce: costed, record
   CHECK(broken.exit_code == 2);
   CHECK(broken.output.find("compute_slowdown.reduce' must be a number in [1, 10]") != std::string::npos);
   std::filesystem::remove(dir / "prof" / kOverlapProbeFile);
+}
+
+}  // namespace hetplan
+
+namespace hetplan {
+
+// Megatron's scatter/gather of pipeline sends (Narayanan et al. SC'21, Sec. 4.1): each tp rank sends 1/tp of
+// the boundary activation over its own link, and the receiving stage all-gathers the pieces over its tp ranks.
+// Under sequence parallelism the tensor is already split by tp: the send alone.
+TEST_CASE("simulate: pipeline sends pay the receiver's tp all-gather, except under sequence parallelism",
+          "[seqpar][scatter_gather]") {
+  const auto dir = test::scratch_dir("scatter-gather");
+  const std::string src = HETPLAN_SOURCE_DIR;
+  REQUIRE(test::run_hetplan("gen-profiles --analytic 10 2 --types A100 --max-tp 8 --hidden-size 1024 --heads 16 "
+                            "--seq-len 2048 --vocab-size 51200 --out " + (dir / "prof").string())
+              .exit_code == 0);
+  std::ofstream(dir / "hostfile") << "0.0.0.4 slots=8\n0.0.0.4 slots=8\n";
+  // Two stages of tp 8, one node each: the sends cross nodes (25 GB/s per rail), the gather stays inside
+  // (300 GB/s, the clusterfile's A100 intra bandwidth, with --collectives clusterfile).
+  const std::string plan = (dir / "plan.json").string();
+  std::ofstream(plan) << R"({"node_sequence": ["A100"], "device_groups": [8, 8], "strategies": [[1, 8], [1, 8]],
+    "batches": 2, "layer_partition": [0, 5, 10], "gbs": 4, "model": {"num_layers": 10, "hidden_size": 1024,
+    "sequence_length": 2048, "vocab_size": 51200, "attention_heads": 16}})";
+  const std::string common = "simulate --plan " + plan + " --hostfile " + (dir / "hostfile").string() +
+                             " --clusterfile " + src + "/hostfiles/clusterfile.json --collectives clusterfile" +
+                             " --profiles " + (dir / "prof").string();
+  REQUIRE(test::run_hetplan(common + " --json " + (dir / "plain.json").string()).exit_code == 0);
+  REQUIRE(test::run_hetplan(common + " --sequence-parallel --json " + (dir / "sp.json").string()).exit_code == 0);
+  const ordered_json plain = read_json_file((dir / "plain.json").string());
+  const ordered_json sp = read_json_file((dir / "sp.json").string());
+  const double bytes = 2.0 * 2048 * 1024 * 2;  // micro-batch 2 x seq x hidden, 16-bit
+  // The send: 1/tp of it over the inter-node rail, after the inter-node latency (20 us).
+  const double send_ms = (20e-6 + bytes / 8 / 25e9) * 1e3;
+  // The gather: a ring all-gather over 8 GPUs, 7 steps of 11 us and 7/8 of the bytes at 300 GB/s.
+  const double gather_ms = (7 * 11e-6 + 7.0 / 8 * bytes / 300e9) * 1e3;
+  CHECK(sp["stages"][0]["send_forward_ms"].get<double>() == Approx(send_ms).epsilon(1e-9));
+  CHECK(sp["stages"][1]["send_backward_ms"].get<double>() == Approx(send_ms).epsilon(1e-9));
+  CHECK(plain["stages"][0]["send_forward_ms"].get<double>() == Approx(send_ms + gather_ms).epsilon(1e-9));
+  CHECK(plain["stages"][1]["send_backward_ms"].get<double>() == Approx(send_ms + gather_ms).epsilon(1e-9));
 }
 
 }  // namespace hetplan

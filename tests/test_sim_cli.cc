@@ -352,6 +352,62 @@ TEST_CASE("search refuses shape flags the profiles disagree with, naming the key
 // --vp auto the search finds an interleaved plan faster than the best plain 1F1B plan (which it also
 // searched), simulate gives the same time for it, the same plan under plain 1F1B is slower, and the
 // Megatron export carries its virtual pipeline.
+// A 32k-token sequence on two single-A100 nodes of 20 GB: without cp no plan fits (ZeRO-0, no recomputation),
+// --cp auto finds the cp 2 plan; with every setting it beats the best cp 1 plan (recomputation). --json and
+// simulate carry context_parallel, export gives Megatron's --context-parallel-size.
+TEST_CASE("search --cp auto finds the cp 2 plan of a 32k-token sequence, and --json, simulate and export carry it",
+          "[cli][search-sim][cp]") {
+  const auto dir = test::scratch_dir("search-cp");
+  std::ofstream(dir / "hostfile") << "10.0.0.1 slots=1\n10.0.0.2 slots=1\n";
+  std::ofstream(dir / "clusterfile.json")
+      << R"({"10.0.0.1": {"instance_type": "A100", "inter_bandwidth": 25, "intra_bandwidth": 300, "memory": 20},
+            "10.0.0.2": {"instance_type": "A100", "inter_bandwidth": 25, "intra_bandwidth": 300, "memory": 20}})";
+  REQUIRE(test::run_hetplan("gen-profiles --analytic 6 4 --types A100 --max-tp 1 --hidden-size 2048 --seq-len 32768 "
+                            "--vocab-size 32000 --heads 16 --out " + (dir / "profiles").string())
+              .exit_code == 0);
+  const std::string common = "search -q --hostfile " + (dir / "hostfile").string() + " --clusterfile " +
+                             (dir / "clusterfile.json").string() + " --profiles " + (dir / "profiles").string() +
+                             " --num_layers 6 --hidden_size 2048 --sequence_length 32768 --vocab_size 32000 --heads 16 "
+                             "--gbs 4 --gap 0 ";
+  const test::CommandResult none = test::run_hetplan(common + "--zero 0 --recompute none --cp 1");
+  CHECK(none.exit_code == 2);
+  CHECK(none.output.find("no plan exists") != std::string::npos);
+  const test::CommandResult cp = test::run_hetplan(common + "--zero 0 --recompute none --cp auto --json " +
+                                                   (dir / "cp.json").string());
+  INFO(cp.output);
+  REQUIRE(cp.exit_code == 0);
+  const ordered_json b = read_json_file((dir / "cp.json").string())["best"];
+  CHECK(b["context_parallel"] == 2);
+  CHECK(b["strategies"] == ordered_json::parse("[[2, 1]]"));
+  const test::CommandResult one = test::run_hetplan(common + "--cp 1 --json " + (dir / "one.json").string());
+  REQUIRE(one.exit_code == 0);
+  const test::CommandResult any = test::run_hetplan(common + "--cp auto --json " + (dir / "any.json").string());
+  REQUIRE(any.exit_code == 0);
+  CHECK(any.output.find("cp 2") != std::string::npos);  // the setting line
+  const ordered_json o = read_json_file((dir / "one.json").string())["best"];
+  const ordered_json a = read_json_file((dir / "any.json").string())["best"];
+  CHECK(o.value("context_parallel", 1) == 1);
+  CHECK(o["recompute"] != "none");
+  CHECK(a["context_parallel"] == 2);
+  CHECK(a["cost"].get<double>() < o["cost"].get<double>());
+  write_json_file((dir / "best.json").string(), a);
+  const test::CommandResult s =
+      test::run_hetplan("simulate --plan " + (dir / "best.json").string() + " --json " + (dir / "s.json").string());
+  INFO(s.output);
+  REQUIRE(s.exit_code == 0);
+  CHECK(read_json_file((dir / "s.json").string())["iteration_ms"].get<double>() ==
+        Approx(a["cost"].get<double>()).epsilon(1e-12));
+  const test::CommandResult e = test::run_hetplan("export --plan " + (dir / "best.json").string() + " --to megatron");
+  INFO(e.output);
+  REQUIRE(e.exit_code == 0);
+  CHECK(e.output.find("--context-parallel-size 2") != std::string::npos);
+  // --cp at the edge: one line, exit code 2.
+  const test::CommandResult three = test::run_hetplan(common + "--cp 3");
+  CHECK(three.exit_code == 2);
+  CHECK(three.output.find("2 x cp = 6") != std::string::npos);
+  CHECK(test::run_hetplan(common + "--cp two").exit_code == 2);
+}
+
 TEST_CASE("search --vp auto finds an interleaved plan that beats plain 1F1B on a deep pipeline at small gbs",
           "[cli][search-sim][interleaved]") {
   const auto dir = test::scratch_dir("search-interleaved");

@@ -9,6 +9,8 @@
 
 #include "base/json_util.h"
 #include "sim/analytic_profiles.h"
+#include "sim/dp_overlap.h"
+#include "sim/memory_model.h"
 #include "sim/gpu_specs.h"
 #include "sim/layer_time_model.h"
 #include "sim/layer_work.h"
@@ -397,4 +399,107 @@ TEST_CASE("gen-profiles CLI: --from and --analytic --hf-config, a search with di
   CHECK(r.exit_code == 2);
   r = test::run_hetplan("gen-profiles --out " + (dir / "x").string());
   CHECK(r.exit_code == 2);
+}
+
+// Megatron-LM's asynchronous tensor-parallel backward (LayerKernels::async_tp_backward): a column-parallel
+// linear's input-gradient all-reduce (under sequence parallelism: its reduce-scatter) runs beside its weight-
+// gradient GEMM. Korthikanti et al.'s 1T GPT (h 25600, 160 heads, seq 2048) at tp 8, micro-batch 1 on the
+// catalogue's A100: every weight-gradient GEMM outlasts the all-reduce, so a block hides 2 of its 4.
+TEST_CASE("Async tp backward: the column-parallel inputs' backward collectives hidden by their weight-gradient GEMMs",
+          "[transfer][async_tp]") {
+  ModelConfig mc;
+  mc.num_layers = 130;
+  mc.hidden_size = 25600;
+  mc.attention_heads = 160;
+  mc.sequence_length = 2048;
+  mc.vocab_size = 51200;
+  const ModelShape s = shape_from_model_config(mc);
+  const DeviceRates r = catalogue_rates("A100", ComputePrecision::kFp16, RateDefaults{}, "test");
+  const int tp = 8;
+  const double tokens = 2048;
+  // One ring all-reduce of the tokens' activations: 2 (tp - 1) / tp x tokens x h x 2 bytes over the link.
+  const double all_reduce_ms = 2.0 * 7 / 8 * tokens * 25600 * 2 / r.link_bytes_per_s * 1e3;
+  LayerKernels sync;
+  sync.async_tp_backward = false;
+  const KernelClassTimes off = analytic_layer_classes(s, 1, 1, 2048, tp, Recompute::kNone, r, sync);
+  const KernelClassTimes on = analytic_layer_classes(s, 1, 1, 2048, tp, Recompute::kNone, r);  // the default
+  CHECK(off.communication_ms == Approx(4 * all_reduce_ms).epsilon(1e-12));
+  CHECK(off.overlapped_ms == 0);
+  // The QKV weight gradient (2 x 2048 x 25600 x 9600 FLOPs, ~4.5 ms) and the MLP's first GEMM's (~6 ms) each
+  // outlast one all-reduce (~0.4 ms): both backward all-reduces hidden, whole.
+  const LayerGemms g = layer_gemms(s, LayerKind::kBlock, 2048, tp, Recompute::kNone);
+  GemmDims qkv = g.items[0];
+  qkv.passes = 1;
+  REQUIRE(qkv.flops() / r.gemm_flops_per_s(qkv) * 1e3 > all_reduce_ms);
+  CHECK(on.overlapped_ms == Approx(2 * all_reduce_ms).epsilon(1e-12));
+  CHECK(on.communication_ms == Approx(2 * all_reduce_ms).epsilon(1e-12));
+  // The GEMMs run beside the collectives at the measured slowdown (sim/dp_overlap.h).
+  CHECK(on.gemm_ms - off.gemm_ms == Approx((kCommComputeSlowdown - 1) * 2 * all_reduce_ms).epsilon(1e-9));
+  CHECK(on.layer_ms() < off.layer_ms());
+  // Under sequence parallelism the hidden collective is a reduce-scatter: half an all-reduce's bytes.
+  LayerKernels sp;
+  sp.sequence_parallel = true;
+  const KernelClassTimes on_sp = analytic_layer_classes(s, 1, 1, 2048, tp, Recompute::kNone, r, sp);
+  CHECK(on_sp.overlapped_ms == Approx(all_reduce_ms).epsilon(1e-12));
+  CHECK(on_sp.communication_ms == Approx(3 * all_reduce_ms).epsilon(1e-12));
+  // The head hides its one (the logits GEMM's input gradient); the embedding has none to hide.
+  const int head = s.metis_num_layers() - 1;
+  CHECK(analytic_layer_classes(s, head, 1, 2048, tp, Recompute::kNone, r).overlapped_ms ==
+        Approx(all_reduce_ms).epsilon(1e-12));
+  CHECK(analytic_layer_classes(s, head, 1, 2048, tp, Recompute::kNone, r).communication_ms == Approx(0).margin(1e-12));
+  CHECK(analytic_layer_classes(s, 0, 1, 2048, tp, Recompute::kNone, r).overlapped_ms == 0);
+  // tp 1: nothing to hide.
+  CHECK(analytic_layer_classes(s, 1, 1, 2048, 1, Recompute::kNone, r).overlapped_ms == 0);
+  // A link slower than the weight-gradient GEMM: only the GEMM's time is hidden.
+  DeviceRates slow = r;
+  slow.link_bytes_per_s = 1e9;
+  double slowdown = 0;
+  const double wgrad_ms = qkv.flops() / r.gemm_flops_per_s(qkv) * 1e3;
+  const double slow_all_reduce = 2.0 * 7 / 8 * tokens * 25600 * 2 / 1e9 * 1e3;
+  REQUIRE(slow_all_reduce > 10 * wgrad_ms);
+  const double hidden = async_tp_hidden_ms(s, LayerKind::kBlock, 2048, tp, slow_all_reduce, slow, &slowdown);
+  GemmDims up = g.items[2];
+  up.passes = 1;
+  CHECK(hidden == Approx(wgrad_ms + up.flops() / r.gemm_flops_per_s(up) * 1e3).epsilon(1e-12));
+}
+
+TEST_CASE("Analytic profiles: Megatron-LM's async tp backward and gradient accumulation fusion, each a setting",
+          "[transfer][async_tp][grad_acc_fusion]") {
+  AnalyticOptions o;
+  o.model.num_layers = 6;
+  o.model.hidden_size = 4096;
+  o.model.attention_heads = 32;
+  o.model.sequence_length = 2048;
+  o.model.vocab_size = 51200;
+  o.max_tp = 8;
+  o.max_bs = 1;
+  o.device_types = {"A100"};
+  const auto today = test::scratch_dir("analytic-megatron-today");
+  generate_analytic_profiles(o, today.string());
+  o.async_tp_backward = false;
+  o.gradient_accumulation_fusion = false;
+  const auto old = test::scratch_dir("analytic-megatron-2021");
+  generate_analytic_profiles(o, old.string());
+  const ordered_json a = read_json_file((today / "DeviceType.A100_tp8_bs1.json").string());
+  const ordered_json b = read_json_file((old / "DeviceType.A100_tp8_bs1.json").string());
+  CHECK(a["estimate"]["async_tp_backward"] == true);
+  CHECK(a["estimate"]["gradient_accumulation_fusion"] == true);
+  CHECK(b["estimate"]["async_tp_backward"] == false);
+  CHECK(b["estimate"]["gradient_accumulation_fusion"] == false);
+  const ModelShape s = shape_from_model_config(o.model);
+  const DeviceRates r = catalogue_rates("A100", ComputePrecision::kBf16, RateDefaults{}, "test");
+  const KernelClassTimes c = analytic_layer_classes(s, 1, 1, 2048, 8, Recompute::kNone, r);
+  // The block's time loses the hidden collectives; its forward third is the layer's without the overlap.
+  const auto& ta = a["execution_time"], & tb = b["execution_time"];
+  CHECK(ta["layer_compute_total_ms"][1].get<double>() == Approx(c.layer_ms()));
+  CHECK(ta["layer_compute_total_ms"][1].get<double>() < tb["layer_compute_total_ms"][1].get<double>());
+  CHECK(ta["layer_forward_ms"][1].get<double>() == Approx((c.layer_ms() + c.overlapped_ms) / 3));
+  // Accumulation: 3 16-bit values per parameter at the HBM rate; fused, the GEMM weights' (QKV 3h^2, output
+  // h^2, MLP 8h^2, over tp) go into their weight-gradient GEMMs, the biases and norms keep theirs.
+  const double h = 4096, rank_params = shard_params(s, 1, 2, 1, TrainingSetup{}).on_rank(8);
+  CHECK(layer_gemm_weight_params(s, LayerKind::kBlock, 8) == 12 * h * h / 8);
+  CHECK(tb["layer_grad_accumulation_ms"][1].get<double>() == Approx(6 * rank_params / r.bytes_per_s * 1e3));
+  CHECK(ta["layer_grad_accumulation_ms"][1].get<double>() ==
+        Approx(6 * (rank_params - 12 * h * h / 8) / r.bytes_per_s * 1e3));
+  CHECK(ta["layer_grad_accumulation_ms"][1].get<double>() < 0.01 * tb["layer_grad_accumulation_ms"][1].get<double>());
 }
