@@ -176,3 +176,6 @@ done
 echo
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GB", $2/1e6}' /proc/meminfo); load $(cat /proc/loadavg | cut -d' ' -f1-3);" \
   "$(date -u +%Y-%m-%dT%H:%MZ); outputs in $work/"
+# Which binary gave these figures (a binary built from a tree with local edits once stood for a commit).
+echo "binary: $bin, sha256 $(sha256sum "$bin" | cut -c1-16), built $(date -u -r "$bin" +%Y-%m-%dT%H:%MZ);" \
+  "tree: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- . ':!logs' 2>/dev/null || echo ' with local edits')"

@@ -13,13 +13,18 @@ What it times, on every rank (CUDA events; median of --reps repetitions):
   - a chain of k fp32 reduce-scatters of one replay unit's gradients (--reduce-params, fp32: what ZeRO-2/3 and
     the distributed optimizer reduce), alone, and the same chain beside the GEMM loop (issued on a side stream
     just before the loop, as replay's overlapped reduce-scatters run beside the backward);
-  - the same for a chain of bf16 all-gathers of a unit's weights (--gather-params, 16-bit: ZeRO-3's gathers).
+  - the same for a chain of bf16 all-gathers of a unit's weights (--gather-params, 16-bit: ZeRO-3's gathers);
+  - with --ring-bytes B > 0, the same for a chain of context parallelism's ring steps: each rank sends B bytes of
+    bf16 to the next rank and receives B from the one before, as replay's ring_shift_async does (one
+    all_to_all_single whose only non-empty parts are the neighbours': NCCL's send/receive kernel).
   k is chosen so the chain alone takes about --comm-share of the loop (default 0.35), so the chain, even slowed,
   runs beside compute from its start to its end.
 What it writes (rank 0, --out): "compute_slowdown": {"reduce": 1 + (loop beside reductions - loop alone) /
 (chain alone), "gather": the same for gathers} -- the factor f of the simulator's overlap_slowdown_s,
 (f - 1) x min(window, collectives' time alone) -- averaged over the ranks, with every timing under "details"
-(the chains' own slowdown, GEMM TFLOP/s, bytes, counts, NCCL version, the GPU's name).
+(the chains' own slowdown, GEMM TFLOP/s, bytes, counts, NCCL version, the GPU's name). With --ring-bytes,
+"compute_slowdown" also holds "ring" (the factor beside the ring's steps; the simulator's cp ring takes it in
+place of the gather's) and details.ring.one_collective_alone_ms is one ring step's time for B bytes.
 `hetplan simulate` / `search` read it as <profile folder>/comm_overlap.json (sim/profile.h).
 
 Every rank issues the same collectives in the same order: the chain length k, which each rank used to derive from
@@ -62,6 +67,8 @@ def main():
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--reduce-params", type=float, default=0, help="default 12 x hidden^2 (a GPT block)")
     ap.add_argument("--gather-params", type=float, default=0, help="default as --reduce-params")
+    ap.add_argument("--ring-bytes", type=float, default=0,
+                    help="bytes of one cp ring step (bf16 K/V each rank sends to the next); 0: no ring case")
     ap.add_argument("--comm-share", type=float, default=0.35)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--nccl-timeout-s", type=float, default=30,
@@ -101,6 +108,18 @@ def main():
     ag_out = torch.empty(n_g, dtype=bf, device=dev)
     reduce_one = lambda: dist.reduce_scatter_tensor(rs_out, rs_in, async_op=True)
     gather_one = lambda: dist.all_gather_into_tensor(ag_out, ag_in, async_op=True)
+    kinds = [("reduce", reduce_one, n_r, 4), ("gather", gather_one, n_g, 2)]
+    if a.ring_bytes > 0:
+        # One ring step: this rank's bf16 buffer to rank + 1, rank - 1's into ring_out (at 2 ranks both the other).
+        n_p = max(1, int(a.ring_bytes) // 2)
+        ring_in = torch.randn(n_p, dtype=bf, device=dev)
+        ring_out = torch.empty_like(ring_in)
+        send_split, recv_split = [0] * world, [0] * world
+        send_split[(rank + 1) % world] = n_p
+        recv_split[(rank - 1) % world] = n_p
+        ring_one = lambda: dist.all_to_all_single(ring_out, ring_in, output_split_sizes=recv_split,
+                                                  input_split_sizes=send_split, async_op=True)
+        kinds.append(("ring", ring_one, n_p, 2))
     side = torch.cuda.Stream()
 
     def sync():
@@ -157,14 +176,16 @@ def main():
     step("warm-up")
     for _ in range(2):
         loop()
-        reduce_one().wait()
-        gather_one().wait()
+        for _, one, _, _ in kinds:
+            one().wait()
     torch.cuda.synchronize()
     med = statistics.median
     loop_alone = med(time_loop() for _ in range(a.reps))
     res = {"gemm_loop_alone_ms": loop_alone, "gemm_loop_tflops": flops / loop_alone / 1e9}
     factors = []
-    for kind, one, elems, elem_bytes in (("reduce", reduce_one, n_r, 4), ("gather", gather_one, n_g, 2)):
+    collective_names = {"reduce": "reduce_scatter fp32", "gather": "all_gather bf16",
+                        "ring": "ring step bf16 (all_to_all_single to rank + 1, from rank - 1)"}
+    for kind, one, elems, elem_bytes in kinds:
         step(f"{kind}: one collective alone")
         one_ms = med(time_chain(one, 1) for _ in range(a.reps))
         k_own = max(1, int(round(a.comm_share * loop_alone / max(one_ms, 1e-3))))
@@ -178,7 +199,7 @@ def main():
         base = 0.5 * (loop_alone + loop_again)
         f = 1 + max(0.0, loop_with - base) / min(base, chain_alone)
         factors.append(f)
-        res[kind] = {"collective": "reduce_scatter fp32" if kind == "reduce" else "all_gather bf16",
+        res[kind] = {"collective": collective_names[kind],
                      "bucket_params": elems, "bucket_bytes": elems * elem_bytes, "chain_collectives": k,
                      "chain_collectives_own_estimate": k_own,
                      "one_collective_alone_ms": one_ms, "chain_alone_ms": chain_alone,
@@ -196,13 +217,13 @@ def main():
     if rank == 0:
         out = {
             "kind": "hetplan collectives-overlap probe (scripts/gpu_overlap_probe.py)",
-            "compute_slowdown": {"reduce": mean[0], "gather": mean[1]},
-            "per_rank_compute_slowdown": [{"reduce": e[0], "gather": e[1]} for e in every],
+            "compute_slowdown": {k[0]: mean[i] for i, k in enumerate(kinds)},
+            "per_rank_compute_slowdown": [{k[0]: e[i] for i, k in enumerate(kinds)} for e in every],
             "machine": {"gpu": torch.cuda.get_device_name(), "gpus": world, "torch": torch.__version__,
                         "cuda": torch.version.cuda, "nccl": nccl_version(),
                         "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}},
             "shape": {"hidden": h, "ffn": ffn, "tokens": T, "layers": a.layers, "comm_share": a.comm_share,
-                      "reps": a.reps},
+                      "reps": a.reps, "ring_bytes": a.ring_bytes},
             "details": res,
             "seconds": time.time() - t_start,
         }

@@ -8,7 +8,8 @@
 # Writes $OUT/comm_overlap.json and $OUT/comm_overlap.log, and copies the JSON into each PROFILE_DIR given
 # (created if missing), so every plan simulated from those profiles uses it. The GEMM shapes default to the
 # GPT of issue 34's suite (hidden 2560, ffn 10240, 2 sequences of 2048 tokens) and the buckets to one of its
-# blocks (12 h^2 parameters: 315 MB of fp32 gradients, 157 MB of bf16 weights); PROBE_ARGS passes others.
+# blocks (12 h^2 parameters: 315 MB of fp32 gradients, 157 MB of bf16 weights); PROBE_ARGS passes others
+# (PROBE_ARGS="--ring-bytes 20971520" adds context parallelism's ring step: the GPT's 21 MB K/V at cp 2).
 # PROBE_GPUS: how many GPUs (default: every GPU nvidia-smi lists). It fails fast rather than hangs: a collective
 # that waits PROBE_NCCL_TIMEOUT_S (default 30) seconds aborts the ranks, and the whole probe is killed after
 # PROBE_TIMEOUT_S (default 60) seconds; $OUT/comm_overlap.log then says, per rank, which step it reached.

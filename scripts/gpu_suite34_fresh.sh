@@ -148,7 +148,9 @@ fi
 if [[ -z "${DRY_RUN:-}" && -z "${NO_OVERLAP_PROBE:-}" ]]; then
   t0=$SECONDS
   # shellcheck disable=SC2046
-  OUT="$out/overlap_probe" PROBE_GPUS=$gpus bash scripts/gpu_overlap_probe.sh \
+  # With the cp ring's step (the GPT's 21 MB K/V at cp 2; ran on 2 x H100: logs/validate/ring-probe-h100x2) unless
+  # PROBE_ARGS says otherwise: the simulator's ring stretch then comes from it, not from the all-gather's.
+  OUT="$out/overlap_probe" PROBE_GPUS=$gpus PROBE_ARGS="${PROBE_ARGS---ring-bytes 20971520}" bash scripts/gpu_overlap_probe.sh \
     $(python3 -c "import json; print(' '.join(m['profiles'] for m in json.load(open('$suite'))['models'].values()))") \
     > "$out/overlap_probe.txt" 2>&1
   say "overlap probe: exit $? in $((SECONDS - t0)) s: $(grep compute_slowdown "$out/overlap_probe.txt" | head -1)"

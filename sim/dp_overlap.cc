@@ -49,6 +49,7 @@ OverlapSlowdowns read_overlap_probe(const std::string& path) {
   OverlapSlowdowns s;
   s.reduce = factor("reduce");
   s.gather = factor("gather");
+  if (c.contains("ring")) s.ring = factor("ring");
   return s;
 }
 

@@ -32,17 +32,22 @@ inline constexpr double kCommComputeSlowdown = 1.035;
 // alone) for compute that runs while the collectives do (overlap_slowdown_s), as
 // scripts/gpu_overlap_probe.sh measures it on the GPUs the profiles were taken on,
 // at the bucket sizes replay uses (sim/dp_overlap.md, "SM sharing").
+// `ring`: beside context parallelism's ring exchange (a bf16 send to the next rank and receive from the one
+// before, NCCL's send/receive kernel; the probe's optional --ring-bytes case); 0 where the probe did not
+// run it: the gather figure stands for it (the same copy traffic, no arithmetic) -- ring_stretch().
 struct OverlapSlowdowns {
   double reduce = kCommComputeSlowdown;
   double gather = kCommComputeSlowdown;
+  double ring = 0;
+  double ring_stretch() const { return ring > 0 ? ring : gather; }
 };
 
 // The file of a profile folder that holds the probe's result; absent: the defaults.
 inline constexpr const char* kOverlapProbeFile = "comm_overlap.json";
 
 // Reads scripts/gpu_overlap_probe.py's JSON: its "compute_slowdown" object's "reduce"
-// and "gather", each a number in [1, 10]. Throws InputError naming the file and key
-// otherwise.
+// and "gather", each a number in [1, 10], and "ring" where present (the same range).
+// Throws InputError naming the file and key otherwise.
 OverlapSlowdowns read_overlap_probe(const std::string& path);
 
 // Megatron-LM's default bucket: max(40M, 1M x dp) parameters

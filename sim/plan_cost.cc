@@ -400,8 +400,10 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
 
 // Context parallelism: each block's K/V ring exchange over the cp group of replica 0's tp index 0 (the
 // slowest link of the ring), against the rank's attention time (its share of the blocks' profiled forward),
-// and the ring's merging of the partial results (ring_merge_bytes) through the roofline at the layer time
-// model's achieved fraction of the stage's GPU's HBM bandwidth. sim/sequence_parallel.md.
+// the attention steps' stretch beside it (ring_*_stretch_s, at the profiles' measured stretch beside the ring's
+// send/receive, else beside a 16-bit all-gather), and the ring's merging and copies (ring_merge_bytes,
+// ring_copy_bytes) through the roofline at the layer time model's achieved fraction of the stage's GPU's HBM
+// bandwidth. sim/sequence_parallel.md.
 void PlanCostModel::ring_attention_ms(const StageChoice& s, StageBasis* b) const {
   const int cp = b->cp, tp = s.st.tp;
   if (b->blocks <= 0 || b->max_share <= 0) return;
@@ -411,15 +413,20 @@ void PlanCostModel::ring_attention_ms(const StageChoice& s, StageBasis* b) const
   for (int i = 0; i < cp; ++i)
     step = std::max(step, net_.ring_step_seconds(grid.rank(i, 0), grid.rank((i + 1) % cp, 0), bytes));
   const double attention = b->block_forward / b->blocks * attention_flop_share(sim_->shape_, sim_->seq_) / 1e3;
-  b->cpx_fwd = b->blocks * ring_exposed_s(cp, step, attention) * 1e3;
-  b->cpx_bwd = b->blocks * ring_backward_exposed_s(cp, step, attention) * 1e3;
+  const double stretch = sim_->profiles_->overlap_slowdowns().ring_stretch();  // NCCL beside the steps
+  b->cpx_fwd =
+      b->blocks * (ring_exposed_s(cp, step, attention) + ring_forward_stretch_s(cp, step, attention, stretch)) * 1e3;
+  b->cpx_bwd = b->blocks *
+               (ring_backward_exposed_s(cp, step, attention) + ring_backward_stretch_s(cp, step, attention, stretch)) *
+               1e3;
   const double rate = achieved_bytes_per_s(ptype_hbm_bytes_per_s_[b->rtype[0]] / 1e9, RateDefaults{}.memory_efficiency);
   b->cpm_fwd = b->cpm_bwd = 0;
   if (rate > 0) {
     const RingMergeBytes merge = ring_merge_bytes(sim_->shape_, sim_->seq_, cp, tp, b->max_share);
+    const RingMergeBytes copies = ring_copy_bytes(sim_->shape_, sim_->seq_, cp, tp, b->max_share);
     const Roofline stream{0, rate};
-    b->cpm_fwd = b->blocks * stream.memory_s(merge.forward) * 1e3;
-    b->cpm_bwd = b->blocks * stream.memory_s(merge.backward) * 1e3;
+    b->cpm_fwd = b->blocks * stream.memory_s(merge.forward + copies.forward) * 1e3;
+    b->cpm_bwd = b->blocks * stream.memory_s(merge.backward + copies.backward) * 1e3;
   }
 }
 

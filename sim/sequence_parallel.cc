@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "sim/dp_overlap.h"
+
 namespace hetplan {
 
 SpCollectiveExtra sp_collective_extra_s(double all_reduce_s, double gather_s, int blocks, bool embedding, bool head) {
@@ -25,6 +27,25 @@ RingMergeBytes ring_merge_bytes(const ModelShape& m, long long seq, int cp, int 
   const double kv = cp_kv_step_bytes(m, seq, cp, tp, samples);
   const double steps = cp - 1;
   return {3.0 * steps * out, 3.0 * steps * (out + kv / 2)};
+}
+
+RingMergeBytes ring_copy_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples) {
+  if (cp <= 1) return {};
+  const double tokens = samples * static_cast<double>(seq) / cp;
+  const double out = tokens * static_cast<double>(m.num_heads) * m.head_dim / tp * 2.0 /* bf16 */;
+  const double kv = cp_kv_step_bytes(m, seq, cp, tp, samples);
+  return {2.0 * kv, 2.0 * kv + 5.0 * (cp - 1) * out};
+}
+
+double ring_forward_stretch_s(int cp, double step_comm_s, double attention_s, double slowdown) {
+  if (cp <= 1) return 0;
+  return (cp - 1) * overlap_slowdown_s(step_comm_s, attention_s / cp, slowdown);
+}
+
+double ring_backward_stretch_s(int cp, double step_comm_s, double attention_s, double slowdown) {
+  if (cp <= 1) return 0;
+  const double s = step_comm_s, window = 2 * attention_s / cp;
+  return 2 * overlap_slowdown_s(s, window, slowdown) + (cp - 2) * overlap_slowdown_s(2 * s, window, slowdown);
 }
 
 double attention_flop_share(const ModelShape& m, long long seq) {

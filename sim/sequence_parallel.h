@@ -66,6 +66,28 @@ struct RingMergeBytes {
 };
 RingMergeBytes ring_merge_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples);
 
+// Bytes a cp ring copies per block besides the merge and the attention kernels, for the rank that moves the
+// most (rank cp - 1, whose steps all cover its 2 c query rows): the forward packs the rank's K and V into
+// one send buffer (reads both, writes the buffer: 2 KV; Transformer Engine concatenates k and v into its
+// p2p buffer, replay stacks them) and the backward packs the first step's dK and dV likewise (2 KV). Each of
+// the cp - 1 backward steps after the first runs again the passes a fused attention backward makes once
+// per call, which the profiled whole-sequence attention made once: the dot(dO, O) prologue over the step's
+// rows (reads dO and O: 2 O) and the conversion of its fp32 dQ accumulator to 16 bits (reads 4 bytes and
+// writes 2 per element: 3 O). With O and KV as for ring_merge_bytes: forward 2 KV, backward
+// 2 KV + 5 (cp - 1) O. Zero at cp 1.
+RingMergeBytes ring_copy_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples);
+
+// The compute stretch of one block's ring: the attention steps that hide an exchange run beside NCCL's
+// kernel, which shares the SMs, so each runs slower by `slowdown` for as long as the exchange beside it
+// runs (sim/dp_overlap.h's overlap_slowdown_s: (slowdown - 1) x min(window, comm); the caller passes the
+// profiles' measured stretch beside a 16-bit all-gather, the same pure copy traffic). Forward: cp - 1 steps,
+// each step_comm_s beside attention_s / cp. Backward (ring_backward_exposed_s's windows,
+// W = 2 attention_s / cp): s beside step 0's W, 2 s beside each of the cp - 2 middle steps', s beside
+// step cp - 1's; the last dK/dV send has no compute beside it. 0 at cp 1 or slowdown <= 1.
+// REQUIRES: cp >= 1.
+double ring_forward_stretch_s(int cp, double step_comm_s, double attention_s, double slowdown);
+double ring_backward_stretch_s(int cp, double step_comm_s, double attention_s, double slowdown);
+
 // Exposed time of one block's forward ring exchange: cp - 1 steps of `step_comm_s` each against 1/cp of
 // the rank's attention time `attention_s` each: (cp - 1) x max(0, step_comm - attention / cp).
 // REQUIRES: cp >= 1.

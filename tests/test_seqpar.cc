@@ -252,6 +252,12 @@ TEST_CASE("overlap probe: comm_overlap.json read from the profile folder, its re
   CHECK(measured.overlap_measured());
   CHECK(measured.overlap_slowdowns().reduce == 1.42);
   CHECK(measured.overlap_slowdowns().gather == 1.12);
+  CHECK(measured.overlap_slowdowns().ring == 0);  // not probed: the gather figure stands for it
+  CHECK(measured.overlap_slowdowns().ring_stretch() == 1.12);
+  std::ofstream(folder / kOverlapProbeFile) << R"({"compute_slowdown": {"reduce": 1.42, "gather": 1.12, "ring": 1.07}})";
+  CHECK(ProfileSet::load(folder.string(), 10).overlap_slowdowns().ring_stretch() == 1.07);
+  std::ofstream(folder / kOverlapProbeFile) << R"({"compute_slowdown": {"reduce": 1.42, "gather": 1.12, "ring": 0.5}})";
+  CHECK_THROWS_AS(ProfileSet::load(folder.string(), 10), InputError);
   std::ofstream(folder / kOverlapProbeFile) << R"({"compute_slowdown": {"reduce": "fast"}})";
   CHECK_THROWS_AS(ProfileSet::load(folder.string(), 10), InputError);
 
@@ -426,6 +432,92 @@ TEST_CASE("context parallelism: the ring's merge bytes, per step and rank", "[se
   CHECK(ring_merge_bytes(m, seq, 4, tp, samples).backward == 3.0 * 3 * (819200 + 1638400 / 2));
 }
 
+// The ring's own copies (sim/sequence_parallel.h, ring_copy_bytes): the K/V pack of the forward, the dK/dV pack
+// of the backward, and the per-call passes of the fused backward (dot(dO, O), the fp32 dQ's conversion) that
+// every backward step after the first runs again over the slowest rank's 2 c rows.
+TEST_CASE("context parallelism: the ring's copies besides the merge", "[seqpar][cp]") {
+  ModelShape m;  // GPT-2 XL: 25 heads of 64
+  const long long seq = 1024;
+  const int tp = 2;
+  const double samples = 2;
+  CHECK(ring_copy_bytes(m, seq, 1, tp, samples).forward == 0);
+  CHECK(ring_copy_bytes(m, seq, 1, tp, samples).backward == 0);
+  // cp 4: O = 2 x 256 tokens x 25 x 64 / 2 x 2 bytes = 819200; KV (K and V) twice that.
+  const double O = 819200, KV = 1638400;
+  CHECK(ring_copy_bytes(m, seq, 4, tp, samples).forward == 2 * KV);
+  CHECK(ring_copy_bytes(m, seq, 4, tp, samples).backward == 2 * KV + 5 * 3 * O);
+  // Grouped-query heads: the packs shrink with K and V, the per-step passes over the query rows do not.
+  m.num_kv_heads = 5;
+  CHECK(ring_copy_bytes(m, seq, 4, tp, samples).forward == 2 * KV / 5);
+  CHECK(ring_copy_bytes(m, seq, 4, tp, samples).backward == 2 * KV / 5 + 5 * 3 * O);
+  CHECK(ring_copy_bytes(m, seq, 2, tp, samples).backward == 2 * (2 * KV / 5) + 5 * 1 * (2 * O));
+}
+
+// The attention steps that hide an exchange run beside NCCL's kernel: (slowdown - 1) x the overlap.
+TEST_CASE("context parallelism: the steps' stretch beside the exchange", "[seqpar][cp]") {
+  CHECK(ring_forward_stretch_s(1, 5, 1, 1.5) == 0);
+  CHECK(ring_backward_stretch_s(1, 5, 1, 1.5) == 0);
+  CHECK(ring_forward_stretch_s(4, 3, 8, 1) == 0);  // no stretch measured
+  CHECK(ring_backward_stretch_s(4, 3, 8, 1) == 0);
+  CHECK(ring_forward_stretch_s(4, 1, 8, 1.5) == 3 * 0.5 * 1);   // each 1 s exchange beside 2 s of attention
+  CHECK(ring_forward_stretch_s(4, 3, 8, 1.5) == 3 * 0.5 * 2);   // the 2 s step is beside 2 of the 3 s
+  // Backward, W = 4 s: s beside steps 0 and 3, 2 s beside steps 1 and 2.
+  CHECK(ring_backward_stretch_s(4, 1, 8, 1.5) == 0.5 * (1 + 2 + 2 + 1));
+  CHECK(ring_backward_stretch_s(4, 3, 8, 1.5) == 0.5 * (3 + 4 + 4 + 3));
+  CHECK(ring_backward_stretch_s(2, 5, 8, 1.5) == 0.5 * (5 + 5));  // cp 2: both exchanges beside a step
+}
+
+// PlanCostModel charges both: the stretch at the profiles' measured stretch beside a 16-bit all-gather (the
+// "gather" of comm_overlap.json), the copies with the merge through the same roofline.
+TEST_CASE("context parallelism in PlanCostModel: the stretch and the copies", "[seqpar][cp][plan_cost]") {
+  const Cluster16& s = cluster16();
+  const ModelShape shape = shape_from_model_config(s.model);
+  TrainingSetup cp2;
+  cp2.context_parallel = 2;
+  SimulationOptions so;
+  so.setup = cp2;
+  const RankLayout layout(s.cluster, {0, 1});  // A100 nodes first
+  auto detail = [&](double gather, StageDetail* d, double ring = 0) {
+    ProfileSet profiles = s.profiles;
+    profiles.set_overlap_slowdowns(OverlapSlowdowns{1.0, gather, ring});
+    const PlanSimulator sim(s.cluster, profiles, shape, s.model.sequence_length, so);
+    const PlanCostModel model(sim, layout, {cp2});
+    FastStageCost f{};
+    std::string why;
+    // dp 2 x tp 2 inside one node: the cp ring is ranks 0 and 2, 8 samples each.
+    REQUIRE(model.explain_stage(StageChoice{0, 4, Strategy{2, 2}, 1, 9}, 1, 3, 4, 8, 0, &f, d, &why));
+  };
+  StageDetail none, twice;
+  detail(1.0, &none);
+  detail(2.0, &twice);
+  const Network net(s.cluster, layout, SimulationOptions{}.network);
+  const int blocks = 8;
+  const double step = net.ring_step_seconds(0, 2, cp_kv_step_bytes(shape, s.model.sequence_length, 2, 2, 8)) * 1e3;
+  // At a stretch of 2 each exchange adds the time it overlaps a step. Forward: the step's attention
+  // (attention / 2) is shorter than the exchange, whose rest shows (none's exposed time, step - attention / 2),
+  // so the stretch adds step - exposed per block. Backward: both exchanges hide under a step's
+  // W = attention, so each adds its whole length.
+  const double fwd = twice.cp_exchange_forward_ms - none.cp_exchange_forward_ms;
+  const double bwd = twice.cp_exchange_backward_ms - none.cp_exchange_backward_ms;
+  REQUIRE(none.cp_exchange_forward_ms > 0);
+  CHECK(fwd == Approx(blocks * step - none.cp_exchange_forward_ms).epsilon(1e-9));
+  CHECK(bwd == Approx(2 * blocks * step).epsilon(1e-9));
+  // A probe of the ring's own send/receive (compute_slowdown.ring) takes the gather's place.
+  StageDetail ring;
+  detail(1.0, &ring, 2.0);
+  CHECK(ring.cp_exchange_forward_ms == twice.cp_exchange_forward_ms);
+  CHECK(ring.cp_exchange_backward_ms == twice.cp_exchange_backward_ms);
+  detail(2.0, &ring, 1.0);
+  CHECK(ring.cp_exchange_forward_ms == none.cp_exchange_forward_ms);
+  // The copies go with the merge through one roofline: the forward's and the backward's bytes keep their ratio.
+  const RingMergeBytes merge = ring_merge_bytes(shape, s.model.sequence_length, 2, 2, 8);
+  const RingMergeBytes copies = ring_copy_bytes(shape, s.model.sequence_length, 2, 2, 8);
+  REQUIRE(none.cp_merge_backward_ms > 0);
+  CHECK(none.cp_merge_forward_ms / none.cp_merge_backward_ms ==
+        Approx((merge.forward + copies.forward) / (merge.backward + copies.backward)).epsilon(1e-12));
+  CHECK(none.cp_merge_forward_ms == twice.cp_merge_forward_ms);
+}
+
 // A ring step goes through NCCL: inside a node it runs at the measured collective bandwidth, not the
 // clusterfile's datasheet link (which p2p_seconds keeps); across nodes both are the inter-node link.
 TEST_CASE("network: a ring step at the collective bandwidth", "[seqpar][cp][network]") {
@@ -469,9 +561,10 @@ TEST_CASE("context parallelism in PlanCostModel: the ring's merge and its exchan
   stage(20e9, &f20, &d20);
   // Each cp rank: 4 samples (a group's share of 8 over dp 4 / cp 2).
   const RingMergeBytes merge = ring_merge_bytes(shape, s.model.sequence_length, 2, 1, 4);
+  const RingMergeBytes copies = ring_copy_bytes(shape, s.model.sequence_length, 2, 1, 4);
   const double rate = achieved_bytes_per_s(find_gpu_spec("A100")->memory_bw_gbs, RateDefaults{}.memory_efficiency);
-  CHECK(d10.cp_merge_forward_ms == Approx(blocks * merge.forward / rate * 1e3).epsilon(1e-12));
-  CHECK(d10.cp_merge_backward_ms == Approx(blocks * merge.backward / rate * 1e3).epsilon(1e-12));
+  CHECK(d10.cp_merge_forward_ms == Approx(blocks * (merge.forward + copies.forward) / rate * 1e3).epsilon(1e-12));
+  CHECK(d10.cp_merge_backward_ms == Approx(blocks * (merge.backward + copies.backward) / rate * 1e3).epsilon(1e-12));
   CHECK(d10.cp_merge_forward_ms > 0);
   const double bytes = cp_kv_step_bytes(shape, s.model.sequence_length, 2, 1, 4);
   REQUIRE(d20.cp_exchange_forward_ms > 0);  // exposed at both settings (so the difference is exact)
