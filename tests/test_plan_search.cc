@@ -142,6 +142,13 @@ void check_same_plan(const PlanResult& x, const PlanResult& y) {
 // stages use every GPU once and the layers in order, each stage at least one; its micro-batches divide `gbs`,
 // each stage has dp x tp GPUs with dp at most a micro-batch's samples and every tp group inside a node; every
 // rank fits its own GPU, and its cost is simulate's iteration time.
+// Exhaustive search under the options `o` names otherwise: what the pruned search must return.
+PlanSearchResult exhaustive_search(const Cluster& cluster, const ProfileSet& profiles, const PlanSimulator& sim,
+                                   PlanSearchOptions o) {
+  o.exhaustive = true;
+  return PlanSearch(cluster, profiles, sim, o).run();
+}
+
 void check_plan_of_the_space(const Cluster& cluster, const PlanSimulator& sim, const PlanResult& p, int gbs) {
   int gpus = 0;
   for (int g : p.device_groups) gpus += g;
@@ -201,10 +208,8 @@ int expect_pruned_equals_exhaustive(const ProfileSet& profiles, const Simulation
     b.recompute = Recompute::kFull;
     o.setups = with_context_parallel_dimension(with_overlap_dimension({a, b}, overlap),  // "auto": overlap too
                                                cps);
-    PlanSearchOptions ex = o;
-    ex.exhaustive = true;
     const PlanSearchResult pruned = PlanSearch(cluster, profiles, sim, o).run();
-    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    const PlanSearchResult full = exhaustive_search(cluster, profiles, sim, o);
     REQUIRE(pruned.top.size() == full.top.size());
     for (std::size_t i = 0; i < full.top.size(); ++i) {
       const PlanResult& x = pruned.top[i].plan;
@@ -400,10 +405,8 @@ TEST_CASE("32k tokens on small clusters: the search returns exhaustive search's 
         o.bounds_pass_above_gpus = 0;
       }
       o.setups = setups;
-      PlanSearchOptions ex = o;
-      ex.exhaustive = true;
       const PlanSearchResult pruned = PlanSearch(cluster, profiles, sim, o).run();
-      const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+      const PlanSearchResult full = exhaustive_search(cluster, profiles, sim, o);
       REQUIRE(pruned.top.size() == full.top.size());
       for (std::size_t i = 0; i < full.top.size(); ++i) {
         check_same_plan(pruned.top[i].plan, full.top[i].plan);
@@ -824,14 +827,12 @@ TEST_CASE("at gap 0 the search returns exhaustive search's best plan and cost, a
     PlanSearchOptions o;
     o.gbs = c.gbs;
     o.gap = 0;
-    PlanSearchOptions ex = o;
-    ex.exhaustive = true;
     // With the bounds pass too (every group's table and root bound first, groups above the threshold
     // closed), as above 256 GPUs.
     PlanSearchOptions pass = o;
     pass.bounds_pass_above_gpus = 0;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
-    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    const PlanSearchResult full = exhaustive_search(cluster, profiles, sim, o);
     const PlanSearchResult with_pass = PlanSearch(cluster, profiles, sim, pass).run();
     REQUIRE(r.top.size() == full.top.size());
     REQUIRE(with_pass.top.size() == full.top.size());
@@ -1169,10 +1170,8 @@ TEST_CASE("whole-node stages with the bounds pass: exact at gap 0, bounds below 
   int with_plans = 0;
   for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     const PlanSearchOptions o = whole_node_bounds_pass(c.gbs, 1);
-    PlanSearchOptions ex = o;
-    ex.exhaustive = true;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
-    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    const PlanSearchResult full = exhaustive_search(cluster, profiles, sim, o);
     REQUIRE(r.top.size() == full.top.size());
     if (full.top.empty()) return;
     ++with_plans;
@@ -1205,10 +1204,8 @@ TEST_CASE("whole-node stages with the bounds pass: the top 40 plans at gap 0 are
   int compared = 0;
   for_each_case(true, profiles, [&](const Case& c, const Cluster& cluster, const PlanSimulator& sim) {
     const PlanSearchOptions o = whole_node_bounds_pass(c.gbs, 40);
-    PlanSearchOptions ex = o;
-    ex.exhaustive = true;
     const PlanSearchResult r = PlanSearch(cluster, profiles, sim, o).run();
-    const PlanSearchResult full = PlanSearch(cluster, profiles, sim, ex).run();
+    const PlanSearchResult full = exhaustive_search(cluster, profiles, sim, o);
     REQUIRE(r.top.size() == full.top.size());
     for (std::size_t i = 0; i < r.top.size(); ++i) {
       INFO("plan " << i);
