@@ -29,6 +29,7 @@
 #include "sim/plan_cost.h"
 #include "sim/profile.h"
 #include "sim/rank_layout.h"
+#include "sim/sequence_parallel.h"
 
 namespace hetplan::stage_estimates {
 
@@ -63,8 +64,7 @@ struct StageEstimate {
 
 // The simulator's slicing of a replica's share of a micro-batch: its own profile file, else its
 // power-of-two slices (ProfileSet::share_files). Under context parallelism cp the share is a cp group's and
-// the slicing its ranks' (PlanCostModel's slowest replica): a share x that cp divides runs the profile of
-// x / cp whole sequences (divisor 1), another 1/cp of the profile of x (divisor cp).
+// the slicing its ranks' (cp_rank_work, sim/sequence_parallel.h, as PlanCostModel's slowest replica).
 struct Slices {
   int type = 0, tp = 1;
   double divisor = 1;  // a rank's time is its files' time / divisor
@@ -92,9 +92,9 @@ class ShareSlices {
       for (int tp = 1; tp <= max_tp; ++tp)
         for (int share = 1; share <= max_share; ++share) {
           Slices& sl = v_[(static_cast<std::size_t>(t) * tps_ + tp) * shares_ + share];
-          const bool whole = cp > 1 && share % cp == 0;  // a rank runs share / cp whole sequences
-          const int samples = whole ? share / cp : share;
-          sl.divisor = cp > 1 && !whole ? cp : 1;
+          const CpRankWork work = cp_rank_work(share, cp);
+          const int samples = work.samples;
+          sl.divisor = work.divisor;
           const LayerProfile* files[32];
           const int n = profiles.share_files(pt, tp, samples, max_profiled_bs, files);
           if (n < 0) sl.missing = true;

@@ -24,6 +24,12 @@ double datasheet_accumulation_ms(double grad_bytes, double hbm_bytes_per_s) {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+// A pipeline send with the receiver's scatter/gather all-gather (PlanCostModel::scatter_gather_ms), which a
+// setup with sequence parallelism does not run: its boundary tensor is already split by tp.
+double send_with_gather_ms(const TrainingSetup& setup, double send_ms, double gather_ms) {
+  return send_ms + (setup.sequence_parallel ? 0.0 : gather_ms);
+}
+
 // What one data-parallel replica's profiles say about layers [start, end).
 struct ReplicaCost {
   double total_ms = 0;          // forward + backward of its share of the micro-batch
@@ -282,12 +288,12 @@ bool PlanCostModel::chunk_costs(const StageChoice* stages, int p, int batches, i
       if (i == p - 1 && c + 1 < v) {
         double gather = 0;
         const double ms = p2p_ms_of(piece, last_rank, stages[0].begin, micro_batch, &gather);
-        for (int q = 0; q < n; ++q) o[q].send_forward_ms = ms + (setups_[q].sequence_parallel ? 0.0 : gather);
+        for (int q = 0; q < n; ++q) o[q].send_forward_ms = send_with_gather_ms(setups_[q], ms, gather);
       }
       if (i == 0 && c > 0) {
         double gather = 0;
         const double ms = p2p_ms_of(piece, stages[0].begin, last_rank, micro_batch, &gather);
-        for (int q = 0; q < n; ++q) o[q].send_backward_ms = ms + (setups_[q].sequence_parallel ? 0.0 : gather);
+        for (int q = 0; q < n; ++q) o[q].send_backward_ms = send_with_gather_ms(setups_[q], ms, gather);
       }
     }
   return true;
@@ -353,19 +359,13 @@ bool PlanCostModel::slowest_replica(const StageChoice& s, int index, StageBasis*
   ReplicaCost c;
   double outside = 0;
   for (int d = 0; d < dp; ++d) {
-    // Context parallelism: a rank of a cp group runs every layer on share x s / cp tokens and computes 1/cp
-    // of its group's causal attention (share x s^2 / cp scores): the work of share / cp whole sequences, which
-    // their own profile measured, with the host's issue time at that size (a rank's layers keep their op
-    // count when cp divides its tokens: at small shares the host, not 1/cp of the share's GPU time, paces
-    // them), and so does the pass outside the layers. A share that cp does not divide takes 1/cp of the
-    // share's profile.
-    const int cp_samples = b->cp > 1 && share[d] % b->cp == 0 ? share[d] / b->cp : 0;
-    const double cp_divisor = cp_samples > 0 ? 1.0 : b->cp;
+    // Context parallelism: the profile a rank of a cp group costs (cp_rank_work), for its layers and for the
+    // pass outside them.
+    const CpRankWork work = cp_rank_work(share[d], b->cp);
+    const double cp_divisor = work.divisor;
     if (d == 0 || rtype[d] != rtype[d - 1] || share[d] != share[d - 1]) {
-      if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, cp_samples > 0 ? cp_samples : share[d], start,
-                        end, &c, why))
-        return false;
-      const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, cp_samples > 0 ? cp_samples : share[d]));
+      if (!replica_cost(profiles, opt.max_profiled_bs, rtype[d], tp, work.samples, start, end, &c, why)) return false;
+      const LayerProfile* lp = profiles.find(rtype[d], tp, std::max(1, work.samples));
       outside = lp ? std::max(0.0, lp->fb_sync_ms) * param_share : 0.0;
     }
     const double extra = cross_node_tp_ms(begin, st, d, share[d], blocks) / b->cp;
@@ -464,8 +464,8 @@ void PlanCostModel::setup_times(const StageChoice& s, int index, int p, const St
   }
   c->accumulation_ms = accumulation;
   c->sustained_factor = b.sustained;
-  c->send_forward_ms = b.send_forward + (setup.sequence_parallel ? 0.0 : b.gather_forward);
-  c->send_backward_ms = b.send_backward + (setup.sequence_parallel ? 0.0 : b.gather_backward);
+  c->send_forward_ms = send_with_gather_ms(setup, b.send_forward, b.gather_forward);
+  c->send_backward_ms = send_with_gather_ms(setup, b.send_backward, b.gather_backward);
   // ZeRO-2/3 reduce-scatter every micro-batch's gradients, packed first into the flat fp32 buckets the
   // collectives read: a memory-bound pass on the backward's path, before any overlap is costed (it is
   // compute the collectives run beside). sim/dp_overlap.md, "The pack".

@@ -20,10 +20,19 @@ double cp_kv_step_bytes(const ModelShape& m, long long seq, int cp, int tp, doub
   return 2.0 /* K and V */ * tokens * kv * 2.0 /* bf16 */;
 }
 
+namespace {
+
+// Bytes of a cp rank's attention output (or its dQ): samples x seq / cp tokens x num_heads x head_dim / tp, bf16.
+double cp_output_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples) {
+  const double tokens = samples * static_cast<double>(seq) / cp;
+  return tokens * static_cast<double>(m.num_heads) * m.head_dim / tp * 2.0 /* bf16 */;
+}
+
+}  // namespace
+
 RingMergeBytes ring_merge_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples) {
   if (cp <= 1) return {};
-  const double tokens = samples * static_cast<double>(seq) / cp;
-  const double out = tokens * static_cast<double>(m.num_heads) * m.head_dim / tp * 2.0 /* bf16 */;
+  const double out = cp_output_bytes(m, seq, cp, tp, samples);
   const double kv = cp_kv_step_bytes(m, seq, cp, tp, samples);
   const double steps = cp - 1;
   return {3.0 * steps * out, 3.0 * steps * (out + kv / 2)};
@@ -31,8 +40,7 @@ RingMergeBytes ring_merge_bytes(const ModelShape& m, long long seq, int cp, int 
 
 RingMergeBytes ring_copy_bytes(const ModelShape& m, long long seq, int cp, int tp, double samples) {
   if (cp <= 1) return {};
-  const double tokens = samples * static_cast<double>(seq) / cp;
-  const double out = tokens * static_cast<double>(m.num_heads) * m.head_dim / tp * 2.0 /* bf16 */;
+  const double out = cp_output_bytes(m, seq, cp, tp, samples);
   const double kv = cp_kv_step_bytes(m, seq, cp, tp, samples);
   return {2.0 * kv, 2.0 * kv + 5.0 * (cp - 1) * out};
 }

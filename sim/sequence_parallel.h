@@ -30,6 +30,22 @@
 
 namespace hetplan {
 
+// What a rank of a context-parallel group costs from the profiles, for a group's share of `share` samples
+// (PlanCostModel's slowest replica; the search's estimates). A rank runs every layer on share x s / cp tokens
+// and computes 1/cp of its group's causal attention (share x s^2 / cp scores): where cp divides the share,
+// the work of share / cp whole sequences, which their own profile measured with the host's issue time at
+// that size (the rank's layers keep their op count: at small shares the host, not 1/cp of the share's GPU
+// time, paces them), so `samples` = share / cp and `divisor` 1; another share takes 1/cp of the share's
+// profile (`samples` = share, `divisor` = cp). cp 1: the share itself. REQUIRES: cp >= 1.
+struct CpRankWork {
+  int samples = 0;  // the profile's micro-batch
+  int divisor = 1;  // a rank's time is that profile's time / divisor
+};
+inline CpRankWork cp_rank_work(int share, int cp) {
+  if (cp > 1 && share % cp == 0) return {share / cp, 1};
+  return {share, cp};
+}
+
 // Sequence parallelism over a profile that ran the tensor-parallel all-reduces (every profile: `hetplan
 // profile` never splits the sequence, and analytic profiles price the collectives as all-reduces): what the
 // stage's forward and backward add per micro-batch when each all-reduce of the activations becomes an
