@@ -1,11 +1,11 @@
 // The statistics hetplan reports for repeated measurements: the median, and
-// the spread as (max - min) / median.
+// the spread as (max - min) / median. Plain functions; thread-safe.
 #pragma once
 
 #include <algorithm>
 #include <vector>
 
-namespace hetplan::profiler {
+namespace hetplan {
 
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -20,4 +20,4 @@ inline double spread(const std::vector<double>& v) {
   return (*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end())) / m;
 }
 
-}  // namespace hetplan::profiler
+}  // namespace hetplan

@@ -16,7 +16,7 @@
 #include "profiler/device_meter.h"
 #include "profiler/green_context.h"
 #include "profiler/mixed_precision.h"
-#include "profiler/statistics.h"
+#include "base/statistics.h"
 #include "planner/export_plan.h"
 #include "sim/cluster.h"
 #include "sim/gpu_specs.h"
@@ -272,8 +272,8 @@ int run_worker(const ReplayArgs& a, profiler::DistEnv env) {
     write_json_file((fs::path(dir) / ("rank" + std::to_string(env.rank) + ".json")).string(), rank_report_to_json(r));
     if (!env.host.empty() && env.rank == 0)  // under torchrun across hosts: rank 0 reports
       std::cout << std::fixed << std::setprecision(3) << "replay: rank 0 (host " << env.host
-                << "): iteration_ms median " << profiler::median(r.iteration_ms) << " (spread "
-                << std::setprecision(1) << 100 * profiler::spread(r.iteration_ms) << "% over "
+                << "): iteration_ms median " << median(r.iteration_ms) << " (spread "
+                << std::setprecision(1) << 100 * spread(r.iteration_ms) << "% over "
                 << r.iteration_ms.size() << "); per-rank results in " << dir << "\n";
     return 0;
   } catch (const std::exception& e) {
@@ -359,8 +359,8 @@ ReplayMeasurement read_measurement(const Prepared& p, const std::string& dir, co
     m.reports.push_back(rank_report_from_json(read_json_file(report.string())));
   }
   const std::vector<double>& iters = m.reports[0].iteration_ms;
-  m.median_ms = profiler::median(iters);
-  m.spread = profiler::spread(iters);
+  m.median_ms = median(iters);
+  m.spread = spread(iters);
   m.losses.assign(iters.size(), 0.0);
   for (const auto& rep : m.reports)
     for (std::size_t k = 0; k < rep.losses.size() && k < m.losses.size(); ++k) m.losses[k] += rep.losses[k];

@@ -5,7 +5,7 @@
 
 #include "profiler/device_meter.h"
 #include "profiler/green_context.h"
-#include "profiler/statistics.h"
+#include "base/statistics.h"
 #include "sim/cluster.h"
 
 #if defined(HETPLAN_TORCH_CUDA)

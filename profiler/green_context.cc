@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "profiler/device_meter.h"
-#include "profiler/statistics.h"
+#include "base/statistics.h"
 #include "sim/environment_error.h"
 #include "base/input_error.h"
 

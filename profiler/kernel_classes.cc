@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "profiler/statistics.h"
+#include "base/statistics.h"
 #include "sim/layer_work.h"
 
 namespace hetplan::profiler {

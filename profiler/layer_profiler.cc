@@ -11,7 +11,7 @@
 #include "profiler/device_meter.h"
 #include "profiler/kernel_classes.h"
 #include "profiler/mixed_precision.h"
-#include "profiler/statistics.h"
+#include "base/statistics.h"
 #include "base/json_util.h"
 #include "sim/profile_model.h"
 

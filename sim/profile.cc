@@ -12,6 +12,7 @@
 #include "base/file_access.h"
 #include "base/input_error.h"
 #include "base/json_util.h"
+#include "base/statistics.h"
 #include "sim/network.h"
 
 namespace hetplan {
@@ -93,12 +94,8 @@ std::string ProfileSet::missing_message(int type, int tp, int bs, const std::str
 double first_block_startup_ms(const LayerProfile& p) {
   const int layers = static_cast<int>(p.forward_ms.size());
   if (layers < 4 || static_cast<int>(p.layer_ms.size()) != layers) return 0;  // embedding, 2+ blocks, head
-  std::vector<double> others(p.forward_ms.begin() + 2, p.forward_ms.end() - 1);
-  const std::size_t mid = others.size() / 2;
-  std::nth_element(others.begin(), others.begin() + mid, others.end());
-  double median = others[mid];
-  if (others.size() % 2 == 0) median = (median + *std::max_element(others.begin(), others.begin() + mid)) / 2;
-  const double excess = p.forward_ms[1] - median;
+  const double others = median(std::vector<double>(p.forward_ms.begin() + 2, p.forward_ms.end() - 1));
+  const double excess = p.forward_ms[1] - others;
   return excess > 0 && excess < p.layer_ms[1] ? excess : 0.0;  // (a file whose layer time is not above it: left)
 }
 
