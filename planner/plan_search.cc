@@ -256,7 +256,8 @@ PlanSearchResult PlanSearch::search() const {
                                    opt_, table_fits);
   const StageSearch stage_search(space, tables, bounds, kept, shared, control, *cluster_, opt_,
                                  sim_->options().schedule, sim_->options().virtual_stages);
-  tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k, space.num_setups()); });
+  tbb::enumerable_thread_specific<Worker> workers(
+      [&] { return Worker(opt_.top_k, space.num_setups(), stage_cache_bytes(space.gpus)); });
   OpenBounds open(space.num_groups(), floor);
 
   setup_progress.stop();

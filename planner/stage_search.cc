@@ -83,6 +83,7 @@ class UnitSearch {
     int s_min, s_max, k_min, k_max;
     double passes = kInf, first_passes = kInf, lower_bound = kInf, end_extra = kInf, start_extra = kInf, tail;
     PathOpCounts end, start;
+    MultiTripCounts trips[2];  // the stage's multi-trip chains (sim/schedule.h): the most trips, and two
     int backwards_before_last;  // backwards before micro-batch m - 1's forward
   };
   // Stage i at one (dp, tp) on ranks [r, r + s): what its layer counts share.
@@ -194,6 +195,8 @@ void UnitSearch::start_state() {
   f.end = end_path_counts(schedule_, f.rest, micro_batches_);
   f.start = start_path_counts(schedule_, f.rest, micro_batches_);
   f.backwards_before_last = f.end.backwards - 1;
+  f.trips[0] = multi_trip_counts(schedule_, f.rest, micro_batches_, 0);
+  f.trips[1] = multi_trip_counts(schedule_, f.rest, micro_batches_, 2);
   return f;
 }
 
@@ -404,6 +407,12 @@ void UnitSearch::descend(int i, int r, int l) {
                      w_.start_extra[next] + w_.first_passes[next] + sb_.first_trip(rest, r, l) + tail0,
                      // micro-batch 0 reaches the next stage, then some stage of the rest ends with its tail
                      w_.forward_chain[next] + sb_.tail_path(rest, r, l)});
+      // This stage's multi-trip chains, at its exact costs, the stages before it exact and the trips
+      // through the stages after it from the table.
+      const double g0 = sb_.first_trip(rest, r, l), g = sb_.last_trip(rest, r, l);
+      for (const MultiTripCounts& h : f.trips)
+        lb = std::max(lb, stage_trip_chain_ms(h, fc, w_.forward_chain[at], g0, g, w_.passes[at] - w_.forward_chain[at],
+                                              tail0));
     }
     w_.lower_bound[next] = lb;
     *bound_min = std::min(*bound_min, lb);
