@@ -136,9 +136,10 @@ inline std::size_t stage_cache_bytes(int gpus) {
 // depth-first search's state, indexed [stage * setups + setup] unless said.
 struct Worker {
   // `cache_bytes`: stage_cache_bytes(gpus).
-  Worker(int k, int setups, std::size_t cache_bytes) : cache(setups, cache_bytes), top(k) {}
+  Worker(int k, int setups, std::size_t cache_bytes) : cache(setups, cache_bytes), top(k), polished(k) {}
   StageCache cache;
   TopPlans top;
+  TopPlans polished;  // the plans polish_plan met around new best plans (merged like the seeds: once each)
   WorkerCounters counters;
   long long first_infeasible_unit = -1;
   std::string first_infeasible_reason;
@@ -152,6 +153,11 @@ struct Worker {
                                       // on that stage beyond its forward + backward
   std::vector<double> start_extra;    // max over the stages before of their start path less first_passes
                                       // at the stage after them
+  // [(stage * setups + setup) * kTripSlots + h - 1]: the max over the stages x before the stage of x's
+  // multi-trip chain with h trips, less the passes of the stages from x + 1 to the stage (micro-batch 0's
+  // once, with accumulation h - 1 times: added back at each frontier); -infinity where none.
+  static constexpr int kTripSlots = 8;
+  std::vector<double> trip_extra;
   std::vector<unsigned> feasible_setups;  // [stage]: setups still feasible, a bit each
   std::vector<StageChoice> choices;       // [stage]
   std::vector<FastStageCost> leaf_costs;  // [stage] for one setup
@@ -180,6 +186,9 @@ class StageSearch {
   const Schedule schedule_;
   const int virtual_stages_;  // > 1: interleaved 1F1B (see UnitSearch: the bounds it keeps)
   const bool use_bounds_;
+  // Where the bounds pass runs (whole-node stages above bounds_pass_above_gpus, not interleaved): each new
+  // best plan the depth-first search finds is polished (polish_plan).
+  const bool polish_incumbents_;
 };
 
 }  // namespace hetplan
