@@ -425,11 +425,11 @@ void UnitSearch::descend(int i, int r, int l) {
       for (const MultiTripCounts& h : f.trips)
         if (h.trips >= 1 && h.trips <= trip_slots_) {
           const double own = stage_trip_chain_ms(h, fc, w_.forward_chain[at], 0, 0, w_.passes[at] - w_.forward_chain[at], tail0);
-          to[h.trips - 1] = std::max(to[h.trips - 1], own - w_.first_passes[next] - (h.trips - 1) * w_.passes[next]);
+          to[h.trips - 1] = std::max(to[h.trips - 1], trip_chain_offset(own, h.trips, w_.first_passes[next], w_.passes[next]));
         }
       const double g0 = sb_.first_trip(rest, r, l), g = sb_.last_trip(rest, r, l);
       for (int t = 0; t < trip_slots_; ++t)
-        lb = std::max(lb, to[t] + w_.first_passes[next] + g0 + t * (w_.passes[next] + g));
+        lb = std::max(lb, trip_chain_at(to[t], t + 1, w_.first_passes[next], w_.passes[next], g0, g));
     }
     w_.lower_bound[next] = lb;
     *bound_min = std::min(*bound_min, lb);

@@ -68,6 +68,19 @@ inline double stage_trip_chain_ms(const MultiTripCounts& h, const FastStageCost&
          h.trips * x.send_forward_ms + first_trip + (h.trips - 1) * later_trip + back;
 }
 
+// The depth-first search keeps each chosen stage x's chain (stage_trip_chain_ms with no trip, `own`) as
+// an offset: less micro-batch 0's passes through the stages up to x (`first_passes`: each stage's forward,
+// backward and sends) and h - 1 times the passes with accumulation (`passes`), so that at a later frontier,
+// adding back the frontier's sums gives x's chain through the stages from x + 1 to the frontier exact, and
+// the trips through the stages after the frontier add `first_trip` once and `later_trip` h - 1 times.
+inline double trip_chain_offset(double own, int trips, double first_passes, double passes) {
+  return own - first_passes - (trips - 1) * passes;
+}
+inline double trip_chain_at(double offset, int trips, double first_passes, double passes, double first_trip,
+                            double later_trip) {
+  return offset + first_passes + first_trip + (trips - 1) * (passes + later_trip);
+}
+
 // A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
 // group, its ranks, (dp, tp), layers, whether it is the first and the last stage, and its in-flight
 // micro-batches (which fix its op order, hence the memory of its activations; interleaved, with the

@@ -1537,10 +1537,11 @@ TEST_CASE("coupled entries: add_coupled keeps every candidate covered with at mo
 
 // The depth-first search's multi-trip chain at any stage x (stage_trip_chain_ms, planner/plan_search.md):
 // with the stages before x exact (micro-batch 0's forward chain to x, micro-batch m - 1's backward chain
-// back) and the trips through the stages after x at their exact round trips, every chain is at most the
-// timeline's iteration (simulate_timeline), on uneven random stages with random all-reduces and steps;
-// somewhere a chain at a stage other than stage 0 is the timeline's longest path, so a count, a term or
-// its back chain scaled up fails the first check.
+// back) and the trips through the stages after x at their exact round trips, every chain, for every trip
+// count h, is at most the timeline's iteration (simulate_timeline), on uneven random stages with random
+// all-reduces and steps; somewhere a chain at a stage other than stage 0 is the timeline's longest path,
+// so a count, a term or its back chain scaled up fails the first check. The offset the search keeps for
+// the chain (trip_chain_offset) read at every later frontier (trip_chain_at) gives the same chain.
 TEST_CASE("the search's multi-trip chains at every stage are paths of the timeline", "[plan_search][bounds]") {
   std::mt19937 rng(20261126);
   std::uniform_real_distribution<double> u(0.1, 10.0);
@@ -1598,6 +1599,34 @@ TEST_CASE("the search's multi-trip chains at every stage are paths of the timeli
             CHECK(chain <= iteration * (1 + 1e-12));
             ++checked;
             middle_tight += x > 0 && chain >= iteration * (1 - 1e-9);
+            // The same chain kept as an offset when x is chosen and read at every later frontier f (the
+            // stages from x + 1 to f exact, the trips through those after f exact too here): the same value.
+            const double own = stage_trip_chain_ms(counts, fc[x], arrival, 0, 0, passes - arrival, tail0);
+            double fp = 0, pp = 0;  // micro-batch 0's passes, and with accumulation, through stage f
+            for (int j = 0; j <= x; ++j) {
+              const double pass = fc[j].forward_ms + fc[j].send_forward_ms + fc[j].backward_ms + fc[j].send_backward_ms;
+              fp += pass;
+              pp += pass + acc * fc[j].accumulation_ms;
+            }
+            const double offset = trip_chain_offset(own, counts.trips, fp, pp);
+            for (int front = x; front < p; ++front) {
+              if (front > x) {
+                const double pass = fc[front].forward_ms + fc[front].send_forward_ms + fc[front].backward_ms +
+                                    fc[front].send_backward_ms;
+                fp += pass;
+                pp += pass + acc * fc[front].accumulation_ms;
+              }
+              double g0 = 0, g = 0;  // the trips through the stages after the frontier
+              for (int j = front + 1; j < p; ++j) {
+                const double pass = fc[j].forward_ms + fc[j].backward_ms + fc[j].send_backward_ms +
+                                    (j + 1 < p ? fc[j].send_forward_ms : 0.0);
+                g0 += pass;
+                g += pass + fc[j].accumulation_ms;
+              }
+              const double at = trip_chain_at(offset, counts.trips, fp, pp, g0, g);
+              CHECK(at == Approx(chain).epsilon(1e-12));
+              CHECK(at <= iteration * (1 + 1e-12));
+            }
           }
         }
         // No stage after the last: no chain claimed.
