@@ -103,6 +103,18 @@ SOFTWARE = {
     # gradient_accumulation_fusion).
 }
 BLOOM_SOFTWARE = (False, False, "bigscience Megatron-DeepSpeed: neither option")
+# Where each source's software accumulated a micro-batch's gradients (gen-profiles --main-grads; sim/layer_work.h
+# MainGrads), per software version:
+#  - SC'21: a 16-bit main gradient (examples/sc21/CONFIG.sh runs --fp16 without --accumulate-allreduce-grads-in-fp32;
+#    Megatron-LM's local DDP then keeps main_grad in the parameters' dtype): 6 bytes per parameter.
+#  - Korthikanti et al.: an fp32 main gradient (Figure 1's 18 bytes per parameter, SOFTWARE above); with the fusion on
+#    only the parameters outside the GEMMs make the pass: 10 bytes each.
+#  - BLOOM: DeepSpeed's BF16_Optimizer (tr11-176B-ml.slurm: --bf16, "bf16": {"enabled": true} and
+#    "ZERO_STAGE=0 # important: bf16 must use z0! it implements its own zero stage 1 equivalent"), whose pipeline
+#    engine calls update_hp_grads after every micro-batch's backward:
+#    hp_grad.add_(lp.grad.to(fp32)) (deepspeed/runtime/bf16_optimizer.py since 2022-02-24; pipe/engine.py
+#    _exec_backward_pass), a cast to an fp32 temporary and the add: 18 bytes per parameter.
+MAIN_GRADS = {NARAYANAN: "16bit", KORTHIKANTI: "fp32", BLOOM: "fp32-cast"}
 CLUSTER = {"0.0.0.4": {"instance_type": "A100", "inter_bandwidth": 25, "intra_bandwidth": 240, "memory": 80}}
 
 
@@ -182,16 +194,17 @@ def simulate_row(binary, work, r, variant=None):
     vocab = r.get("vocab", VOCAB)
     settings = variant[1] if variant else {}
     async_tp, fused_acc = settings.get("kernels", software(r)[:2])
+    main_grads = settings.get("main_grads", MAIN_GRADS[r["source"]])
     efficiency = settings.get("compute_efficiency")
     prof = os.path.join(work, f"profiles_L{L}_h{h}_a{a}_v{vocab}_tp{tp}_bs{mbs}{'_sp' if sp else ''}"
-                              f"{'' if async_tp else '_sync'}{'' if fused_acc else '_unfused'}"
+                              f"{'' if async_tp else '_sync'}{'' if fused_acc else '_unfused'}_{main_grads}"
                               f"{f'_ce{efficiency}' if efficiency else ''}")
     if not os.path.isdir(prof):
         run([binary, "gen-profiles", "--analytic", str(L + 2), str(mbs), "--types", "A100", "--max-tp", str(tp),
              "--hidden-size", str(h), "--heads", str(a), "--seq-len", str(SEQ), "--vocab-size", str(vocab),
              "--out", prof] + ATTENTION_FLAGS + (["--sequence-parallel"] if sp else []) +
             ([] if async_tp else ["--no-async-tensor-model-parallel-allreduce"]) +
-            ([] if fused_acc else ["--no-gradient-accumulation-fusion"]) +
+            ([] if fused_acc else ["--no-gradient-accumulation-fusion"]) + ["--main-grads", main_grads] +
             ([f"--compute-efficiency={efficiency}"] if efficiency else []))
     plan = {"node_sequence": ["A100"], "device_groups": [dp * tp] * pp, "strategies": [[dp, tp]] * pp,
             "batches": gbs // (mbs * dp), "layer_partition": r.get("partition", layer_partition(L, pp)), "gbs": gbs,
@@ -288,12 +301,14 @@ def efficiency_lines(binary, work, results):
     lo, hi = EFFICIENCIES[0], EFFICIENCIES[-1]
     shift = {n: 100 * (cols[hi][n] - cols[lo][n]) for n in ("GPT 1T full", "GPT 1T seqsel", "BLOOM 176B", "GPT 1.7B")
              if n in cols[hi]}
+    past = [n for n in cols[hi] if abs(cols[hi][n]) > 0.10]
     out = ["Sensitivity to the GEMM rate (not in the table above): every row re-simulated with gen-profiles "
            f"--compute-efficiency (the large-GEMM fraction of the peak) at {lo} and {hi}, on each side of the default "
            f"0.72. From {lo} to {hi} the rows move by " +
            ", ".join(f"{n} {v:+.1f}" for n, v in shift.items()) +
-           " points: the 1T rows and BLOOM are GEMM-bound alike, so a rate raised for the 1T rows' sake takes BLOOM "
-           "past +10% first, then the 1.7B and 22B seqsel rows:", "",
+           " points (the 1T rows and BLOOM are GEMM-bound alike; the small models' materialised attention damps "
+           f"theirs); at {hi} " + (", ".join(past) + " leave 10%" if past else "every row stays within 10%") +
+           ". No rate was changed for the table:", "",
            "| row | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for r in sim:
         vals = [cols[EFFICIENCIES[0]][r["name"]], r["error"]] + [cols[e][r["name"]] for e in EFFICIENCIES[1:]]
@@ -379,8 +394,8 @@ READING = """## Sources
   full recomputation, bf16 with its ZeRO-1 optimizer, the embedding counted as a block in the pipeline split,
   4 x 100 Gb/s Omni-Path per node). "About" 150: the figure is rounded, so this row carries a few percent
   of its own uncertainty; the script also ran with CUDA_LAUNCH_BLOCKING=1 (every kernel launch waits for the
-  kernel), which hetplan does not model and which makes the real run slower than the model (the +9% below
-  is in that direction).
+  kernel), which hetplan does not model and which makes the real run slower than the model (the row's
+  remaining optimism is in that direction).
 
 ## What the model prices, and why
 
@@ -425,6 +440,15 @@ micro-batch). Each row is simulated with the settings of its software, never tun
   "float16" (which cannot say otherwise, see Sources) and from examples/pretrain_gpt3_175B.sh (a 2021 script:
   container 20.12, pp 16, not these runs); the sensitivity table above keeps that reading's figures.
 - BLOOM (bigscience-workshop/Megatron-DeepSpeed): neither option in its whole history (to 8387ae17, 2023-12).
+
+Where each micro-batch's gradients accumulate (`gen-profiles --main-grads`, the column's third entry;
+sim/layer_kernels.md): SC'21 into a 16-bit main gradient (its CONFIG.sh: --fp16 without
+--accumulate-allreduce-grads-in-fp32), 6 bytes per parameter; Korthikanti et al. into an fp32 one (Figure 1),
+10 bytes for the few parameters outside the fused GEMMs; BLOOM through DeepSpeed's BF16_Optimizer, whose pipeline
+engine adds a cast of every parameter's bf16 gradient into its fp32 copy after each micro-batch's backward
+(hp_grad.add_(lp.grad.to(fp32)): deepspeed/runtime/bf16_optimizer.py and pipe/engine.py, 2022-02-24, the month
+before BLOOM's run began), 18 bytes per parameter. The last moves BLOOM from +9.0% to +4.9% (its stages'
+accumulation goes from 13.6 to 40.8 ms per micro-batch); the others move by less than 0.05 points.
 Effect on the table (before: this script on main's build of 744c433, without these options, which runs every
 row as "no / no"; these two options alone, before the scatter/gather's all-gather below, with the fusion still
 off for Korthikanti et al.): the Korthikanti rows move -12.8% -> -10.8% (1T full), -12.1% -> -10.8% (1T
@@ -488,6 +512,11 @@ of 4 per iteration: nothing to accumulate) does not move.
   -0.12% (1T full -10.79% -> -10.83%, 530B full -7.48% -> -7.58%, BLOOM +9.15% -> +9.03%; the fusion then
   off for Korthikanti et al.): the sends are mostly
   off the critical path of 1F1B's steady state, which the slowest stage's compute paces.
+- **BLOOM's data-parallel reduction in fp32.** DeepSpeed's BF16_Optimizer all-reduces its fp32 gradient copies
+  (pipe/engine.py _bf16_reduce_grads over get_grads_for_reduction) and then all-gathers the updated bf16 parameters;
+  the plan prices ZeRO-1's 16-bit reduce-scatter and all-gather. Twice the reduced bytes would add about 2 s to the
+  row's 99.6 s (its stages' data-parallel sync is about 2.1 s), moving it from +4.9% to about +3%: not corrected
+  (the plan format names no fp32 reduction for ZeRO-1), in the direction of the published figure.
 - **Selective recomputation is priced at its FLOP share** of the block forward (recomputed_forward_fraction,
   5.3% at 22B); with materialised attention the recomputed core's time share is larger (22B: 2.63 ms of a
   21.9 ms block, 12%), so the seqsel rows are about 1-2% optimistic from this; the simulator does not read a
@@ -538,19 +567,19 @@ def main():
              "is fitted to a row: every row uses the same constants. Error is the throughput's: predicted TFLOP/s "
              "over published - 1 (eq. 3 of Narayanan et al., with recomputation; BLOOM's published figure uses the "
              "same count) where the source gives TFLOP/s; published over predicted iteration time - 1 for "
-             "Korthikanti et al.'s (positive: hetplan is optimistic). Column \"async tp / fused acc\": Megatron-LM's "
-             "asynchronous tensor-parallel backward and gradient accumulation fusion as the source's software ran them "
-             "(`gen-profiles --analytic` without or with --no-async-tensor-model-parallel-allreduce and "
-             "--no-gradient-accumulation-fusion; one setting per software version, cited below and in "
-             "sim/layer_kernels.md).", "",
+             "Korthikanti et al.'s (positive: hetplan is optimistic). Column \"async tp / fused acc / main grads\": "
+             "Megatron-LM's asynchronous tensor-parallel backward and gradient accumulation fusion, and where each "
+             "micro-batch's gradients accumulate, as the source's software ran them (`gen-profiles --analytic` without "
+             "or with --no-async-tensor-model-parallel-allreduce and --no-gradient-accumulation-fusion, and "
+             "--main-grads; one setting per software version, cited below and in sim/layer_kernels.md).", "",
              "| model | source | tp | pp | v | dp | GPUs | micro-batch | gbs | recompute | SP | DDP overlap | "
-             "async tp / fused acc | predicted | published | error |",
+             "async tp / fused acc / main grads | predicted | published | error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         head = (f"| {r['name']} | {r['source']} | {r['tp']} | {r['pp']} | {r['virtual_stages']} | {r['dp']} | "
                 f"{r['gpus']} | {r['micro_batch']} | {r['gbs']} | {r['recompute']} | "
                 f"{'yes' if r['sequence_parallel'] else 'no'} | {'yes' if r['ddp_overlap'] else 'no'} | "
-                f"{'yes' if software(r)[0] else 'no'} / {'yes' if software(r)[1] else 'no'} | ")
+                f"{'yes' if software(r)[0] else 'no'} / {'yes' if software(r)[1] else 'no'} / {MAIN_GRADS[r['source']]} | ")
         published = (f"{r['published_tflops']} TFLOP/s" if "published_tflops" in r else f"{r['published_s']:.2f} s")
         if "skipped" in r:
             lines.append(head + f"- | {published} | not simulated: {r['skipped']} |")
