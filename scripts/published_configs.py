@@ -441,14 +441,6 @@ micro-batch). Each row is simulated with the settings of its software, never tun
   container 20.12, pp 16, not these runs); the sensitivity table above keeps that reading's figures.
 - BLOOM (bigscience-workshop/Megatron-DeepSpeed): neither option in its whole history (to 8387ae17, 2023-12).
 
-Where each micro-batch's gradients accumulate (`gen-profiles --main-grads`, the column's third entry;
-sim/layer_kernels.md): SC'21 into a 16-bit main gradient (its CONFIG.sh: --fp16 without
---accumulate-allreduce-grads-in-fp32), 6 bytes per parameter; Korthikanti et al. into an fp32 one (Figure 1),
-10 bytes for the few parameters outside the fused GEMMs; BLOOM through DeepSpeed's BF16_Optimizer, whose pipeline
-engine adds a cast of every parameter's bf16 gradient into its fp32 copy after each micro-batch's backward
-(hp_grad.add_(lp.grad.to(fp32)): deepspeed/runtime/bf16_optimizer.py and pipe/engine.py, 2022-02-24, the month
-before BLOOM's run began), 18 bytes per parameter. The last moves BLOOM from +9.0% to +4.9% (its stages'
-accumulation goes from 13.6 to 40.8 ms per micro-batch); the others move by less than 0.05 points.
 Effect on the table (before: this script on main's build of 744c433, without these options, which runs every
 row as "no / no"; these two options alone, before the scatter/gather's all-gather below, with the fusion still
 off for Korthikanti et al.): the Korthikanti rows move -12.8% -> -10.8% (1T full), -12.1% -> -10.8% (1T
@@ -458,6 +450,15 @@ The fusion on for Korthikanti et al. (fp32 gradients, Figure 1) then moves them 
 "16-bit gradients" column to the table: 1T full -10.9% -> -7.3%, 1T seqsel -11.9% -> -7.2%, 530B full -7.7% ->
 -4.0%, 530B seqsel -6.5% -> -1.6%, 175B full -4.2% -> -0.7%, 175B seqsel -2.5% -> +2.2%; 22B (one micro-batch
 of 4 per iteration: nothing to accumulate) does not move.
+
+Where each micro-batch's gradients accumulate (`gen-profiles --main-grads`, the column's third entry;
+sim/layer_kernels.md): SC'21 into a 16-bit main gradient (its CONFIG.sh: --fp16 without
+--accumulate-allreduce-grads-in-fp32), 6 bytes per parameter; Korthikanti et al. into an fp32 one (Figure 1),
+10 bytes for the few parameters outside the fused GEMMs; BLOOM through DeepSpeed's BF16_Optimizer, whose pipeline
+engine adds a cast of every parameter's bf16 gradient into its fp32 copy after each micro-batch's backward
+(hp_grad.add_(lp.grad.to(fp32)): deepspeed/runtime/bf16_optimizer.py and pipe/engine.py, 2022-02-24, the month
+before BLOOM's run began), 18 bytes per parameter. The last moves BLOOM from +9.0% to +4.9% (its stages'
+accumulation goes from 13.6 to 40.8 ms per micro-batch); the others move by less than 0.05 points.
 
 ## What is left (not corrected)
 
@@ -489,8 +490,8 @@ of 4 per iteration: nothing to accumulate) does not move.
   (3) The GEMM rate (checked, not changed). The layer time model prices a GEMM by its cube size (m k n)^(1/3) at
   0.72 of the peak for large GEMMs. The 1.7B row's GEMMs (32768 tokens, h 2304, tp 1) and the 1T rows' (2048
   tokens, h 25600, tp 8) have the same cube sizes (fused QKV 8051 and 7955, MLP 8861 and 8755), so no size-only
-  curve can price them apart, and the generated sensitivity table shows that a rate raised for the 1T rows takes
-  BLOOM, and then the 1.7B and 22B seqsel rows, past +10% first. The stored measurements
+  curve can price them apart, and the generated sensitivity table shows which rows a rate raised for the 1T rows'
+  sake takes past +10% first (the 1.7B and 22B seqsel rows at 0.76, with BLOOM next). The stored measurements
   (scripts/analytic_gemm_check.py over profiles/transfer/measured-*: 30 distinct training GEMMs per GPU, each
   forward + both gradients timed alone) fit the model's size curve with a mean error of 3.3% (H100) and 3.1%
   (H200), but at a large-GEMM fraction of 0.78 and 0.81 instead of 0.72 (the best matmul shape reaches 80.1% of
@@ -500,9 +501,10 @@ of 4 per iteration: nothing to accumulate) does not move.
   prices a GEMM inside its layer, and cannot be raised without pricing elsewhere what it stands for. A GEMM
   curve in FLOPs (Hockney's form: a fixed time plus FLOPs at the asymptotic rate, size^3 / (size^3 + 1024^3)) was
   tried in this session, with the fusion still off for Korthikanti et al., and dropped: BLOOM +9.0% -> +10.1%,
-  1T full -10.9% -> -9.9%, and issue 32's analytic transfer table 9.26% -> 10.19% (over its 10% goal). Whether a GEMM's aspect (reduction length, output tiles), not only its
-  size, sets its rate at these shapes is what scripts/gpu_gemm_shapes.sh measures (every row's per-rank GEMMs,
-  forward and both gradients, fp16 and bf16; an A100 is not lent, so on H100).
+  1T full -10.9% -> -9.9%, and issue 32's analytic transfer table 9.26% -> 10.19% (over its 10% goal). Whether
+  a GEMM's aspect (reduction length, output tiles), not only its size, sets its rate at these shapes is what
+  scripts/gpu_gemm_shapes.sh measures (every row's per-rank GEMMs, forward and both gradients, fp16 and bf16;
+  an A100 is not lent, so on H100).
 - **Pipeline sends: Megatron's scatter/gather, now with its all-gather.** Megatron-LM (SC'21 Sec. 4.1, on by
   default; --no-scatter-gather-tensors-in-pipeline) sends 1/tp of a boundary activation from each tp rank over
   its own rail and all-gathers it over NVLink in the receiving stage. hetplan's sends charged the 1/tp over the
