@@ -11,7 +11,12 @@ and the head timed alone, forward and both gradients, as [m, k, n, passes, ms]):
      same shapes) and what the measured block takes beyond its GEMMs and attention alone over the analytic
      elementwise class.
 
-  python3 scripts/analytic_gemm_check.py [--profiles profiles/transfer]
+  3. with --shapes FILE (scripts/gpu_gemm_shapes.sh's gemm_shapes.json: every published row's GEMMs timed on a lent
+     GPU), per row the measured time of its block GEMMs (forward and both gradients) over the curve's at the
+     fraction fitted to the whole file, and the same by pass: rows whose GEMMs share a cube size but not an
+     aspect (GPT 1.7B and GPT 1008B / 1T) at different ratios would say that the aspect sets the rate.
+
+  python3 scripts/analytic_gemm_check.py [--profiles profiles/transfer] [--shapes gemm_shapes.json]
 """
 import argparse, glob, json, os, statistics
 
@@ -24,10 +29,33 @@ def curve_fraction(m, k, n, e=DEFAULT_E):
     return e * s * s / (s * s + HALF * HALF)
 
 
+def shapes_report(path):
+    """Item 3 of the module's docstring."""
+    d = json.load(open(path))
+    peak = d["peak_tflops"]
+    for dtype in sorted({g["dtype"] for r in d["rows"] for g in r["gemms"]}):
+        def model_ms(g):
+            return 2 * g["tokens"] * g["k"] * g["n"] / (peak * 1e12 * curve_fraction(g["tokens"], g["k"], g["n"])) * 1e3
+        block = [(r["name"], [g for g in r["gemms"] if g["dtype"] == dtype and g["gemm"] != "head"]) for r in d["rows"]]
+        scale = statistics.median(g["ms"] / model_ms(g) for _, gs in block for g in gs)
+        print(f"{d['device']} {dtype}: fitted large-GEMM fraction {DEFAULT_E / scale:.3f}; per row, block GEMMs measured "
+              f"over the curve at that fraction (all passes; forward, input gradient, weight gradient):")
+        for name, gs in block:
+            def ratio(sel):
+                m = [g for g in gs if sel(g)]
+                return sum(g["ms"] for g in m) / (scale * sum(model_ms(g) for g in m)) if m else float("nan")
+            print(f"  {name:16s} {ratio(lambda g: True):.3f}   " +
+                  " ".join(f"{p} {ratio(lambda g, p=p: g['pass'] == p):.3f}" for p in ("forward", "dgrad", "wgrad")))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profiles", default="profiles/transfer")
+    ap.add_argument("--shapes", default=None, help="gemm_shapes.json from scripts/gpu_gemm_shapes.sh")
     args = ap.parse_args()
+    if args.shapes:
+        shapes_report(args.shapes)
+        return
     for gpu, peak in PEAK_TFLOPS.items():
         gemms = {}
         for f in sorted(glob.glob(f"{args.profiles}/measured-*-{gpu}/DeviceType.{gpu}_tp*_bs*.json")):

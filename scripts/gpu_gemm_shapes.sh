@@ -4,6 +4,7 @@
 # issue 34's 1T rows: does a GEMM's aspect, not only its size, set its rate?). Under 2 minutes on one H100.
 # Results: $OUT/gemm_shapes.tgz holding gemm_shapes.json, gemm_shapes.log and env.txt.
 #   OUT=/tmp/out bash scripts/gpu_gemm_shapes.sh
+# Then, here: tar xzf gemm_shapes.tgz; python3 scripts/analytic_gemm_check.py --shapes gemm_shapes/gemm_shapes.json
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-/tmp/out}
