@@ -37,7 +37,7 @@ const char* to_string(MainGrads g) {
 MainGrads parse_main_grads(const std::string& name, const std::string& where) {
   for (MainGrads g : {MainGrads::k16Bit, MainGrads::kFp32, MainGrads::kFp32Cast})
     if (name == to_string(g)) return g;
-  throw InputError(where + ": '" + name + "': expected 16bit, fp32 or fp32-cast");
+  throw InputError(where + ": '" + excerpt(name) + "': expected 16bit, fp32 or fp32-cast");
 }
 
 LayerGemms layer_gemms(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute) {
