@@ -82,6 +82,7 @@ struct ProfilesArgs {
   std::string samples, out, from, from_type, hf_config, probes;
   bool analytic = false, no_flash_attention = false, sequence_parallel = false;
   bool no_async_tp = false, no_grad_acc_fusion = false;
+  std::string main_grads = "16bit";
   AnalyticOptions analytic_options;
   std::string types = "A100,V100";
   std::vector<std::string> gpu_spec;
@@ -123,6 +124,7 @@ int run_gen_profiles(ProfilesArgs a) {
     a.analytic_options.sequence_parallel = a.sequence_parallel;
     a.analytic_options.async_tp_backward = !a.no_async_tp;
     a.analytic_options.gradient_accumulation_fusion = !a.no_grad_acc_fusion;
+    a.analytic_options.main_grads = parse_main_grads(a.main_grads, "gen-profiles --main-grads");
     if (!a.hf_config.empty()) {
       ModelFlags f;
       f.hf_config = a.hf_config;
@@ -197,6 +199,12 @@ Runner add_gen_profiles_command(CLI::App& app) {
               "before February 2022, or fp16 without --accumulate-allreduce-grads-in-fp32 before September 2022,\n"
               "did): every micro-batch adds each weight's gradient to its main gradient in a separate pass.\n"
               "Default, today's Megatron-LM: the weight-gradient GEMMs accumulate into the main gradient");
+  s->add_option("--main-grads", a->main_grads,
+                "[--analytic] Where each micro-batch's gradients accumulate, which sets the accumulation pass's bytes\n"
+                "per parameter: 16bit (default; Megatron-LM in fp16 without --accumulate-allreduce-grads-in-fp32:\n"
+                "6 B), fp32 (an fp32 main gradient: Megatron-LM with --accumulate-allreduce-grads-in-fp32, which bf16\n"
+                "forces: 10 B), fp32-cast (DeepSpeed's BF16_Optimizer: a cast to an fp32 temporary, then the add: 18 B).\n"
+                "Under gradient accumulation fusion only the parameters outside the GEMMs (biases, norms) make the pass");
   s->add_option("--samples", a->samples, "Folder with Metis's DeviceType.A100_tp{1,2,4}_bs{1,2,4}.json samples");
   s->add_option("--out,-o", a->out, "Output folder (created; existing files of the same name are overwritten)")
       ->required();

@@ -63,8 +63,9 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& s, long long seq, c
     e.forward_ms = (e.ms + e.classes.overlapped_ms) / 3.0;
     e.params = static_cast<double>(params[i]);
     e.rank_params = shard_params(s, i, i + 1, 1, setup).on_rank(tp);
-    // Accumulating a micro-batch's gradients: read two, write one 16-bit value per parameter (the GEMM
-    // weights' inside their weight-gradient GEMMs under gradient accumulation fusion).
+    // Accumulating a micro-batch's gradients into the main gradients (kernels.main_grads: a 16-bit one reads two
+    // and writes one 16-bit value per parameter; the GEMM weights' inside their weight-gradient GEMMs under
+    // gradient accumulation fusion).
     e.accumulation_ms = gradient_accumulation_ms(s, kind, tp, e.rank_params, kBytes, r, kernels);
     double act = 0;
     if (kind == LayerKind::kEmbedding) act = embedding_activation_bytes(s, seq, bs, tp, false);
@@ -135,6 +136,7 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
         kernels.sequence_parallel = o.sequence_parallel;
         kernels.async_tp_backward = o.async_tp_backward;
         kernels.gradient_accumulation_fusion = o.gradient_accumulation_fusion;
+        kernels.main_grads = o.main_grads;
         const auto layers = estimate_layers(shape, seq, rates, tp, bs, kernels);
         ordered_json j;
         ordered_json est;
@@ -153,6 +155,7 @@ std::vector<std::string> generate_analytic_profiles(const AnalyticOptions& o, co
         est["sequence_parallel"] = o.sequence_parallel;  // the time's elementwise work only; memory: the plan's
         est["async_tp_backward"] = o.async_tp_backward;
         est["gradient_accumulation_fusion"] = o.gradient_accumulation_fusion;
+        est["main_grads"] = to_string(o.main_grads);
         j["estimate"] = est;
         j["model"] = profile_model_record(shape, seq, static_cast<int>(kBytes));
         ordered_json et;

@@ -44,6 +44,8 @@ struct AnalyticOptions {
   // false: as --no-async-tensor-model-parallel-allreduce / --no-gradient-accumulation-fusion run.
   bool async_tp_backward = true;
   bool gradient_accumulation_fusion = true;
+  // Where gradients accumulate (LayerKernels::main_grads): a 16-bit main gradient by default.
+  MainGrads main_grads = MainGrads::k16Bit;
   // hetplan's per-layer extensions (forward split, gradient accumulation, host floor, kernel classes,
   // activation/working split); false: Metis's keys only (and the model record), the form of files that lack
   // them, which the simulator prices by its fallback rules.

@@ -164,7 +164,8 @@ double async_tp_hidden_ms(const ModelShape& s, LayerKind kind, long long tokens,
 double gradient_accumulation_ms(const ModelShape& s, LayerKind kind, int tp, double rank_params,
                                 double bytes_per_value, const DeviceRates& r, LayerKernels k) {
   const double fused = k.gradient_accumulation_fusion ? layer_gemm_weight_params(s, kind, tp) : 0.0;
-  return ms_of(3.0 * bytes_per_value * std::max(0.0, rank_params - fused), r.bytes_per_s);
+  return ms_of(main_grad_accumulation_bytes(k.main_grads, bytes_per_value) * std::max(0.0, rank_params - fused),
+               r.bytes_per_s);
 }
 
 KernelClassTimes analytic_layer_classes(const ModelShape& s, int metis_layer, long long bs, long long seq, int tp,

@@ -110,9 +110,10 @@ KernelClassTimes analytic_layer_classes(const ModelShape& s, int metis_layer, lo
 double async_tp_hidden_ms(const ModelShape& s, LayerKind kind, long long tokens, int tp, double collective_ms,
                           const DeviceRates& r, double* slowdown_ms);
 
-// The layer's gradient accumulation per micro-batch in ms on `r`: read the new 16-bit gradient and the main
-// gradient, write the main gradient (3 values of `bytes_per_value` per parameter) for each of the rank's
-// `rank_params`, less the GEMM weights' (layer_gemm_weight_params) under k.gradient_accumulation_fusion.
+// The layer's gradient accumulation per micro-batch in ms on `r`: read the new gradient (`bytes_per_value` per
+// value) and the main gradient, write the main gradient (main_grad_accumulation_bytes of k.main_grads per
+// parameter, sim/layer_work.h) for each of the rank's `rank_params`, less the GEMM weights'
+// (layer_gemm_weight_params) under k.gradient_accumulation_fusion.
 double gradient_accumulation_ms(const ModelShape& s, LayerKind kind, int tp, double rank_params,
                                 double bytes_per_value, const DeviceRates& r, LayerKernels k);
 

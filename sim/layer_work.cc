@@ -1,5 +1,7 @@
 #include "sim/layer_work.h"
 
+#include "base/input_error.h"
+
 namespace hetplan {
 
 namespace {
@@ -13,6 +15,30 @@ constexpr double kCrossEntropyBytesPerLogit = 38.0 + 22.0;
 int gemm_passes(Recompute r) { return r == Recompute::kFull ? 4 : 3; }
 
 }  // namespace
+
+double main_grad_accumulation_bytes(MainGrads g, double v) {
+  switch (g) {
+    case MainGrads::k16Bit: return 3 * v;
+    case MainGrads::kFp32: return v + 4 + 4;
+    case MainGrads::kFp32Cast: return v + 4 + 4 + 4 + 4;
+  }
+  return 3 * v;
+}
+
+const char* to_string(MainGrads g) {
+  switch (g) {
+    case MainGrads::k16Bit: return "16bit";
+    case MainGrads::kFp32: return "fp32";
+    case MainGrads::kFp32Cast: return "fp32-cast";
+  }
+  return "?";
+}
+
+MainGrads parse_main_grads(const std::string& name, const std::string& where) {
+  for (MainGrads g : {MainGrads::k16Bit, MainGrads::kFp32, MainGrads::kFp32Cast})
+    if (name == to_string(g)) return g;
+  throw InputError(where + ": '" + excerpt(name) + "': expected 16bit, fp32 or fp32-cast");
+}
 
 LayerGemms layer_gemms(const ModelShape& s, LayerKind kind, long long tokens, int tp, Recompute recompute) {
   LayerGemms g;

@@ -15,6 +15,8 @@
 // Thread-safety: pure functions. Allocates nothing.
 #pragma once
 
+#include <string>
+
 #include "sim/memory_model.h"
 #include "sim/model_shape.h"
 
@@ -81,12 +83,31 @@ enum class AttentionKernels { kFused, kMaterialized };
 //  - gradient_accumulation_fusion (`--no-gradient-accumulation-fusion`): the weight-gradient GEMM accumulates
 //    into the main gradient (beta = 1) instead of writing a gradient that a separate pass adds to it, so the
 //    GEMM weights' per-micro-batch accumulation pass disappears (biases and norms keep theirs).
+//
+// Where each micro-batch's weight gradients accumulate (MainGrads), which sets the accumulation pass's bytes per
+// parameter (main_grad_accumulation_bytes; the GEMM weights' pass is gone under gradient accumulation fusion):
+//  - k16Bit: a 16-bit main gradient (Megatron-LM in fp16 without --accumulate-allreduce-grads-in-fp32,
+//    `main_grad.add_(grad)`): read two values, write one, 3 x 2 bytes.
+//  - kFp32: an fp32 main gradient that the 16-bit gradient is added into (Megatron-LM with
+//    --accumulate-allreduce-grads-in-fp32, which bf16 forces): read 2 + 4 bytes, write 4.
+//  - kFp32Cast: an fp32 copy that receives a cast of the gradient (DeepSpeed's BF16_Optimizer,
+//    `hp_grad.add_(lp.grad.to(fp32))`, deepspeed/runtime/bf16_optimizer.py since 2022-02): the cast reads 2 bytes
+//    and writes an fp32 temporary (4), the add reads it and the main gradient (4 + 4) and writes 4: 18 bytes.
+enum class MainGrads { k16Bit, kFp32, kFp32Cast };
 struct LayerKernels {
   AttentionKernels attention = AttentionKernels::kFused;
   bool sequence_parallel = false;
   bool async_tp_backward = true;
   bool gradient_accumulation_fusion = true;
+  MainGrads main_grads = MainGrads::k16Bit;
 };
+
+// Bytes per parameter that accumulating one micro-batch's `bytes_per_value`-byte gradient into `g` main gradients
+// moves (see MainGrads): 3 x bytes_per_value, bytes_per_value + 8, bytes_per_value + 16.
+double main_grad_accumulation_bytes(MainGrads g, double bytes_per_value);
+// "16bit", "fp32", "fp32-cast"; parse_main_grads throws InputError naming `where` for any other name.
+const char* to_string(MainGrads g);
+MainGrads parse_main_grads(const std::string& name, const std::string& where);
 
 // The GEMM weights' parameters of the layer on one of tp ranks (sum of k x n over layer_gemms): what gradient
 // accumulation fusion accumulates inside the weight-gradient GEMMs.

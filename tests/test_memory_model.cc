@@ -149,6 +149,33 @@ TEST_CASE("in-flight micro-batches: 1F1B holds pp - stage, GPipe all", "[memory]
   CHECK(in_flight_microbatches(Schedule::kGpipe, 4, 3, 8) == 8);
 }
 
+// Korthikanti et al. (arXiv 2205.05198), Figure 1: parameters and optimizer state per GPU of the four models of their
+// Table 5, as the Calculon authors transcribe it (calculon-ai/calculon calculon/llm/validation.py, seqsel_fig1
+// 'par_opt', GiB): 22B 45.5625, 175B 45.5625, 530B 31.640625, 1T 32.958984375. Each is exactly 18 bytes per
+// parameter of the blocks' 12 h^2 L / (tp pp) on a GPU (tp 8): 16-bit parameters with fp32 gradients, Megatron-LM's
+// count (docs/distrib_optimizer.md, 2022-05-16; 20 with 16-bit gradients). hetplan's Megatron accounting gives the
+// same to the byte; the ZeRO paper's (16-bit gradients, 16 B) does not. scripts/published_configs.py reads the runs'
+// gradient precision from this figure (gradient accumulation fusion on: sim/layer_kernels.md).
+TEST_CASE("Megatron accounting reproduces Korthikanti et al.'s Figure 1 (18 bytes per parameter)", "[memory][published]") {
+  struct Row {
+    double h;
+    int layers, pp;
+    double gib;
+  };
+  const Row rows[] = {{6144, 48, 1, 45.5625}, {12288, 96, 8, 45.5625}, {20480, 105, 35, 31.640625},
+                      {25600, 128, 64, 32.958984375}};
+  TrainingSetup megatron;
+  megatron.precision = Precision::kFp16;
+  megatron.accounting = ZeroAccounting::kMegatron;
+  TrainingSetup zero_paper = megatron;
+  zero_paper.accounting = ZeroAccounting::kZeroPaper;
+  for (const Row& r : rows) {
+    const double params = 12 * r.h * r.h * r.layers / (8 * r.pp);
+    CHECK(model_state_bytes(params, 0, 0, megatron, 1, 8).total_gpu() == Approx(r.gib * kGiB).epsilon(1e-12));
+    CHECK(model_state_bytes(params, 0, 0, zero_paper, 1, 8).total_gpu() == Approx(r.gib * kGiB * 16 / 18).epsilon(1e-12));
+  }
+}
+
 // Megatron-LM, megatron/training/theoretical_memory_usage.py (NVIDIA/Megatron-LM @ d98e8a6):
 // weights + optimizer = params on the most loaded shard x (6 + 12 / dp) with the distributed optimizer
 // (18 without); activations (sequence parallel + selective) = sbh (18 + 4 f / h) per layer x num_layers

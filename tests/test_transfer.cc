@@ -503,3 +503,51 @@ TEST_CASE("Analytic profiles: Megatron-LM's async tp backward and gradient accum
         Approx(6 * (rank_params - 12 * h * h / 8) / r.bytes_per_s * 1e3));
   CHECK(ta["layer_grad_accumulation_ms"][1].get<double>() < 0.01 * tb["layer_grad_accumulation_ms"][1].get<double>());
 }
+
+// Where each micro-batch's gradients accumulate (gen-profiles --main-grads, LayerKernels::main_grads): bytes per
+// parameter of the accumulation pass, 16-bit values: a 16-bit main gradient 3 x 2 = 6 (read two, write one); an fp32
+// one (Megatron-LM's --accumulate-allreduce-grads-in-fp32) 2 + 4 read, 4 written = 10; DeepSpeed's BF16_Optimizer's
+// cast to an fp32 temporary (2 read, 4 written) and add (4 + 4 read, 4 written) = 18.
+TEST_CASE("Analytic profiles: where gradients accumulate sets the accumulation pass's bytes", "[transfer][main_grads]") {
+  CHECK(main_grad_accumulation_bytes(MainGrads::k16Bit, 2) == 6);
+  CHECK(main_grad_accumulation_bytes(MainGrads::kFp32, 2) == 10);
+  CHECK(main_grad_accumulation_bytes(MainGrads::kFp32Cast, 2) == 18);
+  CHECK(parse_main_grads("fp32-cast", "test") == MainGrads::kFp32Cast);
+  CHECK_THROWS_AS(parse_main_grads("fp16", "test"), InputError);
+
+  AnalyticOptions o;
+  o.model.num_layers = 6;
+  o.model.hidden_size = 4096;
+  o.model.attention_heads = 32;
+  o.model.sequence_length = 2048;
+  o.model.vocab_size = 51200;
+  o.max_tp = 8;
+  o.max_bs = 1;
+  o.device_types = {"A100"};
+  o.gradient_accumulation_fusion = false;
+  const ModelShape s = shape_from_model_config(o.model);
+  const DeviceRates r = catalogue_rates("A100", ComputePrecision::kBf16, RateDefaults{}, "test");
+  const double h = 4096, rank_params = shard_params(s, 1, 2, 1, TrainingSetup{}).on_rank(8);
+  const struct {
+    MainGrads g;
+    const char* name;
+    double bytes;
+  } cases[] = {{MainGrads::k16Bit, "16bit", 6}, {MainGrads::kFp32, "fp32", 10}, {MainGrads::kFp32Cast, "fp32-cast", 18}};
+  for (const auto& c : cases) {
+    o.main_grads = c.g;
+    o.gradient_accumulation_fusion = false;
+    const auto unfused = test::scratch_dir(std::string("analytic-main-grads-") + c.name);
+    generate_analytic_profiles(o, unfused.string());
+    o.gradient_accumulation_fusion = true;
+    const auto fused = test::scratch_dir(std::string("analytic-main-grads-fused-") + c.name);
+    generate_analytic_profiles(o, fused.string());
+    const ordered_json a = read_json_file((unfused / "DeviceType.A100_tp8_bs1.json").string());
+    const ordered_json b = read_json_file((fused / "DeviceType.A100_tp8_bs1.json").string());
+    CHECK(a["estimate"]["main_grads"] == c.name);
+    CHECK(a["execution_time"]["layer_grad_accumulation_ms"][1].get<double>() ==
+          Approx(c.bytes * rank_params / r.bytes_per_s * 1e3).epsilon(1e-12));
+    // Fused: only the parameters outside the GEMMs (biases, norms) make the pass, at the same bytes each.
+    CHECK(b["execution_time"]["layer_grad_accumulation_ms"][1].get<double>() ==
+          Approx(c.bytes * (rank_params - 12 * h * h / 8) / r.bytes_per_s * 1e3).epsilon(1e-12));
+  }
+}
