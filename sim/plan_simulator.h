@@ -37,9 +37,9 @@
 // 1.3-4.6 ms per micro-batch, 12-20% of a micro-batch of one sample.
 // Not what replay runs today (issue 34, `scripts/resimulate_run.py RUN --phases`): replay adds each
 // gradient into its fp32 main gradient in the backward (MixedPrecisionAdam's in-backward hooks), the pass
-// fb_sync already charges, so its backwards are alike: first over later 0.98-1.01 on every stage of the
-// pipeline, tp and cp rows of the 2 x H100 runs 5 and 6 and of the 4 x H100 run 1's pipeline rows, against
-// the 0.90-0.98 this charge gives (the ZeRO data-parallel rows differ, 0.93-0.97: their reduction falls in
+// fb_sync already charges, so its backwards are alike: first over later 0.98-1.03 on every stage of the
+// pipeline, tp and cp rows of the 2 x H100 runs 5 and 6 (but run 6 gpt-tp2-sp-selective-m2: 1.42) and of the
+// 4 x H100 run 1's pipeline rows, against the 0.90-0.98 this charge gives (the ZeRO data-parallel rows differ, 0.93-0.97: their reduction falls in
 // the later backwards). Left in: taking it out fixes the GPT pp 4 rows (-3.3% -> -0.5%, -2.1% -> +0.5%) but
 // moves the 2 x H100 suites from 1.84% / 2.05% to 3.97% / 3.79% (their layers ran 2-3% slower than
 // their profiles said, which this charge happened to cover). Likewise fb_sync's forward share: replay's
