@@ -42,11 +42,11 @@
 // the 4 x H100 run 1's pipeline rows, against the 0.90-0.98 this charge gives (the ZeRO data-parallel rows
 // differ, 0.93-0.97: their reduction falls in the later backwards). Left in: taking it out fixes the GPT pp
 // 4 rows (-3.3% -> -0.5%, -2.1% -> +0.5%) but moves the 2 x H100 suites from 1.84% / 2.05% to 3.97% / 3.79%
-// (their layers ran 2-3% slower than their profiles said, which this charge happened to cover). Likewise
-// fb_sync's forward share: replay's forward spans match the profiled layer forwards alone (gpt-dp2-zero1-m2
-// 14.53 ms against 14.56; the simulated 16.22 carries a third of fb_sync), but moving it to the backward
-// changes no iteration here and would need the search's StageEstimator (planner/stage_estimator.h) to split
-// it the same way.
+// (there the time it adds stands in for time the model misses elsewhere in those rows, not yet found).
+// Likewise fb_sync's forward share: replay's forward spans match the profiled layer forwards alone
+// (gpt-dp2-zero1-m2 14.53 ms against 14.56; the simulated 16.22 carries a third of fb_sync), but moving it
+// to the backward changes no iteration here and would need the search's StageEstimator
+// (planner/stage_estimator.h) to split it the same way.
 //
 // The pace-setting stage (most compute per iteration) runs at the sustained
 // clocks the profiler measured (SimulationOptions::sustained_clocks): on
