@@ -5,6 +5,9 @@
 #
 #   OUT=/some/dir bash scripts/gpu_tp4_host.sh [RUN_DIR]      (RUN_DIR: logs/validate/suite34-h100x4-run1)
 #
+# Device tool: run(command="OUT=$OUT bash scripts/gpu_tp4_host.sh", kind="nvidia-h100-x4", carry=[".deps"])
+# (.deps as scripts/gpu_fetch_debs.sh fills it, for gpu_build.sh on a fresh machine; REPS=2 to save a minute).
+#
 # 1. Repeatability: the three tp 4 plans (gpt-tp4-m4, gpt-tp4-sp-m4, llama-tp4-sp-m4 as the GPU-bound control)
 #    replayed untraced, in turn, REPS times (default 3) at 12 iterations after 3 warm-up ones. A GPU-bound
 #    step repeats within ~1% (llama-tp4-sp-m4's micro-batch spans agreed to 0.2% in run 1); a host-paced one
