@@ -12,6 +12,13 @@ are printed against replay's, with the run's MAPE, and each rank's device memory
 total) against replay's device_used_mb, with its MAPE. Nothing in RUN_DIR is written; scratch goes to a temp
 folder. --write DIR copies the new NAME.sim.json with the run's NAME.replay.json, NAME.plan.json, order.json and
 run.json into DIR, for scripts/device_memory_table.py DIR (the term-by-term table).
+
+--phases adds, under each plan, one line per pipeline stage (its first rank in replay's trace
+NAME.replay.trace.json): the simulated forward and backward (with the gradient accumulation the simulator charges
+to every micro-batch but the first) against replay's median per micro-batch (an interleaved stage's chunks summed
+per micro-batch), the spread of replay's spans over the micro-batches after the first ((max - min) / median: identical work that
+varies by more than a few percent is paced by the host, not the GPU), and replay's first backward over its later
+ones (the simulator's first micro-batch skips the accumulation; a replay whose backwards are all alike does not).
 """
 import argparse, glob, json, os, shutil, subprocess, sys, tempfile
 
@@ -21,6 +28,8 @@ ap.add_argument("run_dir")
 ap.add_argument("--hetplan", default=os.path.join(root, "build-nt", "hetplan"))
 ap.add_argument("--hostfile", help="hostfile for plans whose recorded one is not in this checkout")
 ap.add_argument("--no-held-sends", action="store_true", help="simulate without --held-sends")
+ap.add_argument("--phases", action="store_true",
+                help="per stage: simulated forward/backward against replay's spans, their spread, first backward")
 ap.add_argument("--write", help="copy the new .sim.json files (and the run's replay, plan, order and run files) here")
 a = ap.parse_args()
 run = os.path.abspath(a.run_dir)
@@ -31,6 +40,38 @@ for line in open(os.path.join(run, "log.txt")):
         commands[os.path.basename(words[words.index("--plan") + 1])[: -len(".plan.json")]] = words[words.index("simulate") + 1 :]
 scratch = tempfile.mkdtemp(prefix="resimulate-")
 mem_err, time_err, used_err = [], [], []
+
+
+def phase_lines(sim, trace_file):
+    """One line per stage: simulated forward / backward(+accumulation) against replay's per-micro-batch spans."""
+    if not os.path.exists(trace_file):
+        return ["  (no replay trace)"]
+    events = json.load(open(trace_file))["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    lines = []
+    for i, st in enumerate(sim["stages"]):
+        pids = sorted(pid for pid, n in names.items() if f"stage {i}," in n or f"stage {i})" in n)
+        if not pids:
+            continue
+        per_mb = {"forward": {}, "backward": {}}
+        for e in events:
+            if e.get("ph") == "X" and e.get("pid") == pids[0] and e.get("name") in per_mb:
+                mb = e.get("args", {}).get("micro_batch", -1)
+                per_mb[e["name"]][mb] = per_mb[e["name"]].get(mb, 0.0) + e["dur"] / 1e3
+        fw = [per_mb["forward"][k] for k in sorted(per_mb["forward"])]
+        bw = [per_mb["backward"][k] for k in sorted(per_mb["backward"])]
+        if not fw or not bw:
+            continue
+        med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1 : len(v) // 2 + 1]) / 2
+        # Over the micro-batches after the first (which starts into an empty queue, or behind a pipeline's fill).
+        spread = lambda v: (max(v[1:]) - min(v[1:])) / med(v[1:]) * 100 if len(v) > 2 else 0.0
+        acc = st.get("accumulation_ms", 0.0)
+        first = f"; first backward / later {bw[0] / med(bw[1:]):.3f} (sim {st['backward_ms'] / (st['backward_ms'] + acc):.3f})" \
+            if len(bw) > 1 else ""
+        lines.append(f"  stage {i} (rank {pids[0]}): forward {st['forward_ms']:.2f} vs {med(fw):.2f} ms "
+                     f"(spread {spread(fw):.0f}%), backward+acc {st['backward_ms'] + acc:.2f} vs {med(bw):.2f} ms "
+                     f"(spread {spread(bw):.0f}%){first}")
+    return lines
 if a.write:
     os.makedirs(a.write, exist_ok=True)
     for f in ("order.json", "run.json"):
@@ -81,6 +122,8 @@ for plan_file in sorted(glob.glob(os.path.join(run, "*.plan.json"))):
           f"{'/'.join('%.0f' % x for x in pred)} vs {'/'.join('%.0f' % x for x in meas)} "
           f"({'/'.join('%+.1f%%' % x for x in errs)})"
           + (f"; in use {'/'.join('%+.1f%%' % x for x in used_plan)}" if used_plan else ""))
+    if a.phases:
+        print("\n".join(phase_lines(sim, os.path.join(run, name + ".replay.trace.json"))))
 if not mem_err:
     sys.exit("no plan with a replay result and a recorded simulate command in " + run)
 print(f"iteration-time MAPE over {len(time_err)} plans: {sum(map(abs, time_err)) / len(time_err):.2f}% "

@@ -35,6 +35,18 @@
 // layer_grad_accumulation_ms where recorded, else three passes over the
 // rank's gradient bytes at the datasheet HBM bandwidth. On 4 x H200 this was
 // 1.3-4.6 ms per micro-batch, 12-20% of a micro-batch of one sample.
+// Not what replay runs today (issue 34, `scripts/resimulate_run.py RUN --phases`): replay adds each
+// gradient into its fp32 main gradient in the backward (MixedPrecisionAdam's in-backward hooks), the pass
+// fb_sync already charges, so its backwards are alike: first over later 0.98-1.03 on every stage of the
+// pipeline, tp and cp rows of the 2 x H100 runs 5 and 6 (but run 6 gpt-tp2-sp-selective-m2: 1.42) and of
+// the 4 x H100 run 1's pipeline rows, against the 0.90-0.98 this charge gives (the ZeRO data-parallel rows
+// differ, 0.93-0.97: their reduction falls in the later backwards). Left in: taking it out fixes the GPT pp
+// 4 rows (-3.3% -> -0.5%, -2.1% -> +0.5%) but moves the 2 x H100 suites from 1.84% / 2.05% to 3.97% / 3.79%
+// (there the time it adds stands in for time the model misses elsewhere in those rows, not yet found).
+// Likewise fb_sync's forward share: replay's forward spans match the profiled layer forwards alone
+// (gpt-dp2-zero1-m2 14.53 ms against 14.56; the simulated 16.22 carries a third of fb_sync), but moving it
+// to the backward changes no iteration here and would need the search's StageEstimator
+// (planner/stage_estimator.h) to split it the same way.
 //
 // The pace-setting stage (most compute per iteration) runs at the sustained
 // clocks the profiler measured (SimulationOptions::sustained_clocks): on
