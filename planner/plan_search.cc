@@ -124,8 +124,11 @@ PlanSearchResult merge_workers(tbb::enumerable_thread_specific<Worker>& workers,
     }
     for (auto& e : w.top.items()) top.insert(std::move(e.key), std::move(e.item));
   }
-  // The seeds the search met again are there already (with the setting the search chose on ties).
+  // The seeds the search met again are there already (with the setting the search chose on ties); so are
+  // the plans met around the search's new best plans.
   for (auto& e : seeds.items()) insert_unique(&top, std::move(e.key), std::move(e.item));
+  for (Worker& w : workers)
+    for (auto& e : w.polished.items()) insert_unique(&top, std::move(e.key), std::move(e.item));
   for (auto& e : top.items()) result.top.push_back(std::move(e.item));
   result.cut_short = control.stopped() && control.why() != SearchControl::kProven;
   if (result.cut_short)
@@ -256,7 +259,8 @@ PlanSearchResult PlanSearch::search() const {
                                    opt_, table_fits);
   const StageSearch stage_search(space, tables, bounds, kept, shared, control, *cluster_, opt_,
                                  sim_->options().schedule, sim_->options().virtual_stages);
-  tbb::enumerable_thread_specific<Worker> workers([&] { return Worker(opt_.top_k, space.num_setups()); });
+  tbb::enumerable_thread_specific<Worker> workers(
+      [&] { return Worker(opt_.top_k, space.num_setups(), stage_cache_bytes(space.gpus)); });
   OpenBounds open(space.num_groups(), floor);
 
   setup_progress.stop();

@@ -227,7 +227,9 @@ class Seeder {
   }
 
   // Moves one layer boundary by one layer at a time (and, with `change_tp`, one stage's tp to another of
-  // the space's), the best such move while it improves the seed.
+  // the space's), the best such move while it improves the seed; where none does, moves a run of two or
+  // more adjacent boundaries by one layer together (a stage's layers shifted along the pipeline, which a
+  // single move cannot reach when each half alone unbalances a stage), the best such move if it improves.
   void climb(Seed* s, bool change_tp = false) {
     const int p = static_cast<int>(s->sizes.size());
     const NodeOrder& o = space_.orders[s->order];
@@ -249,6 +251,15 @@ class Seeder {
           if (!valid_shape(o, n) || !cost(&n)) continue;
           if (n.better_than(best)) best = std::move(n);
         }
+      for (int i = 1; !best.better_than(*s) && i < p; ++i)
+        for (int j = i + 1; j < p; ++j)
+          for (int d : {-1, 1}) {
+            Seed n = *s;
+            for (int k = i; k <= j; ++k) n.starts[k] += d;
+            if (n.starts[i] <= n.starts[i - 1] || n.starts[j] >= n.starts[j + 1]) continue;
+            if (!cost(&n)) continue;
+            if (n.better_than(best)) best = std::move(n);
+          }
       if (!best.better_than(*s)) return;
       *s = std::move(best);
       keep(*s);

@@ -1,6 +1,7 @@
 #include "planner/stage_search.h"
 
 #include "planner/export_plan.h"
+#include "planner/seed_plans.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -16,6 +17,7 @@ using stage_estimates::StageEstimator;
 
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kPolishS = 0.1;  // time limit of one polish of a new best plan
 }  // namespace
 
 StageCache::StageCache(int setups, std::size_t bytes) : setups_(setups) {
@@ -56,7 +58,8 @@ class UnitSearch {
         max_tp_(search.space_.max_tp),
         cacheable_(search.space_.layers < 1024 && search.space_.max_tp < 256),
         whole_nodes_(search.space_.whole_nodes),
-        allow_cross_node_tp_(search.options_.allow_cross_node_tp) {}
+        allow_cross_node_tp_(search.options_.allow_cross_node_tp),
+        trip_slots_(chain_bounds_ ? std::clamp(most_trips(schedule_, 1, micro_batches_), 0, int{Worker::kTripSlots}) : 0) {}
 
   void run() {
     // Interleaving (Megatron's rule, sim/schedule.h): pp >= 2 and the micro-batches a multiple of pp.
@@ -83,6 +86,7 @@ class UnitSearch {
     int s_min, s_max, k_min, k_max;
     double passes = kInf, first_passes = kInf, lower_bound = kInf, end_extra = kInf, start_extra = kInf, tail;
     PathOpCounts end, start;
+    MultiTripCounts trips[2];  // the stage's multi-trip chains (sim/schedule.h): the most trips, and two
     int backwards_before_last;  // backwards before micro-batch m - 1's forward
   };
   // Stage i at one (dp, tp) on ranks [r, r + s): what its layer counts share.
@@ -140,6 +144,10 @@ class UnitSearch {
   const bool chain_bounds_, busy_bound_;
   const int stages_, micro_batches_, micro_batch_, setups_, layers_, gpus_, max_tp_;
   const bool cacheable_, whole_nodes_, allow_cross_node_tp_;
+  // The multi-trip chains' slots in trip_extra: h from 1 to the most trips of the stage before the last
+  // (the most of any stage), at most Worker::kTripSlots of them (chains of more trips are left out: a
+  // bound without them is still a bound); 0 without the chain bounds.
+  const int trip_slots_;
 };
 
 // Stage i's entries are written when stage i - 1 is chosen: only stage 0's need a value.
@@ -152,6 +160,8 @@ void UnitSearch::start_state() {
     std::fill(v->begin(), v->begin() + setups_, v == &w_.start_extra ? -kInf : 0.0);
   }
   w_.feasible_setups.resize(stages_ + 1);
+  if (w_.trip_extra.size() < n * Worker::kTripSlots) w_.trip_extra.resize(n * Worker::kTripSlots);
+  std::fill(w_.trip_extra.begin(), w_.trip_extra.begin() + static_cast<std::size_t>(setups_) * Worker::kTripSlots, -kInf);
   w_.choices.resize(stages_);
   w_.leaf_costs.resize(stages_);
   if (v_ > 1) {
@@ -194,6 +204,8 @@ void UnitSearch::start_state() {
   f.end = end_path_counts(schedule_, f.rest, micro_batches_);
   f.start = start_path_counts(schedule_, f.rest, micro_batches_);
   f.backwards_before_last = f.end.backwards - 1;
+  f.trips[0] = multi_trip_counts(schedule_, f.rest, micro_batches_, 0);
+  f.trips[1] = multi_trip_counts(schedule_, f.rest, micro_batches_, 2);
   return f;
 }
 
@@ -404,6 +416,20 @@ void UnitSearch::descend(int i, int r, int l) {
                      w_.start_extra[next] + w_.first_passes[next] + sb_.first_trip(rest, r, l) + tail0,
                      // micro-batch 0 reaches the next stage, then some stage of the rest ends with its tail
                      w_.forward_chain[next] + sb_.tail_path(rest, r, l)});
+      // The multi-trip chains of this stage and of each stage x before it (stage_trip_chain_ms): x's own
+      // part at its exact costs (kept in trip_extra less the passes up to x), the trips through the stages
+      // after x exact up to this one, and through the rest from the table.
+      const double* from = &w_.trip_extra[at * Worker::kTripSlots];
+      double* to = &w_.trip_extra[next * Worker::kTripSlots];
+      std::copy(from, from + trip_slots_, to);
+      for (const MultiTripCounts& h : f.trips)
+        if (h.trips >= 1 && h.trips <= trip_slots_) {
+          const double own = stage_trip_chain_ms(h, fc, w_.forward_chain[at], 0, 0, w_.passes[at] - w_.forward_chain[at], tail0);
+          to[h.trips - 1] = std::max(to[h.trips - 1], trip_chain_offset(own, h.trips, w_.first_passes[next], w_.passes[next]));
+        }
+      const double g0 = sb_.first_trip(rest, r, l), g = sb_.last_trip(rest, r, l);
+      for (int t = 0; t < trip_slots_; ++t)
+        lb = std::max(lb, trip_chain_at(to[t], t + 1, w_.first_passes[next], w_.passes[next], g0, g));
     }
     w_.lower_bound[next] = lb;
     *bound_min = std::min(*bound_min, lb);
@@ -490,6 +516,7 @@ void UnitSearch::keep_plan(double cost, int setup) {
     key.order.push_back(w_.choices[i].layer_end - w_.choices[i].layer_begin);
   }
   if (!w_.top.wants(key)) return;
+  const bool improves = cost < shared_.best();
   const unsigned long long id = plan_id(key.order);
   SearchedPlan sp;
   PlanResult& pr = sp.plan;
@@ -506,6 +533,14 @@ void UnitSearch::keep_plan(double cost, int setup) {
   sp.setup = setup;
   w_.top.insert(std::move(key), std::move(sp));
   shared_.offer(cost, id);
+  if (improves && s_.polish_incumbents_) {
+    // A new best plan: its neighbours by a layer boundary, a run of them or a tp (polish_plan; allocates,
+    // but a search finds few new best plans). With a gap, the bounds prune plans within the gap of the
+    // best, so a better plan next to it would otherwise go unseen and the threshold stay higher.
+    const std::vector<StageChoice> stages(w_.choices.begin(), w_.choices.begin() + stages_);
+    polish_plan(s_.space_, s_.cluster_, s_.options_, schedule_, o_.index, micro_batches_, stages, kPolishS, control_,
+                shared_, &w_.polished);
+  }
 }
 
 StageSearch::StageSearch(const SearchSpace& space, const FeasibilityTables& tables,
@@ -522,7 +557,9 @@ StageSearch::StageSearch(const SearchSpace& space, const FeasibilityTables& tabl
       options_(options),
       schedule_(schedule),
       virtual_stages_(virtual_stages),
-      use_bounds_(!options.exhaustive) {}
+      use_bounds_(!options.exhaustive),
+      polish_incumbents_(use_bounds_ && virtual_stages == 1 && space.whole_nodes &&
+                         space.gpus > options.bounds_pass_above_gpus) {}
 
 void StageSearch::run_unit(Worker& w, const Unit& u) const {
   if (space_.whole_nodes && !space_.orders[u.order].node_start(u.first_size)) return;  // stage 0 ends inside a node

@@ -11,6 +11,7 @@
 // too for units of three stages and more) before the unit runs.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 #include "planner/suffix_bound.h"
 #include "base/top_k.h"
 #include "sim/plan_cost.h"
+#include "sim/schedule.h"
 
 namespace hetplan {
 
@@ -46,6 +48,37 @@ inline unsigned long long plan_id(const std::vector<int>& order) {
   unsigned long long h = 0xcbf29ce484222325ull;
   for (int x : order) h = (h ^ static_cast<unsigned>(x)) * 0x100000001b3ull;
   return h;
+}
+
+// A lower bound on the iteration of a 1F1B plan from one stage x's multi-trip chain (sim/schedule.h,
+// multi_trip_counts; planner/plan_search.md, "Multi-trip chains at every stage of the depth-first
+// search"): micro-batch 0 arrives at x (`arrival`: the forward chain of the stages before it, their
+// forwards and sends); x runs its ops on the chain (h's counts, at x's exact costs); each of h's trips
+// leaves with x's forward send and crosses the stages after x and back, micro-batch 0's at least
+// `first_trip`, each other at least `later_trip` (with accumulation); after x's last backward, x's own
+// all-reduce and step, or its send back, then `back_chain` (the backwards, accumulations and sends back of
+// the stages before it: micro-batch m - 1's way back to stage 0) and `tail0` (stage 0's all-reduce and
+// step). Every step is an edge of the timeline's task graph, so the chain is at most the iteration.
+// 0 where h counts no trip (GPipe, interleaving, or no stage after x).
+inline double stage_trip_chain_ms(const MultiTripCounts& h, const FastStageCost& x, double arrival, double first_trip,
+                                  double later_trip, double back_chain, double tail0) {
+  if (h.trips < 1) return 0;
+  const double back = std::max(x.allreduce_ms + x.optimizer_ms, x.send_backward_ms + back_chain + tail0);
+  return arrival + h.forwards * x.forward_ms + h.backwards * x.backward_ms + h.accumulations * x.accumulation_ms +
+         h.trips * x.send_forward_ms + first_trip + (h.trips - 1) * later_trip + back;
+}
+
+// The depth-first search keeps each chosen stage x's chain (stage_trip_chain_ms with no trip, `own`) as
+// an offset: less micro-batch 0's passes through the stages up to x (`first_passes`: each stage's forward,
+// backward and sends) and h - 1 times the passes with accumulation (`passes`), so that at a later frontier,
+// adding back the frontier's sums gives x's chain through the stages from x + 1 to the frontier exact, and
+// the trips through the stages after the frontier add `first_trip` once and `later_trip` h - 1 times.
+inline double trip_chain_offset(double own, int trips, double first_passes, double passes) {
+  return own - first_passes - (trips - 1) * passes;
+}
+inline double trip_chain_at(double offset, int trips, double first_passes, double passes, double first_trip,
+                            double later_trip) {
+  return offset + first_passes + first_trip + (trips - 1) * (passes + later_trip);
 }
 
 // A worker's cache of stage costs. A stage's costs (every setup's) depend only on the (node order, m)
@@ -103,12 +136,23 @@ class StageCache {
   std::unique_ptr<FastStageCost[], Free> vals_;
 };
 
+// A worker's stage cache size for a cluster of `gpus`: 128 KiB a GPU, at least 2 MiB and at most 64 MiB.
+// The stages a search meets grow with the positions a stage can start and end at; on 256 A100 + 256 H100
+// (gbs 128) the depth-first search ran 1.85x the partial plans a second with 64 MiB as with 2 MiB (the
+// stage cost model then dominated), while a small cluster's search touches few pages of it.
+inline std::size_t stage_cache_bytes(int gpus) {
+  return std::clamp<std::size_t>(static_cast<std::size_t>(std::max(gpus, 0)) << 17, std::size_t{2} << 20,
+                                 std::size_t{64} << 20);
+}
+
 // One thread's state: its cache, its best plans, its counts, the first infeasibility it met, and the
 // depth-first search's state, indexed [stage * setups + setup] unless said.
 struct Worker {
-  Worker(int k, int setups) : cache(setups, static_cast<std::size_t>(2) << 20), top(k) {}
+  // `cache_bytes`: stage_cache_bytes(gpus).
+  Worker(int k, int setups, std::size_t cache_bytes) : cache(setups, cache_bytes), top(k), polished(k) {}
   StageCache cache;
   TopPlans top;
+  TopPlans polished;  // the plans polish_plan met around new best plans (merged like the seeds: once each)
   WorkerCounters counters;
   long long first_infeasible_unit = -1;
   std::string first_infeasible_reason;
@@ -122,6 +166,11 @@ struct Worker {
                                       // on that stage beyond its forward + backward
   std::vector<double> start_extra;    // max over the stages before of their start path less first_passes
                                       // at the stage after them
+  // [(stage * setups + setup) * kTripSlots + h - 1]: the max over the stages x before the stage of x's
+  // multi-trip chain with h trips, less the passes of the stages from x + 1 to the stage (micro-batch 0's
+  // once, with accumulation h - 1 times: added back at each frontier); -infinity where none.
+  static constexpr int kTripSlots = 8;
+  std::vector<double> trip_extra;
   std::vector<unsigned> feasible_setups;  // [stage]: setups still feasible, a bit each
   std::vector<StageChoice> choices;       // [stage]
   std::vector<FastStageCost> leaf_costs;  // [stage] for one setup
@@ -150,6 +199,9 @@ class StageSearch {
   const Schedule schedule_;
   const int virtual_stages_;  // > 1: interleaved 1F1B (see UnitSearch: the bounds it keeps)
   const bool use_bounds_;
+  // Where the bounds pass runs (whole-node stages above bounds_pass_above_gpus, not interleaved): each new
+  // best plan the depth-first search finds is polished (polish_plan).
+  const bool polish_incumbents_;
 };
 
 }  // namespace hetplan

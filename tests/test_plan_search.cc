@@ -30,6 +30,7 @@
 #include "planner/plan_search.h"
 #include "planner/shared_bound.h"
 #include "planner/stage_estimator.h"
+#include "planner/stage_search.h"
 #include "planner/suffix_bound.h"
 #include "base/thread_limit.h"
 #include "sim/analytic_profiles.h"
@@ -38,6 +39,7 @@
 #include "sim/parallel_layout.h"
 #include "sim/plan_cost.h"
 #include "sim/plan_simulator.h"
+#include "sim/timeline.h"
 #include "sim/rank_layout.h"
 
 namespace hetplan {
@@ -1530,6 +1532,108 @@ TEST_CASE("coupled entries: add_coupled keeps every candidate covered with at mo
     }
   }
   CHECK(filled);
+}
+
+
+// The depth-first search's multi-trip chain at any stage x (stage_trip_chain_ms, planner/plan_search.md):
+// with the stages before x exact (micro-batch 0's forward chain to x, micro-batch m - 1's backward chain
+// back) and the trips through the stages after x at their exact round trips, every chain, for every trip
+// count h, is at most the timeline's iteration (simulate_timeline), on uneven random stages with random
+// all-reduces and steps; somewhere a chain at a stage other than stage 0 is the timeline's longest path,
+// so a count, a term or its back chain scaled up fails the first check. The offset the search keeps for
+// the chain (trip_chain_offset) read at every later frontier (trip_chain_at) gives the same chain.
+TEST_CASE("the search's multi-trip chains at every stage are paths of the timeline", "[plan_search][bounds]") {
+  std::mt19937 rng(20261126);
+  std::uniform_real_distribution<double> u(0.1, 10.0);
+  int middle_tight = 0, checked = 0;
+  for (int p = 2; p <= 7; ++p)
+    for (int m = 1; m <= 12; ++m)
+      for (int trial = 0; trial < 6; ++trial) {
+        TimelineInput in;
+        in.microbatches = m;
+        in.schedule = Schedule::k1F1B;
+        std::vector<FastStageCost> fc(p);
+        for (int j = 0; j < p; ++j) {
+          FastStageCost& c = fc[j];
+          c.forward_ms = u(rng);
+          c.backward_ms = 2 * u(rng);
+          c.accumulation_ms = u(rng) / 4;
+          c.send_forward_ms = j + 1 < p ? u(rng) / 8 : 0;
+          c.send_backward_ms = j > 0 ? u(rng) / 8 : 0;
+          c.allreduce_ms = trial % 2 ? u(rng) * 3 : u(rng) / 10;
+          c.optimizer_ms = u(rng) / 5;
+          StageCosts s;
+          s.forward_ms = c.forward_ms;
+          s.backward_ms = c.backward_ms;
+          s.accumulation_ms = c.accumulation_ms;
+          s.send_forward_ms = c.send_forward_ms;
+          s.send_backward_ms = c.send_backward_ms;
+          s.allreduce_ms = c.allreduce_ms;
+          s.optimizer_ms = c.optimizer_ms;
+          in.stages.push_back(s);
+        }
+        const double iteration = simulate_timeline(in).iteration_ms;
+        const double acc = m > 1 ? 1.0 : 0.0;
+        for (int x = 0; x + 1 < p; ++x) {
+          // What the search holds when it has chosen stage x: the stages before it exact.
+          double arrival = 0, passes = 0;
+          for (int j = 0; j < x; ++j) {
+            arrival += fc[j].forward_ms + fc[j].send_forward_ms;
+            passes += fc[j].forward_ms + fc[j].send_forward_ms + fc[j].backward_ms + fc[j].send_backward_ms +
+                      acc * fc[j].accumulation_ms;
+          }
+          // The round trips through the stages after x (here exact; the search's table bounds them).
+          double first_trip = 0, later_trip = 0;
+          for (int j = x + 1; j < p; ++j) {
+            const double pass = fc[j].forward_ms + fc[j].backward_ms + fc[j].send_backward_ms +
+                                (j + 1 < p ? fc[j].send_forward_ms : 0.0);
+            first_trip += pass;
+            later_trip += pass + fc[j].accumulation_ms;
+          }
+          const double tail0 = fc[0].allreduce_ms + fc[0].optimizer_ms;
+          for (int h = 1; h <= most_trips(Schedule::k1F1B, p - 1 - x, m); ++h) {
+            const MultiTripCounts counts = multi_trip_counts(Schedule::k1F1B, p - 1 - x, m, h);
+            REQUIRE(counts.trips >= 1);
+            const double chain = stage_trip_chain_ms(counts, fc[x], arrival, first_trip, later_trip, passes - arrival, tail0);
+            INFO("p " << p << " m " << m << " trial " << trial << " stage " << x << " h " << h);
+            CHECK(chain <= iteration * (1 + 1e-12));
+            ++checked;
+            middle_tight += x > 0 && chain >= iteration * (1 - 1e-9);
+            // The same chain kept as an offset when x is chosen and read at every later frontier f (the
+            // stages from x + 1 to f exact, the trips through those after f exact too here): the same value.
+            const double own = stage_trip_chain_ms(counts, fc[x], arrival, 0, 0, passes - arrival, tail0);
+            double fp = 0, pp = 0;  // micro-batch 0's passes, and with accumulation, through stage f
+            for (int j = 0; j <= x; ++j) {
+              const double pass = fc[j].forward_ms + fc[j].send_forward_ms + fc[j].backward_ms + fc[j].send_backward_ms;
+              fp += pass;
+              pp += pass + acc * fc[j].accumulation_ms;
+            }
+            const double offset = trip_chain_offset(own, counts.trips, fp, pp);
+            for (int front = x; front < p; ++front) {
+              if (front > x) {
+                const double pass = fc[front].forward_ms + fc[front].send_forward_ms + fc[front].backward_ms +
+                                    fc[front].send_backward_ms;
+                fp += pass;
+                pp += pass + acc * fc[front].accumulation_ms;
+              }
+              double g0 = 0, g = 0;  // the trips through the stages after the frontier
+              for (int j = front + 1; j < p; ++j) {
+                const double pass = fc[j].forward_ms + fc[j].backward_ms + fc[j].send_backward_ms +
+                                    (j + 1 < p ? fc[j].send_forward_ms : 0.0);
+                g0 += pass;
+                g += pass + fc[j].accumulation_ms;
+              }
+              const double at = trip_chain_at(offset, counts.trips, fp, pp, g0, g);
+              CHECK(at == Approx(chain).epsilon(1e-12));
+              CHECK(at <= iteration * (1 + 1e-12));
+            }
+          }
+        }
+        // No stage after the last: no chain claimed.
+        CHECK(stage_trip_chain_ms(multi_trip_counts(Schedule::k1F1B, 0, m), fc[p - 1], 1e9, 0, 0, 0, 0) == 0);
+      }
+  CHECK(checked > 1000);
+  CHECK(middle_tight > 10);
 }
 
 }  // namespace hetplan
