@@ -463,8 +463,8 @@ TEST_CASE("Async tp backward: the column-parallel inputs' backward collectives h
   CHECK(hidden == Approx(wgrad_ms + up.flops() / r.gemm_flops_per_s(up) * 1e3).epsilon(1e-12));
 }
 
-TEST_CASE("Analytic profiles: Megatron-LM's async tp backward and gradient accumulation fusion, each a setting",
-          "[transfer][async_tp][grad_acc_fusion]") {
+// A 6-block GPT of hidden 4096 on A100 up to tp 8, batch 1: the Megatron-LM setting tests' model.
+static AnalyticOptions megatron_a100_options() {
   AnalyticOptions o;
   o.model.num_layers = 6;
   o.model.hidden_size = 4096;
@@ -474,6 +474,12 @@ TEST_CASE("Analytic profiles: Megatron-LM's async tp backward and gradient accum
   o.max_tp = 8;
   o.max_bs = 1;
   o.device_types = {"A100"};
+  return o;
+}
+
+TEST_CASE("Analytic profiles: Megatron-LM's async tp backward and gradient accumulation fusion, each a setting",
+          "[transfer][async_tp][grad_acc_fusion]") {
+  AnalyticOptions o = megatron_a100_options();
   const auto today = test::scratch_dir("analytic-megatron-today");
   generate_analytic_profiles(o, today.string());
   o.async_tp_backward = false;
@@ -515,15 +521,7 @@ TEST_CASE("Analytic profiles: where gradients accumulate sets the accumulation p
   CHECK(parse_main_grads("fp32-cast", "test") == MainGrads::kFp32Cast);
   CHECK_THROWS_AS(parse_main_grads("fp16", "test"), InputError);
 
-  AnalyticOptions o;
-  o.model.num_layers = 6;
-  o.model.hidden_size = 4096;
-  o.model.attention_heads = 32;
-  o.model.sequence_length = 2048;
-  o.model.vocab_size = 51200;
-  o.max_tp = 8;
-  o.max_bs = 1;
-  o.device_types = {"A100"};
+  AnalyticOptions o = megatron_a100_options();
   o.gradient_accumulation_fusion = false;
   const ModelShape s = shape_from_model_config(o.model);
   const DeviceRates r = catalogue_rates("A100", ComputePrecision::kBf16, RateDefaults{}, "test");
