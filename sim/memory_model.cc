@@ -263,7 +263,8 @@ void scheduled_peak(const ModelShape& m, const TrainingSetup& s, const RankShard
     sent[c] = s.sends_held ? (k < last_vstage ? boundary : 0.0) + (k > 0 ? boundary : 0.0) : 0.0;
   }
   double best = -1, best_activations = 0, best_workspace = 0;
-  for_each_backward(r.schedule, r.pp, r.stage, r.microbatches, v, [&](int chunk, const int* live, const int* done) {
+  // The first visit with the largest held + peak (what the walk over for_each_backward keeps).
+  auto visit = [&](int chunk, const int* live, const int* done) {
     double held = 0;
     for (int c = 0; c < v; ++c) held += live[c] * (stored[c] + input[c]) + done[c] * sent[c];
     if (held + peak[chunk] > best) {
@@ -271,7 +272,32 @@ void scheduled_peak(const ModelShape& m, const TrainingSetup& s, const RankShard
       best_activations = held;
       best_workspace = peak[chunk];
     }
-  });
+  };
+  if (v == 1 && sent[0] >= 0) {
+    // One chunk: the same visits in closed form (one_chunk_backwards). Over the steady backwards live is
+    // fixed and done grows, so held + peak never falls (rounding is monotone): the first steady visit
+    // that reaches the last one's value is found by bisection, then the cool-down is walked.
+    const OneChunkBackwards ob = one_chunk_backwards(r.schedule, r.pp, r.stage, r.microbatches);
+    int live = ob.warmup + 1, done = 0;
+    if (ob.steady > 0) {
+      auto value = [&](int d) { return 0.0 + (live * (stored[0] + input[0]) + d * sent[0]) + peak[0]; };
+      const double top = value(ob.steady - 1);
+      int lo = 0, hi = ob.steady - 1;  // value(hi) == top
+      while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (value(mid) >= top) hi = mid; else lo = mid + 1;
+      }
+      done = lo;
+      visit(0, &live, &done);
+    }
+    for (int k = 0; k < ob.warmup; ++k) {
+      live = ob.warmup - k;
+      done = ob.steady + k;
+      visit(0, &live, &done);
+    }
+  } else {
+    for_each_backward(r.schedule, r.pp, r.stage, r.microbatches, v, visit);
+  }
   out->activations = best_activations;
   out->recompute_workspace = best_workspace;
 }

@@ -197,6 +197,22 @@ void for_each_backward(Schedule schedule, int pp, int stage, int microbatches, i
   }
 }
 
+// for_each_backward's visits on a stage of one chunk (GPipe, 1F1B, or interleaving at v = 1), in closed
+// form: with w = StageOps' warm-up, the first `steady` = m - w backwards (the forward/backward pairs) find
+// live = w + 1 and done = 0, 1, ..., steady - 1; the last w (the cool-down) live = w, w - 1, ..., 1 and
+// done = steady, ..., m - 1. So a per-backward sum that grows with done (the memory model's walk) takes
+// its largest steady value at the last steady backward, and only the cool-down needs a visit each:
+// O(w) instead of O(m) (1F1B: w < pp). REQUIRES: as StageOps.
+struct OneChunkBackwards {
+  int warmup = 0;  // w; the cool-down's backwards
+  int steady = 0;  // m - w
+};
+
+inline OneChunkBackwards one_chunk_backwards(Schedule schedule, int pp, int stage, int microbatches) {
+  const int w = StageOps(schedule, pp, stage, microbatches, 1).warmup();
+  return {w, microbatches - w};
+}
+
 // Ops of one stage j along a chain of the timeline's dependencies (j's ops in stage order, the sends
 // between stages), as counts of j's forwards, backwards and accumulations (backwards of a micro-batch
 // after the first, which add into the gradients). The search's lower bounds add to them the round trip

@@ -405,6 +405,11 @@ TEST_CASE("interleaved and 1F1B activations follow the op order chunk by chunk",
   // 2760 + 200 = 2960 (the count alone: 3 * 900 = 2700).
   CHECK(activations(Schedule::k1F1B, 1, 1, 8, &ws) == Approx(2960).epsilon(1e-9));
   CHECK(activations(Schedule::k1F1B, 1, 1, 0, &ws) == Approx(2700).epsilon(1e-9));
+  // 1000 micro-batches (the closed form of one chunk's walk, one_chunk_backwards): 3 live until the last
+  // steady backward, the 998th, after 997 kept 40 each: 2760 + 39880 = 42640 (the cool-down's 2 * 920 +
+  // 998 * 40 = 41760 and 40880 are less).
+  CHECK(activations(Schedule::k1F1B, 1, 1, 1000, &ws) == Approx(42640).epsilon(1e-9));
+  CHECK(ws == Approx(40));
   // Without the held sends (Megatron): the live micro-batches and their inputs only. Interleaved rank 1:
   // 8 * 620 + 320 = 5280; 1F1B rank 1: 3 * 920 = 2760.
   s.sends_held = false;

@@ -116,6 +116,30 @@ TEST_CASE("StageOps gives each stage the GPipe and 1F1B op order", "[schedule]")
         }
 }
 
+TEST_CASE("one_chunk_backwards is for_each_backward's visits on a stage of one chunk", "[schedule]") {
+  for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved1F1B})
+    for (int pp = 1; pp <= 6; ++pp)
+      for (int stage = 0; stage < pp; ++stage)
+        for (int m = 1; m <= 9; ++m) {
+          INFO(to_string(s) << " pp " << pp << " stage " << stage << " m " << m);
+          const OneChunkBackwards b = one_chunk_backwards(s, pp, stage, m);
+          CHECK(b.warmup + b.steady == m);
+          int k = 0;
+          for_each_backward(s, pp, stage, m, 1, [&](int chunk, const int* live, const int* done) {
+            CHECK(chunk == 0);
+            if (k < b.steady) {
+              CHECK(live[0] == b.warmup + 1);
+              CHECK(done[0] == k);
+            } else {
+              CHECK(live[0] == b.warmup - (k - b.steady));
+              CHECK(done[0] == k);
+            }
+            ++k;
+          });
+          CHECK(k == m);
+        }
+}
+
 TEST_CASE("in-flight micro-batches are the op order's peak of forwarded, not yet backwarded", "[schedule]") {
   for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B})
     for (int pp = 1; pp <= 6; ++pp)
