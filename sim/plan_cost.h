@@ -64,6 +64,20 @@ struct FastStageCost {
   double busy_ms(int m) const { return m * (forward_ms + backward_ms) + (m - 1) * accumulation_ms; }
 };
 
+// The timeline's per-micro-batch times of a stage (sim/timeline.h) from the search's: the passes, sends,
+// all-reduce and optimizer step; the label, sustained factor and peak FLOP/s stay the caller's.
+inline StageCosts timeline_stage_times(const FastStageCost& f) {
+  StageCosts c;
+  c.forward_ms = f.forward_ms;
+  c.backward_ms = f.backward_ms;
+  c.accumulation_ms = f.accumulation_ms;
+  c.send_forward_ms = f.send_forward_ms;
+  c.send_backward_ms = f.send_backward_ms;
+  c.allreduce_ms = f.allreduce_ms;
+  c.optimizer_ms = f.optimizer_ms;
+  return c;
+}
+
 // Caller-owned scratch for iteration_ms (grown once, reused: no allocation after warm-up).
 // One per thread.
 struct PipelineScratch {

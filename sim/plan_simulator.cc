@@ -56,19 +56,12 @@ bool PlanSimulator::run(const RankLayout& layout, const std::vector<int>& groups
     StageDetail detail;
     if (!model.explain_stage(choice, i, p, batches, micro_batch, 0, &fast[i], &detail, why)) return false;
     const FastStageCost& f = fast[i];
-    StageCosts c;
+    StageCosts c = timeline_stage_times(f);
     const std::string type = cluster_->device_types()[layout.type_of(begin)];
     c.label = "stage " + std::to_string(i) + ": " + (layout.homogeneous(begin, begin + size) ? type : "mixed") + " x" +
               std::to_string(size) + " (dp " + std::to_string(st.dp) + ", tp " + std::to_string(st.tp) +
               "), layers [" + std::to_string(choice.layer_begin) + ", " + std::to_string(choice.layer_end) + ")";
-    c.forward_ms = f.forward_ms;
-    c.backward_ms = f.backward_ms;
-    c.accumulation_ms = f.accumulation_ms;
     c.sustained_factor = f.sustained_factor;
-    c.send_forward_ms = f.send_forward_ms;
-    c.send_backward_ms = f.send_backward_ms;
-    c.allreduce_ms = f.allreduce_ms;
-    c.optimizer_ms = f.optimizer_ms;
     bool known = true;
     for (int r = begin; r < begin + size; ++r) {
       const GpuSpec* g = find_gpu_spec(cluster_->device_types()[layout.type_of(r)]);

@@ -114,17 +114,7 @@ TEST_CASE("iteration_ms equals simulate_timeline's longest path", "[plan_cost]")
     TimelineInput tin;
     tin.microbatches = m;
     tin.schedule = schedule;
-    for (const auto& f : fast) {
-      StageCosts c;
-      c.forward_ms = f.forward_ms;
-      c.backward_ms = f.backward_ms;
-      c.accumulation_ms = f.accumulation_ms;
-      c.send_forward_ms = f.send_forward_ms;
-      c.send_backward_ms = f.send_backward_ms;
-      c.allreduce_ms = f.allreduce_ms;
-      c.optimizer_ms = f.optimizer_ms;
-      tin.stages.push_back(c);
-    }
+    for (const auto& f : fast) tin.stages.push_back(timeline_stage_times(f));
     // PlanSimulator::run's stretch of the pace-setting stage, found here independently.
     int pace = 0;
     for (int i = 1; i < p; ++i)

@@ -1562,15 +1562,7 @@ TEST_CASE("the search's multi-trip chains at every stage are paths of the timeli
           c.send_backward_ms = j > 0 ? u(rng) / 8 : 0;
           c.allreduce_ms = trial % 2 ? u(rng) * 3 : u(rng) / 10;
           c.optimizer_ms = u(rng) / 5;
-          StageCosts s;
-          s.forward_ms = c.forward_ms;
-          s.backward_ms = c.backward_ms;
-          s.accumulation_ms = c.accumulation_ms;
-          s.send_forward_ms = c.send_forward_ms;
-          s.send_backward_ms = c.send_backward_ms;
-          s.allreduce_ms = c.allreduce_ms;
-          s.optimizer_ms = c.optimizer_ms;
-          in.stages.push_back(s);
+          in.stages.push_back(timeline_stage_times(c));
         }
         const double iteration = simulate_timeline(in).iteration_ms;
         const double acc = m > 1 ? 1.0 : 0.0;
