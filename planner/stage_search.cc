@@ -411,9 +411,10 @@ void UnitSearch::descend(int i, int r, int l) {
     w_.start_extra[next] = std::max(w_.start_extra[at], xs);
     if (chain_bounds_) {
       const int rest = f.rest, r = f.r + sh.s, l = f.l + k;
+      const double first_trip = sb_.first_trip(rest, r, l), last_trip = sb_.last_trip(rest, r, l);
       lb = std::max({lb, w_.passes[next] + (f.last ? 0.0 : sb_.path(rest, r, l)) + tail0,
-                     w_.passes[next] + w_.end_extra[next] + sb_.last_trip(rest, r, l) + tail0,
-                     w_.start_extra[next] + w_.first_passes[next] + sb_.first_trip(rest, r, l) + tail0,
+                     w_.passes[next] + w_.end_extra[next] + last_trip + tail0,
+                     w_.start_extra[next] + w_.first_passes[next] + first_trip + tail0,
                      // micro-batch 0 reaches the next stage, then some stage of the rest ends with its tail
                      w_.forward_chain[next] + sb_.tail_path(rest, r, l)});
       // The multi-trip chains of this stage and of each stage x before it (stage_trip_chain_ms): x's own
@@ -424,12 +425,13 @@ void UnitSearch::descend(int i, int r, int l) {
       std::copy(from, from + trip_slots_, to);
       for (const MultiTripCounts& h : f.trips)
         if (h.trips >= 1 && h.trips <= trip_slots_) {
-          const double own = stage_trip_chain_ms(h, fc, w_.forward_chain[at], 0, 0, w_.passes[at] - w_.forward_chain[at], tail0);
-          to[h.trips - 1] = std::max(to[h.trips - 1], trip_chain_offset(own, h.trips, w_.first_passes[next], w_.passes[next]));
+          const double chain = stage_trip_chain_ms(h, fc, w_.forward_chain[at], 0, 0,
+                                                   w_.passes[at] - w_.forward_chain[at], tail0);
+          to[h.trips - 1] =
+              std::max(to[h.trips - 1], trip_chain_offset(chain, h.trips, w_.first_passes[next], w_.passes[next]));
         }
-      const double g0 = sb_.first_trip(rest, r, l), g = sb_.last_trip(rest, r, l);
       for (int t = 0; t < trip_slots_; ++t)
-        lb = std::max(lb, trip_chain_at(to[t], t + 1, w_.first_passes[next], w_.passes[next], g0, g));
+        lb = std::max(lb, trip_chain_at(to[t], t + 1, w_.first_passes[next], w_.passes[next], first_trip, last_trip));
     }
     w_.lower_bound[next] = lb;
     *bound_min = std::min(*bound_min, lb);
